@@ -1,0 +1,111 @@
+# Patchbay: `make help` lists every target. The README's quick start is `make demo` and `make test`.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+KUBE_BIN    := $(shell hack/kube-binaries.sh --print-bin-dir)
+CLUSTER_DIR ?= $(HOME)/.local/state/patchbay/devcluster
+NODES       ?= 10
+PYTEST_ARGS ?=
+
+# Every recipe finds the pinned Kubernetes binaries and the virtualenv's tools first.
+export PATCHBAY_KUBE_BIN := $(KUBE_BIN)
+export PATCHBAY_DEVCLUSTER_DIR := $(CLUSTER_DIR)
+export PATH := $(KUBE_BIN):$(abspath $(VENV))/bin:$(PATH)
+
+# The virtualenv is reinstalled only when pyproject.toml changes.
+VENV_STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+
+##@ General
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} \
+	  /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-22s\033[0m %s\n", $$1, $$2 } \
+	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Setup
+
+.PHONY: setup
+setup: venv kube-binaries ## Install everything: the Python virtualenv and the pinned Kubernetes binaries (idempotent)
+
+.PHONY: venv
+venv: $(VENV_STAMP) ## Create .venv and install the package with its dev tools
+
+$(VENV_STAMP): pyproject.toml
+	@echo "==> Python virtualenv $(VENV)"
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@$(PY) -m pip install --quiet --progress-bar off -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+.PHONY: kube-binaries
+kube-binaries: ## Build (or reuse from the cache) etcd, kube-*, kubelet, kubectl, kwok, helm
+	@hack/kube-binaries.sh
+
+##@ Develop
+
+.PHONY: lint
+lint: venv ## ruff, mypy --strict and import-linter
+	ruff check .
+	ruff format --check .
+	mypy
+	lint-imports
+
+.PHONY: fmt
+fmt: venv ## Format and auto-fix
+	ruff format .
+	ruff check --fix .
+
+.PHONY: generate
+generate: venv ## Regenerate every generated file
+	$(PY) hack/generate.py write
+
+.PHONY: verify
+verify: venv ## Fail when a generated file is stale
+	$(PY) hack/generate.py check
+
+##@ Test
+
+.PHONY: test
+test: setup lint verify ## The whole suite: lint, verify, unit and integration tests on a real local control plane
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: venv ## Unit tests only (no cluster)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+.PHONY: test-integration
+test-integration: setup ## Integration tests against a real control plane started for the session
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+##@ Local cluster
+
+.PHONY: cluster-up
+cluster-up: setup ## Start the local cluster with NODES kwok nodes (default 10)
+	patchbay-devcluster up --nodes $(NODES)
+
+.PHONY: cluster-down
+cluster-down: ## Stop every process of the local cluster and remove its state
+	@if [ -x $(VENV)/bin/patchbay-devcluster ]; then patchbay-devcluster down; else echo "nothing to stop"; fi
+
+.PHONY: cluster-kubeconfig
+cluster-kubeconfig: ## Print the local cluster's kubeconfig path (last line)
+	@patchbay-devcluster kubeconfig
+
+.PHONY: cluster-status
+cluster-status: ## Show the local cluster's processes, ports and health
+	@patchbay-devcluster status
+
+##@ Demo
+
+.PHONY: demo
+demo: setup ## Start the local cluster and show what Patchbay does on it
+	@hack/demo.sh
+
+.PHONY: demo-down
+demo-down: cluster-down ## Stop everything the demo started

@@ -1,0 +1,1 @@
+"""Patchbay operator: DevicePluginProfile -> agent DaemonSets and static node capacity."""

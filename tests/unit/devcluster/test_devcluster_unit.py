@@ -1,0 +1,121 @@
+"""Unit tests of the dev cluster tool's pure parts: certificates, node objects, PID checks, CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from patchbay_devcluster import cli, pki
+from patchbay_devcluster.cluster import (
+    BINARIES,
+    ClusterError,
+    DevCluster,
+    find_bin_dir,
+    free_port,
+    kwok_node,
+    pid_runs,
+)
+
+
+def test_ca_signs_server_and_client_certificates(tmp_path: Path) -> None:
+    ca = pki.CertificateAuthority(tmp_path)
+    server = ca.issue("apiserver", "kube-apiserver", server=True)
+    node = ca.issue("node", "system:node:n1", orgs=("system:nodes",), client=True)
+    ca_cert = x509.load_pem_x509_certificate(ca.pair.cert.read_bytes())
+    for pair in (server, node):
+        cert = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+        cert.verify_directly_issued_by(ca_cert)
+        assert oct(pair.key.stat().st_mode & 0o777) == "0o600"
+    srv = x509.load_pem_x509_certificate(server.cert.read_bytes())
+    sans = srv.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    cli_cert = x509.load_pem_x509_certificate(node.cert.read_bytes())
+    assert cli_cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
+    eku = cli_cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+
+
+def test_ca_and_certificates_are_reused(tmp_path: Path) -> None:
+    """`up` after `down --keep-state` must not invalidate kubeconfigs handed out before."""
+    first = pki.CertificateAuthority(tmp_path)
+    a = first.issue("admin", "admin", client=True).cert.read_bytes()
+    second = pki.CertificateAuthority(tmp_path)
+    assert isinstance(second.key, ec.EllipticCurvePrivateKey)
+    assert second.cert == first.cert
+    assert second.issue("admin", "admin", client=True).cert.read_bytes() == a
+
+
+def test_service_account_key_is_rsa(tmp_path: Path) -> None:
+    pair = pki.service_account_keys(tmp_path)
+    assert b"BEGIN PUBLIC KEY" in pair.cert.read_bytes()
+    assert b"BEGIN PRIVATE KEY" in pair.key.read_bytes()
+
+
+def test_kwok_node_is_managed_tainted_and_labelled() -> None:
+    node = kwok_node("n1", {"zone": "a"})
+    assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+    assert node["metadata"]["labels"]["zone"] == "a"
+    assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "n1"
+    assert node["spec"]["taints"] == [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}]
+
+
+def test_pid_runs_checks_the_binary() -> None:
+    me = os.getpid()
+    exe = Path(f"/proc/{me}/cmdline").read_bytes().split(b"\0")[0].decode()
+    assert pid_runs(me, exe)
+    assert not pid_runs(me, "/usr/bin/something-else")
+    child = subprocess.Popen(["sleep", "0"])
+    child.wait()
+    assert not pid_runs(child.pid, "sleep")
+
+
+def test_free_port_is_bindable_on_loopback() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_find_bin_dir_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PATCHBAY_KUBE_BIN", raising=False)
+    with pytest.raises(ClusterError, match="--bin-dir"):
+        find_bin_dir(None)
+    (tmp_path / "etcd").write_text("")
+    with pytest.raises(ClusterError, match="kube-apiserver"):
+        find_bin_dir(tmp_path)
+    for b in BINARIES:
+        (tmp_path / b).write_text("")
+    assert find_bin_dir(tmp_path) == tmp_path
+
+
+def test_cli_without_a_cluster_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--state-dir", str(tmp_path / "none"), "kubeconfig"]) == 1
+    assert "run `patchbay-devcluster up`" in capsys.readouterr().err
+    assert cli.main(["--state-dir", str(tmp_path / "none"), "down"]) == 0
+    assert "nothing was running" in capsys.readouterr().out
+
+
+def test_cli_help_documents_every_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "patchbay_devcluster.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for command in ("up", "add-nodes", "down", "status", "kubeconfig", "PATCHBAY_KUBE_BIN"):
+        assert command in out
+
+
+def test_status_of_a_stopped_cluster(tmp_path: Path) -> None:
+    st = DevCluster(tmp_path).status()
+    assert st["processes"] == {}
+    assert "readyz" not in st
