@@ -30,7 +30,11 @@ help: ## Show this help
 ##@ Setup
 
 .PHONY: setup
-setup: venv kube-binaries ## Install everything: the Python virtualenv and the pinned Kubernetes binaries (idempotent)
+setup: host-packages venv kube-binaries ## Install everything: Debian packages, the virtualenv, the pinned Kubernetes binaries (idempotent)
+
+.PHONY: host-packages
+host-packages: ## Debian packages for the real node (containerd, runc, CNI loopback, busybox-static, gcc)
+	@hack/host-packages.sh
 
 .PHONY: venv
 venv: $(VENV_STAMP) ## Create .venv and install the package with its dev tools
@@ -86,8 +90,8 @@ test-integration: setup ## Integration tests against a real control plane starte
 ##@ Local cluster
 
 .PHONY: cluster-up
-cluster-up: setup ## Start the local cluster with NODES kwok nodes (default 10)
-	patchbay-devcluster up --nodes $(NODES)
+cluster-up: setup ## Start the local cluster with NODES kwok nodes (default 10); REAL_NODE=1 adds a real kubelet
+	patchbay-devcluster up --nodes $(NODES) $(if $(REAL_NODE),--real-node)
 
 .PHONY: cluster-down
 cluster-down: ## Stop every process of the local cluster and remove its state

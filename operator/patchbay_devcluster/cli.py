@@ -38,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     up = sub.add_parser("up", help="start the cluster (idempotent) and ensure --nodes kwok nodes")
     up.add_argument("--nodes", type=int, default=0, help="kwok nodes kwok-node-0..N-1 (default 0)")
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also run a real node 'localhost': the pinned kubelet on containerd + runc (needs root)",
+    )
     up.add_argument("--timeout", type=float, default=120.0, help="seconds per readiness wait")
     nodes = sub.add_parser("add-nodes", help="add kwok nodes to a running cluster")
     nodes.add_argument("--count", type=int, required=True)
@@ -64,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             if args.nodes < 0:
                 raise ClusterError("--nodes must be >= 0")
-            cluster.up(nodes=args.nodes, timeout=args.timeout)
+            cluster.up(nodes=args.nodes, real_node=args.real_node, timeout=args.timeout)
             print(cluster.kubeconfig)
         elif args.command == "add-nodes":
             labels = {}

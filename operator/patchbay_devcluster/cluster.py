@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from patchbay_devcluster import pki
+from patchbay_devcluster.node import NODE_NAME, RealNode
 from patchbay_devcluster.rest import ApiError, Rest
 
 log = logging.getLogger(__name__)
@@ -191,8 +192,9 @@ class DevCluster:
         st = self.state()
         return bool(st.procs) and all(pid_runs(p.pid, p.binary) for p in st.procs)
 
-    def up(self, nodes: int = 0, timeout: float = 90.0) -> None:
-        """Start the control plane and kwok (a no-op if they already run), then ensure ``nodes``."""
+    def up(self, nodes: int = 0, real_node: bool = False, timeout: float = 90.0) -> None:
+        """Start the control plane and kwok (a no-op if they already run), then ensure ``nodes``
+        kwok nodes and, with ``real_node``, the real kubelet node."""
         if self.is_up():
             log.info("Cluster in %s is already running (%s)", self.dir, self.server)
         else:
@@ -200,6 +202,8 @@ class DevCluster:
                 log.warning("Cluster in %s is partly running; stopping it first", self.dir)
                 self.down(purge=False)
             self._start(timeout)
+        if real_node and "kubelet" not in {p.name for p in self.running()}:
+            self.start_real_node(timeout=max(timeout, 120.0))
         if nodes:
             self.add_kwok_nodes(nodes)
             self.wait_nodes_ready(nodes, label_selector=f"{KWOK_NODE_LABEL}=kwok", timeout=timeout)
@@ -209,7 +213,16 @@ class DevCluster:
         for d in (self.dir, self.pki_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o700)
-        names = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
+        names = (
+            "etcd",
+            "etcd-peer",
+            "apiserver",
+            "controller-manager",
+            "scheduler",
+            "kwok",
+            "kubelet",
+            "kubelet-healthz",
+        )
         state = State(ports={n: free_port() for n in names})
         state.save(self.state_file)
         self._write_pki_and_kubeconfigs(state.ports["apiserver"])
@@ -256,22 +269,23 @@ class DevCluster:
         """
         st = self.state()
         stopped: list[str] = []
+        node: RealNode | None = self.real_node()
+        if node is not None and not node.exists():
+            node = None
         for p in reversed(st.procs):
-            if not pid_runs(p.pid, p.binary):
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and pid_runs(p.pid, p.binary):
-                _reap(p.pid)
-                time.sleep(0.05)
-            if pid_runs(p.pid, p.binary):
-                log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing", p.name, p.pid, grace)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
-                time.sleep(0.1)
-            _reap(p.pid)
-            stopped.append(p.name)
+            if _stop_pid(p, grace):
+                stopped.append(p.name)
+            if p.name == "kubelet" and node is not None:
+                # The kubelet is gone; now nothing restarts the pods' containers.
+                node.kill_pods()
+        if node is not None:
+            node.kill_pods()
+            node.kill_shims()
+            node.unmount_all()
+            node.remove_cgroups()
+            # Runtime state outside the state directory: removed even without ``purge``
+            # (the kubelet's and containerd's logs stay in <state>/logs).
+            node.remove_files()
         leftover = [p for p in st.procs if pid_runs(p.pid, p.binary)]
         if leftover:
             raise ClusterError(f"still running after down: {[(p.name, p.pid) for p in leftover]}")
@@ -280,6 +294,67 @@ class DevCluster:
         elif self.state_file.exists():
             State(ports=st.ports).save(self.state_file)
         return stopped
+
+    # --- the real node ---------------------------------------------------------------------
+
+    def real_node(self) -> RealNode:
+        # Teardown needs no binaries: only start-up resolves the bin dir.
+        return RealNode(self.dir, self.pki_dir, self._bin_dir)
+
+    def start_real_node(self, timeout: float = 180.0) -> None:
+        """containerd + the pinned kubelet as node ``localhost``; waits until the node is Ready."""
+        t0 = time.monotonic()
+        st = self.state()
+        node = RealNode(self.dir, self.pki_dir, self.bin_dir)
+        node.prepare(st.ports["apiserver"], st.ports["kubelet"], st.ports["kubelet-healthz"])
+        log.info("Starting the real node (containerd + kubelet) in %s", node.paths.root)
+        proc, child = self._spawn("containerd", node.containerd_argv())
+        st.procs.append(proc)
+        st.save(self.state_file)
+
+        def containerd_ok() -> bool:
+            if child.poll() is not None:
+                raise ClusterError(f"containerd exited\n{_tail(Path(proc.log))}")
+            return node.containerd_ready()
+
+        _wait("containerd", containerd_ok, timeout, lambda: _tail(Path(proc.log)))
+        node.import_images()
+        self.start_kubelet()
+        self.wait_real_node_ready(timeout)
+        log.info("Real node %s Ready in %.1fs", NODE_NAME, time.monotonic() - t0)
+
+    def start_kubelet(self) -> Proc:
+        """Start (or start again, after ``stop_kubelet``) the real node's kubelet."""
+        st = self.state()
+        st.procs = [p for p in st.procs if p.name != "kubelet" or pid_runs(p.pid, p.binary)]
+        if any(p.name == "kubelet" for p in st.procs):
+            raise ClusterError("the kubelet is already running")
+        proc, child = self._spawn("kubelet", self.real_node().kubelet_argv())
+        st.procs.append(proc)
+        st.save(self.state_file)
+        port = st.ports["kubelet-healthz"]
+
+        def healthy() -> bool:
+            if child.poll() is not None:
+                raise ClusterError(f"kubelet exited\n{_tail(Path(proc.log))}")
+            return _http_ok(port, "/healthz", tls=False)
+
+        _wait("kubelet", healthy, 120, lambda: _tail(Path(proc.log)))
+        return proc
+
+    def stop_kubelet(self, sig: int = signal.SIGKILL) -> None:
+        """Stop the kubelet by PID (SIGKILL by default: a crash, not a drain). Pods keep running."""
+        for p in self.state().procs:
+            if p.name == "kubelet":
+                _stop_pid(p, grace=15, sig=sig)
+
+    def wait_real_node_ready(self, timeout: float = 120.0) -> None:
+        _wait(
+            f"node {NODE_NAME}",
+            lambda: NODE_NAME in self.ready_nodes(f"kubernetes.io/hostname={NODE_NAME}"),
+            timeout,
+            lambda: _tail(self.log_dir / "kubelet.log"),
+        )
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -396,6 +471,9 @@ class DevCluster:
                 f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
                 f"--kubelet-certificate-authority={p / 'ca.crt'}",
+                # The real node is "localhost" (Hostname address); kwok nodes have only an
+                # InternalIP of 127.0.0.1. Either way logs/exec stay on loopback.
+                "--kubelet-preferred-address-types=Hostname,InternalIP",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--allow-privileged=true",
                 "--authorization-mode=Node,RBAC",
@@ -576,6 +654,25 @@ def _http_ok(port: int, path: str, tls: bool) -> bool:
         return conn.getresponse().status == 200
     finally:
         conn.close()
+
+
+def _stop_pid(p: Proc, grace: float, sig: int = signal.SIGTERM) -> bool:
+    """Stop one recorded process (``sig``, then SIGKILL after ``grace``); False if it was not running."""
+    if not pid_runs(p.pid, p.binary):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(p.pid, sig)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and pid_runs(p.pid, p.binary):
+        _reap(p.pid)
+        time.sleep(0.05)
+    if pid_runs(p.pid, p.binary):
+        log.warning("%s (pid %d) still running after %.0fs; killing", p.name, p.pid, grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGKILL)
+        time.sleep(0.1)
+    _reap(p.pid)
+    return True
 
 
 def _stop_child(child: subprocess.Popen[bytes], grace: float = 10.0) -> None:

@@ -210,7 +210,8 @@ def _listening_sockets(pid: int) -> list[tuple[str, int]]:
 
 def test_everything_listens_on_loopback_only(devcluster: DevCluster) -> None:
     procs = devcluster.running()
-    assert {p.name for p in procs} == {
+    # The real node's containerd and kubelet join this set when e2e tests added them.
+    assert {p.name for p in procs} >= {
         "etcd",
         "kube-apiserver",
         "kube-controller-manager",
@@ -220,7 +221,7 @@ def test_everything_listens_on_loopback_only(devcluster: DevCluster) -> None:
     for p in procs:
         sockets = _listening_sockets(p.pid)
         assert sockets, f"{p.name} listens on nothing?"
-        bad = [s for s in sockets if s[0] not in ("127.0.0.1", "::1")]
+        bad = [s for s in sockets if not (s[0].startswith("127.") or s[0] == "::1")]
         assert not bad, f"{p.name} listens on non-loopback {bad}"
 
 
@@ -229,7 +230,9 @@ def test_cli_up_kubeconfig_down_leaves_nothing(tmp_path: Path, bin_dir: Path) ->
     state = tmp_path / "cli-cluster"
     env = {**os.environ, "PATCHBAY_KUBE_BIN": str(bin_dir)}
     cli = [sys.executable, "-m", "patchbay_devcluster.cli", "--state-dir", str(state)]
-    up = subprocess.run([*cli, "up", "--nodes", "3"], env=env, capture_output=True, text=True, timeout=300)
+    up = subprocess.run(
+        [*cli, "up", "--nodes", "3", "--real-node"], env=env, capture_output=True, text=True, timeout=300
+    )
     try:
         assert up.returncode == 0, up.stderr
         kubeconfig = (
@@ -244,11 +247,54 @@ def test_cli_up_kubeconfig_down_leaves_nothing(tmp_path: Path, bin_dir: Path) ->
             check=True,
             timeout=60,
         ).stdout.split()
-        assert nodes == [f"node/kwok-node-{i}" for i in range(3)]
+        assert nodes == [f"node/kwok-node-{i}" for i in range(3)] + ["node/localhost"]
+        # A running container on the real node: `down` must stop it and undo its mounts.
+        on_real_node = {
+            "spec": {"hostNetwork": True, "nodeSelector": {"kubernetes.io/hostname": "localhost"}}
+        }
+        run = subprocess.run(
+            [
+                str(bin_dir / "kubectl"),
+                "--kubeconfig",
+                kubeconfig,
+                "run",
+                "sleeper",
+                "--image=docker.io/library/busybox:1.36",
+                "--restart=Never",
+                "--overrides=" + json.dumps(on_real_node),
+                "--command",
+                "--",
+                "sleep",
+                "3600",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 0, run.stderr
+        wait = subprocess.run(
+            [
+                str(bin_dir / "kubectl"),
+                "--kubeconfig",
+                kubeconfig,
+                "wait",
+                "--for=jsonpath={.status.phase}=Running",
+                "pod/sleeper",
+                "--timeout=120s",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        assert wait.returncode == 0, wait.stderr
+        node_dir = str((state / "node").resolve())
+        mounts_before = [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if node_dir in m]
+        assert mounts_before  # the pod's volumes and rootfs are mounted under the state directory
         status = json.loads(subprocess.run([*cli, "status"], env=env, capture_output=True, text=True).stdout)
         assert status["readyz"] is True
         pids = [p["pid"] for p in status["processes"].values()]
-        assert len(pids) == 5 and all(p["running"] for p in status["processes"].values())
+        assert len(pids) == 7  # control plane, kwok, containerd, kubelet
+        assert all(p["running"] for p in status["processes"].values())
         binaries = {int(p): Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[0].decode() for p in pids}
     finally:
         down = subprocess.run([*cli, "down"], env=env, capture_output=True, text=True, timeout=120)
@@ -259,9 +305,12 @@ def test_cli_up_kubeconfig_down_leaves_nothing(tmp_path: Path, bin_dir: Path) ->
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if str(state).encode() in (proc / "cmdline").read_bytes():
+                cmdline = (proc / "cmdline").read_bytes()
+                if str(state).encode() in cmdline or node_dir.encode() in cmdline:
                     leftovers.append(proc.name)
             except OSError:
                 pass
     assert not leftovers
     assert not state.exists()
+    assert not [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if node_dir in m]
+    assert not Path(node_dir).exists()

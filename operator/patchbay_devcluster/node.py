@@ -1,0 +1,352 @@
+"""A REAL node for the dev cluster: the pinned kubelet on Debian's containerd and runc.
+
+Everything the node owns lives under ``<state>/node``: containerd's root, state and socket, the
+kubelet's root directory (so its device-plugin directory is ``<state>/node/kubelet/device-plugins``
+and never the machine's ``/var/lib/kubelet``), pod logs, the CNI config, and the images built by
+:mod:`patchbay_devcluster.images`. Pods run in the cgroup subtree ``/patchbay-<id>`` of every
+cgroup v1 hierarchy, which is how ``down`` finds and stops every container process.
+
+Network: hostNetwork pods only. The CNI config is a single ``loopback`` plugin, which is enough
+for the runtime to report NetworkReady. The kubelet serves on 127.0.0.1 only; the node is named
+``localhost`` and the API server prefers the Hostname address, so ``kubectl logs/exec`` reach the
+kubelet over loopback. (The kubelet refuses a loopback --node-ip, so its InternalIP is the
+machine's own address; nothing connects to it.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from patchbay_devcluster import images, pki
+
+log = logging.getLogger(__name__)
+
+NODE_NAME = "localhost"
+CGROUP_BASE = Path("/sys/fs/cgroup")
+
+
+class NodeError(RuntimeError):
+    """The real node cannot run here; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Every path of the real node, derived from the cluster's state directory."""
+
+    root: Path
+
+    @property
+    def containerd_root(self) -> Path:
+        return self.root / "containerd" / "root"
+
+    @property
+    def containerd_state(self) -> Path:
+        return self.root / "containerd" / "state"
+
+    @property
+    def containerd_sock(self) -> Path:
+        return self.root / "containerd" / "containerd.sock"
+
+    @property
+    def containerd_config(self) -> Path:
+        return self.root / "containerd" / "config.toml"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def device_plugin_dir(self) -> Path:
+        return self.kubelet_root / "device-plugins"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.kubelet_root / "pod-resources" / "kubelet.sock"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.root / "pod-logs"
+
+    @property
+    def cni_conf(self) -> Path:
+        return self.root / "cni"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.root / "kubelet-config.yaml"
+
+    @property
+    def images(self) -> Path:
+        return self.root / "images"
+
+
+def check_host() -> None:
+    """Fail early, naming the missing piece, rather than deep inside a kubelet log."""
+    missing = [b for b in ("containerd", "ctr", "runc", "containerd-shim-runc-v2") if not shutil.which(b)]
+    if missing:
+        raise NodeError(f"missing {', '.join(missing)}: apt-get install containerd runc (make setup does)")
+    if not Path("/usr/lib/cni/loopback").exists():
+        raise NodeError("missing /usr/lib/cni/loopback: apt-get install containernetworking-plugins")
+    if os.geteuid() != 0:
+        raise NodeError("a real node needs root (containerd and the kubelet manage cgroups and mounts)")
+    if not (CGROUP_BASE / "memory").is_dir():
+        raise NodeError(f"no cgroup v1 memory hierarchy under {CGROUP_BASE}")
+
+
+def containerd_config(paths: NodePaths) -> str:
+    """containerd 1.6 (config version 2) on a private socket, CRI on, nothing on TCP."""
+    return f"""version = 2
+root = "{paths.containerd_root}"
+state = "{paths.containerd_state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "{paths.containerd_sock}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{paths.root / "containerd" / "opt"}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{images.PAUSE_IMAGE}"
+  # The sandbox here cannot lower oom_score_adj below its own.
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{paths.cni_conf}"
+"""
+
+
+def kubelet_config(
+    paths: NodePaths, pki_dir: Path, port: int, healthz_port: int, cgroup_root: str
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(pki_dir / "ca.crt")},
+        },
+        # Only clients with a certificate of the cluster's CA reach it, on loopback.
+        "authorization": {"mode": "AlwaysAllow"},
+        "tlsCertFile": str(pki_dir / "kubelet-serving.crt"),
+        "tlsPrivateKeyFile": str(pki_dir / "kubelet-serving.key"),
+        "containerRuntimeEndpoint": f"unix://{paths.containerd_sock}",
+        "podLogsDir": str(paths.pod_logs),
+        # Machines here: cgroup v1, no systemd, kernel defaults we may not change.
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": cgroup_root,
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "protectKernelDefaults": False,
+        # Images are imported, never pulled: never garbage-collect them, never evict for disk.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "resolvConf": "",
+        "serializeImagePulls": False,
+        "maxPods": 50,
+        "syncFrequency": "10s",
+    }
+
+
+class RealNode:
+    """Start/stop helpers for the real node; process bookkeeping stays with DevCluster."""
+
+    def __init__(self, state_dir: Path, pki_dir: Path, bin_dir: Path | None) -> None:
+        # Stable across processes (``down`` may run from another CLI call): derived from the path.
+        digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:10]
+        # Unix socket paths are capped at 108 bytes (containerd checks 104), and the kubelet's
+        # device-plugin sockets live under its root dir: so the node lives at a short path,
+        # linked from the state directory as ``<state>/node``.
+        self.link = state_dir / "node"
+        self.paths = NodePaths(Path(f"/tmp/patchbay-node-{digest}"))
+        self.pki_dir = pki_dir
+        self.bin_dir = bin_dir
+        self.cgroup_root = f"/patchbay-{digest}"
+
+    def prepare(self, api_port: int, kubelet_port: int, healthz_port: int) -> None:
+        """Write configs, certificates, CNI config and image tarballs (idempotent)."""
+        check_host()
+        p = self.paths
+        for d in (p.root, p.containerd_root.parent, p.kubelet_root, p.pod_logs, p.cni_conf):
+            d.mkdir(parents=True, exist_ok=True)
+        if not self.link.is_symlink():
+            self.link.symlink_to(p.root)
+        p.containerd_config.write_text(containerd_config(p))
+        (p.cni_conf / "10-loopback.conflist").write_text(
+            json.dumps(
+                {"cniVersion": "1.0.0", "name": "patchbay-loopback", "plugins": [{"type": "loopback"}]}
+            )
+        )
+        ca = pki.CertificateAuthority(self.pki_dir)
+        client = ca.issue("kubelet-client", f"system:node:{NODE_NAME}", orgs=("system:nodes",), client=True)
+        ca.issue("kubelet-serving", NODE_NAME, server=True)
+        from patchbay_devcluster.cluster import write_kubeconfig  # cluster imports this module
+
+        write_kubeconfig(self.kubeconfig, f"https://127.0.0.1:{api_port}", ca.pair.cert, client)
+        p.kubelet_config.write_text(
+            json.dumps(
+                kubelet_config(p, self.pki_dir, kubelet_port, healthz_port, self.cgroup_root), indent=2
+            )
+        )
+        self.image_tarballs = images.build_images(p.images)
+        self.create_cgroups()
+
+    def create_cgroups(self) -> None:
+        """The kubelet insists that its cgroupRoot exists in every v1 hierarchy it uses."""
+        for hierarchy in CGROUP_BASE.iterdir():
+            if hierarchy.name == "unified" or not (hierarchy / "cgroup.procs").exists():
+                continue
+            sub = hierarchy / self.cgroup_root.lstrip("/")
+            sub.mkdir(exist_ok=True)
+            if hierarchy.name == "cpuset":
+                # A new cpuset has no CPUs or memory nodes until given its parent's.
+                for knob in ("cpuset.cpus", "cpuset.mems"):
+                    if not (sub / knob).read_text().strip():
+                        (sub / knob).write_text((hierarchy / knob).read_text())
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.paths.root / "kubelet.kubeconfig"
+
+    def containerd_argv(self) -> list[str]:
+        return [shutil.which("containerd") or "containerd", "--config", str(self.paths.containerd_config)]
+
+    def kubelet_argv(self) -> list[str]:
+        if self.bin_dir is None:
+            raise NodeError("no Kubernetes binaries to run the kubelet from")
+        return [
+            str(self.bin_dir / "kubelet"),
+            f"--config={self.paths.kubelet_config}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--root-dir={self.paths.kubelet_root}",
+            f"--cert-dir={self.paths.root / 'kubelet-pki'}",
+            f"--hostname-override={NODE_NAME}",
+            "--v=1",
+        ]
+
+    def ctr(self, *args: str, timeout: float = 60) -> str:
+        res = subprocess.run(
+            ["ctr", "--address", str(self.paths.containerd_sock), "--namespace", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if res.returncode != 0:
+            raise NodeError(f"ctr {' '.join(args)}: {res.stderr.strip()}")
+        return res.stdout
+
+    def containerd_ready(self) -> bool:
+        if not self.paths.containerd_sock.exists():
+            return False
+        try:
+            self.ctr("version", timeout=5)
+        except (NodeError, subprocess.TimeoutExpired):
+            return False
+        return True
+
+    def import_images(self) -> None:
+        for name, tarball in self.image_tarballs.items():
+            self.ctr("images", "import", "--no-unpack=false", str(tarball), timeout=120)
+            log.info("  imported %s", name)
+
+    # --- teardown ------------------------------------------------------------------------------
+
+    def kill_pods(self) -> int:
+        """SIGKILL every process in the node's cgroup subtree (containers and sandboxes)."""
+        pids: set[int] = set()
+        for hierarchy in CGROUP_BASE.iterdir():
+            sub = hierarchy / self.cgroup_root.lstrip("/")
+            if sub.is_dir():
+                for procs in sub.rglob("cgroup.procs"):
+                    try:
+                        pids.update(int(x) for x in procs.read_text().split())
+                    except OSError:
+                        continue
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    def kill_shims(self) -> int:
+        """The runc shims outlive containerd by design; ours name our socket in their argv."""
+        needle = str(self.paths.containerd_sock).encode()
+        killed = 0
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmd = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"containerd-shim" in cmd and needle in cmd:
+                try:
+                    os.kill(int(proc.name), signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+        return killed
+
+    def unmount_all(self) -> None:
+        """Detach every mount under the node's directory (tmpfs volumes, overlay rootfs, shm)."""
+        root = str(self.paths.root.resolve())
+        mounts = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            target = line.split()[4].replace("\\040", " ")
+            if target == root or target.startswith(root + "/"):
+                mounts.append(target)
+        for target in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+    def remove_files(self) -> None:
+        """After ``unmount_all``: the node's directory and the state directory's link to it."""
+        shutil.rmtree(self.paths.root, ignore_errors=True)
+        if self.link.is_symlink():
+            self.link.unlink()
+
+    def exists(self) -> bool:
+        return self.paths.root.exists() or self.link.is_symlink()
+
+    def remove_cgroups(self) -> None:
+        for hierarchy in CGROUP_BASE.iterdir():
+            sub = hierarchy / self.cgroup_root.lstrip("/")
+            if not sub.is_dir():
+                continue
+            dirs = sorted((d for d in sub.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True)
+            for d in [*dirs, sub]:
+                for _ in range(20):
+                    try:
+                        d.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.05)

@@ -1,0 +1,137 @@
+"""The dev cluster's real node: the pinned kubelet runs real containers through containerd + runc."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from patchbay_devcluster import DevCluster
+from patchbay_devcluster.images import BUSYBOX_IMAGE
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient, name_prefix: str) -> Iterator[str]:
+    core = client.CoreV1Api(api)
+    ns = f"{name_prefix}node"
+    core.create_namespace({"metadata": {"name": ns}})
+    # Pods need the namespace's default ServiceAccount (created by the real controller manager).
+    wait_for("default ServiceAccount", lambda: core.list_namespaced_service_account(ns).items, 60)
+    yield ns
+    core.delete_namespace(ns)
+
+
+def busybox_pod(name: str, node: str, script: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "hostNetwork": True,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sh", "-c", script]}],
+        },
+    }
+
+
+def test_real_node_registers_with_its_own_identity(api: client.ApiClient, real_node: str) -> None:
+    node = client.CoreV1Api(api).read_node(real_node)
+    assert node.status.node_info.kubelet_version == "v1.37.1"
+    assert node.status.node_info.container_runtime_version.startswith("containerd://")
+    ready = [c for c in node.status.conditions if c.type == "Ready"]
+    assert ready[0].status == "True", ready
+    # The Node authorizer + NodeRestriction let it register itself; it is not kwok-managed.
+    assert "kwok.x-k8s.io/node" not in (node.metadata.annotations or {})
+    hostnames = [a.address for a in node.status.addresses if a.type == "Hostname"]
+    assert hostnames == ["localhost"]
+
+
+def test_pod_runs_in_a_real_container_and_logs_come_back_over_loopback(
+    api: client.ApiClient, real_node: str, namespace: str
+) -> None:
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(
+        namespace,
+        # The API server turns "$$" into "$" in commands, so the shell sees "$$".
+        busybox_pod("hello", real_node, "echo pid=$$$$ ; echo done"),
+    )
+
+    def succeeded() -> bool:
+        phase = core.read_namespaced_pod("hello", namespace).status.phase
+        assert phase != "Failed"
+        return phase == "Succeeded"
+
+    wait_for("pod Succeeded", succeeded, 120)
+    # kubectl-logs path: API server -> kubelet on localhost:<port> with the CA-signed serving cert.
+    logs = core.read_namespaced_pod_log("hello", namespace)
+    assert (
+        logs.splitlines()[0] == "pid=1"
+    )  # PID 1 of its own PID namespace: a real container, not a host process
+    assert logs.strip().endswith("done")
+
+
+def test_killed_kubelet_comes_back_and_running_pods_are_unaffected(
+    api: client.ApiClient, devcluster: DevCluster, real_node: str, namespace: str
+) -> None:
+    core = client.CoreV1Api(api)
+    core.create_namespaced_pod(namespace, busybox_pod("sleeper", real_node, "sleep 3600"))
+
+    def running() -> Any:
+        pod = core.read_namespaced_pod("sleeper", namespace)
+        return pod if pod.status.phase == "Running" else None
+
+    before = wait_for("pod Running", running, 120).status.container_statuses[0]
+    devcluster.stop_kubelet()  # SIGKILL: a crash
+    devcluster.start_kubelet()
+    devcluster.wait_real_node_ready(120)
+    # Give the new kubelet a sync to (wrongly) restart anything, then compare.
+    time.sleep(3)
+    after = running()
+    assert after is not None
+    status = after.status.container_statuses[0]
+    assert status.restart_count == 0
+    assert status.container_id == before.container_id
+    assert status.state.running.started_at == before.state.running.started_at
+
+
+def test_unschedulable_request_stays_pending_with_the_schedulers_reason(
+    api: client.ApiClient, real_node: str, namespace: str
+) -> None:
+    """A pod asking for a resource the node lacks is rejected by the real scheduler, not run."""
+    core = client.CoreV1Api(api)
+    pod = busybox_pod("wants-dongle", real_node, "true")
+    pod["spec"]["containers"][0]["resources"] = {
+        "requests": {"example.com/nothing": "1"},
+        "limits": {"example.com/nothing": "1"},
+    }
+    core.create_namespaced_pod(namespace, pod)
+
+    def unschedulable() -> str | None:
+        try:
+            p = core.read_namespaced_pod("wants-dongle", namespace)
+        except ApiException:
+            return None
+        for c in p.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+                return str(c.message)
+        return None
+
+    message = wait_for("Unschedulable condition", unschedulable, 60)
+    assert "Insufficient example.com/nothing" in message
