@@ -135,7 +135,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{paths.cni_conf}"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    # Every registry resolves to a closed loopback port (see registry_hosts): images here are
+    # imported, and a pull must fail at once instead of reaching for the network.
+    config_path = "{paths.root / "registry"}"
 """
+
+
+def registry_hosts() -> str:
+    """``_default/hosts.toml``: the upstream of EVERY registry is 127.0.0.1:9 (nothing listens)."""
+    return (
+        'server = "http://127.0.0.1:9"\n\n[host."http://127.0.0.1:9"]\n  capabilities = ["pull", "resolve"]\n'
+    )
 
 
 def kubelet_config(
@@ -201,6 +212,8 @@ class RealNode:
         if not self.link.is_symlink():
             self.link.symlink_to(p.root)
         p.containerd_config.write_text(containerd_config(p))
+        (p.root / "registry" / "_default").mkdir(parents=True, exist_ok=True)
+        (p.root / "registry" / "_default" / "hosts.toml").write_text(registry_hosts())
         (p.cni_conf / "10-loopback.conflist").write_text(
             json.dumps(
                 {"cniVersion": "1.0.0", "name": "patchbay-loopback", "plugins": [{"type": "loopback"}]}

@@ -135,3 +135,21 @@ def test_unschedulable_request_stays_pending_with_the_schedulers_reason(
 
     message = wait_for("Unschedulable condition", unschedulable, 60)
     assert "Insufficient example.com/nothing" in message
+
+
+def test_image_pulls_never_leave_the_machine(api: client.ApiClient, real_node: str, namespace: str) -> None:
+    """Every registry is mapped to a closed loopback port: a missing image fails fast, locally."""
+    core = client.CoreV1Api(api)
+    pod = busybox_pod("pull", real_node, "true")
+    pod["spec"]["containers"][0]["image"] = "registry.example.com/nothing/here:1.0"
+    pod["spec"]["containers"][0]["imagePullPolicy"] = "Always"
+    core.create_namespaced_pod(namespace, pod)
+
+    def pull_failed() -> str | None:
+        for e in core.list_namespaced_event(namespace, field_selector="involvedObject.name=pull").items:
+            if e.reason == "Failed" and "registry.example.com/nothing/here" in (e.message or ""):
+                return str(e.message)
+        return None
+
+    message = wait_for("pull failure event", pull_failed, 90)
+    assert "127.0.0.1:9" in message
