@@ -83,9 +83,35 @@ test: setup lint verify ## The whole suite: lint, verify, unit and integration t
 test-unit: venv ## Unit tests only (no cluster)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+.PHONY: test-agent
+test-agent: venv ## The agent on real Unix sockets with a Python kubelet peer (no cluster)
+	$(PY) -m pytest tests/unit/agent tests/agent $(PYTEST_ARGS)
+
+.PHONY: test-conformance
+test-conformance: setup ## The agent against the upstream kubelet device manager (Go peer, v1.37.1)
+	$(PY) -m pytest tests/conformance $(PYTEST_ARGS)
+
+.PHONY: test-e2e
+test-e2e: setup ## End to end on the real node (kubelet + containerd + runc; root)
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
 .PHONY: test-integration
 test-integration: setup ## Integration tests against a real control plane started for the session
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+##@ Benchmarks (figures only; see docs/benchmarks.md)
+
+.PHONY: bench-agent
+bench-agent: setup ## Agent vs the upstream Go stub plugin, with the upstream device manager as kubelet
+	$(PY) bench/agent.py
+
+.PHONY: bench-static
+bench-static: setup ## Static capacity at scale vs a plain concurrent client (NODES=1000 by default here)
+	$(PY) bench/static_scale.py --nodes $(or $(BENCH_NODES),1000)
+
+.PHONY: bench-devcluster
+bench-devcluster: setup ## Local cluster start, 1000 kwok nodes, the real node, down
+	$(PY) bench/devcluster.py --nodes 1000 --real-node
 
 ##@ Local cluster
 

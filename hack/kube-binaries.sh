@@ -19,6 +19,7 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v4.3.1}"
 
 CACHE="${PATCHBAY_CACHE:-$HOME/.cache/patchbay}"
+HACK="$(cd "$(dirname "$0")" && pwd)"
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
 OUT="$CACHE/kube/$KEY"
 BIN="$OUT/bin"
@@ -51,31 +52,7 @@ k8s_build() {
   cd "$mod"
   if [[ ! -f go.mod ]]; then
     log "resolving k8s.io/kubernetes@$K8S_VERSION"
-    local gomod minor patch
-    local info
-    # The module's source zip is needed later anyway; fail here, clearly, if the proxy refuses it.
-    if ! info=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION"); then
-      log "ERROR: cannot download k8s.io/kubernetes@$K8S_VERSION:"
-      echo "$info" | grep '"Error"' >&2 || true
-      exit 1
-    fi
-    gomod=$(echo "$info" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-    [[ -f "$gomod" ]] || { log "ERROR: no go.mod for k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
-    minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-    patch=$(echo "$K8S_VERSION" | cut -d. -f3)
-    go mod init patchbay.local/kubebuild >/dev/null 2>&1
-    # Go version and godebug must match the release's own, or behaviour defaults differ.
-    go mod edit -go="$(sed -n 's/^go //p' "$gomod")"
-    # Only staging modules that the release REQUIRES at v0.0.0 get a replace: some staging
-    # modules (sample-cli-plugin, ...) are never published and are not needed to build.
-    awk '/^replace \(/{r=1;next} r&&/^\)/{r=0} r&&/=> \.\/staging/{print $1}' "$gomod" | sort -u > staging.txt
-    awk '/^require \(/{q=1;next} q&&/^\)/{q=0} q&&$2=="v0.0.0"{print $1}' "$gomod" | sort -u > required.txt
-    local n=0
-    while read -r m; do
-      go mod edit -replace "$m=$m@v0.$minor.$patch"
-      n=$((n + 1))
-    done < <(comm -12 staging.txt required.txt)
-    log "wrapper module: $n staging replaces at v0.$minor.$patch"
+    "$HACK/k8s-wrapper-module.sh" "$mod" patchbay.local/kubebuild "$K8S_VERSION"
   fi
   local pkgs=(cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler cmd/kubelet cmd/kubectl)
   local tools=()

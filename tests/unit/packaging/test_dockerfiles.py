@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 DOCKERFILES = {"operator": REPO / "operator" / "Dockerfile", "agent": REPO / "plugin-agent" / "Dockerfile"}
-AGENT_DEPS = {"grpcio", "protobuf", "pykube-ng", "pyyaml", "inotify-simple", "prometheus-client"}
+AGENT_DEPS = {"grpcio", "protobuf", "pykube-ng", "pyyaml", "inotify-simple"}
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:

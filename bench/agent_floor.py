@@ -1,0 +1,45 @@
+"""The floor under the agent's Allocate latency: a bare `grpc.aio` server whose Allocate returns a
+constant response, with none of the agent's code. bench/agent.py starts it as a third baseline, so
+the report separates what Python's gRPC costs from what the agent adds.
+
+    python bench/agent_floor.py SOCKET_PATH
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import grpc
+
+from patchbay_agent.api import api_pb2, api_pb2_grpc
+
+RESPONSE = api_pb2.AllocateResponse(
+    container_responses=[
+        api_pb2.ContainerAllocateResponse(
+            envs={"PATCHBAY_DEVICES": "ttyUSB0", "BAUD": "115200"},
+            devices=[
+                api_pb2.DeviceSpec(container_path="/dev/ttyUSB0", host_path="/dev/ttyUSB0", permissions="rw")
+            ],
+        )
+    ]
+)
+
+
+class Floor(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
+    async def Allocate(self, request: api_pb2.AllocateRequest, context: Any) -> api_pb2.AllocateResponse:
+        return RESPONSE
+
+
+async def main(socket: str) -> None:
+    server = grpc.aio.server()
+    api_pb2_grpc.add_DevicePluginServicer_to_server(Floor(), server)
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    print('{"ready": true}', flush=True)
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))

@@ -1,0 +1,129 @@
+"""The agent: discovery + health monitor, gRPC server, registration and HTTP, on one event loop.
+
+Start-up order matters: the first discovery/health round runs BEFORE the socket is served, so
+the kubelet's first ListAndWatch already carries the real list (never an empty one that makes
+the kubelet advertise 0 for a moment); then serve; then register (registration.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchbay_agent.config import AgentConfig
+from patchbay_agent.discovery import HostRoot, make_backend
+from patchbay_agent.inventory import Inventory
+from patchbay_agent.metrics import HttpEndpoint, Metrics
+from patchbay_agent.monitor import Monitor
+from patchbay_agent.registration import Backoff, Registrar
+from patchbay_agent.server import DevicePluginServicer
+
+log = logging.getLogger(__name__)
+
+#: sockaddr_un.sun_path is 108 bytes including the terminating NUL.
+MAX_UNIX_SOCKET_PATH = 107
+
+
+def socket_name(resource_name: str) -> str:
+    """The plugin's socket file name, unique per resource: `patchbay-example.com_serial.sock`."""
+    return "patchbay-" + re.sub(r"[^A-Za-z0-9_.-]", "_", resource_name) + ".sock"
+
+
+@dataclass
+class AgentOptions:
+    """Where the agent runs (flags), as opposed to what it serves (the config)."""
+
+    node_name: str
+    plugin_dir: Path
+    host_root: Path
+    #: (host, port) for /metrics /healthz /readyz; None disables the endpoint.
+    http_address: tuple[str, int] | None = ("127.0.0.1", 9464)
+    poll_interval: float = 10.0
+    shutdown_grace: float = 5.0
+    backoff_initial: float = 0.1
+    backoff_max: float = 10.0
+
+
+class Agent:
+    """One resource on one node: construct (fails fast on discovery errors), then `run()`."""
+
+    def __init__(self, config: AgentConfig, options: AgentOptions) -> None:
+        self.config = config
+        self.options = options
+        endpoint = socket_name(config.resource_name)
+        path = options.plugin_dir / endpoint
+        if len(str(path).encode()) > MAX_UNIX_SOCKET_PATH:
+            raise ValueError(f"socket path {path} is longer than {MAX_UNIX_SOCKET_PATH} bytes")
+        self.metrics = Metrics(config.resource_name, options.node_name)
+        self.inventory = Inventory(config.replicas, config.allocation.permissions)
+        self.backend = make_backend(config.discovery, HostRoot(options.host_root))
+        self.monitor = Monitor(
+            self.backend, HostRoot(options.host_root), config.health, self.inventory, self.metrics
+        )
+        self.servicer = DevicePluginServicer(config, self.inventory, self.metrics)
+        self.registrar = Registrar(
+            self.servicer,
+            options.plugin_dir,
+            endpoint,
+            config.resource_name,
+            self.metrics,
+            poll_interval=options.poll_interval,
+            backoff=Backoff(options.backoff_initial, options.backoff_max),
+        )
+        self.http = HttpEndpoint(self.metrics, self._healthy, self._ready)
+        self.started = asyncio.Event()
+
+    def _healthy(self) -> bool:
+        return self.registrar.server is not None and self.registrar.server.serving
+
+    def _ready(self) -> bool:
+        return self.registrar.registered
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set, then shut down gracefully (socket removed, streams ended).
+
+        Raises ListTooLargeError from the first round: a list the kubelet would refuse is a
+        configuration error, reported before anything is served.
+        """
+        await self.monitor.round(periodic=True)
+        snap = self.inventory.current
+        log.info(
+            "Discovered %d %s device(s) (%d advertised, %d healthy) via %s",
+            len(snap.physical),
+            self.config.resource_name,
+            snap.advertised,
+            len(snap.healthy),
+            self.backend.name,
+        )
+        if self.options.http_address is not None:
+            await self.http.start(*self.options.http_address)
+        tasks = [
+            asyncio.create_task(self.monitor.run(stop), name="monitor"),
+            asyncio.create_task(self.registrar.run(stop), name="registrar"),
+        ]
+        # Everything allocated so far (modules, config, grpc) lives as long as the process: move it
+        # out of the garbage collector's generations so full collections stop walking it. They
+        # otherwise land in the middle of Allocate calls and stretch its tail latency.
+        gc.freeze()
+        self.started.set()
+        stopper = asyncio.ensure_future(stop.wait())
+        crashed: BaseException | None = None
+        try:
+            done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                if t in done and not t.cancelled() and t.exception() is not None:
+                    crashed = t.exception()
+        finally:
+            stop.set()
+            stopper.cancel()
+            log.info("Shutting down: ending streams, removing %s", self.registrar.socket_path)
+            self.inventory.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.registrar.shutdown(self.options.shutdown_grace)
+            await self.http.stop()
+        if crashed is not None:
+            raise crashed

@@ -1,0 +1,440 @@
+"""The agent's whole input: `resourceName` plus the profile's `plugin` section (see
+docs/design/profile-contract.md), parsed into frozen, typed dataclasses.
+
+The operator renders this file from a `DevicePluginProfile` whose CRD schema already rejects bad
+input and applies defaults. The agent validates again anyway, because it also runs by hand on a
+node and in tests, and because a half-understood config on a node is worse than a clear refusal:
+every error is a `ConfigError` whose message starts with the dotted path of the offending field.
+
+This module imports no gRPC (an import-linter contract checks it), so the operator's tests and
+tools can use it without the agent's runtime.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Extended resource names: "<domain>/<name>", never in the kubernetes.io domains (the kubelet's
+# registration server refuses those), and a valid qualified name.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_HEX4 = re.compile(r"^[0-9a-fA-F]{4}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CDI_KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+
+#: The longest device ID the kubelet accepts in a ListAndWatch response.
+MAX_DEVICE_ID_LENGTH = 63
+#: The kubelet's gRPC client refuses larger ListAndWatch messages (its default receive limit).
+MAX_LIST_AND_WATCH_BYTES = 4 * 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A config the agent refuses. `field` is the dotted path of the bad setting."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        super().__init__(f"{field_path}: {message}")
+        self.field = field_path
+
+
+class PreferredPolicy(enum.StrEnum):
+    """How GetPreferredAllocation chooses among the devices the kubelet offers."""
+
+    NONE = "None"
+    PACK = "Pack"
+    SPREAD = "Spread"
+
+
+@dataclass(frozen=True)
+class PathGroup:
+    """Several device files that together are ONE device (e.g. a DRM card and its render node)."""
+
+    id: str
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PathsDiscovery:
+    """Device files under the host's /dev: each glob match is a device, each group is one device."""
+
+    globs: tuple[str, ...] = ()
+    groups: tuple[PathGroup, ...] = ()
+
+
+@dataclass(frozen=True)
+class PciDiscovery:
+    """PCI functions from sysfs, filtered by vendor (and optionally device and class prefix)."""
+
+    vendor: str
+    device: str | None = None
+    device_class: str | None = None
+    vfio: bool = False
+
+
+@dataclass(frozen=True)
+class UsbDiscovery:
+    """USB devices from sysfs by idVendor (and optionally idProduct and serial)."""
+
+    vendor: str
+    product: str | None = None
+    serial: str | None = None
+
+
+@dataclass(frozen=True)
+class VirtualDiscovery:
+    """N countable tokens with no device files (licences, bandwidth units, slots)."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class NvmlDiscovery:
+    """NVIDIA GPUs through NVML (the optional `nvml` extra)."""
+
+
+Discovery = PathsDiscovery | PciDiscovery | UsbDiscovery | VirtualDiscovery | NvmlDiscovery
+
+
+@dataclass(frozen=True)
+class ExecProbe:
+    """A command run per device; exit 0 within the timeout means healthy, anything else does not."""
+
+    command: tuple[str, ...]
+    timeout_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class Health:
+    """How often devices are checked and how many results in a row flip their state."""
+
+    period_seconds: float = 5.0
+    failure_threshold: int = 3
+    success_threshold: int = 1
+    exec: ExecProbe | None = None
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What Allocate hands the kubelet for every container, besides the device files themselves."""
+
+    permissions: str = "rw"
+    devices_env_name: str = "PATCHBAY_DEVICES"
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    cdi_kind: str | None = None
+
+
+@dataclass(frozen=True)
+class PreStart:
+    """A command PreStartContainer runs before a container with these devices starts."""
+
+    command: tuple[str, ...]
+    timeout_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything the agent needs to know about the resource it serves on this node."""
+
+    resource_name: str
+    discovery: Discovery
+    replicas: int = 1
+    health: Health = field(default_factory=Health)
+    allocation: Allocation = field(default_factory=Allocation)
+    preferred_policy: PreferredPolicy = PreferredPolicy.NONE
+    pre_start: PreStart | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing helpers: each takes the dotted path so errors name the field.
+
+
+def _mapping(value: Any, path: str, allowed: set[str]) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, f"must be a mapping, got {type(value).__name__}")
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}", f"unknown field (allowed: {', '.join(sorted(allowed))})")
+    return value
+
+
+def _str(value: Any, path: str, *, pattern: re.Pattern[str] | None = None, hint: str = "") -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(path, "must be a non-empty string")
+    if pattern is not None and not pattern.match(value):
+        raise ConfigError(path, f"{value!r} is not valid{': ' + hint if hint else ''}")
+    return value
+
+
+def _int(value: Any, path: str, *, minimum: int) -> int:
+    # bool is an int in Python; "replicas: true" is a mistake, not 1.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(path, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(path, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(path, f"must be true or false, got {value!r}")
+    return value
+
+
+def _command(value: Any, path: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) and a for a in value):
+        raise ConfigError(path, "must be a non-empty list of non-empty strings")
+    return tuple(value)
+
+
+def _str_map(value: Any, path: str, key_pattern: re.Pattern[str] | None = None) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, "must be a mapping of strings")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or (key_pattern is not None and not key_pattern.match(k)):
+            raise ConfigError(f"{path}.{k}", "is not a valid key")
+        if not isinstance(v, str):
+            raise ConfigError(f"{path}.{k}", f"must be a string, got {v!r}")
+        out[k] = v
+    return out
+
+
+def _dev_path(value: Any, path: str) -> str:
+    s = _str(value, path)
+    if not s.startswith("/dev/") or "/../" in s + "/" or s.endswith("/.."):
+        raise ConfigError(path, f"{s!r} must be an absolute path under /dev/")
+    return s
+
+
+def validate_resource_name(name: Any, path: str = "resourceName") -> str:
+    """Check an extended resource name the way the kubelet will, so registration cannot fail on it."""
+    s = _str(name, path)
+    domain, sep, short = s.partition("/")
+    if not sep or not domain or not short:
+        raise ConfigError(path, f"{s!r} must be '<domain>/<name>'")
+    if len(domain) > 253 or not _DNS_SUBDOMAIN.match(domain):
+        raise ConfigError(path, f"domain {domain!r} must be a DNS subdomain")
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        raise ConfigError(
+            path, f"domain {domain!r} is reserved: extended resources may not use kubernetes.io"
+        )
+    if len(short) > 63 or not _QUALIFIED_NAME_PART.match(short):
+        raise ConfigError(path, f"name {short!r} must be a valid qualified name part (<= 63 chars)")
+    # The kubelet's quota key is "requests.<name>", which must itself be a qualified name.
+    if len(s) + len("requests.") > 253 + 64:
+        raise ConfigError(path, f"{s!r} is too long")
+    return s
+
+
+def _parse_discovery(raw: Any, path: str) -> Discovery:
+    backends = {"paths", "pci", "usb", "virtual", "nvml"}
+    d = _mapping(raw, path, backends)
+    present = [k for k in d if d[k] is not None]
+    if len(present) != 1:
+        raise ConfigError(
+            path, f"exactly one backend of {sorted(backends)} is required, got {sorted(present)}"
+        )
+    kind = present[0]
+    p = f"{path}.{kind}"
+    body = d[kind]
+    if kind == "paths":
+        m = _mapping(body, p, {"globs", "groups"})
+        globs_raw = m.get("globs") or []
+        if not isinstance(globs_raw, list):
+            raise ConfigError(f"{p}.globs", "must be a list of paths")
+        globs = tuple(_dev_path(g, f"{p}.globs[{i}]") for i, g in enumerate(globs_raw))
+        groups_raw = m.get("groups") or []
+        if not isinstance(groups_raw, list):
+            raise ConfigError(f"{p}.groups", "must be a list")
+        groups: list[PathGroup] = []
+        seen: set[str] = set()
+        for i, g in enumerate(groups_raw):
+            gp = f"{p}.groups[{i}]"
+            gm = _mapping(g, gp, {"id", "paths"})
+            gid = _str(
+                gm.get("id"), f"{gp}.id", pattern=_DEVICE_ID, hint="letters, digits, '_', '.', ':', '-'"
+            )
+            if len(gid) > MAX_DEVICE_ID_LENGTH:
+                raise ConfigError(f"{gp}.id", f"must be at most {MAX_DEVICE_ID_LENGTH} characters")
+            if gid in seen:
+                raise ConfigError(f"{gp}.id", f"duplicate group id {gid!r}")
+            seen.add(gid)
+            paths_raw = gm.get("paths")
+            if not isinstance(paths_raw, list) or not paths_raw:
+                raise ConfigError(f"{gp}.paths", "must be a non-empty list of paths")
+            groups.append(
+                PathGroup(gid, tuple(_dev_path(x, f"{gp}.paths[{j}]") for j, x in enumerate(paths_raw)))
+            )
+        if not globs and not groups:
+            raise ConfigError(p, "needs at least one of globs / groups")
+        return PathsDiscovery(globs=globs, groups=tuple(groups))
+    if kind == "pci":
+        m = _mapping(body, p, {"vendor", "device", "class", "vfio"})
+        vendor = _str(m.get("vendor"), f"{p}.vendor", pattern=_HEX4, hint="4 hex digits like '10de'")
+        device = m.get("device")
+        cls = m.get("class")
+        return PciDiscovery(
+            vendor=vendor.lower(),
+            device=None
+            if device is None
+            else _str(device, f"{p}.device", pattern=_HEX4, hint="4 hex digits").lower(),
+            device_class=None
+            if cls is None
+            else _str(
+                cls, f"{p}.class", pattern=re.compile(r"^(0x)?[0-9a-fA-F]{1,6}$"), hint="like 0x0302"
+            ).lower(),
+            vfio=_bool(m.get("vfio", False), f"{p}.vfio"),
+        )
+    if kind == "usb":
+        m = _mapping(body, p, {"vendor", "product", "serial"})
+        product = m.get("product")
+        serial = m.get("serial")
+        return UsbDiscovery(
+            vendor=_str(m.get("vendor"), f"{p}.vendor", pattern=_HEX4, hint="4 hex digits").lower(),
+            product=None
+            if product is None
+            else _str(product, f"{p}.product", pattern=_HEX4, hint="4 hex digits").lower(),
+            serial=None if serial is None else _str(serial, f"{p}.serial"),
+        )
+    if kind == "virtual":
+        m = _mapping(body, p, {"count"})
+        return VirtualDiscovery(count=_int(m.get("count"), f"{p}.count", minimum=1))
+    _mapping(body, p, set())
+    return NvmlDiscovery()
+
+
+def _parse_health(raw: Any, path: str) -> Health:
+    m = _mapping(raw, path, {"periodSeconds", "failureThreshold", "successThreshold", "exec"})
+    probe = None
+    if m.get("exec") is not None:
+        e = _mapping(m["exec"], f"{path}.exec", {"command", "timeoutSeconds"})
+        probe = ExecProbe(
+            command=_command(e.get("command"), f"{path}.exec.command"),
+            timeout_seconds=_int(e.get("timeoutSeconds", 2), f"{path}.exec.timeoutSeconds", minimum=1),
+        )
+    return Health(
+        period_seconds=_int(m.get("periodSeconds", 5), f"{path}.periodSeconds", minimum=1),
+        failure_threshold=_int(m.get("failureThreshold", 3), f"{path}.failureThreshold", minimum=1),
+        success_threshold=_int(m.get("successThreshold", 1), f"{path}.successThreshold", minimum=1),
+        exec=probe,
+    )
+
+
+def _parse_allocation(raw: Any, path: str) -> Allocation:
+    m = _mapping(raw, path, {"permissions", "devicesEnvName", "envs", "mounts", "annotations", "cdi"})
+    perms = _str(m.get("permissions", "rw"), f"{path}.permissions")
+    if set(perms) - set("rwm") or len(set(perms)) != len(perms):
+        raise ConfigError(f"{path}.permissions", f"{perms!r} must be a non-empty subset of 'rwm'")
+    env_name = _str(
+        m.get("devicesEnvName", "PATCHBAY_DEVICES"),
+        f"{path}.devicesEnvName",
+        pattern=_ENV_NAME,
+        hint="an env name",
+    )
+    envs = _str_map(m.get("envs"), f"{path}.envs", _ENV_NAME)
+    if env_name in envs:
+        raise ConfigError(f"{path}.envs.{env_name}", f"collides with devicesEnvName {env_name!r}")
+    mounts_raw = m.get("mounts") or []
+    if not isinstance(mounts_raw, list):
+        raise ConfigError(f"{path}.mounts", "must be a list")
+    mounts: list[Mount] = []
+    for i, mr in enumerate(mounts_raw):
+        mp = f"{path}.mounts[{i}]"
+        mm = _mapping(mr, mp, {"hostPath", "containerPath", "readOnly"})
+        host = _str(mm.get("hostPath"), f"{mp}.hostPath")
+        cont = _str(mm.get("containerPath"), f"{mp}.containerPath")
+        for key, val in (("hostPath", host), ("containerPath", cont)):
+            if not val.startswith("/"):
+                raise ConfigError(f"{mp}.{key}", f"{val!r} must be an absolute path")
+        mounts.append(Mount(host, cont, _bool(mm.get("readOnly", True), f"{mp}.readOnly")))
+    cdi_kind = None
+    if m.get("cdi") is not None:
+        c = _mapping(m["cdi"], f"{path}.cdi", {"kind"})
+        cdi_kind = _str(c.get("kind"), f"{path}.cdi.kind", pattern=_CDI_KIND, hint="'<vendor>/<class>'")
+    return Allocation(
+        permissions=perms,
+        devices_env_name=env_name,
+        envs=envs,
+        mounts=tuple(mounts),
+        annotations=_str_map(m.get("annotations"), f"{path}.annotations"),
+        cdi_kind=cdi_kind,
+    )
+
+
+def parse(raw: Any) -> AgentConfig:
+    """Turn the operator's rendered document into an `AgentConfig`, or raise `ConfigError`."""
+    top = _mapping(raw, "config", {"resourceName", "plugin"})
+    if not top:
+        raise ConfigError("config", "is empty: expected resourceName and plugin")
+    resource = validate_resource_name(top.get("resourceName"))
+    plugin = _mapping(
+        top.get("plugin"),
+        "plugin",
+        {"discovery", "sharing", "health", "allocation", "preferredAllocation", "preStart"},
+    )
+    if plugin.get("discovery") is None:
+        raise ConfigError("plugin.discovery", "is required")
+    discovery = _parse_discovery(plugin["discovery"], "plugin.discovery")
+    sharing = _mapping(plugin.get("sharing"), "plugin.sharing", {"replicas"})
+    replicas = _int(sharing.get("replicas", 1), "plugin.sharing.replicas", minimum=1)
+    pref = _mapping(plugin.get("preferredAllocation"), "plugin.preferredAllocation", {"policy"})
+    policy_raw = pref.get("policy", "None")
+    try:
+        policy = PreferredPolicy(policy_raw)
+    except ValueError:
+        raise ConfigError(
+            "plugin.preferredAllocation.policy",
+            f"{policy_raw!r} must be one of {[p.value for p in PreferredPolicy]}",
+        ) from None
+    pre_start = None
+    if plugin.get("preStart") is not None:
+        ps = _mapping(plugin["preStart"], "plugin.preStart", {"command", "timeoutSeconds"})
+        pre_start = PreStart(
+            command=_command(ps.get("command"), "plugin.preStart.command"),
+            timeout_seconds=_int(ps.get("timeoutSeconds", 10), "plugin.preStart.timeoutSeconds", minimum=1),
+        )
+    # Devices x replicas against the kubelet's 4 MiB cap is checked on the real encoded list
+    # (`inventory`), because only discovery knows how many devices there are and their IDs.
+    return AgentConfig(
+        resource_name=resource,
+        discovery=discovery,
+        replicas=replicas,
+        health=_parse_health(plugin.get("health"), "plugin.health"),
+        allocation=_parse_allocation(plugin.get("allocation"), "plugin.allocation"),
+        preferred_policy=policy,
+        pre_start=pre_start,
+    )
+
+
+def load(path: str | Path) -> AgentConfig:
+    """Read and parse the YAML file the operator mounts (or a hand-written one)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {p}: {e.strerror or e}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError("config", f"{p} is not valid YAML: {e}") from None
+    return parse(raw)

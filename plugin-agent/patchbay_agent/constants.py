@@ -1,0 +1,27 @@
+"""Names shared across the agent: API strings, env var names, metric names, file names."""
+
+from __future__ import annotations
+
+import enum
+
+#: The device plugin API version sent in RegisterRequest (the only one the kubelet supports).
+API_VERSION = "v1beta1"
+#: The kubelet's registration socket, inside the device-plugin directory.
+KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+
+#: Env vars an exec health probe receives.
+ENV_PROBE_DEVICE_ID = "PATCHBAY_DEVICE_ID"
+ENV_PROBE_DEVICE_PATHS = "PATCHBAY_DEVICE_PATHS"
+#: Env var the preStart command receives: the allocated device IDs, comma-separated.
+ENV_PRESTART_DEVICE_IDS = "PATCHBAY_DEVICE_IDS"
+
+#: Replica IDs are "<device id>::<n>" (profile contract, plugin.sharing).
+REPLICA_SEPARATOR = "::"
+
+
+class DeviceHealth(enum.StrEnum):
+    """The two health strings the kubelet understands in a Device message."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"

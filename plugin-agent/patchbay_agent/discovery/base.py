@@ -1,0 +1,105 @@
+"""The types every discovery backend shares: `PhysicalDevice`, `HostRoot`, `Backend`, IDs."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from patchbay_agent.config import MAX_DEVICE_ID_LENGTH
+
+
+class DiscoveryError(RuntimeError):
+    """Discovery cannot work at all on this node (e.g. NVML without a driver); not transient."""
+
+
+@dataclass(frozen=True)
+class PhysicalDevice:
+    """One physical device as discovery sees it.
+
+    `dev_paths` become DeviceSpecs in Allocate. `check_paths` must exist (and, under /dev, open)
+    for the device to count as present and healthy; they differ from `dev_paths` for PCI (the
+    sysfs function directory) and are empty for virtual tokens.
+    """
+
+    id: str
+    dev_paths: tuple[str, ...] = ()
+    check_paths: tuple[str, ...] = ()
+    numa_nodes: tuple[int, ...] = ()
+
+
+class Backend(Protocol):
+    """What the agent needs from a discovery backend."""
+
+    name: str
+
+    def scan(self) -> list[PhysicalDevice]:
+        """The devices present now, sorted by ID. Vanished or half-read devices are skipped."""
+        ...
+
+    def watch_dirs(self) -> list[Path]:
+        """Host-rooted directories whose changes (inotify) mean "scan again now"."""
+        ...
+
+
+class HostRoot:
+    """The directory the host's / is mounted at; maps host paths to paths the agent can read."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, host_path: str) -> Path:
+        return self.root / host_path.lstrip("/")
+
+    def glob(self, host_pattern: str) -> list[str]:
+        """Host paths matching a glob, found under the root; the root itself is escaped."""
+        prefix = str(self.root).rstrip("/")
+        matches = glob.glob(glob.escape(prefix) + "/" + host_pattern.lstrip("/"))
+        return sorted("/" + os.path.relpath(m, prefix) for m in matches)
+
+    def resolve(self, host_path: str, max_hops: int = 16) -> Path:
+        """Follow symlinks the way the HOST would (absolute targets stay inside the root).
+
+        /dev/serial/by-id/* are absolute or relative symlinks to /dev/ttyUSB*; resolving them
+        with the agent's own / would look in the container's /dev instead.
+        """
+        current = host_path
+        for _ in range(max_hops):
+            p = self.path(current)
+            try:
+                target = os.readlink(p)
+            except OSError:
+                return p
+            current = (
+                target
+                if target.startswith("/")
+                else os.path.normpath(os.path.join(os.path.dirname(current), target))
+            )
+        return self.path(current)
+
+    def read(self, host_path: str) -> str | None:
+        """A small sysfs attribute, stripped; None when it is missing or unreadable."""
+        try:
+            return self.path(host_path).read_text(encoding="ascii", errors="replace").strip()
+        except OSError:
+            return None
+
+
+_ID_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+def make_device_id(raw: str, max_len: int = MAX_DEVICE_ID_LENGTH) -> str:
+    """A kubelet-safe device ID: allowed characters only, at most `max_len`, still unique.
+
+    Long names keep a readable prefix and gain a short hash of the full name, so two long paths
+    that share a prefix never collide.
+    """
+    cleaned = _ID_BAD_CHARS.sub("_", raw).strip("_") or "device"
+    if len(cleaned) <= max_len:
+        return cleaned
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+    return f"{cleaned[: max_len - 9]}-{digest}"

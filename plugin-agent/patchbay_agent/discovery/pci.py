@@ -1,0 +1,79 @@
+"""`pci` discovery: PCI functions from /sys/bus/pci/devices, filtered by vendor/device/class.
+
+The ID is the PCI address (`0000:3b:00.0`): stable across reboots and what people look up in
+lspci. NUMA affinity comes from `numa_node` (-1 means none). With `vfio: true` the device file is
+the function's IOMMU group, `/dev/vfio/<group>`, plus the shared container file `/dev/vfio/vfio`;
+a function with no IOMMU group cannot be passed through and is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from patchbay_agent.config import PciDiscovery
+from patchbay_agent.discovery.base import HostRoot, PhysicalDevice, make_device_id
+
+log = logging.getLogger(__name__)
+
+SYSFS_PCI = "/sys/bus/pci/devices"
+
+
+def _hex(value: str | None) -> str | None:
+    return None if value is None else value.lower().removeprefix("0x")
+
+
+class PciBackend:
+    name = "pci"
+
+    def __init__(self, spec: PciDiscovery, host_root: HostRoot) -> None:
+        self._spec = spec
+        self._root = host_root
+        self._warned: set[str] = set()
+
+    def _matches(self, base: str) -> bool:
+        if _hex(self._root.read(f"{base}/vendor")) != self._spec.vendor:
+            return False
+        if self._spec.device is not None and _hex(self._root.read(f"{base}/device")) != self._spec.device:
+            return False
+        if self._spec.device_class is not None:
+            cls = _hex(self._root.read(f"{base}/class"))
+            if cls is None or not cls.startswith(self._spec.device_class.removeprefix("0x")):
+                return False
+        return True
+
+    def _numa(self, base: str) -> tuple[int, ...]:
+        raw = self._root.read(f"{base}/numa_node")
+        try:
+            node = int(raw) if raw is not None else -1
+        except ValueError:
+            return ()
+        return (node,) if node >= 0 else ()
+
+    def scan(self) -> list[PhysicalDevice]:
+        devices = []
+        for base in self._root.glob(f"{SYSFS_PCI}/*"):
+            if not self._matches(base):
+                continue
+            address = os.path.basename(base)
+            dev_paths: tuple[str, ...] = ()
+            check_paths: tuple[str, ...] = (base,)
+            if self._spec.vfio:
+                try:
+                    group = os.path.basename(os.readlink(self._root.path(f"{base}/iommu_group")))
+                except OSError:
+                    if address not in self._warned:
+                        self._warned.add(address)
+                        log.warning(
+                            "Skipping PCI device %s: vfio requested but it has no IOMMU group", address
+                        )
+                    continue
+                dev_paths = ("/dev/vfio/vfio", f"/dev/vfio/{group}")
+                check_paths = (base, f"/dev/vfio/{group}")
+            devices.append(PhysicalDevice(make_device_id(address), dev_paths, check_paths, self._numa(base)))
+        return sorted(devices, key=lambda d: d.id)
+
+    def watch_dirs(self) -> list[Path]:
+        # sysfs sends no inotify events; /dev/vfio does when a function is (un)bound to vfio-pci.
+        return [self._root.path("/dev/vfio")] if self._spec.vfio else []

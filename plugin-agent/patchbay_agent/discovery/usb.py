@@ -1,0 +1,56 @@
+"""`usb` discovery: USB devices from /sys/bus/usb/devices by idVendor[/idProduct[/serial]].
+
+The device file is `/dev/bus/usb/BBB/DDD` from sysfs `busnum`/`devnum`. The ID is `usb-<port
+path>` (e.g. `usb-1-1.2`): it stays the same when the device is unplugged and plugged back into the
+same port, while devnum changes on every plug. Interfaces (names with ':') are not devices.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from patchbay_agent.config import UsbDiscovery
+from patchbay_agent.discovery.base import HostRoot, PhysicalDevice, make_device_id
+
+SYSFS_USB = "/sys/bus/usb/devices"
+
+
+class UsbBackend:
+    name = "usb"
+
+    def __init__(self, spec: UsbDiscovery, host_root: HostRoot) -> None:
+        self._spec = spec
+        self._root = host_root
+
+    def scan(self) -> list[PhysicalDevice]:
+        devices = []
+        for base in self._root.glob(f"{SYSFS_USB}/*"):
+            name = os.path.basename(base)
+            if ":" in name:
+                continue
+            vendor = self._root.read(f"{base}/idVendor")
+            if vendor is None or vendor.lower() != self._spec.vendor:
+                continue
+            if self._spec.product is not None:
+                product = self._root.read(f"{base}/idProduct")
+                if product is None or product.lower() != self._spec.product:
+                    continue
+            if self._spec.serial is not None and self._root.read(f"{base}/serial") != self._spec.serial:
+                continue
+            try:
+                bus = int(self._root.read(f"{base}/busnum") or "")
+                dev = int(self._root.read(f"{base}/devnum") or "")
+            except ValueError:
+                continue  # half-enumerated: the next scan will see it whole
+            node = f"/dev/bus/usb/{bus:03d}/{dev:03d}"
+            devices.append(PhysicalDevice(make_device_id(f"usb-{name}"), (node,), (base, node)))
+        return sorted(devices, key=lambda d: d.id)
+
+    def watch_dirs(self) -> list[Path]:
+        root = self._root.path("/dev/bus/usb")
+        try:
+            buses = sorted(p for p in root.iterdir() if p.is_dir())
+        except OSError:
+            buses = []
+        return [root, *buses]

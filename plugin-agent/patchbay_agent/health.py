@@ -1,0 +1,191 @@
+"""Device health: a per-device state machine with thresholds and hysteresis, and the checks.
+
+The machine is what makes health both calm and honest:
+
+* the FIRST observation sets the state directly (a device found broken at start is Unhealthy
+  at once; there is no history to be patient about);
+* after that, `failure_threshold` failed rounds in a row turn a Healthy device Unhealthy, and
+  `success_threshold` good rounds in a row turn an Unhealthy device Healthy again. It RECOVERS:
+  NVIDIA's plugin marks a GPU unhealthy for good, which strands it until someone restarts the
+  plugin; here a device that comes back is advertised again;
+* a result in the other direction resets the streak, so a device that flaps never crosses.
+
+Checks, in order, all under the host root:
+
+1. existence: every check path exists (symlinks followed inside the host root);
+2. openability for device files under /dev: `open(O_RDONLY | O_NONBLOCK)`. ENXIO/ENODEV/EIO mean
+   the driver has no device behind the node (unplugged USB serial adapters leave exactly that) and
+   fail. EBUSY (in use by a workload), EACCES/EPERM (the agent's device cgroup or mode does not
+   allow it, the normal case in an unprivileged DaemonSet) prove only existence and pass.
+   VFIO group files are never opened: a group opens only once, and an agent holding it even
+   briefly would make a VM's open fail;
+3. the optional exec probe. A probe that cannot run (missing binary, timeout, killed) is a
+   failure: a check that did not happen never reports Healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from patchbay_agent.config import ExecProbe
+from patchbay_agent.constants import ENV_PROBE_DEVICE_ID, ENV_PROBE_DEVICE_PATHS, DeviceHealth
+from patchbay_agent.discovery import HostRoot, PhysicalDevice
+
+log = logging.getLogger(__name__)
+
+_OPEN_PROVES_NOTHING = {errno.EBUSY, errno.EACCES, errno.EPERM}
+_NEVER_OPEN_PREFIXES = ("/dev/vfio/",)
+
+
+class HealthMachine:
+    """One device's health with hysteresis. `observe()` says whether the state flipped."""
+
+    __slots__ = ("_failure_threshold", "_streak", "_success_threshold", "state")
+
+    def __init__(self, failure_threshold: int, success_threshold: int) -> None:
+        if failure_threshold < 1 or success_threshold < 1:
+            raise ValueError("thresholds must be >= 1")
+        self._failure_threshold = failure_threshold
+        self._success_threshold = success_threshold
+        self.state: DeviceHealth | None = None
+        # Consecutive results that disagree with the current state.
+        self._streak = 0
+
+    @property
+    def healthy(self) -> bool:
+        return self.state is DeviceHealth.HEALTHY
+
+    def observe(self, ok: bool) -> bool:
+        """Record one check round; True when the state changed (including the first one)."""
+        observed = DeviceHealth.HEALTHY if ok else DeviceHealth.UNHEALTHY
+        if self.state is None:
+            self.state = observed
+            return True
+        if observed is self.state:
+            self._streak = 0
+            return False
+        self._streak += 1
+        needed = self._success_threshold if ok else self._failure_threshold
+        if self._streak >= needed:
+            self.state = observed
+            self._streak = 0
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    reason: str = ""
+
+
+OK = CheckResult(True)
+
+
+def check_paths(root: HostRoot, device: PhysicalDevice) -> CheckResult:
+    """Existence and openability of a device's check paths (blocking: run it off the loop)."""
+    for host_path in device.check_paths:
+        real = root.resolve(host_path)
+        try:
+            st = os.stat(real)
+        except OSError as e:
+            return CheckResult(False, f"{host_path}: {e.strerror or e}")
+        if not host_path.startswith("/dev/") or host_path.startswith(_NEVER_OPEN_PREFIXES):
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as e:
+            if e.errno in _OPEN_PROVES_NOTHING:
+                continue
+            return CheckResult(False, f"{host_path}: cannot open: {e.strerror or e}")
+        os.close(fd)
+    return OK
+
+
+async def run_exec_probe(probe: ExecProbe, root: HostRoot, device: PhysicalDevice) -> CheckResult:
+    """Run the profile's probe for one device; only exit status 0 in time is healthy.
+
+    The probe sees the device's paths as the AGENT can open them (under the host root), in
+    PATCHBAY_DEVICE_PATHS (comma-separated), and its ID in PATCHBAY_DEVICE_ID.
+    """
+    env = dict(os.environ)
+    env[ENV_PROBE_DEVICE_ID] = device.id
+    env[ENV_PROBE_DEVICE_PATHS] = ",".join(str(root.path(p)) for p in device.dev_paths or device.check_paths)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *probe.command,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as e:
+        return CheckResult(False, f"probe {probe.command[0]!r} cannot run: {e.strerror or e}")
+    try:
+        _, stderr = await asyncio.wait_for(proc.communicate(), timeout=probe.timeout_seconds)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        await proc.wait()
+        return CheckResult(False, f"probe timed out after {probe.timeout_seconds:g}s")
+    if proc.returncode != 0:
+        tail = stderr.decode(errors="replace").strip().splitlines()[-1:] if stderr else []
+        return CheckResult(False, f"probe exited {proc.returncode}{': ' + tail[0] if tail else ''}")
+    return OK
+
+
+class DeviceHealthTracker:
+    """The machines of every device present, keyed by physical device ID."""
+
+    def __init__(self, failure_threshold: int, success_threshold: int) -> None:
+        self._failure_threshold = failure_threshold
+        self._success_threshold = success_threshold
+        self._machines: dict[str, HealthMachine] = {}
+        self._reasons: dict[str, str] = {}
+
+    def observe(self, results: Mapping[str, CheckResult]) -> bool:
+        """Feed one round's results; forget devices no longer present. True when anything flipped."""
+        changed = False
+        for gone in set(self._machines) - set(results):
+            del self._machines[gone]
+            self._reasons.pop(gone, None)
+            changed = True
+        for dev_id, result in results.items():
+            machine = self._machines.get(dev_id)
+            if machine is None:
+                machine = self._machines[dev_id] = HealthMachine(
+                    self._failure_threshold, self._success_threshold
+                )
+            before = machine.state
+            if machine.observe(result.ok):
+                changed = True
+                if before is None:
+                    if not result.ok:
+                        log.warning("Device %s is Unhealthy: %s", dev_id, result.reason)
+                else:
+                    log.info(
+                        "Device %s is %s%s",
+                        dev_id,
+                        machine.state,
+                        "" if result.ok else f": {result.reason}",
+                    )
+            if not result.ok:
+                self._reasons[dev_id] = result.reason
+        return changed
+
+    def healthy(self, dev_id: str) -> bool:
+        machine = self._machines.get(dev_id)
+        return machine is not None and machine.healthy
+
+    def reason(self, dev_id: str) -> str:
+        return self._reasons.get(dev_id, "")

@@ -1,0 +1,130 @@
+"""The discovery + health loop: keeps the inventory true.
+
+A round = scan (devices that appeared or vanished) + path checks + exec probes, then one
+observation per device into its health machine, then a new snapshot if anything the kubelet sees
+changed. Rounds run every `health.periodSeconds` and, for backends with device files, at once when
+inotify reports a change in a watched /dev directory: a removed device node reaches the kubelet in
+milliseconds, not a period later. Exec probes run on periodic rounds only (and for devices seen for
+the first time); event rounds reuse each device's last probe result, so a burst of udev events
+cannot fork a burst of probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from patchbay_agent.config import Health
+from patchbay_agent.discovery import Backend, HostRoot, PhysicalDevice
+from patchbay_agent.fswatch import DirWatcher
+from patchbay_agent.health import OK, CheckResult, DeviceHealthTracker, check_paths, run_exec_probe
+from patchbay_agent.inventory import Inventory, ListTooLargeError
+from patchbay_agent.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+#: At most this many exec probes run at once, however many devices there are.
+MAX_PARALLEL_PROBES = 8
+
+
+class Monitor:
+    def __init__(
+        self,
+        backend: Backend,
+        root: HostRoot,
+        health: Health,
+        inventory: Inventory,
+        metrics: Metrics,
+    ) -> None:
+        self._backend = backend
+        self._root = root
+        self._health = health
+        self._inventory = inventory
+        self._metrics = metrics
+        self._tracker = DeviceHealthTracker(health.failure_threshold, health.success_threshold)
+        self._probe_results: dict[str, CheckResult] = {}
+        self._probe_slots = asyncio.Semaphore(MAX_PARALLEL_PROBES)
+        self._kick = asyncio.Event()
+        self._watcher: DirWatcher | None = None
+        self.rounds = 0
+
+    def _scan_and_check(self) -> tuple[list[PhysicalDevice], dict[str, CheckResult]]:
+        devices = self._backend.scan()
+        return devices, {d.id: check_paths(self._root, d) for d in devices}
+
+    async def _probe(self, device: PhysicalDevice) -> CheckResult:
+        assert self._health.exec is not None
+        async with self._probe_slots:
+            return await run_exec_probe(self._health.exec, self._root, device)
+
+    async def round(self, *, periodic: bool) -> bool:
+        """One round; True when the advertised list changed. Raises ListTooLargeError."""
+        started = time.perf_counter()
+        devices, results = await asyncio.to_thread(self._scan_and_check)
+        if self._health.exec is not None:
+            await self._run_probes(devices, results, periodic)
+        self._tracker.observe(results)
+        changed = self._inventory.update(devices, self._tracker)
+        self.rounds += 1
+        self._metrics.observe_round(time.perf_counter() - started, self._inventory.current)
+        return changed
+
+    async def _run_probes(
+        self, devices: Sequence[PhysicalDevice], results: dict[str, CheckResult], periodic: bool
+    ) -> None:
+        present = {d.id for d in devices}
+        for gone in set(self._probe_results) - present:
+            del self._probe_results[gone]
+        todo = [d for d in devices if results[d.id].ok and (periodic or d.id not in self._probe_results)]
+        outcomes = await asyncio.gather(*(self._probe(d) for d in todo))
+        for d, outcome in zip(todo, outcomes, strict=True):
+            self._probe_results[d.id] = outcome
+        for d in devices:
+            if results[d.id].ok:
+                results[d.id] = self._probe_results.get(d.id, OK)
+
+    def _on_fs_event(self, directory: Path, name: str, mask: int) -> None:
+        self._kick.set()
+
+    def kick(self) -> None:
+        """Ask for a round now (used by tests and by the filesystem watcher)."""
+        self._kick.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds until `stop` is set. The first round must already have run (see Agent)."""
+        watch_dirs = self._backend.watch_dirs()
+        if watch_dirs:
+            self._watcher = DirWatcher(self._on_fs_event)
+            self._watcher.ensure(watch_dirs)
+        next_periodic = time.monotonic() + self._health.period_seconds
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                timeout = max(0.0, next_periodic - time.monotonic())
+                kicked = asyncio.ensure_future(self._kick.wait())
+                await asyncio.wait({kicked, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                kicked.cancel()
+                if stop.is_set():
+                    break
+                periodic = time.monotonic() >= next_periodic
+                self._kick.clear()
+                if periodic:
+                    next_periodic = time.monotonic() + self._health.period_seconds
+                    if self._watcher is not None:
+                        # Backstop: re-add watches for directories that were (re)created.
+                        self._watcher.ensure(self._backend.watch_dirs())
+                try:
+                    await self.round(periodic=periodic)
+                except ListTooLargeError as e:
+                    log.error("Not publishing the new device list: %s", e)
+                    self._metrics.list_too_large.inc()
+                except Exception:
+                    # A broken round must not end health monitoring; the next one may work.
+                    log.exception("Discovery/health round failed")
+        finally:
+            stopping.cancel()
+            if self._watcher is not None:
+                self._watcher.close()

@@ -1,0 +1,221 @@
+"""Registration with the kubelet, and staying registered across kubelet restarts.
+
+Rules this module keeps (kubelet Device Plugin API, REFERENCE.md):
+
+* register only while serving: the kubelet dials the plugin back INSIDE its Register handler
+  (GetDevicePluginOptions, then ListAndWatch), so the socket must answer before Register is sent;
+* a new kubelet deletes every socket in the plugin directory, then creates `kubelet.sock`. Either
+  event means "serve on a fresh socket and register again". Both are seen through inotify on the
+  plugin directory (sub-millisecond), not a poll;
+* a slow poll (default 10 s) compares the identity (inode + ctime: inode numbers are reused at
+  once) of `kubelet.sock` and of our socket with the ones we registered against. It is only a
+  backstop for lost events (inotify queue overflow, a directory that was itself replaced) and
+  re-adds the watch;
+* while `kubelet.sock` exists but Register fails, retry with capped exponential backoff and jitter;
+  while there is no `kubelet.sock` at all, wait for it to appear instead of knocking;
+* the kubelet keeps one ListAndWatch stream per registration and, when that stream fails, forgets
+  the plugin without telling it. So when our last stream ends while the same kubelet is still
+  there, wait a moment (a re-registration in flight opens a new one) and register again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from pathlib import Path
+
+import grpc
+
+from patchbay_agent.api import api_pb2, api_pb2_grpc
+from patchbay_agent.constants import API_VERSION, KUBELET_SOCKET
+from patchbay_agent.fswatch import DirWatcher
+from patchbay_agent.metrics import Metrics
+from patchbay_agent.server import DevicePluginServicer, PluginServer, file_identity
+
+log = logging.getLogger(__name__)
+
+#: After our last ListAndWatch stream ends, how long to wait for a new one before re-registering.
+STREAM_LOSS_GRACE = 1.0
+
+
+class Backoff:
+    """Capped exponential backoff with +-20% jitter (so a node's agents do not knock in step)."""
+
+    def __init__(self, initial: float = 0.1, maximum: float = 10.0, factor: float = 2.0) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.factor = factor
+        self._next = initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self.maximum, self._next * self.factor)
+        return delay * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not crypto
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class Registrar:
+    """Serves the plugin socket and keeps it registered with whatever kubelet is there."""
+
+    def __init__(
+        self,
+        servicer: DevicePluginServicer,
+        plugin_dir: Path,
+        endpoint: str,
+        resource_name: str,
+        metrics: Metrics,
+        *,
+        poll_interval: float = 10.0,
+        register_timeout: float = 10.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.plugin_dir = plugin_dir
+        self.endpoint = endpoint
+        self.kubelet_socket = plugin_dir / KUBELET_SOCKET
+        self._servicer = servicer
+        self._resource_name = resource_name
+        self._metrics = metrics
+        self._poll_interval = poll_interval
+        self._register_timeout = register_timeout
+        self._backoff = backoff or Backoff()
+        self._kick = asyncio.Event()
+        self.server: PluginServer | None = None
+        self.registered = False
+        self._registered_kubelet: tuple[int, int] | None = None
+        #: monotonic time of the last successful Register (benchmarks read it)
+        self.registered_at: float | None = None
+        self.registration_count = 0
+        #: when set, check at this monotonic time whether the kubelet still holds a stream
+        self._stream_check_at: float | None = None
+        servicer.on_stream_closed = self._stream_closed
+
+    @property
+    def socket_path(self) -> Path:
+        return self.plugin_dir / self.endpoint
+
+    def _set_registered(self, value: bool) -> None:
+        self.registered = value
+        self._metrics.registered.set(1 if value else 0)
+
+    async def serve(self) -> None:
+        """(Re)start the gRPC server on a fresh socket. Old streams are cut at once: they belong
+        to a kubelet that is gone or that will reconnect through the new registration."""
+        if self.server is not None:
+            await self.server.stop(0, remove_socket=True)
+            self.server = None
+        server = PluginServer(self._servicer, self.socket_path)
+        await server.start()
+        self.server = server
+
+    def _stream_closed(self) -> None:
+        self._stream_check_at = time.monotonic() + STREAM_LOSS_GRACE
+        self._kick.set()
+
+    def _on_event(self, directory: Path, name: str, mask: int) -> None:
+        if name in (KUBELET_SOCKET, self.endpoint) or not name:
+            self._kick.set()
+
+    async def register(self) -> None:
+        """One Register call; raises grpc.aio.AioRpcError when the kubelet refuses or is absent."""
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.endpoint,
+            resource_name=self._resource_name,
+            options=self._servicer.options,
+        )
+        async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            await stub.Register(request, timeout=self._register_timeout)
+
+    async def _reconcile(self) -> float | None:
+        """Bring reality in line; returns the retry delay after a failure, else None."""
+        if self.server is None or not self.server.socket_intact():
+            if self.server is not None:
+                log.info("Plugin socket %s was removed (kubelet restart?): serving again", self.socket_path)
+            self._set_registered(False)
+            try:
+                await self.serve()
+            except (OSError, RuntimeError) as e:
+                # e.g. the plugin directory itself is gone for a moment (grpc: "Failed to bind").
+                # Keep trying; the agent must outlive a directory being recreated.
+                self.server = None
+                delay = self._backoff.next()
+                log.warning("Cannot serve on %s (%s); retrying in %.2fs", self.socket_path, e, delay)
+                return delay
+        kubelet_id = file_identity(self.kubelet_socket)
+        if kubelet_id is None:
+            if self.registered:
+                log.info("Kubelet socket %s is gone: waiting for a kubelet", self.kubelet_socket)
+            self._set_registered(False)
+            self._registered_kubelet = None
+            return None
+        if self.registered and kubelet_id == self._registered_kubelet:
+            check_at = self._stream_check_at
+            if check_at is None:
+                return None
+            if time.monotonic() < check_at:
+                return check_at - time.monotonic()
+            self._stream_check_at = None
+            if self._servicer.open_streams > 0:
+                return None
+            log.warning("The kubelet dropped our ListAndWatch stream without restarting: registering again")
+            self._set_registered(False)
+        try:
+            await self.register()
+        except grpc.aio.AioRpcError as e:
+            self._set_registered(False)
+            self._metrics.registrations.labels("failure").inc()
+            delay = self._backoff.next()
+            log.warning(
+                "Registration with the kubelet failed (%s: %s); retrying in %.2fs",
+                e.code().name,
+                e.details(),
+                delay,
+            )
+            return delay
+        self._backoff.reset()
+        # A fresh registration supersedes streams that ended before it.
+        self._stream_check_at = None
+        self._registered_kubelet = kubelet_id
+        self._set_registered(True)
+        self.registered_at = time.monotonic()
+        self.registration_count += 1
+        self._metrics.registrations.labels("success").inc()
+        log.info("Registered %s with the kubelet at %s", self._resource_name, self.kubelet_socket)
+        return None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve, register and keep registered until `stop` is set."""
+        watcher = DirWatcher(self._on_event)
+        watcher.ensure([self.plugin_dir])
+        stopping = asyncio.ensure_future(stop.wait())
+        next_poll = time.monotonic() + self._poll_interval
+        try:
+            while not stop.is_set():
+                self._kick.clear()
+                retry = await self._reconcile()
+                now = time.monotonic()
+                wait = min(retry, next_poll - now) if retry is not None else next_poll - now
+                kicked = asyncio.ensure_future(self._kick.wait())
+                await asyncio.wait(
+                    {kicked, stopping}, timeout=max(0.0, wait), return_when=asyncio.FIRST_COMPLETED
+                )
+                kicked.cancel()
+                if time.monotonic() >= next_poll:
+                    # The backstop: inode comparison happens in _reconcile; re-add a lost watch.
+                    next_poll = time.monotonic() + self._poll_interval
+                    watcher.ensure([self.plugin_dir])
+        finally:
+            stopping.cancel()
+            watcher.close()
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop serving and remove our socket (only if it is still ours)."""
+        self._set_registered(False)
+        if self.server is not None:
+            await self.server.stop(grace, remove_socket=True)
+            self.server = None

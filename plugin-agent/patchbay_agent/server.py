@@ -1,0 +1,236 @@
+"""The DevicePlugin v1beta1 gRPC service on a Unix socket (`grpc.aio`).
+
+`grpc.aio`, not the sync server: a sync server holds one pool thread per open ListAndWatch stream,
+and with a small pool Allocate hangs behind the streams (REFERENCE.md). Everything here runs on the
+agent's event loop and reads the inventory's current snapshot; only PreStartContainer runs a
+process, and only when the profile asks for one.
+
+`PluginServer` owns one bound socket. A deleted socket cannot be re-bound by the same grpc server,
+so re-serving after the kubelet wiped the directory means a new `PluginServer` around the same
+servicer (see `registration`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+
+from patchbay_agent.allocation import AllocationError, allocate, preferred
+from patchbay_agent.api import api_pb2, api_pb2_grpc
+from patchbay_agent.config import AgentConfig, PreferredPolicy
+from patchbay_agent.constants import ENV_PRESTART_DEVICE_IDS
+from patchbay_agent.inventory import Inventory
+from patchbay_agent.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    def __init__(self, config: AgentConfig, inventory: Inventory, metrics: Metrics) -> None:
+        self._config = config
+        self._inventory = inventory
+        self._metrics = metrics
+        #: ListAndWatch streams open right now (the kubelet keeps exactly one per registration)
+        self.open_streams = 0
+        #: called when a stream ends; the registrar uses it to notice a kubelet that dropped us
+        self.on_stream_closed: Callable[[], None] | None = None
+        self._options = api_pb2.DevicePluginOptions(
+            pre_start_required=config.pre_start is not None,
+            get_preferred_allocation_available=config.preferred_policy is not PreferredPolicy.NONE,
+        )
+
+    @property
+    def options(self) -> api_pb2.DevicePluginOptions:
+        """The truth about the optional calls, also sent in RegisterRequest."""
+        return self._options
+
+    async def GetDevicePluginOptions(  # noqa: N802 - the gRPC method name
+        self,
+        request: api_pb2.Empty,
+        context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.DevicePluginOptions],
+    ) -> api_pb2.DevicePluginOptions:
+        self._metrics.rpcs.labels("GetDevicePluginOptions", "OK").inc()
+        return self._options
+
+    async def ListAndWatch(  # noqa: N802 - the gRPC method name
+        self,
+        request: api_pb2.Empty,
+        context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.ListAndWatchResponse],
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        """The full list now, then again on every change, until the client or the agent stops."""
+        self._metrics.streams.inc()
+        self.open_streams += 1
+        self._metrics.rpcs.labels("ListAndWatch", "OK").inc()
+        log.info("ListAndWatch stream opened (%d devices)", self._inventory.current.advertised)
+        try:
+            snap = self._inventory.current
+            while True:
+                yield snap.response
+                nxt = await self._inventory.next_change(snap.version)
+                if nxt is None:
+                    return
+                snap = nxt
+        finally:
+            self._metrics.streams.dec()
+            self.open_streams -= 1
+            log.info("ListAndWatch stream closed")
+            if self.on_stream_closed is not None:
+                self.on_stream_closed()
+
+    async def GetPreferredAllocation(  # noqa: N802 - the gRPC method name
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[
+            api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse
+        ],
+    ) -> api_pb2.PreferredAllocationResponse:
+        snap = self._inventory.current
+        response = api_pb2.PreferredAllocationResponse()
+        try:
+            for creq in request.container_requests:
+                ids = preferred(
+                    list(creq.available_deviceIDs),
+                    list(creq.must_include_deviceIDs),
+                    creq.allocation_size,
+                    snap,
+                    self._config.preferred_policy,
+                )
+                response.container_responses.add(deviceIDs=ids)
+        except AllocationError as e:
+            self._metrics.rpcs.labels("GetPreferredAllocation", e.code.name).inc()
+            await context.abort(e.code, e.message)
+        self._metrics.rpcs.labels("GetPreferredAllocation", "OK").inc()
+        return response
+
+    async def Allocate(  # noqa: N802 - the gRPC method name
+        self,
+        request: api_pb2.AllocateRequest,
+        context: grpc.aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse],
+    ) -> api_pb2.AllocateResponse:
+        started = time.perf_counter()
+        try:
+            response = allocate(request, self._inventory.current, self._config.allocation)
+        except AllocationError as e:
+            self._metrics.rpcs.labels("Allocate", e.code.name).inc()
+            log.warning("Refused Allocate: %s", e.message)
+            await context.abort(e.code, e.message)
+        self._metrics.allocate_seconds.observe(time.perf_counter() - started)
+        self._metrics.rpcs.labels("Allocate", "OK").inc()
+        return response
+
+    async def PreStartContainer(  # noqa: N802 - the gRPC method name
+        self,
+        request: api_pb2.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[
+            api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse
+        ],
+    ) -> api_pb2.PreStartContainerResponse:
+        """Run the profile's preStart command with the device IDs; the kubelet waits for it.
+
+        Without a preStart section the options say pre_start_required=false and the kubelet never
+        calls this; answering OK to a stray call is the harmless choice.
+        """
+        pre = self._config.pre_start
+        if pre is None:
+            self._metrics.rpcs.labels("PreStartContainer", "OK").inc()
+            return api_pb2.PreStartContainerResponse()
+        ids = ",".join(request.devices_ids)
+        env = dict(os.environ)
+        env[ENV_PRESTART_DEVICE_IDS] = ids
+        code, message = grpc.StatusCode.OK, ""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *pre.command,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as e:
+            code, message = grpc.StatusCode.INTERNAL, f"preStart command cannot run: {e.strerror or e}"
+        else:
+            try:
+                _, stderr = await asyncio.wait_for(proc.communicate(), timeout=pre.timeout_seconds)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                await proc.wait()
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+                message = f"preStart command timed out after {pre.timeout_seconds:g}s"
+            else:
+                if proc.returncode != 0:
+                    tail = stderr.decode(errors="replace").strip().splitlines()[-1:]
+                    code = grpc.StatusCode.INTERNAL
+                    message = f"preStart command exited {proc.returncode}" + (f": {tail[0]}" if tail else "")
+        self._metrics.rpcs.labels("PreStartContainer", code.name).inc()
+        if code is not grpc.StatusCode.OK:
+            log.warning("PreStartContainer for %s failed: %s", ids, message)
+            await context.abort(code, message)
+        log.info("PreStartContainer ran for %s", ids)
+        return api_pb2.PreStartContainerResponse()
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, ctime in ns) of a file, or None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_ctime_ns
+
+
+class PluginServer:
+    """One grpc.aio server bound to `socket_path`; remembers the socket file's identity.
+
+    Identity is (inode, ctime): a deleted socket's inode number is often reused at once by the
+    next file created (that is what a kubelet restart does), so the inode alone cannot tell
+    "still ours" from "replaced".
+    """
+
+    def __init__(self, servicer: DevicePluginServicer, socket_path: Path) -> None:
+        self.socket_path = socket_path
+        self.identity: tuple[int, int] | None = None
+        self._servicer = servicer
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Bind and serve. A stale socket file from an earlier run is removed first."""
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self._servicer, server)  # type: ignore[no-untyped-call]
+        try:
+            server.add_insecure_port(f"unix://{self.socket_path}")
+            await server.start()
+        except BaseException:
+            await server.stop(None)
+            raise
+        self._server = server
+        self.identity = file_identity(self.socket_path)
+        log.info("Serving DevicePlugin on %s", self.socket_path)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def socket_intact(self) -> bool:
+        """False when our socket file is gone or replaced (the kubelet wiped the directory)."""
+        return self.identity is not None and file_identity(self.socket_path) == self.identity
+
+    async def stop(self, grace: float | None, *, remove_socket: bool = True) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)
+        # Only remove the file if it is still OURS: after a kubelet restart another agent
+        # generation (or nobody) may own that path.
+        if remove_socket and self.identity is not None and file_identity(self.socket_path) == self.identity:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()

@@ -1,0 +1,64 @@
+"""Run a real Agent in-process on the test's event loop, and talk to it over its real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from patchbay_agent.agent import Agent, AgentOptions
+from patchbay_agent.api import api_pb2_grpc
+from patchbay_agent.config import parse
+
+
+def make_config(plugin: dict[str, Any], resource: str = "example.com/serial") -> Any:
+    return parse({"resourceName": resource, "plugin": plugin})
+
+
+@contextlib.asynccontextmanager
+async def running_agent(
+    plugin: dict[str, Any],
+    plugin_dir: Path,
+    host_root: Path,
+    *,
+    resource: str = "example.com/serial",
+    poll_interval: float = 10.0,
+    backoff: tuple[float, float] = (0.05, 0.5),
+) -> AsyncIterator[Agent]:
+    """Start the agent (first round, serving, registering), yield it, then stop it for real."""
+    agent = Agent(
+        make_config(plugin, resource),
+        AgentOptions(
+            node_name="node-1",
+            plugin_dir=plugin_dir,
+            host_root=host_root,
+            http_address=("127.0.0.1", 0),
+            poll_interval=poll_interval,
+            shutdown_grace=1.0,
+            backoff_initial=backoff[0],
+            backoff_max=backoff[1],
+        ),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.started.wait(), timeout=10)
+        # Serving is the registrar's first step.
+        for _ in range(200):
+            if agent.registrar.server is not None and agent.registrar.server.serving:
+                break
+            await asyncio.sleep(0.01)
+        yield agent
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
+
+
+@contextlib.asynccontextmanager
+async def plugin_client(socket: Path) -> AsyncIterator[api_pb2_grpc.DevicePluginStub]:
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        yield api_pb2_grpc.DevicePluginStub(channel)

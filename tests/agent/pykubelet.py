@@ -1,0 +1,135 @@
+"""A Python peer that plays the kubelet's side of the device plugin protocol for the agent's
+fast tests: it serves `v1beta1.Registration` on a real `kubelet.sock` and, inside Register, does
+what the kubelet does (dial the plugin's socket back, GetDevicePluginOptions, then ListAndWatch in
+the background), recording what it saw.
+
+The authoritative peer is the upstream kubelet code itself (tests/conformance); this one exists so
+registration edge cases (ordering, restarts, refusals) run in milliseconds and can be inspected
+closely. It is a test peer, not a stand-in for agent code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from patchbay_agent.api import api_pb2, api_pb2_grpc
+
+
+@dataclass
+class Registration:
+    request: api_pb2.RegisterRequest
+    options: api_pb2.DevicePluginOptions | None
+    #: whether the plugin's socket answered GetDevicePluginOptions while Register was in flight
+    plugin_was_serving: bool
+    at: float = field(default_factory=time.monotonic)
+
+
+class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
+    def __init__(self, plugin_dir: Path, *, refuse: int = 0) -> None:
+        self.plugin_dir = plugin_dir
+        self.socket = plugin_dir / "kubelet.sock"
+        self.registrations: list[Registration] = []
+        #: the latest device list per resource (from ListAndWatch)
+        self.devices: dict[str, list[api_pb2.Device]] = {}
+        self.lists_received = 0
+        #: refuse this many Register calls with UNAVAILABLE before accepting
+        self.refuse = refuse
+        self.refused = 0
+        self._server: grpc.aio.Server | None = None
+        self._streams: list[asyncio.Task[None]] = []
+        self._channels: list[grpc.aio.Channel] = []
+        self.changed = asyncio.Event()
+
+    async def Register(
+        self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> api_pb2.Empty:
+        if self.refused < self.refuse:
+            self.refused += 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not ready yet")
+        channel = grpc.aio.insecure_channel(f"unix://{self.plugin_dir / request.endpoint}")
+        self._channels.append(channel)
+        stub = api_pb2_grpc.DevicePluginStub(channel)
+        try:
+            options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=2)
+            serving = True
+        except grpc.aio.AioRpcError:
+            options, serving = None, False
+        self.registrations.append(Registration(request, options, serving))
+        if serving:
+            self._streams.append(asyncio.create_task(self._watch(request.resource_name, stub)))
+        self._notify()
+        return api_pb2.Empty()
+
+    async def _watch(self, resource: str, stub: api_pb2_grpc.DevicePluginStub) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            async for response in stub.ListAndWatch(api_pb2.Empty()):
+                self.devices[resource] = list(response.devices)
+                self.lists_received += 1
+                self._notify()
+
+    def _notify(self) -> None:
+        old, self.changed = self.changed, asyncio.Event()
+        old.set()
+
+    async def wait_for(self, predicate: object, within: float = 10.0) -> None:
+        """Wait until predicate() is true; bounded, raises TimeoutError with the state."""
+        assert callable(predicate)
+        deadline = time.monotonic() + within
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"condition not met: {len(self.registrations)} registrations, devices={self.devices}"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), timeout=min(remaining, 0.5))
+
+    async def start(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        server = grpc.aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(self, server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        """Like a kubelet going away: the registration socket closes and the streams drop."""
+        for task in self._streams:
+            task.cancel()
+        await asyncio.gather(*self._streams, return_exceptions=True)
+        self._streams.clear()
+        for ch in self._channels:
+            await ch.close()
+        self._channels.clear()
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+
+    async def drop_streams(self) -> None:
+        """Like the kubelet's plugin client failing: the stream ends, the registration server
+        stays. The kubelet then forgets the plugin silently."""
+        for task in self._streams:
+            task.cancel()
+        await asyncio.gather(*self._streams, return_exceptions=True)
+        self._streams.clear()
+        for ch in self._channels:
+            await ch.close()
+        self._channels.clear()
+        self.devices.clear()
+
+    async def restart(self) -> None:
+        """Like a new kubelet: stop, delete every socket in the directory, serve again."""
+        await self.stop()
+        for entry in self.plugin_dir.iterdir():
+            if entry.is_socket():
+                entry.unlink()
+        self.devices.clear()
+        await self.start()

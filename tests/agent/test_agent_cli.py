@@ -1,0 +1,158 @@
+"""`patchbay-agent` as a process: --help, exit codes that name the problem, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from fakehw import FakeHardware
+from pykubelet import PyKubelet
+
+AGENT = [sys.executable, "-m", "patchbay_agent.main"]
+
+
+def _write(path: Path, doc: object) -> Path:
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*AGENT, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_help_explains_every_flag() -> None:
+    out = _run("--help")
+    assert out.returncode == 0
+    for flag in (
+        "--config",
+        "--node-name",
+        "--device-plugin-dir",
+        "--host-root",
+        "--http-address",
+        "--log-format",
+    ):
+        assert flag in out.stdout
+    assert "/var/lib/kubelet/device-plugins" in out.stdout
+
+
+def test_bad_config_exits_2_naming_the_field(short_dir: Path) -> None:
+    cfg = _write(
+        short_dir / "c.yaml",
+        {"resourceName": "example.com/x", "plugin": {"discovery": {"pci": {"vendor": "nvidia"}}}},
+    )
+    out = _run("--config", str(cfg), "--node-name", "n1", "--device-plugin-dir", str(short_dir))
+    assert out.returncode == 2
+    assert "plugin.discovery.pci.vendor" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_missing_required_flag_exits_2() -> None:
+    out = _run("--config", "/nonexistent.yaml")
+    assert out.returncode == 2
+    assert "--node-name" in out.stderr
+
+
+def test_nvml_without_driver_exits_3_with_a_clear_message(short_dir: Path) -> None:
+    cfg = _write(
+        short_dir / "c.yaml", {"resourceName": "nvidia.com/gpu", "plugin": {"discovery": {"nvml": {}}}}
+    )
+    out = _run(
+        "--config",
+        str(cfg),
+        "--node-name",
+        "n1",
+        "--device-plugin-dir",
+        str(short_dir),
+        "--http-address",
+        "off",
+    )
+    assert out.returncode == 3
+    assert "nvidia-ml-py" in out.stderr or "NVIDIA driver" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_sigterm_removes_the_socket_and_exits_0(short_dir: Path, plugin_dir: Path, hw: FakeHardware) -> None:
+    hw.add_dev("/dev/ttyUSB0")
+    cfg = _write(
+        short_dir / "c.yaml",
+        {
+            "resourceName": "example.com/serial",
+            "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}},
+        },
+    )
+    socket = plugin_dir / "patchbay-example.com_serial.sock"
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        proc = await asyncio.create_subprocess_exec(
+            *AGENT,
+            "--config",
+            str(cfg),
+            "--node-name",
+            "n1",
+            "--device-plugin-dir",
+            str(plugin_dir),
+            "--host-root",
+            str(hw.root),
+            "--http-address",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            await kubelet.wait_for(lambda: "example.com/serial" in kubelet.devices, within=20)
+            assert socket.exists()
+            proc.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(proc.communicate(), 20)
+            assert proc.returncode == 0
+            assert not socket.exists()
+            stderr = err.decode()
+            assert '"msg": "Registered example.com/serial' in stderr
+            assert '"msg": "Stopped"' in stderr
+        finally:
+            if proc.returncode is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("flag", ["--http-address=nonsense", "--http-address=:80"])
+def test_bad_http_address_is_refused(flag: str, short_dir: Path) -> None:
+    out = _run("--config", "x", "--node-name", "n", flag)
+    assert out.returncode == 2
+    assert "HOST:PORT" in out.stderr
+
+
+def test_a_list_over_the_kubelet_limit_exits_3_before_serving(short_dir: Path, plugin_dir: Path) -> None:
+    cfg = _write(
+        short_dir / "c.yaml",
+        {
+            "resourceName": "example.com/token",
+            "plugin": {"discovery": {"virtual": {"count": 5000}}, "sharing": {"replicas": 100}},
+        },
+    )
+    out = _run(
+        "--config",
+        str(cfg),
+        "--node-name",
+        "n1",
+        "--device-plugin-dir",
+        str(plugin_dir),
+        "--http-address",
+        "off",
+        timeout=120,
+    )
+    assert out.returncode == 3
+    assert "4194304-byte ListAndWatch limit" in out.stderr
+    assert "plugin.sharing.replicas" in out.stderr
+    assert list(plugin_dir.iterdir()) == []

@@ -1,0 +1,222 @@
+"""Registration against a Python kubelet peer on a real kubelet.sock: order, waiting, backoff,
+kubelet restarts (event-driven), the poll backstop, and the HTTP health endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import urllib.request
+from pathlib import Path
+
+from agentrun import running_agent
+from fakehw import FakeHardware
+from pykubelet import PyKubelet
+
+from patchbay_agent.agent import Agent
+
+SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 60}}
+RESOURCE = "example.com/serial"
+
+
+def _http(agent: Agent, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{agent.http.port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+async def _get(agent: Agent, path: str) -> tuple[int, str]:
+    return await asyncio.to_thread(_http, agent, path)
+
+
+async def _until(predicate: object, within: float = 10.0) -> None:
+    assert callable(predicate)
+    for _ in range(int(within / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def test_registers_only_after_serving_with_the_right_request(plugin_dir: Path, hw: FakeHardware) -> None:
+    hw.add_dev("/dev/ttyUSB0")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        try:
+            plugin = dict(SERIAL, preferredAllocation={"policy": "Pack"})
+            async with running_agent(plugin, plugin_dir, hw.root):
+                await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
+                (reg,) = kubelet.registrations
+                assert reg.plugin_was_serving
+                assert reg.request.version == "v1beta1"
+                assert reg.request.endpoint == "patchbay-example.com_serial.sock"
+                assert reg.request.resource_name == RESOURCE
+                assert reg.request.options.get_preferred_allocation_available
+                assert not reg.request.options.pre_start_required
+                assert reg.options == reg.request.options
+                assert [d.ID for d in kubelet.devices[RESOURCE]] == ["ttyUSB0"]
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_waits_for_a_kubelet_then_registers_and_reports_ready(plugin_dir: Path, hw: FakeHardware) -> None:
+    hw.add_dev("/dev/ttyUSB0")
+
+    async def scenario() -> None:
+        # A one-hour poll: only inotify can notice the kubelet arriving.
+        async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
+            assert await _get(agent, "/healthz") == (200, "ok\n")
+            assert (await _get(agent, "/readyz"))[0] == 503
+            assert agent.registrar.registration_count == 0
+            kubelet = PyKubelet(plugin_dir)
+            await kubelet.start()
+            try:
+                await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
+                await _until(lambda: agent.registrar.registered)
+                assert await _get(agent, "/readyz") == (200, "ready\n")
+                status, metrics = await _get(agent, "/metrics")
+                assert status == 200
+                assert "patchbay_agent_registered 1.0" in metrics
+                assert 'patchbay_agent_devices{health="Healthy"} 1.0' in metrics
+                assert 'patchbay_agent_registrations_total{result="success"} 1.0' in metrics
+            finally:
+                await kubelet.stop()
+            # The kubelet went away: not ready any more.
+            await _until(lambda: not agent.registrar.registered)
+            assert (await _get(agent, "/readyz"))[0] == 503
+
+    asyncio.run(scenario())
+
+
+def test_backs_off_while_the_kubelet_refuses(plugin_dir: Path, hw: FakeHardware) -> None:
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir, refuse=3)
+        await kubelet.start()
+        try:
+            async with running_agent(SERIAL, plugin_dir, hw.root, backoff=(0.05, 0.2)) as agent:
+                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+                assert kubelet.refused == 3
+                await _until(lambda: agent.registrar.registered)
+                _, metrics = await _get(agent, "/metrics")
+                assert 'patchbay_agent_registrations_total{result="failure"} 3.0' in metrics
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_reregisters_after_a_kubelet_restart_through_inotify(plugin_dir: Path, hw: FakeHardware) -> None:
+    hw.add_dev("/dev/ttyUSB0")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        try:
+            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
+                await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
+                first_identity = agent.registrar.server.identity if agent.registrar.server else None
+                for n in (2, 3):
+                    # Stop, delete every socket (ours too), listen again: what a new kubelet does.
+                    await kubelet.restart()
+                    await kubelet.wait_for(
+                        lambda n=n: len(kubelet.registrations) == n and RESOURCE in kubelet.devices
+                    )
+                    assert kubelet.registrations[-1].plugin_was_serving
+                assert agent.registrar.server is not None
+                assert agent.registrar.server.identity != first_identity
+                assert agent.registrar.socket_path.exists()
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_serves_again_when_its_own_socket_is_deleted(plugin_dir: Path, hw: FakeHardware) -> None:
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        try:
+            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
+                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+                agent.registrar.socket_path.unlink()
+                await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
+                assert kubelet.registrations[-1].plugin_was_serving
+                assert agent.registrar.server is not None and agent.registrar.server.socket_intact()
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_registers_again_when_the_kubelet_drops_the_stream(plugin_dir: Path, hw: FakeHardware) -> None:
+    hw.add_dev("/dev/ttyUSB0")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        try:
+            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
+                await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
+                await kubelet.drop_streams()
+                await kubelet.wait_for(
+                    lambda: len(kubelet.registrations) == 2 and RESOURCE in kubelet.devices
+                )
+                await _until(lambda: agent.registrar.registered and agent.servicer.open_streams == 1)
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_poll_backstop_recovers_when_the_directory_itself_is_replaced(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """rm -rf + mkdir of the plugin directory drops the inotify watch (the new directory is
+    another inode): only the slow identity-comparing poll can notice, and it must. Meanwhile the
+    agent cannot bind its socket at all, and must survive that."""
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        try:
+            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=0.3) as agent:
+                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+                await kubelet.stop()
+                await asyncio.to_thread(shutil.rmtree, plugin_dir)
+                # While the directory is gone the agent cannot serve; it must keep trying, not die.
+                await asyncio.sleep(1.0)
+                assert not agent.registrar.registered
+                await asyncio.to_thread(plugin_dir.mkdir)
+                kubelet = PyKubelet(plugin_dir)
+                await kubelet.start()
+                await kubelet.wait_for(
+                    lambda: len(kubelet.registrations) == 1 and RESOURCE in kubelet.devices
+                )
+                assert agent.registrar.socket_path.exists()
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_shutdown_removes_the_socket_and_ends_streams(plugin_dir: Path, hw: FakeHardware) -> None:
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        try:
+            async with running_agent(SERIAL, plugin_dir, hw.root) as agent:
+                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+                socket = agent.registrar.socket_path
+                assert socket.exists()
+            assert not socket.exists()
+            assert sorted(os.listdir(plugin_dir)) == ["kubelet.sock"]
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())

@@ -1,0 +1,102 @@
+"""FAKE HARDWARE: /dev and /sys trees under a temporary directory, shaped like the kernel's.
+
+This is the only fake the agent's tests use: discovery and health read under a host root, so a
+directory with the right files stands in for devices. Device "nodes" are regular files (creating
+real character devices needs CAP_MKNOD); the agent treats both alike except for the open check.
+Everything else the tests touch (sockets, gRPC, processes, the kubelet code) is real.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class FakeHardware:
+    """A fake host root: `root/dev/...` and `root/sys/...`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "dev").mkdir(parents=True, exist_ok=True)
+        (root / "sys").mkdir(parents=True, exist_ok=True)
+
+    def path(self, host_path: str) -> Path:
+        return self.root / host_path.lstrip("/")
+
+    # -- /dev ------------------------------------------------------------------------------
+    def add_dev(self, host_path: str) -> Path:
+        """A fake device node (a regular file) at a host path like /dev/ttyUSB0."""
+        p = self.path(host_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"")
+        return p
+
+    def remove_dev(self, host_path: str) -> None:
+        self.path(host_path).unlink()
+
+    def add_symlink(self, host_path: str, target: str) -> None:
+        p = self.path(host_path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, p)
+
+    # -- /sys/bus/pci ------------------------------------------------------------------------
+    def add_pci(
+        self,
+        address: str,
+        *,
+        vendor: str,
+        device: str,
+        device_class: str = "0x030200",
+        numa_node: int = -1,
+        iommu_group: int | None = None,
+        vfio_node: bool = True,
+    ) -> None:
+        """A fake PCI function; with an IOMMU group, also its /dev/vfio/<group> file."""
+        base = self.path(f"/sys/devices/pci0000:00/{address}")
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "vendor").write_text(f"0x{vendor}\n")
+        (base / "device").write_text(f"0x{device}\n")
+        (base / "class").write_text(f"{device_class}\n")
+        (base / "numa_node").write_text(f"{numa_node}\n")
+        if iommu_group is not None:
+            group = self.path(f"/sys/kernel/iommu_groups/{iommu_group}")
+            group.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.path.relpath(group, base), base / "iommu_group")
+            if vfio_node:
+                self.add_dev(f"/dev/vfio/{iommu_group}")
+                self.add_dev("/dev/vfio/vfio")
+        link_dir = self.path("/sys/bus/pci/devices")
+        link_dir.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(base, link_dir), link_dir / address)
+
+    # -- /sys/bus/usb ------------------------------------------------------------------------
+    def add_usb(
+        self,
+        name: str,
+        *,
+        vendor: str,
+        product: str,
+        bus: int,
+        devnum: int,
+        serial: str | None = None,
+        with_interface: bool = True,
+    ) -> str:
+        """A fake USB device (and one interface, which discovery must ignore); returns /dev path."""
+        base = self.path(f"/sys/devices/pci0000:00/0000:00:14.0/usb{bus}/{name}")
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "idVendor").write_text(f"{vendor}\n")
+        (base / "idProduct").write_text(f"{product}\n")
+        (base / "busnum").write_text(f"{bus}\n")
+        (base / "devnum").write_text(f"{devnum}\n")
+        if serial is not None:
+            (base / "serial").write_text(f"{serial}\n")
+        link_dir = self.path("/sys/bus/usb/devices")
+        link_dir.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.relpath(base, link_dir), link_dir / name)
+        if with_interface:
+            iface = base / f"{name}:1.0"
+            iface.mkdir()
+            os.symlink(os.path.relpath(iface, link_dir), link_dir / f"{name}:1.0")
+        node = f"/dev/bus/usb/{bus:03d}/{devnum:03d}"
+        self.add_dev(node)
+        return node

@@ -1,0 +1,142 @@
+"""Every discovery backend over a FAKE hardware tree (tests/fakehw.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fakehw import FakeHardware
+
+from patchbay_agent.config import (
+    MAX_DEVICE_ID_LENGTH,
+    NvmlDiscovery,
+    PathGroup,
+    PathsDiscovery,
+    PciDiscovery,
+    UsbDiscovery,
+    VirtualDiscovery,
+)
+from patchbay_agent.discovery import DiscoveryError, HostRoot, PhysicalDevice, make_backend, make_device_id
+
+
+@pytest.fixture
+def hw(tmp_path: Path) -> FakeHardware:
+    return FakeHardware(tmp_path / "host")
+
+
+def test_paths_globs_and_groups(hw: FakeHardware) -> None:
+    for n in (1, 0):
+        hw.add_dev(f"/dev/ttyUSB{n}")
+    hw.add_dev("/dev/ttyS0")
+    hw.add_dev("/dev/dri/card0")
+    backend = make_backend(
+        PathsDiscovery(
+            globs=("/dev/ttyUSB*", "/dev/ttyUSB0"),
+            groups=(PathGroup("card0", ("/dev/dri/card0", "/dev/dri/renderD128")),),
+        ),
+        HostRoot(hw.root),
+    )
+    assert backend.scan() == [
+        PhysicalDevice(
+            "card0", ("/dev/dri/card0", "/dev/dri/renderD128"), ("/dev/dri/card0", "/dev/dri/renderD128")
+        ),
+        PhysicalDevice("ttyUSB0", ("/dev/ttyUSB0",), ("/dev/ttyUSB0",)),
+        PhysicalDevice("ttyUSB1", ("/dev/ttyUSB1",), ("/dev/ttyUSB1",)),
+    ]
+    assert backend.watch_dirs() == [hw.path("/dev"), hw.path("/dev/dri")]
+    hw.remove_dev("/dev/ttyUSB1")
+    assert [d.id for d in backend.scan()] == ["card0", "ttyUSB0"]
+
+
+def test_paths_nested_glob_ids_and_symlinks(hw: FakeHardware) -> None:
+    hw.add_dev("/dev/ttyUSB0")
+    hw.add_symlink("/dev/serial/by-id/usb-FTDI_FT232R_A1-if00-port0", "../../ttyUSB0")
+    backend = make_backend(PathsDiscovery(globs=("/dev/serial/by-id/*",)), HostRoot(hw.root))
+    (dev,) = backend.scan()
+    assert dev.id == "serial_by-id_usb-FTDI_FT232R_A1-if00-port0"
+    assert dev.dev_paths == ("/dev/serial/by-id/usb-FTDI_FT232R_A1-if00-port0",)
+    assert backend.watch_dirs() == [hw.path("/dev/serial/by-id")]
+
+
+def test_host_root_resolves_absolute_symlinks_inside_the_root(hw: FakeHardware) -> None:
+    hw.add_dev("/dev/ttyACM0")
+    hw.add_symlink("/dev/modem", "/dev/ttyACM0")
+    assert HostRoot(hw.root).resolve("/dev/modem") == hw.path("/dev/ttyACM0")
+
+
+def test_device_ids_are_kubelet_safe() -> None:
+    long = "x" * 100
+    a, b = make_device_id(long + "a"), make_device_id(long + "b")
+    assert len(a) == len(b) == MAX_DEVICE_ID_LENGTH
+    assert a != b
+    assert make_device_id("weird name/é") == "weird_name"
+
+
+def test_pci_filters_numa_and_vfio(hw: FakeHardware) -> None:
+    hw.add_pci("0000:3b:00.0", vendor="10de", device="2330", numa_node=1, iommu_group=17)
+    hw.add_pci(
+        "0000:af:00.0", vendor="10de", device="2330", device_class="0x030000", numa_node=-1, iommu_group=18
+    )
+    hw.add_pci("0000:5e:00.0", vendor="10de", device="1eb8", numa_node=0, iommu_group=19)
+    hw.add_pci("0000:00:1f.6", vendor="8086", device="15bb")
+    root = HostRoot(hw.root)
+
+    plain = make_backend(PciDiscovery(vendor="10de", device="2330"), root).scan()
+    assert [(d.id, d.numa_nodes, d.dev_paths) for d in plain] == [
+        ("0000:3b:00.0", (1,), ()),
+        ("0000:af:00.0", (), ()),
+    ]
+    assert plain[0].check_paths == ("/sys/bus/pci/devices/0000:3b:00.0",)
+
+    by_class = make_backend(PciDiscovery(vendor="10de", device_class="0x0302"), root).scan()
+    assert [d.id for d in by_class] == ["0000:3b:00.0", "0000:5e:00.0"]
+
+    vfio = make_backend(PciDiscovery(vendor="10de", device="2330", vfio=True), root)
+    (first, second) = vfio.scan()
+    assert first.dev_paths == ("/dev/vfio/vfio", "/dev/vfio/17")
+    assert first.check_paths == ("/sys/bus/pci/devices/0000:3b:00.0", "/dev/vfio/17")
+    assert second.dev_paths == ("/dev/vfio/vfio", "/dev/vfio/18")
+    assert vfio.watch_dirs() == [hw.path("/dev/vfio")]
+
+
+def test_pci_vfio_without_iommu_group_is_skipped(hw: FakeHardware) -> None:
+    hw.add_pci("0000:3b:00.0", vendor="10de", device="2330")
+    assert make_backend(PciDiscovery(vendor="10de", vfio=True), HostRoot(hw.root)).scan() == []
+
+
+def test_usb_by_vendor_product_serial(hw: FakeHardware) -> None:
+    node = hw.add_usb("1-1.2", vendor="1234", product="5678", bus=1, devnum=7, serial="A1B2")
+    hw.add_usb("1-1.3", vendor="1234", product="5678", bus=1, devnum=9, serial="C3D4")
+    hw.add_usb("2-1", vendor="1234", product="9999", bus=2, devnum=3)
+    hw.add_usb("2-2", vendor="abcd", product="5678", bus=2, devnum=4)
+    root = HostRoot(hw.root)
+
+    by_vendor = make_backend(UsbDiscovery(vendor="1234"), root).scan()
+    assert [d.id for d in by_vendor] == ["usb-1-1.2", "usb-1-1.3", "usb-2-1"]
+    by_product = make_backend(UsbDiscovery(vendor="1234", product="5678"), root).scan()
+    assert [d.dev_paths for d in by_product] == [("/dev/bus/usb/001/007",), ("/dev/bus/usb/001/009",)]
+    (only,) = make_backend(UsbDiscovery(vendor="1234", product="5678", serial="A1B2"), root).scan()
+    assert only.dev_paths == (node,)
+    assert only.check_paths[1] == node
+    assert make_backend(UsbDiscovery(vendor="1234"), root).watch_dirs() == [
+        hw.path("/dev/bus/usb"),
+        hw.path("/dev/bus/usb/001"),
+        hw.path("/dev/bus/usb/002"),
+    ]
+
+
+def test_virtual_tokens_sort_numerically() -> None:
+    devices = make_backend(VirtualDiscovery(count=12), HostRoot("/nonexistent")).scan()
+    assert [d.id for d in devices][:3] == ["virtual-00", "virtual-01", "virtual-02"]
+    assert len(devices) == 12
+    assert all(d.dev_paths == () and d.check_paths == () for d in devices)
+
+
+def test_nvml_without_driver_or_package_is_a_clear_error(hw: FakeHardware) -> None:
+    """This machine has no NVIDIA driver: the backend must refuse clearly, never crash.
+
+    With the `nvml` extra installed the message is about the driver; without it, about the
+    extra. Either is a DiscoveryError with a way forward.
+    """
+    with pytest.raises(DiscoveryError, match=r"nvidia-ml-py|NVIDIA driver"):
+        make_backend(NvmlDiscovery(), HostRoot(hw.root))
