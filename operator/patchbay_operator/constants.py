@@ -1,0 +1,76 @@
+"""Names the operator shares with the API, the agent and the tests: one place, no magic strings.
+
+API group and version, the kopf storage keys, label and annotation keys, condition types and
+reasons (CamelCase string enums), and the limits that keep status bounded.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+API_GROUP = "patchbay.dev"
+API_VERSION = "v1alpha1"
+PLURAL = "devicepluginprofiles"
+KIND = "DevicePluginProfile"
+
+FIELD_MANAGER = "patchbay-operator"
+"""The one server-side-apply field manager for everything the operator owns."""
+
+FINALIZER = "patchbay.dev/cleanup"
+"""kopf's finalizer on profiles: the resource is removed from nodes before the profile goes."""
+
+KOPF_STORAGE_PREFIX = "kopf.patchbay.dev"
+"""kopf keeps its handler progress and diff base in annotations on profiles under this prefix."""
+
+OWNER_ANNOTATION_PREFIX = "static.patchbay.dev/"
+"""Node annotations recording which static resource the operator set, and for which profile.
+
+One annotation per resource, written in the same JSON patch as the capacity, so ownership
+survives an operator restart and costs no extra write.
+"""
+
+LABEL_PROFILE = "patchbay.dev/profile"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+CONFIG_HASH_ANNOTATION = "patchbay.dev/config-hash"
+AGENT_CONFIG_KEY = "config.yaml"
+AGENT_CONFIG_DIR = "/etc/patchbay"
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+HOST_ROOT = "/host"
+
+MAX_PROBLEMS = 10
+"""Status lists at most this many problem nodes; `problemCount` has the full count."""
+
+
+class Mode(StrEnum):
+    STATIC = "Static"
+    DEVICE_PLUGIN = "DevicePlugin"
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+
+
+class Reason(StrEnum):
+    """Condition and problem reasons (CamelCase, as the API conventions ask)."""
+
+    ALL_NODES_READY = "AllNodesReady"
+    NO_MATCHING_NODES = "NoMatchingNodes"
+    NODES_NOT_READY = "NodesNotReady"
+    APPLYING = "Applying"
+    ROLLING_OUT = "RollingOut"
+    UP_TO_DATE = "UpToDate"
+    AS_EXPECTED = "AsExpected"
+    RESOURCE_NAME_CONFLICT = "ResourceNameConflict"
+    NOT_ADVERTISED = "NotAdvertised"
+    VALUE_MISMATCH = "ValueMismatch"
+    INVALID_CAPACITY_LABEL = "InvalidCapacityLabel"
+    OWNED_BY_OTHER = "ResourceSetByOther"
+    DEVICES_UNHEALTHY = "DevicesUnhealthy"
+    AGENTS_UNAVAILABLE = "AgentsUnavailable"
+    NO_DEVICES = "NoDevices"
+    PATCH_FAILED = "PatchFailed"

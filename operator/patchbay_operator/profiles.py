@@ -1,0 +1,158 @@
+"""Profiles as the operator understands them, and who wins a resource name (pure, no I/O).
+
+A ``Profile`` is the parsed, immutable view of one DevicePluginProfile; the ``Registry`` holds
+all of them and decides, per resource name, which one is applied: the oldest (creation time,
+then name), so two profiles for the same resource never fight over nodes. Deleting profiles
+never win, so the next in line is promoted as soon as the winner starts going away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from patchbay_operator.constants import Mode
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist (the CRD enforces the enum)
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.operator == "In":
+            return labels.get(self.key) in self.values
+        if self.operator == "NotIn":
+            # As in Kubernetes: a node without the key satisfies NotIn.
+            return labels.get(self.key) not in self.values
+        if self.operator == "Exists":
+            return self.key in labels
+        if self.operator == "DoesNotExist":
+            return self.key not in labels
+        raise ValueError(f"unknown selector operator {self.operator!r}")
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A label selector; the empty selector matches every node (the API's meaning)."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[Requirement, ...] = ()
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any] | None) -> Selector:
+        raw = raw or {}
+        labels = tuple(sorted((str(k), str(v)) for k, v in (raw.get("matchLabels") or {}).items()))
+        exprs = tuple(
+            Requirement(str(e["key"]), str(e["operator"]), frozenset(str(v) for v in e.get("values") or ()))
+            for e in raw.get("matchExpressions") or ()
+        )
+        return cls(labels, exprs)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.match_labels) and all(
+            r.matches(labels) for r in self.match_expressions
+        )
+
+    def as_node_affinity_terms(self) -> list[dict[str, Any]]:
+        """The selector as nodeAffinity matchExpressions (a DaemonSet's nodeSelector cannot say NotIn)."""
+        exprs: list[dict[str, Any]] = [
+            {"key": k, "operator": "In", "values": [v]} for k, v in self.match_labels
+        ]
+        for r in self.match_expressions:
+            e: dict[str, Any] = {"key": r.key, "operator": r.operator}
+            if r.values:
+                e["values"] = sorted(r.values)
+            exprs.append(e)
+        return exprs
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One DevicePluginProfile, parsed once when kopf hands it over."""
+
+    name: str
+    uid: str
+    generation: int
+    created: str  # RFC 3339; sorts chronologically as a string
+    resource: str
+    mode: Mode
+    selector: Selector
+    spec: Mapping[str, Any] = field(compare=False, repr=False)
+    static_capacity: int = 0
+    capacity_label: str | None = None
+    deleting: bool = False
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Profile:
+        meta = body.get("metadata") or {}
+        spec = body.get("spec") or {}
+        static = spec.get("static") or {}
+        return cls(
+            name=str(meta["name"]),
+            uid=str(meta.get("uid", "")),
+            generation=int(meta.get("generation") or 0),
+            created=str(meta.get("creationTimestamp") or ""),
+            resource=str(spec["resourceName"]),
+            mode=Mode(spec["mode"]),
+            selector=Selector.parse(spec.get("nodeSelector")),
+            spec=_plain(spec),
+            static_capacity=int(static.get("capacity") or 0),
+            capacity_label=static.get("capacityFromLabel") or None,
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+
+    @property
+    def sort_key(self) -> tuple[str, str]:
+        return (self.created, self.name)
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy into plain dicts and lists (kopf hands over read-only views)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+class Registry:
+    """Every known profile, by name; decides the winner for each resource name."""
+
+    def __init__(self, profiles: Iterable[Profile] = ()) -> None:
+        self._by_name: dict[str, Profile] = {p.name: p for p in profiles}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Any:
+        return iter(list(self._by_name.values()))
+
+    def get(self, name: str) -> Profile | None:
+        return self._by_name.get(name)
+
+    def upsert(self, profile: Profile) -> None:
+        self._by_name[profile.name] = profile
+
+    def remove(self, name: str) -> Profile | None:
+        return self._by_name.pop(name, None)
+
+    def winner(self, resource: str) -> Profile | None:
+        """The profile applied for ``resource``: the oldest one not being deleted."""
+        live = [p for p in self._by_name.values() if p.resource == resource and not p.deleting]
+        return min(live, key=lambda p: p.sort_key) if live else None
+
+    def is_winner(self, profile: Profile) -> bool:
+        w = self.winner(profile.resource)
+        return w is not None and w.name == profile.name
+
+    def static_winners(self) -> dict[str, Profile]:
+        """resource name -> the Static profile applied for it (DevicePlugin winners excluded)."""
+        out: dict[str, Profile] = {}
+        for resource in {p.resource for p in self._by_name.values()}:
+            w = self.winner(resource)
+            if w is not None and w.mode is Mode.STATIC:
+                out[resource] = w
+        return out

@@ -1,0 +1,157 @@
+"""DevicePlugin mode: a profile -> the agent's ConfigMap and DaemonSet, as plain dicts (pure).
+
+Templates live in ``templates/`` and are rendered with Jinja2 ``StrictUndefined`` (a missing
+value is an error, not an empty string); every value goes through ``tojson`` so no input can
+break the YAML. The ConfigMap holds the agent config of docs/design/profile-contract.md; its
+hash goes on the pod template so any config change rolls the agents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import jinja2
+import yaml
+
+from patchbay_operator.config import Settings
+from patchbay_operator.constants import (
+    AGENT_CONFIG_DIR,
+    AGENT_CONFIG_KEY,
+    API_GROUP,
+    API_VERSION,
+    CONFIG_HASH_ANNOTATION,
+    DEVICE_PLUGIN_DIR,
+    FIELD_MANAGER,
+    HOST_ROOT,
+    KIND,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_PROFILE,
+)
+from patchbay_operator.profiles import Profile
+
+DEFAULT_RESOURCES: dict[str, Any] = {
+    # Go plugins ask for 10-45 MiB; the Python agent (grpcio + pykube-ng) sits near 41 MiB.
+    "requests": {"cpu": "10m", "memory": "64Mi"},
+    "limits": {"memory": "128Mi"},
+}
+
+HARDENED: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _tojson(value: Any) -> str:
+    """JSON (valid YAML) for any value; an undefined one is an error even when nested.
+
+    Jinja's own ``tojson`` hands an Undefined to ``json.dumps``, which fails with a confusing
+    TypeError; this names the missing variable instead.
+    """
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+    return json.dumps(value, sort_keys=False)
+
+
+@cache
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("patchbay_operator", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # noqa: S701 - YAML, not HTML; values are emitted with tojson
+        keep_trailing_newline=True,
+    )
+    env.filters["tojson"] = _tojson
+    return env
+
+
+def object_name(profile: str) -> str:
+    """ConfigMap and DaemonSet name; the CRD caps profile names at 52 so this fits in 63."""
+    return f"patchbay-{profile}"
+
+
+def agent_config(profile: Profile) -> str:
+    """The agent's config file: resourceName + plugin, verbatim (keys sorted: stable hash)."""
+    doc = {"resourceName": profile.resource, "plugin": profile.spec.get("plugin") or {}}
+    return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False)
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def selector_labels(profile: str) -> dict[str, str]:
+    return {LABEL_NAME: "patchbay-agent", LABEL_PROFILE: profile}
+
+
+def labels(profile: str) -> dict[str, str]:
+    return {
+        **selector_labels(profile),
+        LABEL_COMPONENT: "device-plugin",
+        LABEL_INSTANCE: profile,
+        LABEL_MANAGED_BY: FIELD_MANAGER,
+    }
+
+
+def owner_reference(profile: Profile) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": profile.name,
+        "uid": profile.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _render(template: str, **values: Any) -> dict[str, Any]:
+    text = _env().get_template(template).render(**values)
+    obj = yaml.safe_load(text)
+    if not isinstance(obj, dict):
+        raise TypeError(f"{template} did not render to a mapping")
+    return obj
+
+
+def agent_objects(profile: Profile, settings: Settings) -> list[dict[str, Any]]:
+    """[ConfigMap, DaemonSet] for a DevicePlugin profile, ready for server-side apply."""
+    agent: Mapping[str, Any] = profile.spec.get("agent") or {}
+    strategy: Mapping[str, Any] = agent.get("updateStrategy") or {}
+    text = agent_config(profile)
+    name = object_name(profile.name)
+    common = {
+        "name": name,
+        "object_namespace": settings.namespace,
+        "labels": labels(profile.name),
+        "owner": owner_reference(profile),
+    }
+    configmap = _render("configmap.yaml.j2", **common, config_key=AGENT_CONFIG_KEY, config_text=text)
+    security = {"privileged": True} if agent.get("privileged") else HARDENED
+    daemonset = _render(
+        "daemonset.yaml.j2",
+        **common,
+        selector_labels=selector_labels(profile.name),
+        max_surge=strategy.get("maxSurge", 1),
+        max_unavailable=strategy.get("maxUnavailable", 0),
+        hash_annotation=CONFIG_HASH_ANNOTATION,
+        config_hash=config_hash(text),
+        priority_class=agent.get("priorityClassName") or "",
+        affinity_terms=profile.selector.as_node_affinity_terms(),
+        tolerations=list(agent.get("tolerations") or []),
+        image=agent.get("image") or settings.agent_image,
+        pull_policy=agent.get("imagePullPolicy") or "",
+        config_path=f"{AGENT_CONFIG_DIR}/{AGENT_CONFIG_KEY}",
+        config_dir=AGENT_CONFIG_DIR,
+        device_plugin_dir=DEVICE_PLUGIN_DIR,
+        host_root=HOST_ROOT,
+        resources=agent.get("resources") or DEFAULT_RESOURCES,
+        container_security=security,
+    )
+    return [configmap, daemonset]

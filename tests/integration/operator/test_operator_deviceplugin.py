@@ -1,0 +1,151 @@
+"""DevicePlugin mode: the agent ConfigMap and DaemonSet, server-side applied and owned by the profile."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import yaml
+from kubernetes.client.rest import ApiException
+from optest import NAMESPACE, TEST_LABEL, Cluster, Operator, wait_for
+
+R = "example.com/serial"
+HASH = "patchbay.dev/config-hash"
+AGENT_IMAGE = "example.invalid/patchbay-agent:it"
+
+
+def spec(tag: str, replicas: int = 1, **agent: Any) -> dict[str, Any]:
+    return {
+        "resourceName": R,
+        "mode": "DevicePlugin",
+        "nodeSelector": {"matchLabels": {TEST_LABEL: tag}},
+        "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "sharing": {"replicas": replicas}},
+        "agent": {"tolerations": [{"operator": "Exists"}], **agent},
+    }
+
+
+def daemonset(cluster: Cluster, profile: str) -> dict[str, Any] | None:
+    try:
+        ds = cluster.apps.read_namespaced_daemon_set(f"patchbay-{profile}", NAMESPACE)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return dict(cluster.api.sanitize_for_serialization(ds))
+
+
+def configmap(cluster: Cluster, profile: str) -> dict[str, Any] | None:
+    try:
+        cm = cluster.core.read_namespaced_config_map(f"patchbay-{profile}", NAMESPACE)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return dict(cluster.api.sanitize_for_serialization(cm))
+
+
+def pod_hash(ds: dict[str, Any] | None) -> str | None:
+    return None if ds is None else ds["spec"]["template"]["metadata"]["annotations"][HASH]
+
+
+def test_agent_objects_are_applied_rolled_and_deleted(cluster: Cluster, operator: Operator) -> None:
+    cluster.add_nodes(3)
+    name = f"{cluster.prefix}serial"
+    created = cluster.create_profile(name, spec(cluster.tag))
+    uid = created["metadata"]["uid"]
+
+    ds = wait_for("DaemonSet", lambda: daemonset(cluster, name))
+    cm = configmap(cluster, name)
+    assert cm is not None
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config["resourceName"] == R
+    assert config["plugin"]["discovery"] == {"paths": {"globs": ["/dev/ttyUSB*"]}}
+    assert config["plugin"]["health"] == {"periodSeconds": 5, "failureThreshold": 3, "successThreshold": 1}
+    for obj in (ds, cm):
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "DevicePluginProfile",
+            name,
+            uid,
+            True,
+        )
+        managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
+        assert ("patchbay-operator", "Apply") in managers
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == AGENT_IMAGE  # the operator's --agent-image default
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 1
+
+    # kwok runs the agent pods (tolerating its taint): the status reports the rollout done.
+    st = wait_for(
+        "status 3/3",
+        lambda: (
+            ((cluster.profile(name) or {}).get("status") or {}).get("nodesReady") == "3/3"
+            and (cluster.profile(name) or {})["status"]
+        ),
+    )
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Ready"]["status"] == "True"
+    assert conds["Progressing"]["status"] == "False"
+    # No kubelet behind kwok nodes: nothing advertises devices, and status says so per node.
+    assert st["devices"] == {"capacity": 0, "allocatable": 0}
+    assert st["problemCount"] == 3 and {p["reason"] for p in st["problems"]} == {"NoDevices"}
+
+    # A plugin change rewrites the config and rolls the agents (new hash on the pod template).
+    old_hash = pod_hash(ds)
+    cluster.patch_spec(name, {"plugin": {"sharing": {"replicas": 4}}})
+    wait_for("new hash", lambda: pod_hash(daemonset(cluster, name)) not in (None, old_hash))
+    cm = configmap(cluster, name)
+    assert cm is not None and yaml.safe_load(cm["data"]["config.yaml"])["plugin"]["sharing"] == {
+        "replicas": 4
+    }
+    wait_for(
+        "status of generation 2",
+        lambda: ((cluster.profile(name) or {}).get("status") or {}).get("observedGeneration") == 2,
+    )
+
+    cluster.delete_profile(name)
+    wait_for(
+        "agent objects deleted", lambda: daemonset(cluster, name) is None and configmap(cluster, name) is None
+    )
+    wait_for("profile gone", lambda: cluster.profile(name) is None)
+
+
+def test_operator_killed_during_a_spec_change_converges(cluster: Cluster, operator: Operator) -> None:
+    cluster.add_nodes(2)
+    name = f"{cluster.prefix}serial"
+    cluster.create_profile(name, spec(cluster.tag))
+    ds = wait_for("DaemonSet", lambda: daemonset(cluster, name))
+    old_hash = pod_hash(ds)
+    operator.stop(signal.SIGKILL)
+    cluster.patch_spec(
+        name, {"plugin": {"sharing": {"replicas": 2}}, "agent": {"priorityClassName": "system-node-critical"}}
+    )
+    operator.start()
+    ds = wait_for(
+        "rolled DaemonSet",
+        lambda: (d := daemonset(cluster, name)) and pod_hash(d) != old_hash and d,
+    )
+    assert ds["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
+
+
+def test_mode_change_to_static_removes_the_agents(cluster: Cluster, operator: Operator) -> None:
+    nodes = cluster.add_nodes(1)
+    name = f"{cluster.prefix}serial"
+    cluster.create_profile(name, spec(cluster.tag))
+    wait_for("DaemonSet", lambda: daemonset(cluster, name))
+    cluster.custom.patch_cluster_custom_object(
+        "patchbay.dev",
+        "v1alpha1",
+        "devicepluginprofiles",
+        name,
+        [
+            {"op": "replace", "path": "/spec/mode", "value": "Static"},
+            {"op": "remove", "path": "/spec/plugin"},
+            {"op": "remove", "path": "/spec/agent"},
+            {"op": "add", "path": "/spec/static", "value": {"capacity": 2}},
+        ],
+        _content_type="application/json-patch+json",
+    )
+    wait_for("agents removed", lambda: daemonset(cluster, name) is None and configmap(cluster, name) is None)
+    wait_for("static value", lambda: cluster.values(nodes[0], R) == ("2", "2"))

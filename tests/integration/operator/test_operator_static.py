@@ -1,0 +1,231 @@
+"""Static mode end to end on kwok nodes, against the real API server and a real operator process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+from optest import TEST_LABEL, Cluster, Operator, wait_for
+
+R = "example.com/dongle"
+OWNER_KEY = "static.patchbay.dev/example.com_dongle"
+
+
+def spec(prefix: str, capacity: int = 3, **extra: Any) -> dict[str, Any]:
+    return {
+        "resourceName": R,
+        "mode": "Static",
+        "nodeSelector": {"matchLabels": {TEST_LABEL: prefix.rstrip("-"), "dongle": "yes"}},
+        "static": {"capacity": capacity, **extra},
+    }
+
+
+def all_have(cluster: Cluster, nodes: list[str], value: str | None) -> bool:
+    return all(cluster.values(n, R) == (value, value) for n in nodes)
+
+
+def status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return dict((cluster.profile(name) or {}).get("status") or {})
+
+
+def test_static_profile_patches_every_selected_node_and_reports(cluster: Cluster, operator: Operator) -> None:
+    p = cluster.prefix
+    nodes = cluster.add_nodes(4, labels={"dongle": "yes"})
+    other = cluster.add_nodes(1, labels={"dongle": "no"}, start=10)
+    cluster.set_labels(nodes[0], {"example.com/dongles": "7"})
+    name = f"{p}dongles"
+    cluster.create_profile(name, spec(p, capacity=3, capacityFromLabel="example.com/dongles"))
+
+    wait_for(
+        "selected nodes patched",
+        lambda: all_have(cluster, nodes[1:], "3") and cluster.values(nodes[0], R) == ("7", "7"),
+    )
+    assert cluster.values(other[0], R) == (None, None)
+    owner = json.loads(cluster.annotations(nodes[1])[OWNER_KEY])
+    assert owner == {"profile": name, "resource": R}
+    assert OWNER_KEY not in cluster.annotations(other[0])
+
+    st = wait_for("Ready status", lambda: (s := status(cluster, name)).get("nodesReady") == "4/4" and s)
+    assert st["observedGeneration"] == 1
+    assert st["nodes"] == {"desired": 4, "ready": 4}
+    assert st["devices"] == {"capacity": 16, "allocatable": 16}
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Ready"]["status"] == "True" and conds["Ready"]["reason"] == "AllNodesReady"
+    assert conds["Progressing"]["status"] == "False"
+    assert conds["Degraded"]["status"] == "False"
+    assert st["problemCount"] == 0
+
+    # The finalizer is on the profile, never on nodes; kopf writes nothing to nodes.
+    assert "patchbay.dev/cleanup" in (cluster.profile(name) or {})["metadata"]["finalizers"]
+    node = cluster.node(nodes[1])
+    assert not node["metadata"].get("finalizers")
+    assert not [k for k in node["metadata"].get("annotations", {}) if "kopf" in k]
+
+
+def test_nodes_joining_leaving_drifting_and_capacity_change(cluster: Cluster, operator: Operator) -> None:
+    p = cluster.prefix
+    nodes = cluster.add_nodes(3, labels={"dongle": "yes"})
+    name = f"{p}dongles"
+    cluster.create_profile(name, spec(p, capacity=2))
+    wait_for("first nodes patched", lambda: all_have(cluster, nodes, "2"))
+
+    # A new matching node is patched.
+    late = cluster.add_nodes(1, labels={"dongle": "yes"}, start=3)
+    wait_for("late node patched", lambda: all_have(cluster, late, "2"))
+
+    # A node that stops matching loses the resource and the ownership record.
+    cluster.set_labels(nodes[0], {"dongle": "no"})
+    wait_for("unselected node cleaned", lambda: all_have(cluster, nodes[:1], None))
+    assert OWNER_KEY not in cluster.annotations(nodes[0])
+
+    # Drift: something resets the value (a changed value, then a removed one): re-asserted.
+    cluster.set_status_value(nodes[1], R, "99")
+    wait_for("changed value re-asserted", lambda: all_have(cluster, nodes[1:2], "2"), timeout=15)
+    cluster.set_status_value(nodes[2], R, None)
+    wait_for("removed value re-asserted", lambda: all_have(cluster, nodes[2:3], "2"), timeout=15)
+
+    # A capacity change reaches every selected node, and status follows the generation.
+    cluster.patch_spec(name, {"static": {"capacity": 5}})
+    wait_for("new capacity everywhere", lambda: all_have(cluster, [*nodes[1:], *late], "5"))
+    assert cluster.values(nodes[0], R) == (None, None)
+    st = wait_for(
+        "status of generation 2",
+        lambda: (
+            (s := status(cluster, name)).get("observedGeneration") == 2 and s.get("nodesReady") == "3/3" and s
+        ),
+    )
+    assert st["devices"] == {"capacity": 15, "allocatable": 15}
+
+
+def test_resource_set_by_someone_else_is_never_touched(cluster: Cluster, operator: Operator) -> None:
+    p = cluster.prefix
+    nodes = cluster.add_nodes(2, labels={"dongle": "yes"})
+    cluster.set_status_value(nodes[0], R, "7")  # e.g. a real device plugin already advertises it
+    name = f"{p}dongles"
+    cluster.create_profile(name, spec(p, capacity=3))
+    wait_for("the free node patched", lambda: all_have(cluster, nodes[1:], "3"))
+    st = wait_for(
+        "the foreign node reported", lambda: (s := status(cluster, name)).get("problemCount") == 1 and s
+    )
+    assert st["problems"] == [
+        {"node": nodes[0], "reason": "ResourceSetByOther", "message": st["problems"][0]["message"]}
+    ]
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Degraded"] == "True"
+    assert cluster.values(nodes[0], R) == ("7", "7")
+
+    cluster.delete_profile(name)
+    wait_for("profile gone", lambda: cluster.profile(name) is None)
+    assert cluster.values(nodes[0], R) == ("7", "7")
+    assert all_have(cluster, nodes[1:], None)
+
+
+def test_delete_removes_the_resource_from_every_node_with_one_write_each(
+    cluster: Cluster, operator: Operator
+) -> None:
+    p = cluster.prefix
+    nodes = cluster.add_nodes(6, labels={"dongle": "yes"})
+    name = f"{p}dongles"
+    before = operator.settled_patches()
+    cluster.create_profile(name, spec(p, capacity=1))
+    wait_for("all nodes patched", lambda: all_have(cluster, nodes, "1"))
+    cluster.delete_profile(name)
+    wait_for("profile gone", lambda: cluster.profile(name) is None)
+    assert all_have(cluster, nodes, None)
+    assert not any(OWNER_KEY in cluster.annotations(n) for n in nodes)
+    # One JSON patch per node to add, one to remove: nothing else wrote to these nodes.
+    assert operator.settled_patches() - before == 12
+
+
+def test_delete_while_the_operator_is_down(cluster: Cluster, operator: Operator) -> None:
+    p = cluster.prefix
+    nodes = cluster.add_nodes(3, labels={"dongle": "yes"})
+    name = f"{p}dongles"
+    cluster.create_profile(name, spec(p, capacity=2))
+    wait_for("nodes patched", lambda: all_have(cluster, nodes, "2"))
+
+    operator.stop(signal.SIGKILL)
+    cluster.delete_profile(name)
+    # The finalizer holds the profile while nobody can clean up.
+    obj = cluster.profile(name)
+    assert obj is not None and obj["metadata"].get("deletionTimestamp")
+    assert all_have(cluster, nodes, "2")
+
+    operator.start()
+    wait_for("profile released", lambda: cluster.profile(name) is None)
+    assert all_have(cluster, nodes, None)
+    assert not any(OWNER_KEY in cluster.annotations(n) for n in nodes)
+
+
+def test_operator_killed_mid_rollout_converges(cluster: Cluster, operator: Operator) -> None:
+    p = cluster.prefix
+    nodes = cluster.add_nodes(40, labels={"dongle": "yes"})
+    # One patch at a time, so the kill lands in the middle of the rollout.
+    operator.stop()
+    operator.start("--concurrency", "1")
+    name = f"{p}dongles"
+    cluster.create_profile(name, spec(p, capacity=4))
+    wait_for(
+        "some nodes patched", lambda: any(cluster.values(n, R)[0] == "4" for n in nodes[::4]), every=0.05
+    )
+    operator.stop(signal.SIGKILL)
+    operator.start()
+    wait_for("every node patched after restart", lambda: all_have(cluster, nodes, "4"))
+    st = wait_for(
+        "Ready after restart", lambda: (s := status(cluster, name)).get("nodesReady") == "40/40" and s
+    )
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "True"
+
+
+def test_status_is_written_only_when_it_changes(cluster: Cluster, operator: Operator) -> None:
+    p = cluster.prefix
+    nodes = cluster.add_nodes(2, labels={"dongle": "yes"})
+    name = f"{p}dongles"
+    cluster.create_profile(name, spec(p, capacity=1))
+    wait_for("Ready", lambda: status(cluster, name).get("nodesReady") == "2/2")
+    rv = (cluster.profile(name) or {})["metadata"]["resourceVersion"]
+    # Node events that change nothing we report (labels elsewhere) must not rewrite status.
+    marker = operator.stats().get("nodeEvents", 0)
+    for i in range(5):
+        cluster.set_labels(nodes[0], {"unrelated": str(i)})
+    wait_for(
+        "the operator saw the events", lambda: operator.stats().get("nodeEvents", 0) >= marker + 5, timeout=15
+    )
+    time.sleep(1.0)  # several debounce windows (0.3 s): room for a wrong write to happen
+    assert (cluster.profile(name) or {})["metadata"]["resourceVersion"] == rv
+
+
+def test_problem_list_is_capped_and_deleted_nodes_leave_the_counts(
+    cluster: Cluster, operator: Operator
+) -> None:
+    p = cluster.prefix
+    foreign = cluster.add_nodes(11, labels={"dongle": "yes"})
+    for n in foreign:
+        cluster.set_status_value(n, R, "7")
+    bad = cluster.add_nodes(1, labels={"dongle": "yes", "example.com/dongles": "lots"}, start=20)
+    good = cluster.add_nodes(2, labels={"dongle": "yes"}, start=30)
+    name = f"{p}dongles"
+    cluster.create_profile(name, spec(p, capacity=2, capacityFromLabel="example.com/dongles"))
+    wait_for("good nodes patched", lambda: all_have(cluster, good, "2"))
+    st = wait_for("problems reported", lambda: (s := status(cluster, name)).get("problemCount") == 12 and s)
+    assert len(st["problems"]) == 10  # capped; problemCount has the full number
+    assert st["nodes"] == {"desired": 14, "ready": 2}
+    reasons = {pr["reason"] for pr in st["problems"]}
+    assert reasons <= {"ResourceSetByOther", "InvalidCapacityLabel"}
+    assert cluster.values(bad[0], R) == (None, None)
+
+    # The label becomes valid: that node is patched with its own count.
+    cluster.set_labels(bad[0], {"example.com/dongles": "6"})
+    wait_for("labelled count", lambda: cluster.values(bad[0], R) == ("6", "6"))
+
+    # Deleted nodes leave the counts.
+    for n in foreign:
+        cluster.core.delete_node(n)
+    st = wait_for(
+        "counts without the deleted nodes",
+        lambda: (s := status(cluster, name)).get("nodesReady") == "3/3" and s,
+    )
+    assert st["devices"] == {"capacity": 10, "allocatable": 10}
+    assert st["problemCount"] == 0 and st["problems"] == []
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "True"

@@ -1,0 +1,68 @@
+"""Settings: flags over environment over defaults; bad values name the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from patchbay_operator.config import ConfigError, Settings, build_parser, load
+
+
+def test_defaults() -> None:
+    assert load([], {}) == Settings()
+
+
+def test_flags_win_over_environment() -> None:
+    s = load(["--namespace", "flag-ns"], {"PATCHBAY_NAMESPACE": "env-ns", "PATCHBAY_LOG_FORMAT": "json"})
+    assert s.namespace == "flag-ns"
+    assert s.log_format == "json"
+
+
+def test_environment_fills_every_setting() -> None:
+    s = load(
+        [],
+        {
+            "PATCHBAY_AGENT_IMAGE": "img:1",
+            "PATCHBAY_PEERING": "patchbay",
+            "PATCHBAY_PRIORITY": "100",
+            "PATCHBAY_CONCURRENCY": "4",
+            "PATCHBAY_STATUS_DEBOUNCE": "0.5",
+            "PATCHBAY_VERBOSE": "true",
+        },
+    )
+    assert (s.agent_image, s.peering, s.priority, s.concurrency, s.status_debounce, s.verbose) == (
+        "img:1",
+        "patchbay",
+        100,
+        4,
+        0.5,
+        True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"PATCHBAY_NAMESPACE": "Bad_NS"}, "--namespace"),
+        ({"PATCHBAY_LOG_FORMAT": "xml"}, "--log-format"),
+        ({"PATCHBAY_CONCURRENCY": "0"}, "--concurrency"),
+        ({"PATCHBAY_CONCURRENCY": "many"}, "--concurrency"),
+        ({"PATCHBAY_STATUS_DEBOUNCE": "-1"}, "--status-debounce"),
+        ({"PATCHBAY_PRIORITY": "high"}, "--priority"),
+    ],
+)
+def test_bad_values_name_the_setting(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load([], env)
+
+
+def test_help_mentions_every_setting() -> None:
+    text = build_parser().format_help()
+    for flag in ("--namespace", "--agent-image", "--log-format", "--peering", "--priority", "--kubeconfig"):
+        assert flag in text
+
+
+def test_peering_without_priority_gets_a_random_nonzero_one() -> None:
+    prios = {load([], {"PATCHBAY_PEERING": "p"}).priority for _ in range(5)}
+    assert 0 not in prios
+    assert len(prios) > 1
+    assert load(["--peering", "p", "--priority", "7"], {}).priority == 7

@@ -1,0 +1,135 @@
+"""Rendered agent objects: the profile contract, the config hash, hardening and rollout safety."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jinja2
+import pytest
+import yaml
+
+from patchbay_operator import render
+from patchbay_operator.config import Settings
+from patchbay_operator.constants import CONFIG_HASH_ANNOTATION
+from patchbay_operator.profiles import Profile
+
+BODY: dict[str, Any] = {
+    "metadata": {"name": "serial", "uid": "uid-1", "generation": 1},
+    "spec": {
+        "resourceName": "example.com/serial",
+        "mode": "DevicePlugin",
+        "nodeSelector": {"matchExpressions": [{"key": "serial", "operator": "Exists"}]},
+        "plugin": {
+            "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+            "sharing": {"replicas": 1},
+            "allocation": {"permissions": "rw", "envs": {"A": 'quote" and: colon'}},
+        },
+        "agent": {
+            "tolerations": [{"operator": "Exists"}],
+            "updateStrategy": {"maxSurge": 1, "maxUnavailable": 0},
+        },
+    },
+}
+SETTINGS = Settings(namespace="patchbay-test", agent_image="example.invalid/agent:1")
+
+
+def objects(body: dict[str, Any] = BODY) -> tuple[dict[str, Any], dict[str, Any]]:
+    cm, ds = render.agent_objects(Profile.from_body(body), SETTINGS)
+    return cm, ds
+
+
+def test_configmap_is_the_contract_verbatim() -> None:
+    cm, _ = objects()
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["namespace"] == "patchbay-test"
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config == {"resourceName": "example.com/serial", "plugin": BODY["spec"]["plugin"]}
+
+
+def test_owner_reference_points_at_the_profile() -> None:
+    for obj in objects():
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref == {
+            "apiVersion": "patchbay.dev/v1alpha1",
+            "kind": "DevicePluginProfile",
+            "name": "serial",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def test_config_change_changes_the_pod_template_hash_only_when_config_changes() -> None:
+    _, ds = objects()
+    changed = copy.deepcopy(BODY)
+    changed["spec"]["plugin"]["sharing"]["replicas"] = 2
+    _, ds2 = objects(changed)
+    agent_only = copy.deepcopy(BODY)
+    agent_only["spec"]["agent"]["priorityClassName"] = "system-node-critical"
+    _, ds3 = objects(agent_only)
+    h = lambda d: d["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]  # noqa: E731
+    assert h(ds) != h(ds2)
+    assert h(ds) == h(ds3)
+    assert ds3["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
+
+
+def test_daemonset_is_hardened_and_surges() -> None:
+    _, ds = objects()
+    spec = ds["spec"]
+    assert spec["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["privileged"] is False
+    assert c["image"] == "example.invalid/agent:1"
+    assert c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert c["command"] == [
+        "patchbay-agent",
+        "--config",
+        "/etc/patchbay/config.yaml",
+        "--node-name",
+        "$(NODE_NAME)",
+        "--device-plugin-dir",
+        "/var/lib/kubelet/device-plugins",
+        "--host-root",
+        "/host",
+    ]
+    mounts = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
+    assert mounts["/var/lib/kubelet/device-plugins"] is False
+    assert mounts["/host/dev"] is True and mounts["/host/sys"] is True and mounts["/etc/patchbay"] is True
+    host_paths = sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v)
+    assert host_paths == ["/dev", "/sys", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == [{"matchExpressions": [{"key": "serial", "operator": "Exists"}]}]
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def test_privileged_only_when_asked() -> None:
+    body = copy.deepcopy(BODY)
+    body["spec"]["agent"]["privileged"] = True
+    _, ds = objects(body)
+    assert ds["spec"]["template"]["spec"]["containers"][0]["securityContext"] == {"privileged": True}
+
+
+def test_defaults_without_agent_section() -> None:
+    body = copy.deepcopy(BODY)
+    del body["spec"]["agent"]
+    body["spec"].pop("nodeSelector")
+    _, ds = objects(body)
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert "affinity" not in ds["spec"]["template"]["spec"]
+    assert ds["spec"]["template"]["spec"]["containers"][0]["resources"] == render.DEFAULT_RESOURCES
+
+
+def test_templates_are_strict() -> None:
+    with pytest.raises(jinja2.UndefinedError):
+        render._env().get_template("configmap.yaml.j2").render(name="x")
