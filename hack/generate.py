@@ -100,6 +100,8 @@ def chart_crds() -> Generated:
     Templated rather than in Helm's own crds/ folder, which Helm installs once and never upgrades.
     """
     out: Generated = {}
+    if not (CHART / "Chart.yaml").exists():
+        return out
     for crd in sorted((REPO / "crds").glob("*.yaml")):
         text = crd.read_text()
         if "{{" in text:

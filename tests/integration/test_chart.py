@@ -1,0 +1,240 @@
+"""The Helm chart against the real API server: lint, template + server-side dry run, install,
+upgrade with a changed CRD, uninstall, and least-privilege RBAC checked by impersonation.
+
+The chart owns the DevicePluginProfile CRD, which other tests apply straight from crds/, so
+these tests run on a control plane of their own (a second DevCluster, about 5 s to start).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from patchbay_devcluster import DevCluster
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "patchbay"
+CRD_NAME = "devicepluginprofiles.patchbay.dev"
+VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+@pytest.fixture(scope="module")
+def chart_cluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[DevCluster]:
+    cluster = DevCluster(tmp_path_factory.mktemp("chart-cluster"), bin_dir)
+    cluster.up(timeout=120)
+    try:
+        yield cluster
+    finally:
+        cluster.down(purge=False)
+
+
+class Tools:
+    def __init__(self, bin_dir: Path, kubeconfig: Path) -> None:
+        self.bin_dir = bin_dir
+        self.kubeconfig = kubeconfig
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            [str(self.bin_dir / "helm"), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if check:
+            assert res.returncode == 0, f"helm {' '.join(args)}\n{res.stdout}\n{res.stderr}"
+        return res
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check:
+            assert res.returncode == 0, f"kubectl {' '.join(args)}\n{res.stdout}\n{res.stderr}"
+        return res
+
+
+@pytest.fixture(scope="module")
+def tools(chart_cluster: DevCluster, bin_dir: Path) -> Tools:
+    return Tools(bin_dir, chart_cluster.kubeconfig)
+
+
+def test_lint_is_clean_for_every_values_file(tools: Tools) -> None:
+    for values in VALUES_FILES:
+        res = tools.helm("lint", "--strict", str(CHART), "-f", str(values))
+        assert "0 chart(s) failed" in res.stdout, res.stdout
+
+
+def test_schema_rejects_unknown_and_bad_values(tools: Tools) -> None:
+    bad = {
+        "operator.bogus=1": "additional properties 'bogus' not allowed",
+        "operator.logFormat=xml": "operator.logFormat",
+        "operator.concurrency=0": "operator.concurrency",
+        "image.pullPolicy=Sometimes": "image.pullPolicy",
+    }
+    for setting, expected in bad.items():
+        res = tools.helm("template", "x", str(CHART), "--set", setting, check=False)
+        assert res.returncode != 0, setting
+        assert expected in res.stderr.replace("/", "."), (setting, res.stderr)
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.name)
+def test_rendered_manifests_pass_server_side_dry_run(tools: Tools, values: Path) -> None:
+    ns = "dry-" + values.name.split("-")[0]
+    tools.kubectl("create", "namespace", ns, check=False)
+    rendered = tools.helm("template", "patchbay", str(CHART), "-n", ns, "-f", str(values)).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    assert docs
+    for doc in docs:
+        assert doc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", doc["kind"]
+        assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "patchbay"
+    res = tools.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", stdin=rendered)
+    assert "(server dry run)" in res.stdout
+
+
+def test_deployment_defaults_are_hardened(tools: Tools) -> None:
+    rendered = tools.helm("template", "patchbay", str(CHART), "-n", "patchbay-system").stdout
+    deploy = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"]["type"] == "Recreate"
+    pod = deploy["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PATCHBAY_NAMESPACE"] == "patchbay-system"
+    assert "PATCHBAY_PEERING" not in env
+    ha = tools.helm("template", "patchbay", str(CHART), "-f", str(CHART / "ci" / "ha-values.yaml")).stdout
+    deploy = next(d for d in yaml.safe_load_all(ha) if d and d["kind"] == "Deployment")
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert {e["name"] for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]} >= {
+        "PATCHBAY_PEERING"
+    }
+
+
+def _crd(tools: Tools) -> dict[str, object] | None:
+    res = tools.kubectl("get", "crd", CRD_NAME, "-o", "json", check=False)
+    return json.loads(res.stdout) if res.returncode == 0 else None
+
+
+def test_install_upgrade_with_changed_crd_and_uninstall(tools: Tools, tmp_path: Path) -> None:
+    ns = "patchbay-system"
+    tools.helm("install", "patchbay", str(CHART), "-n", ns, "--create-namespace", "--wait=false")
+    crd = _crd(tools)
+    assert crd is not None
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # type: ignore[index]
+    deploy = json.loads(tools.kubectl("get", "deploy", "patchbay", "-n", ns, "-o", "json").stdout)
+    assert deploy["spec"]["template"]["spec"]["serviceAccountName"] == "patchbay"
+
+    # Upgrade with a chart whose CRD changed: with Helm's crds/ folder this change would be
+    # silently ignored; templated, it must reach the API server.
+    changed = tmp_path / "patchbay"
+    shutil.copytree(CHART, changed)
+    crd_file = changed / "templates" / "crds" / "patchbay.dev_devicepluginprofiles.yaml"
+    include = '    {{- include "patchbay.labels" . | nindent 4 }}\n'
+    text = crd_file.read_text()
+    assert include in text
+    crd_file.write_text(text.replace(include, include + "    patchbay.dev/upgrade-test: changed\n", 1))
+    tools.helm("upgrade", "patchbay", str(changed), "-n", ns, "--wait=false")
+    crd = _crd(tools)
+    assert crd is not None
+    assert crd["metadata"]["labels"]["patchbay.dev/upgrade-test"] == "changed"  # type: ignore[index]
+
+    # A profile exists when the release goes: with crds.keep the CRD and the profile stay.
+    profile = {
+        "apiVersion": "patchbay.dev/v1alpha1",
+        "kind": "DevicePluginProfile",
+        "metadata": {"name": "kept"},
+        "spec": {"resourceName": "example.com/kept", "mode": "Static", "static": {"capacity": 1}},
+    }
+    tools.kubectl("apply", "-f", "-", stdin=json.dumps(profile))
+    tools.helm("uninstall", "patchbay", "-n", ns, "--wait=false")
+    assert tools.kubectl("get", "deploy", "patchbay", "-n", ns, check=False).returncode != 0
+    assert _crd(tools) is not None
+    assert tools.kubectl("get", "dpp", "kept", check=False).returncode == 0
+    tools.kubectl("delete", "dpp", "kept", "--wait=false")
+    # Profiles keep their finalizer only while an operator runs; none ran here.
+
+    # crds.keep=false: the CRD goes with the release. Adopt the kept CRD first (as a user would).
+    tools.kubectl("delete", "crd", CRD_NAME)
+    tools.helm("install", "patchbay", str(CHART), "-n", ns, "--set", "crds.keep=false", "--wait=false")
+    crd = _crd(tools)
+    assert crd is not None
+    assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})  # type: ignore[union-attr]
+    tools.helm("uninstall", "patchbay", "-n", ns, "--wait=true", "--timeout=60s")
+    assert _crd(tools) is None
+
+
+@pytest.fixture(scope="module")
+def installed(tools: Tools) -> Iterator[str]:
+    ns = "patchbay-rbac"
+    # With the CRD (crds.keep=false, so the release takes it away again): `can-i` asks discovery.
+    tools.helm("install", "rbac", str(CHART), "-n", ns, "--create-namespace", "--set", "crds.keep=false")
+    yield ns
+    tools.helm("uninstall", "rbac", "-n", ns, "--wait=true", "--timeout=60s")
+
+
+def _can(tools: Tools, ns: str, verb: str, resource: str, namespace: str | None = None) -> bool:
+    resource, _, sub = resource.partition("/")
+    args = ["auth", "can-i", verb, resource, f"--as=system:serviceaccount:{ns}:rbac-patchbay"]
+    if sub:
+        args.append(f"--subresource={sub}")
+    if namespace:
+        args += ["-n", namespace]
+    res = tools.kubectl(*args, check=False)
+    assert res.stdout.strip() in ("yes", "no"), res.stderr
+    return res.stdout.strip() == "yes"
+
+
+def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str) -> None:
+    ns = installed
+    needed = [
+        ("watch", "devicepluginprofiles.patchbay.dev", None),
+        ("patch", "devicepluginprofiles.patchbay.dev", None),
+        ("patch", "devicepluginprofiles.patchbay.dev/status", None),
+        ("list", "nodes", None),
+        ("watch", "nodes", None),
+        ("patch", "nodes/status", None),
+        ("create", "events", ns),
+        ("create", "daemonsets.apps", ns),
+        ("patch", "daemonsets.apps", ns),
+        ("delete", "daemonsets.apps", ns),
+        ("create", "configmaps", ns),
+        ("delete", "configmaps", ns),
+    ]
+    denied = [(v, r, n) for v, r, n in needed if not _can(tools, ns, v, r, n)]
+    assert not denied
+
+
+def test_rbac_denies_everything_else(tools: Tools, installed: str) -> None:
+    ns = installed
+    forbidden = [
+        ("get", "secrets", ns),
+        ("list", "secrets", "default"),
+        ("patch", "nodes", None),  # the node's spec and labels: never
+        ("patch", "pods/status", ns),
+        ("delete", "nodes", None),
+        ("update", "nodes", None),
+        ("create", "daemonsets.apps", "default"),  # agents live in the release namespace only
+        ("create", "configmaps", "kube-system"),
+        ("create", "pods", ns),
+        ("delete", "customresourcedefinitions.apiextensions.k8s.io", None),
+        ("create", "devicepluginprofiles.patchbay.dev", None),  # users write profiles, not it
+        ("delete", "devicepluginprofiles.patchbay.dev", None),
+        ("escalate", "clusterroles.rbac.authorization.k8s.io", None),
+    ]
+    allowed = [(v, r, n) for v, r, n in forbidden if _can(tools, ns, v, r, n)]
+    assert not allowed
