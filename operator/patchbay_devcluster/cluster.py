@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from patchbay_devcluster import pki
-from patchbay_devcluster.node import NODE_NAME, RealNode
+from patchbay_devcluster.node import NODE_NAME, NodeError, RealNode
 from patchbay_devcluster.rest import ApiError, Rest
 
 log = logging.getLogger(__name__)
@@ -283,6 +283,7 @@ class DevCluster:
             node.kill_shims()
             node.unmount_all()
             node.remove_cgroups()
+            node.release_device_plugin_dir(self.dir)
             # Runtime state outside the state directory: removed even without ``purge``
             # (the kubelet's and containerd's logs stay in <state>/logs).
             node.remove_files()
@@ -306,6 +307,15 @@ class DevCluster:
         t0 = time.monotonic()
         st = self.state()
         node = RealNode(self.dir, self.pki_dir, self.bin_dir)
+
+        def kubelet_running(state_dir: Path) -> bool:
+            other = DevCluster(state_dir)
+            return any(p.name == "kubelet" for p in other.running())
+
+        try:
+            node.claim_device_plugin_dir(self.dir, kubelet_running)
+        except NodeError as e:
+            raise ClusterError(str(e)) from None
         node.prepare(st.ports["apiserver"], st.ports["kubelet"], st.ports["kubelet-healthz"])
         log.info("Starting the real node (containerd + kubelet) in %s", node.paths.root)
         proc, child = self._spawn("containerd", node.containerd_argv())

@@ -1,9 +1,11 @@
 """A REAL node for the dev cluster: the pinned kubelet on Debian's containerd and runc.
 
-Everything the node owns lives under ``<state>/node``: containerd's root, state and socket, the
-kubelet's root directory (so its device-plugin directory is ``<state>/node/kubelet/device-plugins``
-and never the machine's ``/var/lib/kubelet``), pod logs, the CNI config, and the images built by
-:mod:`patchbay_devcluster.images`. Pods run in the cgroup subtree ``/patchbay-<id>`` of every
+Everything the node owns lives under one short directory linked as ``<state>/node``: containerd's
+root, state and socket, the kubelet's root directory, pod logs, the CNI config, and the images
+built by :mod:`patchbay_devcluster.images`. One exception: the kubelet's device manager always
+serves ``/var/lib/kubelet/device-plugins/kubelet.sock`` (hard-coded upstream), so device plugins
+register there and only one real node runs per machine (``OWNER_FILE`` enforces it).
+Pods run in the cgroup subtree ``/patchbay-<id>`` of every
 cgroup v1 hierarchy, which is how ``down`` finds and stops every container process.
 
 Network: hostNetwork pods only. The CNI config is a single ``loopback`` plugin, which is enough
@@ -24,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,11 @@ log = logging.getLogger(__name__)
 
 NODE_NAME = "localhost"
 CGROUP_BASE = Path("/sys/fs/cgroup")
+# The kubelet's device manager hard-codes its registration socket (k8s.io/kubelet's
+# pluginapi.KubeletSocket) whatever --root-dir says, so this directory is machine-wide, and so
+# one real node at a time per machine: OWNER_FILE says whose it is.
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+OWNER_FILE = Path("/var/lib/kubelet/patchbay-real-node.json")
 
 
 class NodeError(RuntimeError):
@@ -68,7 +76,7 @@ class NodePaths:
 
     @property
     def device_plugin_dir(self) -> Path:
-        return self.kubelet_root / "device-plugins"
+        return DEVICE_PLUGIN_DIR
 
     @property
     def pod_resources_socket(self) -> Path:
@@ -338,6 +346,30 @@ class RealNode:
                 mounts.append(target)
         for target in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+    def claim_device_plugin_dir(self, state_dir: Path, is_running: Callable[[Path], bool]) -> None:
+        """Take the machine-wide device-plugin directory, or say clearly who holds it."""
+        if OWNER_FILE.exists():
+            try:
+                owner = Path(json.loads(OWNER_FILE.read_text())["stateDir"])
+            except (OSError, ValueError, KeyError):
+                owner = None
+            if owner is not None and owner != state_dir.resolve() and is_running(owner):
+                raise NodeError(
+                    f"another real node (state dir {owner}) is running, and the kubelet's "
+                    f"device-plugin directory {DEVICE_PLUGIN_DIR} is machine-wide: stop it first with "
+                    f"`patchbay-devcluster --state-dir {owner} down`"
+                )
+        OWNER_FILE.parent.mkdir(parents=True, exist_ok=True)
+        OWNER_FILE.write_text(json.dumps({"stateDir": str(state_dir.resolve())}))
+
+    def release_device_plugin_dir(self, state_dir: Path) -> None:
+        try:
+            if Path(json.loads(OWNER_FILE.read_text())["stateDir"]) == state_dir.resolve():
+                OWNER_FILE.unlink()
+                (DEVICE_PLUGIN_DIR / "kubelet.sock").unlink(missing_ok=True)
+        except (OSError, ValueError, KeyError):
+            pass
 
     def remove_files(self) -> None:
         """After ``unmount_all``: the node's directory and the state directory's link to it."""

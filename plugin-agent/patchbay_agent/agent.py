@@ -46,6 +46,8 @@ class AgentOptions:
     shutdown_grace: float = 5.0
     backoff_initial: float = 0.1
     backoff_max: float = 10.0
+    #: Prefix for device paths in Allocate's DeviceSpecs (see ``--host-path-prefix``).
+    host_path_prefix: str = ""
 
 
 class Agent:
@@ -59,7 +61,9 @@ class Agent:
         if len(str(path).encode()) > MAX_UNIX_SOCKET_PATH:
             raise ValueError(f"socket path {path} is longer than {MAX_UNIX_SOCKET_PATH} bytes")
         self.metrics = Metrics(config.resource_name, options.node_name)
-        self.inventory = Inventory(config.replicas, config.allocation.permissions)
+        self.inventory = Inventory(
+            config.replicas, config.allocation.permissions, host_path_prefix=options.host_path_prefix
+        )
         self.backend = make_backend(config.discovery, HostRoot(options.host_root))
         self.monitor = Monitor(
             self.backend, HostRoot(options.host_root), config.health, self.inventory, self.metrics

@@ -63,9 +63,19 @@ class Snapshot:
 class Inventory:
     """Holds the current snapshot and wakes ListAndWatch streams when it changes."""
 
-    def __init__(self, replicas: int, permissions: str, max_bytes: int = MAX_LIST_AND_WATCH_BYTES) -> None:
+    def __init__(
+        self,
+        replicas: int,
+        permissions: str,
+        max_bytes: int = MAX_LIST_AND_WATCH_BYTES,
+        host_path_prefix: str = "",
+    ) -> None:
         self._replicas = replicas
         self._permissions = permissions
+        # What the container runtime must put before a device path to find it on the node: ""
+        # when discovery reads the node's own /dev (the DaemonSet), the tree's directory when the
+        # "host" is a directory on the node (a fake device tree in tests and the demo).
+        self._host_path_prefix = host_path_prefix.rstrip("/")
         self._max_bytes = max_bytes
         self.current = Snapshot(0, api_pb2.ListAndWatchResponse())
         self._changed = asyncio.Event()
@@ -113,7 +123,9 @@ class Inventory:
             )
         specs = {
             dev.id: tuple(
-                api_pb2.DeviceSpec(container_path=p, host_path=p, permissions=self._permissions)
+                api_pb2.DeviceSpec(
+                    container_path=p, host_path=self._host_path_prefix + p, permissions=self._permissions
+                )
                 for p in dev.dev_paths
             )
             for dev in devices

@@ -71,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the host's / is mounted; discovery reads DIR/dev and DIR/sys (default: /)",
     )
     p.add_argument(
+        "--host-path-prefix",
+        default="",
+        metavar="DIR",
+        help="prefix the container runtime needs before device paths (default: none, right when "
+        "--host-root is the node's / mounted into the agent's pod); set it to --host-root when "
+        "that is a directory ON the node, e.g. a fake device tree",
+    )
+    p.add_argument(
         "--http-address",
         default="127.0.0.1:9464",
         type=_address,
@@ -141,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         node_name=args.node_name,
         plugin_dir=args.device_plugin_dir,
         host_root=args.host_root,
+        host_path_prefix=args.host_path_prefix,
         http_address=args.http_address,
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,

@@ -3,52 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
-import pytest
+from e2ehelpers import busybox_pod, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from patchbay_devcluster import DevCluster
-from patchbay_devcluster.images import BUSYBOX_IMAGE
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
-
-
-@pytest.fixture
-def namespace(api: client.ApiClient, name_prefix: str) -> Iterator[str]:
-    core = client.CoreV1Api(api)
-    ns = f"{name_prefix}node"
-    core.create_namespace({"metadata": {"name": ns}})
-    # Pods need the namespace's default ServiceAccount (created by the real controller manager).
-    wait_for("default ServiceAccount", lambda: core.list_namespaced_service_account(ns).items, 60)
-    yield ns
-    core.delete_namespace(ns)
-
-
-def busybox_pod(name: str, node: str, script: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "hostNetwork": True,
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sh", "-c", script]}],
-        },
-    }
 
 
 def test_real_node_registers_with_its_own_identity(api: client.ApiClient, real_node: str) -> None:

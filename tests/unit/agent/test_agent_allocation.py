@@ -152,3 +152,18 @@ def test_inventory_publishes_only_changes_and_refuses_oversized_lists() -> None:
         assert inv.current.version == version  # the previous list stays published
 
     asyncio.run(scenario())
+
+
+def test_host_path_prefix_applies_to_host_paths_only() -> None:
+    """A fake tree ON the node: the runtime must find /tmp/tree/dev/x, the container sees /dev/x."""
+
+    async def build() -> Snapshot:
+        inv = Inventory(1, "rw", host_path_prefix="/tmp/tree/")
+        tracker = DeviceHealthTracker(1, 1)
+        tracker.observe({"gpu0": CheckResult(True)})
+        inv.update([_gpu(0, None)], tracker)
+        return inv.current
+
+    spec = asyncio.run(build()).specs["gpu0"][0]
+    assert (spec.host_path, spec.container_path) == ("/tmp/tree/dev/gpu0", "/dev/gpu0")
+    assert _snapshot([_gpu(0, None)]).specs["gpu0"][0].host_path == "/dev/gpu0"
