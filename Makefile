@@ -134,8 +134,9 @@ cluster-status: ## Show the local cluster's processes, ports and health
 ##@ Demo
 
 .PHONY: demo
-demo: setup ## Start the local cluster and show what Patchbay does on it
-	@hack/demo.sh
+demo: setup ## Local cluster (real node + kwok), the operator, example profiles, pods using them, a summary
+	$(PY) hack/demo.py
 
 .PHONY: demo-down
-demo-down: cluster-down ## Stop everything the demo started
+demo-down: ## Stop everything the demo started (operator, agent, cluster)
+	@if [ -x $(PY) ]; then $(PY) hack/demo.py down; else echo "nothing to stop"; fi
