@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -214,6 +217,7 @@ def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str) -> No
         ("delete", "daemonsets.apps", ns),
         ("create", "configmaps", ns),
         ("delete", "configmaps", ns),
+        ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),  # kopf's observer
     ]
     denied = [(v, r, n) for v, r, n in needed if not _can(tools, ns, v, r, n)]
     assert not denied
@@ -238,3 +242,178 @@ def test_rbac_denies_everything_else(tools: Tools, installed: str) -> None:
     ]
     allowed = [(v, r, n) for v, r, n in forbidden if _can(tools, ns, v, r, n)]
     assert not allowed
+
+
+@pytest.fixture(scope="module")
+def operator_as_its_service_account(
+    tools: Tools, chart_cluster: DevCluster, installed: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    """The chart installed, and the real operator running with ONLY its ServiceAccount's token.
+
+    If the chart's RBAC lacked anything the operator needs, the profiles below would never
+    become Ready (and the operator's log would show 403s).
+    """
+    ns = installed
+    token = tools.kubectl("create", "token", "rbac-patchbay", "-n", ns, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(chart_cluster.kubeconfig.read_text())
+    kubeconfig = tmp_path_factory.mktemp("sa") / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": admin["clusters"],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "sa", "context": {"cluster": admin["clusters"][0]["name"], "user": "sa"}}
+                ],
+                "current-context": "sa",
+            }
+        )
+    )
+    log = kubeconfig.parent / "operator.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "patchbay_operator.main",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--namespace",
+                ns,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield ns, log
+    finally:
+        for dpp in ("sa-static", "sa-plugin", "lab-licenses", "lab-slots"):
+            tools.kubectl("delete", "dpp", dpp, "--ignore-not-found", "--timeout=60s", check=False)
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _dpp(tools: Tools, name: str) -> dict[str, Any]:
+    res = tools.kubectl("get", "dpp", name, "-o", "json", "--show-managed-fields", check=False)
+    return json.loads(res.stdout) if res.returncode == 0 else {}
+
+
+def _ready(obj: dict[str, Any]) -> bool:
+    """kstatus: current when observedGeneration == generation and Ready=True."""
+    st = obj.get("status") or {}
+    if st.get("observedGeneration") != obj.get("metadata", {}).get("generation"):
+        return False
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions") or [])
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}; last={last!r}")
+
+
+def test_the_operator_works_with_only_the_charts_rbac(
+    tools: Tools, chart_cluster: DevCluster, operator_as_its_service_account: tuple[str, Path]
+) -> None:
+    ns, log = operator_as_its_service_account
+    nodes = chart_cluster.add_kwok_nodes(2, prefix="sa-node-", labels={"patchbay.dev/sa": "yes"})
+    static = {
+        "apiVersion": "patchbay.dev/v1alpha1",
+        "kind": "DevicePluginProfile",
+        "metadata": {"name": "sa-static"},
+        "spec": {
+            "resourceName": "example.com/sa-dongle",
+            "mode": "Static",
+            "nodeSelector": {"matchLabels": {"patchbay.dev/sa": "yes"}},
+            "static": {"capacity": 3},
+        },
+    }
+    plugin = {
+        "apiVersion": "patchbay.dev/v1alpha1",
+        "kind": "DevicePluginProfile",
+        "metadata": {"name": "sa-plugin"},
+        "spec": {
+            "resourceName": "example.com/sa-token",
+            "mode": "DevicePlugin",
+            "nodeSelector": {"matchLabels": {"patchbay.dev/sa": "yes"}},
+            "plugin": {"discovery": {"virtual": {"count": 2}}},
+            "agent": {"tolerations": [{"operator": "Exists"}]},
+        },
+    }
+    tools.kubectl("apply", "-f", "-", stdin=json.dumps(static))
+    tools.kubectl("apply", "-f", "-", stdin=json.dumps(plugin))
+    _wait("the static profile Ready", lambda: _ready(_dpp(tools, "sa-static")))
+    for node in nodes:
+        st = json.loads(tools.kubectl("get", "node", node, "-o", "json").stdout)["status"]
+        assert st["capacity"]["example.com/sa-dongle"] == "3"
+        assert st["allocatable"]["example.com/sa-dongle"] == "3"
+    # DevicePlugin: the ConfigMap and DaemonSet in the release namespace (kwok "runs" the pods).
+    _wait(
+        "the agent DaemonSet",
+        lambda: tools.kubectl("get", "ds", "patchbay-sa-plugin", "-n", ns, check=False).returncode == 0,
+    )
+    assert tools.kubectl("get", "cm", "patchbay-sa-plugin", "-n", ns, check=False).returncode == 0
+    _wait(
+        "the plugin profile to count its agents",
+        lambda: (_dpp(tools, "sa-plugin").get("status") or {}).get("nodes", {}).get("ready") == 2,
+    )
+    # Cleanup through the finalizer, with the same permissions.
+    tools.kubectl("delete", "dpp", "sa-static", "--timeout=60s")
+    for node in nodes:
+        st = json.loads(tools.kubectl("get", "node", node, "-o", "json").stdout)["status"]
+        assert "example.com/sa-dongle" not in st["capacity"]
+    text = log.read_text()
+    assert "403" not in text and "Forbidden" not in text.replace("forbidden_modules", ""), text[-3000:]
+
+
+def test_gitops_apply_twice_changes_nothing_and_reports_kstatus(
+    tools: Tools, chart_cluster: DevCluster, operator_as_its_service_account: tuple[str, Path]
+) -> None:
+    """examples/gitops as a GitOps controller applies it: the operator never writes a spec."""
+    chart_cluster.add_kwok_nodes(1, prefix="lab-sim-", labels={"example.com/pool": "sim"})
+    chart_cluster.add_kwok_nodes(1, prefix="lab-media-", labels={"example.com/pool": "media"})
+    overlay = str(REPO / "examples" / "gitops" / "overlays" / "production")
+    rendered = tools.kubectl("kustomize", overlay).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    renamed = []
+    for d in docs:  # names of their own, so this module's other profiles are untouched
+        d["metadata"]["name"] = {"sim-licenses": "lab-licenses", "encoder-slots": "lab-slots"}[
+            d["metadata"]["name"]
+        ]
+        d["spec"]["agent"] = (
+            {"tolerations": [{"operator": "Exists"}]} if d["spec"]["mode"] == "DevicePlugin" else None
+        )
+        if d["spec"]["agent"] is None:
+            del d["spec"]["agent"]
+        renamed.append(d)
+    manifest = "\n---\n".join(yaml.safe_dump(d) for d in renamed)
+    apply = ["apply", "--server-side", "--field-manager=gitops", "-f", "-"]
+    tools.kubectl(*apply, stdin=manifest)
+    _wait(
+        "both profiles current and Ready",
+        lambda: all(_ready(_dpp(tools, n)) for n in ("lab-licenses", "lab-slots")),
+    )
+    before = {n: _dpp(tools, n)["metadata"] for n in ("lab-licenses", "lab-slots")}
+    second = tools.kubectl(*apply, stdin=manifest).stdout
+    assert "serverside-applied" in second
+    time.sleep(2)  # let the operator react, if it were to
+    for name in ("lab-licenses", "lab-slots"):
+        meta = _dpp(tools, name)["metadata"]
+        assert meta["generation"] == before[name]["generation"], name  # the spec did not change
+        spec_managers = {
+            m["manager"] for m in meta["managedFields"] if "f:spec" in json.dumps(m.get("fieldsV1", {}))
+        }
+        assert spec_managers == {"gitops"}, spec_managers  # nobody else owns any spec field
+    lic = _dpp(tools, "lab-licenses")
+    assert lic["spec"]["static"]["capacity"] == 4  # the production overlay's patch
