@@ -12,12 +12,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kubetest import wait_for
 
 from patchbay_devcluster import DevCluster
 
@@ -312,17 +313,6 @@ def _ready(obj: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions") or [])
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; last={last!r}")
-
-
 def test_the_operator_works_with_only_the_charts_rbac(
     tools: Tools, chart_cluster: DevCluster, operator_as_its_service_account: tuple[str, Path]
 ) -> None:
@@ -353,18 +343,18 @@ def test_the_operator_works_with_only_the_charts_rbac(
     }
     tools.kubectl("apply", "-f", "-", stdin=json.dumps(static))
     tools.kubectl("apply", "-f", "-", stdin=json.dumps(plugin))
-    _wait("the static profile Ready", lambda: _ready(_dpp(tools, "sa-static")))
+    wait_for("the static profile Ready", lambda: _ready(_dpp(tools, "sa-static")))
     for node in nodes:
         st = json.loads(tools.kubectl("get", "node", node, "-o", "json").stdout)["status"]
         assert st["capacity"]["example.com/sa-dongle"] == "3"
         assert st["allocatable"]["example.com/sa-dongle"] == "3"
     # DevicePlugin: the ConfigMap and DaemonSet in the release namespace (kwok "runs" the pods).
-    _wait(
+    wait_for(
         "the agent DaemonSet",
         lambda: tools.kubectl("get", "ds", "patchbay-sa-plugin", "-n", ns, check=False).returncode == 0,
     )
     assert tools.kubectl("get", "cm", "patchbay-sa-plugin", "-n", ns, check=False).returncode == 0
-    _wait(
+    wait_for(
         "the plugin profile to count its agents",
         lambda: (_dpp(tools, "sa-plugin").get("status") or {}).get("nodes", {}).get("ready") == 2,
     )
@@ -400,7 +390,7 @@ def test_gitops_apply_twice_changes_nothing_and_reports_kstatus(
     manifest = "\n---\n".join(yaml.safe_dump(d) for d in renamed)
     apply = ["apply", "--server-side", "--field-manager=gitops", "-f", "-"]
     tools.kubectl(*apply, stdin=manifest)
-    _wait(
+    wait_for(
         "both profiles current and Ready",
         lambda: all(_ready(_dpp(tools, n)) for n in ("lab-licenses", "lab-slots")),
     )

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,22 +13,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubetest import wait_for
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.cluster import KWOK_TAINT_KEY, pid_runs
 
 NODES = 50
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
 
 
 def test_readyz_and_version(devcluster: DevCluster) -> None:

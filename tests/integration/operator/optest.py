@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubetest import wait_for
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.cluster import free_port
@@ -29,18 +29,6 @@ CRD_FILE = REPO / "crds" / "patchbay.dev_devicepluginprofiles.yaml"
 GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
 NAMESPACE = "patchbay-it"
 TEST_LABEL = "patchbay.dev/test"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
-    """Poll until ``check`` returns something truthy; fail naming ``what`` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
 
 
 class Operator:

@@ -1,0 +1,20 @@
+"""Helpers every cluster-facing test shares (tests/ is on sys.path through tests/conftest.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
+    """Poll ``check`` until it returns something truthy and return that; fail naming ``what`` and
+    the last value seen. A bounded wait for the cluster to converge, never a timing assertion."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
