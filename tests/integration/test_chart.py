@@ -407,3 +407,30 @@ def test_gitops_apply_twice_changes_nothing_and_reports_kstatus(
         assert spec_managers == {"gitops"}, spec_managers  # nobody else owns any spec field
     lic = _dpp(tools, "lab-licenses")
     assert lic["spec"]["static"]["capacity"] == 4  # the production overlay's patch
+
+
+def test_pod_monitor_selects_the_agent_pods_the_operator_renders(tools: Tools) -> None:
+    """Off by default; when on, its selector and port match the DaemonSet the operator renders."""
+    from patchbay_operator import render
+    from patchbay_operator.config import Settings
+    from patchbay_operator.profiles import Profile
+
+    default = tools.helm("template", "p", str(CHART)).stdout
+    assert "PodMonitor" not in default
+    rendered = tools.helm("template", "p", str(CHART), "--set", "metrics.podMonitor.enabled=true").stdout
+    monitor = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PodMonitor")
+    profile = {
+        "apiVersion": "patchbay.dev/v1alpha1",
+        "kind": "DevicePluginProfile",
+        "metadata": {"name": "m", "uid": "u", "generation": 1},
+        "spec": {
+            "resourceName": "example.com/m",
+            "mode": "DevicePlugin",
+            "plugin": {"discovery": {"virtual": {"count": 1}}},
+        },
+    }
+    _, ds = render.agent_objects(Profile.from_body(profile), Settings())
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    ports = {p["name"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports

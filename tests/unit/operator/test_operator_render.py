@@ -99,7 +99,13 @@ def test_daemonset_is_hardened_and_surges() -> None:
         "/var/lib/kubelet/device-plugins",
         "--host-root",
         "/host",
+        "--http-address",
+        "0.0.0.0:9464",
     ]
+    # Probes on the agent's own endpoint: ready means registered with the kubelet.
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
     assert mounts["/var/lib/kubelet/device-plugins"] is False
     assert mounts["/host/dev"] is True and mounts["/host/sys"] is True and mounts["/etc/patchbay"] is True
@@ -133,3 +139,15 @@ def test_defaults_without_agent_section() -> None:
 def test_templates_are_strict() -> None:
     with pytest.raises(jinja2.UndefinedError):
         render._env().get_template("configmap.yaml.j2").render(name="x")
+
+
+def test_daemonset_command_is_one_the_agent_accepts() -> None:
+    """The contract in the other direction: the agent's own parser accepts the rendered command."""
+    from patchbay_agent.main import build_parser
+
+    _, ds = objects()
+    command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[0] == "patchbay-agent"
+    args = build_parser().parse_args([a.replace("$(NODE_NAME)", "node-1") for a in command[1:]])
+    assert args.http_address == ("0.0.0.0", 9464)
+    assert str(args.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
