@@ -62,12 +62,19 @@ class HealthMachine:
     def healthy(self) -> bool:
         return self.state is DeviceHealth.HEALTHY
 
-    def observe(self, ok: bool) -> bool:
-        """Record one check round; True when the state changed (including the first one)."""
+    def observe(self, ok: bool, definite: bool = False) -> bool:
+        """Record one check round; True when the state changed (including the first one).
+
+        ``definite`` failures (a device that vanished) flip to Unhealthy at once: hysteresis is
+        for checks that flap, and a missing device must leave allocatable within milliseconds.
+        Recovery always needs ``success_threshold`` rounds.
+        """
         observed = DeviceHealth.HEALTHY if ok else DeviceHealth.UNHEALTHY
-        if self.state is None:
+        if self.state is None or (definite and not ok):
+            changed = self.state is not observed
             self.state = observed
-            return True
+            self._streak = 0
+            return changed
         if observed is self.state:
             self._streak = 0
             return False
@@ -84,6 +91,8 @@ class HealthMachine:
 class CheckResult:
     ok: bool
     reason: str = ""
+    #: A failure that is a fact, not a flaky check (the device vanished): no failure threshold.
+    definite: bool = False
 
 
 OK = CheckResult(True)
@@ -167,7 +176,7 @@ class DeviceHealthTracker:
                     self._failure_threshold, self._success_threshold
                 )
             before = machine.state
-            if machine.observe(result.ok):
+            if machine.observe(result.ok, result.definite):
                 changed = True
                 if before is None:
                     if not result.ok:

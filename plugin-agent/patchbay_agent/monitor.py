@@ -49,11 +49,25 @@ class Monitor:
         self._probe_slots = asyncio.Semaphore(MAX_PARALLEL_PROBES)
         self._kick = asyncio.Event()
         self._watcher: DirWatcher | None = None
+        self._known: dict[str, PhysicalDevice] = {}
         self.rounds = 0
 
     def _scan_and_check(self) -> tuple[list[PhysicalDevice], dict[str, CheckResult]]:
-        devices = self._backend.scan()
-        return devices, {d.id: check_paths(self._root, d) for d in devices}
+        """Scan, then check every device's paths.
+
+        A device seen earlier in this run that is no longer discovered stays listed and fails:
+        the kubelet keeps counting it in capacity but not in allocatable, the profile's status
+        names the node (Degraded), and the device recovers when it comes back. Silently shrinking
+        capacity would hide a broken or unplugged device. Only a restart of the agent forgets it.
+        """
+        found = self._backend.scan()
+        present = {d.id for d in found}
+        self._known.update((d.id, d) for d in found)
+        results = {d.id: check_paths(self._root, d) for d in found}
+        for dev_id in self._known.keys() - present:
+            results[dev_id] = CheckResult(False, "no longer discovered (vanished)", definite=True)
+        # First-seen order: a device that vanishes and returns keeps its place in the list.
+        return list(self._known.values()), results
 
     async def _probe(self, device: PhysicalDevice) -> CheckResult:
         assert self._health.exec is not None

@@ -39,9 +39,13 @@ def test_list_and_watch_full_list_then_every_change(plugin_dir: Path, hw: FakeHa
             hw.add_dev("/dev/ttyUSB2")
             second = await asyncio.wait_for(stream.read(), 5)
             assert [i for i, _ in _ids(second)] == ["ttyUSB0", "ttyUSB1", "ttyUSB2"]
+            # It vanishes: still listed (capacity), Unhealthy at once (allocatable drops).
             hw.remove_dev("/dev/ttyUSB0")
             third = await asyncio.wait_for(stream.read(), 5)
-            assert [i for i, _ in _ids(third)] == ["ttyUSB1", "ttyUSB2"]
+            assert _ids(third) == [("ttyUSB0", "Unhealthy"), ("ttyUSB1", "Healthy"), ("ttyUSB2", "Healthy")]
+            hw.add_dev("/dev/ttyUSB0")
+            fourth = await asyncio.wait_for(stream.read(), 5)
+            assert _ids(fourth)[0] == ("ttyUSB0", "Healthy")
             stream.cancel()
 
     asyncio.run(scenario())

@@ -53,8 +53,11 @@ def test_device_nodes_appearing_and_vanishing_reach_the_kubelet(harness: Harness
     # A 300 s period: only the inotify-driven rescan can explain updates within the wait.
     harness.hw.add_dev("/dev/ttyUSB1")
     harness.kubelet.wait(SERIAL, capacity=2, allocatable=2)
+    # A vanished device stays counted but not allocatable (Unhealthy), until it comes back.
     harness.hw.remove_dev("/dev/ttyUSB0")
-    harness.kubelet.wait(SERIAL, capacity=1, allocatable=1)
+    harness.kubelet.wait(SERIAL, capacity=2, allocatable=1)
+    harness.hw.add_dev("/dev/ttyUSB0")
+    harness.kubelet.wait(SERIAL, capacity=2, allocatable=2)
 
 
 def test_health_goes_unhealthy_after_threshold_and_recovers(harness: Harness) -> None:

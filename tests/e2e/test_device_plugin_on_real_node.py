@@ -134,7 +134,7 @@ def test_kubelet_restart_and_device_loss_recover_without_restarting_the_agent(
     (agent / "dev" / "ttyUSB3").unlink()
     wait_for(
         "allocatable drops when a device file disappears",
-        lambda: allocatable(core, real_node)[1] == str(DEVICES - 1),
+        lambda: allocatable(core, real_node) == (str(DEVICES), str(DEVICES - 1)),
         60,
     )
     os.mknod(agent / "dev" / "ttyUSB3", 0o666 | 0o020000, os.makedev(1, 3))

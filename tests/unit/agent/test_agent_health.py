@@ -126,3 +126,14 @@ def test_exec_probe_that_cannot_run_or_hangs_is_unhealthy(tmp_path: Path) -> Non
     result = asyncio.run(run_exec_probe(hang, root, dev))
     assert not result.ok
     assert "timed out" in result.reason
+
+
+def test_a_definite_failure_skips_the_failure_threshold_but_not_recovery() -> None:
+    m = HealthMachine(3, 2)
+    assert m.observe(True)
+    assert m.observe(False, definite=True)  # vanished: Unhealthy at once
+    assert not m.healthy
+    assert not m.observe(True)  # recovery still needs 2 good rounds
+    assert m.observe(True)
+    assert m.healthy
+    assert not m.observe(False)  # an ordinary failure still needs 3

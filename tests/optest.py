@@ -24,7 +24,7 @@ from kubetest import wait_for
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.cluster import free_port
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[1]
 CRD_FILE = REPO / "crds" / "patchbay.dev_devicepluginprofiles.yaml"
 GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
 NAMESPACE = "patchbay-it"

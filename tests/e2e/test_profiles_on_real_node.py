@@ -1,0 +1,210 @@
+"""Profiles end to end on the REAL node: the operator, the kubelet, the scheduler and real pods.
+
+Static: the capacity the operator writes is what the scheduler uses (one pod more than the
+capacity stays Pending with the scheduler's reason), survives a kubelet restart, and goes with
+the profile. DevicePlugin: the agent runs as a host process with the config the operator
+rendered into its ConfigMap (no image registry here: the DaemonSet's pod cannot start, so its
+imagePullPolicy is Never and nothing reaches for the network), over FAKE character devices;
+the profile's status shows the device counts and names the node when a device disappears.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2ehelpers import busybox_pod, wait_for
+from kubernetes import client
+from optest import NAMESPACE, Cluster, Operator
+
+from patchbay_devcluster import DevCluster
+
+
+def limits(pod: dict[str, Any], resource: str, count: int) -> dict[str, Any]:
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: str(count)}}
+    return pod
+
+
+def pending_reason(core: client.CoreV1Api, ns: str, name: str) -> str | None:
+    pod = core.read_namespaced_pod(name, ns)
+    for c in pod.status.conditions or []:
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+            return str(c.message)
+    return None
+
+
+def test_static_capacity_is_what_the_scheduler_uses(
+    operator: Operator, cluster: Cluster, devcluster: DevCluster, real_node: str, namespace: str
+) -> None:
+    resource = f"e2e.patchbay.dev/{cluster.tag}-dongle"
+    cluster.set_labels(real_node, {"patchbay.dev/e2e-static": cluster.tag})
+    try:
+        cluster.create_profile(
+            f"{cluster.prefix}static",
+            {
+                "resourceName": resource,
+                "mode": "Static",
+                "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-static": cluster.tag}},
+                "static": {"capacity": 2},
+            },
+        )
+        wait_for("capacity on the real node", lambda: cluster.values(real_node, resource) == ("2", "2"), 60)
+        core = cluster.core
+        for i in range(3):
+            core.create_namespaced_pod(
+                namespace, limits(busybox_pod(f"d{i}", real_node, "sleep 3600"), resource, 1)
+            )
+        wait_for(
+            "two pods Running",
+            lambda: (
+                sum(core.read_namespaced_pod(f"d{i}", namespace).status.phase == "Running" for i in range(3))
+                == 2
+            ),
+            120,
+        )
+        running = {
+            f"d{i}"
+            for i in range(3)
+            if core.read_namespaced_pod(f"d{i}", namespace).status.phase == "Running"
+        }
+        (extra,) = {"d0", "d1", "d2"} - running
+        message = wait_for("the third pod Unschedulable", lambda: pending_reason(core, namespace, extra), 60)
+        assert f"Insufficient {resource}" in message
+
+        # A kubelet that restarts keeps the extended resource the operator set (it has a
+        # checkpoint); if anything resets it, the operator re-asserts it.
+        devcluster.stop_kubelet()
+        devcluster.start_kubelet()
+        devcluster.wait_real_node_ready(120)
+        wait_for(
+            "capacity after the kubelet restart",
+            lambda: cluster.values(real_node, resource) == ("2", "2"),
+            60,
+        )
+
+        cluster.delete_profile(f"{cluster.prefix}static")
+        wait_for("profile gone", lambda: cluster.profile(f"{cluster.prefix}static") is None, 60)
+        assert cluster.values(real_node, resource) == (None, None)
+    finally:
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-static": None})
+
+
+@pytest.fixture
+def fake_tree(tmp_path: Path) -> Path:
+    root = tmp_path / "host"
+    (root / "dev").mkdir(parents=True)
+    (root / "sys").mkdir()
+    for i in range(4):
+        os.mknod(root / "dev" / f"ttyE2E{i}", 0o666 | 0o020000, os.makedev(1, 3))
+    return root
+
+
+@pytest.fixture
+def plugin_profile(
+    operator: Operator, cluster: Cluster, real_node: str, fake_tree: Path, tmp_path: Path
+) -> Iterator[tuple[str, str]]:
+    """A DevicePlugin profile on the real node, and the agent running with its rendered config."""
+    name = f"{cluster.prefix}serial"
+    resource = f"e2e.patchbay.dev/{cluster.tag}-serial"
+    cluster.set_labels(real_node, {"patchbay.dev/e2e-plugin": cluster.tag})
+    cluster.create_profile(
+        name,
+        {
+            "resourceName": resource,
+            "mode": "DevicePlugin",
+            "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-plugin": cluster.tag}},
+            "plugin": {
+                "discovery": {"paths": {"globs": ["/dev/ttyE2E*"]}},
+                "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
+                "allocation": {"devicesEnvName": "SERIALS"},
+            },
+            "agent": {"imagePullPolicy": "Never"},
+        },
+    )
+    cm = wait_for(
+        "the agent config the operator renders",
+        lambda: _configmap(cluster.core, f"patchbay-{name}"),
+        60,
+    )
+    config = tmp_path / "rendered.yaml"
+    config.write_text(next(iter(cm.data.values())))
+    log = (tmp_path / "agent.log").open("wb")
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "patchbay_agent.main",
+            "--config",
+            str(config),
+            "--node-name",
+            real_node,
+            "--host-root",
+            str(fake_tree),
+            "--host-path-prefix",
+            str(fake_tree),
+            "--http-address",
+            "off",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield name, resource
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(5)
+        log.close()
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-plugin": None})
+
+
+def _configmap(core: client.CoreV1Api, name: str) -> Any:
+    try:
+        return core.read_namespaced_config_map(name, NAMESPACE)
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def test_device_plugin_profile_status_follows_the_real_kubelet(
+    cluster: Cluster, real_node: str, plugin_profile: tuple[str, str], fake_tree: Path
+) -> None:
+    name, resource = plugin_profile
+    wait_for("devices on the node", lambda: cluster.values(real_node, resource) == ("4", "4"), 60)
+
+    def devices() -> Any:
+        st = (cluster.profile(name) or {}).get("status") or {}
+        return st.get("devices")
+
+    wait_for("the profile's device counts", lambda: devices() == {"capacity": 4, "allocatable": 4}, 60)
+
+    (fake_tree / "dev" / "ttyE2E2").unlink()
+    wait_for(
+        "allocatable drops, capacity stays", lambda: cluster.values(real_node, resource) == ("4", "3"), 60
+    )
+
+    def degraded_naming_the_node() -> Any:
+        st = (cluster.profile(name) or {}).get("status") or {}
+        cond = next((c for c in st.get("conditions") or [] if c["type"] == "Degraded"), None)
+        named = [p for p in st.get("problems") or [] if p.get("node") == real_node]
+        return cond if cond and cond["status"] == "True" and named else None
+
+    cond = wait_for("Degraded naming the node", degraded_naming_the_node, 60)
+    assert cond["reason"]
+
+    os.mknod(fake_tree / "dev" / "ttyE2E2", 0o666 | 0o020000, os.makedev(1, 3))
+    wait_for("allocatable recovers", lambda: cluster.values(real_node, resource) == ("4", "4"), 60)
+    wait_for("the profile's counts recover", lambda: devices() == {"capacity": 4, "allocatable": 4}, 60)
+    st = (cluster.profile(name) or {}).get("status") or {}
+    assert not [p for p in st.get("problems") or [] if p.get("node") == real_node and "nhealthy" in str(p)]
