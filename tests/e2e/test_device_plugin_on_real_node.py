@@ -9,16 +9,12 @@ container.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from e2ehelpers import busybox_pod, wait_for
+from e2ehelpers import add_fake_device, busybox_pod, fake_device_tree, host_agent, wait_for
 from kubernetes import client
 
 from patchbay_devcluster import DevCluster
@@ -34,16 +30,11 @@ def allocatable(core: client.CoreV1Api, node: str) -> tuple[str | None, str | No
 
 @pytest.fixture
 def fake_tree(tmp_path: Path) -> Path:
-    root = tmp_path / "host"
-    (root / "dev").mkdir(parents=True)
-    (root / "sys").mkdir()
-    for i in range(DEVICES):
-        os.mknod(root / "dev" / f"ttyUSB{i}", 0o666 | 0o020000, os.makedev(1, 3))
-    return root
+    return fake_device_tree(tmp_path / "host", [f"ttyUSB{i}" for i in range(DEVICES)])
 
 
 @pytest.fixture
-def agent(devcluster: DevCluster, real_node: str, fake_tree: Path, tmp_path: Path) -> Iterator[Path]:
+def agent(real_node: str, fake_tree: Path, tmp_path: Path) -> Iterator[Path]:
     config = {
         "resourceName": RESOURCE,
         "plugin": {
@@ -54,38 +45,8 @@ def agent(devcluster: DevCluster, real_node: str, fake_tree: Path, tmp_path: Pat
     }
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    log = (tmp_path / "agent.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "patchbay_agent.main",
-            "--config",
-            str(cfg),
-            "--node-name",
-            real_node,
-            "--device-plugin-dir",
-            str(devcluster.real_node().paths.device_plugin_dir),
-            "--host-root",
-            str(fake_tree),
-            "--host-path-prefix",  # the fake tree is a directory ON the node
-            str(fake_tree),
-            "--http-address",
-            "off",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    with host_agent(cfg, real_node, fake_tree, tmp_path / "agent.log"):
         yield fake_tree
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
 
 
 def test_pod_gets_exactly_its_two_devices(
@@ -137,5 +98,5 @@ def test_kubelet_restart_and_device_loss_recover_without_restarting_the_agent(
         lambda: allocatable(core, real_node) == (str(DEVICES), str(DEVICES - 1)),
         60,
     )
-    os.mknod(agent / "dev" / "ttyUSB3", 0o666 | 0o020000, os.makedev(1, 3))
+    add_fake_device(agent, "ttyUSB3")
     wait_for("allocatable recovers", lambda: allocatable(core, real_node) == full, 60)

@@ -10,16 +10,12 @@ the profile's status shows the device counts and names the node when a device di
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2ehelpers import busybox_pod, wait_for
+from e2ehelpers import add_fake_device, busybox_pod, fake_device_tree, host_agent, wait_for
 from kubernetes import client
 from optest import NAMESPACE, Cluster, Operator
 
@@ -97,12 +93,7 @@ def test_static_capacity_is_what_the_scheduler_uses(
 
 @pytest.fixture
 def fake_tree(tmp_path: Path) -> Path:
-    root = tmp_path / "host"
-    (root / "dev").mkdir(parents=True)
-    (root / "sys").mkdir()
-    for i in range(4):
-        os.mknod(root / "dev" / f"ttyE2E{i}", 0o666 | 0o020000, os.makedev(1, 3))
-    return root
+    return fake_device_tree(tmp_path / "host", [f"ttyE2E{i}" for i in range(4)])
 
 
 @pytest.fixture
@@ -134,36 +125,10 @@ def plugin_profile(
     )
     config = tmp_path / "rendered.yaml"
     config.write_text(next(iter(cm.data.values())))
-    log = (tmp_path / "agent.log").open("wb")
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "patchbay_agent.main",
-            "--config",
-            str(config),
-            "--node-name",
-            real_node,
-            "--host-root",
-            str(fake_tree),
-            "--host-path-prefix",
-            str(fake_tree),
-            "--http-address",
-            "off",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     try:
-        yield name, resource
+        with host_agent(config, real_node, fake_tree, tmp_path / "agent.log"):
+            yield name, resource
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(5)
-        log.close()
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {"patchbay.dev/e2e-plugin": None})
 
@@ -203,7 +168,7 @@ def test_device_plugin_profile_status_follows_the_real_kubelet(
     cond = wait_for("Degraded naming the node", degraded_naming_the_node, 60)
     assert cond["reason"]
 
-    os.mknod(fake_tree / "dev" / "ttyE2E2", 0o666 | 0o020000, os.makedev(1, 3))
+    add_fake_device(fake_tree, "ttyE2E2")
     wait_for("allocatable recovers", lambda: cluster.values(real_node, resource) == ("4", "4"), 60)
     wait_for("the profile's counts recover", lambda: devices() == {"capacity": 4, "allocatable": 4}, 60)
     st = (cluster.profile(name) or {}).get("status") or {}
