@@ -173,3 +173,47 @@ def test_device_plugin_profile_status_follows_the_real_kubelet(
     wait_for("the profile's counts recover", lambda: devices() == {"capacity": 4, "allocatable": 4}, 60)
     st = (cluster.profile(name) or {}).get("status") or {}
     assert not [p for p in st.get("problems") or [] if p.get("node") == real_node and "nhealthy" in str(p)]
+
+
+def test_virtual_tokens_reach_a_pod_through_the_operators_config(
+    operator: Operator, cluster: Cluster, real_node: str, namespace: str, tmp_path: Path
+) -> None:
+    """The virtual backend (countable tokens, no device files) on the real kubelet."""
+    name = f"{cluster.prefix}tokens"
+    resource = f"e2e.patchbay.dev/{cluster.tag}-token"
+    cluster.set_labels(real_node, {"patchbay.dev/e2e-virtual": cluster.tag})
+    try:
+        cluster.create_profile(
+            name,
+            {
+                "resourceName": resource,
+                "mode": "DevicePlugin",
+                "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-virtual": cluster.tag}},
+                "plugin": {
+                    "discovery": {"virtual": {"count": 5}},
+                    "allocation": {"devicesEnvName": "TOKENS"},
+                },
+                "agent": {"imagePullPolicy": "Never"},
+            },
+        )
+        cm = wait_for("the rendered config", lambda: _configmap(cluster.core, f"patchbay-{name}"), 60)
+        config = tmp_path / "rendered.yaml"
+        config.write_text(next(iter(cm.data.values())))
+        tree = fake_device_tree(tmp_path / "host", [])
+        with host_agent(config, real_node, tree, tmp_path / "agent.log"):
+            wait_for("tokens on the node", lambda: cluster.values(real_node, resource) == ("5", "5"), 60)
+            pod = limits(busybox_pod("tokens", real_node, "echo TOKENS=$TOKENS; sleep 3600"), resource, 3)
+            cluster.core.create_namespaced_pod(namespace, pod)
+
+            def output() -> str | None:
+                if cluster.core.read_namespaced_pod("tokens", namespace).status.phase != "Running":
+                    return None
+                text = str(cluster.core.read_namespaced_pod_log("tokens", namespace))
+                return text if "TOKENS=" in text else None
+
+            tokens = wait_for("the pod's tokens", output, 120).strip().removeprefix("TOKENS=").split(",")
+            assert len(tokens) == len(set(tokens)) == 3
+            assert all(t.startswith("virtual-") for t in tokens), tokens
+    finally:
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-virtual": None})
