@@ -127,7 +127,12 @@ class Registrar:
             resource_name=self._resource_name,
             options=self._servicer.options,
         )
-        async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+        # A private subchannel pool: gRPC otherwise shares one connection per address across
+        # channels, and after a kubelet restart that shared one may still be backing off from
+        # the old socket, failing this Register at once. The Go kubelet dials fresh each time too.
+        async with grpc.aio.insecure_channel(
+            f"unix://{self.kubelet_socket}", options=[("grpc.use_local_subchannel_pool", 1)]
+        ) as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
             await stub.Register(request, timeout=self._register_timeout)
 

@@ -52,7 +52,11 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         if self.refused < self.refuse:
             self.refused += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "not ready yet")
-        channel = grpc.aio.insecure_channel(f"unix://{self.plugin_dir / request.endpoint}")
+        # Dial fresh, as the Go kubelet does: a shared subchannel to the same path may still be
+        # backing off from the plugin's previous (deleted) socket.
+        channel = grpc.aio.insecure_channel(
+            f"unix://{self.plugin_dir / request.endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         self._channels.append(channel)
         stub = api_pb2_grpc.DevicePluginStub(channel)
         try:
