@@ -25,8 +25,6 @@ Checks, in order, all under the host root:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import errno
 import logging
 import os
@@ -34,6 +32,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from patchbay_agent.command import Outcome, run_command
 from patchbay_agent.config import ExecProbe
 from patchbay_agent.constants import ENV_PROBE_DEVICE_ID, ENV_PROBE_DEVICE_PATHS, DeviceHealth
 from patchbay_agent.discovery import HostRoot, PhysicalDevice
@@ -126,31 +125,14 @@ async def run_exec_probe(probe: ExecProbe, root: HostRoot, device: PhysicalDevic
     The probe sees the device's paths as the AGENT can open them (under the host root), in
     PATCHBAY_DEVICE_PATHS (comma-separated), and its ID in PATCHBAY_DEVICE_ID.
     """
-    env = dict(os.environ)
-    env[ENV_PROBE_DEVICE_ID] = device.id
-    env[ENV_PROBE_DEVICE_PATHS] = ",".join(str(root.path(p)) for p in device.dev_paths or device.check_paths)
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *probe.command,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as e:
-        return CheckResult(False, f"probe {probe.command[0]!r} cannot run: {e.strerror or e}")
-    try:
-        _, stderr = await asyncio.wait_for(proc.communicate(), timeout=probe.timeout_seconds)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        await proc.wait()
-        return CheckResult(False, f"probe timed out after {probe.timeout_seconds:g}s")
-    if proc.returncode != 0:
-        tail = stderr.decode(errors="replace").strip().splitlines()[-1:] if stderr else []
-        return CheckResult(False, f"probe exited {proc.returncode}{': ' + tail[0] if tail else ''}")
-    return OK
+    paths = ",".join(str(root.path(p)) for p in device.dev_paths or device.check_paths)
+    result = await run_command(
+        probe.command, {ENV_PROBE_DEVICE_ID: device.id, ENV_PROBE_DEVICE_PATHS: paths}, probe.timeout_seconds
+    )
+    if result.ok:
+        return OK
+    name = f"probe {probe.command[0]!r}" if result.outcome is Outcome.CANNOT_RUN else "probe"
+    return CheckResult(False, f"{name} {result.detail}")
 
 
 class DeviceHealthTracker:

@@ -12,7 +12,6 @@ servicer (see `registration`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -24,6 +23,7 @@ import grpc
 
 from patchbay_agent.allocation import AllocationError, allocate, preferred
 from patchbay_agent.api import api_pb2, api_pb2_grpc
+from patchbay_agent.command import Outcome, run_command
 from patchbay_agent.config import AgentConfig, PreferredPolicy
 from patchbay_agent.constants import ENV_PRESTART_DEVICE_IDS
 from patchbay_agent.inventory import Inventory
@@ -142,34 +142,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self._metrics.rpcs.labels("PreStartContainer", "OK").inc()
             return api_pb2.PreStartContainerResponse()
         ids = ",".join(request.devices_ids)
-        env = dict(os.environ)
-        env[ENV_PRESTART_DEVICE_IDS] = ids
-        code, message = grpc.StatusCode.OK, ""
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *pre.command,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as e:
-            code, message = grpc.StatusCode.INTERNAL, f"preStart command cannot run: {e.strerror or e}"
-        else:
-            try:
-                _, stderr = await asyncio.wait_for(proc.communicate(), timeout=pre.timeout_seconds)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, 9)
-                await proc.wait()
-                code = grpc.StatusCode.DEADLINE_EXCEEDED
-                message = f"preStart command timed out after {pre.timeout_seconds:g}s"
-            else:
-                if proc.returncode != 0:
-                    tail = stderr.decode(errors="replace").strip().splitlines()[-1:]
-                    code = grpc.StatusCode.INTERNAL
-                    message = f"preStart command exited {proc.returncode}" + (f": {tail[0]}" if tail else "")
+        result = await run_command(pre.command, {ENV_PRESTART_DEVICE_IDS: ids}, pre.timeout_seconds)
+        code = {
+            Outcome.OK: grpc.StatusCode.OK,
+            Outcome.TIMED_OUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+        }.get(result.outcome, grpc.StatusCode.INTERNAL)
+        message = f"preStart command {result.detail}"
         self._metrics.rpcs.labels("PreStartContainer", code.name).inc()
         if code is not grpc.StatusCode.OK:
             log.warning("PreStartContainer for %s failed: %s", ids, message)
