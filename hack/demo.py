@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from patchbay_devcluster import DevCluster, default_state_dir, find_bin_dir
-from patchbay_devcluster.cluster import pid_runs
+from patchbay_devcluster.cluster import Proc, stop_pid
 from patchbay_devcluster.images import BUSYBOX_IMAGE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -272,13 +271,7 @@ def down(cluster: DevCluster) -> None:
     record = cluster.dir / "demo.json"
     if record.exists():
         for p in json.loads(record.read_text()):
-            if pid_runs(p["pid"], p["binary"]):
-                os.kill(p["pid"], signal.SIGTERM)
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline and pid_runs(p["pid"], p["binary"]):
-                    time.sleep(0.1)
-                if pid_runs(p["pid"], p["binary"]):
-                    os.kill(p["pid"], signal.SIGKILL)
+            if stop_pid(Proc(**p), grace=10):
                 print(f"stopped {p['name']} (pid {p['pid']})")
     stopped = cluster.down()
     print("stopped: " + (", ".join(stopped) if stopped else "no cluster was running"))

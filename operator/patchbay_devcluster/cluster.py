@@ -273,7 +273,7 @@ class DevCluster:
         if node is not None and not node.exists():
             node = None
         for p in reversed(st.procs):
-            if _stop_pid(p, grace):
+            if stop_pid(p, grace):
                 stopped.append(p.name)
             if p.name == "kubelet" and node is not None:
                 # The kubelet is gone; now nothing restarts the pods' containers.
@@ -356,7 +356,7 @@ class DevCluster:
         """Stop the kubelet by PID (SIGKILL by default: a crash, not a drain). Pods keep running."""
         for p in self.state().procs:
             if p.name == "kubelet":
-                _stop_pid(p, grace=15, sig=sig)
+                stop_pid(p, grace=15, sig=sig)
 
     def wait_real_node_ready(self, timeout: float = 120.0) -> None:
         _wait(
@@ -666,7 +666,7 @@ def _http_ok(port: int, path: str, tls: bool) -> bool:
         conn.close()
 
 
-def _stop_pid(p: Proc, grace: float, sig: int = signal.SIGTERM) -> bool:
+def stop_pid(p: Proc, grace: float, sig: int = signal.SIGTERM) -> bool:
     """Stop one recorded process (``sig``, then SIGKILL after ``grace``); False if it was not running."""
     if not pid_runs(p.pid, p.binary):
         return False
