@@ -175,6 +175,11 @@ class OperatorProcess:
                 return s
             time.sleep(0.25)
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU the operator process has used so far (from /proc/<pid>/stat)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def peak_rss_mib(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -289,11 +294,13 @@ def main() -> int:
                 "static": {"capacity": 4},
             },
         }
+        cpu0 = op.cpu_seconds()
         t0 = time.monotonic()
         custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, profile)
         op_apply = timed(
             "apply (profile created -> every node shows it)", lambda: observer.wait(R_OPERATOR, "4"), t0
         )
+        apply_cpu = op.cpu_seconds() - cpu0
         after_apply = op.settled_stats()
         apply_writes = after_apply["nodePatches"] - before["nodePatches"]
 
@@ -311,11 +318,13 @@ def main() -> int:
         after_drift = op.settled_stats()
         drift_writes = after_drift["nodePatches"] - after_apply["nodePatches"]
 
+        cpu0 = op.cpu_seconds()
         t0 = time.monotonic()
         custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "bench")
         op_delete = timed(
             "delete (profile deleted -> every node clean)", lambda: observer.wait(R_OPERATOR, None), t0
         )
+        delete_cpu = op.cpu_seconds() - cpu0
         while True:
             try:
                 custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "bench")
@@ -354,6 +363,8 @@ def main() -> int:
         print(f"| API writes per node, delete | {delete_writes / args.nodes:.3f} | 1 | |")
         print(f"| writes for {len(samples)} drift resets | {drift_writes} | | |")
         print(f"| drift re-assertion p50 / p99 | {p50 * 1000:.0f} ms / {p99 * 1000:.0f} ms | | |")
+        print(f"| operator CPU during apply / delete | {apply_cpu:.2f} s / {delete_cpu:.2f} s | | |")
+        print(f"| operator CPU per node, apply | {apply_cpu / args.nodes * 1000:.2f} ms | | |")
         print(f"| operator peak RSS | {rss:.0f} MiB | | |")
         print(f"| status writes (whole run) | {after_delete['statusWrites']} | | |")
         print(f"| max patches on any one node (whole run) | {after_delete['maxPatchesPerNode']} | | |")

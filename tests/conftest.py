@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
-from kubetest import wait_for
+from kubetest import running_devcluster, wait_for
 from optest import CRD_FILE, GROUP, NAMESPACE, PLURAL, VERSION, Cluster, Operator
 
 from patchbay_devcluster import DevCluster, find_bin_dir
@@ -47,13 +47,8 @@ def bin_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def devcluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[DevCluster]:
-    cluster = DevCluster(tmp_path_factory.mktemp("devcluster"), bin_dir)
-    cluster.up(timeout=120)
-    try:
+    with running_devcluster(tmp_path_factory.mktemp("devcluster"), bin_dir) as cluster:
         yield cluster
-    finally:
-        # Keep certificates and logs under pytest's tmp dir for post-mortems; stop every PID.
-        cluster.down(purge=False)
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+from patchbay_devcluster import DevCluster
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
@@ -18,3 +22,15 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: 
             return last
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+
+
+@contextlib.contextmanager
+def running_devcluster(state_dir: Path, bin_dir: Path) -> Iterator[DevCluster]:
+    """A control plane (etcd, API server, controllers, kwok) for as long as the block runs."""
+    cluster = DevCluster(state_dir, bin_dir)
+    cluster.up(timeout=120)
+    try:
+        yield cluster
+    finally:
+        # Keep certificates and logs under pytest's tmp dir for post-mortems; stop every PID.
+        cluster.down(purge=False)

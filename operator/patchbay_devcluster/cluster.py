@@ -296,6 +296,32 @@ class DevCluster:
             State(ports=st.ports).save(self.state_file)
         return stopped
 
+    def restart_component(self, name: str, timeout: float = 90.0, grace: float = 5.0) -> Proc:
+        """Stop one control-plane component by PID and start it again on the same ports.
+
+        For tests of what clients do when, say, the API server goes away and comes back (its
+        watch cache then starts afresh at the current revision). ``grace`` is short: the API
+        server otherwise waits for its open watches, and a crash is as real a test. The state
+        file is updated with the new PID.
+        """
+        if name not in COMPONENTS:
+            raise ClusterError(f"unknown component {name!r}; one of {', '.join(COMPONENTS)}")
+        st = self.state()
+        old = next((p for p in st.procs if p.name == name), None)
+        if old is None:
+            raise ClusterError(f"{name} is not running in {self.dir}")
+        stop_pid(old, grace=grace)
+        proc, child = self._spawn(name, self._argv(name, st.ports))
+        st.procs = [proc if p.name == name else p for p in st.procs]
+        st.save(self.state_file)
+        try:
+            self._wait_component(name, st.ports, Path(proc.log), timeout, child)
+        except BaseException:
+            _stop_child(child)
+            raise
+        log.info("Restarted %s (pid %d)", name, proc.pid)
+        return proc
+
     # --- the real node ---------------------------------------------------------------------
 
     def real_node(self) -> RealNode:

@@ -1,7 +1,8 @@
-"""The operator's runtime state and work loops: the glue between kopf's events and the API.
+"""The operator's runtime state and work loops: the glue between events and the API.
 
-Owns, in memory: every profile (the ``Registry``), a ``NodeState`` per node, the agent
-DaemonSets' status, and two work loops:
+Profiles arrive through kopf's handlers; nodes through the operator's own ``NodeInformer``
+(informer.py says why not kopf). Owns, in memory: every profile (the ``Registry``), a
+``NodeState`` per node, the agent DaemonSets' status, and two work loops:
 
 - node patchers: a de-duplicating queue of node names and ``concurrency`` workers. A worker
   plans the node's JSON patch from the CURRENT cache at the moment it runs (level-based, so a
@@ -28,11 +29,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from patchbay_operator import capacity, render, status
+from patchbay_operator import capacity, informer, peering, render, status
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import Mode
+from patchbay_operator.informer import NodeEvent, NodeInformer, Snapshot
 from patchbay_operator.kube import Kube, KubeError, ref_of
+from patchbay_operator.peering import Peering
 from patchbay_operator.profiles import Profile, Registry
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,9 @@ after RETRY_DELAY): a patch the server keeps rejecting must not spin."""
 
 RETRY_DELAY = 2.0
 """Seconds before a node whose patch failed (not a stale-state conflict) is tried again."""
+
+PEERING_POLL = 2.0
+"""Seconds between reads of the ClusterKopfPeering object when peering (peering.py says why)."""
 
 
 class CleanupPendingError(RuntimeError):
@@ -72,9 +78,12 @@ def now() -> str:
 
 
 class Controller:
-    def __init__(self, settings: Settings, kube: Kube) -> None:
+    def __init__(self, settings: Settings, kube: Kube, peer: Peering | None = None) -> None:
         self.settings = settings
         self.kube = kube
+        self.peer = peer
+        # A peered replica starts waiting, as kopf starts it paused, until the peering says go.
+        self.active = peer is None
         self.registry = Registry()
         self.nodes: dict[str, NodeState] = {}
         self.daemonsets: dict[str, dict[str, Any]] = {}
@@ -93,22 +102,38 @@ class Controller:
         self._status_wake = asyncio.Event()
         self._written: dict[str, dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._informer: NodeInformer | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load every profile first, so resource-name conflicts are decided on full knowledge
-        before the first node event is planned (kopf runs startup handlers before watching)."""
+        """Load every profile, then every node, before anything is planned or patched.
+
+        kopf runs startup handlers before it watches profiles, so when the first profile
+        handler runs the node cache is complete (a deleting profile after a restart knows every
+        node it set) and resource-name conflicts are decided on full knowledge.
+        """
         for body in await self.call(self.kube.list_profiles):
             self._remember(Profile.from_body(body), body)
         log.info("Loaded %d DevicePluginProfiles", len(list(self.registry)))
+        snapshot = await self.call(informer.list_all, self.kube)
+        self.resync_nodes(snapshot)
+        log.info("Listed %d nodes at resourceVersion %s", len(snapshot.states), snapshot.resource_version)
+        self._informer = NodeInformer(
+            self.kube, asyncio.get_running_loop(), self.observe_events, self.resync_nodes
+        )
+        self._informer.start(snapshot.resource_version)
         for i in range(self.settings.concurrency):
             self._tasks.append(asyncio.create_task(self._patcher(), name=f"patcher-{i}"))
         self._tasks.append(asyncio.create_task(self._status_writer(), name="status-writer"))
         self._tasks.append(asyncio.create_task(self._stats_logger(), name="stats"))
         self._tasks.append(asyncio.create_task(self._agent_poller(), name="agents"))
+        if self.peer is not None:
+            self._tasks.append(asyncio.create_task(self._peering_poller(self.peer), name="peering"))
 
     async def stop(self) -> None:
+        if self._informer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._informer.stop)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -177,19 +202,15 @@ class Controller:
         """Remove a deleting profile's resource from every node it set; return the profile
         promoted in its place (the next one with the same resource name), if any.
 
-        Works after a restart too: the nodes are LISTed afresh (the node watch may not have
-        caught up yet) and ownership comes from the node annotations, not from memory. Raises
+        Works after a restart too: ``start`` listed every node before any profile handler ran,
+        and ownership comes from the node annotations, not from memory. Raises
         ``CleanupPendingError`` when some node still carries the resource after ``patience`` seconds.
         """
         name = deleting.name
         profile = replace(deleting, deleting=True)
         self.registry.upsert(profile)
         self._winners = None
-        # Start removing from what the cache knows at once; the fresh LIST (only there for a
-        # restart, when the node watch may not have caught up) runs meanwhile and queues the rest.
         self.enqueue_all()
-        for node in await self.call(self.kube.list_nodes):
-            self.observe_node("LISTED", node)
         deadline = time.monotonic() + patience
         while True:
             with contextlib.suppress(TimeoutError):
@@ -257,7 +278,7 @@ class Controller:
         """
         while True:
             await asyncio.sleep(every)
-            for profile in list(self.registry):
+            for profile in list(self.registry) if self.active else []:
                 if (
                     profile.mode is not Mode.DEVICE_PLUGIN
                     or profile.deleting
@@ -274,19 +295,37 @@ class Controller:
 
     # --- nodes -------------------------------------------------------------------------------
 
-    def observe_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+    def observe_events(self, events: list[NodeEvent]) -> None:
+        """A batch of watch events from the informer, in order."""
+        for ev in events:
+            self.observe_state(ev.type, ev.state)
+
+    def resync_nodes(self, snapshot: Snapshot) -> None:
+        """Every node as LISTed: nodes missing from it were deleted while we were not watching."""
+        listed = {s.name for s in snapshot.states}
+        for name in [n for n in self.nodes if n not in listed]:
+            self.observe_state("DELETED", self.nodes[name])
+        for state in snapshot.states:
+            self.observe_state("LISTED", state)
+
+    def observe_node(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """Fold a Node the API server returned (a patch result, a fresh read) into the cache."""
+        self.observe_state(event_type, NodeState.from_node(body))
+
+    def observe_state(self, event_type: str, state: NodeState) -> None:
         """Fold a node event into the cache; queue the node if it now needs a patch.
 
-        Cheap on purpose: heartbeats change nothing we keep, so they stop at the comparison.
+        Cheap on purpose: heartbeats change nothing we keep, so they stop at the comparison,
+        and so does the watch event of our own patch (its resourceVersion is the one the
+        patch response already gave us).
         """
         self.counters.node_events += 1
-        name = str((body.get("metadata") or {}).get("name"))
+        name = state.name
         if event_type == "DELETED":
             if self.nodes.pop(name, None) is not None:
                 self.failures.pop(name, None)
                 self.mark_all_dirty()
             return
-        state = NodeState.from_node(body)
         old = self.nodes.get(name)
         if old is not None and not capacity.newer(state.resource_version, old.resource_version):
             return
@@ -298,6 +337,8 @@ class Controller:
             self.enqueue(name)
 
     def enqueue(self, name: str) -> None:
+        if not self.active:
+            return  # a waiting replica keeps its cache current but writes nothing
         if name in self._inflight:
             self._again.add(name)
         elif name not in self._queued:
@@ -414,6 +455,8 @@ class Controller:
         )
 
     async def flush_status(self) -> None:
+        if not self.active:
+            return  # kept dirty: written once this replica works
         dirty, self._status_dirty = self._status_dirty, set()
         for name in sorted(dirty):
             profile = self.registry.get(name)
@@ -441,8 +484,51 @@ class Controller:
                 await self.flush_status()
             except Exception:
                 log.exception("Unexpected error writing profile status")
-            if self._status_dirty:
+            if self._status_dirty and self.active:
                 self._status_wake.set()
+
+    # --- peering -----------------------------------------------------------------------------
+
+    async def _peering_poller(self, me: Peering, every: float = PEERING_POLL) -> None:
+        """Apply kopf's pause rule (peering.py) to the peering object, every few seconds.
+
+        Pausing stops this replica's own writes (node patches, status, agent reads) at once; the
+        node cache stays current. Resuming first re-lists the profiles, because kopf delivered
+        nothing while this replica waited: planning nodes from that stale registry could push an
+        old capacity back onto every node. An unreadable object changes nothing.
+        """
+        decided = False
+        while True:
+            try:
+                obj = await self.call(self.kube.get_cluster_peering, me.name)
+                waiting = peering.blockers((obj or {}).get("status"), me, datetime.now(UTC))
+                if waiting and (self.active or not decided):
+                    self.active = False
+                    log.info("Waiting: live peers with priority >= %d: %s", me.priority, ", ".join(waiting))
+                elif not waiting and not self.active:
+                    await self.refresh_profiles()
+                    self.active = True
+                    log.info("Working: no live peer has priority >= %d", me.priority)
+                    self.enqueue_all()
+                    self.mark_all_dirty()
+                decided = True
+            except (KubeError, OSError) as e:
+                log.warning("Reading ClusterKopfPeering %s failed: %s", me.name, e)
+            await asyncio.sleep(every)
+
+    async def refresh_profiles(self) -> None:
+        """Replace the registry with the profiles as they are now (and their last status)."""
+        bodies = await self.call(self.kube.list_profiles)
+        listed = set()
+        for body in bodies:
+            profile = Profile.from_body(body)
+            listed.add(profile.name)
+            self.registry.upsert(profile)
+            current = body.get("status")
+            self._written[profile.name] = dict(current) if isinstance(current, Mapping) else {}
+        for gone in [p.name for p in self.registry if p.name not in listed]:
+            self.forget(gone)
+        self._winners = None
 
     def stats(self) -> dict[str, int]:
         c = self.counters

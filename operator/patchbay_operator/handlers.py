@@ -1,9 +1,10 @@
 """Every kopf decorator, and nothing else: each handler is a thin call into the controller.
 
-Nodes are watched with ONE stateless ``@kopf.on.event`` handler: no finalizers, annotations,
-timers, daemons or indexes on Nodes (kopf would write to every node, and its indexing grows
-super-linearly; REFERENCE.md has the numbers). Profiles use the usual level-based
-resume/create/update reconcile and a delete handler behind kopf's finalizer.
+kopf handles profiles only: the usual level-based resume/create/update reconcile and a delete
+handler behind kopf's finalizer. Nodes are not kopf's at all: the controller's own informer
+watches them (informer.py), so kopf never puts a finalizer or an annotation on a Node, never
+indexes thousands of them (super-linear; REFERENCE.md has the numbers) and never spends its
+per-event machinery on node heartbeats.
 """
 
 from __future__ import annotations
@@ -23,25 +24,9 @@ from patchbay_operator.constants import (
 )
 from patchbay_operator.controller import CleanupPendingError, Controller
 from patchbay_operator.kube import Kube, KubeError, load_configuration
+from patchbay_operator.peering import Peering
 
 log = logging.getLogger(__name__)
-
-
-class ProfileOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """kopf's diff base, computed for profiles only.
-
-    On every event of every watched object kopf builds the object's "essence" (a deep copy of
-    the whole body) to detect spec changes, even when the resource has only event handlers. For
-    Nodes that copy was the largest per-event cost (about 1.5 ms of CPU per node event, measured
-    with cProfile at 1000 nodes) and its result is never used: nodes have no change handlers.
-    Profiles, the only resource with change handlers, keep kopf's behaviour unchanged.
-    """
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        if body.get("apiVersion") == "v1":  # core/v1: Nodes, the only core resource watched
-            return cast(kopf.BodyEssence, {})
-        essence: kopf.BodyEssence = super().build(body=body, extra_fields=extra_fields)
-        return essence
 
 
 def _ctl(memo: kopf.Memo) -> Controller:
@@ -64,7 +49,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # kopf's finalizer and bookkeeping under our own domain, on profiles only (never on nodes).
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_STORAGE_PREFIX)
-    settings.persistence.diffbase_storage = ProfileOnlyDiffBase(
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_STORAGE_PREFIX, key="last-handled-configuration"
     )
     # Handler successes are logged, not posted: an Event per reconcile is noise in the cluster.
@@ -73,7 +58,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # An unexpected handler error is retried after this long (kopf's default is 60 s): an API
     # hiccup should not leave a profile unapplied for a minute.
     settings.execution.default_backoff = 5.0
-    ctl = Controller(ours, Kube(load_configuration(ours.kubeconfig, ours.concurrency)))
+    # One connection per patch worker, plus the node informer's long-lived watch.
+    peer = None
+    if ours.peering is not None:
+        peer = Peering(ours.peering, cast(str, memo["identity"]), ours.priority)
+    ctl = Controller(ours, Kube(load_configuration(ours.kubeconfig, ours.concurrency + 1)), peer)
     await ctl.start()
     memo["controller"] = ctl
 
@@ -105,8 +94,3 @@ async def release(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         raise kopf.TemporaryError(str(e), delay=2) from e
     except KubeError as e:
         raise kopf.TemporaryError(f"API request failed, retrying: {e}", delay=5) from e
-
-
-@kopf.on.event("", "v1", "nodes", id="nodes")
-async def node_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    _ctl(memo).observe_node(type, body)

@@ -9,9 +9,12 @@ modules work with, and decoding a 5000-node list into ``V1Node`` objects would c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,8 @@ MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 
 PROFILES_PATH = f"/apis/{API_GROUP}/{API_VERSION}/{PLURAL}"
+NODES_PATH = "/api/v1/nodes"
+PEERINGS_PATH = "/apis/kopf.dev/v1/clusterkopfpeerings"
 
 
 class KubeError(RuntimeError):
@@ -57,6 +62,77 @@ _COLLECTIONS = {
     ("apps/v1", "DaemonSet"): "/apis/apps/v1/namespaces/{ns}/daemonsets",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
 }
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a chunked LIST, with the resourceVersion of the list's snapshot."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+class Watch:
+    """An open WATCH stream: iterate it for batches of decoded events, ``close()`` it from any thread.
+
+    A batch is every complete event line of one read from the socket, so a burst of events
+    costs one hand-off to the consumer instead of one per event. An ``ERROR`` event (for
+    example 410 Gone: the resourceVersion is older than the server still remembers) raises
+    ``KubeError`` with the status it carries; ``BOOKMARK`` events are passed on, since they
+    only move the resourceVersion on. The iteration ends when the server closes the stream.
+    """
+
+    def __init__(self, raw: urllib3.BaseHTTPResponse, path: str) -> None:
+        self._raw = raw
+        self._path = path
+        self._closed = threading.Event()
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        buf = b""
+        try:
+            while not self._closed.is_set():
+                chunk = self._raw.read1(1 << 16)
+                if not chunk:
+                    return
+                buf += chunk
+                if b"\n" not in chunk:
+                    continue
+                *lines, buf = buf.split(b"\n")
+                events: list[dict[str, Any]] = []
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    if ev.get("type") == "ERROR":
+                        if events:
+                            yield events
+                        st = ev.get("object") or {}
+                        raise KubeError(int(st.get("code") or 0), "WATCH", self._path, str(st.get("message")))
+                    events.append(ev)
+                if events:
+                    yield events
+        except KubeError:
+            raise
+        except Exception as e:
+            if self._closed.is_set():
+                return  # close() from another thread; http.client may fail in odd ways then
+            if isinstance(e, urllib3.exceptions.HTTPError | OSError | ValueError):
+                raise KubeError(0, "WATCH", self._path, f"{type(e).__name__}: {e}") from e
+            raise
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """End the stream now, also while another thread is blocked reading it."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        # shutdown() interrupts a blocked read (close() alone does not); the connection is
+        # then dropped rather than returned to the pool half-read. A stream the server ended
+        # has already gone back to the pool, and urllib3 refuses to shut that one down.
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
+            self._raw.shutdown()
+        self._raw.close()
 
 
 def ref_of(obj: dict[str, Any]) -> Ref:
@@ -144,27 +220,64 @@ class Kube:
         node: dict[str, Any] | None = self.request("GET", f"/api/v1/nodes/{quote(name, safe='')}", ok=(404,))
         return node
 
-    def list_nodes(self, chunk: int = 500) -> list[dict[str, Any]]:
-        """Every node, listed in chunks so a big cluster is never one giant response."""
-        return self._list("/api/v1/nodes", chunk)
+    def list_nodes(self, chunk: int = 500) -> Iterator[Page]:
+        """Every node, a page at a time, so a big cluster is never one giant response (nor one
+        giant list of dicts in memory: callers keep what they need of each page and drop it)."""
+        return self.list_pages(NODES_PATH, chunk)
 
-    def _list(self, path: str, chunk: int) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        cont = ""
+    def list_pages(self, path: str, chunk: int) -> Iterator[Page]:
+        """A chunked LIST; every page carries the resourceVersion of the first, the snapshot
+        the whole list was served from (the one to start a watch from)."""
+        cont, snapshot = "", ""
         while True:
             query = {"limit": str(chunk)}
             if cont:
                 query["continue"] = cont
             page = self.request("GET", path, query=query)
-            items.extend(page.get("items") or [])
-            cont = (page.get("metadata") or {}).get("continue") or ""
+            meta = page.get("metadata") or {}
+            snapshot = snapshot or str(meta.get("resourceVersion") or "")
+            yield Page(page.get("items") or [], snapshot)
+            cont = meta.get("continue") or ""
             if not cont:
-                return items
+                return
+
+    def watch_nodes(self, resource_version: str, timeout_seconds: int = 300) -> Watch:
+        return self.watch(NODES_PATH, resource_version, timeout_seconds)
+
+    def watch(self, path: str, resource_version: str, timeout_seconds: int = 300) -> Watch:
+        """Open a WATCH from ``resource_version`` (with bookmarks); iterate the result for events.
+
+        The server ends the stream after ``timeout_seconds``; the read timeout is longer than
+        that by a margin, so a silently dead connection is noticed too.
+        """
+        query = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        full = f"{path}?{urlencode(query)}"
+        m, url, hdrs, _body, _ = self._api.param_serialize(
+            method="GET",
+            resource_path=full,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self._api.call_api(m, url, header_params=hdrs, _request_timeout=(10, timeout_seconds + 60))
+        except urllib3.exceptions.HTTPError as e:
+            raise KubeError(0, "WATCH", full, f"{type(e).__name__}: {e}") from e
+        raw: urllib3.BaseHTTPResponse = resp.response
+        if resp.status != 200:
+            body = raw.read()
+            raw.release_conn()
+            raise KubeError(resp.status, "WATCH", full, body.decode(errors="replace"))
+        return Watch(raw, full)
 
     # --- profiles ----------------------------------------------------------------------------
 
     def list_profiles(self) -> list[dict[str, Any]]:
-        return self._list(PROFILES_PATH, 500)
+        return [item for page in self.list_pages(PROFILES_PATH, 500) for item in page.items]
 
     def patch_profile_status(self, name: str, status: dict[str, Any]) -> None:
         """A merge patch of the status subresource (lists such as conditions are replaced whole)."""
@@ -202,7 +315,11 @@ class Kube:
     def ensure_cluster_peering(self, name: str) -> None:
         """kopf pauses and resumes replicas through this object but never creates it itself."""
         body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
-        self.request("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", body, ok=(409,))
+        self.request("POST", PEERINGS_PATH, body, ok=(409,))
+
+    def get_cluster_peering(self, name: str) -> dict[str, Any] | None:
+        obj: dict[str, Any] | None = self.request("GET", f"{PEERINGS_PATH}/{quote(name, safe='')}", ok=(404,))
+        return obj
 
     def namespace_exists(self, namespace: str) -> bool:
         return self.request("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}", ok=(404,)) is not None

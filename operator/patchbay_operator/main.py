@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import os
+import secrets
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -11,17 +12,6 @@ import kopf
 
 from patchbay_operator.config import ConfigError, Settings, load
 from patchbay_operator.kube import Kube, KubeError, load_configuration
-
-
-class _QuietEventHandlers(logging.Filter):
-    """Drop kopf's per-event "Handler 'nodes' succeeded." lines: one per node heartbeat is noise
-    (and measurable CPU at thousands of nodes); failures are still logged."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not (
-            msg.startswith("Handler '") and msg.endswith("' succeeded.") and record.levelno <= logging.INFO
-        )
 
 
 def prepare_peering(settings: Settings) -> None:
@@ -43,7 +33,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         verbose=settings.verbose,
         log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
     )
-    logging.getLogger("kopf.objects").addFilter(_QuietEventHandlers())
     if settings.kubeconfig:
         # kopf logs in on its own (not through kube.py); both read the same file this way.
         os.environ["KUBECONFIG"] = settings.kubeconfig
@@ -59,13 +48,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     from patchbay_operator import handlers  # noqa: F401 - importing registers the handlers
 
+    # Our own identity for kopf's peering record, so the controller can tell its own record
+    # from the other replicas' (peering.py): host name, PID and a random part, like kopf's.
+    identity = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
     kopf.run(
         clusterwide=True,
         standalone=settings.peering is None,
         peering_name=settings.peering,
         priority=settings.priority,
+        identity=identity,  # type: ignore[arg-type]  # kopf.Identity, a NewType of str, is not exported
         liveness_endpoint=settings.liveness,
-        memo=kopf.Memo(settings=settings),
+        memo=kopf.Memo(settings=settings, identity=identity),
     )
     return 0
 

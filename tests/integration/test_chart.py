@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubetest import wait_for
+from kubetest import running_devcluster, wait_for
 
 from patchbay_devcluster import DevCluster
 
@@ -30,12 +30,8 @@ VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 
 @pytest.fixture(scope="module")
 def chart_cluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[DevCluster]:
-    cluster = DevCluster(tmp_path_factory.mktemp("chart-cluster"), bin_dir)
-    cluster.up(timeout=120)
-    try:
+    with running_devcluster(tmp_path_factory.mktemp("chart-cluster"), bin_dir) as cluster:
         yield cluster
-    finally:
-        cluster.down(purge=False)
 
 
 class Tools:

@@ -62,22 +62,34 @@ def peering_crd(api: client.ApiClient) -> Iterator[None]:
     return
 
 
-def test_two_peered_replicas_only_the_higher_priority_one_works(
-    cluster: Cluster, operator_process: Operator, peering_crd: None, tmp_path: Path
-) -> None:
-    operator_process.stop()  # the session's standalone operator would not take part in peering
-    nodes = cluster.add_nodes(2)
-    peering = f"{cluster.prefix}peering"
-    high = Operator(operator_process.kubeconfig, tmp_path / "high")
-    low = Operator(operator_process.kubeconfig, tmp_path / "low")
+def peered_pair(
+    cluster: Cluster, session_operator: Operator, tmp_path: Path
+) -> tuple[str, Operator, Operator]:
+    """A peering name and two operators for it, not yet started (priority 200 and 100). The
+    session's standalone operator is stopped: it would not take part in peering."""
+    session_operator.stop()
     (tmp_path / "high").mkdir()
     (tmp_path / "low").mkdir()
-    spec: dict[str, Any] = {
+    high = Operator(session_operator.kubeconfig, tmp_path / "high")
+    low = Operator(session_operator.kubeconfig, tmp_path / "low")
+    return f"{cluster.prefix}peering", high, low
+
+
+def peered_spec(cluster: Cluster) -> dict[str, Any]:
+    return {
         "resourceName": R,
         "mode": "Static",
         "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
         "static": {"capacity": 1},
     }
+
+
+def test_two_peered_replicas_only_the_higher_priority_one_works(
+    cluster: Cluster, operator_process: Operator, peering_crd: None, tmp_path: Path
+) -> None:
+    nodes = cluster.add_nodes(2)
+    peering, high, low = peered_pair(cluster, operator_process, tmp_path)
+    spec = peered_spec(cluster)
     try:
         high.start("--peering", peering, "--priority", "200")
         low.start("--peering", peering, "--priority", "100")
@@ -100,6 +112,58 @@ def test_two_peered_replicas_only_the_higher_priority_one_works(
         )
         cluster.delete_profile(name)
         wait_for("profile released", lambda: cluster.profile(name) is None)
+    finally:
+        high.stop()
+        low.stop()
+        client.CustomObjectsApi(cluster.api).delete_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", peering
+        )
+
+
+def test_a_waiting_replica_writes_nothing_and_takes_over_with_fresh_profiles(
+    cluster: Cluster, operator_process: Operator, peering_crd: None, tmp_path: Path
+) -> None:
+    """The node informer runs outside kopf, so kopf's pause does not stop it: the controller
+    must pause itself. A waiting replica that knew the profile at capacity 1 (from its startup
+    LIST) sees the active one change it to 3 and a drift on a node, and must write nothing;
+    when it takes over it must plan from the profiles as they are NOW, not push 1 back."""
+    nodes = cluster.add_nodes(2)
+    peering, high, low = peered_pair(cluster, operator_process, tmp_path)
+    name = f"{cluster.prefix}stale"
+    spec = peered_spec(cluster)
+
+    def all_at(value: str) -> bool:
+        return all(cluster.values(n, R) == (value, value) for n in nodes)
+
+    try:
+        high.start("--peering", peering, "--priority", "200")
+        wait_for("the high replica works", lambda: "Resuming operations" in high.log())
+        cluster.create_profile(name, spec)
+        wait_for("nodes at 1", lambda: all_at("1"))
+        low.start("--peering", peering, "--priority", "100")
+        wait_for("the low replica waits", lambda: "Waiting: live peers with priority >= 100" in low.log())
+        assert "Loaded 1 DevicePluginProfiles" in low.log()
+
+        cluster.patch_spec(name, {"static": {"capacity": 3}})
+        wait_for("nodes at 3", lambda: all_at("3"))
+        marker = low.stats().get("nodeEvents", 0)
+        cluster.set_status_value(nodes[0], R, "7")
+        wait_for("the drift re-asserted by the high replica", lambda: all_at("3"))
+        wait_for("the low replica saw the drift", lambda: low.stats().get("nodeEvents", 0) >= marker + 2)
+        assert low.stats().get("nodePatches", 0) == 0
+        assert low.stats().get("statusWrites", 0) == 0
+
+        high.stop(signal.SIGTERM)
+        wait_for("the low replica works", lambda: "Working: no live peer" in low.log(), timeout=90)
+        # Nodes already show what the profile says: a replica planning from its stale copy
+        # (capacity 1) would patch every node here.
+        assert low.settled_patches() == 0
+        assert all_at("3")
+        cluster.patch_spec(name, {"static": {"capacity": 5}})
+        wait_for("nodes updated by the low replica", lambda: all_at("5"))
+        cluster.delete_profile(name)
+        wait_for("profile released", lambda: cluster.profile(name) is None)
+        assert all(cluster.values(n, R) == (None, None) for n in nodes)
     finally:
         high.stop()
         low.stop()

@@ -1,34 +1,14 @@
-"""The kopf glue: what the handlers register, and the node-cheap diff base."""
+"""The kopf glue: what the handlers register (profiles only; nodes are the informer's)."""
 
 from __future__ import annotations
 
 import kopf
 from kopf._cogs.structs.references import Resource
 
-from patchbay_operator import handlers
+from patchbay_operator import handlers  # noqa: F401 - importing registers the handlers
 
 
-def test_diff_base_skips_nodes_but_keeps_profiles() -> None:
-    storage = handlers.ProfileOnlyDiffBase(prefix="kopf.patchbay.dev", key="last-handled-configuration")
-    node = kopf.Body(
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}, "status": {"capacity": {}}}
-    )
-    assert storage.build(body=node) == {}
-    profile = kopf.Body(
-        {
-            "apiVersion": "patchbay.dev/v1alpha1",
-            "kind": "DevicePluginProfile",
-            "metadata": {"name": "p", "labels": {"a": "b"}},
-            "spec": {"resourceName": "example.com/x", "mode": "Static", "static": {"capacity": 1}},
-            "status": {"observedGeneration": 1},
-        }
-    )
-    essence = storage.build(body=profile)
-    assert essence["spec"] == {"resourceName": "example.com/x", "mode": "Static", "static": {"capacity": 1}}
-    assert "status" not in essence
-
-
-def test_nodes_get_only_a_stateless_event_handler() -> None:
+def test_kopf_registers_nothing_on_nodes() -> None:
     registry = kopf.get_default_registry()
     verbs = ["list", "watch", "patch"]
     nodes = Resource("", "v1", "nodes", kind="Node", namespaced=False, verbs=verbs)
@@ -44,8 +24,9 @@ def test_nodes_get_only_a_stateless_event_handler() -> None:
     def ids(kind: str, resource: Resource) -> set[str]:
         return {h.id for h in getattr(registry, kind).get_all_handlers() if h.selector.check(resource)}
 
-    assert ids("_watching", nodes) == {"nodes"}
-    # No change handlers, daemons, timers or indexes on nodes: kopf would write to every node.
+    # Nothing at all on nodes: the operator's own informer watches them, and kopf's change
+    # handlers, daemons, timers or indexes would write to (or index) every node.
+    assert ids("_watching", nodes) == set()
     assert ids("_changing", nodes) == set()
     assert ids("_spawning", nodes) == set()
     assert ids("_indexing", nodes) == set()

@@ -1,0 +1,186 @@
+"""The operator's own node informer against the real API server (in-process, no operator).
+
+What the controller relies on: a LIST snapshot and a WATCH from its resourceVersion miss
+nothing; an API server restart is survived without losing events; an expired resourceVersion
+(410 Gone) turns into a fresh LIST delivered as a resync; ``stop()`` ends a watch that is
+blocked waiting for the next event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+from kubetest import running_devcluster
+from optest import Cluster, wait_for
+
+from patchbay_devcluster import DevCluster
+from patchbay_operator.informer import NodeEvent, NodeInformer, Snapshot, list_all
+from patchbay_operator.kube import Kube, KubeError, load_configuration
+
+
+@dataclass
+class Seen:
+    """What the informer delivered, recorded on its event loop."""
+
+    events: list[NodeEvent] = field(default_factory=list)
+    resyncs: list[Snapshot] = field(default_factory=list)
+    threads: set[str] = field(default_factory=set)
+
+    def on_events(self, batch: list[NodeEvent]) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.events.extend(batch)
+
+    def on_resync(self, snapshot: Snapshot) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.resyncs.append(snapshot)
+
+    def of(self, node: str) -> list[NodeEvent]:
+        return [e for e in list(self.events) if e.state.name == node]
+
+
+@pytest.fixture
+def kube(devcluster: DevCluster) -> Iterator[Kube]:
+    k = Kube(load_configuration(str(devcluster.kubeconfig), 4))
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running in a thread named 'loop', as the operator's would."""
+    lp = asyncio.new_event_loop()
+    t = threading.Thread(target=lp.run_forever, name="loop", daemon=True)
+    t.start()
+    try:
+        yield lp
+    finally:
+        lp.call_soon_threadsafe(lp.stop)
+        t.join(5)
+        lp.close()
+
+
+def start(kube: Kube, loop: asyncio.AbstractEventLoop, rv: str) -> tuple[NodeInformer, Seen]:
+    seen = Seen()
+    informer = NodeInformer(kube, loop, seen.on_events, seen.on_resync)
+    informer.start(rv)
+    return informer, seen
+
+
+def test_list_then_watch_misses_nothing(
+    cluster: Cluster, kube: Kube, loop: asyncio.AbstractEventLoop
+) -> None:
+    first = cluster.add_nodes(2)
+    snapshot = list_all(kube)
+    names = {s.name for s in snapshot.states}
+    assert set(first) <= names
+    assert snapshot.resource_version.isdigit()
+
+    # Changes made after the snapshot but BEFORE the watch opens must still arrive.
+    cluster.set_labels(first[0], {"color": "blue"})
+    informer, seen = start(kube, loop, snapshot.resource_version)
+    try:
+        wait_for(
+            "the label change made before the watch opened",
+            lambda: any(
+                e.type == "MODIFIED" and e.state.labels.get("color") == "blue" for e in seen.of(first[0])
+            ),
+            timeout=30,
+        )
+        late = cluster.add_nodes(1, start=5)[0]
+        wait_for("the new node", lambda: any(e.type == "ADDED" for e in seen.of(late)), timeout=30)
+        cluster.set_status_value(first[1], "example.com/widget", "3")
+        wait_for(
+            "the extended resource in capacity and allocatable",
+            lambda: any(
+                e.state.capacity.get("example.com/widget") == "3"
+                and e.state.allocatable.get("example.com/widget") == "3"
+                for e in seen.of(first[1])
+            ),
+            timeout=30,
+        )
+        cluster.core.delete_node(late)
+        wait_for("the deletion", lambda: any(e.type == "DELETED" for e in seen.of(late)), timeout=30)
+        assert seen.resyncs == []
+        assert seen.threads == {"loop"}, "callbacks must run on the event loop, not the informer's thread"
+    finally:
+        informer.stop()
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[DevCluster]:
+    """A control plane of this module's own: its API server is restarted, which the session's
+    other tests must not see."""
+    with running_devcluster(tmp_path_factory.mktemp("informer-cluster"), bin_dir) as c:
+        yield c
+
+
+def test_api_server_restart_then_an_expired_resource_version(
+    own_cluster: DevCluster, loop: asyncio.AbstractEventLoop
+) -> None:
+    kube = Kube(load_configuration(str(own_cluster.kubeconfig), 4))
+    core = client.CoreV1Api(config.new_client_from_config(config_file=str(own_cluster.kubeconfig)))
+    nodes = own_cluster.add_kwok_nodes(2, prefix="inf-")
+    before = list_all(kube)
+    informer, seen = start(kube, loop, before.resource_version)
+    try:
+        wait_for("the watch to be open", lambda: informer._watch is not None, timeout=30)
+        # The API server goes away and comes back: the watch fails and is retried with backoff.
+        # The new API server's watch cache starts at the current (global) revision, which other
+        # writes have usually moved past our last node event: then the informer gets 410 and
+        # relists. Either way it must go on delivering.
+        own_cluster.restart_component("kube-apiserver")
+        core.patch_node(nodes[0], {"metadata": {"labels": {"after": "restart"}}})
+        wait_for(
+            "an event after the API server restart",
+            lambda: any(e.state.labels.get("after") == "restart" for e in seen.of(nodes[0])),
+            timeout=60,
+        )
+        assert informer.restarts >= 1
+        if seen.resyncs:
+            assert {s.name for s in seen.resyncs[-1].states} == set(nodes)
+    finally:
+        informer.stop()
+
+    # The restarted API server's watch cache begins at the revision it started at: the
+    # resourceVersion of the first LIST is now too old (410 Gone)...
+    with pytest.raises(KubeError) as gone:
+        for _ in kube.watch_nodes(before.resource_version, timeout_seconds=5):
+            pass
+    assert gone.value.status == 410
+
+    # ...so an informer starting from it LISTs again and delivers that as a resync, in which a
+    # node deleted meanwhile is missing, and then watches on from the fresh list.
+    core.delete_node(nodes[1])
+    informer, seen = start(kube, loop, before.resource_version)
+    try:
+        snap = wait_for("a resync after 410 Gone", lambda: seen.resyncs and seen.resyncs[0], timeout=30)
+        assert nodes[0] in {s.name for s in snap.states}
+        assert nodes[1] not in {s.name for s in snap.states}
+        assert informer.restarts >= 1
+        core.patch_node(nodes[0], {"metadata": {"labels": {"after": "resync"}}})
+        wait_for(
+            "an event after the resync",
+            lambda: any(e.state.labels.get("after") == "resync" for e in seen.of(nodes[0])),
+            timeout=30,
+        )
+    finally:
+        informer.stop()
+        kube.close()
+
+
+def test_stop_ends_a_watch_blocked_on_read(kube: Kube, loop: asyncio.AbstractEventLoop) -> None:
+    snapshot = list_all(kube)
+    informer, _ = start(kube, loop, snapshot.resource_version)
+    wait_for("the watch to be open", lambda: informer._watch is not None, timeout=30)
+    informer.stop(timeout=10)
+    assert informer._thread is not None
+    # The server would hold the stream open for 300 s: stop() must interrupt the blocked read.
+    assert not informer._thread.is_alive()
