@@ -1,19 +1,21 @@
 """Static mode at scale: how close the operator gets to what the API server allows.
 
-Starts its own local cluster (real etcd + kube-apiserver + kwok) with N kwok nodes and the
-operator as a subprocess, then measures, in the same run:
+Starts its own local cluster (real etcd + kube-apiserver + kwok) with N kwok nodes, waits until
+every node is Ready (kwok's start-up churn would otherwise load whichever side runs first), then
+runs ROUNDS alternating rounds, each in the same conditions:
 
-- baseline apply / remove: a plain concurrent client (the official client, the same number of
-  threads as the operator's --concurrency) sending the same one-JSON-patch-per-node payload to
-  every node: the floor this API server allows here;
-- operator apply: from creating a Static profile to every node showing the value;
-- operator delete: from deleting the profile to every node clean (finalizer released);
-- API writes per node per change (the operator's own counters);
-- drift re-assertion: a value reset on random nodes, until it is back (p50 / p99);
-- the operator's peak RSS (VmHWM).
+- baseline apply / remove, with no operator running: a plain concurrent client (the same HTTP
+  transport and number of threads as the operator's --concurrency) sending the same
+  one-JSON-patch-per-node payload to every node: the floor this API server allows here;
+- the operator, started afresh as a subprocess: apply (from creating a Static profile to every
+  node showing the value), and delete (from deleting it to every node clean); in the first round
+  also drift re-assertion (a value reset on random nodes, until it is back: p50 / p99).
 
-"Every node shows X" is observed the same way for the baseline and the operator: one raw watch
-on nodes, decoded as plain JSON. Prints figures and ratios; asserts nothing about timings.
+Reported: each round's times and ratios, the medians of each side and their ratio (the
+headline), API writes per node per change (the operator's own counters), the operator's CPU
+seconds per phase and its peak RSS (VmHWM). "Every node shows X" is observed the same way for
+both sides: one raw watch on nodes, decoded as plain JSON. Prints figures; asserts nothing about
+timings.
 
     .venv/bin/python bench/static_scale.py --nodes 1000
 """
@@ -213,9 +215,45 @@ def baseline(kube: Kube, nodes: list[str], ops: list[dict[str, Any]], threads: i
         list(pool.map(one, nodes))
 
 
+def profile_body() -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DevicePluginProfile",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "resourceName": R_OPERATOR,
+            "mode": "Static",
+            "nodeSelector": {"matchLabels": {BENCH_LABEL: "1"}},
+            "static": {"capacity": 4},
+        },
+    }
+
+
+def baseline_ops() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The baseline's add and remove patches: the operator's payload shape for another resource."""
+    key = esc("static.patchbay.dev/example.com_baseline")
+    owner = json.dumps({"profile": "baseline", "resource": R_BASELINE})
+    add = [
+        {"op": "add", "path": f"/metadata/annotations/{key}", "value": owner},
+        {"op": "add", "path": f"/status/capacity/{esc(R_BASELINE)}", "value": "4"},
+        {"op": "add", "path": f"/status/allocatable/{esc(R_BASELINE)}", "value": "4"},
+    ]
+    remove = [
+        {"op": "remove", "path": f"/status/capacity/{esc(R_BASELINE)}"},
+        {"op": "remove", "path": f"/status/allocatable/{esc(R_BASELINE)}"},
+        {"op": "remove", "path": f"/metadata/annotations/{key}"},
+    ]
+    return add, remove
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating baseline/operator rounds")
     ap.add_argument("--concurrency", type=int, default=16, help="operator --concurrency and baseline threads")
     ap.add_argument("--drift-samples", type=int, default=100)
     ap.add_argument("--state-dir", type=Path, default=None, help="cluster state (default: a temp dir)")
@@ -224,11 +262,16 @@ def main() -> int:
 
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="patchbay-bench-"))
     cluster = DevCluster(state, find_bin_dir(os.environ.get("PATCHBAY_KUBE_BIN")))
-    print(f"Static-mode benchmark: {args.nodes} kwok nodes, concurrency {args.concurrency}, state {state}")
+    print(
+        f"Static-mode benchmark: {args.nodes} kwok nodes, concurrency {args.concurrency}, "
+        f"{args.rounds} rounds, state {state}"
+    )
     t = time.monotonic()
     cluster.up(timeout=180)
     names = cluster.add_kwok_nodes(args.nodes, prefix="bench-", labels={BENCH_LABEL: "1"}, workers=16)
     print(f"  cluster + {args.nodes} nodes created in {time.monotonic() - t:.1f} s", flush=True)
+    cluster.wait_nodes_ready(args.nodes, label_selector=f"{BENCH_LABEL}=1", timeout=max(300, args.nodes / 5))
+    print(f"  every node Ready after {time.monotonic() - t:.1f} s", flush=True)
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     op: OperatorProcess | None = None
     observer: Observer | None = None
@@ -237,137 +280,130 @@ def main() -> int:
         crd = yaml.safe_load((REPO / "crds" / "patchbay.dev_devicepluginprofiles.yaml").read_text())
         ext.create_custom_resource_definition(crd)
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
-        time.sleep(2)  # let the new API group reach discovery
+        time.sleep(5)  # the new API group reaches discovery; the last Ready updates settle
         observer = Observer(api, set(names))
-
-        # --- baseline -----------------------------------------------------------------------
-        print("Baseline: plain concurrent client, one JSON patch per node (same payload shape)")
-        owner = json.dumps({"profile": "baseline", "resource": R_BASELINE})
-        add = [
-            {
-                "op": "add",
-                "path": f"/metadata/annotations/{esc('static.patchbay.dev/example.com_baseline')}",
-                "value": owner,
-            },
-            {"op": "add", "path": f"/status/capacity/{esc(R_BASELINE)}", "value": "4"},
-            {"op": "add", "path": f"/status/allocatable/{esc(R_BASELINE)}", "value": "4"},
-        ]
-        remove = [
-            {"op": "remove", "path": f"/status/capacity/{esc(R_BASELINE)}"},
-            {"op": "remove", "path": f"/status/allocatable/{esc(R_BASELINE)}"},
-            {
-                "op": "remove",
-                "path": f"/metadata/annotations/{esc('static.patchbay.dev/example.com_baseline')}",
-            },
-        ]
+        obs = observer
         kube = Kube(load_configuration(str(cluster.kubeconfig), args.concurrency))
-
-        def run_baseline() -> tuple[float, float]:
+        custom = client.CustomObjectsApi(api)
+        add, remove = baseline_ops()
+        rows: list[dict[str, float]] = []
+        drift: list[float] = []
+        drift_writes = 0
+        for rnd in range(1, args.rounds + 1):
+            row: dict[str, float] = {}
+            print(f"Round {rnd}: baseline (no operator running)")
             t0 = time.monotonic()
             baseline(kube, names, add, args.concurrency)
-            a = timed("apply (until every node shows it)", lambda: observer.wait(R_BASELINE, "4"), t0)
+            row["base_apply"] = timed(
+                "apply (until every node shows it)", lambda: obs.wait(R_BASELINE, "4"), t0
+            )
             t0 = time.monotonic()
             baseline(kube, names, remove, args.concurrency)
-            r = timed("remove (until every node is clean)", lambda: observer.wait(R_BASELINE, None), t0)
-            return a, r
+            row["base_remove"] = timed(
+                "remove (until every node is clean)", lambda: obs.wait(R_BASELINE, None), t0
+            )
 
-        base1 = run_baseline()
-
-        # --- operator -----------------------------------------------------------------------
-        print("Operator")
-        log = state / "operator.log"
-        t = time.monotonic()
-        op = OperatorProcess(cluster.kubeconfig, log, args.concurrency)
-        while op.stats().get("nodes", 0) < args.nodes:
-            time.sleep(0.2)
-        print(f"  started and listed {args.nodes} nodes in {time.monotonic() - t:.1f} s", flush=True)
-        before = op.settled_stats()
-        custom = client.CustomObjectsApi(api)
-        profile = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "DevicePluginProfile",
-            "metadata": {"name": "bench"},
-            "spec": {
-                "resourceName": R_OPERATOR,
-                "mode": "Static",
-                "nodeSelector": {"matchLabels": {BENCH_LABEL: "1"}},
-                "static": {"capacity": 4},
-            },
-        }
-        cpu0 = op.cpu_seconds()
-        t0 = time.monotonic()
-        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, profile)
-        op_apply = timed(
-            "apply (profile created -> every node shows it)", lambda: observer.wait(R_OPERATOR, "4"), t0
-        )
-        apply_cpu = op.cpu_seconds() - cpu0
-        after_apply = op.settled_stats()
-        apply_writes = after_apply["nodePatches"] - before["nodePatches"]
-
-        # Drift: reset the value on random nodes, one at a time, and time the re-assertion.
-        samples: list[float] = []
-        for name in random.sample(names, min(args.drift_samples, len(names))):
-            ops = [
-                {"op": "add", "path": f"/status/capacity/{esc(R_OPERATOR)}", "value": "0"},
-                {"op": "add", "path": f"/status/allocatable/{esc(R_OPERATOR)}", "value": "0"},
-            ]
+            print(f"Round {rnd}: operator")
+            t = time.monotonic()
+            op = OperatorProcess(cluster.kubeconfig, state / f"operator-{rnd}.log", args.concurrency)
+            while op.stats().get("nodes", 0) < args.nodes:
+                time.sleep(0.2)
+            print(f"  started and listed {args.nodes} nodes in {time.monotonic() - t:.1f} s", flush=True)
+            before = op.settled_stats()
+            cpu0 = op.cpu_seconds()
             t0 = time.monotonic()
-            client.CoreV1Api(api).patch_node_status(name, ops, _content_type="application/json-patch+json")
-            observer.wait_node(name, R_OPERATOR, "4")
-            samples.append(time.monotonic() - t0)
-        after_drift = op.settled_stats()
-        drift_writes = after_drift["nodePatches"] - after_apply["nodePatches"]
+            custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, profile_body())
+            row["op_apply"] = timed(
+                "apply (profile created -> every node shows it)", lambda: obs.wait(R_OPERATOR, "4"), t0
+            )
+            row["apply_cpu"] = op.cpu_seconds() - cpu0
+            after_apply = op.settled_stats()
+            row["apply_writes"] = (after_apply["nodePatches"] - before["nodePatches"]) / args.nodes
 
-        cpu0 = op.cpu_seconds()
-        t0 = time.monotonic()
-        custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "bench")
-        op_delete = timed(
-            "delete (profile deleted -> every node clean)", lambda: observer.wait(R_OPERATOR, None), t0
-        )
-        delete_cpu = op.cpu_seconds() - cpu0
-        while True:
-            try:
-                custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "bench")
-            except client.ApiException as e:
-                if e.status == 404:
-                    break
-                raise
-            time.sleep(0.1)
-        released = time.monotonic() - t0
-        after_delete = op.settled_stats()
-        delete_writes = after_delete["nodePatches"] - after_drift["nodePatches"]
-        rss = op.peak_rss_mib()
-        op.stop()
-        op = None
-        print("Baseline again (after the operator, to bracket the machine's noise)")
-        base2 = run_baseline()
-        base_apply, base_remove = min(base1[0], base2[0]), min(base1[1], base2[1])
+            after_drift = after_apply
+            if rnd == 1:
+                # Drift: reset the value on random nodes, one at a time; time the re-assertion.
+                for name in random.sample(names, min(args.drift_samples, len(names))):
+                    ops = [
+                        {"op": "add", "path": f"/status/capacity/{esc(R_OPERATOR)}", "value": "0"},
+                        {"op": "add", "path": f"/status/allocatable/{esc(R_OPERATOR)}", "value": "0"},
+                    ]
+                    t0 = time.monotonic()
+                    client.CoreV1Api(api).patch_node_status(
+                        name, ops, _content_type="application/json-patch+json"
+                    )
+                    obs.wait_node(name, R_OPERATOR, "4")
+                    drift.append(time.monotonic() - t0)
+                after_drift = op.settled_stats()
+                drift_writes = after_drift["nodePatches"] - after_apply["nodePatches"]
 
-        samples.sort()
-        p50 = statistics.median(samples)
-        p99 = samples[min(len(samples) - 1, round(0.99 * (len(samples) - 1)))]
+            cpu0 = op.cpu_seconds()
+            t0 = time.monotonic()
+            custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "bench")
+            row["op_delete"] = timed(
+                "delete (profile deleted -> every node clean)", lambda: obs.wait(R_OPERATOR, None), t0
+            )
+            row["delete_cpu"] = op.cpu_seconds() - cpu0
+            while True:
+                try:
+                    custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "bench")
+                except client.ApiException as e:
+                    if e.status == 404:
+                        break
+                    raise
+                time.sleep(0.1)
+            row["released"] = time.monotonic() - t0
+            after_delete = op.settled_stats()
+            row["delete_writes"] = (after_delete["nodePatches"] - after_drift["nodePatches"]) / args.nodes
+            row["status_writes"] = after_delete["statusWrites"]
+            row["max_per_node"] = after_delete["maxPatchesPerNode"]
+            row["rss"] = op.peak_rss_mib()
+            op.stop()
+            op = None
+            rows.append(row)
+
+        def med(key: str) -> float:
+            return statistics.median(r[key] for r in rows)
+
+        def each(key: str, fmt: str = "{:.0f}") -> str:
+            return ", ".join(fmt.format(r[key]) for r in rows)
+
+        def ratio(op_key: str, base_key: str, r: dict[str, float]) -> str:
+            return f"{r[op_key]:.2f} s | {r[op_key] / r[base_key]:.2f}"
+
+        drift.sort()
         print()
-        print(f"Results ({args.nodes} nodes, concurrency {args.concurrency}; baseline = faster of two runs)")
-        print("| measure | operator | baseline | ratio |")
-        print("| --- | --- | --- | --- |")
+        print(f"Results ({args.nodes} nodes, concurrency {args.concurrency}, {args.rounds} rounds)")
         print(
-            f"| apply: every node patched | {op_apply:.2f} s | {base_apply:.2f} s "
-            f"| {op_apply / base_apply:.2f} |"
+            "| round | baseline apply | operator apply | ratio | baseline remove | operator delete | ratio |"
         )
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for i, r in enumerate(rows, 1):
+            print(
+                f"| {i} | {r['base_apply']:.2f} s | {ratio('op_apply', 'base_apply', r)} "
+                f"| {r['base_remove']:.2f} s | {ratio('op_delete', 'base_remove', r)} |"
+            )
+        medians = {k: med(k) for k in ("base_apply", "op_apply", "base_remove", "op_delete")}
         print(
-            f"| delete: every node clean | {op_delete:.2f} s | {base_remove:.2f} s "
-            f"| {op_delete / base_remove:.2f} |"
+            f"| median | {medians['base_apply']:.2f} s | {ratio('op_apply', 'base_apply', medians)} "
+            f"| {medians['base_remove']:.2f} s | {ratio('op_delete', 'base_remove', medians)} |"
         )
-        print(f"| delete: profile gone (finalizer released) | {released:.2f} s | | |")
-        print(f"| API writes per node, apply | {apply_writes / args.nodes:.3f} | 1 | |")
-        print(f"| API writes per node, delete | {delete_writes / args.nodes:.3f} | 1 | |")
-        print(f"| writes for {len(samples)} drift resets | {drift_writes} | | |")
-        print(f"| drift re-assertion p50 / p99 | {p50 * 1000:.0f} ms / {p99 * 1000:.0f} ms | | |")
-        print(f"| operator CPU during apply / delete | {apply_cpu:.2f} s / {delete_cpu:.2f} s | | |")
-        print(f"| operator CPU per node, apply | {apply_cpu / args.nodes * 1000:.2f} ms | | |")
-        print(f"| operator peak RSS | {rss:.0f} MiB | | |")
-        print(f"| status writes (whole run) | {after_delete['statusWrites']} | | |")
-        print(f"| max patches on any one node (whole run) | {after_delete['maxPatchesPerNode']} | | |")
+        print()
+        print("| measure | operator |")
+        print("| --- | --- |")
+        print(f"| delete: profile gone (finalizer released), median | {med('released'):.2f} s |")
+        print(f"| API writes per node, apply (each round) | {each('apply_writes', '{:.3f}')} |")
+        print(f"| API writes per node, delete (each round) | {each('delete_writes', '{:.3f}')} |")
+        print(f"| writes for {len(drift)} drift resets | {drift_writes} |")
+        if drift:
+            p50, p99 = statistics.median(drift), percentile(drift, 0.99)
+            print(f"| drift re-assertion p50 / p99 | {p50 * 1000:.0f} ms / {p99 * 1000:.0f} ms |")
+        cpu = f"{med('apply_cpu'):.2f} s / {med('delete_cpu'):.2f} s"
+        print(f"| operator CPU, apply / delete (median) | {cpu} |")
+        print(f"| operator CPU per node, apply (median) | {med('apply_cpu') / args.nodes * 1000:.2f} ms |")
+        print(f"| operator peak RSS (each round) | {each('rss')} MiB |")
+        print(f"| profile status writes (each round: apply, drift, delete) | {each('status_writes')} |")
+        print(f"| most patches on any one node (each round) | {each('max_per_node')} |")
         return 0
     finally:
         if observer is not None:

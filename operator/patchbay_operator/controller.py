@@ -374,8 +374,8 @@ class Controller:
 
     async def _patch_node(self, name: str) -> None:
         state = self.nodes.get(name)
-        if state is None:
-            return
+        if state is None or not self.active:
+            return  # gone, or queued before this replica started waiting
         ops = capacity.plan(state, self.winners())
         if not ops:
             return
@@ -541,6 +541,7 @@ class Controller:
             "maxPatchesPerNode": max(c.per_node.values(), default=0),
             "statusWrites": c.status_writes,
             "queued": len(self._queued) + len(self._inflight),
+            "working": int(self.active),
         }
 
     async def _stats_logger(self, every: float = STATS_PERIOD) -> None:

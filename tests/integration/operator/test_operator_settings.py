@@ -152,9 +152,11 @@ def test_a_waiting_replica_writes_nothing_and_takes_over_with_fresh_profiles(
         wait_for("the low replica saw the drift", lambda: low.stats().get("nodeEvents", 0) >= marker + 2)
         assert low.stats().get("nodePatches", 0) == 0
         assert low.stats().get("statusWrites", 0) == 0
+        assert low.stats().get("working") == 0
 
         high.stop(signal.SIGTERM)
         wait_for("the low replica works", lambda: "Working: no live peer" in low.log(), timeout=90)
+        wait_for("its stats say so", lambda: low.stats().get("working") == 1, timeout=15)
         # Nodes already show what the profile says: a replica planning from its stale copy
         # (capacity 1) would patch every node here.
         assert low.settled_patches() == 0
