@@ -113,8 +113,7 @@ class Controller:
         handler runs the node cache is complete (a deleting profile after a restart knows every
         node it set) and resource-name conflicts are decided on full knowledge.
         """
-        for body in await self.call(self.kube.list_profiles):
-            self._remember(Profile.from_body(body), body)
+        await self.refresh_profiles()
         log.info("Loaded %d DevicePluginProfiles", len(list(self.registry)))
         snapshot = await self.call(informer.list_all, self.kube)
         self.resync_nodes(snapshot)
@@ -517,7 +516,8 @@ class Controller:
             await asyncio.sleep(every)
 
     async def refresh_profiles(self) -> None:
-        """Replace the registry with the profiles as they are now (and their last status)."""
+        """Replace the registry with the profiles as they are now (and their last status): at
+        start, and when a peered replica takes over from a registry kopf stopped updating."""
         bodies = await self.call(self.kube.list_profiles)
         listed = set()
         for body in bodies:
