@@ -32,6 +32,11 @@ import yaml  # noqa: E402
 from fakehw import FakeHardware  # noqa: E402
 from kubeletpeer import AgentProcess, KubeletPeer, _Process, build_peer  # noqa: E402
 
+from patchbay_agent.sockets import socket_name  # noqa: E402
+
+AGENT_INSTANCE = "bench"
+"""A fixed instance name, so the benchmark knows the agent's socket."""
+
 RESOURCE = "example.com/serial"
 STUB_RESOURCE = "example.com/gostub"
 DEVICES = 8
@@ -85,7 +90,9 @@ class Bench:
     def start_agent(self) -> float:
         """Start the agent process; seconds from exec to the kubelet seeing all devices."""
         t0 = time.perf_counter()
-        self.agent = AgentProcess(self.config, self.plugin_dir, self.hw.root, self.root / "agent.log")
+        self.agent = AgentProcess(
+            self.config, self.plugin_dir, self.hw.root, self.root / "agent.log", "--instance", AGENT_INSTANCE
+        )
         self.kubelet.wait(RESOURCE, capacity=DEVICES, allocatable=DEVICES, timeout_ms=20000)
         return time.perf_counter() - t0
 
@@ -138,7 +145,7 @@ class Bench:
     # -- measurements -------------------------------------------------------------------------
     def allocate_latency(self) -> None:
         n = self.args.allocates
-        agent_sock = str(self.plugin_dir / "patchbay-example.com_serial.sock")
+        agent_sock = str(self.plugin_dir / socket_name("example.com/serial", AGENT_INSTANCE))
         stub_sock = str(self.plugin_dir / "go-stub.sock")
         floor_sock = str(self.root / "floor.sock")
         runs: dict[str, list[dict[str, Any]]] = {"agent": [], "stub": [], "floor": []}
@@ -212,7 +219,7 @@ class Bench:
         pid = self.agent.proc.pid
         after_start = rss_mib(pid)
         stub_rss = rss_mib(self.stub.proc.pid)
-        sock = str(self.plugin_dir / "patchbay-example.com_serial.sock")
+        sock = str(self.plugin_dir / socket_name("example.com/serial", AGENT_INSTANCE))
         n = self.args.rss_allocates
         self.kubelet.ok("bench_allocate", timeout=1800, socket=sock, n=n, devices=["ttyUSB1"])
         after_n = rss_mib(pid)

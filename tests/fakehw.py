@@ -9,6 +9,7 @@ Everything else the tests touch (sockets, gRPC, processes, the kubelet code) is 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 
@@ -100,3 +101,19 @@ class FakeHardware:
         node = f"/dev/bus/usb/{bus:03d}/{devnum:03d}"
         self.add_dev(node)
         return node
+
+
+def stale_socket(path: Path) -> None:
+    """What a killed agent leaves: a Unix socket file bound once, nobody listening any more."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.listen()
+    s.close()
+
+
+def live_socket(path: Path) -> socket.socket:
+    """A Unix socket somebody listens on (close it, or use it as a context manager)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.listen()
+    return s

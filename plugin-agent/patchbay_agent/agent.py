@@ -3,6 +3,10 @@
 Start-up order matters: the first discovery/health round runs BEFORE the socket is served, so
 the kubelet's first ListAndWatch already carries the real list (never an empty one that makes
 the kubelet advertise 0 for a moment); then serve; then register (registration.py).
+
+Each agent process serves its own socket (`sockets.py`): during a rollout the old and the new
+agent of one resource are registered side by side, and the old one's SIGTERM removes only its own
+socket. At start, sockets of the same resource that dead agents left behind are removed.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import re
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,16 +25,9 @@ from patchbay_agent.metrics import HttpEndpoint, Metrics
 from patchbay_agent.monitor import Monitor
 from patchbay_agent.registration import Backoff, Registrar
 from patchbay_agent.server import DevicePluginServicer
+from patchbay_agent.sockets import check_path, new_instance, probe, remove_stale_sockets, socket_name
 
 log = logging.getLogger(__name__)
-
-#: sockaddr_un.sun_path is 108 bytes including the terminating NUL.
-MAX_UNIX_SOCKET_PATH = 107
-
-
-def socket_name(resource_name: str) -> str:
-    """The plugin's socket file name, unique per resource: `patchbay-example.com_serial.sock`."""
-    return "patchbay-" + re.sub(r"[^A-Za-z0-9_.-]", "_", resource_name) + ".sock"
 
 
 @dataclass
@@ -48,6 +45,8 @@ class AgentOptions:
     backoff_max: float = 10.0
     #: Prefix for device paths in Allocate's DeviceSpecs (see ``--host-path-prefix``).
     host_path_prefix: str = ""
+    #: The socket name's instance part (``--instance``); None draws a fresh one per process.
+    instance: str | None = None
 
 
 class Agent:
@@ -56,10 +55,12 @@ class Agent:
     def __init__(self, config: AgentConfig, options: AgentOptions) -> None:
         self.config = config
         self.options = options
-        endpoint = socket_name(config.resource_name)
-        path = options.plugin_dir / endpoint
-        if len(str(path).encode()) > MAX_UNIX_SOCKET_PATH:
-            raise ValueError(f"socket path {path} is longer than {MAX_UNIX_SOCKET_PATH} bytes")
+        #: socket names this process has used: never drawn again
+        self._used: set[str] = set()
+        self.instance = options.instance if options.instance is not None else self._fresh_instance()
+        self._used.add(socket_name(config.resource_name, self.instance))
+        endpoint = socket_name(config.resource_name, self.instance)
+        check_path(options.plugin_dir / endpoint)
         self.metrics = Metrics(config.resource_name, options.node_name)
         self.inventory = Inventory(
             config.replicas, config.allocation.permissions, host_path_prefix=options.host_path_prefix
@@ -77,9 +78,36 @@ class Agent:
             self.metrics,
             poll_interval=options.poll_interval,
             backoff=Backoff(options.backoff_initial, options.backoff_max),
+            rename=self._rename,
         )
         self.http = HttpEndpoint(self.metrics, self._healthy, self._ready)
         self.started = asyncio.Event()
+
+    def _fresh_instance(self) -> str:
+        """A random instance whose socket name is not in the plugin directory (used or not)."""
+        while True:
+            instance = new_instance()
+            name = socket_name(self.config.resource_name, instance)
+            if name not in self._used and not os.path.lexists(self.options.plugin_dir / name):
+                return instance
+
+    def _rename(self) -> str:
+        """A new socket name for this process (the kubelet refused the old path for good)."""
+        self.instance = self._fresh_instance()
+        name = socket_name(self.config.resource_name, self.instance)
+        self._used.add(name)
+        return name
+
+    def _claim_socket(self) -> None:
+        """Refuse a socket path another process serves (an --instance already taken), then
+        remove this resource's stale sockets (their agents are gone)."""
+        path = self.registrar.socket_path
+        if probe(path) == 0:
+            raise ValueError(
+                f"{path} is served by another process: instance {self.instance!r} is taken "
+                "(leave --instance out to draw a fresh one)"
+            )
+        remove_stale_sockets(self.options.plugin_dir, self.config.resource_name, keep=path.name)
 
     def _healthy(self) -> bool:
         return self.registrar.server is not None and self.registrar.server.serving
@@ -91,8 +119,10 @@ class Agent:
         """Run until `stop` is set, then shut down gracefully (socket removed, streams ended).
 
         Raises ListTooLargeError from the first round: a list the kubelet would refuse is a
-        configuration error, reported before anything is served.
+        configuration error, reported before anything is served; ValueError when our socket path
+        is served by another process.
         """
+        self._claim_socket()
         await self.monitor.round(periodic=True)
         snap = self.inventory.current
         log.info(
@@ -124,7 +154,7 @@ class Agent:
         finally:
             stop.set()
             stopper.cancel()
-            log.info("Shutting down: ending streams, removing %s", self.registrar.socket_path)
+            log.info("Shutting down: ending streams, removing our socket %s", self.registrar.socket_path)
             self.inventory.close()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.registrar.shutdown(self.options.shutdown_grace)

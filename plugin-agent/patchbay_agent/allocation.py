@@ -45,8 +45,11 @@ def allocate(request: api_pb2.AllocateRequest, snap: Snapshot, cfg: Allocation) 
 
     Device files are deduplicated by host path: two replicas of one device, or VFIO devices that
     all need /dev/vfio/vfio, must not produce duplicate DeviceSpecs (the runtime would refuse).
-    The devices env lists the IDs exactly as the kubelet allocated them (the same IDs the
-    PodResources API reports); CDI names use the physical IDs, which is what a CDI spec describes.
+    The devices env (`devicesEnvName`) names each PHYSICAL device once, in allocation order:
+    replicas `<id>::<n>` appear as `<id>`, so the env is what a runtime hook that reads device
+    IDs expects (`devicesEnvName: NVIDIA_VISIBLE_DEVICES` with NVIDIA's container toolkit). The
+    replica IDs the kubelet allocated stay visible through the PodResources API. CDI names use the
+    physical IDs too, which is what a CDI spec describes.
     """
     response = api_pb2.AllocateResponse()
     for creq in request.container_requests:
@@ -56,7 +59,7 @@ def allocate(request: api_pb2.AllocateRequest, snap: Snapshot, cfg: Allocation) 
         physical = _physical_ids(ids, snap)
         cresp = response.container_responses.add()
         cresp.envs.update(cfg.envs)
-        cresp.envs[cfg.devices_env_name] = ",".join(ids)
+        cresp.envs[cfg.devices_env_name] = ",".join(physical)
         cresp.annotations.update(cfg.annotations)
         for m in cfg.mounts:
             cresp.mounts.add(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)

@@ -9,6 +9,8 @@ API_VERSION = "v1beta1"
 #: The kubelet's registration socket, inside the device-plugin directory.
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+#: Where the kubelet serves the PodResources API (v1.PodResourcesLister).
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 #: Env vars an exec health probe receives.
 ENV_PROBE_DEVICE_ID = "PATCHBAY_DEVICE_ID"

@@ -20,6 +20,7 @@ from patchbay_agent.config import ConfigError, load
 from patchbay_agent.constants import DEFAULT_DEVICE_PLUGIN_DIR
 from patchbay_agent.discovery import DiscoveryError
 from patchbay_agent.inventory import ListTooLargeError
+from patchbay_agent.sockets import check_instance
 
 log = logging.getLogger("patchbay_agent")
 
@@ -36,14 +37,24 @@ def _address(value: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def _instance(value: str) -> str:
+    try:
+        return check_instance(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="patchbay-agent",
         description=(
             "Kubelet device plugin (Device Plugin API v1beta1) for one extended resource. It finds "
-            "devices as the config says, serves them on a Unix socket in the device-plugin "
-            "directory, registers with the kubelet, re-registers when the kubelet restarts, and "
-            "tracks device health."
+            "devices as the config says, serves them on its own Unix socket in the device-plugin "
+            "directory (patchbay-<resource>-<instance>.sock, one per process, so the old and the "
+            "new agent of a rollout overlap without sharing one), registers with the kubelet, "
+            "re-registers when the kubelet restarts, and tracks device health. On start it removes "
+            "sockets of its resource whose agents are gone (connection refused); on SIGTERM only "
+            "its own."
         ),
         epilog=(
             "The config is the ConfigMap the Patchbay operator renders from a DevicePluginProfile "
@@ -100,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="backstop poll of the socket inodes; inotify does the real work (default: %(default)s)",
     )
+    p.add_argument(
+        "--instance",
+        type=_instance,
+        metavar="ID",
+        help="the instance part of the socket name, 1-16 lowercase letters or digits (default: a "
+        "fresh random one per process; a name another process serves is refused)",
+    )
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="default: %(default)s")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return p
@@ -153,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         http_address=args.http_address,
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,
+        instance=args.instance,
     )
     log.info("Starting for %s on node %s", config.resource_name, args.node_name)
     try:

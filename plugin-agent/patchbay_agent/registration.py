@@ -15,7 +15,10 @@ Rules this module keeps (kubelet Device Plugin API, REFERENCE.md):
   while there is no `kubelet.sock` at all, wait for it to appear instead of knocking;
 * the kubelet keeps one ListAndWatch stream per registration and, when that stream fails, forgets
   the plugin without telling it. So when our last stream ends while the same kubelet is still
-  there, wait a moment (a re-registration in flight opens a new one) and register again.
+  there, wait a moment (a re-registration in flight opens a new one) and register again;
+* the kubelet keeps one endpoint per socket PATH. When it refuses Register with "device plugin
+  already connected", it has just dropped its client for that path but may keep the endpoint,
+  which then blocks the path until it restarts: serve on a NEW socket name and register that.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -38,6 +42,8 @@ log = logging.getLogger(__name__)
 
 #: After our last ListAndWatch stream ends, how long to wait for a new one before re-registering.
 STREAM_LOSS_GRACE = 1.0
+#: What the kubelet's device manager answers a Register for a socket path it still holds.
+ALREADY_CONNECTED = "device plugin already connected"
 
 
 class Backoff:
@@ -72,9 +78,13 @@ class Registrar:
         poll_interval: float = 10.0,
         register_timeout: float = 10.0,
         backoff: Backoff | None = None,
+        rename: Callable[[], str] | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
+        #: our socket's file name in plugin_dir (what RegisterRequest.endpoint says)
         self.endpoint = endpoint
+        #: gives a fresh socket name when the kubelet refuses ours as "already connected"
+        self._rename = rename
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self._servicer = servicer
         self._resource_name = resource_name
@@ -181,6 +191,8 @@ class Registrar:
                 e.details(),
                 delay,
             )
+            if self._rename is not None and ALREADY_CONNECTED in (e.details() or ""):
+                await self._move_to_new_socket()
             return delay
         self._backoff.reset()
         # A fresh registration supersedes streams that ended before it.
@@ -192,6 +204,19 @@ class Registrar:
         self._metrics.registrations.labels("success").inc()
         log.info("Registered %s with the kubelet at %s", self._resource_name, self.kubelet_socket)
         return None
+
+    async def _move_to_new_socket(self) -> None:
+        """Give up our socket path for good (the kubelet may hold a stale endpoint for it): stop
+        serving it, remove it, take a new name. The next round serves that and registers it."""
+        assert self._rename is not None
+        old = self.socket_path
+        self.endpoint = self._rename()
+        log.warning(
+            "The kubelet still holds an endpoint for %s: moving to a new socket %s", old, self.socket_path
+        )
+        if self.server is not None:
+            await self.server.stop(0, remove_socket=True)
+            self.server = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve, register and keep registered until `stop` is set."""

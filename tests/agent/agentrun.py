@@ -28,6 +28,7 @@ async def running_agent(
     resource: str = "example.com/serial",
     poll_interval: float = 10.0,
     backoff: tuple[float, float] = (0.05, 0.5),
+    instance: str | None = None,
 ) -> AsyncIterator[Agent]:
     """Start the agent (first round, serving, registering), yield it, then stop it for real."""
     agent = Agent(
@@ -41,6 +42,7 @@ async def running_agent(
             shutdown_grace=1.0,
             backoff_initial=backoff[0],
             backoff_max=backoff[1],
+            instance=instance,
         ),
     )
     stop = asyncio.Event()

@@ -31,16 +31,28 @@ class Registration:
 
 
 class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
-    def __init__(self, plugin_dir: Path, *, refuse: int = 0) -> None:
+    def __init__(
+        self,
+        plugin_dir: Path,
+        *,
+        refuse: int = 0,
+        refuse_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+        refuse_details: str = "not ready yet",
+    ) -> None:
         self.plugin_dir = plugin_dir
         self.socket = plugin_dir / "kubelet.sock"
         self.registrations: list[Registration] = []
+        #: the endpoint of every Register call, refused ones included
+        self.attempts: list[str] = []
         #: the latest device list per resource (from ListAndWatch)
         self.devices: dict[str, list[api_pb2.Device]] = {}
         self.lists_received = 0
-        #: refuse this many Register calls with UNAVAILABLE before accepting
+        #: refuse this many Register calls (with refuse_code and refuse_details, where "{path}"
+        #: stands for the plugin's socket path) before accepting
         self.refuse = refuse
         self.refused = 0
+        self._refuse_code = refuse_code
+        self._refuse_details = refuse_details
         self._server: grpc.aio.Server | None = None
         self._streams: list[asyncio.Task[None]] = []
         self._channels: list[grpc.aio.Channel] = []
@@ -49,9 +61,11 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
     async def Register(
         self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.Empty:
+        self.attempts.append(request.endpoint)
         if self.refused < self.refuse:
             self.refused += 1
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "not ready yet")
+            details = self._refuse_details.replace("{path}", str(self.plugin_dir / request.endpoint))
+            await context.abort(self._refuse_code, details)
         # Dial fresh, as the Go kubelet does: a shared subchannel to the same path may still be
         # backing off from the plugin's previous (deleted) socket.
         channel = grpc.aio.insecure_channel(

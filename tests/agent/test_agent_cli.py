@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 import yaml
 from fakehw import FakeHardware
 from pykubelet import PyKubelet
+
+from patchbay_agent.sockets import legacy_socket_name, socket_name
 
 AGENT = [sys.executable, "-m", "patchbay_agent.main"]
 
@@ -35,6 +38,7 @@ def test_help_explains_every_flag() -> None:
         "--device-plugin-dir",
         "--host-root",
         "--http-address",
+        "--instance",
         "--log-format",
     ):
         assert flag in out.stdout
@@ -77,7 +81,30 @@ def test_nvml_without_driver_exits_3_with_a_clear_message(short_dir: Path) -> No
     assert "Traceback" not in out.stderr
 
 
-def test_sigterm_removes_the_socket_and_exits_0(short_dir: Path, plugin_dir: Path, hw: FakeHardware) -> None:
+def _agent_argv(cfg: Path, plugin_dir: Path, hw: FakeHardware, *extra: str) -> list[str]:
+    return [
+        *AGENT,
+        "--config",
+        str(cfg),
+        "--node-name",
+        "n1",
+        "--device-plugin-dir",
+        str(plugin_dir),
+        "--host-root",
+        str(hw.root),
+        "--http-address",
+        "127.0.0.1:0",
+        "--log-format",
+        "json",
+        *extra,
+    ]
+
+
+def test_sigterm_removes_only_its_own_socket_and_exits_0(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """Two agent processes of one resource (a rollout), plus another resource's sockets: SIGTERM
+    to the first removes its socket and nothing else."""
     hw.add_dev("/dev/ttyUSB0")
     cfg = _write(
         short_dir / "c.yaml",
@@ -86,44 +113,74 @@ def test_sigterm_removes_the_socket_and_exits_0(short_dir: Path, plugin_dir: Pat
             "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}},
         },
     )
-    socket = plugin_dir / "patchbay-example.com_serial.sock"
+    # Another resource's sockets, one served and one stale: neither is the agent's business.
+    foreign_live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    foreign_live.bind(str(plugin_dir / socket_name("example.com/serial-x", "1234abcd")))
+    foreign_live.listen()
+    foreign_stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    foreign_stale.bind(str(plugin_dir / legacy_socket_name("example.com/other")))
+    foreign_stale.close()
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir)
         await kubelet.start()
-        proc = await asyncio.create_subprocess_exec(
-            *AGENT,
-            "--config",
-            str(cfg),
-            "--node-name",
-            "n1",
-            "--device-plugin-dir",
-            str(plugin_dir),
-            "--host-root",
-            str(hw.root),
-            "--http-address",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-            stderr=asyncio.subprocess.PIPE,
-        )
+        procs = []
         try:
-            await kubelet.wait_for(lambda: "example.com/serial" in kubelet.devices, within=20)
-            assert socket.exists()
-            proc.send_signal(signal.SIGTERM)
-            _, err = await asyncio.wait_for(proc.communicate(), 20)
-            assert proc.returncode == 0
-            assert not socket.exists()
+            for n in (1, 2):
+                procs.append(
+                    await asyncio.create_subprocess_exec(
+                        *_agent_argv(cfg, plugin_dir, hw), stderr=asyncio.subprocess.PIPE
+                    )
+                )
+                await kubelet.wait_for(lambda n=n: len(kubelet.registrations) == n, within=20)
+            first, second = (plugin_dir / r.request.endpoint for r in kubelet.registrations)
+            assert first != second
+            before = set(os.listdir(plugin_dir))
+            assert {first.name, second.name} <= before
+            procs[0].send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(procs[0].communicate(), 20)
+            assert procs[0].returncode == 0
+            assert set(os.listdir(plugin_dir)) == before - {first.name}
             stderr = err.decode()
             assert '"msg": "Registered example.com/serial' in stderr
             assert '"msg": "Stopped"' in stderr
+            procs[1].send_signal(signal.SIGTERM)
+            await asyncio.wait_for(procs[1].communicate(), 20)
+            assert procs[1].returncode == 0
+            assert set(os.listdir(plugin_dir)) == before - {first.name, second.name}
         finally:
-            if proc.returncode is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                await proc.wait()
+            for proc in procs:
+                if proc.returncode is None:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    await proc.wait()
             await kubelet.stop()
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        foreign_live.close()
+
+
+def test_instance_flag_names_the_socket_and_a_bad_one_is_refused(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    out = _run("--config", "x", "--node-name", "n", "--instance", "Not-OK")
+    assert out.returncode == 2
+    assert "lowercase letters or digits" in out.stderr
+    cfg = _write(
+        short_dir / "c.yaml",
+        {"resourceName": "example.com/serial", "plugin": {"discovery": {"virtual": {"count": 1}}}},
+    )
+    taken = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    taken.bind(str(plugin_dir / socket_name("example.com/serial", "rollout2")))
+    taken.listen()
+    try:
+        refused = _run(*_agent_argv(cfg, plugin_dir, hw, "--instance", "rollout2")[len(AGENT) :])
+    finally:
+        taken.close()
+    assert refused.returncode == 3
+    assert "instance 'rollout2' is taken" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 @pytest.mark.parametrize("flag", ["--http-address=nonsense", "--http-address=:80"])

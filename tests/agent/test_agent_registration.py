@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import urllib.request
 from pathlib import Path
@@ -48,12 +49,14 @@ def test_registers_only_after_serving_with_the_right_request(plugin_dir: Path, h
         await kubelet.start()
         try:
             plugin = dict(SERIAL, preferredAllocation={"policy": "Pack"})
-            async with running_agent(plugin, plugin_dir, hw.root):
+            async with running_agent(plugin, plugin_dir, hw.root) as agent:
                 await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
                 (reg,) = kubelet.registrations
                 assert reg.plugin_was_serving
                 assert reg.request.version == "v1beta1"
-                assert reg.request.endpoint == "patchbay-example.com_serial.sock"
+                # Its own socket: the resource plus this process's instance.
+                assert re.fullmatch(r"patchbay-example\.com_serial-[0-9a-f]{8}\.sock", reg.request.endpoint)
+                assert reg.request.endpoint == agent.registrar.endpoint == agent.registrar.socket_path.name
                 assert reg.request.resource_name == RESOURCE
                 assert reg.request.options.get_preferred_allocation_available
                 assert not reg.request.options.pre_start_required

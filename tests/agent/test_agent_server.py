@@ -107,7 +107,9 @@ def test_allocate_response_and_refusals(plugin_dir: Path, hw: FakeHardware) -> N
                 ("/dev/ttyUSB0", "/dev/ttyUSB0", "rwm"),
                 ("/dev/ttyUSB1", "/dev/ttyUSB1", "rwm"),
             ]
-            assert dict(first.envs) == {"FOO": "bar", "PATCHBAY_DEVICES": "ttyUSB0::0,ttyUSB0::1,ttyUSB1::1"}
+            # The devices env names each physical device once, in allocation order.
+            assert dict(first.envs) == {"FOO": "bar", "PATCHBAY_DEVICES": "ttyUSB0,ttyUSB1"}
+            assert dict(second.envs) == {"FOO": "bar", "PATCHBAY_DEVICES": "ttyUSB1"}
             assert [(m.host_path, m.container_path, m.read_only) for m in first.mounts] == [
                 ("/opt/lib", "/usr/local/lib/dev", True)
             ]

@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 from fakehw import FakeHardware
 
+from patchbay_agent.sockets import is_same_resource
+
 PEER_DIR = Path(__file__).resolve().parent / "peer"
 
 
@@ -123,6 +125,22 @@ class KubeletPeer(_Process):
             kw["allocatable"] = allocatable
         return self.ok("wait", timeout=timeout_ms / 1000 + 10, **kw)
 
+    def endpoints(self, resource: str) -> tuple[list[str], str]:
+        """The socket paths of the endpoints the device manager holds for `resource` (one per
+        registered plugin socket), and the primary one's (where Allocate goes; "" for none)."""
+        reply = self.ok("endpoints", resource=resource)
+        return list(reply["endpoints"]), str(reply["primary"])
+
+    def sample_start(self, resource: str, interval_us: int = 200) -> None:
+        """Sample GetCapacity and the endpoints of `resource` in the peer, in the background,
+        every `interval_us`, until sample_stop (the other ops keep working meanwhile)."""
+        self.ok("sample_start", resource=resource, interval_us=interval_us)
+
+    def sample_stop(self) -> dict[str, Any]:
+        """Stop sampling: samples, min/max capacity, allocatable and endpoints (-1: the resource
+        was absent), and every change seen with its peer time `t_ns`."""
+        return self.ok("sample_stop")
+
     def quit(self) -> int:
         if self.proc.poll() is None and self.proc.stdin is not None:
             try:
@@ -135,7 +153,8 @@ class KubeletPeer(_Process):
 
 
 class AgentProcess(_Process):
-    """`python -m patchbay_agent.main` exactly as the DaemonSet runs it (plus test paths)."""
+    """`python -m patchbay_agent.main` exactly as the DaemonSet runs it (plus test paths). Each
+    process serves its own socket, `patchbay-<resource>-<random instance>.sock`."""
 
     def __init__(self, config: Path, plugin_dir: Path, host_root: Path, log: Path, *extra: str) -> None:
         super().__init__(
@@ -180,6 +199,10 @@ class Harness:
         agent = AgentProcess(cfg, self.plugin_dir, self.hw.root, self.root / f"agent{n}.log", *extra)
         self.agents.append(agent)
         return agent
+
+    def sockets(self, resource: str) -> list[Path]:
+        """The plugin sockets of `resource` in the plugin directory now (any agent process)."""
+        return sorted(p for p in self.plugin_dir.iterdir() if is_same_resource(p.name, resource))
 
     def close(self) -> None:
         for a in self.agents:

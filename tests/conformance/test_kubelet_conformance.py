@@ -170,11 +170,13 @@ def test_kubelet_restart_is_followed_by_reregistration(harness: Harness) -> None
     harness.start_agent(SERIAL, {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}})
     harness.kubelet.wait(SERIAL, capacity=2, allocatable=2)
     before = harness.kubelet.ok("allocate", pod="p1", container="c", resource=SERIAL, count=1)
-    socket = harness.plugin_dir / "patchbay-example.com_serial.sock"
+    (socket,) = harness.sockets(SERIAL)
     for _ in range(3):
         harness.kubelet.ok("restart")
         harness.kubelet.wait(SERIAL, capacity=2, allocatable=2)
-        assert socket.exists()
+        # The new kubelet wiped the directory; the same process serves the same name again.
+        assert harness.sockets(SERIAL) == [socket]
+        assert harness.kubelet.endpoints(SERIAL) == ([str(socket)], str(socket))
     # The new kubelet kept p1's device through its checkpoint; p2 gets the other one.
     after = harness.kubelet.ok("allocate", pod="p2", container="c", resource=SERIAL, count=1)
     assert after["device_ids"] != before["device_ids"]
@@ -189,10 +191,12 @@ def test_agent_that_stops_leaves_the_kubelet_at_zero_allocatable(harness: Harnes
     harness.hw.add_dev("/dev/ttyUSB0")
     agent = harness.start_agent(SERIAL, {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}})
     harness.kubelet.wait(SERIAL, capacity=1, allocatable=1)
+    (socket,) = harness.sockets(SERIAL)
     assert agent.stop() == 0
     # Upstream behaviour: the resource stays, every device Unhealthy, until the grace period ends.
     harness.kubelet.wait(SERIAL, capacity=1, allocatable=0)
-    assert not (harness.plugin_dir / "patchbay-example.com_serial.sock").exists()
+    assert harness.sockets(SERIAL) == []
+    assert harness.kubelet.endpoints(SERIAL) == ([], str(socket))  # the stopped endpoint, in its grace
 
 
 def _pci_vfio(h: Harness) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 # Build (or reuse) the conformance peer: tests/conformance/peer/main.go linked against the
 # upstream kubelet device manager of the pinned Kubernetes release. Prints the binary's path.
 #
-# Independent of the Makefile (the tests call it). The one addition to upstream code, an exported
-# constructor (devicemanager_export.go.in), is compiled into the vendored devicemanager package
-# with `go build -overlay`; no upstream file is changed. Cache: $PATCHBAY_CACHE (default
+# Independent of the Makefile (the tests call it). The one addition to upstream code,
+# devicemanager_export.go.in (an exported constructor and a read-only view of the endpoints), is
+# compiled into the vendored devicemanager package with `go build -overlay`; no upstream file is
+# changed. Cache: $PATCHBAY_CACHE (default
 # ~/.cache/patchbay)/conformance-peer/<k8s version>-<hash of this directory's sources>/peer;
 # nothing is written into the repository. The wrapper module comes from hack/k8s-wrapper-module.sh,
 # as for hack/kube-binaries.sh.

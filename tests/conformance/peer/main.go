@@ -15,10 +15,11 @@
 //	    DIR/kubelet.sock: the baseline the benchmarks compare the Python agent with. Runs until
 //	    stdin closes.
 //
-// The only addition to upstream code is one exported constructor compiled into the devicemanager
-// package through `go build -overlay` (see devicemanager_export.go.in): the package's exported
-// constructor hard-codes /var/lib/kubelet/device-plugins/kubelet.sock, the unexported one (which
-// the package's own unit tests use) takes the socket path.
+// The only additions to upstream code are compiled into the devicemanager package through
+// `go build -overlay` (see devicemanager_export.go.in): an exported constructor (the package's
+// exported one hard-codes /var/lib/kubelet/device-plugins/kubelet.sock, the unexported one, which
+// the package's own unit tests use, takes the socket path) and a read-only view of the manager's
+// endpoints per resource.
 package main
 
 import (
@@ -94,6 +95,77 @@ type kubelet struct {
 	podsMu   sync.Mutex
 	pods     map[string]*v1.Pod
 	startedN int64
+	sampler  *sampler
+}
+
+// sampler reads one resource's capacity, allocatable and endpoints from ONE manager in the
+// background, as fast as the interval allows, and keeps the extremes and every change (not every
+// sample, so a long run stays small). Started by sample_start, ended by sample_stop; the manager
+// is the one running at sample_start (do not restart the kubelet while sampling).
+type sampler struct {
+	resource string
+	mgr      *devicemanager.ManagerImpl
+	logger   klog.Logger
+	interval time.Duration
+	stop     chan struct{}
+	done     chan struct{}
+
+	samples                    int64
+	minCap, maxCap             int64
+	minAlloc, maxAlloc         int64
+	maxEndpoints, minEndpoints int
+	changes                    []map[string]any
+}
+
+// value returns the quantity for the resource, or -1 when the manager does not report it.
+func value(l map[string]int64, resource string) int64 {
+	if v, ok := l[resource]; ok {
+		return v
+	}
+	return -1
+}
+
+func (s *sampler) run() {
+	defer close(s.done)
+	var last map[string]any
+	for {
+		c, a, _ := s.mgr.GetCapacity(s.logger)
+		sockets, primary := s.mgr.EndpointsForConformancePeer(s.resource)
+		cv, av := value(quantities(c), s.resource), value(quantities(a), s.resource)
+		if s.samples == 0 {
+			s.minCap, s.maxCap, s.minAlloc, s.maxAlloc = cv, cv, av, av
+			s.minEndpoints, s.maxEndpoints = len(sockets), len(sockets)
+		}
+		s.samples++
+		s.minCap, s.maxCap = min(s.minCap, cv), max(s.maxCap, cv)
+		s.minAlloc, s.maxAlloc = min(s.minAlloc, av), max(s.maxAlloc, av)
+		s.minEndpoints, s.maxEndpoints = min(s.minEndpoints, len(sockets)), max(s.maxEndpoints, len(sockets))
+		cur := map[string]any{"capacity": cv, "allocatable": av, "endpoints": sockets, "primary": primary}
+		if last == nil || last["capacity"] != cv || last["allocatable"] != av || last["primary"] != primary ||
+			strings.Join(last["endpoints"].([]string), ",") != strings.Join(sockets, ",") {
+			change := map[string]any{"t_ns": sinceStart(), "sample": s.samples}
+			for k, v := range cur {
+				change[k] = v
+			}
+			s.changes = append(s.changes, change)
+			last = cur
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(s.interval):
+		}
+	}
+}
+
+func (s *sampler) result() reply {
+	return reply{
+		"resource": s.resource, "samples": s.samples,
+		"min_capacity": s.minCap, "max_capacity": s.maxCap,
+		"min_allocatable": s.minAlloc, "max_allocatable": s.maxAlloc,
+		"min_endpoints": s.minEndpoints, "max_endpoints": s.maxEndpoints,
+		"changes": s.changes, "t_ns": sinceStart(),
+	}
 }
 
 func (k *kubelet) activePods() []*v1.Pod {
@@ -150,6 +222,7 @@ type request struct {
 	N           int      `json:"n"`
 	Devices     []string `json:"devices"`
 	Checkpoint  bool     `json:"wipe_checkpoint"`
+	IntervalUS  int64    `json:"interval_us"`
 }
 
 type reply map[string]any
@@ -198,6 +271,44 @@ func (k *kubelet) handle(ctx context.Context, r request) (reply, error) {
 			}
 			time.Sleep(200 * time.Microsecond)
 		}
+
+	case "endpoints":
+		// The plugin endpoints the manager holds for a resource (one per registered socket path)
+		// and the primary one (where Allocate goes).
+		if k.mgr == nil {
+			return reply{"endpoints": []string{}, "primary": ""}, nil
+		}
+		sockets, primary := k.mgr.EndpointsForConformancePeer(r.Resource)
+		return reply{"endpoints": sockets, "primary": primary}, nil
+
+	case "sample_start":
+		// Sample GetCapacity and the endpoints of one resource in the background every
+		// interval_us (default 200us) until sample_stop; the other ops keep working meanwhile.
+		if k.mgr == nil {
+			return nil, fmt.Errorf("kubelet stopped")
+		}
+		if k.sampler != nil {
+			return nil, fmt.Errorf("already sampling %s", k.sampler.resource)
+		}
+		interval := time.Duration(r.IntervalUS) * time.Microsecond
+		if interval <= 0 {
+			interval = 200 * time.Microsecond
+		}
+		k.sampler = &sampler{resource: r.Resource, mgr: k.mgr, logger: k.logger, interval: interval,
+			stop: make(chan struct{}), done: make(chan struct{})}
+		go k.sampler.run()
+		return reply{"t_ns": sinceStart()}, nil
+
+	case "sample_stop":
+		// Stop sampling; the samples' extremes and every change seen, with the time it was seen.
+		if k.sampler == nil {
+			return nil, fmt.Errorf("not sampling")
+		}
+		s := k.sampler
+		k.sampler = nil
+		close(s.stop)
+		<-s.done
+		return s.result(), nil
 
 	case "devices":
 		if k.mgr == nil {

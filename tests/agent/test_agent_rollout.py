@@ -1,0 +1,152 @@
+"""One socket per agent process: two agents of one resource side by side (a DaemonSet rollout),
+stale sockets of dead agents removed at start, live and foreign ones never touched, a taken
+instance refused, and a new socket when the kubelet refuses a path as "already connected"."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+from pathlib import Path
+
+import grpc
+import pytest
+from agentrun import plugin_client, running_agent
+from fakehw import FakeHardware, live_socket, stale_socket
+from pykubelet import PyKubelet
+
+from patchbay_agent.api import api_pb2
+from patchbay_agent.sockets import legacy_socket_name, socket_name
+
+SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 60}}
+RESOURCE = "example.com/serial"
+NAME = re.compile(r"patchbay-example\.com_serial-[0-9a-f]{8}\.sock")
+
+
+def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    hw.add_dev("/dev/ttyUSB0")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
+        try:
+            a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root))
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+            b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root))
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
+            endpoints = [r.request.endpoint for r in kubelet.registrations]
+            assert endpoints == [a.registrar.endpoint, b.registrar.endpoint]
+            assert all(NAME.fullmatch(e) for e in endpoints), endpoints
+            assert endpoints[0] != endpoints[1]
+            assert a.registrar.socket_path.exists() and b.registrar.socket_path.exists()
+            # The old agent stops (SIGTERM in a rollout): its socket goes, the new one's stays.
+            await old.aclose()
+            assert not a.registrar.socket_path.exists()
+            assert b.registrar.socket_path.exists()
+            assert b.registrar.registered
+            async with plugin_client(b.registrar.socket_path) as client:
+                req = api_pb2.AllocateRequest(
+                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["ttyUSB0"])]
+                )
+                resp = await client.Allocate(req)
+                assert resp.container_responses[0].devices[0].host_path == "/dev/ttyUSB0"
+            # No re-registration was needed: the kubelet still has b's stream.
+            await asyncio.sleep(0.2)
+            assert len(kubelet.registrations) == 2
+            assert b.servicer.open_streams == 1
+        finally:
+            await new.aclose()
+            await old.aclose()
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_stale_sockets_of_the_resource_go_at_start_live_and_foreign_ones_stay(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    dead = socket_name(RESOURCE, "1111aaaa")
+    legacy = legacy_socket_name(RESOURCE)
+    live = socket_name(RESOURCE, "2222bbbb")
+    foreign = socket_name("example.com/serial-x", "3333cccc")
+    foreign_legacy = legacy_socket_name("example.com/serial2")
+    for name in (dead, legacy, foreign, foreign_legacy):
+        stale_socket(plugin_dir / name)
+    (plugin_dir / "kubelet_internal_checkpoint").write_text("{}")
+
+    async def scenario() -> None:
+        with live_socket(plugin_dir / live):
+            async with running_agent(SERIAL, plugin_dir, hw.root) as agent:
+                left = sorted(os.listdir(plugin_dir))
+                assert left == sorted(
+                    [live, foreign, foreign_legacy, "kubelet_internal_checkpoint", agent.registrar.endpoint]
+                )
+            # Its own socket goes on shutdown; the rest stays as it was.
+            assert sorted(os.listdir(plugin_dir)) == sorted(
+                [live, foreign, foreign_legacy, "kubelet_internal_checkpoint"]
+            )
+
+    asyncio.run(scenario())
+
+
+def test_an_instance_another_process_serves_is_refused(plugin_dir: Path, hw: FakeHardware) -> None:
+    taken = plugin_dir / socket_name(RESOURCE, "taken")
+
+    async def scenario() -> None:
+        async with running_agent(SERIAL, plugin_dir, hw.root, instance="taken"):
+            pytest.fail("the agent started on a socket another process serves")
+
+    with live_socket(taken), pytest.raises(ValueError, match="instance 'taken' is taken"):
+        asyncio.run(scenario())
+    assert taken.exists()
+
+
+def test_a_stale_socket_of_the_same_instance_is_taken_over(plugin_dir: Path, hw: FakeHardware) -> None:
+    stale_socket(plugin_dir / socket_name(RESOURCE, "mine"))
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        try:
+            async with running_agent(SERIAL, plugin_dir, hw.root, instance="mine") as agent:
+                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+                assert kubelet.registrations[0].request.endpoint == socket_name(RESOURCE, "mine")
+                assert agent.registrar.server is not None and agent.registrar.server.socket_intact()
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_already_connected_moves_the_agent_to_a_new_socket(plugin_dir: Path, hw: FakeHardware) -> None:
+    """The kubelet's answer when it still holds an endpoint for the path: that path may be blocked
+    for good, so the agent serves and registers a NEW socket name."""
+    hw.add_dev("/dev/ttyUSB0")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(
+            plugin_dir,
+            refuse=1,
+            refuse_code=grpc.StatusCode.UNKNOWN,
+            refuse_details="device plugin already connected: {path}",
+        )
+        await kubelet.start()
+        try:
+            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
+                await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
+                first, second = kubelet.attempts
+                assert first != second
+                assert all(NAME.fullmatch(e) for e in (first, second))
+                (reg,) = kubelet.registrations
+                assert reg.request.endpoint == second == agent.registrar.endpoint
+                assert reg.plugin_was_serving
+                assert not (plugin_dir / first).exists()
+                assert (plugin_dir / second).exists()
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
