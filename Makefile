@@ -16,8 +16,12 @@ export PATCHBAY_KUBE_BIN := $(KUBE_BIN)
 export PATCHBAY_DEVCLUSTER_DIR := $(CLUSTER_DIR)
 export PATH := $(KUBE_BIN):$(abspath $(VENV))/bin:$(PATH)
 
-# The virtualenv is reinstalled only when pyproject.toml changes.
-VENV_STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+# The three programs, each with its own pyproject.toml (its package and its dependencies).
+PROGRAMS    := operator plugin-agent devcluster
+PYPROJECTS  := pyproject.toml $(addsuffix /pyproject.toml,$(PROGRAMS))
+
+# The virtualenv is reinstalled only when a pyproject.toml changes.
+VENV_STAMP := $(VENV)/.installed-$(shell cat $(PYPROJECTS) | sha256sum | cut -c1-12)
 
 ##@ General
 
@@ -39,11 +43,11 @@ host-packages: ## Debian packages for the real node (containerd, runc, CNI loopb
 .PHONY: venv
 venv: $(VENV_STAMP) ## Create .venv and install the package with its dev tools
 
-$(VENV_STAMP): pyproject.toml
-	@echo "==> Python virtualenv $(VENV)"
+$(VENV_STAMP): $(PYPROJECTS)
+	@echo "==> Python virtualenv $(VENV): the three programs (editable) and the dev tools"
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
-	@$(PY) -m pip install --quiet --progress-bar off -e '.[dev]'
+	@$(PY) -m pip install --quiet --progress-bar off $(addprefix -e ./,$(PROGRAMS)) -e '.[dev]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -109,9 +113,19 @@ bench-agent: setup ## Agent vs the upstream Go stub plugin, with the upstream de
 bench-static: setup ## Static capacity at scale vs a plain concurrent client (NODES=1000 by default here)
 	$(PY) bench/static_scale.py --nodes $(or $(BENCH_NODES),1000)
 
+.PHONY: bench-cluster
+bench-cluster: setup ## The user's path: image builds, apply -> allocatable, agent pod memory, a rollout
+	$(PY) bench/cluster_path.py
+
 .PHONY: bench-devcluster
 bench-devcluster: setup ## Local cluster start, 1000 kwok nodes, the real node, down
 	$(PY) bench/devcluster.py --nodes 1000 --real-node
+
+##@ Images
+
+.PHONY: images
+images: setup ## Build the operator and agent images (podman, local Debian base; cached by content hash)
+	patchbay-devcluster images
 
 ##@ Local cluster
 

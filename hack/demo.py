@@ -1,16 +1,18 @@
-"""`make demo`: a local cluster with a real node and kwok nodes, the operator, two profiles from
-examples/, a pod using each, and a summary of what the scheduler and the pods really saw.
+"""`make demo`: Patchbay as a cluster runs it, on a local cluster, with a summary of what happened.
 
-Everything is real (etcd, API server, controllers, scheduler, kubelet, containerd, runc, the
-operator, the agent) except the hardware: the serial adapters are FAKE character devices
-(mknod 1,3, the null device) under the cluster's state directory.
+The path is the one a user takes: the operator and agent images (built here with podman,
+cached), a local cluster (real control plane, a real kubelet node ``localhost`` on containerd
+and runc with a private pod network, 5 kwok nodes), ``helm install`` of charts/patchbay (the
+operator is the chart's Deployment pod on the real node), ``kubectl apply`` of the two example
+profiles, the operator's agent DaemonSet pod serving the node's devices to the real kubelet, and
+workload pods that use both resources. No Patchbay process runs on the host.
 
-There is no image registry here, so the agent DaemonSet the operator creates cannot start its
-pod (imagePullPolicy Never: ErrImageNeverPull, and nothing reaches for the network). The demo
-runs the very same agent as a host process with the config the operator rendered into the
-ConfigMap, which is what the DaemonSet's pod would run.
+Everything is real except the hardware: the serial adapters are FAKE character devices that the
+demo makes with mknod under the machine's /dev/patchbay-demo/ (they are the null device, 1:3),
+and the example's discovery glob is pointed there.
 
-`make demo-down` (`hack/demo.py down`) stops the operator and the agent by PID, then the cluster.
+`make demo-down` (`hack/demo.py down`) stops the cluster (every process by PID, every pod with
+it) and removes the fake devices.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,24 +30,27 @@ from typing import Any
 
 import yaml
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 
 from patchbay_devcluster import DevCluster, default_state_dir, find_bin_dir
-from patchbay_devcluster.cluster import Proc, stop_pid
+from patchbay_devcluster.imagebuild import build_all
 from patchbay_devcluster.images import BUSYBOX_IMAGE
+from patchbay_devcluster.install import helm_install, local_values, merge
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "patchbay-system"
+RELEASE = "patchbay"
 STATIC = REPO / "examples" / "static-dongles.yaml"
 PLUGIN = REPO / "examples" / "deviceplugin-serial.yaml"
+FAKE_DEV = Path("/dev/patchbay-demo")
 KWOK_NODES = 5
+SERIAL_COUNT = 4
 
 
 def step(text: str) -> None:
     print(f"\n\033[1m==> {text}\033[0m", flush=True)
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 180) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = check()
@@ -54,141 +60,103 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
     raise SystemExit(f"demo: timed out after {timeout:.0f}s waiting for {what}")
 
 
-def spawn(state: Path, name: str, argv: list[str]) -> dict[str, Any]:
-    log = (state / "logs" / f"demo-{name}.log").open("ab")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return {"name": name, "pid": proc.pid, "binary": argv[0], "log": log.name}
+class Tools:
+    """kubectl as a user runs it, against the demo cluster; each command is echoed."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        bins = find_bin_dir()
+        self.kubectl_bin = str(bins / "kubectl")
+        self.env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+
+    def run(self, argv: list[str], stdin: str | None = None, show: bool = True) -> str:
+        if show:
+            print(
+                "$ " + " ".join(Path(argv[0]).name if i == 0 else a for i, a in enumerate(argv)), flush=True
+            )
+        res = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=self.env, timeout=600)
+        if res.returncode != 0:
+            raise SystemExit(f"demo: {' '.join(argv[:3])} failed:\n{res.stdout}{res.stderr}")
+        return res.stdout
+
+    def kubectl(self, *args: str, stdin: str | None = None, show: bool = True) -> str:
+        return self.run([self.kubectl_bin, *args], stdin, show)
 
 
-def load_yaml(path: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(path.read_text())
-    return doc
+def make_fake_serial_devices() -> None:
+    """FAKE serial adapters: character devices under the machine's /dev (null device, 1:3)."""
+    FAKE_DEV.mkdir(exist_ok=True)
+    for i in range(SERIAL_COUNT):
+        dev = FAKE_DEV / f"ttyUSB{i}"
+        if not dev.exists():
+            os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))
 
 
 def up(cluster: DevCluster) -> None:
-    step(f"Local cluster: control plane, the real node 'localhost', {KWOK_NODES} kwok nodes")
-    cluster.up(nodes=KWOK_NODES, real_node=True, timeout=180)
-    state = cluster.dir
-    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    core, custom, ext = client.CoreV1Api(api), client.CustomObjectsApi(api), client.ApiextensionsV1Api(api)
-    procs: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    step("Images: the operator and the agent, from their Dockerfiles (podman; cached by content)")
+    images = build_all(REPO)
+    for image in images.values():
+        how = "built" if image.built else "cached"
+        print(f"    {image.ref}  {image.size_bytes / 1e6:.0f} MB ({how})")
 
-    step("The DevicePluginProfile CRD and the operator (a host process with the admin kubeconfig)")
-    for crd in sorted((REPO / "crds").glob("*.yaml")):
-        body = load_yaml(crd)
-        try:
-            ext.create_custom_resource_definition(body)
-        except ApiException as e:
-            if e.status != 409:
-                raise
-    wait_for(
-        "the CRD",
-        lambda: _served(custom),
-        60,
+    step(
+        f"Local cluster: control plane, the real node 'localhost' with a pod network, {KWOK_NODES} kwok nodes"
     )
-    try:
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-    except ApiException as e:
-        if e.status != 409:
-            raise
-    procs.append(
-        spawn(
-            state,
-            "operator",
-            [
-                sys.executable,
-                "-m",
-                "patchbay_operator.main",
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                "--namespace",
-                NAMESPACE,
-                "--status-debounce",
-                "0.5",
-            ],
-        )
+    cluster.up(nodes=KWOK_NODES, real_node=True, timeout=180)
+    tools = Tools(cluster)
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+
+    step("helm install: the operator is the chart's Deployment pod on the real node")
+    print(
+        "    No kube-proxy here and the API server listens on 127.0.0.1 only, so the operator runs\n"
+        "    with hostNetwork and the API server address as a value (both chart options, off by default)."
     )
-    (state / "demo.json").write_text(json.dumps(procs))
+    values = {"operator": {"statusDebounceSeconds": 0.5}}
+    print(f"$ helm upgrade --install {RELEASE} charts/patchbay -n {NAMESPACE} --values <local values> --wait")
+    print("    " + json.dumps(merge(local_values(cluster, images), values)))
+    helm_install(cluster, REPO / "charts" / "patchbay", images, values, release=RELEASE, namespace=NAMESPACE)
+    tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide")
 
     step("Static: 4 example.com/dongle on every node labelled example.com/dongle-port=true")
     for node in ["localhost", "kwok-node-0", "kwok-node-1", "kwok-node-2"]:
-        labels = {"example.com/dongle-port": "true"}
-        if node == "kwok-node-2":
-            labels["example.com/dongles"] = "2"  # a per-node count from a label
-        core.patch_node(node, {"metadata": {"labels": labels}})
-    _apply(custom, load_yaml(STATIC))
-    wait_for(
-        "dongles on localhost",
-        lambda: (
-            (core.read_node_status("localhost").status.allocatable or {}).get("example.com/dongle") == "4"
-        ),
-    )
+        tools.kubectl("label", "--overwrite", "node", node, "example.com/dongle-port=true", show=False)
+    tools.kubectl("label", "--overwrite", "node", "kwok-node-2", "example.com/dongles=2")
+    tools.kubectl("apply", "-f", str(STATIC))
+    wait_for("dongles on localhost", lambda: allocatable(core, "example.com/dongle") == "4")
 
-    step("DevicePlugin: /dev/ttyUSB* serial adapters (FAKE character devices) on localhost")
-    tree = state / "fake-host"
-    (tree / "dev").mkdir(parents=True, exist_ok=True)
-    (tree / "sys").mkdir(exist_ok=True)
-    for i in range(4):
-        dev = tree / "dev" / f"ttyUSB{i}"
-        if not dev.exists():
-            os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))
-    core.patch_node("localhost", {"metadata": {"labels": {"example.com/serial": "present"}}})
-    plugin = load_yaml(PLUGIN)
-    plugin["spec"].setdefault("agent", {})["imagePullPolicy"] = "Never"  # no registry here
-    _apply(custom, plugin)
-    name = plugin["metadata"]["name"]
-    cm = wait_for(
-        "the agent ConfigMap the operator renders",
-        lambda: _get(lambda: core.read_namespaced_config_map(f"patchbay-{name}", NAMESPACE)),
-    )
-    agent_config = state / "agent-config.yaml"
-    agent_config.write_text(next(iter(cm.data.values())))
-    procs.append(
-        spawn(
-            state,
-            "agent",
-            [
-                sys.executable,
-                "-m",
-                "patchbay_agent.main",
-                "--config",
-                str(agent_config),
-                "--node-name",
-                "localhost",
-                "--host-root",
-                str(tree),
-                "--host-path-prefix",
-                str(tree),
-                "--http-address",
-                "off",
-            ],
-        )
-    )
-    (state / "demo.json").write_text(json.dumps(procs))
+    step("DevicePlugin: serial adapters (FAKE: mknod under /dev/patchbay-demo) served by the agent pod")
+    make_fake_serial_devices()
+    names = ", ".join(sorted(p.name for p in FAKE_DEV.iterdir()))
+    print(f"    {names} in {FAKE_DEV} (char 1:3, the null device)")
+    tools.kubectl("label", "--overwrite", "node", "localhost", "example.com/serial=present")
+    plugin = yaml.safe_load(PLUGIN.read_text())
+    plugin["spec"]["plugin"]["discovery"]["paths"]["globs"] = [f"{FAKE_DEV}/ttyUSB*"]
+    print(f"    (the example's glob /dev/ttyUSB* pointed at the fake devices: {FAKE_DEV}/ttyUSB*)")
+    tools.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(plugin))
+    ds_name = f"patchbay-{plugin['metadata']['name']}"
+    wait_for("the agent DaemonSet's pod Ready", lambda: ds_ready(apps, ds_name))
     wait_for(
-        "serial adapters on localhost",
-        lambda: (
-            (core.read_node_status("localhost").status.allocatable or {}).get("example.com/serial") == "4"
-        ),
+        "serial adapters on localhost", lambda: allocatable(core, "example.com/serial") == str(SERIAL_COUNT)
     )
+    tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide")
 
-    step("Pods that use them (busybox on the real node)")
+    step("Pods that use them (busybox on the real node, on the pod network)")
     pods = {
         "uses-dongle": ("example.com/dongle", 1, "echo dongles granted; sleep 3600"),
         "uses-serial": (  # its devices env and the device nodes in its /dev
             "example.com/serial",
             2,
             "echo PATCHBAY_DEVICES=$PATCHBAY_DEVICES SERIAL_BAUD=$SERIAL_BAUD; "
-            "ls /dev | grep ttyUSB; sleep 3600",
+            "ls /dev/patchbay-demo; sleep 3600",
         ),
     }
     for pod, (resource, count, script) in pods.items():
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": pod},
+            "metadata": {"name": pod, "namespace": "default"},
             "spec": {
-                "hostNetwork": True,
                 "nodeSelector": {"kubernetes.io/hostname": "localhost"},
                 "terminationGracePeriodSeconds": 1,
                 "containers": [
@@ -201,54 +169,50 @@ def up(cluster: DevCluster) -> None:
                 ],
             },
         }
-        try:
-            core.create_namespaced_pod("default", body)
-        except ApiException as e:
-            if e.status != 409:
-                raise
+        tools.kubectl("apply", "-f", "-", stdin=json.dumps(body))
+    for pod in pods:
         wait_for(
             f"pod {pod} Running",
             lambda p=pod: core.read_namespaced_pod(p, "default").status.phase == "Running",
         )
-    time.sleep(2)  # the profiles' debounced status
-    summary(cluster, core)
+    wait_for("the profiles' status", lambda: profiles_settled(tools), 60)
+    summary(tools, core)
+    print(f"\nmake demo took {time.monotonic() - t0:.0f}s")
 
 
-def _served(custom: client.CustomObjectsApi) -> bool:
+def allocatable(core: client.CoreV1Api, resource: str, node: str = "localhost") -> str | None:
+    return (core.read_node_status(node).status.allocatable or {}).get(resource)
+
+
+def ds_ready(apps: client.AppsV1Api, name: str) -> bool:
     try:
-        custom.list_cluster_custom_object("patchbay.dev", "v1alpha1", "devicepluginprofiles")
-    except ApiException:
+        st = apps.read_namespaced_daemon_set_status(name, NAMESPACE).status
+    except client.ApiException:
         return False
-    return True
+    return bool(st.desired_number_scheduled) and st.number_ready == st.desired_number_scheduled
 
 
-def _get(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+def profiles_settled(tools: Tools) -> bool:
+    """Every profile Ready=True for its current generation (what kstatus calls Current)."""
+    items = json.loads(tools.kubectl("get", "dpp", "-o", "json", show=False))["items"]
+    for p in items:
+        st = p.get("status") or {}
+        ready = [c for c in st.get("conditions") or [] if c["type"] == "Ready"]
+        if (
+            st.get("observedGeneration") != p["metadata"]["generation"]
+            or not ready
+            or ready[0]["status"] != "True"
+        ):
+            return False
+    return bool(items)
 
 
-def _apply(custom: client.CustomObjectsApi, body: dict[str, Any]) -> None:
-    custom.patch_cluster_custom_object(
-        "patchbay.dev",
-        "v1alpha1",
-        "devicepluginprofiles",
-        body["metadata"]["name"],
-        body,
-        field_manager="patchbay-demo",
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
-
-
-def summary(cluster: DevCluster, core: client.CoreV1Api) -> None:
-    kubectl = [str(find_bin_dir() / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
+def summary(tools: Tools, core: client.CoreV1Api) -> None:
     step("kubectl get dpp")
-    subprocess.run([*kubectl, "get", "dpp"], check=False)
-    step("What the scheduler sees: capacity/allocatable per node")
+    print(tools.kubectl("get", "dpp", show=False).rstrip())
+    step("Patchbay's pods (the operator from the chart, the agent from its DaemonSet)")
+    print(tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide", show=False).rstrip())
+    step("What the scheduler sees: allocatable/capacity per node")
     print(f"{'NODE':<14} {'example.com/dongle':>20} {'example.com/serial':>20}")
     for node in core.list_node().items:
         cap, alloc = node.status.capacity or {}, node.status.allocatable or {}
@@ -258,23 +222,21 @@ def summary(cluster: DevCluster, core: client.CoreV1Api) -> None:
         print(f"{node.metadata.name:<14} {cells[0]:>20} {cells[1]:>20}")
     step("What each pod received")
     for pod in ("uses-dongle", "uses-serial"):
-        print(f"--- {pod}:")
+        print(f"--- {pod} (pod IP {core.read_namespaced_pod(pod, 'default').status.pod_ip}):")
         print(core.read_namespaced_pod_log(pod, "default").rstrip())
     step("Done")
-    print(f"export KUBECONFIG={cluster.kubeconfig}")
-    print("The serial profile's agent DaemonSet cannot pull an image here (no registry): its pod shows")
-    print("ErrImageNeverPull and the profile counts 0 agents available; the agent serving the node")
-    print("runs as a host process with the operator's rendered config. Stop everything: make demo-down")
+    print(f"export KUBECONFIG={tools.env['KUBECONFIG']}")
+    print("kubectl describe dpp serial-adapters   # conditions, counts, problems")
+    print("The operator and the agent run as pods from the images above; nothing of Patchbay runs")
+    print("on the host. Stop everything: make demo-down")
 
 
 def down(cluster: DevCluster) -> None:
-    record = cluster.dir / "demo.json"
-    if record.exists():
-        for p in json.loads(record.read_text()):
-            if stop_pid(Proc(**p), grace=10):
-                print(f"stopped {p['name']} (pid {p['pid']})")
     stopped = cluster.down()
     print("stopped: " + (", ".join(stopped) if stopped else "no cluster was running"))
+    if FAKE_DEV.exists():
+        shutil.rmtree(FAKE_DEV)
+        print(f"removed the fake devices in {FAKE_DEV}")
 
 
 def main() -> None:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Debian packages the real node needs: containerd, runc, the CNI loopback plugin, a static
-# busybox (the test image's userland) and a C compiler (the pause binary). Idempotent: installs
-# only what is missing, so a second run costs nothing.
+# Debian packages the local cluster and the images need: containerd, runc, the CNI plugins
+# (bridge, host-local, loopback: the real node's pod network), iproute2 and iptables (the pod
+# network and the test that nothing leaves it), a static busybox (the test image's userland), a C
+# compiler (the pause binary), podman and mmdebstrap (the project's images, built with no Docker
+# engine and no registry). Idempotent: installs only what is missing.
 set -euo pipefail
 need=()
 command -v containerd >/dev/null && command -v ctr >/dev/null || need+=(containerd)
@@ -10,8 +12,12 @@ command -v runc >/dev/null || need+=(runc)
 { [[ -x /bin/busybox ]] && file -b /bin/busybox 2>/dev/null | grep -q 'statically linked'; } || need+=(busybox-static)
 command -v file >/dev/null || need+=(file)
 command -v cc >/dev/null || need+=(gcc libc6-dev)
+command -v ip >/dev/null || need+=(iproute2)
+command -v iptables >/dev/null || need+=(iptables)
+command -v podman >/dev/null || need+=(podman)
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 if (( ${#need[@]} == 0 )); then
-  echo "[host-packages] present: containerd runc containernetworking-plugins busybox-static gcc"
+  echo "[host-packages] present: containerd runc containernetworking-plugins busybox-static gcc iproute2 iptables podman mmdebstrap"
   exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then

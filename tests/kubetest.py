@@ -34,3 +34,21 @@ def running_devcluster(state_dir: Path, bin_dir: Path) -> Iterator[DevCluster]:
     finally:
         # Keep certificates and logs under pytest's tmp dir for post-mortems; stop every PID.
         cluster.down(purge=False)
+
+
+def kstatus(obj: dict[str, Any]) -> str:
+    """kstatus's verdict on one object (sigs.k8s.io/cli-utils, what Flux and Argo read), for the
+    generic conditions rules our CR follows: Terminating, InProgress, Failed or Current."""
+    meta, st = obj.get("metadata") or {}, obj.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return "Terminating"
+    if st.get("observedGeneration") is not None and st["observedGeneration"] != meta.get("generation"):
+        return "InProgress"
+    conds = {c["type"]: c["status"] for c in st.get("conditions") or []}
+    if conds.get("Reconciling") == "True":
+        return "InProgress"
+    if conds.get("Stalled") == "True":
+        return "Failed"
+    if "Ready" in conds:
+        return "Current" if conds["Ready"] == "True" else "InProgress"
+    return "Current"

@@ -9,6 +9,7 @@ per-event machinery on node heartbeats.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, cast
 
@@ -23,7 +24,7 @@ from patchbay_operator.constants import (
     PLURAL,
 )
 from patchbay_operator.controller import CleanupPendingError, Controller
-from patchbay_operator.kube import Kube, KubeError, load_configuration
+from patchbay_operator.kube import Kube, KubeError, in_cluster_server, load_configuration
 from patchbay_operator.peering import Peering
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,18 @@ def _ctl(memo: kopf.Memo) -> Controller:
 
 @kopf.on.login(id="login")
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """kopf's own in-cluster or kubeconfig login, so it never guesses between the client
-    libraries that happen to be installed (pykube-ng is, for the agent)."""
-    info: kopf.ConnectionInfo | None = kopf.login_with_service_account(
-        **kwargs
-    ) or kopf.login_with_kubeconfig(**kwargs)
-    return info
+    """kopf's own in-cluster or kubeconfig login, so it never guesses between client libraries.
+
+    In a pod, kopf's service-account login always dials ``https://kubernetes.default.svc``; we
+    dial what the kubelet (or the chart's ``apiServer`` value) announces in
+    ``KUBERNETES_SERVICE_HOST``/``PORT``, as the official client (kube.py) and client-go do, so
+    both of the operator's clients talk to the same server and no cluster DNS is needed.
+    """
+    info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
+    server = in_cluster_server()
+    if info is not None and server is not None:
+        return dataclasses.replace(info, server=server)
+    return info or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.startup(id="startup")

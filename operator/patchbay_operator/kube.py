@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +142,19 @@ def ref_of(obj: dict[str, Any]) -> Ref:
         raise ValueError(f"the operator does not manage {key[1]} objects ({key[0]})")
     meta = obj["metadata"]
     return Ref(_COLLECTIONS[key].format(ns=quote(meta["namespace"], safe="")), meta["name"])
+
+
+def in_cluster_server(env: Mapping[str, str] | None = None) -> str | None:
+    """The API server's URL as a pod is told it (``KUBERNETES_SERVICE_HOST``/``PORT``), or None.
+
+    The kubelet sets both for the ``kubernetes`` Service; the chart's ``apiServer`` value may
+    override them (clusters without kube-proxy). The official client reads the same two.
+    """
+    env = os.environ if env is None else env
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 def load_configuration(kubeconfig: str | None, pool_size: int) -> client.Configuration:

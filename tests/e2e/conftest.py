@@ -1,29 +1,102 @@
-"""The real node (kubelet + containerd + runc) joins the session's cluster once, on first use."""
+"""The e2e tests run Patchbay as a cluster runs it, on a cluster of their own.
+
+Session-scoped, started on first use: a control plane, the real node ``localhost`` (kubelet,
+containerd, runc, the private pod network), the operator and agent images built here with
+podman and imported into the node, and ``helm install`` of charts/patchbay. The operator is the
+chart's Deployment pod; every agent is a pod of the DaemonSet the operator renders. No Patchbay
+process runs on the host in these tests.
+
+A cluster of their own, not the integration tests' one: the integration tests run the operator
+as a host process with the CRD applied from crds/, and the chart must own its CRD here.
+"""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from e2ehelpers import wait_for
-from kubernetes import client
+from e2ehelpers import REPO, Installed
+from kubernetes import client, config
+from kubetest import running_devcluster, wait_for
+from optest import Cluster
 
 from patchbay_devcluster import DevCluster
+from patchbay_devcluster.imagebuild import BuiltImage, build_all
+from patchbay_devcluster.install import helm_install
+from patchbay_devcluster.node import NODE_NAME
+
+FAKE_DEV_ROOT = Path("/dev/patchbay-e2e")
 
 
 @pytest.fixture(scope="session")
-def real_node(devcluster: DevCluster) -> str:
-    if "kubelet" not in {p.name for p in devcluster.running()}:
-        devcluster.start_real_node(timeout=180)
-    return "localhost"
+def images() -> dict[str, BuiltImage]:
+    """The operator and agent images of this checkout (built once, then cached by content)."""
+    return build_all(REPO)
+
+
+@pytest.fixture(scope="session")
+def e2e_cluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[DevCluster]:
+    with running_devcluster(tmp_path_factory.mktemp("e2e-cluster"), bin_dir) as cluster:
+        cluster.start_real_node(timeout=180)
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def e2e_api(e2e_cluster: DevCluster) -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(e2e_cluster.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def real_node(e2e_cluster: DevCluster) -> str:
+    return NODE_NAME
+
+
+@pytest.fixture(scope="session")
+def patchbay(e2e_cluster: DevCluster, e2e_api: client.ApiClient, images: dict[str, BuiltImage]) -> Installed:
+    """charts/patchbay installed (``helm upgrade --install --wait``): the operator pod is Running."""
+    release = helm_install(
+        e2e_cluster,
+        REPO / "charts" / "patchbay",
+        images,
+        {"operator": {"statusDebounceSeconds": 0.3}},
+    )
+    installed = Installed(e2e_cluster, e2e_api, release, images)
+    wait_for("the operator pod Ready", installed.operator_ready, 120)
+    return installed
 
 
 @pytest.fixture
-def namespace(api: client.ApiClient, name_prefix: str) -> Iterator[str]:
+def cluster(e2e_api: client.ApiClient, e2e_cluster: DevCluster, name_prefix: str) -> Iterator[Cluster]:
+    """Assertion helpers over the e2e cluster; deletes the test's profiles and nodes afterwards."""
+    c = Cluster(e2e_api, e2e_cluster, name_prefix)
+    try:
+        yield c
+    finally:
+        c.cleanup()
+
+
+@pytest.fixture
+def namespace(e2e_api: client.ApiClient, name_prefix: str) -> Iterator[str]:
     """A namespace of the test's own, with its default ServiceAccount (pods need it)."""
-    core = client.CoreV1Api(api)
+    core = client.CoreV1Api(e2e_api)
     ns = f"{name_prefix}node"
     core.create_namespace({"metadata": {"name": ns}})
     wait_for("default ServiceAccount", lambda: core.list_namespaced_service_account(ns).items, 60)
     yield ns
     core.delete_namespace(ns)
+
+
+@pytest.fixture
+def fake_dev(name_prefix: str) -> Iterator[Path]:
+    """A directory under the machine's /dev for the test's FAKE devices (mknod 1:3, the null
+    device): the agent pod finds them through its /host/dev mount exactly as real ones."""
+    path = FAKE_DEV_ROOT / name_prefix.rstrip("-")
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        if FAKE_DEV_ROOT.exists() and not any(FAKE_DEV_ROOT.iterdir()):
+            FAKE_DEV_ROOT.rmdir()

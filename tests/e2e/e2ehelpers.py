@@ -1,31 +1,98 @@
-"""Helpers shared by the e2e tests on the real node."""
+"""Helpers shared by the e2e tests on the real node: the installed release, pods, fake devices."""
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetest import wait_for
+from kubernetes import client
+from kubetest import kstatus, wait_for
 
+from patchbay_devcluster import DevCluster
+from patchbay_devcluster.imagebuild import BuiltImage
 from patchbay_devcluster.images import BUSYBOX_IMAGE
+from patchbay_devcluster.install import Release
 
-__all__ = ["add_fake_device", "busybox_pod", "fake_device_tree", "host_agent", "wait_for"]
+REPO = Path(__file__).resolve().parents[2]
+AGENT_SELECTOR = "app.kubernetes.io/name=patchbay-agent"
+OPERATOR_SELECTOR = "app.kubernetes.io/name=patchbay,app.kubernetes.io/component=operator"
+
+__all__ = [
+    "AGENT_SELECTOR",
+    "REPO",
+    "Installed",
+    "add_fake_device",
+    "busybox_pod",
+    "kstatus",
+    "wait_for",
+]
 
 
-def busybox_pod(name: str, node: str, script: str) -> dict[str, Any]:
-    """A hostNetwork busybox pod pinned to ``node`` running ``sh -c script``."""
+@dataclass
+class Installed:
+    """The chart's release on the e2e cluster, and what tests ask of it."""
+
+    cluster: DevCluster
+    api: client.ApiClient
+    release: Release
+    images: Mapping[str, BuiltImage]
+
+    @property
+    def namespace(self) -> str:
+        return self.release.namespace
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    def operator_pods(self) -> list[client.V1Pod]:
+        return list(self.core.list_namespaced_pod(self.namespace, label_selector=OPERATOR_SELECTOR).items)
+
+    def operator_ready(self) -> client.V1Pod | None:
+        """The one operator pod, when it is Running and Ready (else None)."""
+        pods = [p for p in self.operator_pods() if not p.metadata.deletion_timestamp]
+        if len(pods) != 1 or pods[0].status.phase != "Running":
+            return None
+        ready = [c for c in pods[0].status.conditions or [] if c.type == "Ready"]
+        return pods[0] if ready and ready[0].status == "True" else None
+
+    def operator_log(self) -> str:
+        pod = self.operator_ready()
+        assert pod is not None, "no Ready operator pod"
+        return str(self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace))
+
+    def operator_stats(self) -> dict[str, int]:
+        """The last ``Stats`` line of the operator pod's log (its own write counters)."""
+        for line in reversed(self.operator_log().splitlines()):
+            if "Stats " in line:
+                return dict(json.loads(line.split("Stats ", 1)[1]))
+        return {}
+
+    def agent_pods(self, profile: str) -> list[client.V1Pod]:
+        selector = f"{AGENT_SELECTOR},patchbay.dev/profile={profile}"
+        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def ready_agents(self, profile: str) -> list[client.V1Pod]:
+        out = []
+        for p in self.agent_pods(profile):
+            ready = [c for c in p.status.conditions or [] if c.type == "Ready"]
+            if not p.metadata.deletion_timestamp and ready and ready[0].status == "True":
+                out.append(p)
+        return out
+
+
+def busybox_pod(name: str, node: str, script: str, *, host_network: bool = False) -> dict[str, Any]:
+    """A busybox pod pinned to ``node`` running ``sh -c script`` (on the pod network by default)."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
-            "hostNetwork": True,
+            "hostNetwork": host_network,
             "nodeSelector": {"kubernetes.io/hostname": node},
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
@@ -34,53 +101,9 @@ def busybox_pod(name: str, node: str, script: str) -> dict[str, Any]:
     }
 
 
-def add_fake_device(root: Path, name: str) -> None:
-    """A FAKE device: a character device node under ``root/dev`` that is really the null device
-    (1,3), so runc can create it in a container exactly as it would a serial adapter."""
-    os.mknod(root / "dev" / name, 0o666 | 0o020000, os.makedev(1, 3))
-
-
-def fake_device_tree(root: Path, names: list[str]) -> Path:
-    """A FAKE host root (``dev/``, ``sys/``) holding ``names`` as fake devices."""
-    (root / "dev").mkdir(parents=True)
-    (root / "sys").mkdir()
-    for name in names:
-        add_fake_device(root, name)
-    return root
-
-
-@contextlib.contextmanager
-def host_agent(config: Path, node: str, tree: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """``patchbay-agent`` as a host process on the real node (as the demo runs it), stopped by PID.
-
-    The device tree is a directory ON the node, so device paths in Allocate carry it as a prefix.
-    """
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "patchbay_agent.main",
-                "--config",
-                str(config),
-                "--node-name",
-                node,
-                "--host-root",
-                str(tree),
-                "--host-path-prefix",
-                str(tree),
-                "--http-address",
-                "off",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            yield proc
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+def add_fake_device(directory: Path, name: str) -> Path:
+    """A FAKE device: a character device node that is really the null device (1:3), so runc can
+    create it in a container exactly as it would a serial adapter."""
+    path = directory / name
+    os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
+    return path

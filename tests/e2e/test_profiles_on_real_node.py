@@ -1,25 +1,27 @@
-"""Profiles end to end on the REAL node: the operator, the kubelet, the scheduler and real pods.
+"""Profiles end to end on the REAL node, on the user's path: the operator is the chart's pod, every
+agent is a pod of the DaemonSet the operator renders, the kubelet, the scheduler and real pods.
 
 Static: the capacity the operator writes is what the scheduler uses (one pod more than the
 capacity stays Pending with the scheduler's reason), survives a kubelet restart, and goes with
-the profile. DevicePlugin: the agent runs as a host process with the config the operator
-rendered into its ConfigMap (no image registry here: the DaemonSet's pod cannot start, so its
-imagePullPolicy is Never and nothing reaches for the network), over FAKE character devices;
-the profile's status shows the device counts and names the node when a device disappears.
+the profile. DevicePlugin: the agent pod finds FAKE character devices under the machine's /dev
+through its /host mounts, registers with the real kubelet, turns Ready through its probe; the
+profile reports its agents and devices and kstatus says Current; a workload pod gets exactly its
+device nodes and envs; a vanished device shows in the status with the node; a kubelet restart is
+survived without restarting the agent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-from e2ehelpers import add_fake_device, busybox_pod, fake_device_tree, host_agent, wait_for
+from e2ehelpers import Installed, add_fake_device, busybox_pod, kstatus, wait_for
 from kubernetes import client
-from optest import NAMESPACE, Cluster, Operator
+from optest import Cluster
 
 from patchbay_devcluster import DevCluster
+
+DEVICES = 4
 
 
 def limits(pod: dict[str, Any], resource: str, count: int) -> dict[str, Any]:
@@ -35,8 +37,17 @@ def pending_reason(core: client.CoreV1Api, ns: str, name: str) -> str | None:
     return None
 
 
+def running_log(core: client.CoreV1Api, ns: str, name: str, marker: str) -> str | None:
+    pod = core.read_namespaced_pod(name, ns)
+    assert pod.status.phase not in ("Failed", "Succeeded"), pod.status
+    if pod.status.phase != "Running":
+        return None
+    text = str(core.read_namespaced_pod_log(name, ns))
+    return text if marker in text else None
+
+
 def test_static_capacity_is_what_the_scheduler_uses(
-    operator: Operator, cluster: Cluster, devcluster: DevCluster, real_node: str, namespace: str
+    patchbay: Installed, cluster: Cluster, e2e_cluster: DevCluster, real_node: str, namespace: str
 ) -> None:
     resource = f"e2e.patchbay.dev/{cluster.tag}-dongle"
     cluster.set_labels(real_node, {"patchbay.dev/e2e-static": cluster.tag})
@@ -75,14 +86,15 @@ def test_static_capacity_is_what_the_scheduler_uses(
 
         # A kubelet that restarts keeps the extended resource the operator set (it has a
         # checkpoint); if anything resets it, the operator re-asserts it.
-        devcluster.stop_kubelet()
-        devcluster.start_kubelet()
-        devcluster.wait_real_node_ready(120)
+        e2e_cluster.stop_kubelet()
+        e2e_cluster.start_kubelet()
+        e2e_cluster.wait_real_node_ready(120)
         wait_for(
             "capacity after the kubelet restart",
             lambda: cluster.values(real_node, resource) == ("2", "2"),
             60,
         )
+        wait_for("the operator pod Ready again", patchbay.operator_ready, 120)
 
         cluster.delete_profile(f"{cluster.prefix}static")
         wait_for("profile gone", lambda: cluster.profile(f"{cluster.prefix}static") is None, 60)
@@ -91,19 +103,12 @@ def test_static_capacity_is_what_the_scheduler_uses(
         cluster.set_labels(real_node, {"patchbay.dev/e2e-static": None})
 
 
-@pytest.fixture
-def fake_tree(tmp_path: Path) -> Path:
-    return fake_device_tree(tmp_path / "host", [f"ttyE2E{i}" for i in range(4)])
-
-
-@pytest.fixture
-def plugin_profile(
-    operator: Operator, cluster: Cluster, real_node: str, fake_tree: Path, tmp_path: Path
-) -> Iterator[tuple[str, str]]:
-    """A DevicePlugin profile on the real node, and the agent running with its rendered config."""
-    name = f"{cluster.prefix}serial"
-    resource = f"e2e.patchbay.dev/{cluster.tag}-serial"
-    cluster.set_labels(real_node, {"patchbay.dev/e2e-plugin": cluster.tag})
+def serial_profile(cluster: Cluster, fake_dev: Path, node: str) -> tuple[str, str]:
+    """A DevicePlugin profile over ``fake_dev``'s devices on ``node``; returns (name, resource)."""
+    name, resource = f"{cluster.prefix}serial", f"e2e.patchbay.dev/{cluster.tag}-serial"
+    for i in range(DEVICES):
+        add_fake_device(fake_dev, f"ttyE2E{i}")
+    cluster.set_labels(node, {"patchbay.dev/e2e-plugin": cluster.tag})
     cluster.create_profile(
         name,
         {
@@ -111,72 +116,108 @@ def plugin_profile(
             "mode": "DevicePlugin",
             "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-plugin": cluster.tag}},
             "plugin": {
-                "discovery": {"paths": {"globs": ["/dev/ttyE2E*"]}},
+                "discovery": {"paths": {"globs": [f"{fake_dev}/ttyE2E*"]}},
                 "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
-                "allocation": {"devicesEnvName": "SERIALS"},
+                "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "yes"}},
             },
-            "agent": {"imagePullPolicy": "Never"},
         },
     )
-    cm = wait_for(
-        "the agent config the operator renders",
-        lambda: _configmap(cluster.core, f"patchbay-{name}"),
-        60,
-    )
-    config = tmp_path / "rendered.yaml"
-    config.write_text(next(iter(cm.data.values())))
+    return name, resource
+
+
+def test_device_plugin_profile_runs_its_agent_pod_and_a_pod_gets_exactly_its_devices(
+    patchbay: Installed, cluster: Cluster, real_node: str, namespace: str, fake_dev: Path
+) -> None:
+    name, resource = serial_profile(cluster, fake_dev, real_node)
     try:
-        with host_agent(config, real_node, fake_tree, tmp_path / "agent.log"):
-            yield name, resource
+        (agent,) = wait_for("the agent pod Ready (registered)", lambda: patchbay.ready_agents(name), 120)
+        assert agent.spec.node_name == real_node
+        assert not agent.spec.host_network, "the agent runs on the pod network"
+        sc = agent.spec.containers[0].security_context
+        assert sc.read_only_root_filesystem and sc.capabilities.drop == ["ALL"] and not sc.privileged
+        full = (str(DEVICES), str(DEVICES))
+        wait_for("devices on the node", lambda: cluster.values(real_node, resource) == full, 60)
+
+        def current() -> dict[str, Any] | None:
+            obj = cluster.profile(name) or {}
+            st = obj.get("status") or {}
+            good = st.get("nodes") == {"desired": 1, "ready": 1} and st.get("devices") == {
+                "capacity": DEVICES,
+                "allocatable": DEVICES,
+            }
+            return obj if good and kstatus(obj) == "Current" else None
+
+        wait_for("the profile: agents 1/1, devices 4/4, kstatus Current", current, 60)
+
+        pod = busybox_pod(
+            "two-devices", real_node, f"echo SERIALS=$SERIALS; echo E2E=$E2E; ls {fake_dev}; sleep 3600"
+        )
+        core = cluster.core
+        core.create_namespaced_pod(namespace, limits(pod, resource, 2))
+        logs = wait_for("the pod's output", lambda: running_log(core, namespace, "two-devices", "E2E="), 120)
+        lines = logs.splitlines()
+        ids = sorted(lines[0].removeprefix("SERIALS=").split(","))
+        assert len(ids) == 2, logs
+        assert lines[1] == "E2E=yes"
+        # The container holds exactly the allocated device nodes, and the IDs name them.
+        nodes = sorted(line for line in lines[2:] if line.startswith("ttyE2E"))
+        assert len(nodes) == 2, logs
+        assert [i.rsplit("_", 1)[-1] for i in ids] == nodes, logs
     finally:
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {"patchbay.dev/e2e-plugin": None})
 
 
-def _configmap(core: client.CoreV1Api, name: str) -> Any:
-    try:
-        return core.read_namespaced_config_map(name, NAMESPACE)
-    except client.ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-
-
-def test_device_plugin_profile_status_follows_the_real_kubelet(
-    cluster: Cluster, real_node: str, plugin_profile: tuple[str, str], fake_tree: Path
+def test_vanished_device_and_kubelet_restart_with_the_agent_pod(
+    patchbay: Installed, cluster: Cluster, e2e_cluster: DevCluster, real_node: str, fake_dev: Path
 ) -> None:
-    name, resource = plugin_profile
-    wait_for("devices on the node", lambda: cluster.values(real_node, resource) == ("4", "4"), 60)
+    name, resource = serial_profile(cluster, fake_dev, real_node)
+    try:
+        (agent,) = wait_for("the agent pod Ready", lambda: patchbay.ready_agents(name), 120)
+        full = (str(DEVICES), str(DEVICES))
+        wait_for("devices on the node", lambda: cluster.values(real_node, resource) == full, 60)
 
-    def devices() -> Any:
-        st = (cluster.profile(name) or {}).get("status") or {}
-        return st.get("devices")
+        (fake_dev / "ttyE2E2").unlink()
+        wait_for(
+            "allocatable drops, capacity stays",
+            lambda: cluster.values(real_node, resource) == (str(DEVICES), str(DEVICES - 1)),
+            60,
+        )
 
-    wait_for("the profile's device counts", lambda: devices() == {"capacity": 4, "allocatable": 4}, 60)
+        def degraded_naming_the_node() -> Any:
+            st = (cluster.profile(name) or {}).get("status") or {}
+            cond = next((c for c in st.get("conditions") or [] if c["type"] == "Degraded"), None)
+            named = [p for p in st.get("problems") or [] if p.get("node") == real_node]
+            return cond if cond and cond["status"] == "True" and named else None
 
-    (fake_tree / "dev" / "ttyE2E2").unlink()
-    wait_for(
-        "allocatable drops, capacity stays", lambda: cluster.values(real_node, resource) == ("4", "3"), 60
-    )
+        assert wait_for("Degraded naming the node", degraded_naming_the_node, 60)["reason"]
+        add_fake_device(fake_dev, "ttyE2E2")
+        wait_for("allocatable recovers", lambda: cluster.values(real_node, resource) == full, 60)
 
-    def degraded_naming_the_node() -> Any:
-        st = (cluster.profile(name) or {}).get("status") or {}
-        cond = next((c for c in st.get("conditions") or [] if c["type"] == "Degraded"), None)
-        named = [p for p in st.get("problems") or [] if p.get("node") == real_node]
-        return cond if cond and cond["status"] == "True" and named else None
+        # The kubelet restarts (a crash): it wipes the plugin directory; the agent pod notices,
+        # serves a fresh socket and registers again, without restarting.
+        e2e_cluster.stop_kubelet()
+        e2e_cluster.start_kubelet()
+        e2e_cluster.wait_real_node_ready(120)
+        wait_for("devices after the kubelet restart", lambda: cluster.values(real_node, resource) == full, 60)
+        (after,) = wait_for("the agent pod Ready again", lambda: patchbay.ready_agents(name), 120)
+        assert after.metadata.uid == agent.metadata.uid
+        assert after.status.container_statuses[0].restart_count == 0
+        wait_for(
+            "the profile's counts recover",
+            lambda: (
+                ((cluster.profile(name) or {}).get("status") or {}).get("devices")
+                == {"capacity": DEVICES, "allocatable": DEVICES}
+            ),
+            60,
+        )
+    finally:
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-plugin": None})
 
-    cond = wait_for("Degraded naming the node", degraded_naming_the_node, 60)
-    assert cond["reason"]
 
-    add_fake_device(fake_tree, "ttyE2E2")
-    wait_for("allocatable recovers", lambda: cluster.values(real_node, resource) == ("4", "4"), 60)
-    wait_for("the profile's counts recover", lambda: devices() == {"capacity": 4, "allocatable": 4}, 60)
-    st = (cluster.profile(name) or {}).get("status") or {}
-    assert not [p for p in st.get("problems") or [] if p.get("node") == real_node and "nhealthy" in str(p)]
-
-
-def test_virtual_tokens_reach_a_pod_through_the_operators_config(
-    operator: Operator, cluster: Cluster, real_node: str, namespace: str, tmp_path: Path
+def test_virtual_tokens_reach_a_pod_through_the_agent_pod(
+    patchbay: Installed, cluster: Cluster, real_node: str, namespace: str
 ) -> None:
     """The virtual backend (countable tokens, no device files) on the real kubelet."""
     name = f"{cluster.prefix}tokens"
@@ -193,27 +234,17 @@ def test_virtual_tokens_reach_a_pod_through_the_operators_config(
                     "discovery": {"virtual": {"count": 5}},
                     "allocation": {"devicesEnvName": "TOKENS"},
                 },
-                "agent": {"imagePullPolicy": "Never"},
             },
         )
-        cm = wait_for("the rendered config", lambda: _configmap(cluster.core, f"patchbay-{name}"), 60)
-        config = tmp_path / "rendered.yaml"
-        config.write_text(next(iter(cm.data.values())))
-        tree = fake_device_tree(tmp_path / "host", [])
-        with host_agent(config, real_node, tree, tmp_path / "agent.log"):
-            wait_for("tokens on the node", lambda: cluster.values(real_node, resource) == ("5", "5"), 60)
-            pod = limits(busybox_pod("tokens", real_node, "echo TOKENS=$TOKENS; sleep 3600"), resource, 3)
-            cluster.core.create_namespaced_pod(namespace, pod)
-
-            def output() -> str | None:
-                if cluster.core.read_namespaced_pod("tokens", namespace).status.phase != "Running":
-                    return None
-                text = str(cluster.core.read_namespaced_pod_log("tokens", namespace))
-                return text if "TOKENS=" in text else None
-
-            tokens = wait_for("the pod's tokens", output, 120).strip().removeprefix("TOKENS=").split(",")
-            assert len(tokens) == len(set(tokens)) == 3
-            assert all(t.startswith("virtual-") for t in tokens), tokens
+        wait_for("tokens on the node", lambda: cluster.values(real_node, resource) == ("5", "5"), 120)
+        pod = limits(busybox_pod("tokens", real_node, "echo TOKENS=$TOKENS; sleep 3600"), resource, 3)
+        cluster.core.create_namespaced_pod(namespace, pod)
+        out = wait_for(
+            "the pod's tokens", lambda: running_log(cluster.core, namespace, "tokens", "TOKENS="), 120
+        )
+        tokens = out.strip().removeprefix("TOKENS=").split(",")
+        assert len(tokens) == len(set(tokens)) == 3
+        assert all(t.startswith("virtual-") for t in tokens), tokens
     finally:
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {"patchbay.dev/e2e-virtual": None})

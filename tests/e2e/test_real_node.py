@@ -1,8 +1,13 @@
-"""The dev cluster's real node: the pinned kubelet runs real containers through containerd + runc."""
+"""The dev cluster's real node: the pinned kubelet runs real containers through containerd + runc,
+on a private pod network from which nothing leaves the machine."""
 
 from __future__ import annotations
 
+import ipaddress
+import subprocess
 import time
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 from e2ehelpers import busybox_pod, wait_for
@@ -10,10 +15,11 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from patchbay_devcluster import DevCluster
+from patchbay_devcluster.node import BRIDGE, NODE_IP, POD_SUBNET
 
 
-def test_real_node_registers_with_its_own_identity(api: client.ApiClient, real_node: str) -> None:
-    node = client.CoreV1Api(api).read_node(real_node)
+def test_real_node_registers_with_its_own_identity(e2e_api: client.ApiClient, real_node: str) -> None:
+    node = client.CoreV1Api(e2e_api).read_node(real_node)
     assert node.status.node_info.kubelet_version == "v1.37.1"
     assert node.status.node_info.container_runtime_version.startswith("containerd://")
     ready = [c for c in node.status.conditions if c.type == "Ready"]
@@ -25,13 +31,13 @@ def test_real_node_registers_with_its_own_identity(api: client.ApiClient, real_n
 
 
 def test_pod_runs_in_a_real_container_and_logs_come_back_over_loopback(
-    api: client.ApiClient, real_node: str, namespace: str
+    e2e_api: client.ApiClient, real_node: str, namespace: str
 ) -> None:
-    core = client.CoreV1Api(api)
+    core = client.CoreV1Api(e2e_api)
     core.create_namespaced_pod(
         namespace,
         # The API server turns "$$" into "$" in commands, so the shell sees "$$".
-        busybox_pod("hello", real_node, "echo pid=$$$$ ; echo done"),
+        busybox_pod("hello", real_node, "echo pid=$$$$ ; echo done", host_network=True),
     )
 
     def succeeded() -> bool:
@@ -49,9 +55,9 @@ def test_pod_runs_in_a_real_container_and_logs_come_back_over_loopback(
 
 
 def test_killed_kubelet_comes_back_and_running_pods_are_unaffected(
-    api: client.ApiClient, devcluster: DevCluster, real_node: str, namespace: str
+    e2e_api: client.ApiClient, e2e_cluster: DevCluster, real_node: str, namespace: str
 ) -> None:
-    core = client.CoreV1Api(api)
+    core = client.CoreV1Api(e2e_api)
     core.create_namespaced_pod(namespace, busybox_pod("sleeper", real_node, "sleep 3600"))
 
     def running() -> Any:
@@ -59,9 +65,9 @@ def test_killed_kubelet_comes_back_and_running_pods_are_unaffected(
         return pod if pod.status.phase == "Running" else None
 
     before = wait_for("pod Running", running, 120).status.container_statuses[0]
-    devcluster.stop_kubelet()  # SIGKILL: a crash
-    devcluster.start_kubelet()
-    devcluster.wait_real_node_ready(120)
+    e2e_cluster.stop_kubelet()  # SIGKILL: a crash
+    e2e_cluster.start_kubelet()
+    e2e_cluster.wait_real_node_ready(120)
     # Give the new kubelet a sync to (wrongly) restart anything, then compare.
     time.sleep(3)
     after = running()
@@ -73,10 +79,10 @@ def test_killed_kubelet_comes_back_and_running_pods_are_unaffected(
 
 
 def test_unschedulable_request_stays_pending_with_the_schedulers_reason(
-    api: client.ApiClient, real_node: str, namespace: str
+    e2e_api: client.ApiClient, real_node: str, namespace: str
 ) -> None:
     """A pod asking for a resource the node lacks is rejected by the real scheduler, not run."""
-    core = client.CoreV1Api(api)
+    core = client.CoreV1Api(e2e_api)
     pod = busybox_pod("wants-dongle", real_node, "true")
     pod["spec"]["containers"][0]["resources"] = {
         "requests": {"example.com/nothing": "1"},
@@ -98,9 +104,11 @@ def test_unschedulable_request_stays_pending_with_the_schedulers_reason(
     assert "Insufficient example.com/nothing" in message
 
 
-def test_image_pulls_never_leave_the_machine(api: client.ApiClient, real_node: str, namespace: str) -> None:
+def test_image_pulls_never_leave_the_machine(
+    e2e_api: client.ApiClient, real_node: str, namespace: str
+) -> None:
     """Every registry is mapped to a closed loopback port: a missing image fails fast, locally."""
-    core = client.CoreV1Api(api)
+    core = client.CoreV1Api(e2e_api)
     pod = busybox_pod("pull", real_node, "true")
     pod["spec"]["containers"][0]["image"] = "registry.example.com/nothing/here:1.0"
     pod["spec"]["containers"][0]["imagePullPolicy"] = "Always"
@@ -114,3 +122,103 @@ def test_image_pulls_never_leave_the_machine(api: client.ApiClient, real_node: s
 
     message = wait_for("pull failure event", pull_failed, 90)
     assert "127.0.0.1:9" in message
+
+
+# --- the pod network ------------------------------------------------------------------------
+
+OUTSIDE = "203.0.113.7"  # TEST-NET-3: an address outside the machine that nothing here owns
+
+
+def _pod_ready(core: client.CoreV1Api, ns: str, name: str) -> client.V1Pod | None:
+    pod = core.read_namespaced_pod(name, ns)
+    assert pod.status.phase not in ("Failed", "Succeeded"), pod.status
+    ready = [c for c in pod.status.conditions or [] if c.type == "Ready"]
+    return pod if ready and ready[0].status == "True" else None
+
+
+def test_pods_get_a_private_address_the_node_reaches_and_no_way_out(
+    e2e_api: client.ApiClient, real_node: str, namespace: str
+) -> None:
+    """A pod on the bridge: an address in the pod subnet, a readiness probe from the kubelet
+    (the node) that reaches it over HTTP, only its subnet's route and no other way out."""
+    core = client.CoreV1Api(e2e_api)
+    script = (
+        "busybox ip -4 route; "
+        f"busybox nc -w 2 {OUTSIDE} 80 </dev/null 2>&1; echo nc-exit=$?; "
+        "mkdir -p /tmp/www && echo ok > /tmp/www/ready && exec busybox httpd -f -p 8080 -h /tmp/www"
+    )
+    pod = busybox_pod("net", real_node, script)
+    pod["spec"]["containers"][0]["readinessProbe"] = {
+        "httpGet": {"path": "/ready", "port": 8080},
+        "periodSeconds": 1,
+    }
+    core.create_namespaced_pod(namespace, pod)
+    ready = wait_for("the pod Ready through its HTTP probe", lambda: _pod_ready(core, namespace, "net"), 120)
+    assert ipaddress.ip_address(ready.status.pod_ip) in POD_SUBNET
+    assert ready.status.pod_ip != NODE_IP
+    logs = str(core.read_namespaced_pod_log("net", namespace))
+    routes = [line for line in logs.splitlines() if " dev " in line]
+    assert len(routes) == 1, logs
+    assert routes[0].startswith(f"{POD_SUBNET} dev eth0"), logs
+    assert "default" not in logs, logs
+    assert "Network is unreachable" in logs, logs
+    # And the node itself reaches the pod (as a scraper on the node would).
+    with urllib.request.urlopen(f"http://{ready.status.pod_ip}:8080/ready", timeout=5) as r:
+        assert r.read() == b"ok\n"
+
+
+def _iptables(*args: str) -> str:
+    res = subprocess.run(["iptables", *args], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def _packets(table: str, chain: str, comment: str) -> int:
+    for line in _iptables("-t", table, "-L", chain, "-v", "-x", "-n").splitlines():
+        if comment in line:
+            return int(line.split()[0])
+    raise AssertionError(f"no rule {comment} in {table}/{chain}")
+
+
+def test_nothing_a_pod_sends_leaves_the_machine(
+    e2e_api: client.ApiClient, real_node: str, namespace: str, name_prefix: str
+) -> None:
+    """Even a privileged pod that adds a default route through the node gets nothing out: its
+    packets reach the node's bridge (counted) and no packet to that address leaves any of the
+    machine's interfaces (counted: zero), because the bridge does not forward and nothing
+    masquerades."""
+    assert Path(f"/proc/sys/net/ipv4/conf/{BRIDGE}/forwarding").read_text().strip() == "0"
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0"
+    assert "MASQUERADE" not in _iptables("-t", "nat", "-S")
+    tag = f"patchbay-e2e-{name_prefix.rstrip('-')}"
+    rules = [
+        ("raw", "PREROUTING", ["-i", BRIDGE, "-d", OUTSIDE]),  # arrives from the pod network
+        ("mangle", "FORWARD", ["-d", OUTSIDE]),  # would be forwarded
+        ("mangle", "POSTROUTING", ["-d", OUTSIDE]),  # would leave any interface
+    ]
+    for table, chain, match in rules:
+        _iptables("-t", table, "-I", chain, *match, "-m", "comment", "--comment", tag, "-j", "ACCEPT")
+    try:
+        core = client.CoreV1Api(e2e_api)
+        script = (
+            f"busybox ip route add default via {NODE_IP} && echo route-added; "
+            f"for i in 1 2 3; do busybox nc -w 2 {OUTSIDE} 80 </dev/null; echo nc-exit=$?; done"
+        )
+        pod = busybox_pod("escape", real_node, script)
+        pod["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+        core.create_namespaced_pod(namespace, pod)
+
+        def finished() -> bool:
+            return bool(core.read_namespaced_pod("escape", namespace).status.phase in ("Succeeded", "Failed"))
+
+        wait_for("the escape attempt to finish", finished, 120)
+        logs = str(core.read_namespaced_pod_log("escape", namespace))
+        assert "route-added" in logs, logs
+        assert "nc-exit=0" not in logs, logs
+        arrived = _packets("raw", "PREROUTING", tag)
+        assert arrived >= 3, f"the pod's SYNs never reached the node ({arrived}): the test proves nothing"
+        assert _packets("mangle", "FORWARD", tag) == 0
+        assert _packets("mangle", "POSTROUTING", tag) == 0
+    finally:
+        for table, chain, match in rules:
+            _iptables("-t", table, "-D", chain, *match, "-m", "comment", "--comment", tag, "-j", "ACCEPT")

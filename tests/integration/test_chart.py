@@ -125,6 +125,55 @@ def test_deployment_defaults_are_hardened(tools: Tools) -> None:
     }
 
 
+def _operator_pod(tools: Tools, *values: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    sets = [a for v in values for a in ("--set", v)]
+    rendered = tools.helm("template", "patchbay", str(CHART), "-n", "patchbay-system", *sets).stdout
+    deploy = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    pod = deploy["spec"]["template"]
+    return pod, pod["spec"]["containers"][0]
+
+
+def test_host_network_keeps_health_on_loopback_and_names_the_api_server(tools: Tools) -> None:
+    """The option for clusters without kube-proxy: off by default; when on, the pod is on the
+    node's network, its health endpoint listens on 127.0.0.1 only (the probe asks there), and
+    the API server address replaces the Service's."""
+    pod, c = _operator_pod(tools)
+    assert not pod["spec"].get("hostNetwork")
+    assert c["args"] == ["--liveness=http://0.0.0.0:8080/healthz"]
+    assert "host" not in c["livenessProbe"]["httpGet"]
+    assert not {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"} & {e["name"] for e in c["env"]}
+
+    pod, c = _operator_pod(
+        tools,
+        "operator.hostNetwork=true",
+        "operator.healthPort=18080",
+        "apiServer.host=10.1.2.3",
+        "apiServer.port=6443",
+    )
+    assert pod["spec"]["hostNetwork"] is True
+    assert pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert c["args"] == ["--liveness=http://127.0.0.1:18080/healthz"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "host": "127.0.0.1"}
+    assert c["ports"][0]["containerPort"] == 18080
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.1.2.3"
+    assert env["KUBERNETES_SERVICE_PORT"] == "6443"
+
+
+def test_a_crd_change_changes_the_operator_pod_template(tools: Tools, tmp_path: Path) -> None:
+    """The CRD's checksum is on the pod template, so `helm upgrade` with a new CRD rolls the
+    operator onto it (the e2e lifecycle test watches the pod being replaced)."""
+    pod, _ = _operator_pod(tools)
+    before = pod["metadata"]["annotations"]["patchbay.dev/crds-checksum"]
+    chart = tmp_path / "patchbay"
+    shutil.copytree(CHART, chart)
+    crd = chart / "templates" / "crds" / "patchbay.dev_devicepluginprofiles.yaml"
+    crd.write_text(crd.read_text().replace("The extended resource name pods request.", "Changed."))
+    rendered = tools.helm("template", "patchbay", str(chart)).stdout
+    deploy = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    assert deploy["spec"]["template"]["metadata"]["annotations"]["patchbay.dev/crds-checksum"] != before
+
+
 def _crd(tools: Tools) -> dict[str, object] | None:
     res = tools.kubectl("get", "crd", CRD_NAME, "-o", "json", check=False)
     return json.loads(res.stdout) if res.returncode == 0 else None

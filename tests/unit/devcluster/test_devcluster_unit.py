@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from patchbay_devcluster.cluster import (
     kwok_node,
     pid_runs,
 )
+from patchbay_devcluster.node import BRIDGE, NODE_IP, POD_SUBNET, NodePaths, RealNode, cni_conflist
 
 
 def test_ca_signs_server_and_client_certificates(tmp_path: Path) -> None:
@@ -111,7 +113,7 @@ def test_cli_help_documents_every_command() -> None:
         text=True,
         check=True,
     ).stdout
-    for command in ("up", "add-nodes", "down", "status", "kubeconfig", "PATCHBAY_KUBE_BIN"):
+    for command in ("up", "add-nodes", "images", "down", "status", "kubeconfig", "PATCHBAY_KUBE_BIN"):
         assert command in out
 
 
@@ -119,3 +121,28 @@ def test_status_of_a_stopped_cluster(tmp_path: Path) -> None:
     st = DevCluster(tmp_path).status()
     assert st["processes"] == {}
     assert "readyz" not in st
+
+
+def test_the_pod_network_has_no_way_out() -> None:
+    """The CNI config: the tool's own bridge, never a gateway (the bridge plugin would switch on
+    forwarding machine-wide), no masquerade, no routes but the subnet's own."""
+    paths = NodePaths(Path("/tmp/patchbay-node-x"))
+    conf = cni_conflist(paths)
+    (plugin,) = conf["plugins"]
+    assert plugin["type"] == "bridge"
+    assert plugin["bridge"] == BRIDGE
+    assert plugin["isGateway"] is False
+    assert plugin["isDefaultGateway"] is False
+    assert plugin["ipMasq"] is False
+    ipam = plugin["ipam"]
+    assert ipam["routes"] == []
+    assert ipam["ranges"] == [[{"subnet": str(POD_SUBNET), "rangeStart": "10.244.0.10"}]]
+    assert ipam["dataDir"].startswith(str(paths.root))  # leases go with the node
+
+
+def test_the_kubelet_runs_on_the_bridge_address(tmp_path: Path) -> None:
+    node = RealNode(tmp_path, tmp_path / "pki", tmp_path / "bin")
+    argv = node.kubelet_argv()
+    assert f"--node-ip={NODE_IP}" in argv
+    assert NODE_IP == "10.244.0.1"
+    assert ipaddress.ip_address(NODE_IP) in POD_SUBNET

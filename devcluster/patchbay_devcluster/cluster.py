@@ -23,7 +23,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -282,6 +282,7 @@ class DevCluster:
             node.kill_pods()
             node.kill_shims()
             node.unmount_all()
+            node.remove_network()
             node.remove_cgroups()
             node.release_device_plugin_dir(self.dir)
             # Runtime state outside the state directory: removed even without ``purge``
@@ -358,6 +359,16 @@ class DevCluster:
         self.start_kubelet()
         self.wait_real_node_ready(timeout)
         log.info("Real node %s Ready in %.1fs", NODE_NAME, time.monotonic() - t0)
+
+    def load_images(self, images: Iterable[tuple[str, Path]]) -> None:
+        """Import ``(name, OCI archive)`` pairs into the real node's containerd (no registry here)."""
+        if not any(p.name == "containerd" for p in self.running()):
+            raise ClusterError("no real node is running: start it with `up --real-node` first")
+        node = self.real_node()
+        for ref, archive in images:
+            t0 = time.monotonic()
+            if node.import_archive(ref, archive):
+                log.info("  imported %s into the real node in %.1fs", ref, time.monotonic() - t0)
 
     def start_kubelet(self) -> Proc:
         """Start (or start again, after ``stop_kubelet``) the real node's kubelet."""

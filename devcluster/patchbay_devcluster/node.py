@@ -8,17 +8,23 @@ register there and only one real node runs per machine (``OWNER_FILE`` enforces 
 Pods run in the cgroup subtree ``/patchbay-<id>`` of every
 cgroup v1 hierarchy, which is how ``down`` finds and stops every container process.
 
-Network: hostNetwork pods only. The CNI config is a single ``loopback`` plugin, which is enough
-for the runtime to report NetworkReady. The kubelet serves on 127.0.0.1 only; the node is named
+Network: a private pod network inside the machine. Ordinary pods get an address on the bridge
+``patchbay0`` (CNI ``bridge`` + ``host-local``, Debian's containernetworking-plugins) in
+``POD_SUBNET``; the bridge itself holds the first address, which is also the node's InternalIP,
+so the kubelet's HTTP probes and a scraper on the node reach pods exactly as in a cluster. Pods
+have no default route, the bridge does not forward (``net.ipv4.conf.patchbay0.forwarding=0``, and
+the CNI plugin is told not to be a gateway, which would turn forwarding on machine-wide) and
+nothing masquerades: a pod can talk to the node and to other pods, and nothing it sends can leave
+the machine. hostNetwork pods work too. The kubelet serves on 127.0.0.1 only; the node is named
 ``localhost`` and the API server prefers the Hostname address, so ``kubectl logs/exec`` reach the
-kubelet over loopback. (The kubelet refuses a loopback --node-ip, so its InternalIP is the
-machine's own address; nothing connects to it.)
+kubelet over loopback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -42,6 +48,15 @@ CGROUP_BASE = Path("/sys/fs/cgroup")
 # one real node at a time per machine: OWNER_FILE says whose it is.
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 OWNER_FILE = Path("/var/lib/kubelet/patchbay-real-node.json")
+
+BRIDGE = "patchbay0"
+"""The pod network's Linux bridge (one real node per machine, so one fixed name)."""
+
+POD_SUBNET = ipaddress.IPv4Network("10.244.0.0/24")
+"""Pod addresses; the bridge (and the node's InternalIP) is the first host address."""
+
+NODE_IP = str(next(POD_SUBNET.hosts()))
+CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
 
 class NodeError(RuntimeError):
@@ -91,6 +106,11 @@ class NodePaths:
         return self.root / "cni"
 
     @property
+    def cni_state(self) -> Path:
+        """host-local's address leases (kept with the node, so ``down`` removes them)."""
+        return self.root / "cni-ipam"
+
+    @property
     def kubelet_config(self) -> Path:
         return self.root / "kubelet-config.yaml"
 
@@ -104,8 +124,11 @@ def check_host() -> None:
     missing = [b for b in ("containerd", "ctr", "runc", "containerd-shim-runc-v2") if not shutil.which(b)]
     if missing:
         raise NodeError(f"missing {', '.join(missing)}: apt-get install containerd runc (make setup does)")
-    if not Path("/usr/lib/cni/loopback").exists():
-        raise NodeError("missing /usr/lib/cni/loopback: apt-get install containernetworking-plugins")
+    missing_cni = [f"/usr/lib/cni/{c}" for c in CNI_PLUGINS if not Path(f"/usr/lib/cni/{c}").exists()]
+    if missing_cni:
+        raise NodeError(f"missing {', '.join(missing_cni)}: apt-get install containernetworking-plugins")
+    if not shutil.which("ip"):
+        raise NodeError("missing the `ip` command: apt-get install iproute2")
     if os.geteuid() != 0:
         raise NodeError("a real node needs root (containerd and the kubelet manage cgroups and mounts)")
     if not (CGROUP_BASE / "memory").is_dir():
@@ -130,6 +153,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   sandbox_image = "{images.PAUSE_IMAGE}"
   # The sandbox here cannot lower oom_score_adj below its own.
   restrict_oom_score_adj = true
+  # Pod network namespaces are bind-mounted under the node's state, so ``down`` unmounts them
+  # with everything else instead of leaving them in the machine's /var/run/netns.
+  netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
@@ -148,6 +174,63 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     # imported, and a pull must fail at once instead of reaching for the network.
     config_path = "{paths.root / "registry"}"
 """
+
+
+def cni_conflist(paths: NodePaths) -> dict[str, Any]:
+    """The pod network: a bridge the cluster tool made, addresses from ``POD_SUBNET``, no routes.
+
+    ``isGateway`` stays false: the plugin would then give the bridge an address itself AND switch
+    on forwarding for the whole machine. ``routes`` is empty, so pods know only their subnet (the
+    node and the other pods); there is no default route to leave by.
+    """
+    hosts = list(POD_SUBNET.hosts())
+    return {
+        "cniVersion": "1.0.0",
+        "name": "patchbay-pods",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": False,
+                "isDefaultGateway": False,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": str(POD_SUBNET), "rangeStart": str(hosts[9])}]],
+                    "routes": [],
+                    "dataDir": str(paths.cni_state),
+                },
+            }
+        ],
+    }
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and res.returncode != 0:
+        raise NodeError(f"ip {' '.join(args)}: {res.stderr.strip()}")
+    return res
+
+
+def create_bridge() -> None:
+    """``patchbay0`` with the node's address, up, forwarding off (idempotent)."""
+    if _ip("link", "show", BRIDGE, check=False).returncode != 0:
+        _ip("link", "add", BRIDGE, "type", "bridge")
+    sysctl = Path("/proc/sys/net/ipv4/conf") / BRIDGE / "forwarding"
+    sysctl.write_text("0\n")
+    v6 = Path("/proc/sys/net/ipv6/conf") / BRIDGE / "disable_ipv6"
+    if v6.exists():
+        v6.write_text("1\n")
+    address = f"{NODE_IP}/{POD_SUBNET.prefixlen}"
+    if address not in _ip("-4", "addr", "show", "dev", BRIDGE).stdout:
+        _ip("addr", "add", address, "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+
+
+def delete_bridge() -> None:
+    """Remove the bridge (its veth ports went with the pods' network namespaces)."""
+    _ip("link", "del", BRIDGE, check=False)
 
 
 def registry_hosts() -> str:
@@ -222,11 +305,9 @@ class RealNode:
         p.containerd_config.write_text(containerd_config(p))
         (p.root / "registry" / "_default").mkdir(parents=True, exist_ok=True)
         (p.root / "registry" / "_default" / "hosts.toml").write_text(registry_hosts())
-        (p.cni_conf / "10-loopback.conflist").write_text(
-            json.dumps(
-                {"cniVersion": "1.0.0", "name": "patchbay-loopback", "plugins": [{"type": "loopback"}]}
-            )
-        )
+        (p.cni_conf / "10-loopback.conflist").unlink(missing_ok=True)
+        (p.cni_conf / "10-patchbay-pods.conflist").write_text(json.dumps(cni_conflist(p), indent=2))
+        create_bridge()
         ca = pki.CertificateAuthority(self.pki_dir)
         client = ca.issue("kubelet-client", f"system:node:{NODE_NAME}", orgs=("system:nodes",), client=True)
         ca.issue("kubelet-serving", NODE_NAME, server=True)
@@ -271,7 +352,14 @@ class RealNode:
             f"--root-dir={self.paths.kubelet_root}",
             f"--cert-dir={self.paths.root / 'kubelet-pki'}",
             f"--hostname-override={NODE_NAME}",
+            # The bridge's address: hostNetwork pods get it as their IP, so probes of those pods
+            # stay on the pod network too (never the machine's own interface).
+            f"--node-ip={NODE_IP}",
             "--v=1",
+            # The device manager's plugin handler and client at V(2): every registration,
+            # connection, ListAndWatch update and disconnection of a device plugin is logged
+            # (klog matches file base names, so other handler.go/client.go files log a little too).
+            "--vmodule=handler=2,client=2",
         ]
 
     def ctr(self, *args: str, timeout: float = 60) -> str:
@@ -298,6 +386,21 @@ class RealNode:
         for name, tarball in self.image_tarballs.items():
             self.ctr("images", "import", "--no-unpack=false", str(tarball), timeout=120)
             log.info("  imported %s", name)
+
+    def image_names(self) -> set[str]:
+        return set(self.ctr("images", "list", "--quiet").split())
+
+    def import_archive(self, ref: str, archive: Path) -> bool:
+        """Import an OCI archive (``podman save --format oci-archive``) as ``ref``; False when
+        containerd already has that name (tags are content hashes, so the same name is the same
+        image)."""
+        if ref in self.image_names():
+            return False
+        # An OCI archive names its image by tag; --base-name supplies the repository.
+        self.ctr("images", "import", "--base-name", ref.rsplit(":", 1)[0], str(archive), timeout=300)
+        if ref not in self.image_names():
+            raise NodeError(f"importing {archive} did not produce {ref}")
+        return True
 
     # --- teardown ------------------------------------------------------------------------------
 
@@ -364,18 +467,31 @@ class RealNode:
         OWNER_FILE.write_text(json.dumps({"stateDir": str(state_dir.resolve())}))
 
     def release_device_plugin_dir(self, state_dir: Path) -> None:
+        """Give the machine-wide directory back as a new node would find it: no sockets (the
+        kubelet's and those of plugins killed with their pods) and no device checkpoint (it
+        names pods of the node that is gone)."""
         try:
-            if Path(json.loads(OWNER_FILE.read_text())["stateDir"]) == state_dir.resolve():
-                OWNER_FILE.unlink()
-                (DEVICE_PLUGIN_DIR / "kubelet.sock").unlink(missing_ok=True)
+            if Path(json.loads(OWNER_FILE.read_text())["stateDir"]) != state_dir.resolve():
+                return
         except (OSError, ValueError, KeyError):
-            pass
+            return
+        OWNER_FILE.unlink(missing_ok=True)
+        for leftover in [
+            *DEVICE_PLUGIN_DIR.glob("*.sock"),
+            DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint",
+        ]:
+            with contextlib.suppress(OSError):
+                leftover.unlink()
 
     def remove_files(self) -> None:
         """After ``unmount_all``: the node's directory and the state directory's link to it."""
         shutil.rmtree(self.paths.root, ignore_errors=True)
         if self.link.is_symlink():
             self.link.unlink()
+
+    def remove_network(self) -> None:
+        """After the pods are gone: the bridge and its leases (``remove_files`` takes the leases)."""
+        delete_bridge()
 
     def exists(self) -> bool:
         return self.paths.root.exists() or self.link.is_symlink()

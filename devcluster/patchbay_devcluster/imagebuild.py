@@ -1,0 +1,343 @@
+"""The project's images (operator, agent), built on this machine from their own Dockerfiles.
+
+There is no Docker engine and no image registry here, so an image is made in four steps, each
+with Debian's tools or the project's own metadata:
+
+1. **Base.** ``mmdebstrap`` makes a Debian rootfs with python3 from Debian's packages; ``podman
+   import`` names it ``localhost/patchbay-base:<recipe hash>``. The Dockerfiles take the base as
+   the build argument ``BASE_IMAGE`` (upstream it is the official python image).
+2. **Wheels, on the host.** ``pip wheel`` builds the program's own wheel from its folder (its
+   ``pyproject.toml`` says what it is and what it needs) and downloads the wheel of every
+   dependency, pinned to the versions installed in the development virtualenv, which are the
+   versions the tests ran against. Only the program's own dependency closure goes in: the agent
+   image holds no kopf and no official client, and the cluster tool is in no image.
+3. **Build, offline.** ``podman build --network=none`` of ``<program>/Dockerfile`` in a context
+   that holds only ``wheels/``: the Dockerfile installs them with ``pip --no-index``.
+4. **Archive.** ``podman save --format oci-archive`` writes an OCI archive that the real node's
+   containerd imports (``DevCluster.load_images``).
+
+Every image is keyed by a content hash of its inputs (the program's folder, the pinned
+requirement list, the base recipe), which is also its tag, so a warm run only hashes files and a
+change anywhere in a program gives a new tag (and so a rollout). Archives live in
+``$PATCHBAY_CACHE/images`` (default ``~/.cache/patchbay/images``), outside the repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+log = logging.getLogger(__name__)
+
+REGISTRY = "ghcr.io/kube-patchbay"
+"""Where released images live; local builds use the same names with a content-hash tag, so the
+chart's and the operator's defaults need only a different tag."""
+
+BASE_SUITE = "bookworm"
+BASE_PACKAGES = ("python3", "python3-venv")
+BASE_MIRROR = "http://deb.debian.org/debian"
+# Documentation, manual pages and translations are of no use in an image (copyright files stay).
+BASE_DPKG_OPTIONS = (
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/locale/*",
+)
+BASE_EPOCH = "1700000000"
+"""SOURCE_DATE_EPOCH for mmdebstrap: fixed file times, so the same packages give the same rootfs."""
+
+SKIP_PARTS = {"__pycache__", "build", "dist", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+
+
+class ImageBuildError(RuntimeError):
+    """An image could not be built; the message names the step and the tool's own words."""
+
+
+@dataclass(frozen=True)
+class Program:
+    """One program of the repository that ships as an image."""
+
+    name: str  # operator | agent
+    folder: str  # its folder in the repository (holds pyproject.toml and Dockerfile)
+
+    @property
+    def distribution(self) -> str:
+        return f"patchbay-{self.name}"
+
+    @property
+    def repository(self) -> str:
+        return f"{REGISTRY}/patchbay-{self.name}"
+
+
+PROGRAMS = (Program("operator", "operator"), Program("agent", "plugin-agent"))
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """An image in the cache: its name and the OCI archive to import."""
+
+    program: str
+    ref: str  # repository:tag
+    archive: Path
+    built: bool  # False when the cache already had it
+    seconds: float
+
+    @property
+    def repository(self) -> str:
+        return self.ref.rsplit(":", 1)[0]
+
+    @property
+    def tag(self) -> str:
+        return self.ref.rsplit(":", 1)[1]
+
+    @property
+    def size_bytes(self) -> int:
+        return self.archive.stat().st_size
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PATCHBAY_CACHE") or Path.home() / ".cache" / "patchbay") / "images"
+
+
+def find_repo(start: Path | None = None) -> Path:
+    """The repository root: the nearest directory above ``start`` holding every program folder."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if all((d / p.folder / "Dockerfile").is_file() for p in PROGRAMS):
+            return d
+    raise ImageBuildError(f"no Patchbay checkout at or above {here} (looked for operator/Dockerfile)")
+
+
+def _run(step: str, argv: Sequence[str], timeout: float, **kw: object) -> str:
+    """Run one tool; on failure raise with the step's name and the tool's last output lines."""
+    try:
+        res = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False, **kw)  # type: ignore[call-overload]
+    except FileNotFoundError:
+        raise ImageBuildError(f"{step}: {argv[0]} is not installed (make setup installs it)") from None
+    except subprocess.TimeoutExpired:
+        raise ImageBuildError(f"{step}: {argv[0]} did not finish within {timeout:.0f}s") from None
+    if res.returncode != 0:
+        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-25:])
+        raise ImageBuildError(f"{step}: {' '.join(argv[:3])} ... exited {res.returncode}\n{tail}")
+    return str(res.stdout)
+
+
+def _podman_has(ref: str) -> bool:
+    return (
+        subprocess.run(["podman", "image", "exists", ref], capture_output=True, check=False).returncode == 0
+    )
+
+
+# --- step 1: the base --------------------------------------------------------------------------
+
+
+def base_recipe() -> str:
+    return json.dumps(
+        {
+            "suite": BASE_SUITE,
+            "variant": "minbase",
+            "packages": BASE_PACKAGES,
+            "mirror": BASE_MIRROR,
+            "dpkg": BASE_DPKG_OPTIONS,
+            "epoch": BASE_EPOCH,
+        },
+        sort_keys=True,
+    )
+
+
+def base_image() -> str:
+    """``localhost/patchbay-base:<recipe hash>``, made once per machine (about 45 s cold)."""
+    ref = f"localhost/patchbay-base:{BASE_SUITE}-{_digest([base_recipe().encode()])[:12]}"
+    if _podman_has(ref):
+        return ref
+    t0 = time.monotonic()
+    log.info(
+        "Base image: mmdebstrap %s with %s (Debian's packages; about a minute)", BASE_SUITE, BASE_PACKAGES
+    )
+    work = cache_dir() / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    tarball = work / "base-rootfs.tar"
+    argv = [
+        "mmdebstrap",
+        "--variant=minbase",
+        "--mode=root",
+        "--format=tar",
+        f"--include={','.join(BASE_PACKAGES)}",
+        *(f"--dpkgopt={o}" for o in BASE_DPKG_OPTIONS),
+        BASE_SUITE,
+        str(tarball),
+        BASE_MIRROR,
+    ]
+    _run("base image (mmdebstrap)", argv, 900, env={**os.environ, "SOURCE_DATE_EPOCH": BASE_EPOCH})
+    _run(
+        "base image (podman import)",
+        [
+            "podman",
+            "import",
+            "--change",
+            "ENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            str(tarball),
+            ref,
+        ],
+        300,
+    )
+    tarball.unlink()
+    log.info("Base image %s ready in %.0fs", ref, time.monotonic() - t0)
+    return ref
+
+
+# --- step 2: what goes in ----------------------------------------------------------------------
+
+
+def pinned_closure(distribution: str, extras: Iterable[str] = ()) -> list[str]:
+    """``name==version`` for every distribution ``distribution`` needs, transitively, as installed
+    in THIS interpreter's environment (the development virtualenv the tests run in).
+
+    Environment markers are evaluated for this interpreter, which matches the image's (CPython
+    3.11 on Linux x86_64). A dependency that is not installed here is an error: the image would
+    otherwise get a version nobody tested.
+    """
+    pins: dict[str, str] = {}
+    todo: list[tuple[str, frozenset[str]]] = [(distribution, frozenset(extras))]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        name, wanted = todo.pop()
+        if (name, wanted) in seen:
+            continue
+        seen.add((name, wanted))
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            raise ImageBuildError(
+                f"{name} is needed by {distribution} but not installed: run make venv"
+            ) from None
+        if name != distribution:
+            pins[canonicalize_name(name)] = dist.version
+        for raw in dist.requires or []:
+            req = Requirement(raw)
+            envs = [{"extra": e} for e in wanted] or [{"extra": ""}]
+            if req.marker is not None and not any(req.marker.evaluate(e) for e in envs):
+                continue
+            todo.append((req.name, frozenset(req.extras)))
+    return [f"{n}=={v}" for n, v in sorted(pins.items())]
+
+
+def _digest(chunks: Iterable[bytes]) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(len(c).to_bytes(8, "little"))
+        h.update(c)
+    return h.hexdigest()
+
+
+def source_files(folder: Path) -> list[Path]:
+    """Every file of a program's folder that can change the image (caches and builds skipped)."""
+    out = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        skipped = SKIP_PARTS & set(rel.parts) or rel.parts[0].endswith(".egg-info") or path.suffix == ".pyc"
+        if path.is_file() and not skipped:
+            out.append(path)
+    return out
+
+
+def input_hash(repo: Path, program: Program, pins: Sequence[str], base: str) -> str:
+    folder = repo / program.folder
+    chunks: list[bytes] = [base.encode(), "\n".join(pins).encode()]
+    for path in source_files(folder):
+        chunks += [str(path.relative_to(folder)).encode(), path.read_bytes()]
+    return _digest(chunks)
+
+
+def version_of(repo: Path, program: Program) -> str:
+    meta = tomllib.loads((repo / program.folder / "pyproject.toml").read_text())
+    return str(meta["project"]["version"])
+
+
+# --- steps 3 and 4 -----------------------------------------------------------------------------
+
+
+def build_program(repo: Path, program: Program, base: str, *, force: bool = False) -> BuiltImage:
+    """One image, from the cache when its inputs did not change."""
+    t0 = time.monotonic()
+    pins = pinned_closure(program.distribution)
+    digest = input_hash(repo, program, pins, base)
+    ref = f"{program.repository}:{version_of(repo, program)}-{digest[:12]}"
+    archive = cache_dir() / f"patchbay-{program.name}-{digest[:12]}.oci.tar"
+    if archive.is_file() and not force:
+        return BuiltImage(program.name, ref, archive, built=False, seconds=time.monotonic() - t0)
+
+    log.info("Building %s", ref)
+    context = cache_dir() / "work" / f"{program.name}-{digest[:12]}"
+    shutil.rmtree(context, ignore_errors=True)
+    wheels = context / "wheels"
+    wheels.mkdir(parents=True)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    _run(
+        f"{program.name}: its own wheel",
+        [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(repo / program.folder)],
+        600,
+        cwd=context,
+    )
+    if pins:
+        _run(
+            f"{program.name}: dependency wheels ({len(pins)} pinned)",
+            [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), *pins],
+            900,
+            cwd=context,
+        )
+    log.info("  %d wheels for %s: %s", len(pins) + 1, program.distribution, ", ".join(pins))
+    _run(
+        f"{program.name}: podman build",
+        [
+            "podman",
+            "build",
+            "--network=none",
+            "--pull=never",
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+            "--file",
+            str(repo / program.folder / "Dockerfile"),
+            "--tag",
+            ref,
+            str(context),
+        ],
+        900,
+    )
+    tmp = archive.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    _run(
+        f"{program.name}: podman save",
+        ["podman", "save", "--format", "oci-archive", "-o", str(tmp), ref],
+        300,
+    )
+    tmp.replace(archive)
+    shutil.rmtree(context, ignore_errors=True)
+    seconds = time.monotonic() - t0
+    log.info("  %s: %.0f MB archive in %.0fs", ref, archive.stat().st_size / 1e6, seconds)
+    return BuiltImage(program.name, ref, archive, built=True, seconds=seconds)
+
+
+def build_all(repo: Path | None = None, *, force: bool = False) -> dict[str, BuiltImage]:
+    """Every program's image (operator, agent), built or taken from the cache."""
+    root = find_repo(repo)
+    for tool in ("podman", "mmdebstrap"):
+        if not shutil.which(tool):
+            raise ImageBuildError(f"{tool} is not installed: make setup installs it (apt-get install {tool})")
+    base = base_image()
+    return {p.name: build_program(root, p, base, force=force) for p in PROGRAMS}

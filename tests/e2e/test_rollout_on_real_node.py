@@ -1,0 +1,75 @@
+"""An agent rollout on the real kubelet never leaves the node without its resource.
+
+The profile's plugin config changes, so the operator's DaemonSet rolls with maxSurge 1 and
+maxUnavailable 0: the new agent pod starts beside the old one, serves its OWN socket, registers
+(the kubelet v1.37 keeps several endpoints per resource, keyed by socket path, and uses the
+newest), turns Ready; then the old pod is deleted and removes only its own socket, and the kubelet
+promotes the remaining endpoint. The node's allocatable is sampled from the API server and from
+the kubelet's PodResources API every 50 ms through the rollout and for a minute after it; a pod
+created while both agents run starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from e2ehelpers import Installed, busybox_pod, wait_for
+from optest import Cluster
+from rollout import SAMPLE_EVERY, run_rollout
+from test_profiles_on_real_node import DEVICES, limits, serial_profile
+
+from patchbay_devcluster import DevCluster
+
+
+def test_a_rollout_keeps_every_healthy_device_allocatable(
+    patchbay: Installed,
+    cluster: Cluster,
+    e2e_cluster: DevCluster,
+    real_node: str,
+    namespace: str,
+    fake_dev: Path,
+    tmp_path: Path,
+) -> None:
+    name, resource = serial_profile(cluster, fake_dev, real_node)
+    try:
+        wait_for("the agent pod Ready", lambda: patchbay.ready_agents(name), 120)
+        full = (str(DEVICES), str(DEVICES))
+        wait_for("devices on the node", lambda: cluster.values(real_node, resource) == full, 60)
+
+        def workload() -> str:
+            pod = limits(busybox_pod("mid-rollout", real_node, "sleep 3600"), resource, 1)
+            cluster.core.create_namespaced_pod(namespace, pod)
+            return "mid-rollout"
+
+        result = run_rollout(
+            api=cluster.api,
+            namespace=patchbay.namespace,
+            daemonset=f"patchbay-{name}",
+            agent_pods=lambda: patchbay.agent_pods(name),
+            change=lambda: cluster.patch_spec(name, {"plugin": {"allocation": {"envs": {"ROLLOUT": "2"}}}}),
+            node=real_node,
+            resource=resource,
+            pod_resources=e2e_cluster.real_node().paths.pod_resources_socket,
+            kubelet_log=e2e_cluster.log_dir / "kubelet.log",
+            workload=workload,
+            workload_namespace=namespace,
+        )
+        report = "\n".join(result.kubelet_lines)
+        (tmp_path / "kubelet-during-rollout.log").write_text(report)
+        print(f"rollout figures: {result.figures()}\nkubelet during the rollout:\n{report}")
+
+        # Sampled often enough to see a dip: on average at least every 100 ms.
+        span = result.samples[-1].at - result.samples[0].at
+        assert len(result.samples) >= span / (2 * SAMPLE_EVERY), result.figures()
+        assert result.minimum("api") == DEVICES, result.figures()
+        assert result.minimum("kubelet") == DEVICES, result.figures()
+        assert result.mid_rollout_pod_started
+        assert result.registrations == 1, report  # the new agent, once; the old one never again
+        assert result.old_pod != result.new_pod
+        assert result.after >= 60
+        # Only the new agent's socket is left in the kubelet's directory.
+        sockets = sorted(p.name for p in Path("/var/lib/kubelet/device-plugins").glob("patchbay-*.sock"))
+        assert len([s for s in sockets if cluster.tag in s]) == 1, sockets
+    finally:
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-plugin": None})
