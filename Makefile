@@ -84,12 +84,12 @@ test: setup lint verify ## The whole suite: lint, verify, unit and integration t
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-unit
-test-unit: venv ## Unit tests only (no cluster)
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+test-unit: venv ## Unit tests only: pure code, no process of a cluster (marker: not cluster)
+	$(PY) -m pytest tests/unit -m "not cluster and not node and not peer" $(PYTEST_ARGS)
 
 .PHONY: test-agent
-test-agent: venv ## The agent on real Unix sockets with a Python kubelet peer (no cluster)
-	$(PY) -m pytest tests/unit/agent tests/agent $(PYTEST_ARGS)
+test-agent: venv ## The agent: unit tests, then on real Unix sockets with a Python kubelet peer (no cluster)
+	$(PY) -m pytest tests/unit/agent tests/sockets $(PYTEST_ARGS)
 
 .PHONY: test-conformance
 test-conformance: setup ## The agent against the upstream kubelet device manager (Go peer, v1.37.1)

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "conformance")]
+sys.path[:0] = [str(REPO / "tests")]
 
 import yaml  # noqa: E402
-from fakehw import FakeHardware  # noqa: E402
-from kubeletpeer import AgentProcess, KubeletPeer, _Process, build_peer  # noqa: E402
+from support.fakehw import FakeHardware  # noqa: E402
+from support.kubeletpeer import AgentProcess, KubeletPeer, _Process, build_peer  # noqa: E402
 
 from patchbay_agent.sockets import socket_name  # noqa: E402
 

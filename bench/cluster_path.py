@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "e2e")]
+sys.path[:0] = [str(REPO / "tests")]
 
 import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
-from rollout import run_rollout  # noqa: E402
+from support.rollout import run_rollout  # noqa: E402
 
 from patchbay_agent.podresources import get_allocatable_resources  # noqa: E402
 from patchbay_devcluster import DevCluster, find_bin_dir  # noqa: E402
@@ -199,8 +199,15 @@ class Bench:
             wait(lambda: self.allocatable(resource) in (None, "0"))
         return out
 
-    def agent_memory(self, profile: str) -> tuple[float, float]:
-        """(RSS, usage) in MiB of the agent pod's cgroup (memory v1: total_rss and usage)."""
+    def agent_memory(self, profile: str) -> dict[str, float]:
+        """The agent pod's memory in MiB, three ways (they answer different questions):
+
+        - ``rss``/``pss``: the agent process's resident set and proportional set (smaps_rollup),
+          shared libraries included: what the process really holds;
+        - ``cgroup_rss``/``cgroup_usage``: what the pod's memory cgroup (v1) is charged, which is
+          what limits and evictions see. Pages of the image's files that another cgroup touched
+          first (containerd unpacking the image) are not charged here, so this reads lower.
+        """
         pods = self.core.list_namespaced_pod(
             "patchbay-system",
             label_selector=f"app.kubernetes.io/name=patchbay-agent,patchbay.dev/profile={profile}",
@@ -210,7 +217,21 @@ class Bench:
         (pod_dir,) = [d for d in root.rglob(f"pod{uid}") if d.is_dir()]
         stat = dict(line.split() for line in (pod_dir / "memory.stat").read_text().splitlines())
         usage = int((pod_dir / "memory.usage_in_bytes").read_text())
-        return int(stat["total_rss"]) / 2**20, usage / 2**20
+        out = {
+            "cgroup_rss": int(stat["total_rss"]) / 2**20,
+            "cgroup_usage": usage / 2**20,
+            "rss": 0.0,
+            "pss": 0.0,
+        }
+        for procs in pod_dir.rglob("cgroup.procs"):
+            for pid in procs.read_text().split():
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "pause":
+                    continue
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    key, _, rest = line.partition(":")
+                    if key in ("Rss", "Pss"):
+                        out[key.lower()] += int(rest.split()[0]) / 1024
+        return out
 
 
 def median(xs: list[float]) -> float:
@@ -282,8 +303,11 @@ def main() -> None:
             b.apply(b.profile(name, {**plugin_spec, "resourceName": resource}))
             wait(lambda: b.allocatable(resource) == str(DEVICES))
             time.sleep(10)  # let start-up garbage settle before reading memory
-            rss, usage = b.agent_memory(name)
-            print(f"agent pod: RSS {rss:.1f} MiB, cgroup usage {usage:.1f} MiB")
+            mem = b.agent_memory(name)
+            print(
+                f"agent pod: process RSS {mem['rss']:.1f} MiB, PSS {mem['pss']:.1f} MiB; "
+                f"pod cgroup rss {mem['cgroup_rss']:.1f} MiB, usage {mem['cgroup_usage']:.1f} MiB"
+            )
             print("  (requests seen: Intel's plugins 15-45 Mi, squat/generic-device-plugin 10-20 Mi)")
             result = run_rollout(
                 api=b.api,

@@ -26,14 +26,11 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,11 +39,14 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from patchbay_devcluster import DevCluster, find_bin_dir
-from patchbay_devcluster.cluster import free_port
-from patchbay_operator.kube import JSON_PATCH, Kube, load_configuration
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests")]
+
+from support.operator import Operator  # noqa: E402
+
+from patchbay_devcluster import DevCluster, find_bin_dir  # noqa: E402
+from patchbay_operator.kube import JSON_PATCH, Kube, load_configuration  # noqa: E402
+
 GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
 BENCH_LABEL = "patchbay.dev/bench"
 R_OPERATOR = "example.com/bench"
@@ -137,65 +137,6 @@ class Observer:
         return self.wait(resource, value, {name}, timeout)
 
 
-class OperatorProcess:
-    def __init__(self, kubeconfig: Path, log: Path, concurrency: int) -> None:
-        self.port = free_port()
-        argv = [
-            sys.executable, "-m", "patchbay_operator.main",
-            "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE,
-            "--concurrency", str(concurrency),
-            "--liveness", f"http://127.0.0.1:{self.port}/healthz",
-        ]  # fmt: skip
-        self.log = log
-        self.proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
-                    return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(log.read_text()[-3000:]) from None
-                time.sleep(0.3)
-        raise RuntimeError("operator did not become live")
-
-    def stats(self) -> dict[str, int]:
-        for line in reversed(self.log.read_text(errors="replace").splitlines()):
-            if "Stats " in line:
-                return dict(json.loads(line.split("Stats ", 1)[1]))
-        return {}
-
-    def settled_stats(self, quiet: float = 3.0) -> dict[str, int]:
-        last: dict[str, int] = {}
-        since = time.monotonic()
-        while True:
-            s = self.stats()
-            key = {"nodePatches": s.get("nodePatches"), "queued": s.get("queued")}
-            if key != {k: last.get(k) for k in key} or s.get("queued"):
-                last, since = s, time.monotonic()
-            elif time.monotonic() - since >= quiet:
-                return s
-            time.sleep(0.25)
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU the operator process has used so far (from /proc/<pid>/stat)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def peak_rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
 def timed(what: str, fn: Callable[[], float], t0: float | None = None) -> float:
     start = time.monotonic() if t0 is None else t0
     end = fn()
@@ -273,7 +214,7 @@ def main() -> int:
     cluster.wait_nodes_ready(args.nodes, label_selector=f"{BENCH_LABEL}=1", timeout=max(300, args.nodes / 5))
     print(f"  every node Ready after {time.monotonic() - t:.1f} s", flush=True)
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    op: OperatorProcess | None = None
+    op: Operator | None = None
     observer: Observer | None = None
     try:
         ext = client.ApiextensionsV1Api(api)
@@ -305,7 +246,14 @@ def main() -> int:
 
             print(f"Round {rnd}: operator")
             t = time.monotonic()
-            op = OperatorProcess(cluster.kubeconfig, state / f"operator-{rnd}.log", args.concurrency)
+            op = Operator(
+                cluster.kubeconfig,
+                state / f"operator-{rnd}",
+                args=("--concurrency", str(args.concurrency)),
+                namespace=NAMESPACE,
+            )
+            op.log_dir.mkdir(exist_ok=True)
+            op.start()
             while op.stats().get("nodes", 0) < args.nodes:
                 time.sleep(0.2)
             print(f"  started and listed {args.nodes} nodes in {time.monotonic() - t:.1f} s", flush=True)

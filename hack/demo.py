@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import yaml
 from kubernetes import client, config
@@ -35,6 +35,7 @@ from patchbay_devcluster import DevCluster, default_state_dir, find_bin_dir
 from patchbay_devcluster.imagebuild import build_all
 from patchbay_devcluster.images import BUSYBOX_IMAGE
 from patchbay_devcluster.install import helm_install, local_values, merge
+from patchbay_devcluster.poll import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "patchbay-system"
@@ -44,20 +45,17 @@ PLUGIN = REPO / "examples" / "deviceplugin-serial.yaml"
 FAKE_DEV = Path("/dev/patchbay-demo")
 KWOK_NODES = 5
 SERIAL_COUNT = 4
+T = TypeVar("T")
 
 
 def step(text: str) -> None:
     print(f"\n\033[1m==> {text}\033[0m", flush=True)
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise SystemExit(f"demo: timed out after {timeout:.0f}s waiting for {what}")
+def wait_for(what: str, check: Callable[[], T], timeout: float = 180) -> T:
+    return poll_until(
+        what, check, timeout=timeout, interval=0.5, error=lambda msg: SystemExit(f"demo: {msg}")
+    )
 
 
 class Tools:

@@ -1,8 +1,20 @@
 """Session fixtures: ONE real control plane per test session; tests isolate themselves by name.
 
-The cluster starts lazily, the first time a test asks for it, so `pytest tests/unit` never
-starts one. A missing binary is an error, never a skip: a skipped smoke test would pass for
-nothing.
+The cluster starts lazily, the first time a test asks for it. A missing binary is an error, never
+a skip: a skipped smoke test would pass for nothing.
+
+Markers say what a test needs, and they are given by folder, so they cannot be forgotten:
+
+| folder | markers | needs |
+| --- | --- | --- |
+| unit/ | (none) | nothing: pure code, no process, no socket of a cluster |
+| sockets/ | (none) | the agent on real Unix sockets against a Python kubelet peer |
+| integration/ | cluster | a real control plane (etcd, API server, controllers, kwok) |
+| conformance/ | peer | the upstream kubelet device manager, compiled from Go |
+| e2e/ | cluster, node | the machine's real kubelet node (root), images, the chart |
+
+A test that uses a cluster fixture without the ``cluster`` marker fails, so ``-m "not cluster"``
+(``make test-unit``) really starts no cluster.
 """
 
 from __future__ import annotations
@@ -18,12 +30,37 @@ import pytest
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
-from kubetest import running_devcluster, wait_for
-from optest import CRD_FILE, GROUP, NAMESPACE, PLURAL, VERSION, Cluster, Operator
+from support.clusters import (
+    CRD_FILE,
+    GROUP,
+    NAMESPACE,
+    PLURAL,
+    VERSION,
+    Cluster,
+    running_devcluster,
+    wait_for,
+)
+from support.operator import Operator
 
 from patchbay_devcluster import DevCluster, find_bin_dir
 
 REPO = Path(__file__).resolve().parents[1]
+FOLDER_MARKERS = {"integration": ("cluster",), "conformance": ("peer",), "e2e": ("cluster", "node")}
+CLUSTER_FIXTURES = {"devcluster", "e2e_cluster", "chart_cluster", "cluster", "api", "e2e_api"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(str(item.fspath)).relative_to(REPO / "tests").parts[0]
+        for name in FOLDER_MARKERS.get(folder, ()):
+            item.add_marker(name)
+
+
+@pytest.fixture(autouse=True)
+def _cluster_fixtures_need_the_cluster_marker(request: pytest.FixtureRequest) -> None:
+    used = CLUSTER_FIXTURES & set(request.fixturenames)
+    if used and request.node.get_closest_marker("cluster") is None:
+        pytest.fail(f"{request.node.nodeid} uses {sorted(used)} but is not marked `cluster`")
 
 
 def kube_bin_dir() -> Path:

@@ -7,20 +7,18 @@ session's) can run side by side. ``down`` stops each recorded PID (SIGTERM, then
 grace period) after checking that the PID still runs the binary it started, so a recycled PID is
 never signalled.
 
-The control plane is set up like envtest/kubeadm: one CA, the Node and RBAC authorizers,
-NodeRestriction, per-component client identities, service-account token signing, and the
-controller manager using per-controller service-account credentials.
+What each component is (identity, command line, health endpoint) is in
+:mod:`patchbay_devcluster.controlplane`; the optional real node in :mod:`patchbay_devcluster.node`;
+starting, probing and stopping processes in :mod:`patchbay_devcluster.procs`.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,21 +27,30 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchbay_devcluster import pki
+from kubernetes import client
+
+from patchbay_devcluster import controlplane, kubeapi
+from patchbay_devcluster.controlplane import COMPONENTS, KWOK_NODE_LABEL, kwok_node
 from patchbay_devcluster.node import NODE_NAME, NodeError, RealNode
-from patchbay_devcluster.rest import ApiError, Rest
+from patchbay_devcluster.poll import poll_until
+from patchbay_devcluster.procs import Proc, free_port, http_ok, spawn, stop_child, stop_pid, tail
 
 log = logging.getLogger(__name__)
 
 BIN_ENV = "PATCHBAY_KUBE_BIN"
 STATE_ENV = "PATCHBAY_DEVCLUSTER_DIR"
-KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-KWOK_TAINT_KEY = "kwok.x-k8s.io/node"
-KWOK_NODE_LABEL = "type"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
-# Order matters: started in this order, stopped in reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+PORTS = (
+    "etcd",
+    "etcd-peer",
+    "apiserver",
+    "controller-manager",
+    "scheduler",
+    "kwok",
+    "kubelet",
+    "kubelet-healthz",
+)
+"""The ports picked at ``up``, by name (the real node's kubelet takes the last two)."""
 
 
 class ClusterError(RuntimeError):
@@ -73,38 +80,6 @@ def find_bin_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     return path
 
 
-def free_port() -> int:
-    """A port that is free on 127.0.0.1 right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def pid_runs(pid: int, binary: str) -> bool:
-    """True if ``pid`` is alive and still runs ``binary`` (guards against recycled PIDs)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    argv0 = raw.split(b"\0", 1)[0].decode(errors="replace")
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # state field after the ")" of the command name: Z means a zombie, i.e. already exited.
-    if stat.rsplit(")", 1)[1].split()[0] == "Z":
-        return False
-    return argv0 == binary
-
-
-@dataclass
-class Proc:
-    name: str
-    pid: int
-    binary: str
-    log: str
-
-
 @dataclass
 class State:
     """What ``state.json`` holds: enough for ``down``/``status`` from another process."""
@@ -125,24 +100,9 @@ class State:
         tmp.replace(path)
 
 
-def _wait(what: str, check: Callable[[], bool], timeout: float, on_fail: Callable[[], str]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (OSError, ApiError):
-            pass
-        time.sleep(0.2)
-    raise ClusterError(f"{what} not ready after {timeout:.0f}s\n{on_fail()}")
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    return f"last lines of {path}:\n" + "\n".join(text[-lines:])
+def _wait(what: str, check: Callable[[], bool], timeout: float, detail: Callable[[], str]) -> None:
+    """Until ``check()`` holds; an API server or component not (yet) answering is "not yet"."""
+    poll_until(what, check, timeout=timeout, error=ClusterError, detail=detail, ignore=kubeapi.UNAVAILABLE)
 
 
 class DevCluster:
@@ -155,6 +115,7 @@ class DevCluster:
         self.log_dir = self.dir / "logs"
         self.state_file = self.dir / "state.json"
         self.kubeconfig = self.dir / "kubeconfig"
+        self._api: tuple[tuple[int, int], client.ApiClient] | None = None
 
     # --- paths and clients -------------------------------------------------------------------
 
@@ -167,17 +128,21 @@ class DevCluster:
     def state(self) -> State:
         return State.load(self.state_file)
 
-    def rest(self, timeout: float = 10.0) -> Rest:
+    def api(self) -> client.ApiClient:
+        """The official client as the admin, kept (with its connections) while the API server's
+        port and the kubeconfig stay the same."""
         port = self.state().ports.get("apiserver")
         if not port:
             raise ClusterError(f"no cluster in {self.dir}: run `patchbay-devcluster up`")
-        return Rest(
-            port=port,
-            ca=self.pki_dir / "ca.crt",
-            cert=self.pki_dir / "admin.crt",
-            key=self.pki_dir / "admin.key",
-            timeout=timeout,
-        )
+        try:
+            key = (port, self.kubeconfig.stat().st_mtime_ns)
+        except FileNotFoundError:
+            raise ClusterError(f"no kubeconfig at {self.kubeconfig}: run `patchbay-devcluster up`") from None
+        if self._api is None or self._api[0] != key:
+            if self._api is not None:
+                kubeapi.close(self._api[1])
+            self._api = (key, kubeapi.connect(self.kubeconfig))
+        return self._api[1]
 
     @property
     def server(self) -> str:
@@ -186,11 +151,11 @@ class DevCluster:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def running(self) -> list[Proc]:
-        return [p for p in self.state().procs if pid_runs(p.pid, p.binary)]
+        return [p for p in self.state().procs if p.runs()]
 
     def is_up(self) -> bool:
         st = self.state()
-        return bool(st.procs) and all(pid_runs(p.pid, p.binary) for p in st.procs)
+        return bool(st.procs) and all(p.runs() for p in st.procs)
 
     def up(self, nodes: int = 0, real_node: bool = False, timeout: float = 90.0) -> None:
         """Start the control plane and kwok (a no-op if they already run), then ensure ``nodes``
@@ -213,19 +178,9 @@ class DevCluster:
         for d in (self.dir, self.pki_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o700)
-        names = (
-            "etcd",
-            "etcd-peer",
-            "apiserver",
-            "controller-manager",
-            "scheduler",
-            "kwok",
-            "kubelet",
-            "kubelet-healthz",
-        )
-        state = State(ports={n: free_port() for n in names})
+        state = State(ports={n: free_port() for n in PORTS})
         state.save(self.state_file)
-        self._write_pki_and_kubeconfigs(state.ports["apiserver"])
+        controlplane.write_credentials(self.dir, self.pki_dir, self.kubeconfig, state.ports["apiserver"])
         log.info("Starting control plane in %s", self.dir)
         children: list[subprocess.Popen[bytes]] = []
         try:
@@ -241,7 +196,7 @@ class DevCluster:
             # Our own children, through their Popen handles: one may not have exec'd its binary
             # yet, which the PID + binary check in down() would (rightly) refuse to signal.
             for child in reversed(children):
-                _stop_child(child)
+                stop_child(child)
             self.down(purge=False)
             raise
         log.info(
@@ -249,17 +204,10 @@ class DevCluster:
         )
 
     def _spawn(self, name: str, argv: Sequence[str]) -> tuple[Proc, subprocess.Popen[bytes]]:
-        logfile = self.log_dir / f"{name}.log"
-        with logfile.open("ab") as out:
-            child = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.dir,
-                start_new_session=True,  # survives the CLI; never gets the terminal's signals
-            )
-        return Proc(name=name, pid=child.pid, binary=argv[0], log=str(logfile)), child
+        return spawn(name, argv, self.log_dir, self.dir)
+
+    def _argv(self, name: str, ports: dict[str, int]) -> list[str]:
+        return controlplane.argv(name, self.bin_dir, self.dir, self.pki_dir, ports)
 
     def down(self, purge: bool = True, grace: float = 15.0) -> list[str]:
         """Stop every recorded process by PID; with ``purge`` remove the state directory.
@@ -284,15 +232,18 @@ class DevCluster:
             node.unmount_all()
             node.remove_network()
             node.remove_cgroups()
-            node.release_device_plugin_dir(self.dir)
+            node.release_device_plugin_dir()
             # Runtime state outside the state directory: removed even without ``purge``
             # (the kubelet's and containerd's logs stay in <state>/logs).
             node.remove_files()
-        leftover = [p for p in st.procs if pid_runs(p.pid, p.binary)]
+        leftover = [p for p in st.procs if p.runs()]
         if leftover:
             raise ClusterError(f"still running after down: {[(p.name, p.pid) for p in leftover]}")
+        if self._api is not None:
+            kubeapi.close(self._api[1])
+            self._api = None
         if purge:
-            _rmtree(self.dir)
+            shutil.rmtree(self.dir, ignore_errors=True)
         elif self.state_file.exists():
             State(ports=st.ports).save(self.state_file)
         return stopped
@@ -318,10 +269,33 @@ class DevCluster:
         try:
             self._wait_component(name, st.ports, Path(proc.log), timeout, child)
         except BaseException:
-            _stop_child(child)
+            stop_child(child)
             raise
         log.info("Restarted %s (pid %d)", name, proc.pid)
         return proc
+
+    def _wait_component(
+        self, name: str, ports: dict[str, int], logfile: Path, timeout: float, child: subprocess.Popen[bytes]
+    ) -> None:
+        # poll() on our own child, not /proc: right after fork the child still runs Python.
+        def fail() -> str:
+            code = child.poll()
+            alive = "running" if code is None else f"exited with code {code}"
+            return f"{name} (pid {child.pid}) {alive}; {tail(logfile)}"
+
+        healthy: Callable[[], bool]
+        if name == "kube-apiserver":
+            healthy = lambda: kubeapi.readyz(self.api(), timeout=5)  # noqa: E731
+        else:
+            port, path, tls = controlplane.HEALTH[name]
+            healthy = lambda: http_ok(ports[port], path, tls=tls)  # noqa: E731
+
+        def check() -> bool:
+            if child.poll() is not None:
+                raise ClusterError(f"{name} exited during start\n{fail()}")
+            return healthy()
+
+        _wait(name, check, timeout, fail)
 
     # --- the real node ---------------------------------------------------------------------
 
@@ -334,13 +308,8 @@ class DevCluster:
         t0 = time.monotonic()
         st = self.state()
         node = RealNode(self.dir, self.pki_dir, self.bin_dir)
-
-        def kubelet_running(state_dir: Path) -> bool:
-            other = DevCluster(state_dir)
-            return any(p.name == "kubelet" for p in other.running())
-
         try:
-            node.claim_device_plugin_dir(self.dir, kubelet_running)
+            node.claim_device_plugin_dir()
         except NodeError as e:
             raise ClusterError(str(e)) from None
         node.prepare(st.ports["apiserver"], st.ports["kubelet"], st.ports["kubelet-healthz"])
@@ -351,10 +320,10 @@ class DevCluster:
 
         def containerd_ok() -> bool:
             if child.poll() is not None:
-                raise ClusterError(f"containerd exited\n{_tail(Path(proc.log))}")
+                raise ClusterError(f"containerd exited\n{tail(Path(proc.log))}")
             return node.containerd_ready()
 
-        _wait("containerd", containerd_ok, timeout, lambda: _tail(Path(proc.log)))
+        _wait("containerd", containerd_ok, timeout, lambda: tail(Path(proc.log)))
         node.import_images()
         self.start_kubelet()
         self.wait_real_node_ready(timeout)
@@ -373,20 +342,22 @@ class DevCluster:
     def start_kubelet(self) -> Proc:
         """Start (or start again, after ``stop_kubelet``) the real node's kubelet."""
         st = self.state()
-        st.procs = [p for p in st.procs if p.name != "kubelet" or pid_runs(p.pid, p.binary)]
+        st.procs = [p for p in st.procs if p.name != "kubelet" or p.runs()]
         if any(p.name == "kubelet" for p in st.procs):
             raise ClusterError("the kubelet is already running")
-        proc, child = self._spawn("kubelet", self.real_node().kubelet_argv())
+        node = RealNode(self.dir, self.pki_dir, self.bin_dir)
+        proc, child = self._spawn("kubelet", node.kubelet_argv())
         st.procs.append(proc)
         st.save(self.state_file)
+        node.record_kubelet(proc)
         port = st.ports["kubelet-healthz"]
 
         def healthy() -> bool:
             if child.poll() is not None:
-                raise ClusterError(f"kubelet exited\n{_tail(Path(proc.log))}")
-            return _http_ok(port, "/healthz", tls=False)
+                raise ClusterError(f"kubelet exited\n{tail(Path(proc.log))}")
+            return http_ok(port, "/healthz", tls=False)
 
-        _wait("kubelet", healthy, 120, lambda: _tail(Path(proc.log)))
+        _wait("kubelet", healthy, 120, lambda: tail(Path(proc.log)))
         return proc
 
     def stop_kubelet(self, sig: int = signal.SIGKILL) -> None:
@@ -400,7 +371,7 @@ class DevCluster:
             f"node {NODE_NAME}",
             lambda: NODE_NAME in self.ready_nodes(f"kubernetes.io/hostname={NODE_NAME}"),
             timeout,
-            lambda: _tail(self.log_dir / "kubelet.log"),
+            lambda: tail(self.log_dir / "kubelet.log"),
         )
 
     # --- nodes -------------------------------------------------------------------------------
@@ -418,11 +389,11 @@ class DevCluster:
         kwok nodes carry the ``kwok.x-k8s.io/node=fake:NoSchedule`` taint, so only pods that
         tolerate it (DaemonSets made for them, tests) land there.
         """
-        rest = self.rest()
+        api = self.api()
         names = [f"{prefix}{i}" for i in range(start, start + count)]
 
         def create(name: str) -> None:
-            rest.call("POST", "/api/v1/nodes", kwok_node(name, labels or {}), ok=(409,))
+            kubeapi.create_node(api, kwok_node(name, labels or {}))
 
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -431,315 +402,41 @@ class DevCluster:
         return names
 
     def ready_nodes(self, label_selector: str = "") -> set[str]:
-        from urllib.parse import quote
-
-        path = "/api/v1/nodes"
-        if label_selector:
-            path += "?labelSelector=" + quote(label_selector)
-        items = self.rest(timeout=60).call("GET", path)["items"]
-        ready = set()
-        for n in items:
-            for c in n.get("status", {}).get("conditions") or []:
-                if c.get("type") == "Ready" and c.get("status") == "True":
-                    ready.add(n["metadata"]["name"])
-        return ready
+        return kubeapi.ready_nodes(self.api(), label_selector, timeout=60)
 
     def wait_nodes_ready(self, count: int, label_selector: str = "", timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
         last = -1
-        while time.monotonic() < deadline:
+
+        def enough() -> bool:
+            nonlocal last
             n = len(self.ready_nodes(label_selector))
-            if n >= count:
-                log.info("%d nodes Ready", n)
-                return
-            if n != last:
+            if n < count and n != last:
                 log.info("  %d/%d nodes Ready", n, count)
-                last = n
-            time.sleep(0.5)
-        raise ClusterError(f"only {last}/{count} nodes Ready after {timeout:.0f}s")
+            last = n
+            return n >= count
 
-    # --- configuration -----------------------------------------------------------------------
-
-    def _write_pki_and_kubeconfigs(self, port: int) -> None:
-        ca = pki.CertificateAuthority(self.pki_dir)
-        ca.issue("apiserver", "kube-apiserver", server=True)
-        ca.issue(
-            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", orgs=("system:masters",), client=True
+        poll_until(
+            f"{count} nodes Ready",
+            enough,
+            timeout=timeout,
+            interval=0.5,
+            error=ClusterError,
+            detail=lambda: f"only {max(last, 0)}/{count} Ready",
         )
-        pki.service_account_keys(self.pki_dir)
-        # A separate CA for the aggregation layer's front proxy (as kubeadm does): requests carrying
-        # X-Remote-User headers are trusted only from a client certificate of THIS CA.
-        front = pki.CertificateAuthority(self.pki_dir / "front-proxy")
-        front.issue("front-proxy-client", "front-proxy-client", client=True)
-        identities = {
-            "admin": ("patchbay-admin", ("system:masters",)),
-            "controller-manager": ("system:kube-controller-manager", ()),
-            "scheduler": ("system:kube-scheduler", ()),
-            "kwok": ("kwok-controller", ("system:masters",)),
-        }
-        for stem, (cn, orgs) in identities.items():
-            pair = ca.issue(stem, cn, orgs=orgs, client=True)
-            target = self.kubeconfig if stem == "admin" else self.dir / f"{stem}.kubeconfig"
-            write_kubeconfig(target, f"https://127.0.0.1:{port}", ca.pair.cert, pair)
-
-    def _argv(self, name: str, ports: dict[str, int]) -> list[str]:
-        b = str(self.bin_dir / name)
-        p = self.pki_dir
-        if name == "etcd":
-            client = f"http://127.0.0.1:{ports['etcd']}"
-            peer = f"http://127.0.0.1:{ports['etcd-peer']}"
-            return [
-                b,
-                "--name=devcluster",
-                f"--data-dir={self.dir / 'etcd'}",
-                f"--listen-client-urls={client}",
-                f"--advertise-client-urls={client}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=devcluster={peer}",
-                "--unsafe-no-fsync",  # test data: durability is not worth the fsync latency
-                "--quota-backend-bytes=8589934592",
-                "--log-level=warn",
-            ]
-        if name == "kube-apiserver":
-            return [
-                b,
-                f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
-                f"--secure-port={ports['apiserver']}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # Endpoints may not hold loopback addresses, so the "kubernetes" Service gets none:
-                # nothing here may connect to a ClusterIP anyway.
-                "--endpoint-reconciler-type=none",
-                f"--cert-dir={p}",
-                f"--tls-cert-file={p / 'apiserver.crt'}",
-                f"--tls-private-key-file={p / 'apiserver.key'}",
-                f"--client-ca-file={p / 'ca.crt'}",
-                f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
-                f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
-                f"--kubelet-certificate-authority={p / 'ca.crt'}",
-                # The real node is "localhost" (Hostname address); kwok nodes have only an
-                # InternalIP of 127.0.0.1. Either way logs/exec stay on loopback.
-                "--kubelet-preferred-address-types=Hostname,InternalIP",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--allow-privileged=true",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={p / 'sa.pub'}",
-                f"--service-account-signing-key-file={p / 'sa.key'}",
-                f"--requestheader-client-ca-file={p / 'front-proxy' / 'ca.crt'}",
-                "--requestheader-allowed-names=front-proxy-client",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={p / 'front-proxy' / 'front-proxy-client.crt'}",
-                f"--proxy-client-key-file={p / 'front-proxy' / 'front-proxy-client.key'}",
-                "--profiling=false",
-                # Defaults of 400/200 throttle thousands of kwok nodes' heartbeats plus a benchmark.
-                "--max-requests-inflight=3000",
-                "--max-mutating-requests-inflight=1000",
-                "--v=1",
-            ]
-        if name in ("kube-controller-manager", "kube-scheduler"):
-            stem = "controller-manager" if name == "kube-controller-manager" else "scheduler"
-            kc = str(self.dir / f"{stem}.kubeconfig")
-            argv = [
-                b,
-                f"--kubeconfig={kc}",
-                f"--authentication-kubeconfig={kc}",
-                f"--authorization-kubeconfig={kc}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports[stem]}",
-                f"--cert-dir={self.dir / stem}",
-                # A client that patches thousands of nodes must not be throttled by our own defaults.
-                "--kube-api-qps=500",
-                "--kube-api-burst=1000",
-                "--v=1",
-            ]
-            if name == "kube-controller-manager":
-                argv += [
-                    "--use-service-account-credentials=true",
-                    f"--service-account-private-key-file={p / 'sa.key'}",
-                    f"--root-ca-file={p / 'ca.crt'}",
-                    f"--cluster-signing-cert-file={p / 'ca.crt'}",
-                    f"--cluster-signing-key-file={p / 'ca.key'}",
-                    "--cluster-name=patchbay-dev",
-                    "--concurrent-daemonset-syncs=5",
-                ]
-            return argv
-        if name == "kwok":
-            return [
-                b,
-                f"--kubeconfig={self.dir / 'kwok.kubeconfig'}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-                f"--server-address=127.0.0.1:{ports['kwok']}",
-                "--node-ip=127.0.0.1",
-                "--cidr=10.0.1.0/24",
-                "--node-lease-duration-seconds=40",
-                f"--config={KWOK_STAGES}",
-            ]
-        raise ValueError(name)
-
-    def _wait_component(
-        self, name: str, ports: dict[str, int], logfile: Path, timeout: float, child: subprocess.Popen[bytes]
-    ) -> None:
-        # poll() on our own child, not /proc: right after fork the child still runs Python.
-        def fail() -> str:
-            code = child.poll()
-            alive = "running" if code is None else f"exited with code {code}"
-            return f"{name} (pid {child.pid}) {alive}; {_tail(logfile)}"
-
-        def alive_and(check: Callable[[], bool]) -> Callable[[], bool]:
-            def inner() -> bool:
-                if child.poll() is not None:
-                    raise ClusterError(f"{name} exited during start\n{fail()}")
-                return check()
-
-            return inner
-
-        if name == "etcd":
-            check = lambda: _http_ok(ports["etcd"], "/health", tls=False)  # noqa: E731
-        elif name == "kube-apiserver":
-            check = lambda: self.rest(timeout=5).request("GET", "/readyz")[0] == 200  # noqa: E731
-        elif name == "kube-controller-manager":
-            check = lambda: _http_ok(ports["controller-manager"], "/healthz", tls=True)  # noqa: E731
-        elif name == "kube-scheduler":
-            check = lambda: _http_ok(ports["scheduler"], "/healthz", tls=True)  # noqa: E731
-        else:
-            check = lambda: _http_ok(ports["kwok"], "/healthz", tls=False)  # noqa: E731
-        _wait(name, alive_and(check), timeout, fail)
+        log.info("%d nodes Ready", last)
 
     # --- reporting ---------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         st = self.state()
-        procs = {p.name: {"pid": p.pid, "running": pid_runs(p.pid, p.binary)} for p in st.procs}
+        procs = {p.name: {"pid": p.pid, "running": p.runs()} for p in st.procs}
         out: dict[str, Any] = {"stateDir": str(self.dir), "processes": procs, "ports": st.ports}
         if st.ports.get("apiserver"):
+            unavailable: tuple[type[BaseException], ...] = (ClusterError, *kubeapi.UNAVAILABLE)
             out["server"] = self.server
             out["kubeconfig"] = str(self.kubeconfig)
             try:
-                out["readyz"] = self.rest(timeout=3).request("GET", "/readyz")[0] == 200
-            except OSError:
+                out["readyz"] = kubeapi.readyz(self.api(), timeout=3)
+            except unavailable:
                 out["readyz"] = False
         return out
-
-
-def kwok_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
-    """A Node object that kwok will manage: heartbeats keep it Ready; no kubelet behind it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "node-role.kubernetes.io/agent": "",
-                KWOK_NODE_LABEL: "kwok",
-                **labels,
-            },
-        },
-        "spec": {"taints": [{"key": KWOK_TAINT_KEY, "value": "fake", "effect": "NoSchedule"}]},
-        "status": {
-            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
-            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
-        },
-    }
-
-
-def write_kubeconfig(path: Path, server: str, ca: Path, client: pki.CertPair) -> None:
-    """A kubeconfig with the certificates embedded, so it can be copied and still work."""
-
-    def b64(p: Path) -> str:
-        return base64.b64encode(p.read_bytes()).decode()
-
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "patchbay-dev", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}
-        ],
-        "users": [
-            {
-                "name": "patchbay-dev",
-                "user": {
-                    "client-certificate-data": b64(client.cert),
-                    "client-key-data": b64(client.key),
-                },
-            }
-        ],
-        "contexts": [
-            {"name": "patchbay-dev", "context": {"cluster": "patchbay-dev", "user": "patchbay-dev"}}
-        ],
-        "current-context": "patchbay-dev",
-    }
-    path.write_text(json.dumps(doc, indent=2))  # JSON is valid YAML; kubectl reads it as is
-    path.chmod(0o600)
-
-
-def _http_ok(port: int, path: str, tls: bool) -> bool:
-    import http.client
-    import ssl
-
-    conn: http.client.HTTPConnection
-    if tls:
-        # The components serve a self-signed certificate of their own for /healthz only.
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=3)
-    else:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
-    try:
-        conn.request("GET", path)
-        return conn.getresponse().status == 200
-    finally:
-        conn.close()
-
-
-def stop_pid(p: Proc, grace: float, sig: int = signal.SIGTERM) -> bool:
-    """Stop one recorded process (``sig``, then SIGKILL after ``grace``); False if it was not running."""
-    if not pid_runs(p.pid, p.binary):
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(p.pid, sig)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and pid_runs(p.pid, p.binary):
-        _reap(p.pid)
-        time.sleep(0.05)
-    if pid_runs(p.pid, p.binary):
-        log.warning("%s (pid %d) still running after %.0fs; killing", p.name, p.pid, grace)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p.pid, signal.SIGKILL)
-        time.sleep(0.1)
-    _reap(p.pid)
-    return True
-
-
-def _stop_child(child: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    if child.poll() is not None:
-        return
-    child.terminate()
-    try:
-        child.wait(grace)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait(5)
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status of our own child (no-op for processes started by another CLI)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

@@ -6,8 +6,10 @@ with Debian's tools or the project's own metadata:
 1. **Base.** ``mmdebstrap`` makes a Debian rootfs with python3 from Debian's packages; ``podman
    import`` names it ``localhost/patchbay-base:<recipe hash>``. The Dockerfiles take the base as
    the build argument ``BASE_IMAGE`` (upstream it is the official python image).
-2. **Wheels, on the host.** ``pip wheel`` builds the program's own wheel from its folder (its
-   ``pyproject.toml`` says what it is and what it needs) and downloads the wheel of every
+2. **Wheels, on the host.** ``pip wheel`` builds the program's own wheel from a copy of its
+   folder (its ``pyproject.toml`` says what it is and what it needs; the copy holds exactly the
+   hashed files, so setuptools' ``build/`` never lands in the checkout and nothing left over from
+   an earlier build gets into the wheel) and downloads the wheel of every
    dependency, pinned to the versions installed in the development virtualenv, which are the
    versions the tests ran against. Only the program's own dependency closure goes in: the agent
    image holds no kopf and no official client, and the cluster tool is in no image.
@@ -256,6 +258,16 @@ def source_files(folder: Path) -> list[Path]:
     return out
 
 
+def copy_sources(folder: Path, dest: Path) -> Path:
+    """Copy the files of ``folder`` that make the image (``source_files``) to ``dest``."""
+    shutil.rmtree(dest, ignore_errors=True)
+    for path in source_files(folder):
+        target = dest / path.relative_to(folder)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return dest
+
+
 def input_hash(repo: Path, program: Program, pins: Sequence[str], base: str) -> str:
     folder = repo / program.folder
     chunks: list[bytes] = [base.encode(), "\n".join(pins).encode()]
@@ -288,12 +300,17 @@ def build_program(repo: Path, program: Program, base: str, *, force: bool = Fals
     wheels = context / "wheels"
     wheels.mkdir(parents=True)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    _run(
-        f"{program.name}: its own wheel",
-        [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(repo / program.folder)],
-        600,
-        cwd=context,
-    )
+    # Outside the podman build context, which holds only wheels/.
+    source = copy_sources(repo / program.folder, context.with_name(f"{context.name}-src") / program.folder)
+    try:
+        _run(
+            f"{program.name}: its own wheel",
+            [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)],
+            600,
+            cwd=context,
+        )
+    finally:
+        shutil.rmtree(source.parent, ignore_errors=True)
     if pins:
         _run(
             f"{program.name}: dependency wheels ({len(pins)} pinned)",

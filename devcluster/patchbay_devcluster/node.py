@@ -4,7 +4,9 @@ Everything the node owns lives under one short directory linked as ``<state>/nod
 root, state and socket, the kubelet's root directory, pod logs, the CNI config, and the images
 built by :mod:`patchbay_devcluster.images`. One exception: the kubelet's device manager always
 serves ``/var/lib/kubelet/device-plugins/kubelet.sock`` (hard-coded upstream), so device plugins
-register there and only one real node runs per machine (``OWNER_FILE`` enforces it).
+register there and only one real node runs per machine: ``OWNER_FILE`` names the state directory
+of the node that holds it and its kubelet's PID, so a second node can tell whether the first
+still runs.
 Pods run in the cgroup subtree ``/patchbay-<id>`` of every
 cgroup v1 hierarchy, which is how ``down`` finds and stops every container process.
 
@@ -32,12 +34,12 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from patchbay_devcluster import images, pki
+from patchbay_devcluster.procs import Proc
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +58,42 @@ POD_SUBNET = ipaddress.IPv4Network("10.244.0.0/24")
 """Pod addresses; the bridge (and the node's InternalIP) is the first host address."""
 
 NODE_IP = str(next(POD_SUBNET.hosts()))
+BRIDGE_MAC = "02:70:62:00:00:01"
+"""Locally administered (the 02 prefix), fixed: see ``create_bridge``."""
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 
 
 class NodeError(RuntimeError):
     """The real node cannot run here; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What ``OWNER_FILE`` holds: whose node has the machine-wide device-plugin directory."""
+
+    state_dir: Path
+    kubelet: Proc | None = None  # recorded once the kubelet runs
+
+    @classmethod
+    def read(cls) -> Owner | None:
+        try:
+            raw = json.loads(OWNER_FILE.read_text())
+            kubelet = raw.get("kubelet")
+            return cls(Path(raw["stateDir"]), Proc(**kubelet) if kubelet else None)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def write(self) -> None:
+        OWNER_FILE.parent.mkdir(parents=True, exist_ok=True)
+        doc: dict[str, Any] = {"stateDir": str(self.state_dir)}
+        if self.kubelet is not None:
+            doc["kubelet"] = asdict(self.kubelet)
+        tmp = OWNER_FILE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(OWNER_FILE)
+
+    def kubelet_runs(self) -> bool:
+        return self.kubelet is not None and self.kubelet.runs()
 
 
 @dataclass(frozen=True)
@@ -214,9 +247,15 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def create_bridge() -> None:
-    """``patchbay0`` with the node's address, up, forwarding off (idempotent)."""
+    """``patchbay0`` with the node's address and a fixed MAC, up, forwarding off (idempotent).
+
+    The MAC is set explicitly: a Linux bridge otherwise takes the lowest MAC of its ports, so it
+    changes as pods come and go, and a pod's ARP entry for the node's address would then point at
+    another pod's port (its frames bridged there instead of reaching the node).
+    """
     if _ip("link", "show", BRIDGE, check=False).returncode != 0:
         _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("link", "set", "dev", BRIDGE, "address", BRIDGE_MAC)
     sysctl = Path("/proc/sys/net/ipv4/conf") / BRIDGE / "forwarding"
     sysctl.write_text("0\n")
     v6 = Path("/proc/sys/net/ipv6/conf") / BRIDGE / "disable_ipv6"
@@ -280,11 +319,12 @@ def kubelet_config(
 
 
 class RealNode:
-    """Start/stop helpers for the real node; process bookkeeping stays with DevCluster."""
+    """Start/stop helpers for the real node; DevCluster starts and records its processes."""
 
     def __init__(self, state_dir: Path, pki_dir: Path, bin_dir: Path | None) -> None:
+        self.state_dir = state_dir.resolve()
         # Stable across processes (``down`` may run from another CLI call): derived from the path.
-        digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:10]
+        digest = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:10]
         # Unix socket paths are capped at 108 bytes (containerd checks 104), and the kubelet's
         # device-plugin sockets live under its root dir: so the node lives at a short path,
         # linked from the state directory as ``<state>/node``.
@@ -311,9 +351,7 @@ class RealNode:
         ca = pki.CertificateAuthority(self.pki_dir)
         client = ca.issue("kubelet-client", f"system:node:{NODE_NAME}", orgs=("system:nodes",), client=True)
         ca.issue("kubelet-serving", NODE_NAME, server=True)
-        from patchbay_devcluster.cluster import write_kubeconfig  # cluster imports this module
-
-        write_kubeconfig(self.kubeconfig, f"https://127.0.0.1:{api_port}", ca.pair.cert, client)
+        pki.write_kubeconfig(self.kubeconfig, f"https://127.0.0.1:{api_port}", ca.pair.cert, client)
         p.kubelet_config.write_text(
             json.dumps(
                 kubelet_config(p, self.pki_dir, kubelet_port, healthz_port, self.cgroup_root), indent=2
@@ -450,30 +488,31 @@ class RealNode:
         for target in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True, check=False)
 
-    def claim_device_plugin_dir(self, state_dir: Path, is_running: Callable[[Path], bool]) -> None:
-        """Take the machine-wide device-plugin directory, or say clearly who holds it."""
-        if OWNER_FILE.exists():
-            try:
-                owner = Path(json.loads(OWNER_FILE.read_text())["stateDir"])
-            except (OSError, ValueError, KeyError):
-                owner = None
-            if owner is not None and owner != state_dir.resolve() and is_running(owner):
-                raise NodeError(
-                    f"another real node (state dir {owner}) is running, and the kubelet's "
-                    f"device-plugin directory {DEVICE_PLUGIN_DIR} is machine-wide: stop it first with "
-                    f"`patchbay-devcluster --state-dir {owner} down`"
-                )
-        OWNER_FILE.parent.mkdir(parents=True, exist_ok=True)
-        OWNER_FILE.write_text(json.dumps({"stateDir": str(state_dir.resolve())}))
+    def claim_device_plugin_dir(self) -> None:
+        """Take the machine-wide device-plugin directory, or say clearly who holds it: another
+        node whose recorded kubelet still runs."""
+        owner = Owner.read()
+        if owner is not None and owner.state_dir != self.state_dir and owner.kubelet_runs():
+            raise NodeError(
+                f"another real node (state dir {owner.state_dir}) is running, and the kubelet's "
+                f"device-plugin directory {DEVICE_PLUGIN_DIR} is machine-wide: stop it first with "
+                f"`patchbay-devcluster --state-dir {owner.state_dir} down`"
+            )
+        Owner(self.state_dir).write()
 
-    def release_device_plugin_dir(self, state_dir: Path) -> None:
+    def record_kubelet(self, kubelet: Proc) -> None:
+        """Note the running kubelet in ``OWNER_FILE`` (if this node holds it), so that another
+        cluster's claim can tell this node still runs."""
+        owner = Owner.read()
+        if owner is not None and owner.state_dir == self.state_dir:
+            Owner(self.state_dir, kubelet).write()
+
+    def release_device_plugin_dir(self) -> None:
         """Give the machine-wide directory back as a new node would find it: no sockets (the
         kubelet's and those of plugins killed with their pods) and no device checkpoint (it
         names pods of the node that is gone)."""
-        try:
-            if Path(json.loads(OWNER_FILE.read_text())["stateDir"]) != state_dir.resolve():
-                return
-        except (OSError, ValueError, KeyError):
+        owner = Owner.read()
+        if owner is None or owner.state_dir != self.state_dir:
             return
         OWNER_FILE.unlink(missing_ok=True)
         for leftover in [

@@ -7,13 +7,16 @@ nothing here is reachable from elsewhere), one client certificate per identity (
 that signs service-account tokens.
 
 Keys are EC P-256 (fast to generate: a cold ``up`` makes about a dozen) except the service-account
-key, which the API server's defaults expect to be RSA.
+key, which the API server's defaults expect to be RSA. A client's identity is handed out as a
+kubeconfig with its certificates embedded (:func:`write_kubeconfig`).
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,3 +157,33 @@ def service_account_keys(directory: Path) -> CertPair:
         )
     )
     return pair
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, client: CertPair) -> None:
+    """A kubeconfig with the certificates embedded, so it can be copied and still work."""
+
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "patchbay-dev", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}
+        ],
+        "users": [
+            {
+                "name": "patchbay-dev",
+                "user": {
+                    "client-certificate-data": b64(client.cert),
+                    "client-key-data": b64(client.key),
+                },
+            }
+        ],
+        "contexts": [
+            {"name": "patchbay-dev", "context": {"cluster": "patchbay-dev", "user": "patchbay-dev"}}
+        ],
+        "current-context": "patchbay-dev",
+    }
+    path.write_text(json.dumps(doc, indent=2))  # JSON is valid YAML; kubectl reads it as is
+    path.chmod(0o600)

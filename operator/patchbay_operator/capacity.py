@@ -1,10 +1,11 @@
 """Static mode: what each node should advertise, and the one JSON patch that gets it there (pure).
 
-The operator keeps a ``NodeState`` per node in its own memory (never kopf's: REFERENCE.md explains
-why) holding only what this module needs: labels, extended-resource values in capacity and
-allocatable, and the ownership annotations. ``plan`` compares that state with the winning Static
-profiles and returns the JSON-patch operations for ``nodes/<name>/status``: capacity, allocatable
-and the ownership annotation change together, in ONE request, with no read-modify-write.
+The operator keeps a ``NodeState`` per node in its own memory (never kopf's:
+docs/facts.md#kopf-on-nodes says why) holding only what this module needs: labels,
+extended-resource values in capacity and allocatable, and the ownership annotations. ``plan``
+compares that state with the winning Static profiles and returns the JSON-patch operations for
+``nodes/<name>/status``: capacity, allocatable and the ownership annotation change together, in
+ONE request, with no read-modify-write.
 
 Ownership: a node annotation ``static.patchbay.dev/<slot>`` whose value names the resource and the
 profile. It is written in the same patch as the value, so after a restart the operator still
@@ -18,7 +19,10 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import ROUND_CEILING
 from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
 
 from patchbay_operator.constants import OWNER_ANNOTATION_PREFIX, Reason
 from patchbay_operator.profiles import Profile
@@ -74,17 +78,21 @@ def parse_owner(key: str, value: str) -> Owner | None:
 
 
 def quantity_to_int(value: str | None) -> int:
-    """Extended resources are integers; tolerate the decimal suffixes a quantity may carry."""
+    """A node's extended-resource quantity as the count the scheduler uses (0 when absent).
+
+    Any Kubernetes quantity is understood (``4``, ``2k``, ``1Ki``, ``1Ti``, ``2P``, ``1e3``,
+    ``1000m``), through the official client's own parser. Extended resources are integers
+    (docs/facts.md#extended-resources); a fraction, which only a hand-made patch can put on a
+    node, is rounded UP, as ``Quantity.Value()`` does where the scheduler counts. A value that is
+    not a quantity at all raises ValueError (the API server never stores one).
+    """
     if value is None:
         return 0
-    v = value.strip()
-    if _INT.match(v):
-        return int(v)
-    suffixes = {"k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
-    for suffix, mult in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
-        if v.endswith(suffix) and _INT.match(v[: -len(suffix)]):
-            return int(v[: -len(suffix)]) * mult
-    return 0
+    try:
+        parsed = parse_quantity(value)  # type: ignore[no-untyped-call]
+    except ValueError:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity") from None
+    return int(parsed.to_integral_value(rounding=ROUND_CEILING))
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """The operator's settings: one typed object, from command-line flags with environment fallbacks.
 
 Every flag has an environment variable (``PATCHBAY_<NAME>``) so the Helm chart can set them
-either way. A bad value raises ``ConfigError`` naming the setting, never a traceback from deep
-inside kopf.
+either way; the variable is simply the flag's argparse default, so both go through the same
+conversion and checks. A bad value raises ``ConfigError`` naming the flag, never a traceback
+from deep inside kopf.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 DEFAULT_AGENT_IMAGE = "ghcr.io/kube-patchbay/patchbay-agent:0.1.0"
 
@@ -56,9 +57,60 @@ class Settings:
     """kopf liveness endpoint, e.g. http://127.0.0.1:8080/healthz (absent: none)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad value raises ``ConfigError`` (naming the flag) instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not 0 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 60 seconds, got {value}")
+    return value
+
+
+def _namespace(raw: str) -> str:
+    if not raw.replace("-", "").isalnum() or raw != raw.lower() or len(raw) > 63:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a valid namespace name")
+    return raw
+
+
+def _log_format(raw: str) -> str:
+    # Not ``choices=``: argparse checks choices on the command line only, not on defaults, and
+    # the defaults here come from the environment.
+    if raw not in ("text", "json"):
+        raise argparse.ArgumentTypeError(f"must be text or json, got {raw!r}")
+    return raw
+
+
+def _true(raw: str | None) -> bool:
+    return raw is not None and raw.lower() in ("1", "true", "yes")
+
+
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The flags; each one's default is its ``PATCHBAY_<NAME>`` environment variable, if set,
+    else the ``Settings`` default. argparse converts and checks both the same way."""
+    env = os.environ if env is None else env
     d = Settings()
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="patchbay-operator",
         description=(
             "Patchbay operator: makes each DevicePluginProfile real.\n\n"
@@ -75,83 +127,74 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
-    def flag(name: str, help_text: str, **kw: Any) -> None:
-        env = "PATCHBAY_" + name.upper().replace("-", "_")
-        p.add_argument(f"--{name}", default=None, help=f"{help_text} [{env}]", **kw)
+    def flag(name: str, help_text: str, default: object = None, **kw: Any) -> None:
+        var = "PATCHBAY_" + name.upper().replace("-", "_")
+        p.add_argument(f"--{name}", default=env.get(var, default), help=f"{help_text} [{var}]", **kw)
 
-    flag("namespace", f"namespace of the agents' ConfigMaps and DaemonSets (default {d.namespace})")
-    flag("agent-image", f"agent image for profiles without spec.agent.image (default {d.agent_image})")
-    flag("log-format", "text (default) or json", choices=["text", "json"])
-    flag("verbose", "debug logging", action="store_true")
+    flag(
+        "namespace",
+        f"namespace of the agents' ConfigMaps and DaemonSets (default {d.namespace})",
+        d.namespace,
+        type=_namespace,
+    )
+    flag(
+        "agent-image",
+        f"agent image for profiles without spec.agent.image (default {d.agent_image})",
+        d.agent_image,
+    )
+    flag("log-format", "text (default) or json", d.log_format, type=_log_format, metavar="{text,json}")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        default=_true(env.get("PATCHBAY_VERBOSE")),
+        help="debug logging [PATCHBAY_VERBOSE]",
+    )
     flag("kubeconfig", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
     flag(
         "peering",
         "kopf peering name, for several replicas: the highest priority works, the others wait "
         "(needs crds/kopf.dev_clusterkopfpeerings.yaml; default: standalone)",
     )
-    flag("priority", "peering priority (default: random when peering, so replicas never tie)")
-    flag("concurrency", f"node patches in flight at once (default {d.concurrency})")
+    flag(
+        "priority",
+        "peering priority (default: random when peering, so replicas never tie)",
+        type=_int_at_least(-(2**31)),
+    )
+    flag(
+        "concurrency",
+        f"node patches in flight at once (default {d.concurrency})",
+        str(d.concurrency),
+        type=_int_at_least(1),
+    )
     flag(
         "status-debounce",
         f"seconds to gather changes before writing a profile's status (default {d.status_debounce})",
+        str(d.status_debounce),
+        type=_seconds,
     )
     flag("liveness", "liveness endpoint, e.g. http://127.0.0.1:8080/healthz (default: none)")
     return p
 
 
-def _int(name: str, raw: str, minimum: int) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"--{name}: {raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"--{name}: must be >= {minimum}, got {value}")
-    return value
-
-
-def _priority(raw: str | None, peering: bool) -> int:
-    """An explicit priority, else a random one when peering: kopf freezes EVERY replica whose
-    priority equals another live one's, so identical replicas must not share the default."""
-    if raw is not None:
-        return _int("priority", raw, -(2**31))
-    return secrets.randbelow(2**31 - 1) + 1 if peering else 0
-
-
 def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Flags win over PATCHBAY_* environment variables, which win over the defaults."""
-    env = os.environ if env is None else env
-    args = build_parser().parse_args(argv)
-    d = Settings()
+    """Flags win over PATCHBAY_* environment variables, which win over the defaults.
 
-    def pick(flag: str) -> str | None:
-        value = getattr(args, flag.replace("-", "_"))
-        if value is None:
-            value = env.get("PATCHBAY_" + flag.replace("-", "_").upper())
-        return None if value is None else str(value)
-
-    namespace = pick("namespace") or d.namespace
-    if not namespace.replace("-", "").isalnum() or namespace != namespace.lower() or len(namespace) > 63:
-        raise ConfigError(f"--namespace: {namespace!r} is not a valid namespace name")
-    log_format = pick("log-format") or d.log_format
-    if log_format not in ("text", "json"):
-        raise ConfigError(f"--log-format: must be text or json, got {log_format!r}")
-    debounce_raw = pick("status-debounce")
-    try:
-        debounce = float(debounce_raw) if debounce_raw is not None else d.status_debounce
-    except ValueError:
-        raise ConfigError(f"--status-debounce: {debounce_raw!r} is not a number") from None
-    if not 0 <= debounce <= 60:
-        raise ConfigError(f"--status-debounce: must be between 0 and 60 seconds, got {debounce}")
-    verbose_raw = pick("verbose")
+    A peered replica without an explicit priority gets a random one: kopf freezes EVERY replica
+    whose priority equals another live one's, so identical replicas must not share the default.
+    """
+    args = build_parser(env).parse_args(argv)
+    priority = args.priority
+    if priority is None:
+        priority = secrets.randbelow(2**31 - 1) + 1 if args.peering else 0
     return Settings(
-        namespace=namespace,
-        agent_image=pick("agent-image") or d.agent_image,
-        log_format="json" if log_format == "json" else "text",
-        verbose=verbose_raw is not None and verbose_raw.lower() in ("1", "true", "yes"),
-        kubeconfig=pick("kubeconfig"),
-        peering=pick("peering") or None,
-        priority=_priority(pick("priority"), peering=bool(pick("peering"))),
-        concurrency=_int("concurrency", pick("concurrency") or str(d.concurrency), 1),
-        status_debounce=debounce,
-        liveness=pick("liveness"),
+        namespace=args.namespace,
+        agent_image=args.agent_image,
+        log_format="json" if args.log_format == "json" else "text",
+        verbose=bool(args.verbose),
+        kubeconfig=args.kubeconfig or None,
+        peering=args.peering or None,
+        priority=priority,
+        concurrency=args.concurrency,
+        status_debounce=args.status_debounce,
+        liveness=args.liveness or None,
     )

@@ -3,7 +3,7 @@
 kopf handles profiles only: the usual level-based resume/create/update reconcile and a delete
 handler behind kopf's finalizer. Nodes are not kopf's at all: the controller's own informer
 watches them (informer.py), so kopf never puts a finalizer or an annotation on a Node, never
-indexes thousands of them (super-linear; REFERENCE.md has the numbers) and never spends its
+indexes thousands of them (super-linear; docs/facts.md#kopf-on-nodes) and never spends its
 per-event machinery on node heartbeats.
 """
 
@@ -96,7 +96,7 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 async def release(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Remove the agents and every node value this profile set; promote the next in line."""
     try:
-        await _ctl(memo).retire(body)
+        await _ctl(memo).delete(body)
     except CleanupPendingError as e:
         raise kopf.TemporaryError(str(e), delay=2) from e
     except KubeError as e:

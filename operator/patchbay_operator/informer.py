@@ -1,75 +1,85 @@
-"""The operator's own node informer: one LIST, then a WATCH, in a thread of its own.
+"""The operator's one way to watch: a LIST, then a WATCH from its resourceVersion, in a thread.
 
-Why not kopf's node watch: kopf runs every event of every watched object through its whole
-per-object machinery (body wrappers, the diff essence, handler selection, logging), about 1 ms
-of CPU per node event on these machines, and a static rollout makes two or three events per
-node. That CPU was taken from the API server on the same cores and was most of the gap between
-the operator and a plain client patching the same nodes (docs/benchmarks.md). This informer
-does only what the operator needs: decode the event, keep the slice of the Node that
-``capacity.NodeState`` holds, and hand a whole burst of events to the event loop at once.
+Used for every kind the operator follows besides its profiles: nodes, and its own agent
+DaemonSets (a label selector in its namespace). Why not kopf for these: kopf runs every event
+through its whole per-object machinery, about 1 ms of CPU per node event here, and on nodes its
+stateful handlers would write to every Node (docs/facts.md#kopf-on-nodes). This informer decodes
+each object into the small value the controller keeps (``Source.decode``) and hands a whole
+burst of events to the event loop at once.
 
 Guarantees for the controller:
 
-- ``list_all`` gives every node and the resourceVersion of that snapshot; nothing is missed
+- ``list_all`` gives every object and the resourceVersion of that snapshot; nothing is missed
   between it and the watch that ``start`` opens from that version;
 - every event after it is delivered in order, in batches, on the event loop;
-- when the server has forgotten our resourceVersion (410 Gone: the watch was down for too
-  long), the informer LISTs again and delivers the whole list as a resync, from which the
-  controller learns which nodes went away meanwhile;
+- when the server has forgotten our resourceVersion (410 Gone: the watch was down too long),
+  the informer LISTs again and delivers the whole list as a resync, from which the controller
+  learns which objects went away meanwhile;
 - any other failure (connection reset, API server restart) is retried with capped backoff
-  from the last resourceVersion seen; the controller's cache stays as it was meanwhile.
+  (backoff.py) from the last resourceVersion seen; the controller's cache stays as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-from patchbay_operator.capacity import NodeState
-from patchbay_operator.kube import Kube, KubeError, Watch
+from patchbay_operator.backoff import Backoff
+from patchbay_operator.kube import KubeAPI, KubeError, Watch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WATCH_TIMEOUT = 300
 """Seconds the server keeps one watch open before we re-open it from the last resourceVersion."""
 
-BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
-"""Seconds between attempts after a failed watch: doubling, with jitter, up to the maximum."""
+LIST_CHUNK = 500
+"""Objects per LIST page: a big cluster is never one giant response."""
 
 
 @dataclass(frozen=True)
-class NodeEvent:
-    """One node event: ``type`` is ADDED, MODIFIED or DELETED."""
+class Source(Generic[T]):
+    """What to watch (a collection path and an optional label selector) and what to keep of
+    each object (``decode``: a full object -> the small value the controller holds)."""
+
+    kind: str  # for logs: "nodes", "agent DaemonSets"
+    path: str
+    decode: Callable[[Mapping[str, Any]], T]
+    label_selector: str = ""
+
+
+@dataclass(frozen=True)
+class Event(Generic[T]):
+    """One watch event: ``type`` is ADDED, MODIFIED or DELETED."""
 
     type: str
-    state: NodeState
+    obj: T
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """Every node at one resourceVersion (a LIST)."""
+class Snapshot(Generic[T]):
+    """Every object at one resourceVersion (a LIST)."""
 
-    states: list[NodeState]
+    items: list[T]
     resource_version: str
 
 
-def list_all(kube: Kube) -> Snapshot:
-    """LIST every node, keeping only each node's ``NodeState`` (page by page, so the full Node
-    bodies of a big cluster are never all in memory at once)."""
-    states: list[NodeState] = []
+def list_all(kube: KubeAPI, source: Source[T]) -> Snapshot[T]:
+    """LIST every object, decoding page by page (full bodies are never all in memory at once)."""
+    items: list[T] = []
     rv = ""
-    for page in kube.list_nodes():
-        states.extend(NodeState.from_node(item) for item in page.items)
+    for page in kube.list_pages(source.path, LIST_CHUNK, source.label_selector):
+        items.extend(source.decode(item) for item in page.items)
         rv = page.resource_version
-    return Snapshot(states, rv)
+    return Snapshot(items, rv)
 
 
-class NodeInformer:
-    """Watches nodes from a snapshot's resourceVersion and calls back on the event loop.
+class Informer(Generic[T]):
+    """Watches ``source`` from a snapshot's resourceVersion and calls back on the event loop.
 
     ``on_events`` gets each batch of events; ``on_resync`` gets a fresh ``Snapshot`` after the
     server expired our resourceVersion. Both run on ``loop``, never on the informer's thread.
@@ -77,15 +87,14 @@ class NodeInformer:
 
     def __init__(
         self,
-        kube: Kube,
+        kube: KubeAPI,
+        source: Source[T],
         loop: asyncio.AbstractEventLoop,
-        on_events: Callable[[list[NodeEvent]], None],
-        on_resync: Callable[[Snapshot], None],
+        on_events: Callable[[list[Event[T]]], None],
+        on_resync: Callable[[Snapshot[T]], None],
     ) -> None:
-        self._kube = kube
-        self._loop = loop
-        self._on_events = on_events
-        self._on_resync = on_resync
+        self._kube, self._source, self._loop = kube, source, loop
+        self._on_events, self._on_resync = on_events, on_resync
         self._stopping = threading.Event()
         self._watch: Watch | None = None
         self._thread: threading.Thread | None = None
@@ -94,7 +103,8 @@ class NodeInformer:
 
     def start(self, resource_version: str) -> None:
         self.resource_version = resource_version
-        self._thread = threading.Thread(target=self._run, name="node-informer", daemon=True)
+        name = f"informer-{self._source.kind.replace(' ', '-')}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -106,44 +116,48 @@ class NodeInformer:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        delay = BACKOFF_FIRST
+        backoff = Backoff()
         while not self._stopping.is_set():
             try:
                 self._watch_once()
-                delay = BACKOFF_FIRST  # the server ended the stream normally: re-open at once
+                backoff.reset()  # the server ended the stream normally: re-open at once
+                continue
             except KubeError as e:
                 if self._stopping.is_set():
                     return
                 self.restarts += 1
                 if e.status == 410:
-                    log.info("Node watch expired at resourceVersion %s; listing again", self.resource_version)
+                    log.info(
+                        "Watch of %s expired at resourceVersion %s; listing again",
+                        self._source.kind,
+                        self.resource_version,
+                    )
                     if self._relist():
-                        delay = BACKOFF_FIRST
+                        backoff.reset()
                         continue
                 else:
-                    log.warning("Node watch failed, reopening in %.1fs: %s", delay, e)
-                self._stopping.wait(delay * random.uniform(0.8, 1.2))  # noqa: S311 - jitter only
-                delay = min(delay * 2, BACKOFF_MAX)
+                    log.warning("Watch of %s failed, reopening: %s", self._source.kind, e)
             except Exception:
-                log.exception("Unexpected error in the node watch; reopening")
-                self._stopping.wait(BACKOFF_MAX)
+                log.exception("Unexpected error in the watch of %s; reopening", self._source.kind)
+            self._stopping.wait(backoff.next())
 
     def _watch_once(self) -> None:
-        watch = self._kube.watch_nodes(self.resource_version, WATCH_TIMEOUT)
+        src = self._source
+        watch = self._kube.watch(src.path, self.resource_version, WATCH_TIMEOUT, src.label_selector)
         self._watch = watch
         if self._stopping.is_set():  # stop() ran between the check in _run and now
             watch.close()
             return
         try:
             for batch in watch:
-                events: list[NodeEvent] = []
+                events: list[Event[T]] = []
                 for ev in batch:
                     obj = ev.get("object") or {}
                     rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if rv:
                         self.resource_version = str(rv)
                     if ev.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                        events.append(NodeEvent(str(ev["type"]), NodeState.from_node(obj)))
+                        events.append(Event(str(ev["type"]), src.decode(obj)))
                 if events:
                     self._loop.call_soon_threadsafe(self._on_events, events)
         finally:
@@ -151,9 +165,9 @@ class NodeInformer:
 
     def _relist(self) -> bool:
         try:
-            snapshot = list_all(self._kube)
+            snapshot = list_all(self._kube, self._source)
         except (KubeError, OSError) as e:
-            log.warning("Listing nodes failed: %s", e)
+            log.warning("Listing %s failed: %s", self._source.kind, e)
             return False
         self.resource_version = snapshot.resource_version
         self._loop.call_soon_threadsafe(self._on_resync, snapshot)

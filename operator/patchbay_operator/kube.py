@@ -5,6 +5,10 @@ bounded thread pool, so the event loop never blocks and the number of requests i
 a setting. Requests go through the official client's transport (auth, TLS, connection pool)
 but skip its typed models: bodies in and out are plain JSON dicts, which is what the pure
 modules work with, and decoding a 5000-node list into ``V1Node`` objects would cost seconds.
+
+``KubeAPI`` is the protocol the rest of the operator is written against; ``Kube`` implements it
+over one API server. Unit tests drive the controller's error paths (409, 422, 404, 410) through
+a fake of the protocol, without a cluster; the integration tests run the real thing.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import urllib3
@@ -135,13 +139,33 @@ class Watch:
         self._raw.close()
 
 
+def collection(api_version: str, kind: str, namespace: str) -> str:
+    """The REST collection of a namespaced kind the operator manages (ConfigMap, DaemonSet...)."""
+    if (api_version, kind) not in _COLLECTIONS:
+        raise ValueError(f"the operator does not manage {kind} objects ({api_version})")
+    return _COLLECTIONS[(api_version, kind)].format(ns=quote(namespace, safe=""))
+
+
 def ref_of(obj: dict[str, Any]) -> Ref:
-    """The REST location of a namespaced object the operator owns (ConfigMap, DaemonSet)."""
-    key = (obj["apiVersion"], obj["kind"])
-    if key not in _COLLECTIONS:
-        raise ValueError(f"the operator does not manage {key[1]} objects ({key[0]})")
+    """The REST location of a namespaced object the operator owns."""
     meta = obj["metadata"]
-    return Ref(_COLLECTIONS[key].format(ns=quote(meta["namespace"], safe="")), meta["name"])
+    return Ref(collection(obj["apiVersion"], obj["kind"], meta["namespace"]), meta["name"])
+
+
+class KubeAPI(Protocol):
+    """The calls the controller makes (blocking; run them off the event loop)."""
+
+    def patch_node_status(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]: ...
+    def get_node(self, name: str) -> dict[str, Any] | None: ...
+    def list_pages(self, path: str, chunk: int, label_selector: str = "") -> Iterator[Page]: ...
+    def watch(
+        self, path: str, resource_version: str, timeout_seconds: int = 300, label_selector: str = ""
+    ) -> Watch: ...
+    def list_profiles(self) -> list[dict[str, Any]]: ...
+    def patch_profile_status(self, name: str, status: dict[str, Any]) -> None: ...
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+    def delete(self, ref: Ref) -> bool: ...
+    def get_cluster_peering(self, name: str) -> dict[str, Any] | None: ...
 
 
 def in_cluster_server(env: Mapping[str, str] | None = None) -> str | None:
@@ -233,17 +257,16 @@ class Kube:
         node: dict[str, Any] | None = self.request("GET", f"/api/v1/nodes/{quote(name, safe='')}", ok=(404,))
         return node
 
-    def list_nodes(self, chunk: int = 500) -> Iterator[Page]:
-        """Every node, a page at a time, so a big cluster is never one giant response (nor one
-        giant list of dicts in memory: callers keep what they need of each page and drop it)."""
-        return self.list_pages(NODES_PATH, chunk)
-
-    def list_pages(self, path: str, chunk: int) -> Iterator[Page]:
-        """A chunked LIST; every page carries the resourceVersion of the first, the snapshot
-        the whole list was served from (the one to start a watch from)."""
+    def list_pages(self, path: str, chunk: int, label_selector: str = "") -> Iterator[Page]:
+        """A chunked LIST, a page at a time (a big cluster is never one giant response, nor one
+        giant list of dicts in memory: callers keep what they need of each page and drop it).
+        Every page carries the resourceVersion of the first, the snapshot the whole list was
+        served from (the one to start a watch from)."""
         cont, snapshot = "", ""
         while True:
             query = {"limit": str(chunk)}
+            if label_selector:
+                query["labelSelector"] = label_selector
             if cont:
                 query["continue"] = cont
             page = self.request("GET", path, query=query)
@@ -254,10 +277,9 @@ class Kube:
             if not cont:
                 return
 
-    def watch_nodes(self, resource_version: str, timeout_seconds: int = 300) -> Watch:
-        return self.watch(NODES_PATH, resource_version, timeout_seconds)
-
-    def watch(self, path: str, resource_version: str, timeout_seconds: int = 300) -> Watch:
+    def watch(
+        self, path: str, resource_version: str, timeout_seconds: int = 300, label_selector: str = ""
+    ) -> Watch:
         """Open a WATCH from ``resource_version`` (with bookmarks); iterate the result for events.
 
         The server ends the stream after ``timeout_seconds``; the read timeout is longer than
@@ -269,6 +291,8 @@ class Kube:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
         }
+        if label_selector:
+            query["labelSelector"] = label_selector
         full = f"{path}?{urlencode(query)}"
         m, url, hdrs, _body, _ = self._api.param_serialize(
             method="GET",

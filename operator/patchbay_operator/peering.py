@@ -9,15 +9,23 @@ So the controller applies kopf's own rule to the same ``ClusterKopfPeering`` obj
 - every peer writes ``status.<identity> = {priority, lifetime, lastseen}`` as a keep-alive;
 - a peer is dead once ``lastseen + lifetime`` has passed;
 - this replica waits while any OTHER live peer has a priority greater than or equal to its own
-  (kopf freezes every replica on a tie, so replicas need distinct priorities).
+  (kopf freezes every replica on a tie, so replicas need distinct priorities;
+  docs/facts.md#kopf-api-writes).
+
+``blockers`` is that rule, pure; ``Gate`` applies it every few seconds to the object as read by
+the function it is given, and tells the controller when to stop and start writing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LIFETIME = 60
 """Seconds kopf assumes for a peer whose record names no lifetime."""
@@ -66,3 +74,49 @@ def blockers(status: Mapping[str, Any] | None, me: Peering, now: datetime) -> li
         if priority >= me.priority:
             waiting.append(f"{identity}({priority})")
     return sorted(waiting)
+
+
+class Gate:
+    """Whether this replica may write, decided from the peering object every ``every`` seconds.
+
+    A peered replica starts waiting, as kopf starts it paused. ``on_wait`` runs when it must stop
+    writing; ``on_work`` (awaited) before it writes again: the controller re-lists the profiles
+    then, because kopf delivered nothing while this replica waited. An unreadable object changes
+    nothing (the last decision stands).
+    """
+
+    def __init__(
+        self,
+        me: Peering,
+        read: Callable[[], Awaitable[Mapping[str, Any] | None]],
+        on_wait: Callable[[], None],
+        on_work: Callable[[], Awaitable[None]],
+        every: float = 2.0,
+    ) -> None:
+        self.me, self.every = me, every
+        self._read, self._on_wait, self._on_work = read, on_wait, on_work
+        self.active = False
+        self._decided = False
+
+    async def step(self) -> None:
+        """One decision."""
+        try:
+            obj = await self._read()
+        except Exception as e:  # the object's reader may fail in any way: keep the last decision
+            log.warning("Reading ClusterKopfPeering %s failed: %s", self.me.name, e)
+            return
+        waiting = blockers((obj or {}).get("status"), self.me, datetime.now(UTC))
+        if waiting and (self.active or not self._decided):
+            self.active = False
+            self._on_wait()
+            log.info("Waiting: live peers with priority >= %d: %s", self.me.priority, ", ".join(waiting))
+        elif not waiting and not self.active:
+            await self._on_work()
+            self.active = True
+            log.info("Working: no live peer has priority >= %d", self.me.priority)
+        self._decided = True
+
+    async def run(self) -> None:
+        while True:
+            await self.step()
+            await asyncio.sleep(self.every)

@@ -119,10 +119,15 @@ def _plain(value: Any) -> Any:
 
 
 class Registry:
-    """Every known profile, by name; decides the winner for each resource name."""
+    """Every known profile, by name; decides the winner for each resource name.
+
+    The Static winners are asked for on every node event, so they are computed once per change
+    of the registry, not once per event.
+    """
 
     def __init__(self, profiles: Iterable[Profile] = ()) -> None:
         self._by_name: dict[str, Profile] = {p.name: p for p in profiles}
+        self._static_winners: dict[str, Profile] | None = None
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
@@ -133,11 +138,24 @@ class Registry:
     def get(self, name: str) -> Profile | None:
         return self._by_name.get(name)
 
+    def __len__(self) -> int:
+        return len(self._by_name)
+
     def upsert(self, profile: Profile) -> None:
         self._by_name[profile.name] = profile
+        self._static_winners = None
 
     def remove(self, name: str) -> Profile | None:
+        self._static_winners = None
         return self._by_name.pop(name, None)
+
+    def replace_all(self, profiles: Iterable[Profile]) -> list[str]:
+        """Become exactly ``profiles``; returns the names that were dropped."""
+        fresh = {p.name: p for p in profiles}
+        gone = [n for n in self._by_name if n not in fresh]
+        self._by_name = fresh
+        self._static_winners = None
+        return gone
 
     def winner(self, resource: str) -> Profile | None:
         """The profile applied for ``resource``: the oldest one not being deleted."""
@@ -148,11 +166,19 @@ class Registry:
         w = self.winner(profile.resource)
         return w is not None and w.name == profile.name
 
+    def conflict(self, profile: Profile) -> Profile | None:
+        """The profile that holds ``profile``'s resource name instead of it, if any."""
+        w = self.winner(profile.resource)
+        return None if w is None or w.name == profile.name else w
+
     def static_winners(self) -> dict[str, Profile]:
-        """resource name -> the Static profile applied for it (DevicePlugin winners excluded)."""
-        out: dict[str, Profile] = {}
-        for resource in {p.resource for p in self._by_name.values()}:
-            w = self.winner(resource)
-            if w is not None and w.mode is Mode.STATIC:
-                out[resource] = w
-        return out
+        """resource name -> the Static profile applied for it (DevicePlugin winners excluded);
+        cached until the registry changes."""
+        if self._static_winners is None:
+            out: dict[str, Profile] = {}
+            for resource in {p.resource for p in self._by_name.values()}:
+                w = self.winner(resource)
+                if w is not None and w.mode is Mode.STATIC:
+                    out[resource] = w
+            self._static_winners = out
+        return self._static_winners

@@ -73,6 +73,10 @@ def _env() -> jinja2.Environment:
     return env
 
 
+AGENT_NAME = "patchbay-agent"
+"""The agents' ``app.kubernetes.io/name``: what the operator's DaemonSet informer selects on."""
+
+
 def object_name(profile: str) -> str:
     """ConfigMap and DaemonSet name; the CRD caps profile names at 52 so this fits in 63."""
     return f"patchbay-{profile}"
@@ -89,7 +93,7 @@ def config_hash(text: str) -> str:
 
 
 def selector_labels(profile: str) -> dict[str, str]:
-    return {LABEL_NAME: "patchbay-agent", LABEL_PROFILE: profile}
+    return {LABEL_NAME: AGENT_NAME, LABEL_PROFILE: profile}
 
 
 def labels(profile: str) -> dict[str, str]:

@@ -10,15 +10,33 @@ inputs give an equal dict, so the caller can skip writes when nothing changed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from patchbay_operator.capacity import NodeReport, NodeState, quantity_to_int
-from patchbay_operator.constants import MAX_PROBLEMS, ConditionType, Reason
+from patchbay_operator.constants import LABEL_PROFILE, MAX_PROBLEMS, ConditionType, Reason
 from patchbay_operator.profiles import Profile
 
 PERSISTENT = {Reason.INVALID_CAPACITY_LABEL, Reason.OWNED_BY_OTHER, Reason.PATCH_FAILED}
 """Problems that will not go away by waiting: they make the profile Degraded, not Progressing."""
+
+
+@dataclass(frozen=True)
+class AgentDaemonSet:
+    """The slice of an agent DaemonSet that ``plugin_status`` reads (agents.py keeps one per profile)."""
+
+    profile: str
+    generation: int
+    status: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> AgentDaemonSet:
+        meta = obj.get("metadata") or {}
+        return cls(
+            profile=str((meta.get("labels") or {}).get(LABEL_PROFILE, "")),
+            generation=int(meta.get("generation") or 0),
+            status=dict(obj.get("status") or {}),
+        )
 
 
 @dataclass(frozen=True)
@@ -162,7 +180,7 @@ def static_status(
 
 def plugin_status(
     profile: Profile,
-    daemonset: Mapping[str, Any] | None,
+    daemonset: AgentDaemonSet | None,
     nodes: Iterable[NodeState],
     previous: Mapping[str, Any],
     now: str,
@@ -206,8 +224,8 @@ def plugin_status(
             allocatable=allocatable,
             problems=problems,
         )
-    st = daemonset.get("status") or {}
-    generation = int((daemonset.get("metadata") or {}).get("generation") or 0)
+    st = daemonset.status
+    generation = daemonset.generation
     desired = int(st.get("desiredNumberScheduled") or 0)
     available = int(st.get("numberAvailable") or 0)
     updated = int(st.get("updatedNumberScheduled") or 0)

@@ -2,7 +2,8 @@
 
 Start-up order matters: the first discovery/health round runs BEFORE the socket is served, so
 the kubelet's first ListAndWatch already carries the real list (never an empty one that makes
-the kubelet advertise 0 for a moment); then serve; then register (registration.py).
+the kubelet advertise 0 for a moment; docs/facts.md#plugin-sockets); then serve; then register
+(registration.py).
 
 Each agent process serves its own socket (`sockets.py`): during a rollout the old and the new
 agent of one resource are registered side by side, and the old one's SIGTERM removes only its own
@@ -20,8 +21,9 @@ from pathlib import Path
 
 from patchbay_agent.config import AgentConfig
 from patchbay_agent.discovery import HostRoot, make_backend
+from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.inventory import Inventory
-from patchbay_agent.metrics import HttpEndpoint, Metrics
+from patchbay_agent.metrics import Metrics
 from patchbay_agent.monitor import Monitor
 from patchbay_agent.registration import Backoff, Registrar
 from patchbay_agent.server import DevicePluginServicer
@@ -58,17 +60,15 @@ class Agent:
         #: socket names this process has used: never drawn again
         self._used: set[str] = set()
         self.instance = options.instance if options.instance is not None else self._fresh_instance()
-        self._used.add(socket_name(config.resource_name, self.instance))
-        endpoint = socket_name(config.resource_name, self.instance)
+        endpoint = self._take(self.instance)
         check_path(options.plugin_dir / endpoint)
         self.metrics = Metrics(config.resource_name, options.node_name)
         self.inventory = Inventory(
             config.replicas, config.allocation.permissions, host_path_prefix=options.host_path_prefix
         )
-        self.backend = make_backend(config.discovery, HostRoot(options.host_root))
-        self.monitor = Monitor(
-            self.backend, HostRoot(options.host_root), config.health, self.inventory, self.metrics
-        )
+        host_root = HostRoot(options.host_root)
+        self.backend = make_backend(config.discovery, host_root)
+        self.monitor = Monitor(self.backend, host_root, config.health, self.inventory, self.metrics)
         self.servicer = DevicePluginServicer(config, self.inventory, self.metrics)
         self.registrar = Registrar(
             self.servicer,
@@ -91,12 +91,16 @@ class Agent:
             if name not in self._used and not os.path.lexists(self.options.plugin_dir / name):
                 return instance
 
+    def _take(self, instance: str) -> str:
+        """The socket name of `instance`, recorded as used by this process."""
+        name = socket_name(self.config.resource_name, instance)
+        self._used.add(name)
+        return name
+
     def _rename(self) -> str:
         """A new socket name for this process (the kubelet refused the old path for good)."""
         self.instance = self._fresh_instance()
-        name = socket_name(self.config.resource_name, self.instance)
-        self._used.add(name)
-        return name
+        return self._take(self.instance)
 
     def _claim_socket(self) -> None:
         """Refuse a socket path another process serves (an --instance already taken), then
@@ -141,7 +145,8 @@ class Agent:
         ]
         # Everything allocated so far (modules, config, grpc) lives as long as the process: move it
         # out of the garbage collector's generations so full collections stop walking it. They
-        # otherwise land in the middle of Allocate calls and stretch its tail latency.
+        # otherwise land in the middle of Allocate calls and stretch its tail latency
+        # (docs/facts.md#plugin-sockets).
         gc.freeze()
         self.started.set()
         stopper = asyncio.ensure_future(stop.wait())

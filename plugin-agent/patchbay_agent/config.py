@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 # Extended resource names: "<domain>/<name>", never in the kubernetes.io domains (the kubelet's
-# registration server refuses those), and a valid qualified name.
+# registration server refuses those), and a valid qualified name (docs/facts.md#extended-resources).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _QUALIFIED_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _HEX4 = re.compile(r"^[0-9a-fA-F]{4}$")
@@ -30,9 +30,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CDI_KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
-#: The longest device ID the kubelet accepts in a ListAndWatch response.
+#: The longest device ID the kubelet accepts in a ListAndWatch response (docs/facts.md#device-plugin-api).
 MAX_DEVICE_ID_LENGTH = 63
-#: The kubelet's gRPC client refuses larger ListAndWatch messages (its default receive limit).
+#: The kubelet's gRPC client refuses larger ListAndWatch messages (its default receive limit;
+#: docs/facts.md#device-plugin-api).
 MAX_LIST_AND_WATCH_BYTES = 4 * 1024 * 1024
 
 

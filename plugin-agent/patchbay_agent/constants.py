@@ -1,4 +1,7 @@
-"""Names shared across the agent: API strings, env var names, metric names, file names."""
+"""Names shared across the agent: API strings, env var names, file names.
+
+The kubelet's side of them: docs/facts.md#device-plugin-api.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """inotify on the asyncio event loop (`inotify_simple`, no thread, no polling).
 
-Measured on these machines (REFERENCE.md): inotify notices a deleted socket in about 0.3 ms,
-`watchfiles` in 78-98 ms, and 1 s polling can miss a delete + recreate entirely. Watches vanish
-with their directory (IN_IGNORED); callers call `ensure()` from a slow loop to put them back, which
-is also how a directory that did not exist yet gets watched once it appears.
+inotify notices a deleted socket in well under a millisecond, where `watchfiles` and a 1 s poll
+take far longer and a poll can miss a delete + recreate entirely (docs/facts.md#inotify). Watches
+vanish with their directory (IN_IGNORED); callers call `ensure()` from a slow loop to put them
+back, which is also how a directory that did not exist yet gets watched once it appears.
 """
 
 from __future__ import annotations
@@ -49,9 +49,6 @@ class DirWatcher:
             self._by_wd[wd] = d
             self._by_path[d] = wd
             log.debug("Watching %s", d)
-
-    def watched(self) -> list[Path]:
-        return sorted(self._by_path)
 
     def _on_readable(self) -> None:
         try:

@@ -7,13 +7,14 @@ The machine is what makes health both calm and honest:
 * after that, `failure_threshold` failed rounds in a row turn a Healthy device Unhealthy, and
   `success_threshold` good rounds in a row turn an Unhealthy device Healthy again. It RECOVERS:
   NVIDIA's plugin marks a GPU unhealthy for good, which strands it until someone restarts the
-  plugin; here a device that comes back is advertised again;
+  plugin (docs/facts.md#other-systems); here a device that comes back is advertised again;
 * a result in the other direction resets the streak, so a device that flaps never crosses.
 
 Checks, in order, all under the host root:
 
 1. existence: every check path exists (symlinks followed inside the host root);
-2. openability for device files under /dev: `open(O_RDONLY | O_NONBLOCK)`. ENXIO/ENODEV/EIO mean
+2. openability for device files under /dev (docs/facts.md#device-checks):
+   `open(O_RDONLY | O_NONBLOCK)`. ENXIO/ENODEV/EIO mean
    the driver has no device behind the node (unplugged USB serial adapters leave exactly that) and
    fail. EBUSY (in use by a workload), EACCES/EPERM (the agent's device cgroup or mode does not
    allow it, the normal case in an unprivileged DaemonSet) prove only existence and pass.

@@ -24,7 +24,8 @@ from patchbay_agent.health import DeviceHealthTracker
 
 
 class ListTooLargeError(RuntimeError):
-    """The advertised list would exceed the kubelet's 4 MiB ListAndWatch message limit."""
+    """The advertised list would exceed the kubelet's 4 MiB ListAndWatch message limit
+    (docs/facts.md#device-plugin-api)."""
 
 
 def replica_id(physical_id: str, n: int, replicas: int) -> str:

@@ -1,28 +1,32 @@
-"""Prometheus metrics and the /metrics, /healthz, /readyz HTTP endpoint.
+"""Prometheus metrics, written in the text exposition format by the agent itself.
 
-The agent runs on every node, so its memory is multiplied by the cluster size. Importing
-`prometheus_client` costs 4.4 MiB of RSS on top of grpc (measured here: it pulls in http.server,
-wsgiref and its process/platform collectors), more than everything else the agent adds. The
-text exposition format for a dozen counters, gauges and one histogram is a few lines, so the agent
-writes it itself (format 0.0.4, what every Prometheus scrapes).
+The agent runs on every node, so its memory is multiplied by the cluster's size. The agent process
+in its pod on the real node holds 40.3 MiB RSS (34.7 MiB PSS; docs/benchmarks.md), and
+prometheus-client would add 2.5-3.1 MiB and a thread to that (docs/facts.md#client-memory). The
+text format for a few counters and gauges and two histograms is a few lines, so the agent writes
+it itself: format 0.0.4, what every Prometheus scrapes. The tests read it back with
+prometheus-client's own parser: tests/sockets/test_agent_metrics.py (the agent's real /metrics)
+and tests/unit/agent/test_agent_metrics_format.py (escaping, special values, refused names).
 
-The HTTP server is asyncio on the agent's own loop (no thread). It binds to 127.0.0.1 unless told
-otherwise. /healthz: the gRPC server is serving. /readyz: registered with the kubelet.
+Metric and label names are checked when a metric is declared, so a bad name fails the agent's
+start, not a scrape. `httpserver.HttpEndpoint` serves `Registry.render()` on /metrics.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
 from patchbay_agent.inventory import Snapshot
 
-log = logging.getLogger(__name__)
-
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+#: Label names the format gives a meaning of its own (histogram buckets, summary quantiles).
+_RESERVED_LABELS = frozenset({"le", "quantile"})
 
 # Allocate sits on pod admission; buckets resolve the sub-millisecond range it should live in.
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
@@ -30,24 +34,78 @@ _ROUND_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
 
 
 def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     return repr(float(value))
 
 
-def _escape(value: str) -> str:
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _escape_label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
+def _labels(names: Sequence[str], values: Sequence[str]) -> str:
+    if not names:
+        return ""
+    pairs = (f'{n}="{_escape_label_value(v)}"' for n, v in zip(names, values, strict=True))
+    return "{" + ",".join(pairs) + "}"
 
 
-class _Value:
-    """One labelled series of a counter or gauge."""
+class _Metric:
+    """What every metric family has: a checked name, HELP and TYPE lines, a place in a registry."""
+
+    kind = "untyped"
+
+    def __init__(self, registry: Registry, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
+        if not _METRIC_NAME.fullmatch(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        for label in labelnames:
+            if not _LABEL_NAME.fullmatch(label) or label.startswith("__") or label in _RESERVED_LABELS:
+                raise ValueError(f"{name}: invalid label name {label!r}")
+        if len(set(labelnames)) != len(labelnames):
+            raise ValueError(f"{name}: duplicate label names {labelnames}")
+        self.name = name
+        self.doc = doc
+        self.labelnames = tuple(labelnames)
+        registry.add(self)
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        """The names its sample lines use (a histogram's differ from the family's)."""
+        return (self.name,)
+
+    def render(self) -> list[str]:
+        return [
+            f"# HELP {self.name} {_escape_help(self.doc)}",
+            f"# TYPE {self.name} {self.kind}",
+            *self._samples(),
+        ]
+
+    def _samples(self) -> Iterator[str]:
+        raise NotImplementedError
+
+
+class _CounterValue:
+    """One labelled series of a counter: it only goes up."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("a counter only goes up")
+        self.value += amount
+
+
+class _GaugeValue:
+    """One labelled series of a gauge."""
 
     __slots__ = ("value",)
 
@@ -64,42 +122,44 @@ class _Value:
         self.value = float(value)
 
 
-class _Family:
-    kind = "untyped"
+_V = TypeVar("_V", _CounterValue, _GaugeValue)
+
+
+class _Family(_Metric, Generic[_V]):
+    """A counter or gauge: one series per combination of label values (one, without labels)."""
+
+    _series_type: type[_V]
 
     def __init__(self, registry: Registry, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
-        self.name = name
-        self.doc = doc
-        self.labelnames = tuple(labelnames)
-        self._series: dict[tuple[str, ...], _Value] = {}
+        super().__init__(registry, name, doc, labelnames)
+        self._series: dict[tuple[str, ...], _V] = {}
         if not self.labelnames:
-            self._series[()] = _Value()
-        registry.families.append(self)
+            self._series[()] = self._series_type()
 
-    def labels(self, *values: str) -> _Value:
+    def labels(self, *values: str) -> _V:
         series = self._series.get(values)
         if series is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name} takes labels {self.labelnames}")
-            series = self._series[values] = _Value()
+            series = self._series[values] = self._series_type()
         return series
 
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.doc}", f"# TYPE {self.name} {self.kind}"]
+    def _samples(self) -> Iterator[str]:
         for values, series in sorted(self._series.items()):
-            lines.append(f"{self.name}{_labels(self.labelnames, values)} {_fmt(series.value)}")
-        return lines
+            yield f"{self.name}{_labels(self.labelnames, values)} {_fmt(series.value)}"
 
 
-class Counter(_Family):
+class Counter(_Family[_CounterValue]):
     kind = "counter"
+    _series_type = _CounterValue
 
     def inc(self, amount: float = 1.0) -> None:
         self.labels().inc(amount)
 
 
-class Gauge(_Family):
+class Gauge(_Family[_GaugeValue]):
     kind = "gauge"
+    _series_type = _GaugeValue
 
     def set(self, value: float) -> None:
         self.labels().set(value)
@@ -111,16 +171,24 @@ class Gauge(_Family):
         self.labels().dec(amount)
 
 
-class Histogram:
+class Histogram(_Metric):
+    """Observations counted into buckets (no labels). `counts[i]` holds the observations in
+    (bounds[i-1], bounds[i]]; the rendering makes them cumulative, as the format wants."""
+
     kind = "histogram"
 
     def __init__(self, registry: Registry, name: str, doc: str, buckets: Sequence[float]) -> None:
-        self.name = name
-        self.doc = doc
-        self.bounds = (*sorted(buckets), math.inf)
+        bounds = sorted(buckets)
+        if not bounds or len(set(bounds)) != len(bounds) or not all(math.isfinite(b) for b in bounds):
+            raise ValueError(f"{name}: buckets must be distinct finite numbers, got {buckets}")
+        super().__init__(registry, name, doc)
+        self.bounds = (*bounds, math.inf)
         self.counts = [0] * len(self.bounds)
         self.sum = 0.0
-        registry.families.append(self)
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        return (f"{self.name}_bucket", f"{self.name}_sum", f"{self.name}_count")
 
     def observe(self, value: float) -> None:
         self.sum += value
@@ -129,25 +197,30 @@ class Histogram:
                 self.counts[i] += 1
                 break
 
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.doc}", f"# TYPE {self.name} histogram"]
+    def _samples(self) -> Iterator[str]:
         cumulative = 0
         for bound, count in zip(self.bounds, self.counts, strict=True):
             cumulative += count
-            lines.append(f'{self.name}_bucket{{le="{_fmt(bound)}"}} {cumulative}')
-        lines.append(f"{self.name}_sum {_fmt(self.sum)}")
-        lines.append(f"{self.name}_count {cumulative}")
-        return lines
+            yield f"{self.name}_bucket{_labels(('le',), (_fmt(bound),))} {cumulative}"
+        yield f"{self.name}_sum {_fmt(self.sum)}"
+        yield f"{self.name}_count {cumulative}"
 
 
 class Registry:
     def __init__(self) -> None:
-        self.families: list[_Family | Histogram] = []
+        self.families: list[_Metric] = []
+        self._names: set[str] = set()
+
+    def add(self, metric: _Metric) -> None:
+        """Register a family; refuses one whose family or sample names another already uses."""
+        names = {metric.name, *metric.sample_names}
+        if names & self._names:
+            raise ValueError(f"metric {metric.name} collides with {sorted(names & self._names)}")
+        self._names |= names
+        self.families.append(metric)
 
     def render(self) -> bytes:
-        lines: list[str] = []
-        for family in self.families:
-            lines.extend(family.render())
+        lines = [line for family in self.families for line in family.render()]
         return ("\n".join(lines) + "\n").encode()
 
 
@@ -175,7 +248,10 @@ class Metrics:
             r, "patchbay_agent_rpcs_total", "DevicePlugin calls by method and gRPC code.", ["method", "code"]
         )
         self.allocate_seconds = Histogram(
-            r, "patchbay_agent_allocate_seconds", "Allocate handling time.", _LATENCY_BUCKETS
+            r,
+            "patchbay_agent_allocate_seconds",
+            "Allocate handling time, calls answered OK.",
+            _LATENCY_BUCKETS,
         )
         self.streams = Gauge(r, "patchbay_agent_list_and_watch_streams", "Open ListAndWatch streams.")
         self.round_seconds = Histogram(
@@ -195,67 +271,3 @@ class Metrics:
         self.devices.labels("Unhealthy").set(snap.advertised - healthy)
         self.physical_devices.set(len(snap.physical))
         self.list_bytes.set(snap.size_bytes)
-
-
-class HttpEndpoint:
-    """GET /metrics, /healthz, /readyz on host:port (port 0: pick one; see `.port`)."""
-
-    def __init__(self, metrics: Metrics, healthy: Callable[[], bool], ready: Callable[[], bool]) -> None:
-        self._metrics = metrics
-        self._healthy = healthy
-        self._ready = ready
-        self._server: asyncio.Server | None = None
-        self.port = 0
-
-    async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._handle, host, port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("Serving /metrics, /healthz, /readyz on http://%s:%d", host, self.port)
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_line = await asyncio.wait_for(reader.readline(), timeout=5)
-            # Drain headers; the endpoints take no input.
-            while await asyncio.wait_for(reader.readline(), timeout=5) not in (b"\r\n", b"\n", b""):
-                pass
-            parts = request_line.decode("latin-1").split()
-            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
-            status, ctype, body = self._route(parts[0] if parts else "", path)
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
-        text = "text/plain; charset=utf-8"
-        if method != "GET":
-            return "405 Method Not Allowed", text, b"only GET\n"
-        if path == "/metrics":
-            return "200 OK", CONTENT_TYPE, self._metrics.registry.render()
-        if path == "/healthz":
-            return (
-                ("200 OK", text, b"ok\n")
-                if self._healthy()
-                else ("503 Service Unavailable", text, b"unhealthy\n")
-            )
-        if path == "/readyz":
-            return (
-                ("200 OK", text, b"ready\n")
-                if self._ready()
-                else ("503 Service Unavailable", text, b"not registered\n")
-            )
-        return "404 Not Found", text, b"not found\n"

@@ -23,6 +23,7 @@ from patchbay_agent.fswatch import DirWatcher
 from patchbay_agent.health import OK, CheckResult, DeviceHealthTracker, check_paths, run_exec_probe
 from patchbay_agent.inventory import Inventory, ListTooLargeError
 from patchbay_agent.metrics import Metrics
+from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,7 @@ class Monitor:
                 results[d.id] = self._probe_results.get(d.id, OK)
 
     def _on_fs_event(self, directory: Path, name: str, mask: int) -> None:
-        self._kick.set()
-
-    def kick(self) -> None:
-        """Ask for a round now (used by tests and by the filesystem watcher)."""
+        """A watched directory changed: run a round now."""
         self._kick.set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -114,13 +112,9 @@ class Monitor:
             self._watcher = DirWatcher(self._on_fs_event)
             self._watcher.ensure(watch_dirs)
         next_periodic = time.monotonic() + self._health.period_seconds
-        stopping = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
-                timeout = max(0.0, next_periodic - time.monotonic())
-                kicked = asyncio.ensure_future(self._kick.wait())
-                await asyncio.wait({kicked, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                kicked.cancel()
+                await wait_any((self._kick, stop), next_periodic - time.monotonic())
                 if stop.is_set():
                     break
                 periodic = time.monotonic() >= next_periodic
@@ -139,6 +133,5 @@ class Monitor:
                     # A broken round must not end health monitoring; the next one may work.
                     log.exception("Discovery/health round failed")
         finally:
-            stopping.cancel()
             if self._watcher is not None:
                 self._watcher.close()

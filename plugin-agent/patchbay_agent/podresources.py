@@ -24,7 +24,8 @@ import grpc
 from patchbay_agent.api import podresources_pb2, podresources_pb2_grpc
 from patchbay_agent.constants import DEFAULT_POD_RESOURCES_SOCKET
 
-#: The kubelet's own limit for PodResources messages (16 MiB); gRPC's default client limit is 4.
+#: The kubelet's own limit for PodResources messages (16 MiB); gRPC's default client limit is 4
+#: (docs/facts.md#plugin-sockets).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 

@@ -1,16 +1,18 @@
 """Registration with the kubelet, and staying registered across kubelet restarts.
 
-Rules this module keeps (kubelet Device Plugin API, REFERENCE.md):
+Rules this module keeps:
 
 * register only while serving: the kubelet dials the plugin back INSIDE its Register handler
-  (GetDevicePluginOptions, then ListAndWatch), so the socket must answer before Register is sent;
-* a new kubelet deletes every socket in the plugin directory, then creates `kubelet.sock`. Either
-  event means "serve on a fresh socket and register again". Both are seen through inotify on the
-  plugin directory (sub-millisecond), not a poll;
+  (GetDevicePluginOptions, then ListAndWatch), so the socket must answer before Register is sent
+  (docs/facts.md#device-plugin-api);
+* a new kubelet deletes every socket in the plugin directory, then creates `kubelet.sock`
+  (docs/facts.md#device-plugin-api). Either event means "serve on a fresh socket and register
+  again". Both are seen through inotify on the plugin directory (sub-millisecond,
+  docs/facts.md#inotify), not a poll;
 * a slow poll (default 10 s) compares the identity (inode + ctime: inode numbers are reused at
-  once) of `kubelet.sock` and of our socket with the ones we registered against. It is only a
-  backstop for lost events (inotify queue overflow, a directory that was itself replaced) and
-  re-adds the watch;
+  once, see `server.PluginServer`) of `kubelet.sock` and of our socket with the ones we registered
+  against. It is only a backstop for lost events (inotify queue overflow, a directory that was
+  itself replaced) and re-adds the watch;
 * while `kubelet.sock` exists but Register fails, retry with capped exponential backoff and jitter;
   while there is no `kubelet.sock` at all, wait for it to appear instead of knocking;
 * the kubelet keeps one ListAndWatch stream per registration and, when that stream fails, forgets
@@ -18,7 +20,8 @@ Rules this module keeps (kubelet Device Plugin API, REFERENCE.md):
   there, wait a moment (a re-registration in flight opens a new one) and register again;
 * the kubelet keeps one endpoint per socket PATH. When it refuses Register with "device plugin
   already connected", it has just dropped its client for that path but may keep the endpoint,
-  which then blocks the path until it restarts: serve on a NEW socket name and register that.
+  which then blocks the path until it restarts: serve on a NEW socket name and register that
+  (docs/facts.md#kubelet-endpoints).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from patchbay_agent.constants import API_VERSION, KUBELET_SOCKET
 from patchbay_agent.fswatch import DirWatcher
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.server import DevicePluginServicer, PluginServer, file_identity
+from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +98,11 @@ class Registrar:
         self._backoff = backoff or Backoff()
         self._kick = asyncio.Event()
         self.server: PluginServer | None = None
-        self.registered = False
+        #: identity of the kubelet.sock our registration stands with; None while not registered
         self._registered_kubelet: tuple[int, int] | None = None
-        #: monotonic time of the last successful Register (benchmarks read it)
-        self.registered_at: float | None = None
         self.registration_count = 0
+        #: attempts to serve the socket that failed (e.g. the plugin directory was gone)
+        self.serve_failures = 0
         #: when set, check at this monotonic time whether the kubelet still holds a stream
         self._stream_check_at: float | None = None
         servicer.on_stream_closed = self._stream_closed
@@ -107,9 +111,14 @@ class Registrar:
     def socket_path(self) -> Path:
         return self.plugin_dir / self.endpoint
 
-    def _set_registered(self, value: bool) -> None:
-        self.registered = value
-        self._metrics.registered.set(1 if value else 0)
+    @property
+    def registered(self) -> bool:
+        return self._registered_kubelet is not None
+
+    def _set_registered(self, kubelet: tuple[int, int] | None) -> None:
+        """Registered with the kubelet whose socket has this identity, or (None) not registered."""
+        self._registered_kubelet = kubelet
+        self._metrics.registered.set(0 if kubelet is None else 1)
 
     async def serve(self) -> None:
         """(Re)start the gRPC server on a fresh socket. Old streams are cut at once: they belong
@@ -139,7 +148,8 @@ class Registrar:
         )
         # A private subchannel pool: gRPC otherwise shares one connection per address across
         # channels, and after a kubelet restart that shared one may still be backing off from
-        # the old socket, failing this Register at once. The Go kubelet dials fresh each time too.
+        # the old socket, failing this Register at once. The Go kubelet dials fresh each time too
+        # (docs/facts.md#plugin-sockets).
         async with grpc.aio.insecure_channel(
             f"unix://{self.kubelet_socket}", options=[("grpc.use_local_subchannel_pool", 1)]
         ) as channel:
@@ -151,13 +161,14 @@ class Registrar:
         if self.server is None or not self.server.socket_intact():
             if self.server is not None:
                 log.info("Plugin socket %s was removed (kubelet restart?): serving again", self.socket_path)
-            self._set_registered(False)
+            self._set_registered(None)
             try:
                 await self.serve()
             except (OSError, RuntimeError) as e:
                 # e.g. the plugin directory itself is gone for a moment (grpc: "Failed to bind").
                 # Keep trying; the agent must outlive a directory being recreated.
                 self.server = None
+                self.serve_failures += 1
                 delay = self._backoff.next()
                 log.warning("Cannot serve on %s (%s); retrying in %.2fs", self.socket_path, e, delay)
                 return delay
@@ -165,10 +176,9 @@ class Registrar:
         if kubelet_id is None:
             if self.registered:
                 log.info("Kubelet socket %s is gone: waiting for a kubelet", self.kubelet_socket)
-            self._set_registered(False)
-            self._registered_kubelet = None
+            self._set_registered(None)
             return None
-        if self.registered and kubelet_id == self._registered_kubelet:
+        if kubelet_id == self._registered_kubelet:
             check_at = self._stream_check_at
             if check_at is None:
                 return None
@@ -178,11 +188,11 @@ class Registrar:
             if self._servicer.open_streams > 0:
                 return None
             log.warning("The kubelet dropped our ListAndWatch stream without restarting: registering again")
-            self._set_registered(False)
+            self._set_registered(None)
         try:
             await self.register()
         except grpc.aio.AioRpcError as e:
-            self._set_registered(False)
+            self._set_registered(None)
             self._metrics.registrations.labels("failure").inc()
             delay = self._backoff.next()
             log.warning(
@@ -197,9 +207,7 @@ class Registrar:
         self._backoff.reset()
         # A fresh registration supersedes streams that ended before it.
         self._stream_check_at = None
-        self._registered_kubelet = kubelet_id
-        self._set_registered(True)
-        self.registered_at = time.monotonic()
+        self._set_registered(kubelet_id)
         self.registration_count += 1
         self._metrics.registrations.labels("success").inc()
         log.info("Registered %s with the kubelet at %s", self._resource_name, self.kubelet_socket)
@@ -222,30 +230,23 @@ class Registrar:
         """Serve, register and keep registered until `stop` is set."""
         watcher = DirWatcher(self._on_event)
         watcher.ensure([self.plugin_dir])
-        stopping = asyncio.ensure_future(stop.wait())
         next_poll = time.monotonic() + self._poll_interval
         try:
             while not stop.is_set():
                 self._kick.clear()
                 retry = await self._reconcile()
-                now = time.monotonic()
-                wait = min(retry, next_poll - now) if retry is not None else next_poll - now
-                kicked = asyncio.ensure_future(self._kick.wait())
-                await asyncio.wait(
-                    {kicked, stopping}, timeout=max(0.0, wait), return_when=asyncio.FIRST_COMPLETED
-                )
-                kicked.cancel()
+                wait = next_poll - time.monotonic()
+                await wait_any((self._kick, stop), wait if retry is None else min(retry, wait))
                 if time.monotonic() >= next_poll:
                     # The backstop: inode comparison happens in _reconcile; re-add a lost watch.
                     next_poll = time.monotonic() + self._poll_interval
                     watcher.ensure([self.plugin_dir])
         finally:
-            stopping.cancel()
             watcher.close()
 
     async def shutdown(self, grace: float) -> None:
         """Stop serving and remove our socket (only if it is still ours)."""
-        self._set_registered(False)
+        self._set_registered(None)
         if self.server is not None:
             await self.server.stop(grace, remove_socket=True)
             self.server = None

@@ -1,9 +1,9 @@
 """The DevicePlugin v1beta1 gRPC service on a Unix socket (`grpc.aio`).
 
 `grpc.aio`, not the sync server: a sync server holds one pool thread per open ListAndWatch stream,
-and with a small pool Allocate hangs behind the streams (REFERENCE.md). Everything here runs on the
-agent's event loop and reads the inventory's current snapshot; only PreStartContainer runs a
-process, and only when the profile asks for one.
+and with a small pool Allocate hangs behind the streams (docs/facts.md#grpc-unix-sockets).
+Everything here runs on the agent's event loop and reads the inventory's current snapshot; only
+PreStartContainer runs a process, and only when the profile asks for one.
 
 `PluginServer` owns one bound socket. A deleted socket cannot be re-bound by the same grpc server,
 so re-serving after the kubelet wiped the directory means a new `PluginServer` around the same
@@ -169,8 +169,8 @@ class PluginServer:
     """One grpc.aio server bound to `socket_path`; remembers the socket file's identity.
 
     Identity is (inode, ctime): a deleted socket's inode number is often reused at once by the
-    next file created (that is what a kubelet restart does), so the inode alone cannot tell
-    "still ours" from "replaced".
+    next file created (that is what a kubelet restart does; docs/facts.md#plugin-sockets), so the
+    inode alone cannot tell "still ours" from "replaced".
     """
 
     def __init__(self, servicer: DevicePluginServicer, socket_path: Path) -> None:
@@ -209,6 +209,6 @@ class PluginServer:
             await server.stop(grace)
         # Only remove the file if it is still OURS: after a kubelet restart another agent
         # generation (or nobody) may own that path.
-        if remove_socket and self.identity is not None and file_identity(self.socket_path) == self.identity:
+        if remove_socket and self.socket_intact():
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()

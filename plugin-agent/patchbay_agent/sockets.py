@@ -5,7 +5,7 @@ instance is a short random token drawn at start (or `--instance`). During a Daem
 with maxSurge the old and the new agent of one resource then run side by side, each registered
 with the kubelet under its own socket path: the kubelet keeps one endpoint per socket path and
 marks the resource unhealthy only when the LAST of them goes, so the node's allocatable never
-drops while the old agent stops.
+drops while the old agent stops (docs/facts.md#kubelet-endpoints).
 
 A socket path is never reused by another process: when a Register for a path the kubelet still
 holds fails ("device plugin already connected"), the kubelet forgets its client for that path but

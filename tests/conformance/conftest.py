@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubeletpeer import Harness, build_peer
+from support.kubeletpeer import Harness, build_peer
 
 
 @pytest.fixture(scope="session")

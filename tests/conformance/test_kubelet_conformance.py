@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeletpeer import Harness, PeerError
+from support.kubeletpeer import Harness, PeerError
 
 SERIAL = "example.com/serial"
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from kubeletpeer import Harness, PeerError
+from support.kubeletpeer import Harness, PeerError
 
 from patchbay_agent.api import api_pb2, api_pb2_grpc
 

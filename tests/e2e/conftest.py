@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2ehelpers import REPO, Installed
 from kubernetes import client, config
-from kubetest import running_devcluster, wait_for
-from optest import Cluster
+from support.clusters import Cluster, running_devcluster, wait_for
+from support.realnode import REPO, Installed
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage, build_all

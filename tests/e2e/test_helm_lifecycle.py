@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from e2ehelpers import REPO, Installed, wait_for
 from kubernetes import client
-from optest import Cluster
+from support.clusters import Cluster
+from support.realnode import REPO, Installed, wait_for
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.install import helm_install, helm_uninstall

@@ -15,18 +15,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from e2ehelpers import Installed, add_fake_device, busybox_pod, kstatus, wait_for
 from kubernetes import client
-from optest import Cluster
+from support.clusters import Cluster
+from support.realnode import (
+    DEVICES,
+    Installed,
+    add_fake_device,
+    busybox_pod,
+    kstatus,
+    limits,
+    serial_profile,
+    wait_for,
+)
 
 from patchbay_devcluster import DevCluster
-
-DEVICES = 4
-
-
-def limits(pod: dict[str, Any], resource: str, count: int) -> dict[str, Any]:
-    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: str(count)}}
-    return pod
 
 
 def pending_reason(core: client.CoreV1Api, ns: str, name: str) -> str | None:
@@ -101,28 +103,6 @@ def test_static_capacity_is_what_the_scheduler_uses(
         assert cluster.values(real_node, resource) == (None, None)
     finally:
         cluster.set_labels(real_node, {"patchbay.dev/e2e-static": None})
-
-
-def serial_profile(cluster: Cluster, fake_dev: Path, node: str) -> tuple[str, str]:
-    """A DevicePlugin profile over ``fake_dev``'s devices on ``node``; returns (name, resource)."""
-    name, resource = f"{cluster.prefix}serial", f"e2e.patchbay.dev/{cluster.tag}-serial"
-    for i in range(DEVICES):
-        add_fake_device(fake_dev, f"ttyE2E{i}")
-    cluster.set_labels(node, {"patchbay.dev/e2e-plugin": cluster.tag})
-    cluster.create_profile(
-        name,
-        {
-            "resourceName": resource,
-            "mode": "DevicePlugin",
-            "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-plugin": cluster.tag}},
-            "plugin": {
-                "discovery": {"paths": {"globs": [f"{fake_dev}/ttyE2E*"]}},
-                "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
-                "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "yes"}},
-            },
-        },
-    )
-    return name, resource
 
 
 def test_device_plugin_profile_runs_its_agent_pod_and_a_pod_gets_exactly_its_devices(

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
-import time
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from e2ehelpers import busybox_pod, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.realnode import busybox_pod, wait_for
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.node import BRIDGE, NODE_IP, POD_SUBNET
@@ -65,11 +65,24 @@ def test_killed_kubelet_comes_back_and_running_pods_are_unaffected(
         return pod if pod.status.phase == "Running" else None
 
     before = wait_for("pod Running", running, 120).status.container_statuses[0]
+    log = e2e_cluster.log_dir / "kubelet.log"
     e2e_cluster.stop_kubelet()  # SIGKILL: a crash
+    offset = log.stat().st_size
+    restarted = datetime.now(UTC).replace(microsecond=0)
     e2e_cluster.start_kubelet()
-    e2e_cluster.wait_real_node_ready(120)
-    # Give the new kubelet a sync to (wrongly) restart anything, then compare.
-    time.sleep(3)
+
+    def new_kubelet_has_the_pod() -> bool:
+        """The NEW kubelet posted its node status and took up the pod (its volume manager logs
+        the pod's volumes as it adopts it): the moment it would have (wrongly) restarted it."""
+        node = core.read_node_status(real_node)
+        ready = next(c for c in node.status.conditions if c.type == "Ready")
+        if ready.status != "True" or ready.last_heartbeat_time < restarted:
+            return False
+        with log.open("rb") as f:
+            f.seek(offset)
+            return f'pod="{namespace}/sleeper"'.encode() in f.read()
+
+    wait_for("the restarted kubelet to report the node and take up the pod", new_kubelet_has_the_pod, 120)
     after = running()
     assert after is not None
     status = after.status.container_statuses[0]
@@ -191,10 +204,12 @@ def test_nothing_a_pod_sends_leaves_the_machine(
     assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0"
     assert "MASQUERADE" not in _iptables("-t", "nat", "-S")
     tag = f"patchbay-e2e-{name_prefix.rstrip('-')}"
+    # Frames bridged between pods pass FORWARD too where the kernel hands bridged traffic to
+    # iptables (bridge-nf-call-iptables): only what goes OUT of another interface counts as leaving.
     rules = [
         ("raw", "PREROUTING", ["-i", BRIDGE, "-d", OUTSIDE]),  # arrives from the pod network
-        ("mangle", "FORWARD", ["-d", OUTSIDE]),  # would be forwarded
-        ("mangle", "POSTROUTING", ["-d", OUTSIDE]),  # would leave any interface
+        ("mangle", "FORWARD", ["-d", OUTSIDE, "!", "-o", BRIDGE]),  # routed towards another interface
+        ("mangle", "POSTROUTING", ["-d", OUTSIDE, "!", "-o", BRIDGE]),  # leaving by any other interface
     ]
     for table, chain, match in rules:
         _iptables("-t", table, "-I", chain, *match, "-m", "comment", "--comment", tag, "-j", "ACCEPT")

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from e2ehelpers import Installed, busybox_pod, wait_for
-from optest import Cluster
-from rollout import SAMPLE_EVERY, run_rollout
-from test_profiles_on_real_node import DEVICES, limits, serial_profile
+from support.clusters import Cluster
+from support.realnode import DEVICES, Installed, busybox_pod, limits, serial_profile, wait_for
+from support.rollout import SAMPLE_EVERY, run_rollout
 
 from patchbay_devcluster import DevCluster
 

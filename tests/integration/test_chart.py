@@ -11,14 +11,13 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubetest import running_devcluster, wait_for
+from support.clusters import running_devcluster, wait_for
 
 from patchbay_devcluster import DevCluster
 
@@ -444,7 +443,8 @@ def test_gitops_apply_twice_changes_nothing_and_reports_kstatus(
     before = {n: _dpp(tools, n)["metadata"] for n in ("lab-licenses", "lab-slots")}
     second = tools.kubectl(*apply, stdin=manifest).stdout
     assert "serverside-applied" in second
-    time.sleep(2)  # let the operator react, if it were to
+    # Both profiles are Ready for their generation: the operator has reconciled them, which is
+    # when it would have written a spec field, had it ever done so.
     for name in ("lab-licenses", "lab-slots"):
         meta = _dpp(tools, name)["metadata"]
         assert meta["generation"] == before[name]["generation"], name  # the spec did not change

@@ -13,23 +13,24 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from kubetest import wait_for
+from support.clusters import wait_for
 
-from patchbay_devcluster import DevCluster
-from patchbay_devcluster.cluster import KWOK_TAINT_KEY, pid_runs
+from patchbay_devcluster import DevCluster, kubeapi
+from patchbay_devcluster.controlplane import KWOK_TAINT_KEY
+from patchbay_devcluster.procs import pid_runs
 
 NODES = 50
 
 
 def test_readyz_and_version(devcluster: DevCluster) -> None:
-    rest = devcluster.rest()
-    status, body = rest.request("GET", "/readyz?verbose")
+    api = devcluster.api()
+    status, body = kubeapi.get(api, "/readyz?verbose")
     assert status == 200, body
     assert "readyz check passed" in body
-    version = rest.call("GET", "/version")
+    version = client.VersionApi(api).get_code()
     # The real binaries carry the pinned release's version (ldflags), not v0.0.0.
-    assert version["gitVersion"] == "v1.37.1", version
-    assert version["minor"] == "37"
+    assert version.git_version == "v1.37.1", version
+    assert version.minor == "37"
 
 
 def test_crd_applied_and_custom_resource_read_back(api: client.ApiClient, name_prefix: str) -> None:

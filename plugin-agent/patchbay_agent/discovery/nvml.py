@@ -2,7 +2,8 @@
 
 The ID is the GPU UUID; the device files are `/dev/nvidia<minor>` plus the control and UVM files
 every CUDA process needs, when present. Without the package or without a driver the backend raises
-`DiscoveryError` with what to do, instead of crashing with a traceback from inside NVML.
+`DiscoveryError` with what to do, instead of crashing with a traceback from inside NVML
+(`nvmlInit()` fails fast without a driver: docs/facts.md#nvml).
 """
 
 from __future__ import annotations

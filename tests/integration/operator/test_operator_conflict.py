@@ -6,7 +6,8 @@ import json
 import time
 from typing import Any
 
-from optest import NAMESPACE, TEST_LABEL, Cluster, Operator, wait_for
+from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
+from support.operator import Operator
 
 R = "example.com/conflicted"
 OWNER_KEY = "static.patchbay.dev/example.com_conflicted"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from optest import GROUP, PLURAL, VERSION
+from support.clusters import GROUP, PLURAL, VERSION
 
 from patchbay_agent.config import parse
 from patchbay_operator.config import Settings

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from optest import GROUP, PLURAL, REPO, VERSION
+from support.clusters import GROUP, PLURAL, REPO, VERSION
 
 STATIC: dict[str, Any] = {"resourceName": "example.com/dongle", "mode": "Static", "static": {"capacity": 2}}
 PLUGIN: dict[str, Any] = {

@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 from kubernetes.client.rest import ApiException
-from optest import NAMESPACE, TEST_LABEL, Cluster, Operator, wait_for
+from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
+from support.operator import Operator
 
 R = "example.com/serial"
 HASH = "patchbay.dev/config-hash"

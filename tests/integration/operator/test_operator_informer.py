@@ -16,32 +16,33 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client, config
-from kubetest import running_devcluster
-from optest import Cluster, wait_for
+from support.clusters import Cluster, running_devcluster, wait_for
 
 from patchbay_devcluster import DevCluster
-from patchbay_operator.informer import NodeEvent, NodeInformer, Snapshot, list_all
-from patchbay_operator.kube import Kube, KubeError, load_configuration
+from patchbay_operator.capacity import NodeState
+from patchbay_operator.informer import Event, Informer, Snapshot, list_all
+from patchbay_operator.kube import NODES_PATH, Kube, KubeError, load_configuration
+from patchbay_operator.nodes import SOURCE
 
 
 @dataclass
 class Seen:
     """What the informer delivered, recorded on its event loop."""
 
-    events: list[NodeEvent] = field(default_factory=list)
-    resyncs: list[Snapshot] = field(default_factory=list)
+    events: list[Event[NodeState]] = field(default_factory=list)
+    resyncs: list[Snapshot[NodeState]] = field(default_factory=list)
     threads: set[str] = field(default_factory=set)
 
-    def on_events(self, batch: list[NodeEvent]) -> None:
+    def on_events(self, batch: list[Event[NodeState]]) -> None:
         self.threads.add(threading.current_thread().name)
         self.events.extend(batch)
 
-    def on_resync(self, snapshot: Snapshot) -> None:
+    def on_resync(self, snapshot: Snapshot[NodeState]) -> None:
         self.threads.add(threading.current_thread().name)
         self.resyncs.append(snapshot)
 
-    def of(self, node: str) -> list[NodeEvent]:
-        return [e for e in list(self.events) if e.state.name == node]
+    def of(self, node: str) -> list[Event[NodeState]]:
+        return [e for e in list(self.events) if e.obj.name == node]
 
 
 @pytest.fixture
@@ -67,9 +68,9 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
         lp.close()
 
 
-def start(kube: Kube, loop: asyncio.AbstractEventLoop, rv: str) -> tuple[NodeInformer, Seen]:
+def start(kube: Kube, loop: asyncio.AbstractEventLoop, rv: str) -> tuple[Informer[NodeState], Seen]:
     seen = Seen()
-    informer = NodeInformer(kube, loop, seen.on_events, seen.on_resync)
+    informer = Informer(kube, SOURCE, loop, seen.on_events, seen.on_resync)
     informer.start(rv)
     return informer, seen
 
@@ -78,8 +79,8 @@ def test_list_then_watch_misses_nothing(
     cluster: Cluster, kube: Kube, loop: asyncio.AbstractEventLoop
 ) -> None:
     first = cluster.add_nodes(2)
-    snapshot = list_all(kube)
-    names = {s.name for s in snapshot.states}
+    snapshot = list_all(kube, SOURCE)
+    names = {s.name for s in snapshot.items}
     assert set(first) <= names
     assert snapshot.resource_version.isdigit()
 
@@ -90,7 +91,7 @@ def test_list_then_watch_misses_nothing(
         wait_for(
             "the label change made before the watch opened",
             lambda: any(
-                e.type == "MODIFIED" and e.state.labels.get("color") == "blue" for e in seen.of(first[0])
+                e.type == "MODIFIED" and e.obj.labels.get("color") == "blue" for e in seen.of(first[0])
             ),
             timeout=30,
         )
@@ -100,8 +101,8 @@ def test_list_then_watch_misses_nothing(
         wait_for(
             "the extended resource in capacity and allocatable",
             lambda: any(
-                e.state.capacity.get("example.com/widget") == "3"
-                and e.state.allocatable.get("example.com/widget") == "3"
+                e.obj.capacity.get("example.com/widget") == "3"
+                and e.obj.allocatable.get("example.com/widget") == "3"
                 for e in seen.of(first[1])
             ),
             timeout=30,
@@ -128,7 +129,7 @@ def test_api_server_restart_then_an_expired_resource_version(
     kube = Kube(load_configuration(str(own_cluster.kubeconfig), 4))
     core = client.CoreV1Api(config.new_client_from_config(config_file=str(own_cluster.kubeconfig)))
     nodes = own_cluster.add_kwok_nodes(2, prefix="inf-")
-    before = list_all(kube)
+    before = list_all(kube, SOURCE)
     informer, seen = start(kube, loop, before.resource_version)
     try:
         wait_for("the watch to be open", lambda: informer._watch is not None, timeout=30)
@@ -140,19 +141,19 @@ def test_api_server_restart_then_an_expired_resource_version(
         core.patch_node(nodes[0], {"metadata": {"labels": {"after": "restart"}}})
         wait_for(
             "an event after the API server restart",
-            lambda: any(e.state.labels.get("after") == "restart" for e in seen.of(nodes[0])),
+            lambda: any(e.obj.labels.get("after") == "restart" for e in seen.of(nodes[0])),
             timeout=60,
         )
         assert informer.restarts >= 1
         if seen.resyncs:
-            assert {s.name for s in seen.resyncs[-1].states} == set(nodes)
+            assert {s.name for s in seen.resyncs[-1].items} == set(nodes)
     finally:
         informer.stop()
 
     # The restarted API server's watch cache begins at the revision it started at: the
     # resourceVersion of the first LIST is now too old (410 Gone)...
     with pytest.raises(KubeError) as gone:
-        for _ in kube.watch_nodes(before.resource_version, timeout_seconds=5):
+        for _ in kube.watch(NODES_PATH, before.resource_version, timeout_seconds=5):
             pass
     assert gone.value.status == 410
 
@@ -162,13 +163,13 @@ def test_api_server_restart_then_an_expired_resource_version(
     informer, seen = start(kube, loop, before.resource_version)
     try:
         snap = wait_for("a resync after 410 Gone", lambda: seen.resyncs and seen.resyncs[0], timeout=30)
-        assert nodes[0] in {s.name for s in snap.states}
-        assert nodes[1] not in {s.name for s in snap.states}
+        assert nodes[0] in {s.name for s in snap.items}
+        assert nodes[1] not in {s.name for s in snap.items}
         assert informer.restarts >= 1
         core.patch_node(nodes[0], {"metadata": {"labels": {"after": "resync"}}})
         wait_for(
             "an event after the resync",
-            lambda: any(e.state.labels.get("after") == "resync" for e in seen.of(nodes[0])),
+            lambda: any(e.obj.labels.get("after") == "resync" for e in seen.of(nodes[0])),
             timeout=30,
         )
     finally:
@@ -177,7 +178,7 @@ def test_api_server_restart_then_an_expired_resource_version(
 
 
 def test_stop_ends_a_watch_blocked_on_read(kube: Kube, loop: asyncio.AbstractEventLoop) -> None:
-    snapshot = list_all(kube)
+    snapshot = list_all(kube, SOURCE)
     informer, _ = start(kube, loop, snapshot.resource_version)
     wait_for("the watch to be open", lambda: informer._watch is not None, timeout=30)
     informer.stop(timeout=10)

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from optest import REPO, TEST_LABEL, Cluster, Operator, wait_for
+from support.clusters import REPO, TEST_LABEL, Cluster, wait_for
+from support.operator import Operator
 
 R = "example.com/peered"
 PEERING_CRD = REPO / "crds" / "kopf.dev_clusterkopfpeerings.yaml"

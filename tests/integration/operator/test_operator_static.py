@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from typing import Any
 
-from optest import TEST_LABEL, Cluster, Operator, wait_for
+from support.clusters import TEST_LABEL, Cluster, wait_for
+from support.operator import Operator
 
 R = "example.com/dongle"
 OWNER_KEY = "static.patchbay.dev/example.com_dongle"
@@ -186,13 +186,21 @@ def test_status_is_written_only_when_it_changes(cluster: Cluster, operator: Oper
     wait_for("Ready", lambda: status(cluster, name).get("nodesReady") == "2/2")
     rv = (cluster.profile(name) or {})["metadata"]["resourceVersion"]
     # Node events that change nothing we report (labels elsewhere) must not rewrite status.
-    marker = operator.stats().get("nodeEvents", 0)
+    before = operator.stats()
     for i in range(5):
         cluster.set_labels(nodes[0], {"unrelated": str(i)})
-    wait_for(
-        "the operator saw the events", lambda: operator.stats().get("nodeEvents", 0) >= marker + 5, timeout=15
-    )
-    time.sleep(1.0)  # several debounce windows (0.3 s): room for a wrong write to happen
+
+    def recomputed_after_every_event() -> bool:
+        s = operator.stats()
+        return (
+            s.get("nodeEvents", 0) >= before.get("nodeEvents", 0) + 5
+            and s.get("statusComputes", 0) > before.get("statusComputes", 0)
+            and s.get("statusPending", 1) == 0
+        )
+
+    # The status writer has seen every event (nothing left pending) and recomputed: a write, had
+    # there been one, has happened by now.
+    wait_for("the operator to recompute the status after the events", recomputed_after_every_event, 30)
     assert (cluster.profile(name) or {})["metadata"]["resourceVersion"] == rv
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakehw import FakeHardware
+from support.fakehw import FakeHardware
 
 from patchbay_agent.config import (
     MAX_DEVICE_ID_LENGTH,

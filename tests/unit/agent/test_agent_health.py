@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakehw import FakeHardware
+from support.fakehw import FakeHardware
 
 from patchbay_agent.config import ExecProbe
 from patchbay_agent.constants import DeviceHealth

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehw import live_socket, stale_socket
+from support.fakehw import live_socket, stale_socket
 
 from patchbay_agent.constants import DEFAULT_DEVICE_PLUGIN_DIR
 from patchbay_agent.sockets import (

@@ -1,8 +1,10 @@
-"""Unit tests of the dev cluster tool's pure parts: certificates, node objects, PID checks, CLI."""
+"""Unit tests of the dev cluster tool's parts that need no cluster: certificates, node objects,
+PID checks, the real node's ownership record, the API client, the CLI."""
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 import sys
@@ -14,16 +16,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from patchbay_devcluster import cli, pki
-from patchbay_devcluster.cluster import (
-    BINARIES,
-    ClusterError,
-    DevCluster,
-    find_bin_dir,
-    free_port,
-    kwok_node,
-    pid_runs,
+from patchbay_devcluster import node as node_module
+from patchbay_devcluster.cluster import BINARIES, ClusterError, DevCluster, State, find_bin_dir
+from patchbay_devcluster.controlplane import kwok_node, write_credentials
+from patchbay_devcluster.imagebuild import copy_sources, source_files
+from patchbay_devcluster.node import (
+    BRIDGE,
+    NODE_IP,
+    POD_SUBNET,
+    NodeError,
+    NodePaths,
+    Owner,
+    RealNode,
+    cni_conflist,
 )
-from patchbay_devcluster.node import BRIDGE, NODE_IP, POD_SUBNET, NodePaths, RealNode, cni_conflist
+from patchbay_devcluster.procs import Proc, free_port, pid_runs
 
 
 def test_ca_signs_server_and_client_certificates(tmp_path: Path) -> None:
@@ -146,3 +153,94 @@ def test_the_kubelet_runs_on_the_bridge_address(tmp_path: Path) -> None:
     assert f"--node-ip={NODE_IP}" in argv
     assert NODE_IP == "10.244.0.1"
     assert ipaddress.ip_address(NODE_IP) in POD_SUBNET
+
+
+def test_the_device_plugin_dir_is_refused_while_the_owners_kubelet_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One real node per machine: the owner file records the kubelet, and node.py alone decides
+    whether that kubelet still runs (by PID and binary, so a recycled PID does not count)."""
+    monkeypatch.setattr(node_module, "OWNER_FILE", tmp_path / "owner.json")
+    monkeypatch.setattr(node_module, "DEVICE_PLUGIN_DIR", tmp_path / "device-plugins")
+    (tmp_path / "device-plugins").mkdir()
+    first = RealNode(tmp_path / "a", tmp_path / "a" / "pki", None)
+    second = RealNode(tmp_path / "b", tmp_path / "b" / "pki", None)
+    first.claim_device_plugin_dir()
+    assert Owner.read() == Owner((tmp_path / "a").resolve())
+    second.claim_device_plugin_dir()  # no kubelet recorded: nothing runs there
+    first.claim_device_plugin_dir()
+
+    me = os.getpid()
+    exe = Path(f"/proc/{me}/cmdline").read_bytes().split(b"\0")[0].decode()
+    second.record_kubelet(Proc("kubelet", me, exe, "/dev/null"))  # not the owner: ignored
+    assert Owner.read() == Owner((tmp_path / "a").resolve())
+    first.record_kubelet(Proc("kubelet", me, exe, "/dev/null"))
+    with pytest.raises(NodeError, match=r"another real node \(state dir .*/a\) is running"):
+        second.claim_device_plugin_dir()
+    first.claim_device_plugin_dir()  # its own node again
+    first.record_kubelet(Proc("kubelet", me, "/usr/bin/not-the-kubelet", "/dev/null"))
+    second.claim_device_plugin_dir()
+    assert Owner.read() == Owner((tmp_path / "b").resolve())
+
+    (tmp_path / "device-plugins" / "kubelet.sock").write_text("")
+    first.release_device_plugin_dir()  # not the owner: keeps everything
+    assert (tmp_path / "owner.json").exists()
+    assert (tmp_path / "device-plugins" / "kubelet.sock").exists()
+    second.release_device_plugin_dir()
+    assert not (tmp_path / "owner.json").exists()
+    assert not list((tmp_path / "device-plugins").iterdir())
+
+
+def test_an_owner_file_without_a_kubelet_reads_as_not_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    owner_file = tmp_path / "owner.json"
+    monkeypatch.setattr(node_module, "OWNER_FILE", owner_file)
+    owner_file.write_text(json.dumps({"stateDir": "/somewhere"}))
+    owner = Owner.read()
+    assert owner == Owner(Path("/somewhere"))
+    assert not owner.kubelet_runs()
+    owner_file.write_text("not json")
+    assert Owner.read() is None
+
+
+def test_the_api_client_is_kept_while_port_and_kubeconfig_stay(tmp_path: Path) -> None:
+    cluster = DevCluster(tmp_path)
+    with pytest.raises(ClusterError, match="run `patchbay-devcluster up`"):
+        cluster.api()
+    cluster.pki_dir.mkdir(parents=True)
+    State(ports={"apiserver": 6443}).save(cluster.state_file)
+    write_credentials(cluster.dir, cluster.pki_dir, cluster.kubeconfig, 6443)
+    api = cluster.api()
+    assert api.configuration.host == "https://127.0.0.1:6443"
+    assert cluster.api() is api
+    State(ports={"apiserver": 7443}).save(cluster.state_file)
+    write_credentials(cluster.dir, cluster.pki_dir, cluster.kubeconfig, 7443)
+    os.utime(cluster.kubeconfig, ns=(1, 1))  # a rewrite within the same clock tick still counts
+    moved = cluster.api()
+    assert moved is not api
+    assert moved.configuration.host == "https://127.0.0.1:7443"
+
+
+def test_status_says_not_ready_when_the_api_server_is_gone(tmp_path: Path) -> None:
+    cluster = DevCluster(tmp_path)
+    cluster.pki_dir.mkdir(parents=True)
+    port = free_port()
+    State(ports={"apiserver": port}).save(cluster.state_file)
+    assert cluster.status()["readyz"] is False  # no kubeconfig yet
+    write_credentials(cluster.dir, cluster.pki_dir, cluster.kubeconfig, port)
+    assert cluster.status()["readyz"] is False  # nothing listens
+
+
+def test_wheels_are_built_from_a_copy_of_the_hashed_files(tmp_path: Path) -> None:
+    program = tmp_path / "prog"
+    (program / "pkg").mkdir(parents=True)
+    (program / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (program / "pkg" / "__init__.py").write_text("")
+    for leftover in ("build/lib/pkg/gone.py", "pkg.egg-info/PKG-INFO", "pkg/__pycache__/x.pyc"):
+        (program / leftover).parent.mkdir(parents=True, exist_ok=True)
+        (program / leftover).write_text("")
+    copy = copy_sources(program, tmp_path / "copy" / "prog")
+    copied = sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file())
+    assert copied == ["pkg/__init__.py", "pyproject.toml"]
+    assert copied == [str(p.relative_to(program)) for p in source_files(program)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from patchbay_operator.capacity import (
     NodeState,
     desired,
@@ -180,12 +182,41 @@ def test_resource_version_ordering() -> None:
     assert newer("abc", "10")
 
 
-def test_quantities() -> None:
-    assert quantity_to_int("4") == 4
-    assert quantity_to_int("2k") == 2000
-    assert quantity_to_int("1Ki") == 1024
-    assert quantity_to_int(None) == 0
-    assert quantity_to_int("1.5") == 0
+@pytest.mark.parametrize(
+    ("quantity", "count"),
+    [
+        (None, 0),
+        ("0", 0),
+        ("4", 4),
+        ("2k", 2000),
+        ("3M", 3 * 10**6),
+        ("1G", 10**9),
+        ("1T", 10**12),
+        ("2P", 2 * 10**15),
+        ("1E", 10**18),
+        ("1Ki", 1024),
+        ("1Mi", 2**20),
+        ("1Gi", 2**30),
+        ("1Ti", 2**40),
+        ("1Pi", 2**50),
+        ("1Ei", 2**60),
+        ("1e3", 1000),
+        ("1E3", 1000),
+        ("1000m", 1),
+        # Not integers: rounded UP, as Quantity.Value() does where the scheduler counts.
+        ("1500m", 2),
+        ("1.5", 2),
+        ("1n", 1),
+    ],
+)
+def test_every_quantity_suffix(quantity: str | None, count: int) -> None:
+    assert quantity_to_int(quantity) == count
+
+
+@pytest.mark.parametrize("junk", ["", "four", "1x", "--1", "1Kib"])
+def test_a_value_that_is_no_quantity_is_an_error_that_says_so(junk: str) -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        quantity_to_int(junk)
 
 
 def test_report_ready_only_when_owned_and_equal() -> None:

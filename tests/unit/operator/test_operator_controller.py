@@ -1,45 +1,189 @@
-"""The controller's node cache: how informer events and resyncs fold in (no API calls made)."""
+"""The controller without a cluster: the node cache, its error paths (409, 422, 404, 410), the
+status writer's debounce, and the peering gate, driven through ``fakekube.FakeKube`` (a FAKE
+KubeAPI; the integration tests run the same code against a real API server)."""
 
 from __future__ import annotations
 
-from kubernetes import client
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import pytest
+from fakekube import FakeKube, profile
+
+from patchbay_operator import nodes
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.config import Settings
 from patchbay_operator.controller import Controller
-from patchbay_operator.informer import NodeEvent, Snapshot
-from patchbay_operator.kube import Kube
+from patchbay_operator.informer import Event, Snapshot
+from patchbay_operator.kube import KubeError
+from patchbay_operator.peering import Peering
+
+RESOURCE = "example.com/dongle"
 
 
 def state(name: str, rv: str, **labels: str) -> NodeState:
     return NodeState.from_node({"metadata": {"name": name, "resourceVersion": rv, "labels": labels}})
 
 
-def controller() -> Controller:
-    # A client configuration pointing nowhere: these tests must never reach an API server.
-    return Controller(Settings(), Kube(client.Configuration(host="http://127.0.0.1:9")))
+async def until(check: Callable[[], Any], within: float = 5.0) -> Any:
+    """Wait (on the event loop) for the controller to converge, at most ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    while asyncio.get_running_loop().time() < deadline:
+        if result := check():
+            return result
+        await asyncio.sleep(0.01)
+    raise AssertionError("did not converge")
+
+
+def value(kube: FakeKube, node: str) -> tuple[str | None, str | None]:
+    st = kube.nodes[node]["status"]
+    return st["capacity"].get(RESOURCE), st["allocatable"].get(RESOURCE)
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    k = FakeKube()
+    for i in range(3):
+        k.add_node(f"n{i}", {"pool": "a"})
+    return k
+
+
+@pytest.fixture
+async def ctl(kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Controller]:
+    monkeypatch.setattr(nodes, "RETRY_FIRST", 0.05)
+    c = Controller(Settings(concurrency=2, status_debounce=0.02), kube)  # type: ignore[arg-type]
+    await c.start()
+    try:
+        yield c
+    finally:
+        await c.stop()
 
 
 def test_resync_drops_nodes_deleted_while_not_watching_and_keeps_fresher_state() -> None:
-    ctl = controller()
-    ctl.observe_events([NodeEvent("ADDED", state("a", "10")), NodeEvent("ADDED", state("b", "20", x="new"))])
-    assert set(ctl.nodes) == {"a", "b"}
+    ctl = Controller(Settings(), FakeKube())  # type: ignore[arg-type]
+    ctl.nodes.observe([Event("ADDED", state("a", "10")), Event("ADDED", state("b", "20", x="new"))])
+    assert set(ctl.nodes.states) == {"a", "b"}
     # The relist no longer has "a"; its copy of "b" is OLDER than what a patch response gave us.
-    ctl.resync_nodes(Snapshot([state("b", "15", x="old"), state("c", "16")], "16"))
-    assert set(ctl.nodes) == {"b", "c"}
-    assert ctl.nodes["b"].labels == {"x": "new"}
+    ctl.nodes.resync(Snapshot([state("b", "15", x="old"), state("c", "16")], "16"))
+    assert set(ctl.nodes.states) == {"b", "c"}
+    assert ctl.nodes.states["b"].labels == {"x": "new"}
 
 
 def test_events_apply_in_order_and_stale_ones_are_ignored() -> None:
-    ctl = controller()
-    ctl.observe_events(
+    ctl = Controller(Settings(), FakeKube())  # type: ignore[arg-type]
+    ctl.nodes.observe(
         [
-            NodeEvent("ADDED", state("a", "5", v="1")),
-            NodeEvent("MODIFIED", state("a", "7", v="2")),
-            NodeEvent("MODIFIED", state("a", "6", v="stale")),
+            Event("ADDED", state("a", "5", v="1")),
+            Event("MODIFIED", state("a", "7", v="2")),
+            Event("MODIFIED", state("a", "6", v="stale")),
         ]
     )
-    assert ctl.nodes["a"].labels == {"v": "2"}
-    ctl.observe_events([NodeEvent("DELETED", state("a", "8"))])
-    assert ctl.nodes == {}
-    assert ctl.counters.node_events == 4
+    assert ctl.nodes.states["a"].labels == {"v": "2"}
+    ctl.nodes.observe([Event("DELETED", state("a", "8"))])
+    assert ctl.nodes.states == {}
+    assert ctl.nodes.events == 4
+
+
+async def test_one_patch_per_node_and_one_status_write(ctl: Controller, kube: FakeKube) -> None:
+    await ctl.reconcile(profile("p", RESOURCE, 2, pool="a"))
+    await until(lambda: all(value(kube, f"n{i}") == ("2", "2") for i in range(3)))
+    await until(lambda: kube.status_writes)
+    await ctl.nodes.queue.wait_idle()
+    assert ctl.nodes.patches == 3
+    assert max(ctl.nodes.per_node.values()) == 1
+    # Re-reconciling the same spec plans nothing: level-based, idempotent.
+    await ctl.reconcile(profile("p", RESOURCE, 2, pool="a"))
+    await ctl.nodes.queue.wait_idle()
+    assert ctl.nodes.patches == 3
+    name, written = kube.status_writes[-1]
+    assert name == "p"
+    assert written["nodes"] == {"desired": 3, "ready": 3}
+
+
+async def test_a_409_rereads_the_node_and_patches_again(ctl: Controller, kube: FakeKube) -> None:
+    kube.fail_next("patch_node_status", 409)
+    await ctl.reconcile(profile("p", RESOURCE, 2, pool="a"))
+    await until(lambda: all(value(kube, f"n{i}") == ("2", "2") for i in range(3)))
+    assert ctl.nodes.patch_failures == 1
+    assert kube.calls.count("get_node") == 1
+    assert ctl.nodes.failures == {}
+
+
+async def test_a_patch_rejected_again_and_again_is_reported_and_retried_later(
+    ctl: Controller, kube: FakeKube
+) -> None:
+    for n in list(kube.nodes)[1:]:
+        del kube.nodes[n]
+    ctl.nodes.resync(Snapshot([NodeState.from_node(kube.nodes["n0"])], "1"))
+    kube.fail_next("patch_node_status", *([422] * (nodes.MAX_STALE_RETRIES + 1)))
+    await ctl.reconcile(profile("p", RESOURCE, 2, pool="a"))
+    failure = await until(lambda: ctl.nodes.failures.get("n0"))
+    assert "scripted 422" in failure
+    assert kube.calls.count("get_node") == nodes.MAX_STALE_RETRIES
+    # The profile's status names the failing node ...
+    await until(lambda: kube.status_writes and kube.status_writes[-1][1]["problems"])
+    problem = kube.status_writes[-1][1]["problems"][0]
+    assert (problem["node"], problem["reason"]) == ("n0", "PatchFailed")
+    # ... and after the backoff the patch goes through and the failure clears.
+    await until(lambda: value(kube, "n0") == ("2", "2"))
+    await until(lambda: not ctl.nodes.failures)
+
+
+async def test_a_404_forgets_the_node(ctl: Controller, kube: FakeKube) -> None:
+    kube.fail_next("patch_node_status", 404)
+    await ctl.reconcile(profile("p", RESOURCE, 2, pool="a"))
+    await until(lambda: len(ctl.nodes.states) == 2)
+    await ctl.nodes.queue.wait_idle()
+    assert ctl.nodes.patches == 2
+
+
+async def test_a_410_watch_relists_and_learns_what_was_deleted(kube: FakeKube) -> None:
+    kube.watch_errors.append(KubeError(410, "WATCH", "/api/v1/nodes", "too old resource version"))
+    ctl = Controller(Settings(concurrency=1), kube)  # type: ignore[arg-type]
+    resyncs: list[Snapshot[NodeState]] = []
+    resync = ctl.nodes.resync
+
+    def spy(snapshot: Snapshot[NodeState]) -> None:
+        resyncs.append(snapshot)
+        resync(snapshot)
+
+    ctl.nodes.resync = spy  # type: ignore[method-assign]
+    del kube.nodes["n2"]  # gone while the watch was down
+    await ctl.start()
+    try:
+        await until(lambda: len(resyncs) >= 2)  # the start's LIST, then the relist after 410
+        assert set(ctl.nodes.states) == {"n0", "n1"}
+        assert kube.calls.count("list") >= 2
+    finally:
+        await ctl.stop()
+
+
+async def test_a_waiting_replica_writes_nothing_and_takes_over_from_fresh_profiles(kube: FakeKube) -> None:
+    me = Peering("patchbay", "me", priority=1)
+    kube.peering = {"status": {"other": {"priority": 5, "lifetime": 60}}}
+    kube.profiles["p"] = profile("p", RESOURCE, 3, pool="a")
+    ctl = Controller(Settings(concurrency=2, status_debounce=0.01), kube, me)  # type: ignore[arg-type]
+    await ctl.start()
+    try:
+        assert ctl.gate is not None
+        await ctl.gate.step()
+        assert not ctl.gate.active
+        await ctl.reconcile(profile("p", RESOURCE, 1, pool="a"))  # what kopf gave before pausing
+        await ctl.nodes.queue.wait_idle()
+        await ctl.status.flush()
+        assert kube.calls.count("patch_node_status") == 0
+        assert kube.status_writes == []
+        assert ctl.stats()["working"] == 0
+        # The other replica goes: this one re-lists the profiles BEFORE planning any node, so it
+        # applies 3 (the profile as it is now), never its stale copy's 1.
+        kube.peering = {"status": {}}
+        listed_before = kube.calls.count("list_profiles")
+        await ctl.gate.step()
+        assert ctl.gate.active
+        assert kube.calls.count("list_profiles") == listed_before + 1
+        await until(lambda: all(value(kube, f"n{i}") == ("3", "3") for i in range(3)))
+        assert ctl.nodes.patches == 3
+        await until(lambda: kube.status_writes)
+    finally:
+        await ctl.stop()

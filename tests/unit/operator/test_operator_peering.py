@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from patchbay_operator.peering import Peering, blockers
+from patchbay_operator.peering import Gate, Peering, blockers
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 ME = Peering("patchbay", "me", 100)
@@ -46,3 +47,31 @@ def test_defaults_and_malformed_records() -> None:
     assert blockers({"high": {"priority": 200}}, ME, NOW) == ["high(200)"]
     junk = {"x": "junk", "y": {"priority": "high"}, "z": {"priority": 300, "lastseen": 5}}
     assert blockers(junk, ME, NOW) == []
+
+
+async def test_the_gate_waits_for_a_higher_peer_and_refreshes_before_working() -> None:
+    objects: list[dict[str, Any] | None] = [
+        {"status": {"other": {"priority": 9, "lifetime": 60}}},
+        {"status": {"other": {"priority": 9, "lifetime": 60}}},
+        None,
+    ]
+    seen: list[str] = []
+
+    async def read() -> dict[str, Any] | None:
+        obj = objects.pop(0)
+        if obj is None:
+            raise OSError("API server gone")
+        return obj
+
+    async def work() -> None:
+        seen.append("work")
+
+    gate = Gate(Peering("p", "me", 5), read, lambda: seen.append("wait"), work)
+    await gate.step()
+    await gate.step()
+    assert (gate.active, seen) == (False, ["wait"])  # told once
+    await gate.step()  # unreadable: the last decision stands
+    assert not gate.active
+    objects.append({"status": {"me": {"priority": 5}}})
+    await gate.step()
+    assert (gate.active, seen) == (True, ["wait", "work"])

@@ -7,7 +7,14 @@ from typing import Any
 from patchbay_operator.capacity import NodeReport, NodeState
 from patchbay_operator.constants import MAX_PROBLEMS, ConditionType, Reason
 from patchbay_operator.profiles import Profile
-from patchbay_operator.status import Condition, conditions, conflict_status, plugin_status, static_status
+from patchbay_operator.status import (
+    AgentDaemonSet,
+    Condition,
+    conditions,
+    conflict_status,
+    plugin_status,
+    static_status,
+)
 
 R = "example.com/x"
 
@@ -91,22 +98,22 @@ def node(name: str, cap: str | None, alloc: str | None) -> NodeState:
 
 
 def test_plugin_rollout_and_unhealthy_devices() -> None:
-    ds = {
-        "metadata": {"generation": 2},
-        "status": {
-            "observedGeneration": 2,
-            "desiredNumberScheduled": 2,
-            "numberAvailable": 1,
-            "updatedNumberScheduled": 1,
-        },
+    rollout = {
+        "observedGeneration": 2,
+        "desiredNumberScheduled": 2,
+        "numberAvailable": 1,
+        "updatedNumberScheduled": 1,
     }
+    ds = AgentDaemonSet("p", generation=2, status=rollout)
     st = plugin_status(prof("DevicePlugin"), ds, [node("a", "4", "3"), node("b", None, None)], {}, "T")
     assert cond(st, "Progressing")["reason"] == "RollingOut"
     assert cond(st, "Ready")["status"] == "False"
     assert st["devices"] == {"capacity": 4, "allocatable": 3}
     assert {p["reason"] for p in st["problems"]} == {"DevicesUnhealthy", "NoDevices"}
     assert cond(st, "Degraded")["reason"] == "DevicesUnhealthy"
-    ds["status"].update(numberAvailable=2, updatedNumberScheduled=2)
+    ds = AgentDaemonSet(
+        "p", generation=2, status={**rollout, "numberAvailable": 2, "updatedNumberScheduled": 2}
+    )
     st = plugin_status(prof("DevicePlugin"), ds, [node("a", "4", "4"), node("b", "2", "2")], st, "T2")
     assert cond(st, "Ready")["status"] == "True"
     assert st["nodes"] == {"desired": 2, "ready": 2}

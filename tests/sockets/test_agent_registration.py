@@ -10,9 +10,9 @@ import shutil
 import urllib.request
 from pathlib import Path
 
-from agentrun import running_agent
-from fakehw import FakeHardware
-from pykubelet import PyKubelet
+from support.agentrun import running_agent, until
+from support.fakehw import FakeHardware
+from support.pykubelet import PyKubelet
 
 from patchbay_agent.agent import Agent
 
@@ -30,15 +30,6 @@ def _http(agent: Agent, path: str) -> tuple[int, str]:
 
 async def _get(agent: Agent, path: str) -> tuple[int, str]:
     return await asyncio.to_thread(_http, agent, path)
-
-
-async def _until(predicate: object, within: float = 10.0) -> None:
-    assert callable(predicate)
-    for _ in range(int(within / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 def test_registers_only_after_serving_with_the_right_request(plugin_dir: Path, hw: FakeHardware) -> None:
@@ -81,7 +72,7 @@ def test_waits_for_a_kubelet_then_registers_and_reports_ready(plugin_dir: Path, 
             await kubelet.start()
             try:
                 await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
-                await _until(lambda: agent.registrar.registered)
+                await until(lambda: agent.registrar.registered)
                 assert await _get(agent, "/readyz") == (200, "ready\n")
                 status, metrics = await _get(agent, "/metrics")
                 assert status == 200
@@ -91,7 +82,7 @@ def test_waits_for_a_kubelet_then_registers_and_reports_ready(plugin_dir: Path, 
             finally:
                 await kubelet.stop()
             # The kubelet went away: not ready any more.
-            await _until(lambda: not agent.registrar.registered)
+            await until(lambda: not agent.registrar.registered)
             assert (await _get(agent, "/readyz"))[0] == 503
 
     asyncio.run(scenario())
@@ -105,7 +96,7 @@ def test_backs_off_while_the_kubelet_refuses(plugin_dir: Path, hw: FakeHardware)
             async with running_agent(SERIAL, plugin_dir, hw.root, backoff=(0.05, 0.2)) as agent:
                 await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
                 assert kubelet.refused == 3
-                await _until(lambda: agent.registrar.registered)
+                await until(lambda: agent.registrar.registered)
                 _, metrics = await _get(agent, "/metrics")
                 assert 'patchbay_agent_registrations_total{result="failure"} 3.0' in metrics
         finally:
@@ -170,7 +161,7 @@ def test_registers_again_when_the_kubelet_drops_the_stream(plugin_dir: Path, hw:
                 await kubelet.wait_for(
                     lambda: len(kubelet.registrations) == 2 and RESOURCE in kubelet.devices
                 )
-                await _until(lambda: agent.registrar.registered and agent.servicer.open_streams == 1)
+                await until(lambda: agent.registrar.registered and agent.servicer.open_streams == 1)
         finally:
             await kubelet.stop()
 
@@ -193,7 +184,8 @@ def test_poll_backstop_recovers_when_the_directory_itself_is_replaced(
                 await kubelet.stop()
                 await asyncio.to_thread(shutil.rmtree, plugin_dir)
                 # While the directory is gone the agent cannot serve; it must keep trying, not die.
-                await asyncio.sleep(1.0)
+                tried = agent.registrar.serve_failures
+                await until(lambda: agent.registrar.serve_failures >= tried + 2)
                 assert not agent.registrar.registered
                 await asyncio.to_thread(plugin_dir.mkdir)
                 kubelet = PyKubelet(plugin_dir)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakehw import FakeHardware
-from pykubelet import PyKubelet
+from support.fakehw import FakeHardware
+from support.pykubelet import PyKubelet
 
 from patchbay_agent.sockets import legacy_socket_name, socket_name
 

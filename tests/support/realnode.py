@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from kubetest import kstatus, wait_for
+from support.clusters import Cluster, kstatus, wait_for
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage
@@ -18,16 +18,21 @@ from patchbay_devcluster.images import BUSYBOX_IMAGE
 from patchbay_devcluster.install import Release
 
 REPO = Path(__file__).resolve().parents[2]
+DEVICES = 4
+"""FAKE serial adapters per test profile (``serial_profile``)."""
 AGENT_SELECTOR = "app.kubernetes.io/name=patchbay-agent"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=patchbay,app.kubernetes.io/component=operator"
 
 __all__ = [
     "AGENT_SELECTOR",
+    "DEVICES",
     "REPO",
     "Installed",
     "add_fake_device",
     "busybox_pod",
     "kstatus",
+    "limits",
+    "serial_profile",
     "wait_for",
 ]
 
@@ -107,3 +112,30 @@ def add_fake_device(directory: Path, name: str) -> Path:
     path = directory / name
     os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
     return path
+
+
+def limits(pod: dict[str, Any], resource: str, count: int) -> dict[str, Any]:
+    pod["spec"]["containers"][0]["resources"] = {"limits": {resource: str(count)}}
+    return pod
+
+
+def serial_profile(cluster: Cluster, fake_dev: Path, node: str) -> tuple[str, str]:
+    """A DevicePlugin profile over ``fake_dev``'s devices on ``node``; returns (name, resource)."""
+    name, resource = f"{cluster.prefix}serial", f"e2e.patchbay.dev/{cluster.tag}-serial"
+    for i in range(DEVICES):
+        add_fake_device(fake_dev, f"ttyE2E{i}")
+    cluster.set_labels(node, {"patchbay.dev/e2e-plugin": cluster.tag})
+    cluster.create_profile(
+        name,
+        {
+            "resourceName": resource,
+            "mode": "DevicePlugin",
+            "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-plugin": cluster.tag}},
+            "plugin": {
+                "discovery": {"paths": {"globs": [f"{fake_dev}/ttyE2E*"]}},
+                "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
+                "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "yes"}},
+            },
+        },
+    )
+    return name, resource

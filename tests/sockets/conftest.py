@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehw import FakeHardware
+from support.fakehw import FakeHardware
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,15 @@ import grpc
 from patchbay_agent.agent import Agent, AgentOptions
 from patchbay_agent.api import api_pb2_grpc
 from patchbay_agent.config import parse
+
+
+async def until(predicate: Callable[[], object], within: float = 10.0) -> None:
+    """Poll `predicate` on the event loop until it is true; AssertionError after `within` s."""
+    for _ in range(int(within / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
 
 
 def make_config(plugin: dict[str, Any], resource: str = "example.com/serial") -> Any:
@@ -50,10 +59,7 @@ async def running_agent(
     try:
         await asyncio.wait_for(agent.started.wait(), timeout=10)
         # Serving is the registrar's first step.
-        for _ in range(200):
-            if agent.registrar.server is not None and agent.registrar.server.serving:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: agent.registrar.server is not None and agent.registrar.server.serving)
         yield agent
     finally:
         stop.set()

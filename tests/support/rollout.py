@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from kubetest import wait_for
+from support.clusters import wait_for
 
 from patchbay_agent.podresources import get_allocatable_resources
 

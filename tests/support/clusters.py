@@ -1,126 +1,66 @@
-"""Helpers for the operator's integration tests: the operator as a subprocess, cluster assertions.
+"""Helpers every cluster-facing test shares: one ``wait_for``, a control plane for a block, kstatus,
+and ``Cluster``, small assertion helpers over the official client.
 
-The operator runs as a real ``patchbay-operator`` process (not in-process) so tests can kill
-it with SIGKILL, restart it, and read its logs, exactly as a crash would look in a cluster.
-One operator runs at a time (it watches every profile and node cluster-wide); tests isolate
-themselves with per-test name prefixes and node labels, and clean up what they create.
+Every test package imports these as ``support.clusters`` (tests/ is on sys.path: pytest puts the
+rootdir's conftest folder there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from kubetest import wait_for
 
 from patchbay_devcluster import DevCluster
-from patchbay_devcluster.cluster import free_port
+from patchbay_devcluster.poll import poll_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "patchbay.dev_devicepluginprofiles.yaml"
 GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
 NAMESPACE = "patchbay-it"
 TEST_LABEL = "patchbay.dev/test"
 
 
-class Operator:
-    """A ``patchbay-operator`` subprocess against the session's cluster."""
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
+    """Poll ``check`` until it returns something truthy and return that; fail (AssertionError)
+    naming ``what`` and the last value seen. A bounded wait for the cluster to converge, never a
+    timing assertion."""
+    return poll_until(what, check, timeout=timeout, interval=every, error=AssertionError)
 
-    def __init__(self, kubeconfig: Path, log_dir: Path) -> None:
-        self.kubeconfig = kubeconfig
-        self.log_dir = log_dir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path: Path | None = None
-        self.starts = 0
-        self.extra_args: list[str] = []
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+@contextlib.contextmanager
+def running_devcluster(state_dir: Path, bin_dir: Path) -> Iterator[DevCluster]:
+    """A control plane (etcd, API server, controllers, kwok) for as long as the block runs."""
+    cluster = DevCluster(state_dir, bin_dir)
+    cluster.up(timeout=120)
+    try:
+        yield cluster
+    finally:
+        # Keep certificates and logs under pytest's tmp dir for post-mortems; stop every PID.
+        cluster.down(purge=False)
 
-    def start(self, *extra: str) -> None:
-        assert not self.running, "one operator at a time"
-        self.starts += 1
-        port = free_port()
-        self.log_path = self.log_dir / f"operator-{self.starts}.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "patchbay_operator.main",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--namespace",
-            NAMESPACE,
-            "--status-debounce",
-            "0.3",
-            "--agent-image",
-            "example.invalid/patchbay-agent:it",
-            "--liveness",
-            f"http://127.0.0.1:{port}/healthz",
-            *extra,
-        ]
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
 
-        def healthy() -> bool:
-            if not self.running:
-                raise AssertionError(f"operator exited early:\n{self.log()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        wait_for("the operator's liveness endpoint", healthy, timeout=60)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
-
-    def ensure(self) -> None:
-        if not self.running:
-            self.start()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path else ""
-
-    def settled_patches(self, quiet: float = 3.0) -> int:
-        """The operator's node-patch count once it has stopped moving for ``quiet`` seconds."""
-        last, since = -1, time.monotonic()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            s = self.stats()
-            now = s.get("nodePatches", 0)
-            if now != last or s.get("queued", 0):
-                last, since = now, time.monotonic()
-            elif time.monotonic() - since >= quiet:
-                return now
-            time.sleep(0.2)
-        raise AssertionError(f"the operator kept patching nodes: {self.stats()}")
-
-    def stats(self) -> dict[str, int]:
-        """The last ``Stats`` line the operator logged (its own write counters)."""
-        for line in reversed(self.log().splitlines()):
-            if "Stats " in line:
-                text = json.loads(line)["message"] if line.startswith("{") else line  # --log-format json
-                return dict(json.loads(text.split("Stats ", 1)[1]))
-        return {}
+def kstatus(obj: dict[str, Any]) -> str:
+    """kstatus's verdict on one object (sigs.k8s.io/cli-utils, what Flux and Argo read), for the
+    generic conditions rules our CR follows: Terminating, InProgress, Failed or Current."""
+    meta, st = obj.get("metadata") or {}, obj.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return "Terminating"
+    if st.get("observedGeneration") is not None and st["observedGeneration"] != meta.get("generation"):
+        return "InProgress"
+    conds = {c["type"]: c["status"] for c in st.get("conditions") or []}
+    if conds.get("Reconciling") == "True":
+        return "InProgress"
+    if conds.get("Stalled") == "True":
+        return "Failed"
+    if "Ready" in conds:
+        return "Current" if conds["Ready"] == "True" else "InProgress"
+    return "Current"
 
 
 class Cluster:

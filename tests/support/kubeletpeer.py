@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fakehw import FakeHardware
+from support.fakehw import FakeHardware
 
 from patchbay_agent.sockets import is_same_resource
 
-PEER_DIR = Path(__file__).resolve().parent / "peer"
+PEER_DIR = Path(__file__).resolve().parents[1] / "conformance" / "peer"
 
 
 def build_peer() -> Path:

@@ -1,0 +1,184 @@
+"""What each control-plane component is: its identity, its command line and its health endpoint.
+
+The control plane is set up like envtest/kubeadm: one CA, the Node and RBAC authorizers,
+NodeRestriction, per-component client identities (each a kubeconfig in the state directory),
+service-account token signing, and the controller manager using per-controller service-account
+credentials. kwok runs as one more component and manages only the Nodes annotated for it
+(:func:`kwok_node`). Everything listens on 127.0.0.1, on the ports the cluster picked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from patchbay_devcluster import pki
+
+# Order matters: started in this order, stopped in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_TAINT_KEY = "kwok.x-k8s.io/node"
+KWOK_NODE_LABEL = "type"
+KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
+
+HEALTH: dict[str, tuple[str, str, bool]] = {
+    "etcd": ("etcd", "/health", False),
+    "kube-controller-manager": ("controller-manager", "/healthz", True),
+    "kube-scheduler": ("scheduler", "/healthz", True),
+    "kwok": ("kwok", "/healthz", False),
+}
+"""component: (its port's name, health path, TLS) for plain HTTP(S) probes. The API server is
+not here: its ``/readyz`` takes a client certificate, so the cluster asks it with its client."""
+
+
+def write_credentials(state_dir: Path, pki_dir: Path, admin_kubeconfig: Path, api_port: int) -> None:
+    """Certificates for the API server and every client identity, and their kubeconfigs
+    (idempotent: existing certificates are kept, kubeconfigs name ``api_port``)."""
+    ca = pki.CertificateAuthority(pki_dir)
+    ca.issue("apiserver", "kube-apiserver", server=True)
+    ca.issue(
+        "apiserver-kubelet-client", "kube-apiserver-kubelet-client", orgs=("system:masters",), client=True
+    )
+    pki.service_account_keys(pki_dir)
+    # A separate CA for the aggregation layer's front proxy (as kubeadm does): requests carrying
+    # X-Remote-User headers are trusted only from a client certificate of THIS CA.
+    front = pki.CertificateAuthority(pki_dir / "front-proxy")
+    front.issue("front-proxy-client", "front-proxy-client", client=True)
+    identities = {
+        "admin": ("patchbay-admin", ("system:masters",)),
+        "controller-manager": ("system:kube-controller-manager", ()),
+        "scheduler": ("system:kube-scheduler", ()),
+        "kwok": ("kwok-controller", ("system:masters",)),
+    }
+    for stem, (cn, orgs) in identities.items():
+        pair = ca.issue(stem, cn, orgs=orgs, client=True)
+        target = admin_kubeconfig if stem == "admin" else state_dir / f"{stem}.kubeconfig"
+        pki.write_kubeconfig(target, f"https://127.0.0.1:{api_port}", ca.pair.cert, pair)
+
+
+def argv(name: str, bin_dir: Path, state_dir: Path, pki_dir: Path, ports: dict[str, int]) -> list[str]:
+    """The command line of component ``name`` (one of ``COMPONENTS``)."""
+    b = str(bin_dir / name)
+    p = pki_dir
+    if name == "etcd":
+        client = f"http://127.0.0.1:{ports['etcd']}"
+        peer = f"http://127.0.0.1:{ports['etcd-peer']}"
+        return [
+            b,
+            "--name=devcluster",
+            f"--data-dir={state_dir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=devcluster={peer}",
+            "--unsafe-no-fsync",  # test data: durability is not worth the fsync latency
+            "--quota-backend-bytes=8589934592",
+            "--log-level=warn",
+        ]
+    if name == "kube-apiserver":
+        return [
+            b,
+            f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+            f"--secure-port={ports['apiserver']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            # Endpoints may not hold loopback addresses, so the "kubernetes" Service gets none:
+            # nothing here may connect to a ClusterIP anyway.
+            "--endpoint-reconciler-type=none",
+            f"--cert-dir={p}",
+            f"--tls-cert-file={p / 'apiserver.crt'}",
+            f"--tls-private-key-file={p / 'apiserver.key'}",
+            f"--client-ca-file={p / 'ca.crt'}",
+            f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={p / 'ca.crt'}",
+            # The real node is "localhost" (Hostname address); kwok nodes have only an
+            # InternalIP of 127.0.0.1. Either way logs/exec stay on loopback.
+            "--kubelet-preferred-address-types=Hostname,InternalIP",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={p / 'sa.pub'}",
+            f"--service-account-signing-key-file={p / 'sa.key'}",
+            f"--requestheader-client-ca-file={p / 'front-proxy' / 'ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={p / 'front-proxy' / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={p / 'front-proxy' / 'front-proxy-client.key'}",
+            "--profiling=false",
+            # Defaults of 400/200 throttle thousands of kwok nodes' heartbeats plus a benchmark.
+            "--max-requests-inflight=3000",
+            "--max-mutating-requests-inflight=1000",
+            "--v=1",
+        ]
+    if name in ("kube-controller-manager", "kube-scheduler"):
+        stem = "controller-manager" if name == "kube-controller-manager" else "scheduler"
+        kc = str(state_dir / f"{stem}.kubeconfig")
+        out = [
+            b,
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports[stem]}",
+            f"--cert-dir={state_dir / stem}",
+            # A client that patches thousands of nodes must not be throttled by our own defaults.
+            "--kube-api-qps=500",
+            "--kube-api-burst=1000",
+            "--v=1",
+        ]
+        if name == "kube-controller-manager":
+            out += [
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={p / 'sa.key'}",
+                f"--root-ca-file={p / 'ca.crt'}",
+                f"--cluster-signing-cert-file={p / 'ca.crt'}",
+                f"--cluster-signing-key-file={p / 'ca.key'}",
+                "--cluster-name=patchbay-dev",
+                "--concurrent-daemonset-syncs=5",
+            ]
+        return out
+    if name == "kwok":
+        return [
+            b,
+            f"--kubeconfig={state_dir / 'kwok.kubeconfig'}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            f"--server-address=127.0.0.1:{ports['kwok']}",
+            "--node-ip=127.0.0.1",
+            "--cidr=10.0.1.0/24",
+            "--node-lease-duration-seconds=40",
+            f"--config={KWOK_STAGES}",
+        ]
+    raise ValueError(name)
+
+
+def kwok_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A Node object that kwok will manage: heartbeats keep it Ready; no kubelet behind it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node-role.kubernetes.io/agent": "",
+                KWOK_NODE_LABEL: "kwok",
+                **labels,
+            },
+        },
+        "spec": {"taints": [{"key": KWOK_TAINT_KEY, "value": "fake", "effect": "NoSchedule"}]},
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+        },
+    }

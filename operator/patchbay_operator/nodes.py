@@ -1,0 +1,179 @@
+"""Static capacity on every node: the node cache the informer feeds, and the workers that patch.
+
+A worker plans a node's JSON patch from the CURRENT cache at the moment it runs (level-based, so
+a burst of events costs one patch; capacity.plan), sends it, and folds the server's answer back
+into the cache, so the watch event of its own write is recognised as "nothing to do": one write
+per node per change. Failures:
+
+- 409/422 (the patch was planned from a stale cache, e.g. a path we remove is already gone):
+  read the node once, re-plan, at most ``MAX_STALE_RETRIES`` times in a row;
+- 404: the node is gone; forget it;
+- anything else (or too many stale retries): remember the failure (the status reports it) and
+  try again after a per-node backoff.
+
+The work queue is paused while this replica must not write (peering), and a held node is
+skipped then too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from patchbay_operator import capacity
+from patchbay_operator.backoff import Backoff
+from patchbay_operator.capacity import NodeState
+from patchbay_operator.informer import Event, Snapshot, Source
+from patchbay_operator.kube import NODES_PATH, KubeAPI, KubeError
+from patchbay_operator.profiles import Profile
+from patchbay_operator.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+Call = Callable[..., Awaitable[Any]]
+
+MAX_STALE_RETRIES = 3
+"""Immediate re-reads after a rejected patch before the node is treated as failing: a patch the
+server keeps rejecting must not spin."""
+
+RETRY_FIRST, RETRY_MAX = 2.0, 30.0
+"""Seconds before a node whose patch failed is tried again: the first delay, and the cap."""
+
+SOURCE = Source("nodes", NODES_PATH, NodeState.from_node)
+
+
+class NodeSync:
+    """The node cache and its patch workers (``run_worker``, ``concurrency`` of them)."""
+
+    def __init__(
+        self,
+        kube: KubeAPI,
+        call: Call,
+        winners: Callable[[], Mapping[str, Profile]],
+        on_change: Callable[[], None],
+    ) -> None:
+        self._kube, self._call, self._winners, self._on_change = kube, call, winners, on_change
+        self.states: dict[str, NodeState] = {}
+        self.failures: dict[str, str] = {}
+        self.queue: WorkQueue[str] = WorkQueue()
+        self._stale: dict[str, int] = {}
+        self._retry: dict[str, Backoff] = {}
+        self.events = 0
+        self.patches = 0
+        self.patch_failures = 0
+        self.per_node: dict[str, int] = {}
+
+    # --- the cache -----------------------------------------------------------------------------
+
+    def observe(self, events: list[Event[NodeState]]) -> None:
+        """A batch of watch events from the informer, in order."""
+        for ev in events:
+            self.fold(ev.type, ev.obj)
+
+    def resync(self, snapshot: Snapshot[NodeState]) -> None:
+        """Every node as LISTed: nodes missing from it were deleted while we were not watching."""
+        listed = {s.name for s in snapshot.items}
+        for name in [n for n in self.states if n not in listed]:
+            self.fold("DELETED", self.states[name])
+        for state in snapshot.items:
+            self.fold("LISTED", state)
+
+    def fold(self, event_type: str, state: NodeState) -> None:
+        """Fold one node into the cache; queue it if it now needs a patch.
+
+        Cheap on purpose: heartbeats change nothing we keep, so they stop at the comparison, and
+        so does the watch event of our own patch (the patch response gave us its resourceVersion).
+        """
+        self.events += 1
+        name = state.name
+        if event_type == "DELETED":
+            if self.states.pop(name, None) is not None:
+                self.failures.pop(name, None)
+                self._on_change()
+            return
+        old = self.states.get(name)
+        if old is not None and not capacity.newer(state.resource_version, old.resource_version):
+            return
+        self.states[name] = state
+        if old is not None and replace(old, resource_version=state.resource_version) == state:
+            return
+        self._on_change()
+        if capacity.plan(state, self._winners()):
+            self.queue.add(name)
+
+    def enqueue_all(self) -> None:
+        """Queue every node whose patch is not empty (after a profile or the winners changed)."""
+        winners = self._winners()
+        for name, state in self.states.items():
+            if capacity.plan(state, winners):
+                self.queue.add(name)
+
+    def carrying(self, profile: str) -> list[str]:
+        """Nodes that still carry a value ``profile`` set (from their ownership annotations)."""
+        return [n.name for n in self.states.values() if any(o.profile == profile for o in n.owners.values())]
+
+    # --- the workers ---------------------------------------------------------------------------
+
+    async def run_worker(self) -> None:
+        while True:
+            name = await self.queue.get()
+            try:
+                await self.sync(name)
+            except Exception:
+                log.exception("Unexpected error patching node %s", name)
+            finally:
+                self.queue.done(name)
+
+    async def sync(self, name: str) -> None:
+        state = self.states.get(name)
+        if state is None or self.queue.paused:
+            return  # gone, or this replica stopped writing after the node was taken
+        ops = capacity.plan(state, self._winners())
+        if not ops:
+            return
+        try:
+            result = await self._call(self._kube.patch_node_status, name, ops)
+        except KubeError as e:
+            self.patch_failures += 1
+            if e.status == 404:
+                self.states.pop(name, None)
+            elif e.status in (409, 422) and self._stale.get(name, 0) < MAX_STALE_RETRIES:
+                self._stale[name] = self._stale.get(name, 0) + 1
+                await self._reread(name)
+            else:
+                self._fail(name, str(e))
+            return
+        except OSError as e:
+            self.patch_failures += 1
+            self._fail(name, f"{type(e).__name__}: {e}")
+            return
+        self.patches += 1
+        self.per_node[name] = self.per_node.get(name, 0) + 1
+        self._stale.pop(name, None)
+        self._retry.pop(name, None)
+        if self.failures.pop(name, None) is not None:
+            self._on_change()
+        log.debug("Patched node %s: %s", name, ops)
+        self.fold("PATCHED", NodeState.from_node(result))
+
+    async def _reread(self, name: str) -> None:
+        """Our cache was stale (a path we remove is already gone): read the node once, re-plan."""
+        try:
+            fresh = await self._call(self._kube.get_node, name)
+        except (KubeError, OSError) as e:
+            self._fail(name, str(e))
+            return
+        if fresh is None:
+            self.states.pop(name, None)
+            return
+        self.fold("REFRESHED", NodeState.from_node(fresh))
+        self.queue.add(name)  # held by this worker: queued again when it is done
+
+    def _fail(self, name: str, message: str) -> None:
+        delay = self._retry.setdefault(name, Backoff(first=RETRY_FIRST, maximum=RETRY_MAX)).next()
+        log.warning("Patching node %s failed, retrying in %.1fs: %s", name, delay, message)
+        self.failures[name] = message
+        self._stale.pop(name, None)
+        self._on_change()
+        self.queue.add_after(name, delay)

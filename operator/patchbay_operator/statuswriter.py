@@ -1,0 +1,97 @@
+"""Profile status, written rarely: at most once per debounce window, and only when it changed.
+
+Anything that can change a profile's status marks the profile dirty (``mark``): a node event, a
+patch result, an agent DaemonSet's rollout. ``run`` waits for the first mark, gathers further
+marks for ``debounce`` seconds, recomputes each dirty profile's status (``compute``, pure) and
+writes it only if it differs from the last one written, so thousands of node events cost one
+status write per profile per window. The last status written (or found on the object at start)
+is kept per profile, because conditions keep their ``lastTransitionTime`` until they flip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Status = dict[str, Any]
+
+
+class StatusWriter:
+    def __init__(
+        self,
+        compute: Callable[[str], Status | None],
+        write: Callable[[str, Status], Awaitable[None]],
+        debounce: float,
+    ) -> None:
+        """``compute(name)`` gives the status to have now, or None to write nothing (a profile
+        gone or being deleted); ``write`` sends it (and raises on failure: it is retried)."""
+        self._compute, self._write, self._debounce = compute, write, debounce
+        self._written: dict[str, Status] = {}
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self.paused = False
+        self.writes = 0
+        self.computes = 0
+
+    @property
+    def pending(self) -> int:
+        """Profiles marked dirty and not computed yet."""
+        return len(self._dirty)
+
+    def previous(self, name: str) -> Mapping[str, Any]:
+        """The status last written (or found at start) for ``name``."""
+        return self._written.get(name, {})
+
+    def seed(self, name: str, status: Mapping[str, Any] | None, *, replace: bool = True) -> None:
+        """What the object says now (at start, or when first seen); ``replace=False`` keeps ours."""
+        if replace or name not in self._written:
+            self._written[name] = dict(status) if isinstance(status, Mapping) else {}
+
+    def forget(self, name: str) -> None:
+        self._written.pop(name, None)
+        self._dirty.discard(name)
+
+    def mark(self, names: Iterable[str]) -> None:
+        self._dirty.update(names)
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Write every dirty profile whose status changed (kept dirty while paused)."""
+        if self.paused:
+            return
+        dirty, self._dirty = self._dirty, set()
+        for name in sorted(dirty):
+            self.computes += 1
+            new = self._compute(name)
+            if new is None or _same(new, self._written.get(name, {})):
+                continue
+            try:
+                await self._write(name, new)
+            except Exception as e:
+                log.warning("Writing the status of DevicePluginProfile %s failed: %s", name, e)
+                self._dirty.add(name)
+                continue
+            self.writes += 1
+            self._written[name] = new
+            log.debug("Updated the status of DevicePluginProfile %s", name)
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self._debounce)
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("Unexpected error writing profile status")
+            if self._dirty and not self.paused:
+                self._wake.set()
+
+
+def _same(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
+    """Equal status, ignoring fields the operator does not write (e.g. a stale kopf block)."""
+    return all(old.get(k) == v for k, v in new.items())

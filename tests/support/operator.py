@@ -1,0 +1,134 @@
+"""The operator as a subprocess (``patchbay-operator`` against a cluster), for the integration
+tests and the benchmarks: tests can SIGKILL it, restart it and read its own counters, exactly as a
+crash would look in a cluster. One operator runs at a time (it watches every profile and node
+cluster-wide); tests isolate themselves with per-test name prefixes and node labels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from support.clusters import NAMESPACE, REPO, wait_for
+
+from patchbay_devcluster.procs import free_port
+
+
+class Operator:
+    """A ``patchbay-operator`` subprocess against the session's cluster."""
+
+    TEST_ARGS = ("--status-debounce", "0.3", "--agent-image", "example.invalid/patchbay-agent:it")
+    """What the tests run with: a short debounce, and an agent image nobody can pull."""
+
+    def __init__(
+        self, kubeconfig: Path, log_dir: Path, args: tuple[str, ...] = TEST_ARGS, namespace: str = NAMESPACE
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_dir = log_dir
+        self.args = args
+        self.namespace = namespace
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+        self.starts = 0
+        self.extra_args: list[str] = []
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, *extra: str) -> None:
+        assert not self.running, "one operator at a time"
+        self.starts += 1
+        port = free_port()
+        self.log_path = self.log_dir / f"operator-{self.starts}.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "patchbay_operator.main",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--namespace",
+            self.namespace,
+            *self.args,
+            "--liveness",
+            f"http://127.0.0.1:{port}/healthz",
+            *extra,
+        ]
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+        def healthy() -> bool:
+            if not self.running:
+                raise AssertionError(f"operator exited early:\n{self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_for("the operator's liveness endpoint", healthy, timeout=60)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def ensure(self) -> None:
+        if not self.running:
+            self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def settled_stats(self, quiet: float = 3.0, timeout: float = 600) -> dict[str, int]:
+        """The operator's counters once its node patches have not moved, and nothing was queued,
+        for ``quiet`` seconds."""
+        last, since = -1, time.monotonic()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.stats()
+            now = s.get("nodePatches", 0)
+            if now != last or s.get("queued", 0):
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                return s
+            time.sleep(0.2)
+        raise AssertionError(f"the operator kept patching nodes: {self.stats()}")
+
+    def settled_patches(self, quiet: float = 3.0) -> int:
+        """The operator's node-patch count once it has stopped moving for ``quiet`` seconds."""
+        return self.settled_stats(quiet, timeout=60).get("nodePatches", 0)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU the operator process has used so far (from /proc/<pid>/stat)."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mib(self) -> float:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stats(self) -> dict[str, int]:
+        """The last ``Stats`` line the operator logged (its own write counters)."""
+        for line in reversed(self.log().splitlines()):
+            if "Stats " in line:
+                text = json.loads(line)["message"] if line.startswith("{") else line  # --log-format json
+                return dict(json.loads(text.split("Stats ", 1)[1]))
+        return {}

@@ -1,0 +1,84 @@
+"""The status writer alone: debounced, written only when changed, retried, held while paused."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from patchbay_operator.statuswriter import StatusWriter
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.value: dict[str, Any] = {"ready": 1}
+        self.computed = 0
+        self.writes: list[tuple[str, dict[str, Any]]] = []
+        self.fail = 0
+
+    def compute(self, name: str) -> dict[str, Any] | None:
+        self.computed += 1
+        return None if name == "gone" else dict(self.value)
+
+    async def write(self, name: str, status: dict[str, Any]) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise OSError("connection reset")
+        self.writes.append((name, status))
+
+
+async def settle(w: StatusWriter, seconds: float = 0.15) -> None:
+    await asyncio.sleep(seconds)
+
+
+async def test_many_marks_in_a_window_cost_one_write_and_an_unchanged_status_none() -> None:
+    r = Recorder()
+    w = StatusWriter(r.compute, r.write, debounce=0.05)
+    task = asyncio.create_task(w.run())
+    try:
+        for _ in range(100):
+            w.mark(["p"])
+        await settle(w)
+        assert r.writes == [("p", {"ready": 1})]
+        assert r.computed == 1
+        w.mark(["p"])  # nothing changed
+        await settle(w)
+        assert len(r.writes) == 1
+        r.value = {"ready": 2}
+        w.mark(["p", "gone"])
+        await settle(w)
+        assert r.writes[-1] == ("p", {"ready": 2})
+        assert w.writes == 2
+    finally:
+        task.cancel()
+
+
+async def test_a_failed_write_is_retried_and_paused_writers_write_nothing() -> None:
+    r = Recorder()
+    r.fail = 1
+    w = StatusWriter(r.compute, r.write, debounce=0.02)
+    task = asyncio.create_task(w.run())
+    try:
+        w.mark(["p"])
+        await settle(w)
+        assert r.writes == [("p", {"ready": 1})]
+        w.paused = True
+        r.value = {"ready": 3}
+        w.mark(["p"])
+        await settle(w)
+        assert len(r.writes) == 1
+        w.paused = False
+        w.mark([])
+        await settle(w)
+        assert r.writes[-1] == ("p", {"ready": 3})
+    finally:
+        task.cancel()
+
+
+def test_seed_keeps_what_the_object_said_for_transition_times() -> None:
+    r = Recorder()
+    w = StatusWriter(r.compute, r.write, debounce=0)
+    w.seed("p", {"conditions": [{"type": "Ready"}]})
+    w.seed("p", {"conditions": []}, replace=False)
+    assert w.previous("p") == {"conditions": [{"type": "Ready"}]}
+    w.forget("p")
+    assert w.previous("p") == {}
