@@ -210,6 +210,8 @@ def summary(tools: Tools, core: client.CoreV1Api) -> None:
     print(tools.kubectl("get", "dpp", show=False).rstrip())
     step("Patchbay's pods (the operator from the chart, the agent from its DaemonSet)")
     print(tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide", show=False).rstrip())
+    step("What the agent reports on its node (kubectl get devicereports: health, who holds what)")
+    print(tools.kubectl("-n", NAMESPACE, "get", "dr", show=False).rstrip())
     step("What the scheduler sees: allocatable/capacity per node")
     print(f"{'NODE':<14} {'example.com/dongle':>20} {'example.com/serial':>20}")
     for node in core.list_node().items:
@@ -224,7 +226,8 @@ def summary(tools: Tools, core: client.CoreV1Api) -> None:
         print(core.read_namespaced_pod_log(pod, "default").rstrip())
     step("Done")
     print(f"export KUBECONFIG={tools.env['KUBECONFIG']}")
-    print("kubectl describe dpp serial-adapters   # conditions, counts, problems")
+    print("kubectl describe dpp serial-adapters   # conditions, counts, problems, events")
+    print(f"kubectl -n {NAMESPACE} get dr -o yaml   # each device's health, reason, since, holders")
     print("The operator and the agent run as pods from the images above; nothing of Patchbay runs")
     print("on the host. Stop everything: make demo-down")
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from support.clusters import (
@@ -35,8 +34,10 @@ from support.clusters import (
     GROUP,
     NAMESPACE,
     PLURAL,
+    REPORT_CRD_FILE,
     VERSION,
     Cluster,
+    apply_crd,
     running_devcluster,
     wait_for,
 )
@@ -104,24 +105,10 @@ def name_prefix() -> str:
 
 @pytest.fixture(scope="session")
 def crd(api: client.ApiClient) -> dict[str, Any]:
-    """The CRD from crds/, applied (created or replaced) and Established."""
-    ext = client.ApiextensionsV1Api(api)
-    body = yaml.safe_load(CRD_FILE.read_text())
-    name = body["metadata"]["name"]
-    try:
-        current = ext.read_custom_resource_definition(name)
-        body["metadata"]["resourceVersion"] = current.metadata.resource_version
-        ext.replace_custom_resource_definition(name, body)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-        ext.create_custom_resource_definition(body)
-
-    def established() -> bool:
-        c = ext.read_custom_resource_definition(name)
-        return any(x.type == "Established" and x.status == "True" for x in c.status.conditions or [])
-
-    wait_for("the CRD to be Established", established)
+    """Patchbay's CRDs from crds/ (profiles and the agents' reports), applied and Established;
+    returns the profile CRD."""
+    apply_crd(api, REPORT_CRD_FILE)
+    body = apply_crd(api, CRD_FILE)
     # Discovery of the new group lags a little behind Established.
     custom = client.CustomObjectsApi(api)
     wait_for("the profile API to be served", lambda: _served(custom))
@@ -138,12 +125,18 @@ def _served(custom: client.CustomObjectsApi) -> bool:
 
 @pytest.fixture(scope="session")
 def operator_namespace(api: client.ApiClient) -> str:
+    """The operator's namespace with the agents' ServiceAccount in it (the chart makes both)."""
     core = client.CoreV1Api(api)
-    try:
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-    except ApiException as e:
-        if e.status != 409:
-            raise
+    account = {"metadata": {"name": "patchbay-agent"}}
+    for create in (
+        lambda: core.create_namespace({"metadata": {"name": NAMESPACE}}),
+        lambda: core.create_namespaced_service_account(NAMESPACE, account),
+    ):
+        try:
+            create()
+        except ApiException as e:
+            if e.status != 409:
+                raise
     return NAMESPACE
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from patchbay_devcluster import imagebuild
 from patchbay_devcluster.cluster import BIN_ENV, STATE_ENV, ClusterError, DevCluster, default_state_dir
+from patchbay_devcluster.node import NODE_IP
 
 EPILOG = f"""\
 examples:
@@ -29,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="patchbay-devcluster",
         description="A real local Kubernetes control plane (etcd, kube-apiserver, "
-        "kube-controller-manager, kube-scheduler) plus kwok fake nodes, on 127.0.0.1 only.",
+        "kube-controller-manager, kube-scheduler) plus kwok fake nodes, on 127.0.0.1 only. With "
+        "--real-node, its pods reach the API server through a relay on the pod network's bridge "
+        f"address {NODE_IP}, the only address besides loopback that the tool's processes listen on.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -42,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--real-node",
         action="store_true",
-        help="also run a real node 'localhost': the pinned kubelet on containerd + runc (needs root)",
+        help="also run a real node 'localhost': the pinned kubelet on containerd + runc, and a relay "
+        "that lets its pods reach the API server (`status` prints it as podServer; needs root)",
     )
     up.add_argument("--timeout", type=float, default=120.0, help="seconds per readiness wait")
     nodes = sub.add_parser("add-nodes", help="add kwok nodes to a running cluster")

@@ -3,9 +3,11 @@
 Everything lives in one state directory (certificates, kubeconfigs, etcd data, logs and
 ``state.json`` with the ports and the PID of every process it started). Every process listens on
 127.0.0.1 only, on ports picked free at ``up`` time, so several clusters (a developer's and a test
-session's) can run side by side. ``down`` stops each recorded PID (SIGTERM, then SIGKILL after a
-grace period) after checking that the PID still runs the binary it started, so a recycled PID is
-never signalled.
+session's) can run side by side. One exception, with the real node: the relay
+(:mod:`patchbay_devcluster.relay`) listens on the pod network's bridge address only, so that pods
+reach the API server (``DevCluster.pod_api_server``); traffic goes between the node and its pods,
+never beyond. ``down`` stops each recorded PID (SIGTERM, then SIGKILL after a grace period) after
+checking that the PID still runs the binary it started, so a recycled PID is never signalled.
 
 What each component is (identity, command line, health endpoint) is in
 :mod:`patchbay_devcluster.controlplane`; the optional real node in :mod:`patchbay_devcluster.node`;
@@ -23,7 +25,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,9 @@ from kubernetes import client
 
 from patchbay_devcluster import controlplane, kubeapi
 from patchbay_devcluster.controlplane import COMPONENTS, KWOK_NODE_LABEL, kwok_node
-from patchbay_devcluster.node import NODE_NAME, NodeError, RealNode
+from patchbay_devcluster.node import NODE_IP, NODE_NAME, NodeError, RealNode
 from patchbay_devcluster.poll import poll_until
-from patchbay_devcluster.procs import Proc, free_port, http_ok, spawn, stop_child, stop_pid, tail
+from patchbay_devcluster.procs import Proc, free_port, http_ok, spawn, stop_child, stop_pid, tail, tls_ok
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,17 @@ PORTS = (
     "kubelet",
     "kubelet-healthz",
 )
-"""The ports picked at ``up``, by name (the real node's kubelet takes the last two)."""
+"""The ports picked at ``up``, by name (the real node's kubelet takes the last two). The real
+node adds ``relay``, a port of the bridge address, when it starts."""
+
+RELAY = "relay"
+"""The relay's name as a process and as a port of ``state.json``."""
+RELAY_PORT = 6443
+"""The relay's port on the bridge address, unless something on the machine holds it (a listener
+on the wildcard address): then one the kernel picks. ``pod_api_server`` says which."""
+API_SERVER_IPS = (NODE_IP,)
+"""Addresses the API server's certificate names besides localhost and 127.0.0.1: the relay's,
+so that pods verify the API server they reach through it."""
 
 
 class ClusterError(RuntimeError):
@@ -92,11 +104,12 @@ class State:
         if not path.exists():
             return cls()
         raw = json.loads(path.read_text())
-        return cls(ports=raw.get("ports", {}), procs=[Proc(**p) for p in raw.get("procs", [])])
+        return cls(ports=raw.get("ports", {}), procs=[Proc.from_dict(p) for p in raw.get("procs", [])])
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
+        doc = {"ports": self.ports, "procs": [p.to_dict() for p in self.procs]}
+        tmp.write_text(json.dumps(doc, indent=2))
         tmp.replace(path)
 
 
@@ -148,6 +161,19 @@ class DevCluster:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.state().ports['apiserver']}"
 
+    @property
+    def pod_api_server(self) -> tuple[str, int]:
+        """(host, port) where pods on the real node's pod network reach the API server: the relay
+        on the bridge address. The API server's certificate names that host, so clients verify
+        it as usual. ClusterError unless the relay runs (``up --real-node`` starts it)."""
+        st = self.state()
+        port = st.ports.get(RELAY)
+        if not port or not any(p.name == RELAY and p.runs() for p in st.procs):
+            raise ClusterError(
+                f"no relay for pods runs in {self.dir}: start the real node (`up --real-node`)"
+            )
+        return NODE_IP, port
+
     # --- lifecycle ---------------------------------------------------------------------------
 
     def running(self) -> list[Proc]:
@@ -180,7 +206,9 @@ class DevCluster:
         self.dir.chmod(0o700)
         state = State(ports={n: free_port() for n in PORTS})
         state.save(self.state_file)
-        controlplane.write_credentials(self.dir, self.pki_dir, self.kubeconfig, state.ports["apiserver"])
+        controlplane.write_credentials(
+            self.dir, self.pki_dir, self.kubeconfig, state.ports["apiserver"], api_ips=API_SERVER_IPS
+        )
         log.info("Starting control plane in %s", self.dir)
         children: list[subprocess.Popen[bytes]] = []
         try:
@@ -203,8 +231,10 @@ class DevCluster:
             "Cluster up in %.1fs: %s, kubeconfig %s", time.monotonic() - t0, self.server, self.kubeconfig
         )
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> tuple[Proc, subprocess.Popen[bytes]]:
-        return spawn(name, argv, self.log_dir, self.dir)
+    def _spawn(
+        self, name: str, argv: Sequence[str], marker: str = ""
+    ) -> tuple[Proc, subprocess.Popen[bytes]]:
+        return spawn(name, argv, self.log_dir, self.dir, marker)
 
     def _argv(self, name: str, ports: dict[str, int]) -> list[str]:
         return controlplane.argv(name, self.bin_dir, self.dir, self.pki_dir, ports)
@@ -313,6 +343,7 @@ class DevCluster:
         except NodeError as e:
             raise ClusterError(str(e)) from None
         node.prepare(st.ports["apiserver"], st.ports["kubelet"], st.ports["kubelet-healthz"])
+        self._start_relay(st, timeout)
         log.info("Starting the real node (containerd + kubelet) in %s", node.paths.root)
         proc, child = self._spawn("containerd", node.containerd_argv())
         st.procs.append(proc)
@@ -328,6 +359,42 @@ class DevCluster:
         self.start_kubelet()
         self.wait_real_node_ready(timeout)
         log.info("Real node %s Ready in %.1fs", NODE_NAME, time.monotonic() - t0)
+
+    def _start_relay(self, st: State, timeout: float) -> None:
+        """The relay on the bridge address (which ``RealNode.prepare`` made), recorded in ``st``;
+        waits until a TLS handshake through it verifies the API server's certificate for that
+        address. Kept if it already runs (a second ``start_real_node`` after a failed one)."""
+        # Imported here, not with this module: the package imports this module, and a module run
+        # with ``python -m`` must not be imported before it runs (runpy warns, and it would be
+        # loaded twice).
+        from patchbay_devcluster import relay
+
+        if any(p.name == RELAY and p.runs() for p in st.procs):
+            return
+        # A state directory of an earlier version: its certificate may not name the address yet.
+        # Issued again now, the running API server reloads it; the wait below sees it served.
+        controlplane.api_server_certificate(self.pki_dir, API_SERVER_IPS)
+        st.procs = [p for p in st.procs if p.name != RELAY]
+        port = free_port(NODE_IP, preferred=RELAY_PORT)
+        if port != RELAY_PORT:
+            log.warning("Port %d of %s is taken; the relay for pods listens on %d", RELAY_PORT, NODE_IP, port)
+        st.ports[RELAY] = port
+        argv = relay.argv((NODE_IP, port), ("127.0.0.1", st.ports["apiserver"]))
+        proc, child = self._spawn(RELAY, argv, marker=relay.MODULE)
+        st.procs.append(proc)
+        st.save(self.state_file)
+
+        def verified() -> bool:
+            if child.poll() is not None:
+                raise ClusterError(f"the relay exited\n{tail(Path(proc.log))}")
+            return tls_ok(NODE_IP, port, self.pki_dir / "ca.crt")
+
+        try:
+            _wait(f"the relay on {NODE_IP}:{port}", verified, timeout, lambda: tail(Path(proc.log)))
+        except BaseException:
+            stop_child(child)
+            raise
+        log.info("  relay for pods on %s:%d (pid %d)", NODE_IP, port, proc.pid)
 
     def load_images(self, images: Iterable[tuple[str, Path]]) -> None:
         """Import ``(name, OCI archive)`` pairs into the real node's containerd (no registry here)."""
@@ -434,6 +501,8 @@ class DevCluster:
         if st.ports.get("apiserver"):
             unavailable: tuple[type[BaseException], ...] = (ClusterError, *kubeapi.UNAVAILABLE)
             out["server"] = self.server
+            if procs.get(RELAY, {}).get("running") and st.ports.get(RELAY):
+                out["podServer"] = f"https://{NODE_IP}:{st.ports[RELAY]}"
             out["kubeconfig"] = str(self.kubeconfig)
             try:
                 out["readyz"] = kubeapi.readyz(self.api(), timeout=3)

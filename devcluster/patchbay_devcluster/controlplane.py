@@ -4,11 +4,13 @@ The control plane is set up like envtest/kubeadm: one CA, the Node and RBAC auth
 NodeRestriction, per-component client identities (each a kubeconfig in the state directory),
 service-account token signing, and the controller manager using per-controller service-account
 credentials. kwok runs as one more component and manages only the Nodes annotated for it
-(:func:`kwok_node`). Everything listens on 127.0.0.1, on the ports the cluster picked.
+(:func:`kwok_node`). Everything listens on 127.0.0.1, on the ports the cluster picked; the API
+server's certificate also names the addresses the cluster asks for (the relay's, for pods).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +33,13 @@ HEALTH: dict[str, tuple[str, str, bool]] = {
 not here: its ``/readyz`` takes a client certificate, so the cluster asks it with its client."""
 
 
-def write_credentials(state_dir: Path, pki_dir: Path, admin_kubeconfig: Path, api_port: int) -> None:
-    """Certificates for the API server and every client identity, and their kubeconfigs
-    (idempotent: existing certificates are kept, kubeconfigs name ``api_port``)."""
+def write_credentials(
+    state_dir: Path, pki_dir: Path, admin_kubeconfig: Path, api_port: int, api_ips: Sequence[str] = ()
+) -> None:
+    """Certificates for the API server (naming ``api_ips`` too) and every client identity, and
+    their kubeconfigs (idempotent: existing certificates are kept, kubeconfigs name ``api_port``)."""
     ca = pki.CertificateAuthority(pki_dir)
-    ca.issue("apiserver", "kube-apiserver", server=True)
+    api_server_certificate(pki_dir, api_ips)
     ca.issue(
         "apiserver-kubelet-client", "kube-apiserver-kubelet-client", orgs=("system:masters",), client=True
     )
@@ -54,6 +58,12 @@ def write_credentials(state_dir: Path, pki_dir: Path, admin_kubeconfig: Path, ap
         pair = ca.issue(stem, cn, orgs=orgs, client=True)
         target = admin_kubeconfig if stem == "admin" else state_dir / f"{stem}.kubeconfig"
         pki.write_kubeconfig(target, f"https://127.0.0.1:{api_port}", ca.pair.cert, pair)
+
+
+def api_server_certificate(pki_dir: Path, ips: Sequence[str] = ()) -> pki.CertPair:
+    """The API server's serving certificate: localhost, 127.0.0.1 and ``ips``. One that lacks any
+    of them is issued again with its key; a running API server reloads the file by itself."""
+    return pki.CertificateAuthority(pki_dir).issue("apiserver", "kube-apiserver", server=True, ips=ips)
 
 
 def argv(name: str, bin_dir: Path, state_dir: Path, pki_dir: Path, ports: dict[str, int]) -> list[str]:

@@ -284,9 +284,28 @@ def version_of(repo: Path, program: Program) -> str:
 # --- steps 3 and 4 -----------------------------------------------------------------------------
 
 
+def check_installed(repo: Path, program: Program) -> None:
+    """The virtualenv's metadata of ``program`` must list what its pyproject.toml lists: the pins
+    come from the installed metadata, so a stale install would leave a dependency out."""
+    meta = tomllib.loads((repo / program.folder / "pyproject.toml").read_text())
+    declared = meta["project"]["dependencies"]
+    try:
+        installed = metadata.requires(program.distribution) or []
+    except metadata.PackageNotFoundError:
+        raise ImageBuildError(f"{program.distribution} is not installed: run make venv") from None
+    wanted = {canonicalize_name(Requirement(d).name) for d in declared}
+    have = {canonicalize_name(Requirement(r).name) for r in installed if "extra ==" not in r}
+    if wanted != have:
+        raise ImageBuildError(
+            f"{program.distribution}: the installed metadata is stale ({program.folder}/pyproject.toml "
+            f"changed: {sorted(wanted ^ have)}): run make venv"
+        )
+
+
 def build_program(repo: Path, program: Program, base: str, *, force: bool = False) -> BuiltImage:
     """One image, from the cache when its inputs did not change."""
     t0 = time.monotonic()
+    check_installed(repo, program)
     pins = pinned_closure(program.distribution)
     digest = input_hash(repo, program, pins, base)
     ref = f"{program.repository}:{version_of(repo, program)}-{digest[:12]}"

@@ -5,7 +5,9 @@ One function for the demo, the e2e tests and the benchmarks, so all three take t
 two ways, and the values say so with the chart's own options (both off by default):
 
 - there is no kube-proxy and the API server listens on 127.0.0.1 only, so the operator runs with
-  ``operator.hostNetwork`` and reaches the API server at ``apiServer.host``/``port``;
+  ``operator.hostNetwork`` and reaches the API server at ``apiServer.host``/``port``, and the
+  agents (on the pod network) reach it through the cluster tool's relay on the pod bridge
+  (``agent.apiServer``; the API server's certificate names that address);
 - there is no registry, so images are imported into the node (``DevCluster.load_images``) and the
   operator's pull policy is ``Never`` (a missing image says so at once: ErrImageNeverPull).
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 from patchbay_devcluster.cluster import ClusterError, DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage
+from patchbay_devcluster.procs import free_port
 
 RELEASE = "patchbay"
 NAMESPACE = "patchbay-system"
@@ -39,10 +42,17 @@ class Release:
 def local_values(cluster: DevCluster, images: Mapping[str, BuiltImage]) -> dict[str, Any]:
     """Chart values for the local cluster (see the module docstring for why each one)."""
     operator, agent = images["operator"], images["agent"]
+    pod_host, pod_port = cluster.pod_api_server
     return {
         "image": {"repository": operator.repository, "tag": operator.tag, "pullPolicy": "Never"},
-        "agent": {"image": agent.ref},
-        "operator": {"hostNetwork": True},
+        "agent": {
+            "image": agent.ref,
+            "kubeletRootDir": str(cluster.real_node().paths.kubelet_root),
+            "apiServer": {"host": pod_host, "port": pod_port},
+        },
+        # On the node's network its ports are the machine's (on 127.0.0.1): free ones.
+        "operator": {"hostNetwork": True, "healthPort": free_port()},
+        "metrics": {"port": free_port()},
         "apiServer": {"host": "127.0.0.1", "port": cluster.state().ports["apiserver"]},
     }
 

@@ -17,9 +17,10 @@ so the kubelet's HTTP probes and a scraper on the node reach pods exactly as in 
 have no default route, the bridge does not forward (``net.ipv4.conf.patchbay0.forwarding=0``, and
 the CNI plugin is told not to be a gateway, which would turn forwarding on machine-wide) and
 nothing masquerades: a pod can talk to the node and to other pods, and nothing it sends can leave
-the machine. hostNetwork pods work too. The kubelet serves on 127.0.0.1 only; the node is named
-``localhost`` and the API server prefers the Hostname address, so ``kubectl logs/exec`` reach the
-kubelet over loopback.
+the machine. The API server listens on 127.0.0.1, which pods cannot reach: the cluster runs a
+relay on the bridge address for them (``DevCluster.pod_api_server``). hostNetwork pods work too.
+The kubelet serves on 127.0.0.1 only; the node is named ``localhost`` and the API server prefers
+the Hostname address, so ``kubectl logs/exec`` reach the kubelet over loopback.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,7 @@ class Owner:
         try:
             raw = json.loads(OWNER_FILE.read_text())
             kubelet = raw.get("kubelet")
-            return cls(Path(raw["stateDir"]), Proc(**kubelet) if kubelet else None)
+            return cls(Path(raw["stateDir"]), Proc.from_dict(kubelet) if kubelet else None)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -87,7 +88,7 @@ class Owner:
         OWNER_FILE.parent.mkdir(parents=True, exist_ok=True)
         doc: dict[str, Any] = {"stateDir": str(self.state_dir)}
         if self.kubelet is not None:
-            doc["kubelet"] = asdict(self.kubelet)
+            doc["kubelet"] = self.kubelet.to_dict()
         tmp = OWNER_FILE.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))
         tmp.replace(OWNER_FILE)

@@ -1,7 +1,8 @@
 """Certificates for the local cluster, generated the way envtest and kubeadm lay them out.
 
-One CA signs everything: the API server's serving certificate (SANs localhost and 127.0.0.1 only:
-nothing here is reachable from elsewhere), one client certificate per identity (admin in
+One CA signs everything: the API server's serving certificate (SANs localhost, 127.0.0.1 and the
+addresses the cluster adds: the pod network's bridge address, where the relay lets pods reach the
+API server; nothing here is reachable from elsewhere), one client certificate per identity (admin in
 ``system:masters``, the controller manager, the scheduler, kwok, and later kubelets as
 ``system:node:<name>`` in ``system:nodes`` so the Node authorizer applies), and a separate RSA pair
 that signs service-account tokens.
@@ -9,6 +10,11 @@ that signs service-account tokens.
 Keys are EC P-256 (fast to generate: a cold ``up`` makes about a dozen) except the service-account
 key, which the API server's defaults expect to be RSA. A client's identity is handed out as a
 kubeconfig with its certificates embedded (:func:`write_kubeconfig`).
+
+Certificates are kept between runs (``up`` after ``down --keep-state`` must not invalidate the
+kubeconfigs handed out). A kept serving certificate that lacks a name now asked for (one of an
+older version of the tool) is issued again, with the same key, so the state directory stays valid
+and a running server that reloads its certificate file serves the new one.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import base64
 import datetime as dt
 import ipaddress
 import json
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +33,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+log = logging.getLogger(__name__)
+
 VALIDITY = dt.timedelta(days=365)
+SERVER_DNS_NAMES = ("localhost",)
+SERVER_IPS = ("127.0.0.1",)
+"""The names every serving certificate carries; ``issue(ips=...)`` adds addresses."""
 
 
 @dataclass(frozen=True)
@@ -105,12 +118,31 @@ class CertificateAuthority:
         orgs: tuple[str, ...] = (),
         server: bool = False,
         client: bool = False,
+        ips: Sequence[str] = (),
     ) -> CertPair:
-        """Issue ``<dir>/<stem>.crt/.key``; reuse them if they already exist (``up`` is idempotent)."""
+        """Issue ``<dir>/<stem>.crt/.key``; reuse them if they already exist (``up`` is idempotent).
+
+        A server certificate names localhost, 127.0.0.1 and ``ips``. An existing one that lacks
+        any of them is issued again with its own key (written in one rename, so a server that
+        reloads the file never reads half of it).
+        """
         pair = CertPair(self.dir / f"{stem}.crt", self.dir / f"{stem}.key")
+        names = server_names(ips) if server else []
+        key: ec.EllipticCurvePrivateKey | None = None
         if pair.cert.exists() and pair.key.exists():
-            return pair
-        key = ec.generate_private_key(ec.SECP256R1())
+            has = cert_names(x509.load_pem_x509_certificate(pair.cert.read_bytes()))
+            missing = [n for n in names if n not in has]
+            if not missing:
+                return pair
+            loaded = serialization.load_pem_private_key(pair.key.read_bytes(), password=None)
+            if isinstance(loaded, ec.EllipticCurvePrivateKey):
+                key = loaded
+            log.info(
+                "Issuing %s again: it does not name %s", pair.cert, ", ".join(str(n.value) for n in missing)
+            )
+        if key is None:
+            key = ec.generate_private_key(ec.SECP256R1())
+            _write_key(pair.key, key)
         now = dt.datetime.now(dt.UTC)
         usages = []
         if server:
@@ -129,19 +161,30 @@ class CertificateAuthority:
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
         if server:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(
-                    [
-                        x509.DNSName("localhost"),
-                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                    ]
-                ),
-                critical=False,
-            )
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
-        _write_key(pair.key, key)
-        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        tmp = pair.cert.with_suffix(".tmp")
+        tmp.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        tmp.replace(pair.cert)
         return pair
+
+
+def server_names(ips: Sequence[str] = ()) -> list[x509.GeneralName]:
+    """The SANs of a serving certificate: ``SERVER_DNS_NAMES``, ``SERVER_IPS`` and ``ips``."""
+    names: list[x509.GeneralName] = [x509.DNSName(d) for d in SERVER_DNS_NAMES]
+    for ip in (*SERVER_IPS, *ips):
+        name = x509.IPAddress(ipaddress.ip_address(ip))
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def cert_names(cert: x509.Certificate) -> list[x509.GeneralName]:
+    """The SANs ``cert`` carries (none without the extension)."""
+    try:
+        return list(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        return []
 
 
 def service_account_keys(directory: Path) -> CertPair:

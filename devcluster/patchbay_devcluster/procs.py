@@ -1,8 +1,9 @@
 """The processes the tool starts: how one is recorded, started, probed and stopped.
 
-A process is recorded as a :class:`Proc` (name, PID, binary, log file), which is all that
-``down`` or ``status`` in another process needs. Nothing is ever signalled unless its PID still
-runs the recorded binary (:func:`pid_runs`), so a recycled PID is never hit.
+A process is recorded as a :class:`Proc` (name, PID, binary, log file, and for a program run by
+an interpreter an argument that names it), which is all that ``down`` or ``status`` in another
+process needs. Nothing is ever signalled unless its PID still runs the recorded binary (with that
+argument) (:func:`pid_runs`), so a recycled PID is never hit.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -31,25 +33,59 @@ class Proc:
     pid: int
     binary: str
     log: str
+    marker: str = ""
+    """An argument the command line must also hold, for a program run by an interpreter (the
+    relay is ``python -m patchbay_devcluster.relay``): its binary alone matches any Python."""
 
     def runs(self) -> bool:
-        return pid_runs(self.pid, self.binary)
+        return pid_runs(self.pid, self.binary, self.marker)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As recorded; without an empty ``marker``, so records of earlier versions' kinds of
+        process read the same to them."""
+        out = {"name": self.name, "pid": self.pid, "binary": self.binary, "log": self.log}
+        return {**out, "marker": self.marker} if self.marker else out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Proc:
+        """From a record, ignoring fields this version does not know (a newer tool's)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
 
 
-def free_port() -> int:
-    """A port that is free on 127.0.0.1 right now (the kernel picks it)."""
+def free_port(host: str = "127.0.0.1", preferred: int = 0) -> int:
+    """A port that is free on ``host`` right now: ``preferred`` if it is, else one the kernel picks."""
+    if preferred and _bindable(host, preferred):
+        return preferred
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def pid_runs(pid: int, binary: str) -> bool:
-    """True if ``pid`` is alive and still runs ``binary`` (guards against recycled PIDs)."""
+def _bindable(host: str, port: int) -> bool:
+    """Whether a listener could bind ``host:port`` now. Asked as asyncio's listeners bind
+    (SO_REUSEADDR), so a port whose last connections are in TIME_WAIT counts as free, as it is to
+    them; a listener on the port, on ``host`` or on the wildcard address, makes it taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def pid_runs(pid: int, binary: str, marker: str = "") -> bool:
+    """True if ``pid`` is alive and still runs ``binary`` (guards against recycled PIDs), with
+    ``marker`` among its arguments when given."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    argv0 = raw.split(b"\0", 1)[0].decode(errors="replace")
+    args = raw.split(b"\0")
+    argv0 = args[0].decode(errors="replace")
+    if marker and marker.encode() not in args[1:]:
+        return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -60,8 +96,13 @@ def pid_runs(pid: int, binary: str) -> bool:
     return argv0 == binary
 
 
-def spawn(name: str, argv: Sequence[str], log_dir: Path, cwd: Path) -> tuple[Proc, subprocess.Popen[bytes]]:
-    """Start ``argv`` in a session of its own, appending its output to ``<log_dir>/<name>.log``."""
+def spawn(
+    name: str, argv: Sequence[str], log_dir: Path, cwd: Path, marker: str = ""
+) -> tuple[Proc, subprocess.Popen[bytes]]:
+    """Start ``argv`` in a session of its own, appending its output to ``<log_dir>/<name>.log``
+    (``marker``: see :attr:`Proc.marker`; it must be one of ``argv[1:]``)."""
+    if marker and marker not in argv[1:]:
+        raise ValueError(f"{marker!r} is not an argument of {list(argv)}")
     logfile = log_dir / f"{name}.log"
     with logfile.open("ab") as out:
         child = subprocess.Popen(
@@ -72,20 +113,20 @@ def spawn(name: str, argv: Sequence[str], log_dir: Path, cwd: Path) -> tuple[Pro
             cwd=cwd,
             start_new_session=True,  # survives the CLI; never gets the terminal's signals
         )
-    return Proc(name=name, pid=child.pid, binary=argv[0], log=str(logfile)), child
+    return Proc(name=name, pid=child.pid, binary=argv[0], log=str(logfile), marker=marker), child
 
 
 def stop_pid(p: Proc, grace: float, sig: int = signal.SIGTERM) -> bool:
     """Stop one recorded process (``sig``, then SIGKILL after ``grace``); False if it was not running."""
-    if not pid_runs(p.pid, p.binary):
+    if not p.runs():
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(p.pid, sig)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and pid_runs(p.pid, p.binary):
+    while time.monotonic() < deadline and p.runs():
         reap(p.pid)
         time.sleep(0.05)
-    if pid_runs(p.pid, p.binary):
+    if p.runs():
         log.warning("%s (pid %d) still running after %.0fs; killing", p.name, p.pid, grace)
         with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGKILL)
@@ -137,3 +178,15 @@ def http_ok(port: int, path: str, tls: bool) -> bool:
         return conn.getresponse().status == 200
     finally:
         conn.close()
+
+
+def tls_ok(host: str, port: int, cafile: Path, timeout: float = 3.0) -> bool:
+    """True once a TLS handshake with ``host:port`` verifies: the certificate chains to
+    ``cafile`` and names ``host`` (an IP address is matched against the IP SANs). A failed
+    verification raises :class:`ssl.SSLCertVerificationError` (an OSError), saying why."""
+    ctx = ssl.create_default_context(cafile=str(cafile))
+    with (
+        socket.create_connection((host, port), timeout=timeout) as raw,
+        ctx.wrap_socket(raw, server_hostname=host) as tls,
+    ):
+        return tls.version() is not None

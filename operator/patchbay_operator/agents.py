@@ -1,80 +1,131 @@
-"""DevicePlugin mode: each applied profile's agent objects (ConfigMap + DaemonSet), and what the
-DaemonSets' rollouts look like.
+"""DevicePlugin mode: each applied profile's agents, and everything the agents tell.
 
 Applying is server-side apply of what render.py makes (field manager ``patchbay-operator``);
 deleting goes by name (``render.object_name``), so a profile that was never applied, or whose
-spec changed, deletes cleanly without rendering anything. The DaemonSets' status reaches the
-controller through the informer (a label selector in the operator's own namespace, which the
-chart's namespaced Role allows), not through polling.
+spec changed, deletes cleanly without rendering anything.
+
+What the agents tell reaches the controller through four informers in the operator's own
+namespace (the chart's namespaced Role allows them; no polling): the agent DaemonSets (rollout),
+the agent pods and the namespace's Warning events (why a pod does not work: agentpods.py), and
+the agents' DeviceReports (each device's health and holders: devicereports.py). Reports of nodes
+a profile no longer selects, and of deleted profiles, are deleted here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
 from typing import Any
 
 from patchbay_operator import render
+from patchbay_operator.agentpods import AgentPod, Trouble, Warning, trouble
 from patchbay_operator.config import Settings
-from patchbay_operator.constants import LABEL_NAME
-from patchbay_operator.informer import Event, Snapshot, Source
-from patchbay_operator.kube import KubeAPI, Ref, collection
+from patchbay_operator.constants import API_GROUP, API_VERSION, LABEL_NAME
+from patchbay_operator.devicereports import Report
+from patchbay_operator.informer import Source, Store
+from patchbay_operator.kube import KubeAPI, KubeError, Ref, Selectors, collection
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status import AgentDaemonSet
 
 log = logging.getLogger(__name__)
 Call = Callable[..., Awaitable[Any]]
+AGENTS = Selectors(label=f"{LABEL_NAME}={render.AGENT_NAME}")
 
 
-def source(namespace: str) -> Source[AgentDaemonSet]:
-    """The informer's source: the operator's agent DaemonSets, in its namespace only."""
-    path = collection("apps/v1", "DaemonSet", namespace)
-    return Source("agent DaemonSets", path, AgentDaemonSet.from_object, f"{LABEL_NAME}={render.AGENT_NAME}")
+def sources(
+    namespace: str,
+) -> tuple[Source[AgentDaemonSet], Source[AgentPod], Source[Warning], Source[Report]]:
+    """The informers' sources: all in the operator's namespace."""
+    return (
+        Source(
+            "agent DaemonSets",
+            collection("apps/v1", "DaemonSet", namespace),
+            AgentDaemonSet.from_object,
+            AGENTS,
+        ),
+        Source("agent pods", collection("v1", "Pod", namespace), AgentPod.from_object, AGENTS),
+        Source(
+            "warnings",
+            collection("v1", "Event", namespace),
+            Warning.from_object,
+            Selectors(field="type=Warning"),
+        ),
+        Source(
+            "device reports",
+            collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", namespace),
+            Report.from_object,
+        ),
+    )
 
 
 class Agents:
-    """Applies and deletes agents; keeps each profile's DaemonSet as last seen."""
+    """Applies and deletes agents; keeps their DaemonSets, pods, warnings and reports."""
 
     def __init__(
         self, kube: KubeAPI, call: Call, settings: Settings, on_change: Callable[[str], None]
     ) -> None:
-        self._kube, self._call, self._settings, self._on_change = kube, call, settings, on_change
-        self.daemonsets: dict[str, AgentDaemonSet] = {}
+        self._kube, self._call, self._settings = kube, call, settings
+        self._changed = on_change
+
+        def by_profile(old: Any, new: Any) -> None:
+            for obj in (old, new):
+                if obj is not None and obj.profile:
+                    log.debug("%s of DevicePluginProfile %s changed", type(obj).__name__, obj.profile)
+                    on_change(obj.profile)
+
+        self.daemonsets: Store[AgentDaemonSet] = Store(lambda d: d.profile, by_profile)
+        self.pods: Store[AgentPod] = Store(lambda p: p.name, by_profile)
+        self.warnings: Store[Warning] = Store(lambda w: w.pod, self._warned)
+        self.reports: Store[Report] = Store(lambda r: r.name, by_profile)
+
+    def _warned(self, old: Warning | None, new: Warning | None) -> None:
+        """A Warning about one of our pods changes that pod's profile's status."""
+        warning = new or old
+        pod = self.pods.items.get(warning.pod) if warning is not None else None
+        if pod is not None:
+            self._changed(pod.profile)
 
     async def apply(self, profile: Profile) -> None:
         for obj in render.agent_objects(profile, self._settings):
             applied = await self._call(self._kube.apply, obj)
             log.info("Applied %s %s/%s", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
             if obj["kind"] == "DaemonSet":
-                self._fold("APPLIED", AgentDaemonSet.from_object(applied))
+                self.daemonsets.fold("APPLIED", AgentDaemonSet.from_object(applied))
 
     async def delete(self, profile: Profile) -> None:
-        """Delete the agent objects if they exist (a Static or conflicting profile has none)."""
+        """Delete the agent objects if they exist (a Static or conflicting profile has none), and
+        the profile's reports."""
         ns, name = self._settings.namespace, render.object_name(profile.name)
         for api_version, kind in (("apps/v1", "DaemonSet"), ("v1", "ConfigMap")):
             if await self._call(self._kube.delete, Ref(collection(api_version, kind, ns), name)):
                 log.info("Deleted %s %s/%s", kind, ns, name)
-        if self.daemonsets.pop(profile.name, None) is not None:
-            self._on_change(profile.name)
+        await self.prune_reports(profile.name, keep=())
 
-    def observe(self, events: list[Event[AgentDaemonSet]]) -> None:
-        for ev in events:
-            self._fold(ev.type, ev.obj)
+    async def prune_reports(self, profile: str, keep: Iterable[str]) -> None:
+        """Delete ``profile``'s reports except those of the nodes in ``keep``."""
+        keep = set(keep)
+        path = collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", self._settings.namespace)
+        for report in [r for r in self.reports.items.values() if r.profile == profile and r.node not in keep]:
+            try:
+                await self._call(self._kube.delete, Ref(path, report.name))
+            except (KubeError, OSError) as e:
+                log.warning("Deleting DeviceReport %s failed: %s", report.name, e)
+                continue
+            log.info(
+                "Deleted DeviceReport %s (node %s no longer serves %s)", report.name, report.node, profile
+            )
 
-    def resync(self, snapshot: Snapshot[AgentDaemonSet]) -> None:
-        listed = {ds.profile for ds in snapshot.items}
-        for gone in [p for p in self.daemonsets if p not in listed]:
-            self._fold("DELETED", self.daemonsets[gone])
-        for ds in snapshot.items:
-            self._fold("LISTED", ds)
+    def troubles(self, profile: str, now: datetime) -> list[Trouble]:
+        """Each of the profile's agent pods that does not work, and why."""
+        out = []
+        for pod in self.pods.items.values():
+            if (
+                pod.profile == profile
+                and (t := trouble(pod, self.warnings.items.get(pod.name), now)) is not None
+            ):
+                out.append(t)
+        return out
 
-    def _fold(self, event_type: str, ds: AgentDaemonSet) -> None:
-        if not ds.profile:
-            return
-        if event_type == "DELETED":
-            changed = self.daemonsets.pop(ds.profile, None) is not None
-        else:
-            changed = self.daemonsets.get(ds.profile) != ds
-            self.daemonsets[ds.profile] = ds
-        if changed:
-            self._on_change(ds.profile)
+    def profile_reports(self, profile: str) -> list[Report]:
+        return [r for r in self.reports.items.values() if r.profile == profile]

@@ -56,6 +56,20 @@ class Settings:
     liveness: str | None = None
     """kopf liveness endpoint, e.g. http://127.0.0.1:8080/healthz (absent: none)."""
 
+    metrics_address: tuple[str, int] | None = None
+    """Where to serve Prometheus /metrics (host, port); absent: not served."""
+
+    agent_service_account: str = "patchbay-agent"
+    """The agents' ServiceAccount in ``namespace``: its pod-bound token names the agent's node,
+    which the chart's admission policy checks on every DeviceReport write."""
+
+    agent_api_server: tuple[str, int] | None = None
+    """API server (host, port) the agents dial instead of the ``kubernetes`` Service (clusters
+    without kube-proxy); absent: the Service, as the kubelet announces it."""
+
+    kubelet_root_dir: str = "/var/lib/kubelet"
+    """The kubelet's --root-dir on the nodes: the agents read its pod-resources socket."""
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad value raises ``ConfigError`` (naming the flag) instead of exiting."""
@@ -99,6 +113,22 @@ def _log_format(raw: str) -> str:
     if raw not in ("text", "json"):
         raise argparse.ArgumentTypeError(f"must be text or json, got {raw!r}")
     return raw
+
+
+def _address(raw: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (IPv6 in brackets); ``""`` or ``off``: none."""
+    if raw in ("", "off"):
+        return None
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _absolute(raw: str) -> str:
+    if not raw.startswith("/"):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not an absolute path")
+    return raw.rstrip("/") or "/"
 
 
 def _true(raw: str | None) -> bool:
@@ -173,6 +203,30 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         type=_seconds,
     )
     flag("liveness", "liveness endpoint, e.g. http://127.0.0.1:8080/healthz (default: none)")
+    flag(
+        "metrics-address",
+        "serve Prometheus /metrics on HOST:PORT, e.g. 0.0.0.0:8081 (default: off)",
+        "",
+        type=_address,
+    )
+    flag(
+        "agent-service-account",
+        f"the agents' ServiceAccount in --namespace (default {d.agent_service_account})",
+        d.agent_service_account,
+    )
+    flag(
+        "agent-api-server",
+        "HOST:PORT the agents dial instead of the kubernetes Service, for clusters without "
+        "kube-proxy (default: the Service)",
+        "",
+        type=_address,
+    )
+    flag(
+        "kubelet-root-dir",
+        f"the kubelet's --root-dir on the nodes (default {d.kubelet_root_dir})",
+        d.kubelet_root_dir,
+        type=_absolute,
+    )
     return p
 
 
@@ -197,4 +251,8 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         concurrency=args.concurrency,
         status_debounce=args.status_debounce,
         liveness=args.liveness or None,
+        metrics_address=args.metrics_address,
+        agent_service_account=args.agent_service_account,
+        agent_api_server=args.agent_api_server,
+        kubelet_root_dir=args.kubelet_root_dir,
     )

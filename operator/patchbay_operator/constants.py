@@ -50,8 +50,11 @@ class Mode(StrEnum):
 
 
 class ConditionType(StrEnum):
+    """The profile's conditions, in kstatus's abnormal-true shape (docs/facts.md#kstatus)."""
+
     READY = "Ready"
-    PROGRESSING = "Progressing"
+    RECONCILING = "Reconciling"
+    STALLED = "Stalled"
     DEGRADED = "Degraded"
 
 
@@ -73,4 +76,6 @@ class Reason(StrEnum):
     DEVICES_UNHEALTHY = "DevicesUnhealthy"
     AGENTS_UNAVAILABLE = "AgentsUnavailable"
     NO_DEVICES = "NoDevices"
+    PUBLISHING = "WaitingForKubelet"
     PATCH_FAILED = "PatchFailed"
+    STALLED = "WaitingForChange"

@@ -1,11 +1,13 @@
 """The operator at run time: every data flow passes through here, each job in a module of its own.
 
-kopf hands over profiles (handlers.py); the informers hand over nodes and agent DaemonSets
-(informer.py). The ``Controller`` owns the profile ``Registry`` and wires four parts:
+kopf hands over profiles (handlers.py); the informers hand over nodes and what the agents tell
+(informer.py). The ``Controller`` owns the profile ``Registry`` and wires five parts:
 
 - ``NodeSync`` (nodes.py): the node cache and the workers that patch static capacity;
-- ``Agents`` (agents.py): DevicePlugin profiles' ConfigMaps and DaemonSets, and their rollouts;
+- ``Agents`` (agents.py): DevicePlugin profiles' agents, and their DaemonSets, pods, warnings
+  and DeviceReports;
 - ``StatusWriter`` (statuswriter.py): each profile's status, debounced, written when changed;
+- ``EventRecorder`` (events.py): Events on the profile when a problem appears or goes;
 - ``peering.Gate``: with several replicas, whether this one may write at all.
 
 Blocking client calls run in a thread pool of ``concurrency`` threads (``call``), so the event
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -29,18 +30,17 @@ from patchbay_operator import agents, capacity, informer, nodes, status
 from patchbay_operator.agents import Agents
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import Mode
+from patchbay_operator.events import EventRecorder
 from patchbay_operator.informer import Informer, Source
-from patchbay_operator.kube import KubeAPI
+from patchbay_operator.kube import KubeAPI, KubeError
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.peering import Gate, Peering
 from patchbay_operator.profiles import Profile, Registry
+from patchbay_operator.status import Problem
 from patchbay_operator.statuswriter import StatusWriter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-STATS_PERIOD = 2.0
-"""Seconds between counter log lines (only logged when something changed)."""
 
 
 class CleanupPendingError(RuntimeError):
@@ -59,6 +59,10 @@ class Controller:
         self.status = StatusWriter(self.compute_status, self._write_status, settings.status_debounce)
         self.nodes = NodeSync(kube, self.call, self.registry.static_winners, self.mark_all_dirty)
         self.agents = Agents(kube, self.call, settings, lambda name: self.status.mark([name]))
+        self.events = EventRecorder(lambda ns, body: self.call(kube.create_event, ns, body))
+        self.reconciles = 0
+        self._problems: dict[str, list[Problem]] = {}
+        self._rechecks: dict[str, asyncio.TimerHandle] = {}
         self.gate: Gate | None = None
         if peer is not None:
             read = lambda: self.call(kube.get_cluster_peering, peer.name)  # noqa: E731
@@ -70,7 +74,7 @@ class Controller:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load every profile, then every node and agent DaemonSet, before anything is planned.
+        """Load every profile, then every node and what the agents tell, before anything is planned.
 
         kopf runs startup handlers before it watches profiles, so when the first profile
         handler runs the caches are complete (a deleting profile after a restart knows every
@@ -79,23 +83,50 @@ class Controller:
         await self.refresh_profiles()
         log.info("Loaded %d DevicePluginProfiles", len(self.registry))
         await self._watch(nodes.SOURCE, self.nodes.observe, self.nodes.resync)
-        await self._watch(agents.source(self.settings.namespace), self.agents.observe, self.agents.resync)
+        a = self.agents
+        ds_source, pod_source, warning_source, report_source = agents.sources(self.settings.namespace)
+        await self._watch(ds_source, a.daemonsets.observe, a.daemonsets.resync)
+        await self._watch(pod_source, a.pods.observe, a.pods.resync)
+        await self._watch(warning_source, a.warnings.observe, a.warnings.resync)
+        await self._watch(report_source, a.reports.observe, a.reports.resync, required=False)
         log.info(
-            "Listed %d nodes and %d agent DaemonSets", len(self.nodes.states), len(self.agents.daemonsets)
+            "Listed %d nodes, %d agent pods, %d DeviceReports",
+            len(self.nodes.states),
+            len(a.pods.items),
+            len(a.reports.items),
         )
-        workers = [self.nodes.run_worker() for _ in range(self.settings.concurrency)]
-        for coro in [*workers, self.status.run(), self._log_stats()]:
-            self._spawn(coro)
+        for _ in range(self.settings.concurrency):
+            self._spawn(self.nodes.run_worker())
+        self._spawn(self.status.run())
         if self.gate is not None:
             self._spawn(self.gate.run())
 
     async def _watch(
-        self, source: Source[T], on_events: Callable[..., None], on_resync: Callable[..., None]
+        self,
+        source: Source[T],
+        on_events: Callable[..., None],
+        on_resync: Callable[..., None],
+        *,
+        required: bool = True,
     ) -> None:
-        snapshot = await self.call(informer.list_all, self.kube, source)
-        on_resync(snapshot)
+        """LIST ``source`` now (so the cache is complete before any handler runs), then watch it.
+
+        A source that is not ``required`` (the agents' DeviceReports: their CRD may come later
+        than the operator) does not stop the start when its LIST fails; its informer lists it as
+        soon as it can.
+        """
+        rv = ""
+        try:
+            snapshot = await self.call(informer.list_all, self.kube, source)
+        except (KubeError, OSError) as e:
+            if required:
+                raise
+            log.warning("Listing %s failed, will retry: %s", source.kind, e)
+        else:
+            on_resync(snapshot)
+            rv = snapshot.resource_version
         watcher = Informer(self.kube, source, asyncio.get_running_loop(), on_events, on_resync)
-        watcher.start(snapshot.resource_version)
+        watcher.start(rv)
         self._informers.append(watcher)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -121,6 +152,7 @@ class Controller:
         """A profile was created, changed or seen on resume (level-based, idempotent): re-plan the
         nodes, and apply or remove its agents depending on its mode and on conflicts."""
         profile = Profile.from_body(body)
+        self.reconciles += 1
         self.registry.upsert(profile)
         self.status.seed(profile.name, body.get("status"), replace=False)
         self.nodes.enqueue_all()
@@ -156,6 +188,7 @@ class Controller:
             await asyncio.sleep(0.2)
         self.registry.remove(profile.name)
         self.status.forget(profile.name)
+        self.events.forget(profile.name)
         log.info("Removed %s from every node for DevicePluginProfile %s", profile.resource, profile.name)
         self.mark_resource_dirty(profile.resource)
         promoted = self.registry.winner(profile.resource)
@@ -188,18 +221,44 @@ class Controller:
         previous = self.status.previous(name)
         winner = self.registry.conflict(profile)
         if winner is not None:
+            self._problems[name] = []
             return status.conflict_status(profile, winner.name, previous, now())
+        states = self.nodes.states.values()
         if profile.mode is Mode.STATIC:
-            states, failures = self.nodes.states.values(), self.nodes.failures
-            reports = [
-                r for n in states if (r := capacity.report(profile, n, failures.get(n.name))) is not None
-            ]
-            return status.static_status(profile, reports, previous, now())
-        ds = self.agents.daemonsets.get(profile.name)
-        return status.plugin_status(profile, ds, self.nodes.states.values(), previous, now())
+            failures = self.nodes.failures
+            seen = [r for n in states if (r := capacity.report(profile, n, failures.get(n.name))) is not None]
+            self._problems[name] = status.static_problems(seen)
+            return status.static_status(profile, seen, previous, now())
+        clock = datetime.now(UTC)
+        troubles = self.agents.troubles(name, clock)
+        self._recheck(name, [t.recheck_at for t in troubles if t.recheck_at is not None])
+        matching = [n for n in states if profile.selector.matches(n.labels)]
+        reports = self.agents.profile_reports(name)
+        self._problems[name] = status.plugin_problems(profile, matching, troubles, reports)
+        if any(r.node not in {n.name for n in matching} for r in reports):
+            self._spawn(self.agents.prune_reports(name, keep={n.name for n in matching}))
+        ds = self.agents.daemonsets.items.get(name)
+        return status.plugin_status(profile, ds, states, previous, now(), troubles=troubles, reports=reports)
+
+    def _recheck(self, name: str, when: list[datetime]) -> None:
+        """Recompute ``name``'s status when a pod's trouble would turn stalled, even if nothing
+        else happens by then."""
+        old = self._rechecks.pop(name, None)
+        if old is not None:
+            old.cancel()
+        if when:
+            delay = max(0.0, (min(when) - datetime.now(UTC)).total_seconds()) + 0.5
+            loop = asyncio.get_running_loop()
+            self._rechecks[name] = loop.call_later(delay, self.status.mark, [name])
 
     async def _write_status(self, name: str, new: dict[str, Any]) -> None:
         await self.call(self.kube.patch_profile_status, name, new)
+        profile = self.registry.get(name)
+        if profile is not None:
+            try:
+                await self.events.record(profile, self._problems.get(name, []))
+            except Exception as e:  # an Event that cannot be posted must not fail the status write
+                log.warning("Posting an Event on DevicePluginProfile %s failed: %s", name, e)
 
     # --- peering -----------------------------------------------------------------------------
 
@@ -217,11 +276,13 @@ class Controller:
 
     # --- counters ----------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
+        """The operator's counters, for /metrics (metrics.py) and the tests."""
         n = self.nodes
         return {
             "nodes": len(n.states),
             "profiles": len(self.registry),
+            "reconciles": self.reconciles,
             "nodeEvents": n.events,
             "nodePatches": n.patches,
             "nodePatchFailures": n.patch_failures,
@@ -230,14 +291,11 @@ class Controller:
             "statusComputes": self.status.computes,
             "statusPending": self.status.pending,
             "queued": len(n.queue),
+            "agentPods": len(self.agents.pods.items),
+            "deviceReports": len(self.agents.reports.items),
             "working": int(self.gate is None or self.gate.active),
+            "eventsSuppressed": self.events.suppressed,
+            "events": dict(self.events.posted),
+            "watchRestarts": {w.kind: w.restarts for w in self._informers},
+            "apiRequests": dict(getattr(self.kube, "requests", {})),
         }
-
-    async def _log_stats(self) -> None:
-        """One line with the operator's counters whenever they moved: what it costs the API."""
-        last: dict[str, int] = {}
-        while True:
-            await asyncio.sleep(STATS_PERIOD)
-            if (current := self.stats()) != last:
-                log.info("Stats %s", json.dumps(current, separators=(",", ":")))
-                last = current

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import kopf
 
+from patchbay_operator import metrics
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import (
     API_GROUP,
@@ -72,6 +73,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ctl = Controller(ours, Kube(load_configuration(ours.kubeconfig, ours.concurrency + 1)), peer)
     await ctl.start()
     memo["controller"] = ctl
+    if ours.metrics_address is not None:
+        metrics.serve(ours.metrics_address, ctl.stats)
+        log.info("Serving /metrics on %s:%d", *ours.metrics_address)
 
 
 @kopf.on.cleanup(id="cleanup")

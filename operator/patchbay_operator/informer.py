@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from patchbay_operator.backoff import Backoff
-from patchbay_operator.kube import KubeAPI, KubeError, Watch
+from patchbay_operator.kube import NO_SELECTORS, KubeAPI, KubeError, Selectors, Watch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,13 +43,13 @@ LIST_CHUNK = 500
 
 @dataclass(frozen=True)
 class Source(Generic[T]):
-    """What to watch (a collection path and an optional label selector) and what to keep of
-    each object (``decode``: a full object -> the small value the controller holds)."""
+    """What to watch (a collection path and optional selectors) and what to keep of each object
+    (``decode``: a full object -> the small value the controller holds)."""
 
-    kind: str  # for logs: "nodes", "agent DaemonSets"
+    kind: str  # for logs and metrics: "nodes", "agent DaemonSets"
     path: str
     decode: Callable[[Mapping[str, Any]], T]
-    label_selector: str = ""
+    selectors: Selectors = NO_SELECTORS
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def list_all(kube: KubeAPI, source: Source[T]) -> Snapshot[T]:
     """LIST every object, decoding page by page (full bodies are never all in memory at once)."""
     items: list[T] = []
     rv = ""
-    for page in kube.list_pages(source.path, LIST_CHUNK, source.label_selector):
+    for page in kube.list_pages(source.path, LIST_CHUNK, source.selectors):
         items.extend(source.decode(item) for item in page.items)
         rv = page.resource_version
     return Snapshot(items, rv)
@@ -100,8 +100,11 @@ class Informer(Generic[T]):
         self._thread: threading.Thread | None = None
         self.resource_version = ""
         self.restarts = 0
+        self.kind = source.kind
 
     def start(self, resource_version: str) -> None:
+        """Watch from ``resource_version``; with ``""`` (the first LIST failed, e.g. a CRD that is
+        not installed yet) LIST first, in the informer's thread, retrying with backoff."""
         self.resource_version = resource_version
         name = f"informer-{self._source.kind.replace(' ', '-')}"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -118,6 +121,9 @@ class Informer(Generic[T]):
     def _run(self) -> None:
         backoff = Backoff()
         while not self._stopping.is_set():
+            if not self.resource_version and not self._relist():
+                self._stopping.wait(backoff.next())
+                continue
             try:
                 self._watch_once()
                 backoff.reset()  # the server ended the stream normally: re-open at once
@@ -143,7 +149,7 @@ class Informer(Generic[T]):
 
     def _watch_once(self) -> None:
         src = self._source
-        watch = self._kube.watch(src.path, self.resource_version, WATCH_TIMEOUT, src.label_selector)
+        watch = self._kube.watch(src.path, self.resource_version, WATCH_TIMEOUT, src.selectors)
         self._watch = watch
         if self._stopping.is_set():  # stop() ran between the check in _run and now
             watch.close()
@@ -172,3 +178,38 @@ class Informer(Generic[T]):
         self.resource_version = snapshot.resource_version
         self._loop.call_soon_threadsafe(self._on_resync, snapshot)
         return True
+
+
+class Store(Generic[T]):
+    """The objects of one informer, by key, for kinds that need no more than "latest wins".
+
+    ``on_change(old, new)`` runs for every object that was added, changed or deleted (``old`` or
+    ``new`` is None then); an event that changes nothing calls nothing.
+    """
+
+    def __init__(self, key: Callable[[T], str], on_change: Callable[[T | None, T | None], None]) -> None:
+        self._key, self._on_change = key, on_change
+        self.items: dict[str, T] = {}
+
+    def observe(self, events: list[Event[T]]) -> None:
+        for ev in events:
+            self.fold(ev.type, ev.obj)
+
+    def resync(self, snapshot: Snapshot[T]) -> None:
+        listed = {self._key(o) for o in snapshot.items}
+        for gone in [k for k in self.items if k not in listed]:
+            self.fold("DELETED", self.items[gone])
+        for obj in snapshot.items:
+            self.fold("LISTED", obj)
+
+    def fold(self, event_type: str, obj: T) -> None:
+        key = self._key(obj)
+        if not key:
+            return
+        old = self.items.get(key)
+        if event_type == "DELETED":
+            if self.items.pop(key, None) is not None:
+                self._on_change(old, None)
+        elif old != obj:
+            self.items[key] = obj
+            self._on_change(old, obj)

@@ -65,6 +65,12 @@ _COLLECTIONS = {
     ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
     ("apps/v1", "DaemonSet"): "/apis/apps/v1/namespaces/{ns}/daemonsets",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
+    ("v1", "Pod"): "/api/v1/namespaces/{ns}/pods",
+    ("v1", "Event"): "/api/v1/namespaces/{ns}/events",
+    (
+        f"{API_GROUP}/{API_VERSION}",
+        "DeviceReport",
+    ): f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{ns}}/devicereports",
 }
 
 
@@ -152,15 +158,39 @@ def ref_of(obj: dict[str, Any]) -> Ref:
     return Ref(collection(obj["apiVersion"], obj["kind"], meta["namespace"]), meta["name"])
 
 
+@dataclass(frozen=True)
+class Selectors:
+    """A LIST/WATCH's label and field selectors (empty: everything)."""
+
+    label: str = ""
+    field: str = ""
+
+    def query(self) -> dict[str, str]:
+        out = {}
+        if self.label:
+            out["labelSelector"] = self.label
+        if self.field:
+            out["fieldSelector"] = self.field
+        return out
+
+
+NO_SELECTORS = Selectors()
+
+
 class KubeAPI(Protocol):
     """The calls the controller makes (blocking; run them off the event loop)."""
 
     def patch_node_status(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]: ...
     def get_node(self, name: str) -> dict[str, Any] | None: ...
-    def list_pages(self, path: str, chunk: int, label_selector: str = "") -> Iterator[Page]: ...
+    def list_pages(self, path: str, chunk: int, selectors: Selectors = NO_SELECTORS) -> Iterator[Page]: ...
     def watch(
-        self, path: str, resource_version: str, timeout_seconds: int = 300, label_selector: str = ""
+        self,
+        path: str,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        selectors: Selectors = NO_SELECTORS,
     ) -> Watch: ...
+    def create_event(self, namespace: str, body: dict[str, Any]) -> None: ...
     def list_profiles(self) -> list[dict[str, Any]]: ...
     def patch_profile_status(self, name: str, status: dict[str, Any]) -> None: ...
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]: ...
@@ -204,6 +234,13 @@ class Kube:
     def __init__(self, cfg: client.Configuration, timeout: float = 30.0) -> None:
         self._api = client.ApiClient(cfg)
         self._timeout = timeout
+        #: requests sent, by verb (WATCH: each watch opened); /metrics reads it
+        self.requests: dict[str, int] = {}
+        self._count_lock = threading.Lock()
+
+    def _count(self, verb: str) -> None:
+        with self._count_lock:
+            self.requests[verb] = self.requests.get(verb, 0) + 1
 
     def close(self) -> None:
         self._api.close()  # type: ignore[no-untyped-call]
@@ -225,6 +262,7 @@ class Kube:
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
         full = path + ("?" + urlencode(query) if query else "")
+        self._count(method)
         m, url, hdrs, data, _ = self._api.param_serialize(
             method=method,
             resource_path=full,
@@ -257,16 +295,14 @@ class Kube:
         node: dict[str, Any] | None = self.request("GET", f"/api/v1/nodes/{quote(name, safe='')}", ok=(404,))
         return node
 
-    def list_pages(self, path: str, chunk: int, label_selector: str = "") -> Iterator[Page]:
+    def list_pages(self, path: str, chunk: int, selectors: Selectors = NO_SELECTORS) -> Iterator[Page]:
         """A chunked LIST, a page at a time (a big cluster is never one giant response, nor one
         giant list of dicts in memory: callers keep what they need of each page and drop it).
         Every page carries the resourceVersion of the first, the snapshot the whole list was
         served from (the one to start a watch from)."""
         cont, snapshot = "", ""
         while True:
-            query = {"limit": str(chunk)}
-            if label_selector:
-                query["labelSelector"] = label_selector
+            query = {"limit": str(chunk), **selectors.query()}
             if cont:
                 query["continue"] = cont
             page = self.request("GET", path, query=query)
@@ -278,7 +314,11 @@ class Kube:
                 return
 
     def watch(
-        self, path: str, resource_version: str, timeout_seconds: int = 300, label_selector: str = ""
+        self,
+        path: str,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        selectors: Selectors = NO_SELECTORS,
     ) -> Watch:
         """Open a WATCH from ``resource_version`` (with bookmarks); iterate the result for events.
 
@@ -290,10 +330,10 @@ class Kube:
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
+            **selectors.query(),
         }
-        if label_selector:
-            query["labelSelector"] = label_selector
         full = f"{path}?{urlencode(query)}"
+        self._count("WATCH")
         m, url, hdrs, _body, _ = self._api.param_serialize(
             method="GET",
             resource_path=full,
@@ -348,6 +388,10 @@ class Kube:
         """Delete in the background (dependents go too); False when it was already gone."""
         res = self.request("DELETE", ref.path, {"propagationPolicy": "Background"}, ok=(404,))
         return res is not None
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        """Post a core/v1 Event (the operator's transitions of a profile)."""
+        self.request("POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body)
 
     def ensure_cluster_peering(self, name: str) -> None:
         """kopf pauses and resumes replicas through this object but never creates it itself."""

@@ -73,6 +73,10 @@ def _env() -> jinja2.Environment:
     return env
 
 
+POD_RESOURCES_MOUNT = "/var/lib/kubelet/pod-resources"
+"""Where the agent container sees the kubelet's pod-resources directory (whatever the node's
+kubelet root dir is)."""
+
 AGENT_NAME = "patchbay-agent"
 """The agents' ``app.kubernetes.io/name``: what the operator's DaemonSet informer selects on."""
 
@@ -157,5 +161,10 @@ def agent_objects(profile: Profile, settings: Settings) -> list[dict[str, Any]]:
         host_root=HOST_ROOT,
         resources=agent.get("resources") or DEFAULT_RESOURCES,
         container_security=security,
+        profile=profile.name,
+        service_account=settings.agent_service_account,
+        api_server=list(settings.agent_api_server) if settings.agent_api_server else None,
+        kubelet_root_dir=settings.kubelet_root_dir,
+        pod_resources_mount=POD_RESOURCES_MOUNT,
     )
     return [configmap, daemonset]

@@ -1,10 +1,23 @@
 """Observed state -> a profile's status (pure functions; the controller writes the result).
 
-What the scheduler really sees is the truth: node capacity and allocatable for the resource,
-plus, in DevicePlugin mode, the agent DaemonSet's rollout. The status carries counts, the three
-conditions (Ready, Progressing, Degraded; metav1.Condition shape, the whole list every time) and
-a list of problem nodes capped at MAX_PROBLEMS so it stays small at thousands of nodes. Equal
-inputs give an equal dict, so the caller can skip writes when nothing changed.
+What the scheduler really sees is the truth: node capacity and allocatable for the resource.
+In DevicePlugin mode the agents tell the rest: their DaemonSet's rollout, their pods' trouble
+(agentpods.py) and, per node, every device's health, why and who holds it (DeviceReports).
+
+Conditions follow the abnormal-true convention that kstatus (and so Flux and Argo CD) reads,
+docs/facts.md#kstatus, always all four, metav1.Condition shape:
+
+- ``Ready``: every selected node advertises the resource as intended;
+- ``Reconciling``: work is under way that can finish by itself (patching nodes, a rollout, a
+  first start) -> kstatus InProgress;
+- ``Stalled``: it cannot finish without a change (an image that cannot be pulled, a crash loop,
+  an invalid label, a name conflict) -> kstatus Failed; ``Reconciling`` is then False;
+- ``Degraded``: something does not work (devices unhealthy, agents down, nodes that need a fix).
+
+Problems name the node, the device where there is one, a CamelCase reason, a message and since
+when; the status lists at most ``MAX_PROBLEMS`` of them, sorted, so it stays small and stable at
+thousands of nodes (``problemCount`` has them all). Equal inputs give an equal dict, so the
+caller can skip writes when nothing changed.
 """
 
 from __future__ import annotations
@@ -13,12 +26,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from patchbay_operator.agentpods import Trouble
 from patchbay_operator.capacity import NodeReport, NodeState, quantity_to_int
 from patchbay_operator.constants import LABEL_PROFILE, MAX_PROBLEMS, ConditionType, Reason
+from patchbay_operator.devicereports import Report
 from patchbay_operator.profiles import Profile
 
 PERSISTENT = {Reason.INVALID_CAPACITY_LABEL, Reason.OWNED_BY_OTHER, Reason.PATCH_FAILED}
-"""Problems that will not go away by waiting: they make the profile Degraded, not Progressing."""
+"""Static problems that will not go away by waiting: they make the profile Stalled."""
 
 
 @dataclass(frozen=True)
@@ -39,11 +54,35 @@ class AgentDaemonSet:
         )
 
 
+@dataclass(frozen=True, order=True)
+class Problem:
+    """One thing that needs attention; ordered (and identified) by node, device and reason."""
+
+    node: str
+    device: str
+    reason: str
+    message: str = field(compare=False)
+    since: str = field(default="", compare=False)
+    stalled: bool = field(default=False, compare=False)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.node, self.device, self.reason)
+
+    def as_dict(self) -> dict[str, str]:
+        out = {"node": self.node, "reason": self.reason, "message": self.message}
+        if self.device:
+            out["device"] = self.device
+        if self.since:
+            out["since"] = self.since
+        return out
+
+
 @dataclass(frozen=True)
 class Condition:
     type: ConditionType
     status: bool
-    reason: Reason
+    reason: Reason | str
     message: str
 
 
@@ -63,19 +102,24 @@ def conditions(
                 "status": status,
                 "observedGeneration": generation,
                 "lastTransitionTime": since or now,
-                "reason": c.reason.value,
+                "reason": str(c.reason),
                 "message": c.message,
             }
         )
     return out
 
 
-def _problems(items: Iterable[tuple[str, Reason, str]]) -> tuple[int, list[dict[str, str]]]:
-    ordered = sorted(items)
-    return len(ordered), [{"node": n, "reason": r.value, "message": m} for n, r, m in ordered[:MAX_PROBLEMS]]
+def _conds(
+    ready: tuple[bool, Reason | str, str],
+    reconciling: tuple[bool, Reason | str, str],
+    stalled: tuple[bool, Reason | str, str],
+    degraded: tuple[bool, Reason | str, str],
+) -> list[Condition]:
+    types = (ConditionType.READY, ConditionType.RECONCILING, ConditionType.STALLED, ConditionType.DEGRADED)
+    return [Condition(t, *c) for t, c in zip(types, (ready, reconciling, stalled, degraded), strict=True)]
 
 
-def _assemble(
+def assemble(
     profile: Profile,
     *,
     conds: Sequence[Condition],
@@ -83,99 +127,156 @@ def _assemble(
     now: str,
     desired: int,
     ready: int,
-    capacity: int,
-    allocatable: int,
-    problems: Iterable[tuple[str, Reason, str]],
+    devices: Mapping[str, int],
+    problems: Iterable[Problem],
 ) -> dict[str, Any]:
-    count, listed = _problems(problems)
+    ordered = sorted(problems)
     return {
         "observedGeneration": profile.generation,
         "conditions": conditions(conds, previous.get("conditions") or [], profile.generation, now),
         "nodes": {"desired": desired, "ready": ready},
-        "devices": {"capacity": capacity, "allocatable": allocatable},
+        "devices": dict(devices),
         "nodesReady": f"{ready}/{desired}",
-        "devicesAllocatable": f"{allocatable}/{capacity}",
-        "problemCount": count,
-        "problems": listed,
+        "devicesAllocatable": f"{devices.get('allocatable', 0)}/{devices.get('capacity', 0)}",
+        "problemCount": len(ordered),
+        "problems": [p.as_dict() for p in ordered[:MAX_PROBLEMS]],
     }
+
+
+def _stalled(
+    stuck: Sequence[Problem], what: str
+) -> tuple[tuple[bool, Reason | str, str], tuple[bool, Reason | str, str]]:
+    """Stalled and Reconciling when something cannot finish without a change: Stalled names the
+    first problem's reason, and Reconciling is False (kstatus reads Failed, not InProgress)."""
+    stalled = (True, min(stuck).reason, f"{len(stuck)} {what}; {_first(stuck)}")
+    return stalled, (False, Reason.STALLED, "waiting for a change (see Stalled)")
+
+
+def _waiting(nodes: Sequence[str], resource: str) -> str:
+    shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+    return f"agents registered; the kubelet has not published {resource} yet on {len(nodes)} nodes: {shown}"
+
+
+def _first(problems: Sequence[Problem]) -> str:
+    p = min(problems)
+    where = f"node {p.node}" + (f", device {p.device}" if p.device else "")
+    return f"first on {where}: {p.reason}: {p.message}"
+
+
+# --- name conflict ---------------------------------------------------------------------------
 
 
 def conflict_status(profile: Profile, winner: str, previous: Mapping[str, Any], now: str) -> dict[str, Any]:
     """The newer of two profiles for one resource name is not applied and says so."""
     msg = f"{profile.resource} is already provided by DevicePluginProfile {winner}; not applied"
-    conds = [
-        Condition(ConditionType.READY, False, Reason.RESOURCE_NAME_CONFLICT, msg),
-        Condition(ConditionType.PROGRESSING, False, Reason.RESOURCE_NAME_CONFLICT, msg),
-        Condition(ConditionType.DEGRADED, True, Reason.RESOURCE_NAME_CONFLICT, msg),
-    ]
-    return _assemble(
-        profile,
-        conds=conds,
-        previous=previous,
-        now=now,
-        desired=0,
-        ready=0,
-        capacity=0,
-        allocatable=0,
-        problems=(),
+    r = Reason.RESOURCE_NAME_CONFLICT
+    conds = _conds((False, r, msg), (False, r, msg), (True, r, msg), (True, r, msg))
+    empty = {"capacity": 0, "allocatable": 0}
+    return assemble(
+        profile, conds=conds, previous=previous, now=now, desired=0, ready=0, devices=empty, problems=()
     )
+
+
+# --- Static ----------------------------------------------------------------------------------
+
+
+def static_problems(reports: Iterable[NodeReport]) -> list[Problem]:
+    return [
+        Problem(rep.name, "", rep.problem[0].value, rep.problem[1], stalled=rep.problem[0] in PERSISTENT)
+        for rep in reports
+        if rep.problem is not None
+    ]
 
 
 def static_status(
     profile: Profile, reports: Iterable[NodeReport], previous: Mapping[str, Any], now: str
 ) -> dict[str, Any]:
     """Static mode: ready nodes advertise exactly the desired count in capacity AND allocatable."""
-    desired = ready = capacity = allocatable = 0
-    problems: list[tuple[str, Reason, str]] = []
-    for rep in reports:
-        desired += 1
-        ready += rep.ready
-        capacity += rep.capacity
-        allocatable += rep.allocatable
-        if rep.problem is not None:
-            problems.append((rep.name, rep.problem[0], rep.problem[1]))
-    persistent = [p for p in problems if p[1] in PERSISTENT]
-    transient = [p for p in problems if p[1] not in PERSISTENT]
+    reports = list(reports)
+    desired, ready = len(reports), sum(r.ready for r in reports)
+    devices = {
+        "capacity": sum(r.capacity for r in reports),
+        "allocatable": sum(r.allocatable for r in reports),
+    }
+    problems = static_problems(reports)
+    stuck = [p for p in problems if p.stalled]
+    moving = [p for p in problems if not p.stalled]
     if desired == 0:
-        ready_c = Condition(ConditionType.READY, True, Reason.NO_MATCHING_NODES, "no node is selected")
+        ready_c = (True, Reason.NO_MATCHING_NODES, "no node is selected")
     elif ready == desired:
-        ready_c = Condition(
-            ConditionType.READY, True, Reason.ALL_NODES_READY, f"{ready} nodes advertise {profile.resource}"
-        )
+        ready_c = (True, Reason.ALL_NODES_READY, f"{ready} nodes advertise {profile.resource}")
     else:
-        ready_c = Condition(
-            ConditionType.READY,
+        ready_c = (
             False,
             Reason.NODES_NOT_READY,
             f"{desired - ready} of {desired} nodes do not advertise {profile.resource} as intended",
         )
-    progressing = Condition(
-        ConditionType.PROGRESSING,
-        bool(transient),
-        Reason.APPLYING if transient else Reason.UP_TO_DATE,
-        f"patching {len(transient)} nodes" if transient else "every node was patched",
-    )
-    if persistent:
-        first = sorted(persistent)[0]
-        degraded = Condition(
-            ConditionType.DEGRADED,
-            True,
-            first[1],
-            f"{len(persistent)} nodes need attention, first {first[0]}: {first[2]}",
-        )
+    if stuck:
+        stalled_c, reconciling_c = _stalled(stuck, "nodes need a change")
     else:
-        degraded = Condition(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "no node needs attention")
-    return _assemble(
+        stalled_c = (False, Reason.AS_EXPECTED, "nothing is stuck")
+        reconciling_c = (
+            (True, Reason.APPLYING, f"patching {len(moving)} nodes")
+            if moving
+            else (False, Reason.UP_TO_DATE, "every node was patched")
+        )
+    degraded_c = (
+        (True, stalled_c[1], stalled_c[2])
+        if stuck
+        else (False, Reason.AS_EXPECTED, "no node needs attention")
+    )
+    return assemble(
         profile,
-        conds=[ready_c, progressing, degraded],
+        conds=_conds(ready_c, reconciling_c, stalled_c, degraded_c),
         previous=previous,
         now=now,
         desired=desired,
         ready=ready,
-        capacity=capacity,
-        allocatable=allocatable,
+        devices=devices,
         problems=problems,
     )
+
+
+# --- DevicePlugin ----------------------------------------------------------------------------
+
+
+def plugin_problems(
+    profile: Profile, nodes: Iterable[NodeState], troubles: Iterable[Trouble], reports: Iterable[Report]
+) -> list[Problem]:
+    """Agent pods that do not work, unhealthy devices (per device, from the agents' reports; per
+    node from capacity vs allocatable where an agent has not reported), nodes without the resource."""
+    r = profile.resource
+    by_node = {rep.node: rep for rep in reports}
+    problems = [Problem(t.node, "", t.reason, t.message, stalled=t.stalled) for t in troubles]
+    troubled = {t.node for t in troubles}
+    for node in nodes:
+        if not profile.selector.matches(node.labels):
+            continue
+        cap, alloc = node.capacity.get(r), node.allocatable.get(r)
+        report = by_node.get(node.name)
+        if cap is None:
+            if node.name not in troubled and not publishing(report):
+                msg = f"{r} not advertised (no agent registered or no device)"
+                problems.append(Problem(node.name, "", Reason.NO_DEVICES.value, msg))
+        elif report is not None:
+            problems += [
+                Problem(node.name, d.id, d.reason or "Unhealthy", d.message or "unhealthy", d.since)
+                for d in report.devices
+                if not d.healthy
+            ]
+        elif quantity_to_int(alloc) < quantity_to_int(cap):
+            bad = quantity_to_int(cap) - quantity_to_int(alloc)
+            problems.append(
+                Problem(node.name, "", Reason.DEVICES_UNHEALTHY.value, f"{bad} of {cap} devices unhealthy")
+            )
+    return problems
+
+
+def publishing(report: Report | None) -> bool:
+    """The node's agent has devices to offer but the kubelet has not put them in the node's
+    status yet: it does so on its node status sync (about 10 s, docs/facts.md#kubelet-endpoints), so this is
+    a wait that ends by itself, not a problem."""
+    return report is not None and bool(report.devices)
 
 
 def plugin_status(
@@ -184,99 +285,95 @@ def plugin_status(
     nodes: Iterable[NodeState],
     previous: Mapping[str, Any],
     now: str,
+    *,
+    troubles: Sequence[Trouble] = (),
+    reports: Sequence[Report] = (),
 ) -> dict[str, Any]:
-    """DevicePlugin mode: the agents' rollout (DaemonSet status) plus what the nodes advertise.
+    """DevicePlugin mode: the agents' rollout, pods and reports, plus what the nodes advertise.
 
-    Nodes counts are the DaemonSet's (desired = scheduled, ready = available agents); devices
-    are summed from node capacity/allocatable, so unhealthy devices (capacity > allocatable)
-    show up even when every agent runs.
+    Node counts are the DaemonSet's (desired = scheduled, ready = available agents); capacity and
+    allocatable are summed from the nodes, so what the scheduler sees is what is counted; the
+    reports add healthy/unhealthy/allocated counts and say which device is unhealthy and why.
     """
+    nodes = list(nodes)
     r = profile.resource
-    capacity = allocatable = 0
-    problems: list[tuple[str, Reason, str]] = []
-    for node in nodes:
-        if not profile.selector.matches(node.labels):
-            continue
-        cap, alloc = node.capacity.get(r), node.allocatable.get(r)
-        capacity += quantity_to_int(cap)
-        allocatable += quantity_to_int(alloc)
-        if cap is None:
-            problems.append(
-                (node.name, Reason.NO_DEVICES, f"{r} not advertised (no agent registered or no device)")
-            )
-        elif quantity_to_int(alloc) < quantity_to_int(cap):
-            bad = quantity_to_int(cap) - quantity_to_int(alloc)
-            problems.append((node.name, Reason.DEVICES_UNHEALTHY, f"{bad} of {cap} devices unhealthy"))
-    if daemonset is None:
-        conds = [
-            Condition(ConditionType.READY, False, Reason.APPLYING, "agent DaemonSet not created yet"),
-            Condition(ConditionType.PROGRESSING, True, Reason.APPLYING, "creating the agent DaemonSet"),
-            Condition(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "nothing failed"),
-        ]
-        return _assemble(
-            profile,
-            conds=conds,
-            previous=previous,
-            now=now,
-            desired=0,
-            ready=0,
-            capacity=capacity,
-            allocatable=allocatable,
-            problems=problems,
-        )
-    st = daemonset.status
-    generation = daemonset.generation
+    matching = [n for n in nodes if profile.selector.matches(n.labels)]
+    names = {n.name for n in matching}
+    reports = [rep for rep in reports if rep.node in names]
+    devices = {
+        "capacity": sum(quantity_to_int(n.capacity.get(r)) for n in matching),
+        "allocatable": sum(quantity_to_int(n.allocatable.get(r)) for n in matching),
+    }
+    if reports:
+        devices |= {
+            "healthy": sum(rep.healthy for rep in reports),
+            "unhealthy": sum(rep.unhealthy for rep in reports),
+            "allocated": sum(rep.allocated for rep in reports),
+        }
+    problems = plugin_problems(profile, matching, troubles, reports)
+    st = daemonset.status if daemonset is not None else {}
     desired = int(st.get("desiredNumberScheduled") or 0)
     available = int(st.get("numberAvailable") or 0)
     updated = int(st.get("updatedNumberScheduled") or 0)
     observed = int(st.get("observedGeneration") or 0)
-    rolling = observed < generation or updated < desired or available < desired
-    if rolling:
-        progressing = Condition(
-            ConditionType.PROGRESSING,
-            True,
-            Reason.ROLLING_OUT,
-            f"{updated} of {desired} agents updated, {available} available",
-        )
-    else:
-        progressing = Condition(
-            ConditionType.PROGRESSING, False, Reason.UP_TO_DATE, f"{desired} agents up to date"
-        )
-    if desired == 0:
-        ready_c = Condition(ConditionType.READY, True, Reason.NO_MATCHING_NODES, "no node is selected")
+    generation = daemonset.generation if daemonset is not None else 0
+    rolling = daemonset is None or observed < generation or updated < desired or available < desired
+    troubled = {t.node for t in troubles}
+    by_node = {rep.node: rep for rep in reports}
+    waiting = sorted(
+        n.name
+        for n in matching
+        if n.capacity.get(r) is None and n.name not in troubled and publishing(by_node.get(n.name))
+    )
+    stuck = [p for p in problems if p.stalled]
+    unhealthy = [p for p in problems if p.device or p.reason == Reason.DEVICES_UNHEALTHY.value]
+
+    if daemonset is not None and desired == 0:
+        ready_c = (True, Reason.NO_MATCHING_NODES, "no node is selected")
+    elif not rolling and waiting:
+        ready_c = (False, Reason.PUBLISHING, _waiting(waiting, r))
     elif not rolling:
-        ready_c = Condition(
-            ConditionType.READY, True, Reason.ALL_NODES_READY, f"{available} agents available"
-        )
+        ready_c = (True, Reason.ALL_NODES_READY, f"{available} agents available")
+    elif daemonset is None:
+        ready_c = (False, Reason.APPLYING, "agent DaemonSet not created yet")
     else:
-        ready_c = Condition(
-            ConditionType.READY, False, Reason.NODES_NOT_READY, f"{available} of {desired} agents available"
-        )
-    unhealthy = [p for p in problems if p[1] is Reason.DEVICES_UNHEALTHY]
-    if unhealthy:
-        degraded = Condition(
-            ConditionType.DEGRADED,
+        ready_c = (False, Reason.NODES_NOT_READY, f"{available} of {desired} agents available")
+    if stuck:
+        stalled_c, reconciling_c = _stalled(stuck, "agents cannot work without a change")
+    else:
+        stalled_c = (False, Reason.AS_EXPECTED, "nothing is stuck")
+        if daemonset is None:
+            reconciling_c = (True, Reason.APPLYING, "creating the agent DaemonSet")
+        elif rolling:
+            reconciling_c = (
+                True,
+                Reason.ROLLING_OUT,
+                f"{updated} of {desired} agents updated, {available} available",
+            )
+        elif waiting:
+            reconciling_c = (True, Reason.PUBLISHING, _waiting(waiting, r))
+        else:
+            reconciling_c = (False, Reason.UP_TO_DATE, f"{desired} agents up to date")
+    if stuck:
+        degraded_c = (True, stalled_c[1], stalled_c[2])
+    elif unhealthy:
+        nodes_hit = len({p.node for p in unhealthy})
+        degraded_c = (
             True,
             Reason.DEVICES_UNHEALTHY,
-            f"{len(unhealthy)} nodes have unhealthy devices",
+            f"{nodes_hit} nodes have unhealthy devices; {_first(unhealthy)}",
         )
     elif not rolling and int(st.get("numberUnavailable") or 0) > 0:
-        degraded = Condition(
-            ConditionType.DEGRADED,
-            True,
-            Reason.AGENTS_UNAVAILABLE,
-            f"{st.get('numberUnavailable')} agents down",
-        )
+        degraded_c = (True, Reason.AGENTS_UNAVAILABLE, f"{st.get('numberUnavailable')} agents down")
     else:
-        degraded = Condition(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "no node needs attention")
-    return _assemble(
+        degraded_c = (False, Reason.AS_EXPECTED, "no node needs attention")
+    return assemble(
         profile,
-        conds=[ready_c, progressing, degraded],
+        conds=_conds(ready_c, reconciling_c, stalled_c, degraded_c),
         previous=previous,
         now=now,
         desired=desired,
         ready=available,
-        capacity=capacity,
-        allocatable=allocatable,
+        devices=devices,
         problems=problems,
     )

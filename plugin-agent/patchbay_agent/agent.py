@@ -5,6 +5,10 @@ the kubelet's first ListAndWatch already carries the real list (never an empty o
 the kubelet advertise 0 for a moment; docs/facts.md#plugin-sockets); then serve; then register
 (registration.py).
 
+With a profile (`ReportOptions`, `--profile`), the agent also publishes a DeviceReport: the
+PodResources reader (`holders.py`) and the monitor notify the reporter (`reporter.py`), which
+writes through pykube (`kubeclient.py`, imported only then) when the report changed.
+
 Each agent process serves its own socket (`sockets.py`): during a rollout the old and the new
 agent of one resource are registered side by side, and the old one's SIGTERM removes only its own
 socket. At start, sockets of the same resource that dead agents left behind are removed.
@@ -18,8 +22,10 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from patchbay_agent.config import AgentConfig
+from patchbay_agent.constants import DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.discovery import HostRoot, make_backend
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.inventory import Inventory
@@ -28,8 +34,27 @@ from patchbay_agent.monitor import Monitor
 from patchbay_agent.registration import Backoff, Registrar
 from patchbay_agent.server import DevicePluginServicer
 from patchbay_agent.sockets import check_path, new_instance, probe, remove_stale_sockets, socket_name
+from patchbay_agent.wakeup import wait_any
+
+if TYPE_CHECKING:
+    from patchbay_agent.holders import PodHolders
+    from patchbay_agent.reporter import ReportClient, Reporter
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """Where and how the agent publishes its DeviceReport (the `--profile` flags)."""
+
+    profile: str
+    namespace: str
+    #: the agent's pod (the report's `agent` field); None when unknown
+    pod_name: str | None = None
+    pod_resources_socket: Path = Path(DEFAULT_POD_RESOURCES_SOCKET)
+    pod_resources_period: float = 10.0
+    #: None: the in-cluster service account
+    kubeconfig: Path | None = None
 
 
 @dataclass
@@ -49,12 +74,18 @@ class AgentOptions:
     host_path_prefix: str = ""
     #: The socket name's instance part (``--instance``); None draws a fresh one per process.
     instance: str | None = None
+    #: The DeviceReport (``--profile``); None writes no report and reads no PodResources.
+    report: ReportOptions | None = None
 
 
 class Agent:
     """One resource on one node: construct (fails fast on discovery errors), then `run()`."""
 
-    def __init__(self, config: AgentConfig, options: AgentOptions) -> None:
+    def __init__(
+        self, config: AgentConfig, options: AgentOptions, report_client: ReportClient | None = None
+    ) -> None:
+        """`report_client` writes the DeviceReport when `options.report` is set (default: pykube,
+        `kubeclient.KubeClient`, imported only then); raises kubeclient.ClientConfigError."""
         self.config = config
         self.options = options
         #: socket names this process has used: never drawn again
@@ -82,6 +113,45 @@ class Agent:
         )
         self.http = HttpEndpoint(self.metrics, self._healthy, self._ready)
         self.started = asyncio.Event()
+        self.holders: PodHolders | None = None
+        self.reporter: Reporter | None = None
+        if options.report is not None:
+            self._set_up_report(options.report, report_client)
+
+    def _set_up_report(self, report: ReportOptions, client: ReportClient | None) -> None:
+        # Imported only here: an agent without reports pays nothing for them (pykube and requests
+        # are about 9 MiB; the PodResources stubs and the report code about 0.4 MiB).
+        from patchbay_agent.holders import PodHolders
+        from patchbay_agent.report import ReportTarget, build_report
+        from patchbay_agent.reporter import Reporter
+
+        if client is None:
+            from patchbay_agent.kubeclient import KubeClient
+
+            client = KubeClient(report.kubeconfig)
+        holders = self.holders = PodHolders(
+            report.pod_resources_socket,
+            self.config.resource_name,
+            self.metrics,
+            period=report.pod_resources_period,
+        )
+        target = ReportTarget(
+            report.profile,
+            self.options.node_name,
+            report.namespace,
+            self.config.resource_name,
+            report.pod_name,
+        )
+
+        def build(node_uid: str | None) -> dict[str, Any]:
+            return build_report(
+                target, self.inventory.current, self.monitor.tracker.status, holders.containers, node_uid
+            )
+
+        reporter = self.reporter = Reporter(target, client, build, self.metrics)
+        self.servicer.on_allocated = holders.allocated
+        holders.on_change = reporter.notify
+        self.monitor.on_round = reporter.notify
 
     def _fresh_instance(self) -> str:
         """A random instance whose socket name is not in the plugin directory (used or not)."""
@@ -113,6 +183,14 @@ class Agent:
             )
         remove_stale_sockets(self.options.plugin_dir, self.config.resource_name, keep=path.name)
 
+    async def _report(self, stop: asyncio.Event) -> None:
+        """The reporter, once the first PodResources read was tried: the first report already
+        names the pods that hold devices."""
+        assert self.holders is not None
+        assert self.reporter is not None
+        await wait_any((self.holders.attempted, stop), self.holders.rpc_timeout + 1.0)
+        await self.reporter.run(stop)
+
     def _healthy(self) -> bool:
         return self.registrar.server is not None and self.registrar.server.serving
 
@@ -143,6 +221,15 @@ class Agent:
             asyncio.create_task(self.monitor.run(stop), name="monitor"),
             asyncio.create_task(self.registrar.run(stop), name="registrar"),
         ]
+        # Reporting is cancelled, not awaited, at shutdown: a write hanging on the API server
+        # must not delay removing our socket (the HTTP request itself ends within its timeout).
+        report_tasks: list[asyncio.Task[None]] = []
+        if self.holders is not None and self.reporter is not None:
+            report_tasks = [
+                asyncio.create_task(self.holders.run(stop), name="pod-resources"),
+                asyncio.create_task(self._report(stop), name="reporter"),
+            ]
+            tasks += report_tasks
         # Everything allocated so far (modules, config, grpc) lives as long as the process: move it
         # out of the garbage collector's generations so full collections stop walking it. They
         # otherwise land in the middle of Allocate calls and stretch its tail latency
@@ -161,6 +248,8 @@ class Agent:
             stopper.cancel()
             log.info("Shutting down: ending streams, removing our socket %s", self.registrar.socket_path)
             self.inventory.close()
+            for t in report_tasks:
+                t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.registrar.shutdown(self.options.shutdown_grace)
             await self.http.stop()

@@ -30,3 +30,16 @@ class DeviceHealth(enum.StrEnum):
 
     HEALTHY = "Healthy"
     UNHEALTHY = "Unhealthy"
+
+
+#: The DeviceReport API (crds/patchbay.dev_devicereports.yaml): one object per profile and node.
+REPORT_GROUP = "patchbay.dev"
+REPORT_VERSION = "v1alpha1"
+REPORT_KIND = "DeviceReport"
+REPORT_PLURAL = "devicereports"
+#: The server-side apply field manager of the agent's writes, and its managed-by label value.
+FIELD_MANAGER = "patchbay-agent"
+LABEL_PROFILE = "patchbay.dev/profile"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+#: Where a pod finds its service-account token, CA and namespace.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -22,15 +22,24 @@ Checks, in order, all under the host root:
    briefly would make a VM's open fail;
 3. the optional exec probe. A probe that cannot run (missing binary, timeout, killed) is a
    failure: a check that did not happen never reports Healthy.
+
+Every failed check carries a CamelCase reason code (`Reason`) besides its human message; the
+tracker keeps, per device, its health, since when (wall clock; the first observation counts) and,
+while Unhealthy, the reason and message that made it so. That is what the agent's DeviceReport
+says (`report.py`). The message is the one seen when the device turned Unhealthy, replaced only
+when the reason itself changes: a probe whose stderr differs every round must not turn each round
+into an API write.
 """
 
 from __future__ import annotations
 
+import enum
 import errno
 import logging
 import os
 import stat
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from patchbay_agent.command import Outcome, run_command
@@ -42,6 +51,40 @@ log = logging.getLogger(__name__)
 
 _OPEN_PROVES_NOTHING = {errno.EBUSY, errno.EACCES, errno.EPERM}
 _NEVER_OPEN_PREFIXES = ("/dev/vfio/",)
+#: stat() errors that mean the path is not there (as opposed to "cannot look").
+_MISSING = {errno.ENOENT, errno.ENOTDIR}
+
+
+class Reason(enum.StrEnum):
+    """Why a check failed, in CamelCase (a DeviceReport's `reason`)."""
+
+    #: a check path is missing, or discovery no longer finds the device
+    VANISHED = "Vanished"
+    #: a check path exists but stat() failed otherwise (EACCES on a parent, ELOOP, ...)
+    STAT_FAILED = "StatFailed"
+    #: open() of a device node failed (ENXIO/ENODEV/EIO: no hardware behind it)
+    OPEN_FAILED = "OpenFailed"
+    #: the exec probe exited non-zero (or was killed by a signal)
+    PROBE_FAILED = "ProbeFailed"
+    PROBE_TIMED_OUT = "ProbeTimedOut"
+    #: the exec probe could not be started (missing binary, not executable)
+    PROBE_NOT_RUN = "ProbeNotRun"
+    #: a failed check that named no reason
+    CHECK_FAILED = "CheckFailed"
+
+
+_PROBE_REASONS = {
+    Outcome.FAILED: Reason.PROBE_FAILED,
+    Outcome.TIMED_OUT: Reason.PROBE_TIMED_OUT,
+    Outcome.CANNOT_RUN: Reason.PROBE_NOT_RUN,
+}
+
+
+def _errno_text(e: OSError) -> str:
+    """ "No such device or address (ENXIO)": the errno's text and its name."""
+    name = errno.errorcode.get(e.errno or 0)
+    text = e.strerror or str(e)
+    return f"{text} ({name})" if name else text
 
 
 class HealthMachine:
@@ -90,9 +133,12 @@ class HealthMachine:
 @dataclass(frozen=True)
 class CheckResult:
     ok: bool
+    #: What the check saw, in words (a DeviceReport's `message`).
     reason: str = ""
     #: A failure that is a fact, not a flaky check (the device vanished): no failure threshold.
     definite: bool = False
+    #: Why it failed, in CamelCase; empty when ok (CheckFailed is assumed for a failure without).
+    code: str = ""
 
 
 OK = CheckResult(True)
@@ -105,7 +151,8 @@ def check_paths(root: HostRoot, device: PhysicalDevice) -> CheckResult:
         try:
             st = os.stat(real)
         except OSError as e:
-            return CheckResult(False, f"{host_path}: {e.strerror or e}")
+            code = Reason.VANISHED if e.errno in _MISSING else Reason.STAT_FAILED
+            return CheckResult(False, f"{host_path}: {_errno_text(e)}", code=code)
         if not host_path.startswith("/dev/") or host_path.startswith(_NEVER_OPEN_PREFIXES):
             continue
         if stat.S_ISDIR(st.st_mode):
@@ -115,7 +162,7 @@ def check_paths(root: HostRoot, device: PhysicalDevice) -> CheckResult:
         except OSError as e:
             if e.errno in _OPEN_PROVES_NOTHING:
                 continue
-            return CheckResult(False, f"{host_path}: cannot open: {e.strerror or e}")
+            return CheckResult(False, f"{host_path}: cannot open: {_errno_text(e)}", code=Reason.OPEN_FAILED)
         os.close(fd)
     return OK
 
@@ -133,24 +180,42 @@ async def run_exec_probe(probe: ExecProbe, root: HostRoot, device: PhysicalDevic
     if result.ok:
         return OK
     name = f"probe {probe.command[0]!r}" if result.outcome is Outcome.CANNOT_RUN else "probe"
-    return CheckResult(False, f"{name} {result.detail}")
+    return CheckResult(False, f"{name} {result.detail}", code=_PROBE_REASONS[result.outcome])
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """One device's health as a report states it."""
+
+    healthy: bool
+    #: wall-clock seconds when the device entered this health (its first observation counts)
+    since: float
+    #: while Unhealthy: the reason code and message of the failure that made it so
+    reason: str = ""
+    message: str = ""
 
 
 class DeviceHealthTracker:
     """The machines of every device present, keyed by physical device ID."""
 
-    def __init__(self, failure_threshold: int, success_threshold: int) -> None:
+    def __init__(
+        self, failure_threshold: int, success_threshold: int, clock: Callable[[], float] = time.time
+    ) -> None:
         self._failure_threshold = failure_threshold
         self._success_threshold = success_threshold
+        self._clock = clock
         self._machines: dict[str, HealthMachine] = {}
         self._reasons: dict[str, str] = {}
+        self._status: dict[str, DeviceStatus] = {}
 
     def observe(self, results: Mapping[str, CheckResult]) -> bool:
         """Feed one round's results; forget devices no longer present. True when anything flipped."""
         changed = False
+        now = self._clock()
         for gone in set(self._machines) - set(results):
             del self._machines[gone]
             self._reasons.pop(gone, None)
+            self._status.pop(gone, None)
             changed = True
         for dev_id, result in results.items():
             machine = self._machines.get(dev_id)
@@ -171,6 +236,14 @@ class DeviceHealthTracker:
                         machine.state,
                         "" if result.ok else f": {result.reason}",
                     )
+                self._status[dev_id] = _status_of(machine.healthy, now, result)
+            else:
+                current = self._status.get(dev_id)
+                code = result.code or Reason.CHECK_FAILED
+                if current is not None and not current.healthy and not result.ok and current.reason != code:
+                    # Still Unhealthy, for another reason now (OpenFailed, then Vanished): say so,
+                    # keeping `since`.
+                    self._status[dev_id] = _status_of(False, current.since, result)
             if not result.ok:
                 self._reasons[dev_id] = result.reason
         return changed
@@ -180,4 +253,15 @@ class DeviceHealthTracker:
         return machine is not None and machine.healthy
 
     def reason(self, dev_id: str) -> str:
+        """The message of the device's latest failed check (even while still Healthy)."""
         return self._reasons.get(dev_id, "")
+
+    def status(self, dev_id: str) -> DeviceStatus | None:
+        """The device's health, since when and why; None for a device never observed."""
+        return self._status.get(dev_id)
+
+
+def _status_of(healthy: bool, since: float, result: CheckResult) -> DeviceStatus:
+    if healthy:
+        return DeviceStatus(True, since)
+    return DeviceStatus(False, since, result.code or Reason.CHECK_FAILED, result.reason)

@@ -1,8 +1,9 @@
 """`patchbay-agent`: the command line. Parses flags, loads the config, runs the agent until
 SIGTERM/SIGINT, then shuts down gracefully (streams ended, socket removed).
 
-Exit codes: 0 after a clean shutdown, 2 for a bad config or flags (the message names the field),
-3 when discovery cannot work on this node or the device list cannot fit the kubelet's limit.
+Exit codes: 0 after a clean shutdown, 2 for a bad config or flags (the message names the field
+or the flag), 3 when discovery cannot work on this node or the device list cannot fit the
+kubelet's limit.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import re
 import signal
 import sys
 from pathlib import Path
 
-from patchbay_agent.agent import Agent, AgentOptions
+from patchbay_agent.agent import Agent, AgentOptions, ReportOptions
 from patchbay_agent.config import ConfigError, load
-from patchbay_agent.constants import DEFAULT_DEVICE_PLUGIN_DIR
+from patchbay_agent.constants import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.discovery import DiscoveryError
 from patchbay_agent.inventory import ListTooLargeError
 from patchbay_agent.sockets import check_instance
@@ -26,6 +29,12 @@ log = logging.getLogger("patchbay_agent")
 
 EXIT_CONFIG = 2
 EXIT_NODE = 3
+
+DEFAULT_POD_RESOURCES_PERIOD = 10.0
+#: A DNS-1123 label: a namespace, and a profile name (also a label value, so at most 63).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+#: Flags that only mean something with --profile.
+_REPORT_FLAGS = ("report_namespace", "kubeconfig", "pod_resources_socket", "pod_resources_period")
 
 
 def _address(value: str) -> tuple[str, int] | None:
@@ -44,6 +53,25 @@ def _instance(value: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} must be 1-63 lowercase letters, digits or '-', starting and ending with a "
+            "letter or digit"
+        )
+    return value
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} must be a positive number of seconds")
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="patchbay-agent",
@@ -60,7 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
             "The config is the ConfigMap the Patchbay operator renders from a DevicePluginProfile "
             "(resourceName + plugin; see docs/design/profile-contract.md). By hand on a node: "
             "patchbay-agent --config dongle.yaml --node-name $(hostname). In a DaemonSet: "
-            "--host-root /host with the host's /dev and /sys mounted read-only under it."
+            "--host-root /host with the host's /dev and /sys mounted read-only under it. "
+            "With --profile, the agent also publishes a DeviceReport <profile>.<node> in "
+            "--report-namespace (server-side apply, only when something changed): each device's "
+            "health, why, since when, and which containers hold it (from the kubelet's PodResources "
+            "API)."
         ),
     )
     p.add_argument(
@@ -118,6 +150,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="the instance part of the socket name, 1-16 lowercase letters or digits (default: a "
         "fresh random one per process; a name another process serves is refused)",
     )
+    report = p.add_argument_group(
+        "DeviceReport", "all optional; without --profile the agent writes no report and reads no PodResources"
+    )
+    report.add_argument(
+        "--profile",
+        type=_dns_label,
+        metavar="NAME",
+        help="the DevicePluginProfile this agent serves: publish the DeviceReport <NAME>.<node-name>",
+    )
+    report.add_argument(
+        "--report-namespace",
+        type=_dns_label,
+        metavar="NS",
+        help="namespace of the DeviceReport (default: $POD_NAMESPACE)",
+    )
+    report.add_argument(
+        "--pod-name",
+        metavar="NAME",
+        help="this agent's pod, the report's `agent` field (default: $POD_NAME; none if unset)",
+    )
+    report.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        metavar="PATH",
+        help=f"PodResources socket (default: {DEFAULT_POD_RESOURCES_SOCKET})",
+    )
+    report.add_argument(
+        "--pod-resources-period",
+        type=_seconds,
+        metavar="SECONDS",
+        help="read PodResources this often, besides about 1 s after each Allocate (default: "
+        f"{DEFAULT_POD_RESOURCES_PERIOD:g})",
+    )
+    report.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="kubeconfig for writing the report (default: the in-cluster service account: "
+        "$KUBERNETES_SERVICE_HOST/PORT and the token and ca.crt under "
+        "/var/run/secrets/kubernetes.io/serviceaccount/; the token is re-read when it rotates)",
+    )
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="default: %(default)s")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return p
@@ -155,9 +228,46 @@ async def _run(agent: Agent) -> None:
     await agent.run(stop)
 
 
+def _report_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ReportOptions | None:
+    """The DeviceReport's options, or None without --profile; parser.error() (exit 2, naming the
+    flag) when they cannot work."""
+    if args.profile is None:
+        given = [f"--{name.replace('_', '-')}" for name in _REPORT_FLAGS if getattr(args, name) is not None]
+        if given:
+            log.warning("%s ignored: there is no report without --profile", ", ".join(given))
+        return None
+    from patchbay_agent.report import MAX_NAME_LENGTH, report_name
+
+    namespace = args.report_namespace
+    if namespace is None:
+        env = os.environ.get("POD_NAMESPACE", "")
+        if not env:
+            parser.error("--profile needs --report-namespace (or $POD_NAMESPACE)")
+        try:
+            namespace = _dns_label(env)
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"$POD_NAMESPACE (the default of --report-namespace): {e}")
+    name = report_name(args.profile, args.node_name)
+    if len(name) > MAX_NAME_LENGTH:
+        parser.error(
+            f"--profile and --node-name: the report name {name[:40]}... is {len(name)} characters, "
+            f"over {MAX_NAME_LENGTH}"
+        )
+    return ReportOptions(
+        profile=args.profile,
+        namespace=namespace,
+        pod_name=args.pod_name or os.environ.get("POD_NAME") or None,
+        pod_resources_socket=args.pod_resources_socket or Path(DEFAULT_POD_RESOURCES_SOCKET),
+        pod_resources_period=args.pod_resources_period or DEFAULT_POD_RESOURCES_PERIOD,
+        kubeconfig=args.kubeconfig,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     _setup_logging(args.log_format, args.log_level)
+    report = _report_options(parser, args)
     try:
         config = load(args.config)
     except ConfigError as e:
@@ -172,10 +282,22 @@ def main(argv: list[str] | None = None) -> int:
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,
         instance=args.instance,
+        report=report,
     )
+    client = None
+    if report is not None:
+        # Only now: pykube (and requests) stay out of an agent without reports.
+        from patchbay_agent.kubeclient import ClientConfigError, KubeClient
+
+        try:
+            client = KubeClient(report.kubeconfig)
+        except ClientConfigError as e:
+            print(f"patchbay-agent: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        log.info("Publishing DeviceReport %s/%s.%s", report.namespace, report.profile, args.node_name)
     log.info("Starting for %s on node %s", config.resource_name, args.node_name)
     try:
-        asyncio.run(_run(Agent(config, options)))
+        asyncio.run(_run(Agent(config, options, client)))
     except (DiscoveryError, ListTooLargeError, ValueError) as e:
         print(f"patchbay-agent: {e}", file=sys.stderr)
         return EXIT_NODE

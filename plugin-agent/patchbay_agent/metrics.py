@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from patchbay_agent.inventory import Snapshot
@@ -144,6 +144,15 @@ class _Family(_Metric, Generic[_V]):
             series = self._series[values] = self._series_type()
         return series
 
+    def remove(self, *values: str) -> None:
+        """Drop one series (a device or a pod that is gone); no error when it is not there."""
+        if self.labelnames:
+            self._series.pop(values, None)
+
+    def label_values(self) -> list[tuple[str, ...]]:
+        """The label values of every series there is."""
+        return list(self._series)
+
     def _samples(self) -> Iterator[str]:
         for values, series in sorted(self._series.items()):
             yield f"{self.name}{_labels(self.labelnames, values)} {_fmt(series.value)}"
@@ -263,6 +272,36 @@ class Metrics:
         self.list_too_large = Counter(
             r, "patchbay_agent_list_too_large_total", "Device lists not published because they exceed 4 MiB."
         )
+        self.device_healthy = Gauge(
+            r,
+            "patchbay_agent_device_healthy",
+            "1 while a physical device is Healthy, 0 while Unhealthy; one series per listed device.",
+            ["device"],
+        )
+        self.allocated_devices = Gauge(
+            r,
+            "patchbay_agent_allocated_devices",
+            "Device IDs of this resource (replicas counted one by one) the kubelet allocated to a "
+            "container, from its PodResources API; one series per container holding any.",
+            ["namespace", "pod", "container"],
+        )
+        self.pod_resources_reads = Counter(
+            r,
+            "patchbay_agent_pod_resources_reads_total",
+            "Reads of the kubelet's PodResources List, by result (only while reports are on).",
+            ["result"],
+        )
+        self.report_writes = Counter(
+            r,
+            "patchbay_agent_report_writes_total",
+            "DeviceReport writes (server-side apply) by result.",
+            ["result"],
+        )
+        self.report_unchanged = Counter(
+            r,
+            "patchbay_agent_report_unchanged_total",
+            "DeviceReports built and not written because they equal the last one written.",
+        )
 
     def observe_round(self, seconds: float, snap: Snapshot) -> None:
         self.round_seconds.observe(seconds)
@@ -271,3 +310,18 @@ class Metrics:
         self.devices.labels("Unhealthy").set(snap.advertised - healthy)
         self.physical_devices.set(len(snap.physical))
         self.list_bytes.set(snap.size_bytes)
+        healthy_physical = {snap.replica_of[rid] for rid in snap.healthy}
+        for (device,) in self.device_healthy.label_values():
+            if device not in snap.physical:
+                self.device_healthy.remove(device)
+        for device in snap.physical:
+            self.device_healthy.labels(device).set(1 if device in healthy_physical else 0)
+
+    def set_allocations(self, counts: Mapping[tuple[str, str, str], int]) -> None:
+        """Per-container allocated device counts, keyed (namespace, pod, container); the series of
+        containers no longer holding devices go."""
+        for key in self.allocated_devices.label_values():
+            if key not in counts:
+                self.allocated_devices.remove(*key)
+        for (namespace, pod, container), n in counts.items():
+            self.allocated_devices.labels(namespace, pod, container).set(n)

@@ -14,13 +14,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from patchbay_agent.config import Health
 from patchbay_agent.discovery import Backend, HostRoot, PhysicalDevice
 from patchbay_agent.fswatch import DirWatcher
-from patchbay_agent.health import OK, CheckResult, DeviceHealthTracker, check_paths, run_exec_probe
+from patchbay_agent.health import (
+    OK,
+    CheckResult,
+    DeviceHealthTracker,
+    Reason,
+    check_paths,
+    run_exec_probe,
+)
 from patchbay_agent.inventory import Inventory, ListTooLargeError
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.wakeup import wait_any
@@ -45,13 +52,15 @@ class Monitor:
         self._health = health
         self._inventory = inventory
         self._metrics = metrics
-        self._tracker = DeviceHealthTracker(health.failure_threshold, health.success_threshold)
+        self.tracker = DeviceHealthTracker(health.failure_threshold, health.success_threshold)
         self._probe_results: dict[str, CheckResult] = {}
         self._probe_slots = asyncio.Semaphore(MAX_PARALLEL_PROBES)
         self._kick = asyncio.Event()
         self._watcher: DirWatcher | None = None
         self._known: dict[str, PhysicalDevice] = {}
         self.rounds = 0
+        #: called after every completed round (the DeviceReport compares and writes if changed)
+        self.on_round: Callable[[], None] | None = None
 
     def _scan_and_check(self) -> tuple[list[PhysicalDevice], dict[str, CheckResult]]:
         """Scan, then check every device's paths.
@@ -66,7 +75,13 @@ class Monitor:
         self._known.update((d.id, d) for d in found)
         results = {d.id: check_paths(self._root, d) for d in found}
         for dev_id in self._known.keys() - present:
-            results[dev_id] = CheckResult(False, "no longer discovered (vanished)", definite=True)
+            device = self._known[dev_id]
+            results[dev_id] = CheckResult(
+                False,
+                f"no longer discovered ({', '.join(device.check_paths) or 'no device files'})",
+                definite=True,
+                code=Reason.VANISHED,
+            )
         # First-seen order: a device that vanishes and returns keeps its place in the list.
         return list(self._known.values()), results
 
@@ -81,10 +96,12 @@ class Monitor:
         devices, results = await asyncio.to_thread(self._scan_and_check)
         if self._health.exec is not None:
             await self._run_probes(devices, results, periodic)
-        self._tracker.observe(results)
-        changed = self._inventory.update(devices, self._tracker)
+        self.tracker.observe(results)
+        changed = self._inventory.update(devices, self.tracker)
         self.rounds += 1
         self._metrics.observe_round(time.perf_counter() - started, self._inventory.current)
+        if self.on_round is not None:
+            self.on_round()
         return changed
 
     async def _run_probes(

@@ -41,6 +41,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.open_streams = 0
         #: called when a stream ends; the registrar uses it to notice a kubelet that dropped us
         self.on_stream_closed: Callable[[], None] | None = None
+        #: called after every Allocate answered OK (must not block: it runs before the answer goes)
+        self.on_allocated: Callable[[], None] | None = None
         self._options = api_pb2.DevicePluginOptions(
             pre_start_required=config.pre_start is not None,
             get_preferred_allocation_available=config.preferred_policy is not PreferredPolicy.NONE,
@@ -123,6 +125,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             await context.abort(e.code, e.message)
         self._metrics.allocate_seconds.observe(time.perf_counter() - started)
         self._metrics.rpcs.labels("Allocate", "OK").inc()
+        if self.on_allocated is not None:
+            self.on_allocated()
         return response
 
     async def PreStartContainer(  # noqa: N802 - the gRPC method name

@@ -265,9 +265,69 @@ def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str) -> No
         ("create", "configmaps", ns),
         ("delete", "configmaps", ns),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),  # kopf's observer
+        ("watch", "pods", ns),  # why an agent pod does not work
+        ("watch", "events", ns),
+        ("watch", "devicereports.patchbay.dev", ns),  # the agents' reports
+        ("delete", "devicereports.patchbay.dev", ns),  # of nodes a profile no longer selects
     ]
     denied = [(v, r, n) for v, r, n in needed if not _can(tools, ns, v, r, n)]
     assert not denied
+
+
+def _report(node: str, profile: str = "p") -> str:
+    return json.dumps(
+        {
+            "apiVersion": "patchbay.dev/v1alpha1",
+            "kind": "DeviceReport",
+            "metadata": {"name": f"{profile}.{node}"},
+            "profile": profile,
+            "nodeName": node,
+            "resourceName": "example.com/serial",
+            "summary": {"total": 1, "healthy": 1, "unhealthy": 0, "allocated": 0},
+            "devices": [{"id": "ttyUSB0", "health": "Healthy"}],
+        }
+    )
+
+
+def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str) -> None:
+    """The chart's ValidatingAdmissionPolicy on the node-name claim of pod-bound tokens, tried by
+    impersonation: the agents' ServiceAccount with the user extra a pod-bound token carries."""
+    ns = installed
+    agent = f"system:serviceaccount:{ns}:patchbay-agent"
+    claim = "authentication.kubernetes.io/node-name"
+
+    def as_agent(node: str | None, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        who = ["--as", agent] + ([f"--as-user-extra={claim}={node}"] if node else [])
+        return tools.kubectl(*args, "-n", ns, *who, stdin=stdin, check=False)
+
+    apply = ("apply", "--server-side", "--field-manager=patchbay-agent", "-f", "-")
+    own = as_agent("node-a", *apply, stdin=_report("node-a"))
+    assert own.returncode == 0, own.stderr
+    again = as_agent("node-a", *apply, stdin=_report("node-a").replace("Healthy", "Unhealthy"))
+    assert again.returncode == 0, again.stderr  # updating its own: allowed
+    other = as_agent("node-a", *apply, stdin=_report("node-b"))
+    assert other.returncode != 0
+    assert "an agent on node node-a may write only its own node's DeviceReport, not one for node node-b" in (
+        " ".join(other.stderr.split())
+    ), other.stderr
+    unbound = as_agent(None, *apply, stdin=_report("node-c"))
+    assert unbound.returncode != 0 and "names no node" in unbound.stderr, unbound.stderr
+    # And nothing else: not another kind, not its own report's deletion, not listing the others.
+    cm = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})
+    for args, stdin in (
+        (apply, cm),
+        (("delete", "devicereport", "p.node-a"), None),
+        (("get", "devicereports"), None),
+        (
+            ("apply", "--server-side", "-f", "-"),
+            _report("node-a").replace("DeviceReport", "DevicePluginProfile"),
+        ),
+    ):
+        res = as_agent("node-a", *args, stdin=stdin)
+        assert res.returncode != 0 and "forbidden" in res.stderr.lower(), (args, res.stderr)
+    # The policy binds the agents only: the operator (or an admin) is not node-scoped.
+    assert tools.kubectl(*apply, "-n", ns, stdin=_report("node-b")).returncode == 0
+    tools.kubectl("delete", "devicereports", "--all", "-n", ns)
 
 
 def test_rbac_denies_everything_else(tools: Tools, installed: str) -> None:

@@ -44,6 +44,11 @@ FAMILIES = {
     "patchbay_agent_health_round_seconds": "histogram",
     "patchbay_agent_list_and_watch_bytes": "gauge",
     "patchbay_agent_list_too_large": "counter",
+    "patchbay_agent_device_healthy": "gauge",
+    "patchbay_agent_allocated_devices": "gauge",
+    "patchbay_agent_pod_resources_reads": "counter",
+    "patchbay_agent_report_writes": "counter",
+    "patchbay_agent_report_unchanged": "counter",
 }
 
 
@@ -123,6 +128,16 @@ def test_the_registry_text_parses_with_the_values_that_were_caused() -> None:
     assert value(families, "patchbay_agent_rpcs_total", method="Allocate", code="OK") == 3
     assert value(families, "patchbay_agent_rpcs_total", method="Allocate", code="INVALID_ARGUMENT") == 1
     assert value(families, "patchbay_agent_list_too_large_total") == 0
+    # Per PHYSICAL device (two replicas each), whatever the replicas.
+    assert {s.labels["device"]: s.value for s in families["patchbay_agent_device_healthy"].samples} == {
+        "tty0": 1,
+        "tty1": 0,
+        "tty2": 1,
+    }
+    # Families of reports off: declared, without series.
+    assert families["patchbay_agent_allocated_devices"].samples == []
+    assert families["patchbay_agent_report_writes"].samples == []
+    assert value(families, "patchbay_agent_report_unchanged_total") == 0
 
     buckets, total, count = histogram_parts(families["patchbay_agent_allocate_seconds"])
     assert dict(buckets) == {

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -21,6 +22,7 @@ from patchbay_devcluster.poll import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "patchbay.dev_devicepluginprofiles.yaml"
+REPORT_CRD_FILE = REPO / "crds" / "patchbay.dev_devicereports.yaml"
 GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
 NAMESPACE = "patchbay-it"
 TEST_LABEL = "patchbay.dev/test"
@@ -31,6 +33,28 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: 
     naming ``what`` and the last value seen. A bounded wait for the cluster to converge, never a
     timing assertion."""
     return poll_until(what, check, timeout=timeout, interval=every, error=AssertionError)
+
+
+def apply_crd(api: client.ApiClient, path: Path) -> dict[str, Any]:
+    """Create or replace the CRD in ``path`` and wait until it is Established; returns its body."""
+    ext = client.ApiextensionsV1Api(api)
+    body: dict[str, Any] = yaml.safe_load(path.read_text())
+    name = body["metadata"]["name"]
+    try:
+        current = ext.read_custom_resource_definition(name)
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(name, body)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        ext.create_custom_resource_definition(body)
+
+    def established() -> bool:
+        c = ext.read_custom_resource_definition(name)
+        return any(x.type == "Established" and x.status == "True" for x in c.status.conditions or [])
+
+    wait_for(f"the CRD {name} to be Established", established)
+    return body
 
 
 @contextlib.contextmanager

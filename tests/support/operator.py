@@ -6,7 +6,6 @@ cluster-wide); tests isolate themselves with per-test name prefixes and node lab
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from support.clusters import NAMESPACE, REPO, wait_for
 
@@ -33,6 +33,7 @@ class Operator:
         self.log_dir = log_dir
         self.args = args
         self.namespace = namespace
+        self.metrics_port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
         self.starts = 0
@@ -46,6 +47,7 @@ class Operator:
         assert not self.running, "one operator at a time"
         self.starts += 1
         port = free_port()
+        self.metrics_port = free_port()
         self.log_path = self.log_dir / f"operator-{self.starts}.log"
         argv = [
             sys.executable,
@@ -58,6 +60,8 @@ class Operator:
             *self.args,
             "--liveness",
             f"http://127.0.0.1:{port}/healthz",
+            "--metrics-address",
+            f"127.0.0.1:{self.metrics_port}",
             *extra,
         ]
         with self.log_path.open("wb") as log:
@@ -125,10 +129,35 @@ class Operator:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
-    def stats(self) -> dict[str, int]:
-        """The last ``Stats`` line the operator logged (its own write counters)."""
-        for line in reversed(self.log().splitlines()):
-            if "Stats " in line:
-                text = json.loads(line)["message"] if line.startswith("{") else line  # --log-format json
-                return dict(json.loads(text.split("Stats ", 1)[1]))
+    def stats(self) -> dict[str, Any]:
+        """The operator's own counters, scraped from its /metrics ({} while it serves none)."""
+        if self.metrics_port is None:
+            return {}
+        return scrape_stats(f"http://127.0.0.1:{self.metrics_port}/metrics")
+
+
+def scrape_stats(url: str) -> dict[str, Any]:
+    """The operator's /metrics as ``Controller.stats()`` keys (metrics.py's tables, read back):
+    the tests and benchmarks compare the same numbers the operator exports."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from patchbay_operator.metrics import COUNTERS, GAUGES, LABELLED, metric_name
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
         return {}
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    out: dict[str, Any] = {}
+    for key in [*COUNTERS, *GAUGES]:
+        family = families.get(metric_name(key))
+        if family is not None and family.samples:
+            out[key] = int(family.samples[0].value)
+    for key, (label, _, _) in LABELLED.items():
+        family = families.get(metric_name(key))
+        if family is not None:
+            out[key] = {
+                s.labels[label]: int(s.value) for s in family.samples if not s.name.endswith("_created")
+            }
+    return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from typing import Any
 
 from kubernetes import client
 from support.clusters import Cluster, kstatus, wait_for
+from support.operator import scrape_stats
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage
@@ -70,12 +70,10 @@ class Installed:
         assert pod is not None, "no Ready operator pod"
         return str(self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace))
 
-    def operator_stats(self) -> dict[str, int]:
-        """The last ``Stats`` line of the operator pod's log (its own write counters)."""
-        for line in reversed(self.operator_log().splitlines()):
-            if "Stats " in line:
-                return dict(json.loads(line.split("Stats ", 1)[1]))
-        return {}
+    def operator_stats(self) -> dict[str, Any]:
+        """The operator pod's own counters from its /metrics (on the node's 127.0.0.1: the pod
+        runs with hostNetwork here)."""
+        return scrape_stats(f"http://127.0.0.1:{self.release.values['metrics']['port']}/metrics")
 
     def agent_pods(self, profile: str) -> list[client.V1Pod]:
         selector = f"{AGENT_SELECTOR},patchbay.dev/profile={profile}"

@@ -87,7 +87,8 @@ def test_agent_objects_are_applied_rolled_and_deleted(cluster: Cluster, operator
     )
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["Ready"]["status"] == "True"
-    assert conds["Progressing"]["status"] == "False"
+    assert conds["Reconciling"]["status"] == "False"
+    assert conds["Stalled"]["status"] == "False"
     # No kubelet behind kwok nodes: nothing advertises devices, and status says so per node.
     assert st["devices"] == {"capacity": 0, "allocatable": 0}
     assert st["problemCount"] == 3 and {p["reason"] for p in st["problems"]} == {"NoDevices"}

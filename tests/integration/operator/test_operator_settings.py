@@ -23,7 +23,7 @@ def test_json_log_format(operator_process: Operator) -> None:
     operator_process.stop()
     operator_process.start("--log-format", "json")
     try:
-        wait_for("a Stats line", operator_process.stats)
+        wait_for("the operator's /metrics", lambda: "nodes" in operator_process.stats())
         lines = [ln for ln in operator_process.log().splitlines() if ln.strip()]
         records = [json.loads(ln) for ln in lines]  # every line is one JSON object
         assert any("Loaded" in r["message"] for r in records)

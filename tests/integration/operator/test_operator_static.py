@@ -53,7 +53,8 @@ def test_static_profile_patches_every_selected_node_and_reports(cluster: Cluster
     assert st["devices"] == {"capacity": 16, "allocatable": 16}
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["Ready"]["status"] == "True" and conds["Ready"]["reason"] == "AllNodesReady"
-    assert conds["Progressing"]["status"] == "False"
+    assert conds["Reconciling"]["status"] == "False"
+    assert conds["Stalled"]["status"] == "False"
     assert conds["Degraded"]["status"] == "False"
     assert st["problemCount"] == 0
 

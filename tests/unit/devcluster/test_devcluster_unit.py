@@ -15,9 +15,17 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from patchbay_devcluster import cli, pki
+from patchbay_devcluster import cli, pki, relay
 from patchbay_devcluster import node as node_module
-from patchbay_devcluster.cluster import BINARIES, ClusterError, DevCluster, State, find_bin_dir
+from patchbay_devcluster.cluster import (
+    API_SERVER_IPS,
+    BINARIES,
+    RELAY,
+    ClusterError,
+    DevCluster,
+    State,
+    find_bin_dir,
+)
 from patchbay_devcluster.controlplane import kwok_node, write_credentials
 from patchbay_devcluster.imagebuild import copy_sources, source_files
 from patchbay_devcluster.node import (
@@ -30,7 +38,8 @@ from patchbay_devcluster.node import (
     RealNode,
     cni_conflist,
 )
-from patchbay_devcluster.procs import Proc, free_port, pid_runs
+from patchbay_devcluster.poll import poll_until
+from patchbay_devcluster.procs import Proc, free_port, pid_runs, spawn
 
 
 def test_ca_signs_server_and_client_certificates(tmp_path: Path) -> None:
@@ -60,6 +69,48 @@ def test_ca_and_certificates_are_reused(tmp_path: Path) -> None:
     assert isinstance(second.key, ec.EllipticCurvePrivateKey)
     assert second.cert == first.cert
     assert second.issue("admin", "admin", client=True).cert.read_bytes() == a
+
+
+def _sans(path: Path) -> list[str]:
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    return [str(n.value) for n in cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value]
+
+
+def test_the_api_server_certificate_names_the_relays_address(tmp_path: Path) -> None:
+    """Pods dial the relay on the bridge address and verify the API server's certificate for it."""
+    assert API_SERVER_IPS == (NODE_IP,)
+    pki_dir = tmp_path / "pki"
+    write_credentials(tmp_path, pki_dir, tmp_path / "kubeconfig", 6443, api_ips=API_SERVER_IPS)
+    assert _sans(pki_dir / "apiserver.crt") == ["localhost", "127.0.0.1", NODE_IP]
+
+
+def test_a_kept_server_certificate_lacking_a_name_is_issued_again_with_its_key(tmp_path: Path) -> None:
+    """A state directory of an earlier version: its API server certificate names only localhost
+    and 127.0.0.1. It is issued again with the same key (nothing else changes: the CA, client
+    certificates and kubeconfigs stay valid); one that names everything is kept as it is."""
+    ca = pki.CertificateAuthority(tmp_path)
+    old = ca.issue("apiserver", "kube-apiserver", server=True)
+    admin = ca.issue("admin", "admin", client=True).cert.read_bytes()
+    key, old_cert = old.key.read_bytes(), old.cert.read_bytes()
+    assert _sans(old.cert) == ["localhost", "127.0.0.1"]
+
+    again = pki.CertificateAuthority(tmp_path)
+    new = again.issue("apiserver", "kube-apiserver", server=True, ips=(NODE_IP,))
+    assert new == old
+    assert _sans(new.cert) == ["localhost", "127.0.0.1", NODE_IP]
+    assert new.key.read_bytes() == key
+    cert = x509.load_pem_x509_certificate(new.cert.read_bytes())
+    cert.verify_directly_issued_by(again.cert)
+    assert cert.serial_number != x509.load_pem_x509_certificate(old_cert).serial_number
+    assert not list(tmp_path.glob("*.tmp"))
+
+    reissued = new.cert.read_bytes()
+    assert (
+        again.issue("apiserver", "kube-apiserver", server=True, ips=(NODE_IP,)).cert.read_bytes() == reissued
+    )
+    # Fewer names asked for than it has: kept too (a name more does no harm).
+    assert again.issue("apiserver", "kube-apiserver", server=True).cert.read_bytes() == reissued
+    assert again.issue("admin", "admin", client=True).cert.read_bytes() == admin
 
 
 def test_service_account_key_is_rsa(tmp_path: Path) -> None:
@@ -92,6 +143,63 @@ def test_free_port_is_bindable_on_loopback() -> None:
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_free_port_prefers_a_port_unless_something_listens_there() -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        other = free_port("127.0.0.1", preferred=port)
+        assert other != port
+    assert free_port("127.0.0.1", preferred=port) == port
+
+
+def test_a_process_run_by_an_interpreter_is_known_by_its_marker_too(tmp_path: Path) -> None:
+    """The relay's binary is Python, which any Python process runs: its record also names the
+    module, so a recycled PID running some other Python program is never taken for it."""
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "the-marker"]
+    proc, child = spawn("sleeper", argv, tmp_path, tmp_path, marker="the-marker")
+    try:
+        assert proc.marker == "the-marker"
+        # Popen may return before the kernel has set the new command line up (vfork + exec).
+        poll_until("the sleeper's command line", proc.runs, timeout=10)
+        assert not Proc("sleeper", child.pid, sys.executable, proc.log, marker="another").runs()
+        assert pid_runs(child.pid, sys.executable)  # the binary alone would match
+    finally:
+        child.kill()
+        child.wait()
+    assert not proc.runs()
+    with pytest.raises(ValueError, match="not an argument"):
+        spawn("sleeper", [sys.executable, "-c", "pass"], tmp_path, tmp_path, marker=relay.MODULE)
+
+
+def test_state_files_of_other_versions_read_and_plain_records_stay_as_they_were(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    old = {"name": "etcd", "pid": 1, "binary": "/bin/etcd", "log": "/l"}
+    newer = {**old, "name": "kwok", "something": "new"}
+    path.write_text(json.dumps({"ports": {"apiserver": 1}, "procs": [old, newer]}))
+    st = State.load(path)
+    assert st.procs == [Proc("etcd", 1, "/bin/etcd", "/l"), Proc("kwok", 1, "/bin/etcd", "/l")]
+    st.procs.append(Proc(RELAY, 2, "/venv/bin/python", "/r", marker=relay.MODULE))
+    st.save(path)
+    saved = json.loads(path.read_text())["procs"]
+    assert saved[0] == old  # no new field where it says nothing: earlier versions read it still
+    assert saved[2]["marker"] == relay.MODULE
+    assert State.load(path).procs == st.procs
+
+
+def test_pods_have_no_api_server_address_until_the_relay_runs(tmp_path: Path) -> None:
+    cluster = DevCluster(tmp_path)
+    with pytest.raises(ClusterError, match="start the real node"):
+        _ = cluster.pod_api_server
+    tmp_path.mkdir(exist_ok=True)
+    State(
+        ports={RELAY: 6443}, procs=[Proc(RELAY, 2**22 + 1, sys.executable, "/r", marker=relay.MODULE)]
+    ).save(cluster.state_file)
+    with pytest.raises(ClusterError, match="no relay for pods runs"):
+        _ = cluster.pod_api_server  # recorded, but that PID runs no relay
+    assert "podServer" not in cluster.status()
 
 
 def test_find_bin_dir_names_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

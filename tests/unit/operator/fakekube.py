@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonpatch
 
-from patchbay_operator.kube import NODES_PATH, KubeError, Page, Ref
+from patchbay_operator.kube import NO_SELECTORS, NODES_PATH, KubeError, Page, Ref, Selectors
 
 
 class FakeWatch:
@@ -48,6 +48,7 @@ class FakeKube:
         self.status_writes: list[tuple[str, dict[str, Any]]] = []
         self.applied: list[dict[str, Any]] = []
         self.deleted: list[Ref] = []
+        self.events: list[dict[str, Any]] = []
         self._rv = 100
         self._lock = threading.Lock()
 
@@ -91,13 +92,17 @@ class FakeKube:
         node = self.nodes.get(name)
         return copy.deepcopy(node) if node is not None else None
 
-    def list_pages(self, path: str, chunk: int, label_selector: str = "") -> Iterator[Page]:
+    def list_pages(self, path: str, chunk: int, selectors: Selectors = NO_SELECTORS) -> Iterator[Page]:
         self._call("list")
         items = [copy.deepcopy(n) for n in self.nodes.values()] if path == NODES_PATH else []
         yield Page(items, str(self._rv))
 
     def watch(
-        self, path: str, resource_version: str, timeout_seconds: int = 300, label_selector: str = ""
+        self,
+        path: str,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        selectors: Selectors = NO_SELECTORS,
     ) -> Any:
         self._call("watch")
         if path == NODES_PATH and self.watch_errors:
@@ -121,6 +126,10 @@ class FakeKube:
         self._call("delete")
         self.deleted.append(ref)
         return False
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        self._call("create_event")
+        self.events.append(copy.deepcopy(body))
 
     def get_cluster_peering(self, name: str) -> dict[str, Any] | None:
         self._call("get_cluster_peering")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import jinja2
@@ -99,9 +100,21 @@ def test_daemonset_is_hardened_and_surges() -> None:
         "/var/lib/kubelet/device-plugins",
         "--host-root",
         "/host",
+        "--profile",
+        "serial",
+        "--report-namespace",
+        "$(POD_NAMESPACE)",
+        "--pod-name",
+        "$(POD_NAME)",
+        "--pod-resources-socket",
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
         "--http-address",
         "0.0.0.0:9464",
     ]
+    # The agent's own ServiceAccount, with the kubelet's pod-bound token (it names the node).
+    assert pod["serviceAccountName"] == "patchbay-agent"
+    assert pod["automountServiceAccountToken"] is True
+    assert {e["name"] for e in c["env"]} == {"NODE_NAME", "POD_NAME", "POD_NAMESPACE"}
     # Probes on the agent's own endpoint: ready means registered with the kubelet.
     assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
@@ -148,6 +161,19 @@ def test_daemonset_command_is_one_the_agent_accepts() -> None:
     _, ds = objects()
     command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[0] == "patchbay-agent"
-    args = build_parser().parse_args([a.replace("$(NODE_NAME)", "node-1") for a in command[1:]])
+    # The kubelet expands $(VAR) from the container's env; do what it would do with these.
+    env = {"NODE_NAME": "node-1", "POD_NAME": "agent-abcde", "POD_NAMESPACE": "patchbay-system"}
+    expanded = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in command[1:]]
+    args = build_parser().parse_args(expanded)
     assert args.http_address == ("0.0.0.0", 9464)
     assert str(args.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
+
+
+def test_agents_reach_the_api_server_and_the_kubelet_where_the_settings_say() -> None:
+    settings = Settings(agent_api_server=("10.244.0.1", 6443), kubelet_root_dir="/var/snap/k8s/kubelet")
+    _, ds = render.agent_objects(Profile.from_body(BODY), settings)
+    pod = ds["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("10.244.0.1", "6443")
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths["pod-resources"] == "/var/snap/k8s/kubelet/pod-resources"

@@ -1,11 +1,17 @@
-"""Status is a pure function of what nodes and the DaemonSet show; conditions keep their history."""
+"""Status is a pure function of what nodes, the agents' DaemonSet, pods and reports show;
+conditions keep their history and always give kstatus (what Flux and Argo CD read) the right
+verdict."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from support.clusters import kstatus
+
+from patchbay_operator.agentpods import Trouble
 from patchbay_operator.capacity import NodeReport, NodeState
 from patchbay_operator.constants import MAX_PROBLEMS, ConditionType, Reason
+from patchbay_operator.devicereports import Device, Report
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status import (
     AgentDaemonSet,
@@ -24,6 +30,10 @@ def prof(mode: str = "Static", generation: int = 3) -> Profile:
     return Profile.from_body({"metadata": {"name": "p", "generation": generation}, "spec": spec})
 
 
+def verdict(st: dict[str, Any], generation: int = 3) -> str:
+    return kstatus({"metadata": {"generation": generation}, "status": st})
+
+
 def cond(st: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in st["conditions"] if c["type"] == type_)
 
@@ -39,20 +49,28 @@ def test_all_ready() -> None:
     assert st["devices"] == {"capacity": 8, "allocatable": 8}
     assert st["nodesReady"] == "2/2" and st["devicesAllocatable"] == "8/8"
     assert cond(st, "Ready")["status"] == "True"
-    assert cond(st, "Progressing")["status"] == "False"
+    assert cond(st, "Reconciling")["status"] == "False"
+    assert cond(st, "Stalled")["status"] == "False"
     assert cond(st, "Degraded")["status"] == "False"
-    assert [c["type"] for c in st["conditions"]] == ["Ready", "Progressing", "Degraded"]
+    assert [c["type"] for c in st["conditions"]] == ["Ready", "Reconciling", "Stalled", "Degraded"]
     assert all(c["observedGeneration"] == 3 for c in st["conditions"])
+    assert verdict(st) == "Current"
 
 
-def test_transient_problem_is_progressing_persistent_is_degraded() -> None:
+def test_transient_problem_is_reconciling_persistent_is_stalled() -> None:
     st = static_status(prof(), [rep("a", True), rep("b", False, (Reason.NOT_ADVERTISED, "x"))], {}, "T1")
     assert cond(st, "Ready")["status"] == "False"
-    assert cond(st, "Progressing")["status"] == "True"
+    assert cond(st, "Reconciling")["status"] == "True"
+    assert cond(st, "Stalled")["status"] == "False"
     assert cond(st, "Degraded")["status"] == "False"
+    assert verdict(st) == "InProgress"
     st = static_status(prof(), [rep("b", False, (Reason.OWNED_BY_OTHER, "someone"))], {}, "T1")
+    assert cond(st, "Stalled")["status"] == "True"
+    assert cond(st, "Stalled")["reason"] == "ResourceSetByOther"
+    assert "node b" in cond(st, "Stalled")["message"]
+    assert cond(st, "Reconciling")["status"] == "False"  # kstatus reads Reconciling first
     assert cond(st, "Degraded")["status"] == "True"
-    assert cond(st, "Degraded")["reason"] == "ResourceSetByOther"
+    assert verdict(st) == "Failed"
 
 
 def test_problem_list_is_capped_and_counted() -> None:
@@ -89,6 +107,7 @@ def test_conflict() -> None:
     assert cond(st, "Ready")["status"] == "False"
     assert cond(st, "Ready")["reason"] == "ResourceNameConflict"
     assert "older" in cond(st, "Ready")["message"]
+    assert verdict(st) == "Failed"
 
 
 def node(name: str, cap: str | None, alloc: str | None) -> NodeState:
@@ -106,7 +125,8 @@ def test_plugin_rollout_and_unhealthy_devices() -> None:
     }
     ds = AgentDaemonSet("p", generation=2, status=rollout)
     st = plugin_status(prof("DevicePlugin"), ds, [node("a", "4", "3"), node("b", None, None)], {}, "T")
-    assert cond(st, "Progressing")["reason"] == "RollingOut"
+    assert cond(st, "Reconciling")["reason"] == "RollingOut"
+    assert verdict(st) == "InProgress"
     assert cond(st, "Ready")["status"] == "False"
     assert st["devices"] == {"capacity": 4, "allocatable": 3}
     assert {p["reason"] for p in st["problems"]} == {"DevicesUnhealthy", "NoDevices"}
@@ -120,7 +140,108 @@ def test_plugin_rollout_and_unhealthy_devices() -> None:
     assert st["problemCount"] == 0
 
 
-def test_plugin_without_daemonset_is_progressing() -> None:
+def test_plugin_without_daemonset_is_reconciling() -> None:
     st = plugin_status(prof("DevicePlugin"), None, [], {}, "T")
-    assert cond(st, "Progressing")["status"] == "True"
+    assert cond(st, "Reconciling")["status"] == "True"
     assert cond(st, "Ready")["status"] == "False"
+    assert verdict(st) == "InProgress"
+
+
+DS_OK = AgentDaemonSet(
+    "p",
+    generation=1,
+    status={
+        "observedGeneration": 1,
+        "desiredNumberScheduled": 1,
+        "numberAvailable": 1,
+        "updatedNumberScheduled": 1,
+    },
+)
+DS_STARTING = AgentDaemonSet(
+    "p",
+    generation=1,
+    status={
+        "observedGeneration": 1,
+        "desiredNumberScheduled": 1,
+        "numberAvailable": 0,
+        "updatedNumberScheduled": 1,
+    },
+)
+
+
+def test_a_stalled_agent_pod_is_failed_in_kstatus_and_names_node_and_reason() -> None:
+    stuck = Trouble("node-a", "ErrImageNeverPull", "image x is not present", stalled=True)
+    st = plugin_status(
+        prof("DevicePlugin"), DS_STARTING, [node("node-a", None, None)], {}, "T", troubles=[stuck]
+    )
+    assert cond(st, "Stalled")["status"] == "True"
+    assert cond(st, "Stalled")["reason"] == "ErrImageNeverPull"
+    assert "node node-a" in cond(st, "Stalled")["message"]
+    assert cond(st, "Reconciling")["status"] == "False"
+    assert verdict(st) == "Failed"
+    assert st["problems"] == [
+        {"node": "node-a", "reason": "ErrImageNeverPull", "message": "image x is not present"}
+    ]
+    # Trouble that can still sort itself out is Reconciling, not Failed.
+    pulling = Trouble("node-a", "ImagePullBackOff", "backing off", stalled=False)
+    st = plugin_status(
+        prof("DevicePlugin"), DS_STARTING, [node("node-a", None, None)], st, "T2", troubles=[pulling]
+    )
+    assert cond(st, "Stalled")["status"] == "False"
+    assert verdict(st) == "InProgress"
+    # Fixed: the pod runs; Current again.
+    st = plugin_status(prof("DevicePlugin"), DS_OK, [node("node-a", "2", "2")], st, "T3")
+    assert verdict(st) == "Current"
+    assert st["problems"] == []
+
+
+def test_reports_name_each_unhealthy_device_and_count_holders() -> None:
+    report = Report(
+        "p.node-a",
+        "p",
+        "node-a",
+        (
+            Device("ttyUSB0", True, holders=("default/app/main",)),
+            Device("ttyUSB1", False, "OpenFailed", "open failed: ENXIO", "2026-11-23T10:00:00Z"),
+            Device("ttyUSB2", True),
+        ),
+    )
+    st = plugin_status(prof("DevicePlugin"), DS_OK, [node("node-a", "3", "2")], {}, "T", reports=[report])
+    assert st["devices"] == {"capacity": 3, "allocatable": 2, "healthy": 2, "unhealthy": 1, "allocated": 1}
+    assert st["problems"] == [
+        {
+            "node": "node-a",
+            "device": "ttyUSB1",
+            "reason": "OpenFailed",
+            "message": "open failed: ENXIO",
+            "since": "2026-11-23T10:00:00Z",
+        }
+    ]
+    assert cond(st, "Degraded")["status"] == "True"
+    assert "device ttyUSB1" in cond(st, "Degraded")["message"]
+    assert verdict(st) == "Current"  # serving what it has: degraded, not failed
+    # A report of a node the profile does not select is not counted.
+    other = Report("p.node-z", "p", "node-z", (Device("x", False, "Vanished"),))
+    st = plugin_status(prof("DevicePlugin"), DS_OK, [node("node-a", "3", "3")], {}, "T", reports=[other])
+    assert "healthy" not in st["devices"]
+    assert st["problems"] == []
+
+
+def test_agent_registered_but_kubelet_not_published_yet_is_in_progress_not_a_problem() -> None:
+    """Between the agent's registration and the kubelet's next node status sync the node has no
+    capacity yet: kstatus must not say Current (the scheduler cannot place pods yet), and it is
+    not a problem either, since it ends by itself."""
+    offering = Report("p.node-a", "p", "node-a", (Device("d0", True), Device("d1", True)))
+    st = plugin_status(prof("DevicePlugin"), DS_OK, [node("node-a", None, None)], {}, "T", reports=[offering])
+    assert verdict(st) == "InProgress"
+    assert cond(st, "Reconciling")["reason"] == cond(st, "Ready")["reason"] == "WaitingForKubelet"
+    assert "node-a" in cond(st, "Reconciling")["message"]
+    assert st["problems"] == [] and cond(st, "Degraded")["status"] == "False"
+    # Once the kubelet publishes it, Current.
+    st = plugin_status(prof("DevicePlugin"), DS_OK, [node("node-a", "2", "2")], st, "T2", reports=[offering])
+    assert verdict(st) == "Current" and cond(st, "Ready")["status"] == "True"
+    # An agent that found nothing to offer is a problem, not a wait.
+    empty = Report("p.node-a", "p", "node-a", ())
+    st = plugin_status(prof("DevicePlugin"), DS_OK, [node("node-a", None, None)], {}, "T", reports=[empty])
+    assert verdict(st) == "Current"
+    assert [p["reason"] for p in st["problems"]] == ["NoDevices"]

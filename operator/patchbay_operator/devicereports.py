@@ -1,0 +1,66 @@
+"""The agents' DeviceReports as the operator keeps them (pure).
+
+Each agent writes one ``DeviceReport`` per profile and node (crds/patchbay.dev_devicereports.yaml):
+every device's health, why, since when and which pods hold it. The operator keeps a small
+``Report`` per object and sums them into the profile's status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str
+    healthy: bool
+    reason: str = ""
+    message: str = ""
+    since: str = ""
+    holders: tuple[str, ...] = ()  # "namespace/pod/container"
+
+
+@dataclass(frozen=True)
+class Report:
+    name: str
+    profile: str
+    node: str
+    devices: tuple[Device, ...] = ()
+
+    @property
+    def healthy(self) -> int:
+        return sum(d.healthy for d in self.devices)
+
+    @property
+    def unhealthy(self) -> int:
+        return len(self.devices) - self.healthy
+
+    @property
+    def allocated(self) -> int:
+        return sum(bool(d.holders) for d in self.devices)
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> Report:
+        devices = []
+        for d in obj.get("devices") or []:
+            holders = tuple(
+                f"{p.get('namespace')}/{p.get('name')}/{p.get('container')}" for p in d.get("pods") or []
+            )
+            devices.append(
+                Device(
+                    id=str(d.get("id", "")),
+                    healthy=d.get("health") == "Healthy",
+                    reason=str(d.get("reason") or ""),
+                    message=str(d.get("message") or ""),
+                    since=str(d.get("since") or ""),
+                    holders=holders,
+                )
+            )
+        return cls(
+            name=str((obj.get("metadata") or {}).get("name", "")),
+            profile=str(obj.get("profile") or ""),
+            node=str(obj.get("nodeName") or ""),
+            devices=tuple(devices),
+        )

@@ -1,0 +1,192 @@
+"""The agent's one way to the Kubernetes API: pykube-ng's low-level HTTPClient, for two requests.
+
+* `apply(report)`: server-side apply of the whole DeviceReport, `PATCH .../devicereports/<name>
+  ?fieldManager=patchbay-agent&force=true` with `application/apply-patch+yaml` (the object as
+  JSON, which is YAML). One request creates or updates, so one change costs exactly one write,
+  and no read comes before it;
+* `node_uid(name)`: the owner reference's UID, from the pod-bound token's claims (`satoken.py`)
+  or, without them (a kubeconfig), from GET /api/v1/nodes/<name>.
+
+pykube-ng rather than the official client: the agent runs on every node and pykube is about half
+the memory (docs/facts.md#client-memory; an import-linter contract forbids the official client).
+Its object layer has no server-side apply, so this uses its HTTPClient directly. pykube is
+synchronous: the caller runs these methods off the event loop (`reporter.py`, asyncio.to_thread).
+
+This module is imported only when reports are on (`--profile`), so an agent without reports never
+loads pykube, requests or urllib3.
+
+In a pod the token is re-read when the kubelet rotated it (`satoken.TokenFile`) and sent as the
+request's own Authorization header, which pykube then leaves alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pykube
+import requests
+
+from patchbay_agent.constants import (
+    FIELD_MANAGER,
+    REPORT_GROUP,
+    REPORT_PLURAL,
+    REPORT_VERSION,
+    SERVICE_ACCOUNT_DIR,
+)
+from patchbay_agent.satoken import TokenFile, jwt_claims, node_identity
+
+log = logging.getLogger(__name__)
+
+#: Seconds for one request (connect + answer); a write that hangs longer is retried later.
+REQUEST_TIMEOUT = 10.0
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+#: Longest API error text kept in a log line.
+_MAX_ERROR_TEXT = 500
+
+
+class ClientConfigError(ValueError):
+    """No usable way to the API server; the message names the flag to fix."""
+
+
+class ApiError(Exception):
+    """A request the API server refused (status >= 400) or that never reached it (status 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+def _in_cluster_config(sa_dir: Path, env: Mapping[str, str]) -> tuple[Any, TokenFile]:
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise ClientConfigError(
+            "--kubeconfig not given and KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set "
+            "(not in a pod?): pass --kubeconfig FILE"
+        )
+    token, ca = sa_dir / "token", sa_dir / "ca.crt"
+    for path in (token, ca):
+        if not path.is_file():
+            raise ClientConfigError(
+                f"--kubeconfig not given and {path} is missing (no service-account token mounted?): "
+                "pass --kubeconfig FILE"
+            )
+    server_host = f"[{host}]" if ":" in host else host
+    doc = {
+        "clusters": [
+            {
+                "name": "self",
+                "cluster": {"server": f"https://{server_host}:{port}", "certificate-authority": str(ca)},
+            }
+        ],
+        # No token here: each request carries the token as it is now (see TokenFile).
+        "users": [{"name": "self", "user": {}}],
+        "contexts": [{"name": "self", "context": {"cluster": "self", "user": "self"}}],
+        "current-context": "self",
+    }
+    return pykube.KubeConfig(doc), TokenFile(token)
+
+
+class KubeClient:
+    """The API server as the agent needs it (see the module doc); construct, then call off-loop."""
+
+    def __init__(
+        self,
+        kubeconfig: Path | None,
+        *,
+        timeout: float = REQUEST_TIMEOUT,
+        service_account_dir: Path = Path(SERVICE_ACCOUNT_DIR),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Raises ClientConfigError, naming --kubeconfig, when the config cannot be used."""
+        self._token: TokenFile | None = None
+        try:
+            if kubeconfig is not None:
+                config = pykube.KubeConfig.from_file(str(kubeconfig))
+                where = f"--kubeconfig {kubeconfig}"
+            else:
+                config, self._token = _in_cluster_config(
+                    service_account_dir, os.environ if env is None else env
+                )
+                where = "the in-cluster service account"
+            # Resolve the current context now (file references, embedded certificates), so a
+            # broken config fails the start, not the first write.
+            _ = config.cluster, config.user
+            self._http = pykube.HTTPClient(config, timeout=timeout)
+        except ClientConfigError:
+            raise
+        except Exception as e:
+            raise ClientConfigError(f"--kubeconfig {kubeconfig}: cannot use it: {e}") from None
+        self._http.session.headers["User-Agent"] = f"{FIELD_MANAGER} (pykube-ng)"
+        self.server = self._http.url
+        log.info("Writing DeviceReports to %s (credentials: %s)", self.server, where)
+
+    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        headers = dict(extra or {})
+        if self._token is not None:
+            try:
+                headers["Authorization"] = f"Bearer {self._token.read()}"
+            except OSError as e:
+                raise ApiError(0, f"cannot read the service-account token {self._token.path}: {e}") from None
+        return headers
+
+    def _send(self, method: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, **kwargs)
+        except requests.RequestException as e:
+            raise ApiError(0, f"cannot reach the API server {self.server}: {e}") from None
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _error_text(response))
+        return response
+
+    def apply(self, report: Mapping[str, Any]) -> None:
+        """Server-side apply of a whole DeviceReport (creates or updates it); ApiError on failure."""
+        meta = report["metadata"]
+        self._send(
+            "PATCH",
+            version=f"{REPORT_GROUP}/{REPORT_VERSION}",
+            namespace=meta["namespace"],
+            url=f"{REPORT_PLURAL}/{meta['name']}",
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            data=json.dumps(report, separators=(",", ":")),
+            headers=self._headers({"Content-Type": APPLY_CONTENT_TYPE}),
+        )
+
+    def node_uid(self, node_name: str) -> str:
+        """The Node's UID: from the token's claims when it is pod-bound to that node, else GET."""
+        if self._token is not None:
+            token = self._headers()["Authorization"].removeprefix("Bearer ")
+            try:
+                named = node_identity(jwt_claims(token))
+            except ValueError:
+                named = None
+            if named is not None and named[0] == node_name:
+                return named[1]
+            if named is not None:
+                log.warning(
+                    "The service-account token is bound to node %s, not %s: asking the API server",
+                    named[0],
+                    node_name,
+                )
+        response = self._send("GET", version="v1", url=f"nodes/{node_name}", headers=self._headers())
+        uid = (response.json().get("metadata") or {}).get("uid")
+        if not isinstance(uid, str) or not uid:
+            raise ApiError(response.status_code, f"node {node_name} has no metadata.uid")
+        return uid
+
+
+def _error_text(response: Any) -> str:
+    """The API server's message (a Status object's `message`), else the body's start."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])[:_MAX_ERROR_TEXT]
+    text = (response.text or response.reason or "").strip()
+    return text[:_MAX_ERROR_TEXT] or f"HTTP {response.status_code}"

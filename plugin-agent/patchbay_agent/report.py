@@ -1,0 +1,197 @@
+"""The DeviceReport: what one agent publishes about its node's devices for its profile.
+
+Pure: a report is built from the inventory's snapshot (which devices, in the order the kubelet
+sees them), the health tracker's statuses (health, since when, why) and the containers the
+kubelet's PodResources API says hold this resource's device IDs. No I/O here; `reporter.py`
+decides when to write and `kubeclient.py` writes.
+
+The shape is the CRD's (crds/patchbay.dev_devicereports.yaml), which the API server validates:
+one object per profile and node named `<profile>.<node>`, owned by the Node (so the garbage
+collector removes it with the node), every PHYSICAL device once (replicas `<id>::<n>` are counted
+as their device), and the capped fields capped here (a message of at most 512 characters, at most
+64 containers per device, at most 4096 devices), so a write is never refused for its size.
+`observedAt` is added at write time: two reports are compared without it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from patchbay_agent.constants import (
+    FIELD_MANAGER,
+    LABEL_MANAGED_BY,
+    LABEL_PROFILE,
+    REPORT_GROUP,
+    REPORT_KIND,
+    REPORT_VERSION,
+    DeviceHealth,
+)
+from patchbay_agent.health import DeviceStatus
+from patchbay_agent.inventory import Snapshot
+
+#: The CRD's limits.
+MAX_MESSAGE_LENGTH = 512
+MAX_REASON_LENGTH = 64
+MAX_DEVICES = 4096
+MAX_PODS_PER_DEVICE = 64
+MAX_NAME_LENGTH = 253
+
+_REPLICA_SUFFIX = re.compile(r"::\d+$")
+_ELLIPSIS = "..."
+
+
+@dataclass(frozen=True, order=True)
+class PodRef:
+    """One container that holds devices (a report's `pods` entry)."""
+
+    namespace: str
+    name: str
+    container: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "name": self.name, "container": self.container}
+
+
+@dataclass(frozen=True)
+class ReportTarget:
+    """Whose report this is and where it goes (the flags, not the devices)."""
+
+    profile: str
+    node_name: str
+    namespace: str
+    resource_name: str
+    #: the agent's pod name (its `agent` field); None when not known
+    agent: str | None = None
+
+    @property
+    def name(self) -> str:
+        """`<profile>.<node>`, what the CRD's rule requires."""
+        return report_name(self.profile, self.node_name)
+
+
+def report_name(profile: str, node_name: str) -> str:
+    return f"{profile}.{node_name}"
+
+
+def rfc3339(seconds: float) -> str:
+    """Wall-clock seconds as RFC 3339 in UTC, whole seconds ("2026-01-02T03:04:05Z")."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cap(text: str, limit: int) -> str:
+    """`text` shortened to at most `limit` characters, marked with "..." when cut."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - len(_ELLIPSIS)] + _ELLIPSIS
+
+
+def physical_of(advertised: str, replica_of: Mapping[str, str]) -> str:
+    """The physical device of an advertised ID: through the snapshot, else by dropping `::<n>`
+    (an ID the kubelet still reports after the device left the list)."""
+    found = replica_of.get(advertised)
+    if found is not None:
+        return found
+    return _REPLICA_SUFFIX.sub("", advertised)
+
+
+def holders_by_device(
+    containers: Mapping[PodRef, Sequence[str]], replica_of: Mapping[str, str]
+) -> dict[str, list[PodRef]]:
+    """Physical device ID -> the containers holding it (any of its replicas), sorted, unique."""
+    out: dict[str, set[PodRef]] = {}
+    for ref, ids in containers.items():
+        for advertised in ids:
+            out.setdefault(physical_of(advertised, replica_of), set()).add(ref)
+    return {dev: sorted(refs) for dev, refs in out.items()}
+
+
+def owner_reference(node_name: str, node_uid: str) -> dict[str, Any]:
+    """The Node as the report's owner: collected with the node, never blocking its deletion."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node_name,
+        "uid": node_uid,
+        "blockOwnerDeletion": False,
+        "controller": False,
+    }
+
+
+def _device_entry(
+    dev_id: str, status: DeviceStatus | None, healthy: bool, pods: Sequence[PodRef]
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "id": dev_id,
+        "health": (DeviceHealth.HEALTHY if healthy else DeviceHealth.UNHEALTHY).value,
+    }
+    if status is not None and status.healthy == healthy:
+        if not healthy:
+            entry["reason"] = cap(status.reason, MAX_REASON_LENGTH)
+            if status.message:
+                entry["message"] = cap(status.message, MAX_MESSAGE_LENGTH)
+        entry["since"] = rfc3339(status.since)
+    if pods:
+        entry["pods"] = [p.as_dict() for p in pods[:MAX_PODS_PER_DEVICE]]
+    return entry
+
+
+def build_report(
+    target: ReportTarget,
+    snap: Snapshot,
+    status: Callable[[str], DeviceStatus | None],
+    containers: Mapping[PodRef, Sequence[str]],
+    node_uid: str | None = None,
+) -> dict[str, Any]:
+    """The whole DeviceReport object (without `observedAt`), ready for server-side apply.
+
+    Health is what the kubelet was told (the snapshot); `status` adds since when and why. A device
+    the snapshot lists but the tracker has no status for (it cannot happen in the agent, whose
+    monitor feeds both) is reported without `since`. Over `MAX_DEVICES` devices, Unhealthy and
+    held ones are kept first; `summary` always counts every device.
+    """
+    healthy_physical = {snap.replica_of[rid] for rid in snap.healthy}
+    held = holders_by_device(containers, snap.replica_of)
+    ids = list(snap.physical)
+    devices = [_device_entry(d, status(d), d in healthy_physical, held.get(d, ())) for d in ids]
+    summary = {
+        "total": len(ids),
+        "healthy": sum(1 for d in ids if d in healthy_physical),
+        "unhealthy": sum(1 for d in ids if d not in healthy_physical),
+        "allocated": sum(1 for d in ids if held.get(d)),
+    }
+    if len(devices) > MAX_DEVICES:
+        order = sorted(
+            range(len(devices)),
+            key=lambda i: (ids[i] in healthy_physical and not held.get(ids[i]), i),
+        )
+        keep = sorted(order[:MAX_DEVICES])
+        devices = [devices[i] for i in keep]
+    metadata: dict[str, Any] = {
+        "name": target.name,
+        "namespace": target.namespace,
+        "labels": {LABEL_PROFILE: target.profile, LABEL_MANAGED_BY: FIELD_MANAGER},
+    }
+    if node_uid:
+        metadata["ownerReferences"] = [owner_reference(target.node_name, node_uid)]
+    report: dict[str, Any] = {
+        "apiVersion": f"{REPORT_GROUP}/{REPORT_VERSION}",
+        "kind": REPORT_KIND,
+        "metadata": metadata,
+        "profile": target.profile,
+        "nodeName": target.node_name,
+        "resourceName": target.resource_name,
+    }
+    if target.agent:
+        report["agent"] = target.agent
+    report["summary"] = summary
+    report["devices"] = devices
+    return report
+
+
+def with_observed_at(report: Mapping[str, Any], seconds: float) -> dict[str, Any]:
+    """The report as written: `observedAt` set to when the agent saw the change."""
+    return {**report, "observedAt": rfc3339(seconds)}

@@ -1,0 +1,176 @@
+"""Writing the DeviceReport: only when it changed, coalesced, never on a timer, never in the way.
+
+`notify()` is all the rest of the agent does: the monitor calls it after every round, the
+PodResources reader when the pods holding devices changed. The reporter then waits `coalesce`
+seconds (changes that come together, a device and its replicas, a burst of udev events, land in
+one write), builds the report (`report.build_report`) and compares it, without `observedAt`, with
+the last one written: an equal one is not written (`patchbay_agent_report_unchanged_total`). So
+a health flip costs exactly one write and a quiet node costs none, however often it is looked at.
+
+A write is one server-side apply (`kubeclient.KubeClient.apply`), run off the event loop: pykube
+is synchronous, and Allocate and ListAndWatch share the loop. A failed write (the admission
+policy's 403, a 404 while the CRD is not installed, an API server that does not answer) is logged
+with the API server's message and retried with the agent's one backoff rhythm
+(`registration.Backoff`); changes that arrive meanwhile go into that retry. Nothing here raises
+into the agent.
+
+The owner reference needs the Node's UID (`ReportClient.node_uid`): looked up just before the
+first write, and again before later writes while it is unknown, so the lookup costs no request of
+its own on a quiet node. Without it the report is written without an owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from patchbay_agent.metrics import Metrics
+from patchbay_agent.registration import Backoff
+from patchbay_agent.report import ReportTarget, with_observed_at
+from patchbay_agent.wakeup import wait_any
+
+log = logging.getLogger(__name__)
+
+#: Changes within this many seconds become one write.
+COALESCE_SECONDS = 0.5
+#: Retry rhythm of failed writes: a missing CRD on 1,000 nodes must not become a request storm.
+BACKOFF_INITIAL = 0.5
+BACKOFF_MAX = 120.0
+#: How long the loop sleeps when nothing happens (it only loops: no write without a change).
+_IDLE = 3600.0
+
+
+class ReportClient(Protocol):
+    """What the reporter needs of the API (synchronous; `kubeclient.KubeClient` in the agent)."""
+
+    def apply(self, report: Mapping[str, Any]) -> None:
+        """Create or update the report; raise on failure."""
+
+    def node_uid(self, node_name: str) -> str:
+        """The Node's UID; raise when it cannot be found."""
+
+
+class Reporter:
+    """Keeps one DeviceReport true: see the module doc. `build(node_uid)` gives the current report."""
+
+    def __init__(
+        self,
+        target: ReportTarget,
+        client: ReportClient,
+        build: Callable[[str | None], dict[str, Any]],
+        metrics: Metrics,
+        *,
+        coalesce: float = COALESCE_SECONDS,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.target = target
+        self._client = client
+        self._build = build
+        self._metrics = metrics
+        self._coalesce = coalesce
+        self._backoff = backoff or Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
+        self._clock = clock
+        self._kick = asyncio.Event()
+        #: monotonic time of the next retry of a failed write; None when none is due
+        self._retry_at: float | None = None
+        self.node_uid: str | None = None
+        self._owner_failing = False
+        self._write_failing = False
+        #: the last report written (without observedAt); None before the first write
+        self.written: dict[str, Any] | None = None
+        self.writes = 0
+        self.failures = 0
+        self.unchanged = 0
+
+    def notify(self) -> None:
+        """Something the report shows may have changed: compare (and write) soon."""
+        self._kick.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Write the first report, then every change, until `stop` is set."""
+        self._kick.set()
+        while not stop.is_set():
+            if self._retry_at is None:
+                await wait_any((self._kick, stop), _IDLE)
+                if not self._kick.is_set():
+                    continue
+            else:
+                # A failed write: changes that arrive meanwhile wait for the retry.
+                await wait_any((stop,), self._retry_at - time.monotonic())
+            if stop.is_set():
+                break
+            await wait_any((stop,), self._coalesce)
+            if stop.is_set():
+                break
+            self._kick.clear()
+            try:
+                await self.sync()
+            except Exception:
+                # A bug in building must not end reporting, nor the agent: try again later.
+                log.exception("Building the DeviceReport %s failed", self._where)
+                self._retry_at = time.monotonic() + self._backoff.next()
+
+    @property
+    def _where(self) -> str:
+        return f"{self.target.namespace}/{self.target.name}"
+
+    async def sync(self) -> bool:
+        """Build the report, write it if it differs from the last one written; True when written."""
+        report = self._build(self.node_uid)
+        if report == self.written:
+            self._retry_at = None
+            self.unchanged += 1
+            self._metrics.report_unchanged.inc()
+            return False
+        if self.node_uid is None:
+            await self._find_owner()
+            if self.node_uid is not None:
+                report = self._build(self.node_uid)
+        try:
+            await asyncio.to_thread(self._client.apply, with_observed_at(report, self._clock()))
+        except Exception as e:
+            self.failures += 1
+            self._metrics.report_writes.labels("error").inc()
+            delay = self._backoff.next()
+            self._retry_at = time.monotonic() + delay
+            self._write_failing = True
+            log.warning("Writing DeviceReport %s failed (%s); retrying in %.1fs", self._where, e, delay)
+            return False
+        self.written = report
+        self.writes += 1
+        self._metrics.report_writes.labels("ok").inc()
+        self._backoff.reset()
+        self._retry_at = None
+        summary = report.get("summary", {})
+        log.log(
+            logging.INFO if self._write_failing or self.writes == 1 else logging.DEBUG,
+            "Wrote DeviceReport %s: %s healthy, %s unhealthy, %s allocated",
+            self._where,
+            summary.get("healthy"),
+            summary.get("unhealthy"),
+            summary.get("allocated"),
+        )
+        self._write_failing = False
+        return True
+
+    async def _find_owner(self) -> None:
+        node = self.target.node_name
+        try:
+            self.node_uid = await asyncio.to_thread(self._client.node_uid, node)
+        except Exception as e:
+            if not self._owner_failing:
+                log.warning(
+                    "Cannot find node %s's UID (%s): writing the DeviceReport without an owner "
+                    "reference (it will not go with the node); trying again with the next write",
+                    node,
+                    e,
+                )
+            self._owner_failing = True
+            return
+        if self._owner_failing:
+            log.info("Found node %s's UID: the DeviceReport is owned by the node now", node)
+        self._owner_failing = False

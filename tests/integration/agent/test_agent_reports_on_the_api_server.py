@@ -1,0 +1,305 @@
+"""The agent's DeviceReport on the REAL API server: the `patchbay-agent` process on the host, with
+--kubeconfig (the session cluster's admin), the Python kubelet peer, a PodResources server this
+test sets, and a FAKE device tree; the report lands through server-side apply, validated by the
+real CRD schema, owned by a real (kwok) Node.
+
+Checked: the report appears with the node's UID in its owner reference, every device Healthy and
+the containers the PodResources server names; a removed device file turns that device Unhealthy
+(reason Vanished, a since time) in exactly ONE write; a period with no change writes nothing
+(waiting on the agent's own counters, not on sleep); deleting the node garbage-collects the
+report (the session cluster's controller-manager runs the garbage collector).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from support.clusters import REPO, apply_crd, wait_for
+from support.fakehw import FakeHardware
+from support.podresources_peer import PodResourcesPeer, ThreadedPeers
+from support.promtext import parse, value
+from support.pykubelet import PyKubelet
+
+from patchbay_devcluster import DevCluster
+
+CRD_FILE = REPO / "crds" / "patchbay.dev_devicereports.yaml"
+GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicereports"
+RESOURCE = "example.com/serial"
+PROFILE = "p"
+
+
+@pytest.fixture(scope="module")
+def report_crd(api: client.ApiClient) -> None:
+    """The DeviceReport CRD from crds/, created or replaced, Established and served."""
+    apply_crd(api, CRD_FILE)
+    custom = client.CustomObjectsApi(api)
+
+    def served() -> bool:
+        try:
+            custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)
+        except ApiException:
+            return False
+        return True
+
+    wait_for("the DeviceReport API to be served", served)
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient, name_prefix: str) -> Iterator[str]:
+    core = client.CoreV1Api(api)
+    ns = f"{name_prefix}reports"
+    core.create_namespace({"metadata": {"name": ns}})
+    try:
+        yield ns
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(ns)
+
+
+@pytest.fixture
+def node(devcluster: DevCluster, api: client.ApiClient, name_prefix: str) -> Iterator[tuple[str, str]]:
+    """A kwok node: (name, uid)."""
+    (name,) = devcluster.add_kwok_nodes(1, prefix=f"{name_prefix}n", labels={"patchbay.dev/test": "reports"})
+    core = client.CoreV1Api(api)
+    try:
+        yield name, core.read_node(name).metadata.uid
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_node(name)
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """Short (Unix socket paths must stay under 108 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="pbr", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+class AgentProcess:
+    """The real `patchbay-agent` process; its log in a file, its /metrics port read from there."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT)
+        self.port = int(wait_for("the agent to serve /metrics", self._port, timeout=30))
+
+    def _port(self) -> int | None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the agent exited with {self.proc.returncode}:\n{self.text()[-3000:]}")
+        m = re.search(r"Serving /metrics, /healthz, /readyz on http://127\.0\.0\.1:(\d+)", self.text())
+        return int(m.group(1)) if m else None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def metrics(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return parse(r.read().decode())
+
+    def counter(self, name: str, **labels: str) -> float:
+        try:
+            return value(self.metrics(), name, **labels)
+        except KeyError:
+            return 0.0
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._out.close()
+        return self.proc.returncode
+
+
+def test_the_agent_publishes_its_device_report(
+    api: client.ApiClient,
+    devcluster: DevCluster,
+    report_crd: None,
+    namespace: str,
+    node: tuple[str, str],
+    workdir: Path,
+) -> None:
+    node_name, node_uid = node
+    custom = client.CustomObjectsApi(api)
+    name = f"{PROFILE}.{node_name}"
+    hw = FakeHardware(workdir / "host")
+    for i in range(4):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    plugin_dir = workdir / "dp"
+    config = workdir / "agent.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "resourceName": RESOURCE,
+                "plugin": {
+                    "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+                    # Rounds every second: the quiet period below waits on them.
+                    "health": {"periodSeconds": 1},
+                    "sharing": {"replicas": 2},
+                },
+            }
+        )
+    )
+
+    def report() -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return obj
+
+    agent: AgentProcess | None = None
+    with ThreadedPeers() as peers:
+        kubelet = PyKubelet(plugin_dir)
+        pod_resources = PodResourcesPeer(workdir / "pr.sock")
+        pod_resources.hold("ml", "trainer", "main", RESOURCE, ["ttyUSB0::0", "ttyUSB0::1"])
+        pod_resources.hold("ml", "eval", "job", RESOURCE, ["ttyUSB3::1"])
+        pod_resources.hold("ml", "eval", "job", "other.example.com/x", ["x0"])
+        peers.call(kubelet.start())
+        peers.call(pod_resources.start())
+        try:
+            agent = AgentProcess(
+                [
+                    sys.executable,
+                    "-m",
+                    "patchbay_agent.main",
+                    "--config",
+                    str(config),
+                    "--node-name",
+                    node_name,
+                    "--device-plugin-dir",
+                    str(plugin_dir),
+                    "--host-root",
+                    str(hw.root),
+                    "--http-address",
+                    "127.0.0.1:0",
+                    "--kubeconfig",
+                    str(devcluster.kubeconfig),
+                    "--profile",
+                    PROFILE,
+                    "--report-namespace",
+                    namespace,
+                    "--pod-name",
+                    "patchbay-agent-p-x1",
+                    "--pod-resources-socket",
+                    str(pod_resources.socket),
+                    "--pod-resources-period",
+                    "1",
+                    "--log-format",
+                    "json",
+                ],
+                workdir / "agent.log",
+            )
+            first = wait_for("the DeviceReport", report, timeout=30)
+            assert first["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": node_name,
+                    "uid": node_uid,
+                    "blockOwnerDeletion": False,
+                    "controller": False,
+                }
+            ]
+            assert first["metadata"]["labels"] == {
+                "patchbay.dev/profile": PROFILE,
+                "app.kubernetes.io/managed-by": "patchbay-agent",
+            }
+            assert {m["manager"]: m["operation"] for m in first["metadata"]["managedFields"]} == {
+                "patchbay-agent": "Apply"
+            }
+            assert (first["profile"], first["nodeName"], first["resourceName"], first["agent"]) == (
+                PROFILE,
+                node_name,
+                RESOURCE,
+                "patchbay-agent-p-x1",
+            )
+            assert first["observedAt"].endswith("Z")
+            assert first["summary"] == {"total": 4, "healthy": 4, "unhealthy": 0, "allocated": 2}
+            devices = {d["id"]: d for d in first["devices"]}
+            assert list(devices) == ["ttyUSB0", "ttyUSB1", "ttyUSB2", "ttyUSB3"]
+            assert all(d["health"] == "Healthy" and d["since"].endswith("Z") for d in devices.values())
+            assert devices["ttyUSB0"]["pods"] == [{"namespace": "ml", "name": "trainer", "container": "main"}]
+            assert devices["ttyUSB3"]["pods"] == [{"namespace": "ml", "name": "eval", "container": "job"}]
+            assert "pods" not in devices["ttyUSB1"]
+            # Every write by the agent changes the object (observedAt at least), and a
+            # CRD without a status subresource counts each in metadata.generation.
+            writes = agent.counter("patchbay_agent_report_writes_total", result="ok")
+            assert writes >= 1
+            assert first["metadata"]["generation"] == writes
+
+            # A device file goes: one write, Unhealthy, Vanished, since when.
+            hw.remove_dev("/dev/ttyUSB1")
+
+            def vanished() -> dict[str, Any] | None:
+                obj = report()
+                dev = next(d for d in (obj or {}).get("devices", []) if d["id"] == "ttyUSB1")
+                return obj if dev["health"] == "Unhealthy" else None
+
+            second = wait_for("ttyUSB1 to be reported Unhealthy", vanished, timeout=30)
+            dev = next(d for d in second["devices"] if d["id"] == "ttyUSB1")
+            assert dev["reason"] == "Vanished"
+            assert "/dev/ttyUSB1" in dev["message"]
+            assert dev["since"] >= devices["ttyUSB1"]["since"]
+            assert second["summary"] == {"total": 4, "healthy": 3, "unhealthy": 1, "allocated": 2}
+            assert agent.counter("patchbay_agent_report_writes_total", result="ok") == writes + 1
+            assert second["metadata"]["generation"] == first["metadata"]["generation"] + 1
+
+            # A quiet period: rounds and PodResources reads go on, the reporter looks and writes
+            # nothing (wait on its own counters, then compare).
+            unchanged = agent.counter("patchbay_agent_report_unchanged_total")
+            reads = agent.counter("patchbay_agent_pod_resources_reads_total", result="ok")
+            wait_for(
+                "two more looks at an unchanged report and two PodResources reads",
+                lambda: (
+                    agent.counter("patchbay_agent_report_unchanged_total") >= unchanged + 2
+                    and agent.counter("patchbay_agent_pod_resources_reads_total", result="ok") >= reads + 2
+                ),
+                timeout=30,
+            )
+            assert agent.counter("patchbay_agent_report_writes_total", result="ok") == writes + 1
+            assert agent.counter("patchbay_agent_report_writes_total", result="error") == 0
+            quiet = report()
+            assert quiet is not None
+            assert quiet["metadata"]["resourceVersion"] == second["metadata"]["resourceVersion"]
+
+            assert agent.stop() == 0
+            log = agent.text()
+            assert "Traceback" not in log
+            assert '"level": "error"' not in log
+        finally:
+            if agent is not None:
+                agent.stop()
+            peers.call(pod_resources.stop())
+            peers.call(kubelet.stop())
+
+    # The node goes: the garbage collector takes its report (a new CRD's dependents are seen once
+    # the collector's discovery of resources has run, up to about 30 s).
+    client.CoreV1Api(api).delete_node(node_name)
+    wait_for(
+        "the garbage collector to delete the report with its node", lambda: report() is None, timeout=120
+    )
