@@ -12,6 +12,8 @@ chart with the images built here, and prints:
   and pod around it);
 - the agent pod's memory from its cgroup, beside the requests of Intel's plugins (15-45 Mi)
   and squat/generic-device-plugin (10-20 Mi);
+- a device file removed on the node -> the kubelet counts it out (baseline), the agent's
+  DeviceReport says Unhealthy, the profile's status names it, median of ``--runs``;
 - one rollout of the agent DaemonSet (tests/e2e/rollout.py): minimum allocatable seen from the
   API server and from the kubelet, registrations, time to complete.
 
@@ -199,6 +201,58 @@ class Bench:
             wait(lambda: self.allocatable(resource) in (None, "0"))
         return out
 
+    def vanish_to_status(self, profile: str, resource: str, device: Path) -> dict[str, float]:
+        """Seconds from a device file's removal to: the kubelet's device manager counting one
+        fewer (the baseline: what the kubelet itself learns from the agent's ListAndWatch), the
+        agent's DeviceReport calling it unhealthy, and the profile's status naming it; then the
+        device comes back and everything is waited healthy again."""
+        report_name = f"{profile}.{NODE_NAME}"
+
+        def report_unhealthy() -> bool:
+            rep = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, "patchbay-system", "devicereports", report_name
+            )
+            return any(d["id"].endswith(device.name) and d["health"] != "Healthy" for d in rep["devices"])
+
+        def status_names() -> bool:
+            prof = self.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, profile)
+            problems = (prof.get("status") or {}).get("problems") or []
+            return any(p.get("device", "").endswith(device.name) for p in problems)
+
+        rdev = device.stat().st_rdev
+        t0 = now()
+        device.unlink()
+        out: dict[str, float] = {}
+        pending = {
+            "kubelet": lambda: self.kubelet_count(resource) == DEVICES - 1,
+            "report": report_unhealthy,
+            "status": status_names,
+        }
+        deadline = t0 + 120
+        while pending and now() < deadline:
+            for key, check in list(pending.items()):
+                if check():
+                    out[key] = now() - t0
+                    del pending[key]
+            time.sleep(0.02)
+        if pending:
+            raise SystemExit(f"bench: timed out waiting for {sorted(pending)} after a device vanished")
+        os.mknod(device, 0o666 | 0o020000, rdev)
+
+        def healthy_again() -> bool:
+            # The Node's allocatable too: it lags the kubelet by its 10 s status sync, and the
+            # rollout measured next would otherwise start from a stale 3.
+            full = self.allocatable(resource) == str(DEVICES)
+            return (
+                full
+                and self.kubelet_count(resource) == DEVICES
+                and not report_unhealthy()
+                and not status_names()
+            )
+
+        wait(healthy_again)
+        return out
+
     def agent_memory(self, profile: str) -> dict[str, float]:
         """The agent pod's memory in MiB, three ways (they answer different questions):
 
@@ -309,6 +363,18 @@ def main() -> None:
                 f"pod cgroup rss {mem['cgroup_rss']:.1f} MiB, usage {mem['cgroup_usage']:.1f} MiB"
             )
             print("  (requests seen: Intel's plugins 15-45 Mi, squat/generic-device-plugin 10-20 Mi)")
+
+            print(f"\n== A device vanishes -> the profile's status names it (median of {args.runs}) ==")
+            runs = [b.vanish_to_status(name, resource, FAKE_DEV / "ttyB1") for _ in range(args.runs)]
+            for key, what in (
+                ("kubelet", "the kubelet's device manager counts it out (baseline)"),
+                ("report", "the agent's DeviceReport says Unhealthy"),
+                ("status", "the profile's status names node, device, reason"),
+            ):
+                xs = [r[key] for r in runs]
+                print(f"{what:<56} {median(xs):6.2f} s   runs {[round(x, 2) for x in xs]}")
+            ratio = median([r["status"] for r in runs]) / median([r["kubelet"] for r in runs])
+            print(f"status / kubelet: {ratio:.1f}")
             result = run_rollout(
                 api=b.api,
                 namespace="patchbay-system",

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -312,6 +313,7 @@ def main() -> int:
         if op is not None:
             op.stop()
         cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
     return 0
 
 
