@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from patchbay_operator.constants import LABEL_PROFILE
+from patchbay_operator.timestamps import parse_rfc3339
 
 STALL_AFTER = timedelta(seconds=60)
 """How long a pod may be in trouble that can fix itself before it counts as stalled: long
@@ -133,18 +134,11 @@ class Trouble:
     recheck_at: datetime | None = None  # when a not-yet-stalled trouble would become stalled
 
 
-def parse_time(value: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def trouble(pod: AgentPod, warning: Warning | None, now: datetime) -> Trouble | None:
     """The pod's problem, or None when it runs and is Ready (or is going away)."""
     if pod.deleting or (pod.phase == "Running" and pod.ready):
         return None
-    created = parse_time(pod.created) or now
+    created = parse_rfc3339(pod.created) or now
     overdue = now - created >= STALL_AFTER
     recheck = None if overdue else created + STALL_AFTER
 

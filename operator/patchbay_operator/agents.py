@@ -78,6 +78,8 @@ class Agents:
         self.pods: Store[AgentPod] = Store(lambda p: p.name, by_profile)
         self.warnings: Store[Warning] = Store(lambda w: w.pod, self._warned)
         self.reports: Store[Report] = Store(lambda r: r.name, by_profile)
+        # Reports with a DELETE in flight: status computations meanwhile must not send another.
+        self._pruning: set[str] = set()
 
     def _warned(self, old: Warning | None, new: Warning | None) -> None:
         """A Warning about one of our pods changes that pod's profile's status."""
@@ -106,12 +108,23 @@ class Agents:
         """Delete ``profile``'s reports except those of the nodes in ``keep``."""
         keep = set(keep)
         path = collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", self._settings.namespace)
-        for report in [r for r in self.reports.items.values() if r.profile == profile and r.node not in keep]:
+        doomed = [
+            r
+            for r in self.reports.items.values()
+            if r.profile == profile and r.node not in keep and r.name not in self._pruning
+        ]
+        for report in doomed:
+            self._pruning.add(report.name)
             try:
                 await self._call(self._kube.delete, Ref(path, report.name))
             except (KubeError, OSError) as e:
                 log.warning("Deleting DeviceReport %s failed: %s", report.name, e)
                 continue
+            finally:
+                self._pruning.discard(report.name)
+            # Gone now, not when the watch says so: the next status must neither count it nor
+            # delete it again.
+            self.reports.fold("DELETED", report)
             log.info(
                 "Deleted DeviceReport %s (node %s no longer serves %s)", report.name, report.node, profile
             )

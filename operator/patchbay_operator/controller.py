@@ -38,6 +38,7 @@ from patchbay_operator.peering import Gate, Peering
 from patchbay_operator.profiles import Profile, Registry
 from patchbay_operator.status import Problem
 from patchbay_operator.statuswriter import StatusWriter
+from patchbay_operator.timestamps import rfc3339_now
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,10 +46,6 @@ T = TypeVar("T")
 
 class CleanupPendingError(RuntimeError):
     """Some nodes still carry a deleting profile's resource; the delete handler retries."""
-
-
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Controller:
@@ -222,23 +219,26 @@ class Controller:
         winner = self.registry.conflict(profile)
         if winner is not None:
             self._problems[name] = []
-            return status.conflict_status(profile, winner.name, previous, now())
+            return status.conflict_status(profile, winner.name, previous, rfc3339_now())
         states = self.nodes.states.values()
         if profile.mode is Mode.STATIC:
             failures = self.nodes.failures
             seen = [r for n in states if (r := capacity.report(profile, n, failures.get(n.name))) is not None]
             self._problems[name] = status.static_problems(seen)
-            return status.static_status(profile, seen, previous, now())
+            return status.static_status(profile, seen, previous, rfc3339_now())
         clock = datetime.now(UTC)
         troubles = self.agents.troubles(name, clock)
         self._recheck(name, [t.recheck_at for t in troubles if t.recheck_at is not None])
         matching = [n for n in states if profile.selector.matches(n.labels)]
         reports = self.agents.profile_reports(name)
         self._problems[name] = status.plugin_problems(profile, matching, troubles, reports)
-        if any(r.node not in {n.name for n in matching} for r in reports):
-            self._spawn(self.agents.prune_reports(name, keep={n.name for n in matching}))
+        selected = {n.name for n in matching}
+        if any(r.node not in selected for r in reports):
+            self._spawn(self.agents.prune_reports(name, keep=selected))
         ds = self.agents.daemonsets.items.get(name)
-        return status.plugin_status(profile, ds, states, previous, now(), troubles=troubles, reports=reports)
+        return status.plugin_status(
+            profile, ds, states, previous, rfc3339_now(), troubles=troubles, reports=reports
+        )
 
     def _recheck(self, name: str, when: list[datetime]) -> None:
         """Recompute ``name``'s status when a pod's trouble would turn stalled, even if nothing

@@ -14,12 +14,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from patchbay_operator.constants import API_GROUP, API_VERSION, FIELD_MANAGER, KIND
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status import Problem
+from patchbay_operator.timestamps import rfc3339_now
 
 DEDUPE_WINDOW = 600.0
 """Seconds during which the same event (profile, type, reason, message) is posted only once."""
@@ -109,7 +109,7 @@ class EventRecorder:
 
 def event(profile: Profile, t: Transition) -> dict[str, Any]:
     """A core/v1 Event about ``profile`` (kubectl describe dpp lists it)."""
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339_now()
     return {
         "apiVersion": "v1",
         "kind": "Event",

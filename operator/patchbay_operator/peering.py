@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from patchbay_operator.timestamps import parse_rfc3339
+
 log = logging.getLogger(__name__)
 
 DEFAULT_LIFETIME = 60
@@ -38,15 +40,6 @@ class Peering:
     name: str
     identity: str
     priority: int
-
-
-def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def blockers(status: Mapping[str, Any] | None, me: Peering, now: datetime) -> list[str]:
@@ -64,7 +57,7 @@ def blockers(status: Mapping[str, Any] | None, me: Peering, now: datetime) -> li
             lifetime = int(record.get("lifetime", DEFAULT_LIFETIME))
         except (TypeError, ValueError):
             continue
-        seen = _parse_time(record.get("lastseen")) if "lastseen" in record else now
+        seen = parse_rfc3339(record.get("lastseen")) if "lastseen" in record else now
         if seen is None:
             continue
         if seen.tzinfo is None:

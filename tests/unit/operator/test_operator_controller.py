@@ -187,3 +187,23 @@ async def test_a_waiting_replica_writes_nothing_and_takes_over_from_fresh_profil
         await until(lambda: kube.status_writes)
     finally:
         await ctl.stop()
+
+
+async def test_a_pruned_report_is_deleted_once_however_often_the_status_is_computed(kube: FakeKube) -> None:
+    """Until the watch shows the deletion, every status computation sees the report; it must not
+    send another DELETE (FAKE KubeAPI: fakekube.py)."""
+    from patchbay_operator.agents import Agents
+    from patchbay_operator.devicereports import Report
+
+    async def call(fn: Callable[..., Any], *args: Any) -> Any:
+        await asyncio.sleep(0.01)  # a DELETE in flight while the next computation runs
+        return fn(*args)
+
+    changed: list[str] = []
+    agents = Agents(kube, call, Settings(namespace="patchbay-system"), changed.append)
+    agents.reports.fold("ADDED", Report("p.gone", "p", "gone"))
+    agents.reports.fold("ADDED", Report("p.kept", "p", "kept"))
+    await asyncio.gather(*(agents.prune_reports("p", keep={"kept"}) for _ in range(3)))
+    await agents.prune_reports("p", keep={"kept"})
+    assert [ref.name for ref in kube.deleted] == ["p.gone"]
+    assert set(agents.reports.items) == {"p.kept"}

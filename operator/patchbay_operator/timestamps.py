@@ -1,0 +1,22 @@
+"""Kubernetes timestamps (RFC 3339, UTC, whole seconds: what metav1.Time serialises to)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+
+def rfc3339_now() -> str:
+    """Now, as a status condition's ``lastTransitionTime`` or an Event's timestamps want it."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(value: Any) -> datetime | None:
+    """A timestamp read from an API object; None for anything that is not one (a missing or
+    malformed field is the writer's problem, never a crash here)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
