@@ -174,6 +174,10 @@ def up(cluster: DevCluster) -> None:
             lambda p=pod: core.read_namespaced_pod(p, "default").status.phase == "Running",
         )
     wait_for("the profiles' status", lambda: profiles_settled(tools), 60)
+    # The agent learns who holds what from the kubelet about a second after the Allocate.
+    wait_for(
+        "the agent's report to name the pod holding 2 serial adapters", lambda: serial_held(tools) == 2, 60
+    )
     summary(tools, core)
     print(f"\nmake demo took {time.monotonic() - t0:.0f}s")
 
@@ -203,6 +207,16 @@ def profiles_settled(tools: Tools) -> bool:
         ):
             return False
     return bool(items)
+
+
+def serial_held(tools: Tools) -> int:
+    """Devices the serial profile's DeviceReports count as allocated."""
+    items = json.loads(tools.kubectl("-n", NAMESPACE, "get", "dr", "-o", "json", show=False))["items"]
+    return sum(
+        int((r.get("summary") or {}).get("allocated") or 0)
+        for r in items
+        if r.get("profile") == "serial-adapters"
+    )
 
 
 def summary(tools: Tools, core: client.CoreV1Api) -> None:

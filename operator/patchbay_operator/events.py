@@ -43,8 +43,12 @@ def _where(p: Problem) -> str:
 
 
 def transitions(before: Mapping[tuple[str, str, str], Problem], after: Iterable[Problem]) -> list[Transition]:
-    """New problems as Warnings (their own reason), resolved ones as Normal ``Recovered``."""
-    now = {p.key: p for p in after}
+    """New problems as Warnings (their own reason), resolved ones as Normal ``Recovered``.
+
+    Transient problems (``Problem.transient``) count as no problem: an agent that starts, or a
+    node not patched yet, posts nothing; one that turns stalled posts its Warning then."""
+    before = {k: p for k, p in before.items() if not p.transient}
+    now = {p.key: p for p in after if not p.transient}
     out = [
         Transition("Warning", p.reason, f"{_where(p)}: {p.message}")
         for k, p in sorted(now.items())

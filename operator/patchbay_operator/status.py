@@ -64,6 +64,9 @@ class Problem:
     message: str = field(compare=False)
     since: str = field(default="", compare=False)
     stalled: bool = field(default=False, compare=False)
+    #: a wait that ends by itself (an agent starting, a node not patched yet): in the status,
+    #: but no Event, or every rollout would post Warnings and Recovereds
+    transient: bool = field(default=False, compare=False)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -76,6 +79,10 @@ class Problem:
         if self.since:
             out["since"] = self.since
         return out
+
+
+#: A condition's verdict before it becomes a metav1.Condition: (status, reason, message).
+Verdict = tuple[bool, Reason | str, str]
 
 
 @dataclass(frozen=True)
@@ -109,12 +116,7 @@ def conditions(
     return out
 
 
-def _conds(
-    ready: tuple[bool, Reason | str, str],
-    reconciling: tuple[bool, Reason | str, str],
-    stalled: tuple[bool, Reason | str, str],
-    degraded: tuple[bool, Reason | str, str],
-) -> list[Condition]:
+def _conds(ready: Verdict, reconciling: Verdict, stalled: Verdict, degraded: Verdict) -> list[Condition]:
     types = (ConditionType.READY, ConditionType.RECONCILING, ConditionType.STALLED, ConditionType.DEGRADED)
     return [Condition(t, *c) for t, c in zip(types, (ready, reconciling, stalled, degraded), strict=True)]
 
@@ -143,18 +145,26 @@ def assemble(
     }
 
 
-def _stalled(
-    stuck: Sequence[Problem], what: str
-) -> tuple[tuple[bool, Reason | str, str], tuple[bool, Reason | str, str]]:
+def _stalled(stuck: Sequence[Problem], noun: str) -> tuple[Verdict, Verdict]:
     """Stalled and Reconciling when something cannot finish without a change: Stalled names the
     first problem's reason, and Reconciling is False (kstatus reads Failed, not InProgress)."""
-    stalled = (True, min(stuck).reason, f"{len(stuck)} {what}; {_first(stuck)}")
+    stalled = (
+        True,
+        min(stuck).reason,
+        f"cannot finish without a change on {_n(len(stuck), noun)}; {_first(stuck)}",
+    )
     return stalled, (False, Reason.STALLED, "waiting for a change (see Stalled)")
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``: status messages are read by people."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _waiting(nodes: Sequence[str], resource: str) -> str:
     shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
-    return f"agents registered; the kubelet has not published {resource} yet on {len(nodes)} nodes: {shown}"
+    where = _n(len(nodes), "node")
+    return f"agents registered; the kubelet has not published {resource} yet on {where}: {shown}"
 
 
 def _first(problems: Sequence[Problem]) -> str:
@@ -182,7 +192,14 @@ def conflict_status(profile: Profile, winner: str, previous: Mapping[str, Any], 
 
 def static_problems(reports: Iterable[NodeReport]) -> list[Problem]:
     return [
-        Problem(rep.name, "", rep.problem[0].value, rep.problem[1], stalled=rep.problem[0] in PERSISTENT)
+        Problem(
+            rep.name,
+            "",
+            rep.problem[0].value,
+            rep.problem[1],
+            stalled=rep.problem[0] in PERSISTENT,
+            transient=rep.problem[0] not in PERSISTENT,
+        )
         for rep in reports
         if rep.problem is not None
     ]
@@ -204,19 +221,19 @@ def static_status(
     if desired == 0:
         ready_c = (True, Reason.NO_MATCHING_NODES, "no node is selected")
     elif ready == desired:
-        ready_c = (True, Reason.ALL_NODES_READY, f"{ready} nodes advertise {profile.resource}")
+        ready_c = (True, Reason.ALL_NODES_READY, f"{profile.resource} advertised on {_n(ready, 'node')}")
     else:
         ready_c = (
             False,
             Reason.NODES_NOT_READY,
-            f"{desired - ready} of {desired} nodes do not advertise {profile.resource} as intended",
+            f"{profile.resource} not advertised as intended on {desired - ready} of {_n(desired, 'node')}",
         )
     if stuck:
-        stalled_c, reconciling_c = _stalled(stuck, "nodes need a change")
+        stalled_c, reconciling_c = _stalled(stuck, "node")
     else:
         stalled_c = (False, Reason.AS_EXPECTED, "nothing is stuck")
         reconciling_c = (
-            (True, Reason.APPLYING, f"patching {len(moving)} nodes")
+            (True, Reason.APPLYING, f"patching {_n(len(moving), 'node')}")
             if moving
             else (False, Reason.UP_TO_DATE, "every node was patched")
         )
@@ -247,7 +264,9 @@ def plugin_problems(
     node from capacity vs allocatable where an agent has not reported), nodes without the resource."""
     r = profile.resource
     by_node = {rep.node: rep for rep in reports}
-    problems = [Problem(t.node, "", t.reason, t.message, stalled=t.stalled) for t in troubles]
+    problems = [
+        Problem(t.node, "", t.reason, t.message, stalled=t.stalled, transient=not t.stalled) for t in troubles
+    ]
     troubled = {t.node for t in troubles}
     for node in nodes:
         if not profile.selector.matches(node.labels):
@@ -333,13 +352,13 @@ def plugin_status(
     elif not rolling and waiting:
         ready_c = (False, Reason.PUBLISHING, _waiting(waiting, r))
     elif not rolling:
-        ready_c = (True, Reason.ALL_NODES_READY, f"{available} agents available")
+        ready_c = (True, Reason.ALL_NODES_READY, f"{_n(available, 'agent')} available")
     elif daemonset is None:
         ready_c = (False, Reason.APPLYING, "agent DaemonSet not created yet")
     else:
-        ready_c = (False, Reason.NODES_NOT_READY, f"{available} of {desired} agents available")
+        ready_c = (False, Reason.NODES_NOT_READY, f"{available} of {_n(desired, 'agent')} available")
     if stuck:
-        stalled_c, reconciling_c = _stalled(stuck, "agents cannot work without a change")
+        stalled_c, reconciling_c = _stalled(stuck, "agent")
     else:
         stalled_c = (False, Reason.AS_EXPECTED, "nothing is stuck")
         if daemonset is None:
@@ -348,12 +367,12 @@ def plugin_status(
             reconciling_c = (
                 True,
                 Reason.ROLLING_OUT,
-                f"{updated} of {desired} agents updated, {available} available",
+                f"{updated} of {_n(desired, 'agent')} updated, {available} available",
             )
         elif waiting:
             reconciling_c = (True, Reason.PUBLISHING, _waiting(waiting, r))
         else:
-            reconciling_c = (False, Reason.UP_TO_DATE, f"{desired} agents up to date")
+            reconciling_c = (False, Reason.UP_TO_DATE, f"{_n(desired, 'agent')} up to date")
     if stuck:
         degraded_c = (True, stalled_c[1], stalled_c[2])
     elif unhealthy:
@@ -361,10 +380,14 @@ def plugin_status(
         degraded_c = (
             True,
             Reason.DEVICES_UNHEALTHY,
-            f"{nodes_hit} nodes have unhealthy devices; {_first(unhealthy)}",
+            f"unhealthy devices on {_n(nodes_hit, 'node')}; {_first(unhealthy)}",
         )
     elif not rolling and int(st.get("numberUnavailable") or 0) > 0:
-        degraded_c = (True, Reason.AGENTS_UNAVAILABLE, f"{st.get('numberUnavailable')} agents down")
+        degraded_c = (
+            True,
+            Reason.AGENTS_UNAVAILABLE,
+            f"{_n(int(st.get('numberUnavailable') or 0), 'agent')} down",
+        )
     else:
         degraded_c = (False, Reason.AS_EXPECTED, "no node needs attention")
     return assemble(

@@ -62,3 +62,14 @@ async def test_a_flood_is_rate_limited_per_profile() -> None:
     await rec.record(PROFILE, [problem(f"n{i}") for i in range(50)])
     assert len(posted) == BURST
     assert rec.suppressed == 50 - BURST
+
+
+def test_a_wait_that_ends_by_itself_posts_nothing_until_it_is_stuck() -> None:
+    starting = Problem("a", "", "ImagePullBackOff", "pulling", transient=True)
+    stuck = Problem("a", "", "ImagePullBackOff", "pulling for 60 s", stalled=True)
+    assert transitions({}, [starting]) == []
+    assert transitions({starting.key: starting}, []) == []
+    (warning,) = transitions({starting.key: starting}, [stuck])
+    assert (warning.type, warning.reason) == ("Warning", "ImagePullBackOff")
+    (recovered,) = transitions({stuck.key: stuck}, [])
+    assert recovered.reason == "Recovered"
