@@ -276,7 +276,10 @@ def plugin_problems(
         if cap is None:
             if node.name not in troubled and not publishing(report):
                 msg = f"{r} not advertised (no agent registered or no device)"
-                problems.append(Problem(node.name, "", Reason.NO_DEVICES.value, msg))
+                # Without a report yet this may still be the agent starting: no Event for it.
+                problems.append(
+                    Problem(node.name, "", Reason.NO_DEVICES.value, msg, transient=report is None)
+                )
         elif report is not None:
             problems += [
                 Problem(node.name, d.id, d.reason or "Unhealthy", d.message or "unhealthy", d.since)

@@ -18,6 +18,7 @@ from patchbay_operator.status import (
     Condition,
     conditions,
     conflict_status,
+    plugin_problems,
     plugin_status,
     static_status,
 )
@@ -245,3 +246,13 @@ def test_agent_registered_but_kubelet_not_published_yet_is_in_progress_not_a_pro
     st = plugin_status(prof("DevicePlugin"), DS_OK, [node("node-a", None, None)], {}, "T", reports=[empty])
     assert verdict(st) == "Current"
     assert [p["reason"] for p in st["problems"]] == ["NoDevices"]
+
+
+def test_no_devices_is_an_event_only_once_the_agent_has_reported_none() -> None:
+    """Before the agent's first report the node may simply not be there yet (no Event); a report
+    with no device in it is a real problem."""
+    st_nodes = [node("node-a", None, None)]
+    (waiting,) = plugin_problems(prof("DevicePlugin"), st_nodes, [], [])
+    assert waiting.reason == "NoDevices" and waiting.transient
+    (real,) = plugin_problems(prof("DevicePlugin"), st_nodes, [], [Report("p.node-a", "p", "node-a", ())])
+    assert real.reason == "NoDevices" and not real.transient
