@@ -29,6 +29,7 @@ from patchbay_agent.constants import DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.discovery import HostRoot, make_backend
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.inventory import Inventory
+from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.monitor import Monitor
 from patchbay_agent.registration import Backoff, Registrar
@@ -233,7 +234,8 @@ class Agent:
         # Everything allocated so far (modules, config, grpc) lives as long as the process: move it
         # out of the garbage collector's generations so full collections stop walking it. They
         # otherwise land in the middle of Allocate calls and stretch its tail latency
-        # (docs/facts.md#plugin-sockets).
+        # (docs/facts.md#plugin-sockets). Collect first: frozen garbage would never be freed.
+        settle_memory()
         gc.freeze()
         self.started.set()
         stopper = asyncio.ensure_future(stop.wait())

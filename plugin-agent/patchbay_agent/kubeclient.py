@@ -17,6 +17,12 @@ loads pykube, requests or urllib3.
 
 In a pod the token is re-read when the kubelet rotated it (`satoken.TokenFile`) and sent as the
 request's own Authorization header, which pykube then leaves alone.
+
+requests is imported WITHOUT a character-set detector (`_import_requests`): it loads
+charset_normalizer at import only to guess the encoding of text bodies that name none, which costs
+the agent 2.6-3.2 MiB of RSS (docs/facts.md#client-memory). The API server answers JSON in UTF-8
+(`Response.json()` decodes the bytes itself) and the agent reads other bodies (a proxy's error
+page) as UTF-8 itself, so it never asks requests to guess and loses nothing by it.
 """
 
 from __future__ import annotations
@@ -24,12 +30,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-import pykube
-import requests
 
 from patchbay_agent.constants import (
     FIELD_MANAGER,
@@ -39,6 +45,37 @@ from patchbay_agent.constants import (
     SERVICE_ACCOUNT_DIR,
 )
 from patchbay_agent.satoken import TokenFile, jwt_claims, node_identity
+
+#: What requests would load to guess a body's character set; see the module doc.
+_CHARSET_DETECTORS = ("charset_normalizer", "chardet")
+
+
+def _import_requests() -> ModuleType:
+    """requests, imported with no detector when this process has not loaded one already.
+
+    A None entry in sys.modules makes `import charset_normalizer` raise ImportError, which
+    requests handles (its `chardet` becomes None; it warns once, silenced here). The entries are
+    removed afterwards, so anything else in the same process may still import the detectors.
+    """
+    if "requests" in sys.modules:
+        return sys.modules["requests"]
+    blocked = [name for name in _CHARSET_DETECTORS if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Unable to find acceptable character detection")
+            import requests as module
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+    return module
+
+
+requests = _import_requests()
+
+import pykube  # noqa: E402  (after requests, so that pykube's import of it is the one above)
 
 log = logging.getLogger(__name__)
 
@@ -188,5 +225,7 @@ def _error_text(response: Any) -> str:
         body = None
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return str(body["message"])[:_MAX_ERROR_TEXT]
-    text = (response.text or response.reason or "").strip()
+    # The bytes as UTF-8, not `response.text`: requests reads text/* without a charset as
+    # ISO-8859-1 (and would otherwise ask a detector), which garbles what API servers send.
+    text = (response.content.decode("utf-8", "replace") or response.reason or "").strip()
     return text[:_MAX_ERROR_TEXT] or f"HTTP {response.status_code}"

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.registration import Backoff
 from patchbay_agent.report import ReportTarget, with_observed_at
@@ -142,6 +143,10 @@ class Reporter:
             return False
         self.written = report
         self.writes += 1
+        if self.writes == 1:
+            # The first write was start-up's last one-off work (TLS setup, the client's first
+            # request): hand its garbage back too (memory.py).
+            settle_memory()
         self._metrics.report_writes.labels("ok").inc()
         self._backoff.reset()
         self._retry_at = None

@@ -9,6 +9,9 @@ import base64
 import contextlib
 import http.server
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,3 +209,64 @@ def test_in_cluster_the_node_uid_comes_from_the_token_read_again_after_rotation(
     (sa / "token").unlink()
     with pytest.raises(ApiError, match="cannot read the service-account token"):
         client.node_uid("node-1")
+
+
+def test_requests_is_loaded_without_a_charset_detector(tmp_path: Path) -> None:
+    """charset_normalizer costs the agent about 3 MiB and it never decodes text of unknown charset:
+    the client loads requests without it, silently (warnings are errors here), a text error body
+    with no charset (a proxy's page) still reads as UTF-8, and the process can still import the
+    detector later for anyone else. In a fresh interpreter, as in the agent."""
+    code = f"""
+import http.server, sys, threading
+import patchbay_agent.kubeclient as kc
+print("charset_normalizer" in sys.modules, "chardet" in sys.modules, kc.requests.compat.chardet)
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_PATCH(self):
+        body = "Bad gateway \\u2014 upstream gone".encode()
+        self.send_response(502)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+
+srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+from pathlib import Path
+import tests_kubeconfig
+client = kc.KubeClient(tests_kubeconfig.write(Path({str(tmp_path)!r}) / "kc", srv.server_address[1]))
+try:
+    client.apply({REPORT!r})
+except kc.ApiError as e:
+    print(e.status, e.message)
+srv.shutdown()
+srv.server_close()
+import charset_normalizer
+print(charset_normalizer.__name__)
+"""
+    (tmp_path / "tests_kubeconfig.py").write_text(
+        "import yaml\n"
+        "def write(path, port):\n"
+        "    cluster = {'name': 'c', 'cluster': {'server': f'http://127.0.0.1:{port}'}}\n"
+        "    context = {'name': 'x', 'context': {'cluster': 'c', 'user': 'u'}}\n"
+        "    doc = {'clusters': [cluster], 'users': [{'name': 'u', 'user': {'token': 't'}}],\n"
+        "           'contexts': [context], 'current-context': 'x'}\n"
+        "    path.write_text(yaml.safe_dump(doc))\n"
+        "    return path\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "False False None",
+        "502 Bad gateway \u2014 upstream gone",
+        "charset_normalizer",
+    ], out.stderr
