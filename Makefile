@@ -37,7 +37,7 @@ help: ## Show this help
 setup: host-packages venv kube-binaries ## Install everything: Debian packages, the virtualenv, the pinned Kubernetes binaries (idempotent)
 
 .PHONY: host-packages
-host-packages: ## Debian packages for the real node (containerd, runc, CNI loopback, busybox-static, gcc)
+host-packages: ## Debian packages for the real node (runc, CNI plugins, busybox-static, gcc, podman)
 	@hack/host-packages.sh
 
 .PHONY: venv

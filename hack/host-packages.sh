@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Debian packages the local cluster and the images need: containerd, runc, the CNI plugins
+# Debian packages the local cluster and the images need: runc, the CNI plugins
 # (bridge, host-local, loopback: the real node's pod network), iproute2 and iptables (the pod
 # network and the test that nothing leaves it), a static busybox (the test image's userland), a C
 # compiler (the pause binary), podman and mmdebstrap (the project's images, built with no Docker
-# engine and no registry). Idempotent: installs only what is missing.
+# engine and no registry). Idempotent: installs only what is missing. Not containerd: bookworm's
+# 1.6 cannot inject CDI devices, so hack/kube-binaries.sh builds a 2.x with the Kubernetes binaries.
 set -euo pipefail
 need=()
-command -v containerd >/dev/null && command -v ctr >/dev/null || need+=(containerd)
 command -v runc >/dev/null || need+=(runc)
 [[ -x /usr/lib/cni/loopback ]] || need+=(containernetworking-plugins)
 { [[ -x /bin/busybox ]] && file -b /bin/busybox 2>/dev/null | grep -q 'statically linked'; } || need+=(busybox-static)
@@ -17,7 +17,7 @@ command -v iptables >/dev/null || need+=(iptables)
 command -v podman >/dev/null || need+=(podman)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 if (( ${#need[@]} == 0 )); then
-  echo "[host-packages] present: containerd runc containernetworking-plugins busybox-static gcc iproute2 iptables podman mmdebstrap"
+  echo "[host-packages] present: runc containernetworking-plugins busybox-static gcc iproute2 iptables podman mmdebstrap"
   exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (or reuse) the real Kubernetes components that the local cluster, the tests and the demo
 # run: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl (all from
-# ONE pinned Kubernetes release, built from the Go module proxy), plus kwok and helm.
+# ONE pinned Kubernetes release, built from the Go module proxy), plus kwok, helm and the real
+# node's containerd (2.x: it injects CDI devices, which Debian bookworm's containerd 1.6 cannot).
 #
 # Why build from Go modules: this machine reaches only package registries, so release tarballs
 # and container images cannot be downloaded. k8s.io/kubernetes depends on its staging modules at
@@ -17,6 +18,9 @@ K8S_VERSION="${K8S_VERSION:-v1.37.1}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v4.3.1}"
+# Not part of KEY: containerd joined later, and a new key would rebuild every Kubernetes binary.
+# Its own stamp (below) rebuilds it alone when the version changes.
+CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 
 CACHE="${PATCHBAY_CACHE:-$HOME/.cache/patchbay}"
 HACK="$(cd "$(dirname "$0")" && pwd)"
@@ -32,8 +36,9 @@ if [[ "${1:-}" == "--print-bin-dir" ]]; then
   exit 0
 fi
 
-if [[ -f "$STAMP" ]]; then
-  log "cached: $BIN ($KEY)"
+CONTAINERD_STAMP="$BIN/.containerd-$CONTAINERD_VERSION"
+if [[ -f "$STAMP" && -f "$CONTAINERD_STAMP" ]]; then
+  log "cached: $BIN ($KEY, containerd $CONTAINERD_VERSION)"
   exit 0
 fi
 
@@ -93,6 +98,27 @@ etcd_build() {
   CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
 }
 
+# --- containerd, its runc shim and ctr: a wrapper module as for etcd -----------------------------
+# Build tags leave out the snapshotters that need C headers or kernel features the node never uses.
+containerd_build() {
+  [[ -f "$CONTAINERD_STAMP" ]] && return 0
+  local mod="$OUT/work/containerd-$CONTAINERD_VERSION" m=github.com/containerd/containerd/v2
+  mkdir -p "$mod"
+  cd "$mod"
+  [[ -f go.mod ]] || go mod init patchbay.local/containerdbuild >/dev/null 2>&1
+  if ! grep -q '^tool' go.mod; then
+    log "go get -tool $m@$CONTAINERD_VERSION"
+    go get -tool "$m/cmd/containerd@$CONTAINERD_VERSION" "$m/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+      "$m/cmd/ctr@$CONTAINERD_VERSION"
+  fi
+  log "building containerd $CONTAINERD_VERSION (containerd, containerd-shim-runc-v2, ctr)"
+  CGO_ENABLED=1 go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+    -ldflags "-s -w -X $m/version.Version=$CONTAINERD_VERSION" \
+    -o "$BIN/" "$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr"
+  rm -f "$BIN"/.containerd-*
+  touch "$CONTAINERD_STAMP"
+}
+
 # --- kwok and helm install with plain `go install` ----------------------------------------------
 goinstall() {
   local name="$1" pkg="$2"
@@ -108,10 +134,12 @@ heartbeat=$!
 trap 'kill $heartbeat 2>/dev/null || true' EXIT
 etcd_build
 k8s_build
+containerd_build
 goinstall kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 goinstall helm "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
 
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kwok helm; do
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kwok helm \
+  containerd containerd-shim-runc-v2 ctr; do
   have "$b" || { log "ERROR: $b missing after build"; exit 1; }
 done
 "$BIN/kube-apiserver" --version >&2

@@ -23,7 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,9 +232,9 @@ class DevCluster:
         )
 
     def _spawn(
-        self, name: str, argv: Sequence[str], marker: str = ""
+        self, name: str, argv: Sequence[str], marker: str = "", env: Mapping[str, str] | None = None
     ) -> tuple[Proc, subprocess.Popen[bytes]]:
-        return spawn(name, argv, self.log_dir, self.dir, marker)
+        return spawn(name, argv, self.log_dir, self.dir, marker=marker, env=env)
 
     def _argv(self, name: str, ports: dict[str, int]) -> list[str]:
         return controlplane.argv(name, self.bin_dir, self.dir, self.pki_dir, ports)
@@ -345,7 +345,7 @@ class DevCluster:
         node.prepare(st.ports["apiserver"], st.ports["kubelet"], st.ports["kubelet-healthz"])
         self._start_relay(st, timeout)
         log.info("Starting the real node (containerd + kubelet) in %s", node.paths.root)
-        proc, child = self._spawn("containerd", node.containerd_argv())
+        proc, child = self._spawn("containerd", node.containerd_argv(), env=node.containerd_env())
         st.procs.append(proc)
         st.save(self.state_file)
 

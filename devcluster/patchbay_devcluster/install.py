@@ -48,6 +48,7 @@ def local_values(cluster: DevCluster, images: Mapping[str, BuiltImage]) -> dict[
         "agent": {
             "image": agent.ref,
             "kubeletRootDir": str(cluster.real_node().paths.kubelet_root),
+            "cdiSpecDir": str(cluster.real_node().paths.cdi_spec_dir),
             "apiServer": {"host": pod_host, "port": pod_port},
         },
         # On the node's network its ports are the machine's (on 127.0.0.1): free ones.

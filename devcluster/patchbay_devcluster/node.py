@@ -1,7 +1,9 @@
-"""A REAL node for the dev cluster: the pinned kubelet on Debian's containerd and runc.
+"""A REAL node for the dev cluster: the pinned kubelet on containerd 2.4 (built with the Kubernetes
+binaries, for its CDI injection) and Debian's runc.
 
 Everything the node owns lives under one short directory linked as ``<state>/node``: containerd's
-root, state and socket, the kubelet's root directory, pod logs, the CNI config, and the images
+root, state and socket, the kubelet's root directory, pod logs, the CNI config, the CDI spec
+directory, and the images
 built by :mod:`patchbay_devcluster.images`. One exception: the kubelet's device manager always
 serves ``/var/lib/kubelet/device-plugins/kubelet.sock`` (hard-coded upstream), so device plugins
 register there and only one real node runs per machine: ``OWNER_FILE`` names the state directory
@@ -124,6 +126,11 @@ class NodePaths:
         return self.root / "kubelet"
 
     @property
+    def cdi_spec_dir(self) -> Path:
+        """Where this node's containerd reads CDI specs (and agents write them)."""
+        return self.root / "cdi"
+
+    @property
     def device_plugin_dir(self) -> Path:
         return DEVICE_PLUGIN_DIR
 
@@ -155,9 +162,8 @@ class NodePaths:
 
 def check_host() -> None:
     """Fail early, naming the missing piece, rather than deep inside a kubelet log."""
-    missing = [b for b in ("containerd", "ctr", "runc", "containerd-shim-runc-v2") if not shutil.which(b)]
-    if missing:
-        raise NodeError(f"missing {', '.join(missing)}: apt-get install containerd runc (make setup does)")
+    if not shutil.which("runc"):
+        raise NodeError("missing runc: apt-get install runc (make setup does)")
     missing_cni = [f"/usr/lib/cni/{c}" for c in CNI_PLUGINS if not Path(f"/usr/lib/cni/{c}").exists()]
     if missing_cni:
         raise NodeError(f"missing {', '.join(missing_cni)}: apt-get install containernetworking-plugins")
@@ -170,43 +176,65 @@ def check_host() -> None:
 
 
 def containerd_config(paths: NodePaths) -> str:
-    """containerd 1.6 (config version 2) on a private socket, CRI on, nothing on TCP."""
-    return f"""version = 2
-root = "{paths.containerd_root}"
-state = "{paths.containerd_state}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+    """containerd 2.4 (config version 4) on private sockets, CRI on, nothing on TCP, CDI on.
 
-[grpc]
-  address = "{paths.containerd_sock}"
+    Everything lives under the node's own directory, including the CDI spec directory (not the
+    machine's /etc/cdi or /var/run/cdi), so a node's specs go with ``down``. No imports from
+    /etc/containerd and no NRI socket in /var/run/nri: nothing of the machine's own runtime setup
+    leaks in or out.
+    """
+    cri = "plugins.'io.containerd.cri.v1.runtime'"
+    return f"""version = 4
+root = '{paths.containerd_root}'
+state = '{paths.containerd_state}'
+imports = []
+disabled_plugins = ['io.containerd.snapshotter.v1.btrfs', 'io.containerd.snapshotter.v1.zfs',
+  'io.containerd.snapshotter.v1.devmapper', 'io.containerd.snapshotter.v1.blockfile',
+  'io.containerd.snapshotter.v1.erofs', 'io.containerd.nri.v1.nri']
 
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{paths.root / "containerd" / "opt"}"
+[plugins.'io.containerd.server.v1.grpc']
+  address = '{paths.containerd_sock}'
 
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{images.PAUSE_IMAGE}"
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = '{paths.containerd_sock}.ttrpc'
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = '{paths.root / "containerd" / "opt"}'
+
+[plugins.'io.containerd.grpc.v1.cri']
+  disable_tcp_service = true
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = '{images.PAUSE_IMAGE}'
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    # Every registry resolves to a closed loopback port (see registry_hosts): images here are
+    # imported, and a pull must fail at once instead of reaching for the network.
+    config_path = '{paths.root / "registry"}'
+
+[{cri}]
   # The sandbox here cannot lower oom_score_adj below its own.
   restrict_oom_score_adj = true
   # Pod network namespaces are bind-mounted under the node's state, so ``down`` unmounts them
   # with everything else instead of leaving them in the machine's /var/run/netns.
   netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
   enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+  disable_apparmor = true
+  # CDI devices named by device plugins (Allocate's cdi_devices) and DRA drivers resolve here.
+  cdi_spec_dirs = ['{paths.cdi_spec_dir}']
+  [{cri}.containerd]
+    default_runtime_name = 'runc'
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+      [{cri}.containerd.runtimes.runc.options]
+        BinaryName = '{shutil.which("runc") or "runc"}'
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "{paths.cni_conf}"
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    # Every registry resolves to a closed loopback port (see registry_hosts): images here are
-    # imported, and a pull must fail at once instead of reaching for the network.
-    config_path = "{paths.root / "registry"}"
+  [{cri}.cni]
+    bin_dirs = ['/usr/lib/cni']
+    conf_dir = '{paths.cni_conf}'
 """
 
 
@@ -339,7 +367,7 @@ class RealNode:
         """Write configs, certificates, CNI config and image tarballs (idempotent)."""
         check_host()
         p = self.paths
-        for d in (p.root, p.containerd_root.parent, p.kubelet_root, p.pod_logs, p.cni_conf):
+        for d in (p.root, p.containerd_root.parent, p.kubelet_root, p.pod_logs, p.cni_conf, p.cdi_spec_dir):
             d.mkdir(parents=True, exist_ok=True)
         if not self.link.is_symlink():
             self.link.symlink_to(p.root)
@@ -378,8 +406,26 @@ class RealNode:
     def kubeconfig(self) -> Path:
         return self.paths.root / "kubelet.kubeconfig"
 
+    def _runtime_binary(self, name: str) -> Path:
+        """containerd, its shim and ctr come from the Kubernetes build (hack/kube-binaries.sh)."""
+        path = self.bin_dir / name if self.bin_dir is not None else None
+        if path is None or not path.is_file():
+            raise NodeError(
+                f"no {name} in {self.bin_dir}: run `make setup` (hack/kube-binaries.sh builds "
+                "containerd 2.x, which injects CDI devices; Debian bookworm's 1.6 cannot)"
+            )
+        return path
+
+    def containerd_env(self) -> dict[str, str]:
+        """PATH with the built binaries first: containerd looks its shim up on PATH, and Debian's
+        1.6 shim may be installed too."""
+        shim = self._runtime_binary("containerd-shim-runc-v2")
+        return {**os.environ, "PATH": f"{shim.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
     def containerd_argv(self) -> list[str]:
-        return [shutil.which("containerd") or "containerd", "--config", str(self.paths.containerd_config)]
+        # containerd finds its runc shim on PATH: the one built with it, first.
+        self._runtime_binary("containerd-shim-runc-v2")
+        return [str(self._runtime_binary("containerd")), "--config", str(self.paths.containerd_config)]
 
     def kubelet_argv(self) -> list[str]:
         if self.bin_dir is None:
@@ -403,7 +449,14 @@ class RealNode:
 
     def ctr(self, *args: str, timeout: float = 60) -> str:
         res = subprocess.run(
-            ["ctr", "--address", str(self.paths.containerd_sock), "--namespace", "k8s.io", *args],
+            [
+                str(self._runtime_binary("ctr")),
+                "--address",
+                str(self.paths.containerd_sock),
+                "--namespace",
+                "k8s.io",
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=timeout,

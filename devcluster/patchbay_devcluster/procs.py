@@ -97,10 +97,17 @@ def pid_runs(pid: int, binary: str, marker: str = "") -> bool:
 
 
 def spawn(
-    name: str, argv: Sequence[str], log_dir: Path, cwd: Path, marker: str = ""
+    name: str,
+    argv: Sequence[str],
+    log_dir: Path,
+    cwd: Path,
+    *,
+    marker: str = "",
+    env: Mapping[str, str] | None = None,
 ) -> tuple[Proc, subprocess.Popen[bytes]]:
     """Start ``argv`` in a session of its own, appending its output to ``<log_dir>/<name>.log``
-    (``marker``: see :attr:`Proc.marker`; it must be one of ``argv[1:]``)."""
+    (``marker``: see :attr:`Proc.marker`; it must be one of ``argv[1:]``; ``env``: the whole
+    environment, default this process's)."""
     if marker and marker not in argv[1:]:
         raise ValueError(f"{marker!r} is not an argument of {list(argv)}")
     logfile = log_dir / f"{name}.log"
@@ -111,6 +118,7 @@ def spawn(
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env=None if env is None else dict(env),
             start_new_session=True,  # survives the CLI; never gets the terminal's signals
         )
     return Proc(name=name, pid=child.pid, binary=argv[0], log=str(logfile), marker=marker), child

@@ -70,6 +70,10 @@ class Settings:
     kubelet_root_dir: str = "/var/lib/kubelet"
     """The kubelet's --root-dir on the nodes: the agents read its pod-resources socket."""
 
+    cdi_spec_dir: str = "/var/run/cdi"
+    """Where the nodes' container runtime reads CDI specs: agents of profiles with
+    ``allocation.cdi`` write their resource's spec there (docs/cdi.md)."""
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad value raises ``ConfigError`` (naming the flag) instead of exiting."""
@@ -227,6 +231,12 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         d.kubelet_root_dir,
         type=_absolute,
     )
+    flag(
+        "cdi-spec-dir",
+        f"a CDI spec directory of the nodes' container runtime (default {d.cdi_spec_dir})",
+        d.cdi_spec_dir,
+        type=_absolute,
+    )
     return p
 
 
@@ -255,4 +265,5 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         agent_service_account=args.agent_service_account,
         agent_api_server=args.agent_api_server,
         kubelet_root_dir=args.kubelet_root_dir,
+        cdi_spec_dir=args.cdi_spec_dir,
     )

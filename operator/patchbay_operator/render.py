@@ -77,6 +77,20 @@ POD_RESOURCES_MOUNT = "/var/lib/kubelet/pod-resources"
 """Where the agent container sees the kubelet's pod-resources directory (whatever the node's
 kubelet root dir is)."""
 
+CDI_SPEC_MOUNT = "/var/run/cdi"
+"""Where the agent container sees the runtime's CDI spec directory (whatever it is on the node)."""
+
+
+def plugin_cdi_kind(profile: Profile) -> str | None:
+    """``spec.plugin.allocation.cdi.kind``: the agent then writes a CDI spec, and needs the
+    runtime's spec directory mounted; None without it (no mount: least privilege)."""
+    plugin: Mapping[str, Any] = profile.spec.get("plugin") or {}
+    allocation: Mapping[str, Any] = plugin.get("allocation") or {}
+    cdi: Mapping[str, Any] = allocation.get("cdi") or {}
+    kind = cdi.get("kind")
+    return str(kind) if kind else None
+
+
 AGENT_NAME = "patchbay-agent"
 """The agents' ``app.kubernetes.io/name``: what the operator's DaemonSet informer selects on."""
 
@@ -165,6 +179,8 @@ def agent_objects(profile: Profile, settings: Settings) -> list[dict[str, Any]]:
         service_account=settings.agent_service_account,
         api_server=list(settings.agent_api_server) if settings.agent_api_server else None,
         kubelet_root_dir=settings.kubelet_root_dir,
+        cdi_spec_dir=settings.cdi_spec_dir if plugin_cdi_kind(profile) else "",
+        cdi_mount=CDI_SPEC_MOUNT,
         pod_resources_mount=POD_RESOURCES_MOUNT,
     )
     return [configmap, daemonset]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from patchbay_agent.cdi import DEFAULT_CDI_SPEC_DIR, CdiSpecs
 from patchbay_agent.config import AgentConfig
 from patchbay_agent.constants import DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.discovery import HostRoot, make_backend
@@ -77,6 +78,8 @@ class AgentOptions:
     instance: str | None = None
     #: The DeviceReport (``--profile``); None writes no report and reads no PodResources.
     report: ReportOptions | None = None
+    #: Where the runtime reads CDI specs (``--cdi-spec-dir``); used when the config has a CDI kind.
+    cdi_spec_dir: Path = Path(DEFAULT_CDI_SPEC_DIR)
 
 
 class Agent:
@@ -101,7 +104,9 @@ class Agent:
         host_root = HostRoot(options.host_root)
         self.backend = make_backend(config.discovery, host_root)
         self.monitor = Monitor(self.backend, host_root, config.health, self.inventory, self.metrics)
-        self.servicer = DevicePluginServicer(config, self.inventory, self.metrics)
+        kind = config.allocation.cdi_kind
+        self.cdi = CdiSpecs(options.cdi_spec_dir, kind, config.resource_name) if kind else None
+        self.servicer = DevicePluginServicer(config, self.inventory, self.metrics, self.cdi)
         self.registrar = Registrar(
             self.servicer,
             options.plugin_dir,
@@ -216,6 +221,12 @@ class Agent:
             len(snap.healthy),
             self.backend.name,
         )
+        if self.cdi is not None:
+            try:
+                self.cdi.ensure(snap)
+            except OSError as e:
+                # Allocate tries again (and refuses, saying why, if it still cannot).
+                log.error("Cannot write the CDI spec %s: %s", self.cdi.path, e)
         if self.options.http_address is not None:
             await self.http.start(*self.options.http_address)
         tasks = [

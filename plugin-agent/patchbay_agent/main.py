@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from patchbay_agent.agent import Agent, AgentOptions, ReportOptions
+from patchbay_agent.cdi import DEFAULT_CDI_SPEC_DIR
 from patchbay_agent.config import ConfigError, load
 from patchbay_agent.constants import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.discovery import DiscoveryError
@@ -120,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefix the container runtime needs before device paths (default: none, right when "
         "--host-root is the node's / mounted into the agent's pod); set it to --host-root when "
         "that is a directory ON the node, e.g. a fake device tree",
+    )
+    p.add_argument(
+        "--cdi-spec-dir",
+        default=Path(DEFAULT_CDI_SPEC_DIR),
+        type=Path,
+        metavar="DIR",
+        help="where the container runtime reads CDI specs; with allocation.cdi.kind the agent "
+        "writes its resource's spec here (default: %(default)s)",
     )
     p.add_argument(
         "--http-address",
@@ -283,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         shutdown_grace=args.shutdown_grace,
         instance=args.instance,
         report=report,
+        cdi_spec_dir=args.cdi_spec_dir,
     )
     client = None
     if report is not None:

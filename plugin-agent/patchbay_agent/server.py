@@ -23,20 +23,25 @@ import grpc
 
 from patchbay_agent.allocation import AllocationError, allocate, preferred
 from patchbay_agent.api import api_pb2, api_pb2_grpc
+from patchbay_agent.cdi import CdiSpecs
 from patchbay_agent.command import Outcome, run_command
 from patchbay_agent.config import AgentConfig, PreferredPolicy
 from patchbay_agent.constants import ENV_PRESTART_DEVICE_IDS
-from patchbay_agent.inventory import Inventory
+from patchbay_agent.inventory import Inventory, Snapshot
 from patchbay_agent.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
-    def __init__(self, config: AgentConfig, inventory: Inventory, metrics: Metrics) -> None:
+    def __init__(
+        self, config: AgentConfig, inventory: Inventory, metrics: Metrics, cdi: CdiSpecs | None = None
+    ) -> None:
         self._config = config
         self._inventory = inventory
         self._metrics = metrics
+        #: The CDI spec file behind the CDI names Allocate returns (None: no `cdi.kind`).
+        self._cdi = cdi
         #: ListAndWatch streams open right now (the kubelet keeps exactly one per registration)
         self.open_streams = 0
         #: called when a stream ends; the registrar uses it to notice a kubelet that dropped us
@@ -117,8 +122,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         context: grpc.aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse],
     ) -> api_pb2.AllocateResponse:
         started = time.perf_counter()
+        snap = self._inventory.current
         try:
-            response = allocate(request, self._inventory.current, self._config.allocation)
+            response = allocate(request, snap, self._config.allocation)
+            # Before answering: the kubelet hands these CDI names to the runtime next.
+            self._write_cdi(snap)
         except AllocationError as e:
             self._metrics.rpcs.labels("Allocate", e.code.name).inc()
             log.warning("Refused Allocate: %s", e.message)
@@ -128,6 +136,18 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         if self.on_allocated is not None:
             self.on_allocated()
         return response
+
+    def _write_cdi(self, snap: Snapshot) -> None:
+        cdi = self._cdi
+        if cdi is None:
+            return
+        try:
+            cdi.ensure(snap)
+        except OSError as e:
+            # The runtime would fail the container on an unresolvable CDI name: fail here, saying why.
+            raise AllocationError(
+                grpc.StatusCode.INTERNAL, f"cannot write the CDI spec {cdi.path}: {e}"
+            ) from None
 
     async def PreStartContainer(  # noqa: N802 - the gRPC method name
         self,

@@ -9,6 +9,7 @@ and restarts it the way a new kubelet starts (new manager, sockets wiped, kubele
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,10 @@ def test_allocate_for_fake_pods(harness: Harness) -> None:
     ]
     assert first["annotations"] == {"example.com/owner": "patchbay"}
     assert sorted(first["cdi_devices"]) == [f"example.com/serial={i}" for i in ids]
+    # ... and each of those names resolves in the CDI spec the agent wrote for the runtime.
+    spec = json.loads((harness.hw.root / "var/run/cdi/patchbay_example.com_serial.json").read_text())
+    assert spec["kind"] == "example.com/serial"
+    assert set(ids) <= {d["name"] for d in spec["devices"]}
 
     second = harness.kubelet.ok("allocate", pod="pod-b", container="app", resource=SERIAL, count=1)
     assert set(second["device_ids"]).isdisjoint(ids)

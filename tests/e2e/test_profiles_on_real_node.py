@@ -12,6 +12,8 @@ survived without restarting the agent.
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +230,50 @@ def test_virtual_tokens_reach_a_pod_through_the_agent_pod(
     finally:
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {"patchbay.dev/e2e-virtual": None})
+
+
+def test_cdi_names_resolve_through_the_spec_the_agent_pod_writes(
+    patchbay: Installed,
+    cluster: Cluster,
+    e2e_cluster: DevCluster,
+    real_node: str,
+    namespace: str,
+    fake_dev: Path,
+) -> None:
+    """allocation.cdi on a runtime WITH CDI injection (the node's containerd 2.4): a CDI name that
+    resolves nowhere fails the container ("unresolvable CDI devices"), so the pod running at all
+    proves the agent pod's spec file resolved it. The spec sits in the node's CDI directory (the
+    chart's agent.cdiSpecDir) and names the pod's device with its node; removed, it is written
+    again before the next Allocate answers."""
+    kind = "e2e.patchbay.dev/serial"
+    name, resource = serial_profile(cluster, fake_dev, real_node, suffix="cdi", cdi_kind=kind)
+    spec_file = e2e_cluster.real_node().paths.cdi_spec_dir / f"patchbay_{resource.replace('/', '_')}.json"
+    core = cluster.core
+    try:
+        wait_for("the agent pod Ready (registered)", lambda: patchbay.ready_agents(name), 120)
+        full = (str(DEVICES), str(DEVICES))
+        wait_for("devices on the node", lambda: cluster.values(real_node, resource) == full, 60)
+        for pod_name in ("cdi-first", "cdi-second"):
+            pod = busybox_pod(pod_name, real_node, f"echo SERIALS=$SERIALS; ls {fake_dev}; sleep 3600")
+            core.create_namespaced_pod(namespace, limits(pod, resource, 1))
+            logs = wait_for(
+                f"{pod_name} running", lambda n=pod_name: running_log(core, namespace, n, "SERIALS="), 120
+            )
+            (device,) = logs.splitlines()[0].removeprefix("SERIALS=").split(",")
+            assert [line for line in logs.splitlines()[1:] if line.startswith("ttyE2E")] == [
+                device.rsplit("_", 1)[-1]
+            ], logs
+            spec = json.loads(spec_file.read_text())
+            assert spec["kind"] == kind
+            named = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+            assert len(named) == DEVICES
+            host_path = str(fake_dev / device.rsplit("_", 1)[-1])
+            assert named[device] == [{"path": host_path, "hostPath": host_path, "permissions": "rw"}]
+            # The next pod's CDI name resolves only if the agent writes the spec again.
+            spec_file.unlink()
+    finally:
+        for pod_name in ("cdi-first", "cdi-second"):
+            with contextlib.suppress(client.ApiException):
+                core.delete_namespaced_pod(pod_name, namespace, grace_period_seconds=0)
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-plugin": None})

@@ -4,6 +4,7 @@ ListAndWatch updates, refusals, sharing and the 4 MiB cap. Devices come from FAK
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -117,6 +118,14 @@ def test_allocate_response_and_refusals(plugin_dir: Path, hw: FakeHardware) -> N
             assert [c.name for c in first.cdi_devices] == [
                 "example.com/serial=ttyUSB0",
                 "example.com/serial=ttyUSB1",
+            ]
+            # Every CDI name returned resolves in the spec file the agent wrote for the runtime.
+            spec = json.loads((hw.root / "var/run/cdi/patchbay_example.com_serial.json").read_text())
+            assert (spec["cdiVersion"], spec["kind"]) == ("0.5.0", "example.com/serial")
+            nodes = {d["name"]: d["containerEdits"]["deviceNodes"] for d in spec["devices"]}
+            assert {c.name.split("=", 1)[1] for c in first.cdi_devices} <= set(nodes)
+            assert nodes["ttyUSB1"] == [
+                {"path": "/dev/ttyUSB1", "hostPath": "/dev/ttyUSB1", "permissions": "rwm"}
             ]
             assert [d.host_path for d in second.devices] == ["/dev/ttyUSB1"]
 
@@ -284,3 +293,33 @@ def test_replicas_that_exceed_the_kubelet_message_limit_are_refused(
     with pytest.raises(ListTooLargeError, match=r"plugin\.sharing\.replicas"):
         asyncio.run(scenario())
     assert list(plugin_dir.iterdir()) == []  # nothing was served
+
+
+def test_allocate_is_refused_when_the_cdi_spec_cannot_be_written(plugin_dir: Path, hw: FakeHardware) -> None:
+    """The runtime would fail the container on a CDI name that resolves nowhere: Allocate fails
+    first, naming the spec file and why."""
+    hw.add_dev("/dev/ttyUSB0")
+    blocker = hw.root / "not-a-dir"
+    blocker.write_text("")
+    plugin = {
+        "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+        "allocation": {"cdi": {"kind": "example.com/serial"}},
+    }
+
+    async def scenario() -> None:
+        async with (
+            running_agent(plugin, plugin_dir, hw.root, cdi_spec_dir=blocker / "cdi") as agent,
+            plugin_client(agent.registrar.socket_path) as client,
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await client.Allocate(
+                    api_pb2.AllocateRequest(
+                        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["ttyUSB0"])]
+                    )
+                )
+            assert refused.value.code() is grpc.StatusCode.INTERNAL
+            assert f"cannot write the CDI spec {blocker}/cdi/patchbay_example.com_serial.json" in (
+                refused.value.details() or ""
+            )
+
+    asyncio.run(scenario())

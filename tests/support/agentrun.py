@@ -38,8 +38,11 @@ async def running_agent(
     poll_interval: float = 10.0,
     backoff: tuple[float, float] = (0.05, 0.5),
     instance: str | None = None,
+    cdi_spec_dir: Path | None = None,
 ) -> AsyncIterator[Agent]:
-    """Start the agent (first round, serving, registering), yield it, then stop it for real."""
+    """Start the agent (first round, serving, registering), yield it, then stop it for real.
+
+    CDI specs go to `cdi_spec_dir`, default `<host_root>/var/run/cdi` (never the machine's own)."""
     agent = Agent(
         make_config(plugin, resource),
         AgentOptions(
@@ -52,6 +55,7 @@ async def running_agent(
             backoff_initial=backoff[0],
             backoff_max=backoff[1],
             instance=instance,
+            cdi_spec_dir=cdi_spec_dir or host_root / "var" / "run" / "cdi",
         ),
     )
     stop = asyncio.Event()

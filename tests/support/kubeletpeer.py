@@ -170,6 +170,8 @@ class AgentProcess(_Process):
                 str(plugin_dir),
                 "--host-root",
                 str(host_root),
+                "--cdi-spec-dir",
+                str(host_root / "var" / "run" / "cdi"),
                 "--http-address",
                 "off",
                 *extra,

@@ -117,9 +117,15 @@ def limits(pod: dict[str, Any], resource: str, count: int) -> dict[str, Any]:
     return pod
 
 
-def serial_profile(cluster: Cluster, fake_dev: Path, node: str) -> tuple[str, str]:
-    """A DevicePlugin profile over ``fake_dev``'s devices on ``node``; returns (name, resource)."""
-    name, resource = f"{cluster.prefix}serial", f"e2e.patchbay.dev/{cluster.tag}-serial"
+def serial_profile(
+    cluster: Cluster, fake_dev: Path, node: str, *, suffix: str = "serial", cdi_kind: str | None = None
+) -> tuple[str, str]:
+    """A DevicePlugin profile over ``fake_dev``'s devices on ``node``; returns (name, resource).
+    ``cdi_kind``: also return CDI names of that kind (allocation.cdi)."""
+    name, resource = f"{cluster.prefix}{suffix}", f"e2e.patchbay.dev/{cluster.tag}-{suffix}"
+    allocation: dict[str, Any] = {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "yes"}}
+    if cdi_kind:
+        allocation["cdi"] = {"kind": cdi_kind}
     for i in range(DEVICES):
         add_fake_device(fake_dev, f"ttyE2E{i}")
     cluster.set_labels(node, {"patchbay.dev/e2e-plugin": cluster.tag})
@@ -132,7 +138,7 @@ def serial_profile(cluster: Cluster, fake_dev: Path, node: str) -> tuple[str, st
             "plugin": {
                 "discovery": {"paths": {"globs": [f"{fake_dev}/ttyE2E*"]}},
                 "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
-                "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "yes"}},
+                "allocation": allocation,
             },
         },
     )

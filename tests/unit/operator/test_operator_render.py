@@ -177,3 +177,30 @@ def test_agents_reach_the_api_server_and_the_kubelet_where_the_settings_say() ->
     assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("10.244.0.1", "6443")
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths["pod-resources"] == "/var/snap/k8s/kubelet/pod-resources"
+
+
+def test_the_cdi_spec_directory_is_mounted_only_for_profiles_with_a_cdi_kind() -> None:
+    """With allocation.cdi the agent writes the spec behind its CDI names into the runtime's
+    directory (settings: cdi_spec_dir), seen at /var/run/cdi in the pod; without it, no mount."""
+    from patchbay_agent.main import build_parser
+
+    body = copy.deepcopy(BODY)
+    body["spec"]["plugin"]["allocation"]["cdi"] = {"kind": "example.com/serial"}
+    settings = Settings(cdi_spec_dir="/run/containerd-cdi")
+    _, ds = render.agent_objects(Profile.from_body(body), settings)
+    pod = ds["spec"]["template"]["spec"]
+    host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths["cdi-specs"] == {"path": "/run/containerd-cdi", "type": "DirectoryOrCreate"}
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["cdi-specs"] == {"name": "cdi-specs", "mountPath": "/var/run/cdi"}
+    env = {"NODE_NAME": "n", "POD_NAME": "p", "POD_NAMESPACE": "ns"}
+    args = build_parser().parse_args(
+        [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["command"][1:]]
+    )
+    assert str(args.cdi_spec_dir) == "/var/run/cdi"
+
+    _, plain = render.agent_objects(Profile.from_body(BODY), settings)
+    plain_pod = plain["spec"]["template"]["spec"]
+    assert "cdi-specs" not in {v["name"] for v in plain_pod["volumes"]}
+    assert "--cdi-spec-dir" not in plain_pod["containers"][0]["command"]

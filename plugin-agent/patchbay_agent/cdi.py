@@ -1,0 +1,96 @@
+"""CDI spec files: what makes the CDI names the agent returns resolvable by the container runtime.
+
+With `spec.plugin.allocation.cdi.kind` set, Allocate names each physical device as
+`<kind>=<device id>` (allocation.py). A runtime with CDI injection (containerd 2.x, CRI-O; not
+containerd 1.6) looks every such name up in the spec files of its CDI directories and FAILS the
+container when one does not resolve ("unresolvable CDI devices"). So the agent writes, for its
+resource, one spec file that describes every device it serves (docs/cdi.md):
+
+* one file per resource, `patchbay_<resource with "/" as "_">.json`, so two agents of the same
+  resource during a rolling update write the same file with the same content (two files naming
+  the same device would make the runtime refuse both as a conflict);
+* a device's container edits are its device nodes (container path, host path, permissions), the
+  same DeviceSpecs Allocate returns, which stay in the response for runtimes without CDI (CDI
+  replaces a device node of the same path rather than adding a second one);
+* written atomically (a temporary file in the same directory, then rename): the runtime re-reads
+  the directory on change and never sees half a file;
+* written when the agent starts and, when the devices changed since, before Allocate answers, so
+  a name is resolvable before the kubelet can hand it to the runtime;
+* left in place when the agent stops: containers of running pods are restarted by the kubelet with
+  the same CDI names, agent or not. The next agent of the resource overwrites it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from patchbay_agent.inventory import Snapshot
+
+log = logging.getLogger(__name__)
+
+#: The CDI spec version written: 0.5.0 is the first with `hostPath` on device nodes (the path on
+#: the node differs from the path in the container with a fake device tree, and may in general).
+CDI_VERSION = "0.5.0"
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
+
+
+def spec_file_name(resource_name: str) -> str:
+    """`example.com/serial` -> `patchbay_example.com_serial.json` (one file per resource)."""
+    return f"patchbay_{resource_name.replace('/', '_')}.json"
+
+
+def spec_document(kind: str, snap: Snapshot) -> dict[str, Any]:
+    """The CDI spec for every physical device in `snap` that has device nodes, sorted by ID.
+
+    Device IDs already follow CDI's name rule (letters, digits, then also `_ . : -`), which
+    discovery and the config enforce for the kubelet's sake.
+    """
+    devices = []
+    for pid in sorted(snap.specs):
+        nodes = [
+            {"path": s.container_path, "hostPath": s.host_path, "permissions": s.permissions}
+            for s in snap.specs[pid]
+        ]
+        if nodes:
+            devices.append({"name": pid, "containerEdits": {"deviceNodes": nodes}})
+    return {"cdiVersion": CDI_VERSION, "kind": kind, "devices": devices}
+
+
+class CdiSpecs:
+    """Keeps one resource's spec file in `directory` in step with the devices (see module doc)."""
+
+    def __init__(self, directory: Path, kind: str, resource_name: str) -> None:
+        self.directory = directory
+        self.kind = kind
+        self.path = directory / spec_file_name(resource_name)
+        self._written: dict[str, Any] | None = None
+        self.writes = 0
+
+    def ensure(self, snap: Snapshot) -> bool:
+        """Write the spec if it differs from what this process last wrote; True when written.
+
+        Raises OSError when the directory cannot be written (the caller says what fails with it).
+        """
+        doc = spec_document(self.kind, snap)
+        if doc == self._written and self.path.exists():
+            return False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".patchbay-", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=2, sort_keys=True)
+                f.write("\n")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self._written = doc
+        self.writes += 1
+        log.info("Wrote CDI spec %s: kind %s, %d device(s)", self.path, self.kind, len(doc["devices"]))
+        return True
