@@ -1,8 +1,11 @@
-"""DevicePlugin mode: each applied profile's agents, and everything the agents tell.
+"""DevicePlugin and DRA modes: each applied profile's agents, and everything the agents tell.
 
 Applying is server-side apply of what render.py makes (field manager ``patchbay-operator``);
 deleting goes by name (``render.object_name``), so a profile that was never applied, or whose
-spec changed, deletes cleanly without rendering anything.
+spec changed, deletes cleanly without rendering anything. A DRA profile also has a cluster-scoped
+DeviceClass (``render.driver_name``); it is deleted when the profile leaves DRA mode or loses its
+resource name, but only if the profile controls it (read first, then deleted with a uid
+precondition), because a DeviceClass of that name may be someone else's.
 
 What the agents tell reaches the controller through four informers in the operator's own
 namespace (the chart's namespaced Role allows them; no polling): the agent DaemonSets (rollout),
@@ -21,7 +24,13 @@ from typing import Any
 from patchbay_operator import render
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, trouble
 from patchbay_operator.config import Settings
-from patchbay_operator.constants import API_GROUP, API_VERSION, LABEL_NAME
+from patchbay_operator.constants import (
+    API_GROUP,
+    API_VERSION,
+    DEVICE_CLASS_API_VERSION,
+    LABEL_NAME,
+    Mode,
+)
 from patchbay_operator.devicereports import Report
 from patchbay_operator.informer import Source, Store
 from patchbay_operator.kube import KubeAPI, KubeError, Ref, Selectors, collection
@@ -89,20 +98,48 @@ class Agents:
             self._changed(pod.profile)
 
     async def apply(self, profile: Profile) -> None:
+        """Apply the profile's agent objects; a DevicePlugin profile that was DRA before loses
+        its DeviceClass."""
         for obj in render.agent_objects(profile, self._settings):
             applied = await self._call(self._kube.apply, obj)
-            log.info("Applied %s %s/%s", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+            meta = obj["metadata"]
+            where = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+            log.info("Applied %s %s", obj["kind"], where)
             if obj["kind"] == "DaemonSet":
                 self.daemonsets.fold("APPLIED", AgentDaemonSet.from_object(applied))
+        if profile.mode is not Mode.DRA:
+            await self.delete_device_class(profile)
 
     async def delete(self, profile: Profile) -> None:
-        """Delete the agent objects if they exist (a Static or conflicting profile has none), and
-        the profile's reports."""
+        """Delete the agent objects if they exist (a Static or conflicting profile has none), the
+        DeviceClass it controls, and the profile's reports."""
         ns, name = self._settings.namespace, render.object_name(profile.name)
         for api_version, kind in (("apps/v1", "DaemonSet"), ("v1", "ConfigMap")):
             if await self._call(self._kube.delete, Ref(collection(api_version, kind, ns), name)):
                 log.info("Deleted %s %s/%s", kind, ns, name)
+        await self.delete_device_class(profile)
         await self.prune_reports(profile.name, keep=())
+
+    async def delete_device_class(self, profile: Profile) -> None:
+        """Delete the profile's DeviceClass if there is one and the profile controls it.
+
+        The garbage collector removes it with the profile anyway; this is for a profile that
+        stays but no longer serves through DRA (mode change, lost its resource name). A DELETE
+        on a cluster that does not serve resource.k8s.io answers 404, which is "gone" too.
+        """
+        ref = Ref(collection(DEVICE_CLASS_API_VERSION, "DeviceClass"), render.driver_name(profile.name))
+        obj = await self._call(self._kube.get, ref)
+        if obj is None or not _controlled_by(obj, profile.uid):
+            return
+        uid = str(obj["metadata"].get("uid") or "")
+        try:
+            if await self._call(self._kube.delete, ref, uid):
+                log.info(
+                    "Deleted DeviceClass %s (DevicePluginProfile %s no longer DRA)", ref.name, profile.name
+                )
+        except KubeError as e:
+            if e.status != 409:  # 409: replaced meanwhile by another object of that name
+                raise
 
     async def prune_reports(self, profile: str, keep: Iterable[str]) -> None:
         """Delete ``profile``'s reports except those of the nodes in ``keep``."""
@@ -142,3 +179,9 @@ class Agents:
 
     def profile_reports(self, profile: str) -> list[Report]:
         return [r for r in self.reports.items.values() if r.profile == profile]
+
+
+def _controlled_by(obj: dict[str, Any], uid: str) -> bool:
+    """Whether ``obj``'s controller owner reference is the profile with ``uid``."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(r.get("controller") and r.get("uid") == uid for r in refs)

@@ -150,7 +150,9 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
             "Patchbay operator: makes each DevicePluginProfile real.\n\n"
             "  Static        writes a fixed count into capacity and allocatable of every selected node\n"
             "                (one JSON patch per node, re-asserted on drift, removed with the profile)\n"
-            "  DevicePlugin  runs a per-node agent DaemonSet with its ConfigMap (server-side applied)\n\n"
+            "  DevicePlugin  runs a per-node agent DaemonSet with its ConfigMap (server-side applied)\n"
+            "  DRA           the same agents as DRA kubelet plugins (driver <profile>.patchbay.dev),\n"
+            "                plus a DeviceClass whose extendedResourceName is the resource name\n\n"
             "Every flag can also be set from the environment variable shown in brackets."
         ),
         epilog=(
@@ -227,13 +229,15 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     )
     flag(
         "kubelet-root-dir",
-        f"the kubelet's --root-dir on the nodes (default {d.kubelet_root_dir})",
+        "the kubelet's --root-dir on the nodes, for pod-resources and, in DRA mode, "
+        f"plugins_registry and plugins (default {d.kubelet_root_dir})",
         d.kubelet_root_dir,
         type=_absolute,
     )
     flag(
         "cdi-spec-dir",
-        f"a CDI spec directory of the nodes' container runtime (default {d.cdi_spec_dir})",
+        "a CDI spec directory of the nodes' container runtime, mounted for allocation.cdi "
+        f"and DRA profiles (default {d.cdi_spec_dir})",
         d.cdi_spec_dir,
         type=_absolute,
     )

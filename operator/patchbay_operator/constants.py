@@ -40,6 +40,15 @@ AGENT_CONFIG_DIR = "/etc/patchbay"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 HOST_ROOT = "/host"
 
+DRA_DRIVER_SUFFIX = ".patchbay.dev"
+"""A DRA profile's driver (and DeviceClass) is ``<profile name>.patchbay.dev``; the CRD caps DRA
+profile names at 50 characters so the driver name stays within 63. The chart's admission
+policy lets an agent write only ResourceSlices of drivers with this suffix."""
+
+DEVICE_CLASS_API_VERSION = "resource.k8s.io/v1"
+"""The DeviceClass the operator applies per DRA profile (Kubernetes 1.34+; DRAExtendedResource
+is GA in 1.37, which is what ``spec.extendedResourceName`` needs)."""
+
 MAX_PROBLEMS = 10
 """Status lists at most this many problem nodes; `problemCount` has the full count."""
 
@@ -47,6 +56,12 @@ MAX_PROBLEMS = 10
 class Mode(StrEnum):
     STATIC = "Static"
     DEVICE_PLUGIN = "DevicePlugin"
+    DRA = "DRA"
+
+    @property
+    def runs_agents(self) -> bool:
+        """DevicePlugin and DRA profiles run an agent DaemonSet; Static ones do not."""
+        return self is not Mode.STATIC
 
 
 class ConditionType(StrEnum):
@@ -78,4 +93,5 @@ class Reason(StrEnum):
     NO_DEVICES = "NoDevices"
     PUBLISHING = "WaitingForKubelet"
     PATCH_FAILED = "PatchFailed"
+    RESOURCE_SERVED_TWICE = "ResourceServedTwice"
     STALLED = "WaitingForChange"

@@ -4,8 +4,8 @@ kopf hands over profiles (handlers.py); the informers hand over nodes and what t
 (informer.py). The ``Controller`` owns the profile ``Registry`` and wires five parts:
 
 - ``NodeSync`` (nodes.py): the node cache and the workers that patch static capacity;
-- ``Agents`` (agents.py): DevicePlugin profiles' agents, and their DaemonSets, pods, warnings
-  and DeviceReports;
+- ``Agents`` (agents.py): DevicePlugin and DRA profiles' agents (and a DRA profile's
+  DeviceClass), and their DaemonSets, pods, warnings and DeviceReports;
 - ``StatusWriter`` (statuswriter.py): each profile's status, debounced, written when changed;
 - ``EventRecorder`` (events.py): Events on the profile when a problem appears or goes;
 - ``peering.Gate``: with several replicas, whether this one may write at all.
@@ -162,7 +162,7 @@ class Controller:
                 profile.resource,
                 winner.name,
             )
-        if profile.mode is Mode.DEVICE_PLUGIN and winner is None:
+        if profile.mode.runs_agents and winner is None:
             await self.agents.apply(profile)
         else:
             await self.agents.delete(profile)
@@ -188,10 +188,10 @@ class Controller:
         self.events.forget(profile.name)
         log.info("Removed %s from every node for DevicePluginProfile %s", profile.resource, profile.name)
         self.mark_resource_dirty(profile.resource)
-        promoted = self.registry.winner(profile.resource)
+        promoted = self.registry.winner(profile.resource, dra=profile.dra)
         if promoted is not None:
             log.info("DevicePluginProfile %s now provides %s", promoted.name, promoted.resource)
-            if promoted.mode is Mode.DEVICE_PLUGIN:
+            if promoted.mode.runs_agents:
                 await self.agents.apply(promoted)
 
     async def refresh_profiles(self) -> None:
@@ -231,11 +231,30 @@ class Controller:
         self._recheck(name, [t.recheck_at for t in troubles if t.recheck_at is not None])
         matching = [n for n in states if profile.selector.matches(n.labels)]
         reports = self.agents.profile_reports(name)
-        self._problems[name] = status.plugin_problems(profile, matching, troubles, reports)
         selected = {n.name for n in matching}
         if any(r.node not in selected for r in reports):
             self._spawn(self.agents.prune_reports(name, keep=selected))
         ds = self.agents.daemonsets.items.get(name)
+        if profile.mode is Mode.DRA:
+            # KEP-5004: the same resource name through node capacity on the same node is reported.
+            twin = self.registry.other_way(profile)
+            twice = status.served_twice(profile, twin, matching)
+            twin_name = twin.name if twin is not None else ""
+            self._problems[name] = status.dra_problems(
+                profile, matching, troubles, reports
+            ) + status.served_twice_problems(profile, twin_name, twice)
+            return status.dra_status(
+                profile,
+                ds,
+                states,
+                previous,
+                rfc3339_now(),
+                troubles=troubles,
+                reports=reports,
+                twin=twin_name,
+                twice=twice,
+            )
+        self._problems[name] = status.plugin_problems(profile, matching, troubles, reports)
         return status.plugin_status(
             profile, ds, states, previous, rfc3339_now(), troubles=troubles, reports=reports
         )

@@ -27,7 +27,13 @@ from urllib.parse import quote, urlencode
 import urllib3
 from kubernetes import client, config
 
-from patchbay_operator.constants import API_GROUP, API_VERSION, FIELD_MANAGER, PLURAL
+from patchbay_operator.constants import (
+    API_GROUP,
+    API_VERSION,
+    DEVICE_CLASS_API_VERSION,
+    FIELD_MANAGER,
+    PLURAL,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +78,12 @@ _COLLECTIONS = {
         "DeviceReport",
     ): f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{{ns}}/devicereports",
 }
+
+
+_CLUSTER_COLLECTIONS = {
+    (DEVICE_CLASS_API_VERSION, "DeviceClass"): f"/apis/{DEVICE_CLASS_API_VERSION}/deviceclasses",
+}
+"""The cluster-scoped kinds the operator owns (a DRA profile's DeviceClass)."""
 
 
 @dataclass(frozen=True)
@@ -145,17 +157,25 @@ class Watch:
         self._raw.close()
 
 
-def collection(api_version: str, kind: str, namespace: str) -> str:
-    """The REST collection of a namespaced kind the operator manages (ConfigMap, DaemonSet...)."""
-    if (api_version, kind) not in _COLLECTIONS:
+def collection(api_version: str, kind: str, namespace: str = "") -> str:
+    """The REST collection of a kind the operator manages: namespaced (ConfigMap, DaemonSet...,
+    ``namespace`` required) or cluster-scoped (DeviceClass, ``namespace`` empty)."""
+    key = (api_version, kind)
+    if key in _CLUSTER_COLLECTIONS:
+        if namespace:
+            raise ValueError(f"{kind} ({api_version}) is cluster-scoped; got namespace {namespace!r}")
+        return _CLUSTER_COLLECTIONS[key]
+    if key not in _COLLECTIONS:
         raise ValueError(f"the operator does not manage {kind} objects ({api_version})")
-    return _COLLECTIONS[(api_version, kind)].format(ns=quote(namespace, safe=""))
+    if not namespace:
+        raise ValueError(f"{kind} ({api_version}) is namespaced: a namespace is required")
+    return _COLLECTIONS[key].format(ns=quote(namespace, safe=""))
 
 
 def ref_of(obj: dict[str, Any]) -> Ref:
-    """The REST location of a namespaced object the operator owns."""
+    """The REST location of an object the operator owns (no namespace: cluster-scoped)."""
     meta = obj["metadata"]
-    return Ref(collection(obj["apiVersion"], obj["kind"], meta["namespace"]), meta["name"])
+    return Ref(collection(obj["apiVersion"], obj["kind"], meta.get("namespace") or ""), meta["name"])
 
 
 @dataclass(frozen=True)
@@ -194,7 +214,8 @@ class KubeAPI(Protocol):
     def list_profiles(self) -> list[dict[str, Any]]: ...
     def patch_profile_status(self, name: str, status: dict[str, Any]) -> None: ...
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]: ...
-    def delete(self, ref: Ref) -> bool: ...
+    def get(self, ref: Ref) -> dict[str, Any] | None: ...
+    def delete(self, ref: Ref, uid: str = "") -> bool: ...
     def get_cluster_peering(self, name: str) -> dict[str, Any] | None: ...
 
 
@@ -384,9 +405,16 @@ class Kube:
         obj: dict[str, Any] | None = self.request("GET", ref.path, ok=(404,))
         return obj
 
-    def delete(self, ref: Ref) -> bool:
-        """Delete in the background (dependents go too); False when it was already gone."""
-        res = self.request("DELETE", ref.path, {"propagationPolicy": "Background"}, ok=(404,))
+    def delete(self, ref: Ref, uid: str = "") -> bool:
+        """Delete in the background (dependents go too); False when it was already gone.
+
+        With ``uid``, only that very object (a precondition: 409 if the name now belongs to
+        another object), for deletes decided on a read, such as a DeviceClass found owned by us.
+        """
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        res = self.request("DELETE", ref.path, body, ok=(404,))
         return res is not None
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:

@@ -4,6 +4,13 @@ A ``Profile`` is the parsed, immutable view of one DevicePluginProfile; the ``Re
 all of them and decides, per resource name, which one is applied: the oldest (creation time,
 then name), so two profiles for the same resource never fight over nodes. Deleting profiles
 never win, so the next in line is promoted as soon as the winner starts going away.
+
+The contest is held per *way of serving*: node capacity (Static and DevicePlugin, both write the
+node's capacity/allocatable) and DRA (ResourceSlices and a DeviceClass with
+``extendedResourceName``). So one node-capacity profile and one DRA profile may share a resource
+name: that is how a resource migrates from a device plugin to DRA node by node. Whether they
+then select the same node (which KEP-5004 forbids) is reported, not decided, here
+(``status.served_twice``).
 """
 
 from __future__ import annotations
@@ -108,6 +115,11 @@ class Profile:
     def sort_key(self) -> tuple[str, str]:
         return (self.created, self.name)
 
+    @property
+    def dra(self) -> bool:
+        """Served through DRA (ResourceSlices + a DeviceClass), not through node capacity."""
+        return self.mode is Mode.DRA
+
 
 def _plain(value: Any) -> Any:
     """A deep copy into plain dicts and lists (kopf hands over read-only views)."""
@@ -157,19 +169,28 @@ class Registry:
         self._static_winners = None
         return gone
 
-    def winner(self, resource: str) -> Profile | None:
-        """The profile applied for ``resource``: the oldest one not being deleted."""
-        live = [p for p in self._by_name.values() if p.resource == resource and not p.deleting]
+    def winner(self, resource: str, *, dra: bool = False) -> Profile | None:
+        """The profile applied for ``resource`` through node capacity (``dra=False``: Static or
+        DevicePlugin) or through DRA: the oldest one of that kind not being deleted."""
+        live = [
+            p for p in self._by_name.values() if p.resource == resource and p.dra == dra and not p.deleting
+        ]
         return min(live, key=lambda p: p.sort_key) if live else None
 
     def is_winner(self, profile: Profile) -> bool:
-        w = self.winner(profile.resource)
+        w = self.winner(profile.resource, dra=profile.dra)
         return w is not None and w.name == profile.name
 
     def conflict(self, profile: Profile) -> Profile | None:
-        """The profile that holds ``profile``'s resource name instead of it, if any."""
-        w = self.winner(profile.resource)
+        """The profile that holds ``profile``'s resource name (the same way of serving) instead
+        of it, if any."""
+        w = self.winner(profile.resource, dra=profile.dra)
         return None if w is None or w.name == profile.name else w
+
+    def other_way(self, profile: Profile) -> Profile | None:
+        """The applied profile that serves ``profile``'s resource name the other way (a DRA
+        profile's node-capacity twin, or the reverse), if any: their nodes must not overlap."""
+        return self.winner(profile.resource, dra=not profile.dra)
 
     def static_winners(self) -> dict[str, Profile]:
         """resource name -> the Static profile applied for it (DevicePlugin winners excluded);

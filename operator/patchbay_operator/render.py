@@ -1,4 +1,5 @@
-"""DevicePlugin mode: a profile -> the agent's ConfigMap and DaemonSet, as plain dicts (pure).
+"""DevicePlugin and DRA modes: a profile -> the agent's ConfigMap and DaemonSet (and, for DRA,
+its DeviceClass), as plain dicts (pure).
 
 Templates live in ``templates/`` and are rendered with Jinja2 ``StrictUndefined`` (a missing
 value is an error, not an empty string); every value goes through ``tojson`` so no input can
@@ -24,7 +25,9 @@ from patchbay_operator.constants import (
     API_GROUP,
     API_VERSION,
     CONFIG_HASH_ANNOTATION,
+    DEVICE_CLASS_API_VERSION,
     DEVICE_PLUGIN_DIR,
+    DRA_DRIVER_SUFFIX,
     FIELD_MANAGER,
     HOST_ROOT,
     KIND,
@@ -33,6 +36,7 @@ from patchbay_operator.constants import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_PROFILE,
+    Mode,
 )
 from patchbay_operator.profiles import Profile
 
@@ -81,6 +85,25 @@ CDI_SPEC_MOUNT = "/var/run/cdi"
 """Where the agent container sees the runtime's CDI spec directory (whatever it is on the node)."""
 
 
+def driver_name(profile: str) -> str:
+    """A DRA profile's driver name, which is also its DeviceClass's name: ``<profile>.patchbay.dev``
+    (the CRD caps DRA profile names at 50 characters, so this fits the 63 a driver may have)."""
+    return f"{profile}{DRA_DRIVER_SUFFIX}"
+
+
+def plugins_registry_dir(kubelet_root_dir: str) -> str:
+    """Where the kubelet's plugin watcher looks for registration sockets (kubelet plugins, DRA)."""
+    return f"{kubelet_root_dir.rstrip('/')}/plugins_registry"
+
+
+def kubelet_plugins_dir(kubelet_root_dir: str) -> str:
+    """The kubelet's plugins directory, in which the agent makes its driver's directory for its
+    endpoint socket: ``<driver>``, or ``patchbay-<hash>`` when a long driver name would not fit a
+    Unix socket path (docs/dra.md), so the whole directory is mounted, as upstream DRA drivers do.
+    The kubelet dials the path the agent announces, so the container sees it at this same path."""
+    return f"{kubelet_root_dir.rstrip('/')}/plugins"
+
+
 def plugin_cdi_kind(profile: Profile) -> str | None:
     """``spec.plugin.allocation.cdi.kind``: the agent then writes a CDI spec, and needs the
     runtime's spec directory mounted; None without it (no mount: least privilege)."""
@@ -114,10 +137,11 @@ def selector_labels(profile: str) -> dict[str, str]:
     return {LABEL_NAME: AGENT_NAME, LABEL_PROFILE: profile}
 
 
-def labels(profile: str) -> dict[str, str]:
+def labels(profile: str, mode: Mode = Mode.DEVICE_PLUGIN) -> dict[str, str]:
+    """The agent objects' labels; the component says what the agent is to the kubelet."""
     return {
         **selector_labels(profile),
-        LABEL_COMPONENT: "device-plugin",
+        LABEL_COMPONENT: "dra-driver" if mode is Mode.DRA else "device-plugin",
         LABEL_INSTANCE: profile,
         LABEL_MANAGED_BY: FIELD_MANAGER,
     }
@@ -142,16 +166,40 @@ def _render(template: str, **values: Any) -> dict[str, Any]:
     return obj
 
 
+def device_class(profile: Profile) -> dict[str, Any]:
+    """A DRA profile's DeviceClass: every device of its driver, and ``extendedResourceName`` so
+    pods that request ``<resourceName>: N`` (unchanged, no ResourceClaim) are served by DRA."""
+    driver = driver_name(profile.name)
+    return _render(
+        "deviceclass.yaml.j2",
+        api_version=DEVICE_CLASS_API_VERSION,
+        name=driver,
+        labels=labels(profile.name, Mode.DRA),
+        owner=owner_reference(profile),
+        # The driver name is a DNS subdomain (the CRD checks the profile name), so it needs no
+        # escaping inside the CEL string literal.
+        expression=f'device.driver == "{driver}"',
+        resource=profile.resource,
+    )
+
+
 def agent_objects(profile: Profile, settings: Settings) -> list[dict[str, Any]]:
-    """[ConfigMap, DaemonSet] for a DevicePlugin profile, ready for server-side apply."""
+    """[ConfigMap, DaemonSet] for a DevicePlugin profile, [ConfigMap, DaemonSet, DeviceClass] for
+    a DRA one, ready for server-side apply.
+
+    The DRA agent is the DevicePlugin agent with ``--dra-driver``: the same config, hardening,
+    account and report flags, but the kubelet's ``plugins_registry`` and ``plugins``
+    directories instead of ``device-plugins``, and always the CDI spec directory (a DRA driver
+    hands devices to containers through CDI only)."""
     agent: Mapping[str, Any] = profile.spec.get("agent") or {}
     strategy: Mapping[str, Any] = agent.get("updateStrategy") or {}
     text = agent_config(profile)
     name = object_name(profile.name)
+    dra, driver = profile.mode is Mode.DRA, driver_name(profile.name)
     common = {
         "name": name,
         "object_namespace": settings.namespace,
-        "labels": labels(profile.name),
+        "labels": labels(profile.name, profile.mode),
         "owner": owner_reference(profile),
     }
     configmap = _render("configmap.yaml.j2", **common, config_key=AGENT_CONFIG_KEY, config_text=text)
@@ -179,8 +227,13 @@ def agent_objects(profile: Profile, settings: Settings) -> list[dict[str, Any]]:
         service_account=settings.agent_service_account,
         api_server=list(settings.agent_api_server) if settings.agent_api_server else None,
         kubelet_root_dir=settings.kubelet_root_dir,
-        cdi_spec_dir=settings.cdi_spec_dir if plugin_cdi_kind(profile) else "",
+        cdi_spec_dir=settings.cdi_spec_dir if dra or plugin_cdi_kind(profile) else "",
         cdi_mount=CDI_SPEC_MOUNT,
         pod_resources_mount=POD_RESOURCES_MOUNT,
+        dra_driver=driver if dra else "",
+        plugins_registry_dir=plugins_registry_dir(settings.kubelet_root_dir),
+        kubelet_plugins_dir=kubelet_plugins_dir(settings.kubelet_root_dir),
     )
+    if dra:
+        return [configmap, daemonset, device_class(profile)]
     return [configmap, daemonset]

@@ -3,6 +3,8 @@
 What the scheduler really sees is the truth: node capacity and allocatable for the resource.
 In DevicePlugin mode the agents tell the rest: their DaemonSet's rollout, their pods' trouble
 (agentpods.py) and, per node, every device's health, why and who holds it (DeviceReports).
+In DRA mode devices never reach node capacity (the scheduler reads ResourceSlices), so the
+agents' DeviceReports are the device counts, and there is no wait for the kubelet's node status.
 
 Conditions follow the abnormal-true convention that kstatus (and so Flux and Argo CD) reads,
 docs/facts.md#kstatus, always all four, metav1.Condition shape:
@@ -378,6 +380,174 @@ def plugin_status(
             reconciling_c = (False, Reason.UP_TO_DATE, f"{_n(desired, 'agent')} up to date")
     if stuck:
         degraded_c = (True, stalled_c[1], stalled_c[2])
+    elif unhealthy:
+        nodes_hit = len({p.node for p in unhealthy})
+        degraded_c = (
+            True,
+            Reason.DEVICES_UNHEALTHY,
+            f"unhealthy devices on {_n(nodes_hit, 'node')}; {_first(unhealthy)}",
+        )
+    elif not rolling and int(st.get("numberUnavailable") or 0) > 0:
+        degraded_c = (
+            True,
+            Reason.AGENTS_UNAVAILABLE,
+            f"{_n(int(st.get('numberUnavailable') or 0), 'agent')} down",
+        )
+    else:
+        degraded_c = (False, Reason.AS_EXPECTED, "no node needs attention")
+    return assemble(
+        profile,
+        conds=_conds(ready_c, reconciling_c, stalled_c, degraded_c),
+        previous=previous,
+        now=now,
+        desired=desired,
+        ready=available,
+        devices=devices,
+        problems=problems,
+    )
+
+
+# --- DRA -------------------------------------------------------------------------------------
+
+
+def served_twice(profile: Profile, other: Profile | None, nodes: Iterable[NodeState]) -> list[str]:
+    """The nodes (sorted) that both ``profile`` and ``other`` select, when ``other`` serves the
+    same resource name the other way (node capacity vs DRA).
+
+    KEP-5004: a node must never expose one extended resource both through a device plugin (or
+    node capacity) and through DRA; the scheduler's answer for such a node is undefined. A
+    profile being deleted is going away, so it overlaps nothing.
+    """
+    if other is None or other.resource != profile.resource or other.dra == profile.dra:
+        return []
+    if other.deleting or profile.deleting:
+        return []
+    return sorted(
+        n.name for n in nodes if profile.selector.matches(n.labels) and other.selector.matches(n.labels)
+    )
+
+
+def served_twice_problems(profile: Profile, other: str, nodes: Sequence[str]) -> list[Problem]:
+    """One problem per node served twice, so each appears (and goes) with an Event."""
+    msg = (
+        f"{profile.resource} is also served through node capacity by DevicePluginProfile {other}; "
+        "move the node's label from that profile's selector to this one's"
+    )
+    return [Problem(node, "", Reason.RESOURCE_SERVED_TWICE.value, msg) for node in nodes]
+
+
+def dra_problems(
+    profile: Profile, nodes: Iterable[NodeState], troubles: Iterable[Trouble], reports: Iterable[Report]
+) -> list[Problem]:
+    """Agent pods that do not work, unhealthy devices (from the agents' reports) and selected
+    nodes whose agent reports no device (or has not reported yet: a start, no Event)."""
+    by_node = {rep.node: rep for rep in reports}
+    problems = [
+        Problem(t.node, "", t.reason, t.message, stalled=t.stalled, transient=not t.stalled) for t in troubles
+    ]
+    troubled = {t.node for t in troubles}
+    for node in nodes:
+        if not profile.selector.matches(node.labels):
+            continue
+        report = by_node.get(node.name)
+        if report is None or not report.devices:
+            if node.name not in troubled:
+                msg = (
+                    "no DeviceReport from the agent yet"
+                    if report is None
+                    else f"the agent found no device for {profile.resource}"
+                )
+                problems.append(
+                    Problem(node.name, "", Reason.NO_DEVICES.value, msg, transient=report is None)
+                )
+            continue
+        problems += [
+            Problem(node.name, d.id, d.reason or "Unhealthy", d.message or "unhealthy", d.since)
+            for d in report.devices
+            if not d.healthy
+        ]
+    return problems
+
+
+def dra_status(
+    profile: Profile,
+    daemonset: AgentDaemonSet | None,
+    nodes: Iterable[NodeState],
+    previous: Mapping[str, Any],
+    now: str,
+    *,
+    troubles: Sequence[Trouble] = (),
+    reports: Sequence[Report] = (),
+    twin: str = "",
+    twice: Sequence[str] = (),
+) -> dict[str, Any]:
+    """DRA mode: the agents' rollout and pods, and the devices their DeviceReports list.
+
+    Node counts are the DaemonSet's (desired = scheduled, ready = available agents: an agent is
+    Ready once the kubelet registered its driver). Devices come from the reports, because DRA
+    devices never appear in node capacity: ``capacity`` is every device reported, ``allocatable``
+    the healthy ones (what the agent publishes in its ResourceSlice), plus healthy, unhealthy and
+    allocated. ``twice`` are the nodes that DevicePluginProfile ``twin`` also serves the resource
+    on through node capacity: Degraded with reason ResourceServedTwice until that is fixed.
+    """
+    nodes = list(nodes)
+    matching = [n for n in nodes if profile.selector.matches(n.labels)]
+    names = {n.name for n in matching}
+    reports = [rep for rep in reports if rep.node in names]
+    healthy = sum(rep.healthy for rep in reports)
+    unhealthy_count = sum(rep.unhealthy for rep in reports)
+    devices = {
+        "capacity": healthy + unhealthy_count,
+        "allocatable": healthy,
+        "healthy": healthy,
+        "unhealthy": unhealthy_count,
+        "allocated": sum(rep.allocated for rep in reports),
+    }
+    problems = dra_problems(profile, matching, troubles, reports)
+    problems += served_twice_problems(profile, twin, twice)
+    st = daemonset.status if daemonset is not None else {}
+    desired = int(st.get("desiredNumberScheduled") or 0)
+    available = int(st.get("numberAvailable") or 0)
+    updated = int(st.get("updatedNumberScheduled") or 0)
+    observed = int(st.get("observedGeneration") or 0)
+    generation = daemonset.generation if daemonset is not None else 0
+    rolling = daemonset is None or observed < generation or updated < desired or available < desired
+    stuck = [p for p in problems if p.stalled]
+    unhealthy = [p for p in problems if p.device]
+
+    if daemonset is not None and desired == 0:
+        ready_c = (True, Reason.NO_MATCHING_NODES, "no node is selected")
+    elif not rolling:
+        ready_c = (True, Reason.ALL_NODES_READY, f"{_n(available, 'agent')} available")
+    elif daemonset is None:
+        ready_c = (False, Reason.APPLYING, "agent DaemonSet not created yet")
+    else:
+        ready_c = (False, Reason.NODES_NOT_READY, f"{available} of {_n(desired, 'agent')} available")
+    if stuck:
+        stalled_c, reconciling_c = _stalled(stuck, "agent")
+    else:
+        stalled_c = (False, Reason.AS_EXPECTED, "nothing is stuck")
+        if daemonset is None:
+            reconciling_c = (True, Reason.APPLYING, "creating the agent DaemonSet")
+        elif rolling:
+            reconciling_c = (
+                True,
+                Reason.ROLLING_OUT,
+                f"{updated} of {_n(desired, 'agent')} updated, {available} available",
+            )
+        else:
+            reconciling_c = (False, Reason.UP_TO_DATE, f"{_n(desired, 'agent')} up to date")
+    if stuck:
+        degraded_c = (True, stalled_c[1], stalled_c[2])
+    elif twice:
+        shown = ", ".join(twice[:3]) + (f" and {len(twice) - 3} more" if len(twice) > 3 else "")
+        degraded_c = (
+            True,
+            Reason.RESOURCE_SERVED_TWICE,
+            f"{profile.resource} is served both by DRA and by DevicePluginProfile {twin} on "
+            f"{_n(len(twice), 'node')}: {shown}; move those nodes' label from {twin}'s selector "
+            "to this profile's",
+        )
     elif unhealthy:
         nodes_hit = len({p.node for p in unhealthy})
         degraded_c = (

@@ -9,6 +9,11 @@ With a profile (`ReportOptions`, `--profile`), the agent also publishes a Device
 PodResources reader (`holders.py`) and the monitor notify the reporter (`reporter.py`), which
 writes through pykube (`kubeclient.py`, imported only then) when the report changed.
 
+With `DraOptions` (`--dra-driver`, docs/dra.md) the agent is a DRA kubelet plugin instead of a
+device plugin: it serves the registration and DRA sockets (`draplugin.py`), publishes the node's
+devices as ResourceSlices (`drapublisher.py`) and never registers with the device manager. The
+discovery/health loop is the same; ListAndWatch is simply not served.
+
 Each agent process serves its own socket (`sockets.py`): during a rollout the old and the new
 agent of one resource are registered side by side, and the old one's SIGTERM removes only its own
 socket. At start, sockets of the same resource that dead agents left behind are removed.
@@ -20,13 +25,14 @@ import asyncio
 import gc
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from patchbay_agent.cdi import DEFAULT_CDI_SPEC_DIR, CdiSpecs
 from patchbay_agent.config import AgentConfig
-from patchbay_agent.constants import DEFAULT_POD_RESOURCES_SOCKET
+from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.discovery import HostRoot, make_backend
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.inventory import Inventory
@@ -39,7 +45,10 @@ from patchbay_agent.sockets import check_path, new_instance, probe, remove_stale
 from patchbay_agent.wakeup import wait_any
 
 if TYPE_CHECKING:
+    from patchbay_agent.draplugin import DraClient, DraPlugin
+    from patchbay_agent.drapublisher import SlicePublisher
     from patchbay_agent.holders import PodHolders
+    from patchbay_agent.podresources import Container
     from patchbay_agent.reporter import ReportClient, Reporter
 
 log = logging.getLogger(__name__)
@@ -55,6 +64,16 @@ class ReportOptions:
     pod_name: str | None = None
     pod_resources_socket: Path = Path(DEFAULT_POD_RESOURCES_SOCKET)
     pod_resources_period: float = 10.0
+    #: None: the in-cluster service account
+    kubeconfig: Path | None = None
+
+
+@dataclass(frozen=True)
+class DraOptions:
+    """DRA mode (the `--dra-driver` flags): be a DRA kubelet plugin for `driver`."""
+
+    driver: str
+    kubelet_root_dir: Path = Path(DEFAULT_KUBELET_ROOT_DIR)
     #: None: the in-cluster service account
     kubeconfig: Path | None = None
 
@@ -80,15 +99,22 @@ class AgentOptions:
     report: ReportOptions | None = None
     #: Where the runtime reads CDI specs (``--cdi-spec-dir``); used when the config has a CDI kind.
     cdi_spec_dir: Path = Path(DEFAULT_CDI_SPEC_DIR)
+    #: DRA mode (``--dra-driver``); None: a device plugin.
+    dra: DraOptions | None = None
 
 
 class Agent:
     """One resource on one node: construct (fails fast on discovery errors), then `run()`."""
 
     def __init__(
-        self, config: AgentConfig, options: AgentOptions, report_client: ReportClient | None = None
+        self,
+        config: AgentConfig,
+        options: AgentOptions,
+        report_client: ReportClient | None = None,
+        dra_client: DraClient | None = None,
     ) -> None:
-        """`report_client` writes the DeviceReport when `options.report` is set (default: pykube,
+        """`report_client` writes the DeviceReport when `options.report` is set, `dra_client`
+        reads claims and writes ResourceSlices when `options.dra` is (default for both: pykube,
         `kubeclient.KubeClient`, imported only then); raises kubeclient.ClientConfigError."""
         self.config = config
         self.options = options
@@ -121,8 +147,68 @@ class Agent:
         self.started = asyncio.Event()
         self.holders: PodHolders | None = None
         self.reporter: Reporter | None = None
+        self.dra: DraPlugin | None = None
+        self.publisher: SlicePublisher | None = None
+        self._on_round: list[Callable[[], None]] = []
+        self.monitor.on_round = self._round_done
         if options.report is not None:
             self._set_up_report(options.report, report_client)
+        if options.dra is not None:
+            self._set_up_dra(options.dra, dra_client)
+
+    def _round_done(self) -> None:
+        for callback in self._on_round:
+            callback()
+
+    def _set_up_dra(self, dra: DraOptions, client: DraClient | None) -> None:
+        # Imported only here: a device-plugin agent never loads the DRA stubs.
+        from patchbay_agent.draplugin import ClaimPreparer, DraPlugin, service_dir, service_socket_name
+        from patchbay_agent.draplugin import registry_socket_name as reg_name
+        from patchbay_agent.drapublisher import SlicePublisher
+        from patchbay_agent.draslices import slice_devices
+
+        if client is None:
+            from patchbay_agent.kubeclient import KubeClient
+
+            client = KubeClient(dra.kubeconfig)
+        registry_dir = dra.kubelet_root_dir / "plugins_registry"
+        services = service_dir(dra.kubelet_root_dir, dra.driver)
+        if self.options.instance is None:
+            # A fresh instance whose two socket paths are both free.
+            while os.path.lexists(registry_dir / reg_name(dra.driver, self.instance, registry_dir)) or (
+                os.path.lexists(services / service_socket_name(self.instance))
+            ):
+                self.instance = self._fresh_instance()
+        preparer = ClaimPreparer(
+            dra.driver,
+            self.options.node_name,
+            client,
+            self.inventory,
+            allocation=self.config.allocation,
+            cdi_spec_dir=self.options.cdi_spec_dir,
+        )
+        plugin = self.dra = DraPlugin(
+            dra.driver,
+            dra.kubelet_root_dir,
+            self.instance,
+            preparer,
+            self.metrics,
+            poll_interval=self.options.poll_interval,
+            backoff=Backoff(self.options.backoff_initial, self.options.backoff_max),
+        )
+        check_path(plugin.registry_socket)
+        check_path(plugin.service_socket)
+        publisher = self.publisher = SlicePublisher(
+            dra.driver,
+            self.options.node_name,
+            client,
+            lambda: slice_devices(self.inventory.current, self.monitor.tracker.status),
+            self.metrics,
+        )
+        self._on_round.append(publisher.notify)
+        plugin.on_registered = publisher.force
+        if self.holders is not None:
+            preparer.on_change = self.holders.allocated
 
     def _set_up_report(self, report: ReportOptions, client: ReportClient | None) -> None:
         # Imported only here: an agent without reports pays nothing for them (pykube and requests
@@ -135,11 +221,24 @@ class Agent:
             from patchbay_agent.kubeclient import KubeClient
 
             client = KubeClient(report.kubeconfig)
+        held = None
+        if self.options.dra is not None:
+            # DRA: what the kubelet's PodResources lists under the containers' claims, for our
+            # driver and node pool, by slice device name -> the physical ID the report uses.
+            from patchbay_agent.draslices import device_names
+
+            driver, pool = self.options.dra.driver, self.options.node_name
+
+            def held(c: Container) -> list[str]:
+                names = device_names(self.inventory.current)
+                return [names[n] for n in c.claimed_devices(driver, pool) if n in names]
+
         holders = self.holders = PodHolders(
             report.pod_resources_socket,
             self.config.resource_name,
             self.metrics,
             period=report.pod_resources_period,
+            held=held,
         )
         target = ReportTarget(
             report.profile,
@@ -157,7 +256,7 @@ class Agent:
         reporter = self.reporter = Reporter(target, client, build, self.metrics)
         self.servicer.on_allocated = holders.allocated
         holders.on_change = reporter.notify
-        self.monitor.on_round = reporter.notify
+        self._on_round.append(reporter.notify)
 
     def _fresh_instance(self) -> str:
         """A random instance whose socket name is not in the plugin directory (used or not)."""
@@ -198,9 +297,13 @@ class Agent:
         await self.reporter.run(stop)
 
     def _healthy(self) -> bool:
+        if self.dra is not None:
+            return self.dra.serving
         return self.registrar.server is not None and self.registrar.server.serving
 
     def _ready(self) -> bool:
+        if self.dra is not None:
+            return self.dra.registered
         return self.registrar.registered
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -210,7 +313,8 @@ class Agent:
         configuration error, reported before anything is served; ValueError when our socket path
         is served by another process.
         """
-        self._claim_socket()
+        if self.dra is None:
+            self._claim_socket()
         await self.monitor.round(periodic=True)
         snap = self.inventory.current
         log.info(
@@ -221,7 +325,7 @@ class Agent:
             len(snap.healthy),
             self.backend.name,
         )
-        if self.cdi is not None:
+        if self.cdi is not None and self.dra is None:
             try:
                 self.cdi.ensure(snap)
             except OSError as e:
@@ -229,19 +333,24 @@ class Agent:
                 log.error("Cannot write the CDI spec %s: %s", self.cdi.path, e)
         if self.options.http_address is not None:
             await self.http.start(*self.options.http_address)
-        tasks = [
-            asyncio.create_task(self.monitor.run(stop), name="monitor"),
-            asyncio.create_task(self.registrar.run(stop), name="registrar"),
-        ]
+        tasks = [asyncio.create_task(self.monitor.run(stop), name="monitor")]
         # Reporting is cancelled, not awaited, at shutdown: a write hanging on the API server
         # must not delay removing our socket (the HTTP request itself ends within its timeout).
         report_tasks: list[asyncio.Task[None]] = []
+        if self.dra is not None and self.publisher is not None:
+            await self.dra.start()
+            tasks.append(asyncio.create_task(self.dra.run(stop), name="dra-plugin"))
+            report_tasks.append(asyncio.create_task(self.publisher.run(stop), name="resource-slices"))
+            tasks += report_tasks
+        else:
+            tasks.append(asyncio.create_task(self.registrar.run(stop), name="registrar"))
         if self.holders is not None and self.reporter is not None:
-            report_tasks = [
+            more = [
                 asyncio.create_task(self.holders.run(stop), name="pod-resources"),
                 asyncio.create_task(self._report(stop), name="reporter"),
             ]
-            tasks += report_tasks
+            report_tasks += more
+            tasks += more
         # Everything allocated so far (modules, config, grpc) lives as long as the process: move it
         # out of the garbage collector's generations so full collections stop walking it. They
         # otherwise land in the middle of Allocate calls and stretch its tail latency
@@ -259,12 +368,22 @@ class Agent:
         finally:
             stop.set()
             stopper.cancel()
-            log.info("Shutting down: ending streams, removing our socket %s", self.registrar.socket_path)
+            if self.dra is not None:
+                log.info(
+                    "Shutting down: removing our sockets %s and %s",
+                    self.dra.registry_socket,
+                    self.dra.service_socket,
+                )
+            else:
+                log.info("Shutting down: ending streams, removing our socket %s", self.registrar.socket_path)
             self.inventory.close()
             for t in report_tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self.registrar.shutdown(self.options.shutdown_grace)
+            if self.dra is not None:
+                await self.dra.shutdown(self.options.shutdown_grace)
+            else:
+                await self.registrar.shutdown(self.options.shutdown_grace)
             await self.http.stop()
         if crashed is not None:
             raise crashed

@@ -26,9 +26,11 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from patchbay_agent.api import api_pb2
 from patchbay_agent.inventory import Snapshot
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,28 @@ def spec_file_name(resource_name: str) -> str:
     return f"patchbay_{resource_name.replace('/', '_')}.json"
 
 
+def write_spec(path: Path, doc: dict[str, Any]) -> None:
+    """Write a CDI spec atomically: a temporary file in the same directory (created if need be),
+    then rename, so the runtime, which re-reads the directory on change, never sees half a file.
+    Raises OSError."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".patchbay-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def device_nodes(specs: Sequence[api_pb2.DeviceSpec]) -> list[dict[str, str]]:
+    """CDI `deviceNodes` entries of a device's DeviceSpecs (container path, host path, permissions)."""
+    return [{"path": s.container_path, "hostPath": s.host_path, "permissions": s.permissions} for s in specs]
+
+
 def spec_document(kind: str, snap: Snapshot) -> dict[str, Any]:
     """The CDI spec for every physical device in `snap` that has device nodes, sorted by ID.
 
@@ -52,10 +76,7 @@ def spec_document(kind: str, snap: Snapshot) -> dict[str, Any]:
     """
     devices = []
     for pid in sorted(snap.specs):
-        nodes = [
-            {"path": s.container_path, "hostPath": s.host_path, "permissions": s.permissions}
-            for s in snap.specs[pid]
-        ]
+        nodes = device_nodes(snap.specs[pid])
         if nodes:
             devices.append({"name": pid, "containerEdits": {"deviceNodes": nodes}})
     return {"cdiVersion": CDI_VERSION, "kind": kind, "devices": devices}
@@ -79,17 +100,7 @@ class CdiSpecs:
         doc = spec_document(self.kind, snap)
         if doc == self._written and self.path.exists():
             return False
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".patchbay-", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(doc, f, indent=2, sort_keys=True)
-                f.write("\n")
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_spec(self.path, doc)
         self._written = doc
         self.writes += 1
         log.info("Wrote CDI spec %s: kind %s, %d device(s)", self.path, self.kind, len(doc["devices"]))

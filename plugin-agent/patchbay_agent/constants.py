@@ -43,3 +43,10 @@ LABEL_PROFILE = "patchbay.dev/profile"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 #: Where a pod finds its service-account token, CA and namespace.
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+#: DRA mode (docs/dra.md): the API of ResourceSlices and ResourceClaims, and the kubelet's side.
+DRA_GROUP_VERSION = "resource.k8s.io/v1"
+DEFAULT_KUBELET_ROOT_DIR = "/var/lib/kubelet"
+#: The plugin type a DRA driver's GetInfo names, and the DRA services the agent serves, best first.
+DRA_PLUGIN_TYPE = "DRAPlugin"
+DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")

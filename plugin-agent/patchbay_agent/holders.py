@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from patchbay_agent import podresources
@@ -46,7 +46,10 @@ class PodHolders:
         after_allocate: float = AFTER_ALLOCATE_SECONDS,
         rpc_timeout: float = RPC_TIMEOUT,
         list_pods: ListPods = podresources.list_pods,
+        held: Callable[[podresources.Container], Sequence[str]] | None = None,
     ) -> None:
+        """`held`: the device IDs a container holds; default the device plugin's (the kubelet's
+        device IDs of `resource_name`); a DRA agent passes its claimed devices instead."""
         self.socket = socket
         self._resource = resource_name
         self._metrics = metrics
@@ -54,6 +57,7 @@ class PodHolders:
         self._after_allocate = after_allocate
         self.rpc_timeout = rpc_timeout
         self._list_pods = list_pods
+        self._held = held or (lambda c: c.device_ids(resource_name))
         #: container -> the device IDs of our resource it holds; only containers holding any
         self.containers: dict[PodRef, tuple[str, ...]] = {}
         #: called when `containers` changed
@@ -99,7 +103,7 @@ class PodHolders:
             PodRef(p.namespace, p.name, c.name): tuple(ids)
             for p in pods
             for c in p.containers
-            if (ids := c.device_ids(self._resource))
+            if (ids := self._held(c))
         }
         if containers == self.containers:
             return False

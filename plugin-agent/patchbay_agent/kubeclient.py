@@ -1,11 +1,15 @@
-"""The agent's one way to the Kubernetes API: pykube-ng's low-level HTTPClient, for two requests.
+"""The agent's one way to the Kubernetes API: pykube-ng's low-level HTTPClient, for a few requests.
 
 * `apply(report)`: server-side apply of the whole DeviceReport, `PATCH .../devicereports/<name>
   ?fieldManager=patchbay-agent&force=true` with `application/apply-patch+yaml` (the object as
   JSON, which is YAML). One request creates or updates, so one change costs exactly one write,
   and no read comes before it;
 * `node_uid(name)`: the owner reference's UID, from the pod-bound token's claims (`satoken.py`)
-  or, without them (a kubeconfig), from GET /api/v1/nodes/<name>.
+  or, without them (a kubeconfig), from GET /api/v1/nodes/<name>;
+* DRA mode (`--dra-driver`, docs/dra.md#api-access): `resource_claim` (GET of a ResourceClaim,
+  for NodePrepareResources), `apply_slice` (server-side apply of a ResourceSlice, field manager
+  patchbay-agent), `slice_names` (LIST of this node's slices of the driver, by field selector) and
+  `delete_slice` (DELETE of a slice the pool no longer needs).
 
 pykube-ng rather than the official client: the agent runs on every node and pykube is about half
 the memory (docs/facts.md#client-memory; an import-linter contract forbids the official client).
@@ -38,6 +42,7 @@ from types import ModuleType
 from typing import Any
 
 from patchbay_agent.constants import (
+    DRA_GROUP_VERSION,
     FIELD_MANAGER,
     REPORT_GROUP,
     REPORT_PLURAL,
@@ -161,7 +166,7 @@ class KubeClient:
             raise ClientConfigError(f"--kubeconfig {kubeconfig}: cannot use it: {e}") from None
         self._http.session.headers["User-Agent"] = f"{FIELD_MANAGER} (pykube-ng)"
         self.server = self._http.url
-        log.info("Writing DeviceReports to %s (credentials: %s)", self.server, where)
+        log.info("Talking to the API server %s (credentials: %s)", self.server, where)
 
     def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
@@ -215,6 +220,55 @@ class KubeClient:
         if not isinstance(uid, str) or not uid:
             raise ApiError(response.status_code, f"node {node_name} has no metadata.uid")
         return uid
+
+    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """GET a ResourceClaim; ApiError (404 when it is gone). `timeout` bounds the request (the
+        kubelet gives a whole NodePrepareResources 45 s: docs/dra.md#kubelet-registration)."""
+        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        response = self._send(
+            "GET",
+            version=DRA_GROUP_VERSION,
+            namespace=namespace,
+            url=f"resourceclaims/{name}",
+            headers=self._headers(),
+            **kwargs,
+        )
+        body: dict[str, Any] = response.json()
+        return body
+
+    def apply_slice(self, doc: Mapping[str, Any]) -> None:
+        """Server-side apply of a whole ResourceSlice (cluster-scoped); ApiError on failure."""
+        self._send(
+            "PATCH",
+            version=DRA_GROUP_VERSION,
+            url=f"resourceslices/{doc['metadata']['name']}",
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            data=json.dumps(doc, separators=(",", ":")),
+            headers=self._headers({"Content-Type": APPLY_CONTENT_TYPE}),
+        )
+
+    def slice_names(self, driver: str, node_name: str) -> list[str]:
+        """Names of the ResourceSlices of `driver` on `node_name` (the field selectors the kubelet
+        uses itself); ApiError on failure."""
+        response = self._send(
+            "GET",
+            version=DRA_GROUP_VERSION,
+            url="resourceslices",
+            params={"fieldSelector": f"spec.driver={driver},spec.nodeName={node_name}"},
+            headers=self._headers(),
+        )
+        items = response.json().get("items") or []
+        return sorted(str((i.get("metadata") or {}).get("name")) for i in items)
+
+    def delete_slice(self, name: str) -> None:
+        """DELETE a ResourceSlice; one that is gone already is fine. ApiError otherwise."""
+        try:
+            self._send(
+                "DELETE", version=DRA_GROUP_VERSION, url=f"resourceslices/{name}", headers=self._headers()
+            )
+        except ApiError as e:
+            if e.status != 404:
+                raise
 
 
 def _error_text(response: Any) -> str:

@@ -18,10 +18,14 @@ import signal
 import sys
 from pathlib import Path
 
-from patchbay_agent.agent import Agent, AgentOptions, ReportOptions
+from patchbay_agent.agent import Agent, AgentOptions, DraOptions, ReportOptions
 from patchbay_agent.cdi import DEFAULT_CDI_SPEC_DIR
 from patchbay_agent.config import ConfigError, load
-from patchbay_agent.constants import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from patchbay_agent.constants import (
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_KUBELET_ROOT_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+)
 from patchbay_agent.discovery import DiscoveryError
 from patchbay_agent.inventory import ListTooLargeError
 from patchbay_agent.sockets import check_instance
@@ -34,6 +38,7 @@ EXIT_NODE = 3
 DEFAULT_POD_RESOURCES_PERIOD = 10.0
 #: A DNS-1123 label: a namespace, and a profile name (also a label value, so at most 63).
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 #: Flags that only mean something with --profile.
 _REPORT_FLAGS = ("report_namespace", "kubeconfig", "pod_resources_socket", "pod_resources_period")
 
@@ -59,6 +64,16 @@ def _dns_label(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{value!r} must be 1-63 lowercase letters, digits or '-', starting and ending with a "
             "letter or digit"
+        )
+    return value
+
+
+def _driver_name(value: str) -> str:
+    """A DRA driver name: a DNS subdomain of at most 63 characters (the API's rule)."""
+    if len(value) > 63 or not _DNS_SUBDOMAIN.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} must be a DNS subdomain of at most 63 characters (lowercase letters, digits, "
+            "'-' and '.'), e.g. gpu.example.com"
         )
     return value
 
@@ -159,6 +174,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="the instance part of the socket name, 1-16 lowercase letters or digits (default: a "
         "fresh random one per process; a name another process serves is refused)",
     )
+    dra = p.add_argument_group(
+        "DRA mode",
+        "with --dra-driver the agent is a Dynamic Resource Allocation (resource.k8s.io/v1) kubelet "
+        "plugin instead of a device plugin: no device-plugin socket, no kubelet.sock registration. "
+        "It serves DIR/plugins_registry/<driver>-<instance>.sock (plugin registration) and "
+        "DIR/plugins/<driver>/dra-<instance>.sock (the DRA service), publishes this node's devices "
+        "as ResourceSlices <node>-<driver> and prepares claims by writing one CDI spec per claim "
+        "into --cdi-spec-dir. Needs API access (--kubeconfig or the in-cluster service account); "
+        "see docs/dra.md",
+    )
+    dra.add_argument(
+        "--dra-driver",
+        type=_driver_name,
+        metavar="NAME",
+        help="the DRA driver name (a DNS subdomain, at most 63 characters)",
+    )
+    dra.add_argument(
+        "--kubelet-root-dir",
+        type=Path,
+        default=Path(DEFAULT_KUBELET_ROOT_DIR),
+        metavar="DIR",
+        help="the kubelet's root directory, which holds plugins_registry/ and plugins/ "
+        "(default: %(default)s)",
+    )
     report = p.add_argument_group(
         "DeviceReport", "all optional; without --profile the agent writes no report and reads no PodResources"
     )
@@ -196,8 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig",
         type=Path,
         metavar="FILE",
-        help="kubeconfig for writing the report (default: the in-cluster service account: "
-        "$KUBERNETES_SERVICE_HOST/PORT and the token and ca.crt under "
+        help="kubeconfig for writing the report and, in DRA mode, for claims and slices "
+        "(default: the in-cluster service account: $KUBERNETES_SERVICE_HOST/PORT "
+        "and the token and ca.crt under "
         "/var/run/secrets/kubernetes.io/serviceaccount/; the token is re-read when it rotates)",
     )
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="default: %(default)s")
@@ -241,7 +281,10 @@ def _report_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """The DeviceReport's options, or None without --profile; parser.error() (exit 2, naming the
     flag) when they cannot work."""
     if args.profile is None:
-        given = [f"--{name.replace('_', '-')}" for name in _REPORT_FLAGS if getattr(args, name) is not None]
+        flags = (
+            _REPORT_FLAGS if args.dra_driver is None else tuple(f for f in _REPORT_FLAGS if f != "kubeconfig")
+        )
+        given = [f"--{name.replace('_', '-')}" for name in flags if getattr(args, name) is not None]
         if given:
             log.warning("%s ignored: there is no report without --profile", ", ".join(given))
         return None
@@ -293,21 +336,33 @@ def main(argv: list[str] | None = None) -> int:
         instance=args.instance,
         report=report,
         cdi_spec_dir=args.cdi_spec_dir,
+        dra=None
+        if args.dra_driver is None
+        else DraOptions(args.dra_driver, args.kubelet_root_dir, args.kubeconfig),
     )
     client = None
-    if report is not None:
+    if report is not None or options.dra is not None:
         # Only now: pykube (and requests) stay out of an agent without reports.
         from patchbay_agent.kubeclient import ClientConfigError, KubeClient
 
         try:
-            client = KubeClient(report.kubeconfig)
+            client = KubeClient(args.kubeconfig)
         except ClientConfigError as e:
             print(f"patchbay-agent: {e}", file=sys.stderr)
             return EXIT_CONFIG
-        log.info("Publishing DeviceReport %s/%s.%s", report.namespace, report.profile, args.node_name)
-    log.info("Starting for %s on node %s", config.resource_name, args.node_name)
+        if report is not None:
+            log.info("Publishing DeviceReport %s/%s.%s", report.namespace, report.profile, args.node_name)
+    if options.dra is not None:
+        log.info(
+            "Starting as DRA driver %s (%s) on node %s",
+            options.dra.driver,
+            config.resource_name,
+            args.node_name,
+        )
+    else:
+        log.info("Starting for %s on node %s", config.resource_name, args.node_name)
     try:
-        asyncio.run(_run(Agent(config, options, client)))
+        asyncio.run(_run(Agent(config, options, client, client)))
     except (DiscoveryError, ListTooLargeError, ValueError) as e:
         print(f"patchbay-agent: {e}", file=sys.stderr)
         return EXIT_NODE

@@ -297,6 +297,12 @@ class Metrics:
             "DeviceReport writes (server-side apply) by result.",
             ["result"],
         )
+        self.slice_writes = Counter(
+            r,
+            "patchbay_agent_resource_slice_writes_total",
+            "DRA mode: ResourceSlice pool writes (server-side apply of every slice) by result.",
+            ["result"],
+        )
         self.report_unchanged = Counter(
             r,
             "patchbay_agent_report_unchanged_total",

@@ -91,6 +91,16 @@ class Container:
     def device_ids(self, resource_name: str) -> list[str]:
         return [i for d in self.devices if d.resource_name == resource_name for i in d.device_ids]
 
+    def claimed_devices(self, driver: str, pool: str) -> list[str]:
+        """The DRA devices (ResourceSlice device names) of one driver's pool this container got
+        through its resource claims."""
+        return [
+            r.device_name
+            for d in self.dynamic_resources
+            for r in d.claim_resources
+            if r.driver_name == driver and r.pool_name == pool
+        ]
+
 
 @dataclass(frozen=True)
 class Pod:

@@ -33,6 +33,7 @@ import re
 import secrets
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -125,15 +126,22 @@ def remove_stale_sockets(plugin_dir: Path, resource_name: str, keep: str) -> lis
     same resource, e.g. the old one during a rollout) accepts, and one whose listen backlog is
     full answers EAGAIN: both stay. Other resources' sockets are never looked at.
     """
+    return remove_stale(plugin_dir, lambda name: is_same_resource(name, resource_name), keep)
+
+
+def remove_stale(directory: Path, matches: Callable[[str], bool], keep: str) -> list[str]:
+    """Remove the Unix sockets in `directory` whose names `matches` accepts, other than `keep`,
+    that nobody serves (connection REFUSED); returns the names removed. See
+    `remove_stale_sockets`; DRA mode uses it for its own two socket directories."""
     removed: list[str] = []
     try:
-        names = sorted(os.listdir(plugin_dir))
+        names = sorted(os.listdir(directory))
     except FileNotFoundError:
         return removed
     for name in names:
-        if name == keep or not is_same_resource(name, resource_name):
+        if name == keep or not matches(name):
             continue
-        path = plugin_dir / name
+        path = directory / name
         try:
             before = os.lstat(path)
         except FileNotFoundError:

@@ -269,6 +269,9 @@ def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str) -> No
         ("watch", "events", ns),
         ("watch", "devicereports.patchbay.dev", ns),  # the agents' reports
         ("delete", "devicereports.patchbay.dev", ns),  # of nodes a profile no longer selects
+        ("create", "deviceclasses.resource.k8s.io", None),  # DRA profiles' DeviceClasses
+        ("patch", "deviceclasses.resource.k8s.io", None),
+        ("delete", "deviceclasses.resource.k8s.io", None),
     ]
     denied = [(v, r, n) for v, r, n in needed if not _can(tools, ns, v, r, n)]
     assert not denied
@@ -328,6 +331,96 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     # The policy binds the agents only: the operator (or an admin) is not node-scoped.
     assert tools.kubectl(*apply, "-n", ns, stdin=_report("node-b")).returncode == 0
     tools.kubectl("delete", "devicereports", "--all", "-n", ns)
+
+
+def _slice(node: str, name: str = "", driver: str = "p.patchbay.dev", **spec: Any) -> str:
+    """A ResourceSlice as a DRA agent publishes it (one pool per node, one device)."""
+    body: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name or f"{node}-{driver}"},
+        "spec": {
+            "driver": driver,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "ttyusb0"}],
+            **(spec or {"nodeName": node}),
+        },
+    }
+    return json.dumps(body)
+
+
+def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, installed: str) -> None:
+    ns = installed
+    agent = f"system:serviceaccount:{ns}:patchbay-agent"
+
+    def can(verb: str, resource: str, namespace: str | None = None) -> bool:
+        args = ["auth", "can-i", verb, resource, f"--as={agent}"] + (["-n", namespace] if namespace else [])
+        res = tools.kubectl(*args, check=False)
+        assert res.stdout.strip() in ("yes", "no"), res.stderr
+        return res.stdout.strip() == "yes"
+
+    allowed = [
+        ("get", "resourceclaims.resource.k8s.io", "default"),  # any namespace: the pods'
+        ("get", "resourceslices.resource.k8s.io", None),
+        ("list", "resourceslices.resource.k8s.io", None),
+        ("create", "resourceslices.resource.k8s.io", None),
+        ("patch", "resourceslices.resource.k8s.io", None),
+        ("delete", "resourceslices.resource.k8s.io", None),
+    ]
+    denied = [
+        ("list", "resourceclaims.resource.k8s.io", "default"),
+        ("patch", "resourceclaims.resource.k8s.io", "default"),
+        ("update", "resourceclaims.resource.k8s.io/status", "default"),
+        ("deletecollection", "resourceslices.resource.k8s.io", None),
+        ("create", "deviceclasses.resource.k8s.io", None),
+        ("get", "secrets", ns),
+    ]
+    assert [a for a in allowed if not can(*a)] == []
+    assert [d for d in denied if can(*d)] == []
+
+
+def test_an_agent_writes_only_its_own_nodes_resource_slices(tools: Tools, installed: str) -> None:
+    """The chart's second ValidatingAdmissionPolicy, tried by impersonation like the reports':
+    its node's slices only (CREATE, UPDATE and, checked on the old object, DELETE), always with
+    spec.nodeName, and only of a Patchbay driver."""
+    ns = installed
+    agent = f"system:serviceaccount:{ns}:patchbay-agent"
+    claim = "authentication.kubernetes.io/node-name"
+
+    def as_agent(node: str | None, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        who = ["--as", agent] + ([f"--as-user-extra={claim}={node}"] if node else [])
+        return tools.kubectl(*args, *who, stdin=stdin, check=False)
+
+    def said(res: subprocess.CompletedProcess[str]) -> str:
+        return " ".join(res.stderr.split())
+
+    apply = ("apply", "--server-side", "--field-manager=patchbay-agent", "-f", "-")
+    own = as_agent("node-a", *apply, stdin=_slice("node-a"))
+    assert own.returncode == 0, own.stderr
+    changed = _slice("node-a").replace("ttyusb0", "ttyusb1")
+    again = as_agent("node-a", *apply, stdin=changed)
+    assert again.returncode == 0, again.stderr  # updating its own: allowed
+
+    other = as_agent("node-a", *apply, stdin=_slice("node-b"))
+    assert other.returncode != 0
+    assert "an agent on node node-a may write only its own node's ResourceSlices" in said(other), other.stderr
+    everywhere = as_agent("node-a", *apply, stdin=_slice("node-a", "all-nodes", allNodes=True))
+    assert everywhere.returncode != 0 and "spec.allNodes" in said(everywhere), everywhere.stderr
+    selector = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "x", "operator": "Exists"}]}]}
+    selected = as_agent("node-a", *apply, stdin=_slice("node-a", "by-selector", nodeSelector=selector))
+    assert selected.returncode != 0 and "spec.nodeSelector" in said(selected), selected.stderr
+    foreign = as_agent("node-a", *apply, stdin=_slice("node-a", driver="gpu.example.com"))
+    assert foreign.returncode != 0 and "spec.driver ending in .patchbay.dev" in said(foreign), foreign.stderr
+    unbound = as_agent(None, *apply, stdin=_slice("node-c"))
+    assert unbound.returncode != 0 and "names no node" in said(unbound), unbound.stderr
+
+    # DELETE is judged on the slice as it was: another node's slice (an admin's) stays.
+    assert tools.kubectl(*apply, stdin=_slice("node-b")).returncode == 0
+    theirs = as_agent("node-a", "delete", "resourceslice", "node-b-p.patchbay.dev")
+    assert theirs.returncode != 0 and "not one with spec.nodeName 'node-b'" in said(theirs), theirs.stderr
+    mine = as_agent("node-a", "delete", "resourceslice", "node-a-p.patchbay.dev")
+    assert mine.returncode == 0, mine.stderr
+    tools.kubectl("delete", "resourceslice", "node-b-p.patchbay.dev")
 
 
 def test_rbac_denies_everything_else(tools: Tools, installed: str) -> None:
@@ -396,7 +489,7 @@ def operator_as_its_service_account(
     try:
         yield ns, log
     finally:
-        for dpp in ("sa-static", "sa-plugin", "lab-licenses", "lab-slots"):
+        for dpp in ("sa-static", "sa-plugin", "sa-dra", "lab-licenses", "lab-slots"):
             tools.kubectl("delete", "dpp", dpp, "--ignore-not-found", "--timeout=60s", check=False)
         proc.terminate()
         try:
@@ -463,6 +556,26 @@ def test_the_operator_works_with_only_the_charts_rbac(
     wait_for(
         "the plugin profile to count its agents",
         lambda: (_dpp(tools, "sa-plugin").get("status") or {}).get("nodes", {}).get("ready") == 2,
+    )
+    # DRA: the agents and the cluster-scoped DeviceClass, with the same permissions; the same
+    # resource name as sa-plugin would be served twice, so it has a name of its own.
+    dra = json.loads(json.dumps(plugin))
+    dra["metadata"]["name"] = "sa-dra"
+    dra["spec"] |= {"mode": "DRA", "resourceName": "example.com/sa-dra-token"}
+    tools.kubectl("apply", "-f", "-", stdin=json.dumps(dra))
+    wait_for(
+        "the DRA profile's DeviceClass",
+        lambda: tools.kubectl("get", "deviceclass", "sa-dra.patchbay.dev", check=False).returncode == 0,
+    )
+    wait_for(
+        "the DRA profile to count its agents",
+        lambda: (_dpp(tools, "sa-dra").get("status") or {}).get("nodes", {}).get("ready") == 2,
+    )
+    # Leaving DRA mode removes the DeviceClass (get + delete are in the chart's RBAC).
+    tools.kubectl("patch", "dpp", "sa-dra", "--type=merge", "-p", '{"spec": {"mode": "DevicePlugin"}}')
+    wait_for(
+        "the DeviceClass gone",
+        lambda: tools.kubectl("get", "deviceclass", "sa-dra.patchbay.dev", check=False).returncode != 0,
     )
     # Cleanup through the finalizer, with the same permissions.
     tools.kubectl("delete", "dpp", "sa-static", "--timeout=60s")

@@ -48,6 +48,7 @@ FAMILIES = {
     "patchbay_agent_allocated_devices": "gauge",
     "patchbay_agent_pod_resources_reads": "counter",
     "patchbay_agent_report_writes": "counter",
+    "patchbay_agent_resource_slice_writes": "counter",
     "patchbay_agent_report_unchanged": "counter",
 }
 

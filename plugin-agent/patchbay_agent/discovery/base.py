@@ -6,7 +6,7 @@ import glob
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -30,6 +30,11 @@ class PhysicalDevice:
     dev_paths: tuple[str, ...] = ()
     check_paths: tuple[str, ...] = ()
     numa_nodes: tuple[int, ...] = ()
+    #: What discovery read about the device besides its ID, as (attribute, value) pairs, e.g.
+    #: ("pciVendor", "10de"). DRA mode publishes them as ResourceSlice attributes
+    #: `patchbay.dev/<attribute>` (docs/dra.md#resourceslices); the device plugin API has no place
+    #: for them. Not compared: a device is the same device whatever was read about it.
+    attributes: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
 
 class Backend(Protocol):

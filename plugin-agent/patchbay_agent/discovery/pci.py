@@ -51,6 +51,15 @@ class PciBackend:
             return ()
         return (node,) if node >= 0 else ()
 
+    def _attributes(self, base: str) -> tuple[tuple[str, str], ...]:
+        """Vendor, device and class as lspci shows them, and the address (DRA attributes)."""
+        out = [("pciAddress", os.path.basename(base))]
+        for name, attr in (("pciVendor", "vendor"), ("pciDevice", "device"), ("pciClass", "class")):
+            value = _hex(self._root.read(f"{base}/{attr}"))
+            if value:
+                out.append((name, value))
+        return tuple(out)
+
     def scan(self) -> list[PhysicalDevice]:
         devices = []
         for base in self._root.glob(f"{SYSFS_PCI}/*"):
@@ -71,7 +80,11 @@ class PciBackend:
                     continue
                 dev_paths = ("/dev/vfio/vfio", f"/dev/vfio/{group}")
                 check_paths = (base, f"/dev/vfio/{group}")
-            devices.append(PhysicalDevice(make_device_id(address), dev_paths, check_paths, self._numa(base)))
+            devices.append(
+                PhysicalDevice(
+                    make_device_id(address), dev_paths, check_paths, self._numa(base), self._attributes(base)
+                )
+            )
         return sorted(devices, key=lambda d: d.id)
 
     def watch_dirs(self) -> list[Path]:

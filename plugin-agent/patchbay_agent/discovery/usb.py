@@ -44,7 +44,16 @@ class UsbBackend:
             except ValueError:
                 continue  # half-enumerated: the next scan will see it whole
             node = f"/dev/bus/usb/{bus:03d}/{dev:03d}"
-            devices.append(PhysicalDevice(make_device_id(f"usb-{name}"), (node,), (base, node)))
+            attributes = [("usbVendor", vendor.lower())]
+            for attr, key in (("idProduct", "usbProduct"), ("serial", "usbSerial")):
+                value = self._root.read(f"{base}/{attr}")
+                if value:
+                    attributes.append((key, value))
+            devices.append(
+                PhysicalDevice(
+                    make_device_id(f"usb-{name}"), (node,), (base, node), attributes=tuple(attributes)
+                )
+            )
         return sorted(devices, key=lambda d: d.id)
 
     def watch_dirs(self) -> list[Path]:

@@ -25,6 +25,7 @@ PLUGIN: dict[str, Any] = {
     "mode": "DevicePlugin",
     "plugin": {"discovery": {"virtual": {"count": 2}}},
 }
+DRA: dict[str, Any] = {**PLUGIN, "mode": "DRA"}
 
 
 def with_(base: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -198,6 +199,20 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         with_(PLUGIN, "agent", {"tolerations": [{"effect": "Sometimes"}]}),
         "spec.agent.tolerations[0].effect",
     ),
+    ("DRA without plugin", with_(DRA, "plugin", None), "spec.plugin is required when spec.mode is DRA"),
+    ("DRA with static", with_(DRA, "static", {"capacity": 1}), "spec.static must not be set"),
+    ("DRA with replicas", with_(DRA, "plugin.sharing", {"replicas": 2}), "spec.plugin.sharing.replicas"),
+    (
+        "DRA with preferredAllocation",
+        with_(DRA, "plugin.preferredAllocation", {"policy": "Pack"}),
+        "spec.plugin.preferredAllocation",
+    ),
+    ("DRA with preStart", with_(DRA, "plugin.preStart", {"command": ["/x"]}), "spec.plugin.preStart"),
+    (
+        "DRA with allocation.cdi",
+        with_(DRA, "plugin.allocation", {"cdi": {"kind": "example.com/serial"}}),
+        "spec.plugin.allocation.cdi",
+    ),
 ]
 
 
@@ -244,6 +259,26 @@ def test_spec_is_required(api: client.ApiClient, crd: dict[str, Any], name_prefi
 
 def test_long_profile_name_is_rejected(api: client.ApiClient, crd: dict[str, Any]) -> None:
     assert "metadata.name" in rejection(api, "a" * 53, STATIC)
+
+
+def test_a_dra_profile_name_leaves_room_for_the_driver_suffix(
+    api: client.ApiClient, crd: dict[str, Any]
+) -> None:
+    """The driver and DeviceClass are <name>.patchbay.dev, at most 63 characters."""
+    message = rejection(api, "a" * 51, DRA)
+    assert "metadata.name must be at most 50 characters when spec.mode is DRA" in message, message
+    create(api, "a" * 50, DRA)
+    create(api, "a" * 51, PLUGIN)  # other modes keep 52
+
+
+def test_dra_profile_is_accepted_with_the_plugin_defaults(
+    api: client.ApiClient, crd: dict[str, Any], name_prefix: str
+) -> None:
+    obj = create(api, f"{name_prefix}dra", with_(DRA, "agent", {"tolerations": [{"operator": "Exists"}]}))
+    assert obj["spec"]["mode"] == "DRA"
+    # The defaults the schema fills in (replicas 1, policy None) are what DRA mode allows.
+    assert obj["spec"]["plugin"]["sharing"] == {"replicas": 1}
+    assert obj["spec"]["plugin"]["preferredAllocation"] == {"policy": "None"}
 
 
 @pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)

@@ -290,3 +290,46 @@ async def test_allocates_cause_one_read_shortly_after(metrics: Metrics) -> None:
     finally:
         stop.set()
         await asyncio.wait_for(task, 2)
+
+
+async def test_dra_holders_are_the_claimed_devices_of_our_driver_and_pool(metrics: Metrics) -> None:
+    """A DRA agent's holders: the devices PodResources lists under a container's claims, for its
+    driver and its node's pool only, through the agent's own mapping of slice device names."""
+    driver, pool = "serial.patchbay.dev", "node-1"
+    names = {"ttyusb0-1a2b": "ttyUSB0", "ttyusb1-3c4d": "ttyUSB1"}
+
+    def claim(*resources: tuple[str, str, str]) -> podresources.DynamicResource:
+        return podresources.DynamicResource(
+            "claim",
+            "ml",
+            tuple(
+                podresources.ClaimResource(driver_name=d, pool_name=p, device_name=n) for d, p, n in resources
+            ),
+        )
+
+    def held(c: podresources.Container) -> list[str]:
+        return [names[n] for n in c.claimed_devices(driver, pool) if n in names]
+
+    kubelet = FakeKubelet()
+    kubelet.pods = [
+        podresources.Pod(
+            "trainer",
+            "ml",
+            (
+                podresources.Container(
+                    "main",
+                    dynamic_resources=(
+                        claim(
+                            (driver, pool, "ttyusb1-3c4d"),
+                            ("gpu.example.com", pool, "ttyusb0-1a2b"),  # another driver
+                            (driver, "node-2", "ttyusb0-1a2b"),  # another node's pool
+                        ),
+                    ),
+                ),
+                podresources.Container("sidecar"),
+            ),
+        )
+    ]
+    holders = PodHolders("/nope.sock", RESOURCE, metrics, list_pods=kubelet.list_pods, held=held)
+    assert await holders.read()
+    assert holders.containers == {PodRef("ml", "trainer", "main"): ("ttyUSB1",)}

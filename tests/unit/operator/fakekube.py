@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonpatch
 
-from patchbay_operator.kube import NO_SELECTORS, NODES_PATH, KubeError, Page, Ref, Selectors
+from patchbay_operator.kube import NO_SELECTORS, NODES_PATH, KubeError, Page, Ref, Selectors, ref_of
 
 
 class FakeWatch:
@@ -48,6 +48,8 @@ class FakeKube:
         self.status_writes: list[tuple[str, dict[str, Any]]] = []
         self.applied: list[dict[str, Any]] = []
         self.deleted: list[Ref] = []
+        #: objects applied (by REST path), so get and delete see them
+        self.objects: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self._rv = 100
         self._lock = threading.Lock()
@@ -120,12 +122,25 @@ class FakeKube:
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self._call("apply")
         self.applied.append(obj)
-        return {**obj, "metadata": {**obj["metadata"], "generation": 1}, "status": {}}
+        ref = ref_of(obj)
+        old = self.objects.get(ref.path)
+        uid = old["metadata"]["uid"] if old else f"uid-{self._next_rv()}"
+        stored = {**obj, "metadata": {**obj["metadata"], "generation": 1, "uid": uid}, "status": {}}
+        self.objects[ref.path] = stored
+        return copy.deepcopy(stored)
 
-    def delete(self, ref: Ref) -> bool:
+    def get(self, ref: Ref) -> dict[str, Any] | None:
+        self._call("get")
+        obj = self.objects.get(ref.path)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def delete(self, ref: Ref, uid: str = "") -> bool:
         self._call("delete")
         self.deleted.append(ref)
-        return False
+        obj = self.objects.get(ref.path)
+        if obj is not None and uid and obj["metadata"]["uid"] != uid:
+            raise KubeError(409, "DELETE", ref.path, "Precondition failed: UID in precondition")
+        return self.objects.pop(ref.path, None) is not None
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         self._call("create_event")

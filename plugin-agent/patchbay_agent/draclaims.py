@@ -1,0 +1,131 @@
+"""DRA mode's claims: from a ResourceClaim's allocation to a CDI spec file and the kubelet's answer.
+Pure: no I/O (`draplugin.py` reads the claim and writes the file).
+
+NodePrepareResources hands the kubelet CDI device IDs, which the container runtime resolves in the
+spec files of its CDI directories (docs/cdi.md). A claim's devices are fixed for the claim's
+life, so each prepared claim gets its OWN spec file, `patchbay_<driver>_<claim uid>.json`, with
+kind `<driver>/device` and one CDI device per allocated device named `<claim uid>-<device name>`:
+
+* the file is the agent's only state: NodeUnprepareResources deletes it by name, which works after
+  the claim object is gone and after an agent restart (docs/dra.md#prepare);
+* names that include the claim UID never collide between claims, so two claims' files never make
+  the runtime refuse a name as defined twice;
+* the spec-level container edits carry what the device plugin's Allocate gives every container:
+  the config's envs and mounts and `<devicesEnvName>=<physical IDs, comma-joined>`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from patchbay_agent.api import api_pb2
+from patchbay_agent.cdi import CDI_VERSION, device_nodes
+from patchbay_agent.config import Allocation
+
+
+class ClaimError(Exception):
+    """A claim the agent cannot prepare; the message goes into the claim's `error` field."""
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One allocation result of our driver and pool, mapped to the physical device."""
+
+    request: str
+    device_name: str
+    physical_id: str
+
+
+def spec_file_name(driver: str, claim_uid: str) -> str:
+    """`patchbay_<driver>_<claim uid>.json`: one file per prepared claim."""
+    return f"patchbay_{driver}_{claim_uid}.json"
+
+
+def cdi_kind(driver: str) -> str:
+    return f"{driver}/device"
+
+
+def cdi_device_name(claim_uid: str, device_name: str) -> str:
+    return f"{claim_uid}-{device_name}"
+
+
+def cdi_device_id(driver: str, claim_uid: str, device_name: str) -> str:
+    """The fully qualified CDI name the kubelet passes to the runtime."""
+    return f"{cdi_kind(driver)}={cdi_device_name(claim_uid, device_name)}"
+
+
+def allocated_devices(
+    claim: Mapping[str, Any], uid: str, driver: str, pool: str, names: Mapping[str, str]
+) -> list[AllocatedDevice]:
+    """Our devices in `claim`'s allocation, each mapped to its physical device through `names`
+    (slice device name -> physical ID). Raises ClaimError when the claim is not the one the
+    kubelet means (another UID: deleted and recreated under the same name), is not allocated, or
+    names a device this node does not have."""
+    got = (claim.get("metadata") or {}).get("uid")
+    if got != uid:
+        raise ClaimError(f"claim UID is {got}, not {uid} (the claim was replaced)")
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError("claim is not allocated")
+    results = ((allocation.get("devices") or {}).get("results")) or []
+    out = []
+    for result in results:
+        if result.get("driver") != driver or result.get("pool") != pool:
+            continue
+        name = str(result.get("device", ""))
+        physical = names.get(name)
+        if physical is None:
+            raise ClaimError(f"device {name!r} of pool {pool} is not a device of this node")
+        out.append(AllocatedDevice(str(result.get("request", "")), name, physical))
+    return out
+
+
+def device_env_name(device_name: str) -> str:
+    """`PATCHBAY_DEVICE_<NAME>`: the env var a device without device files is given."""
+    return "PATCHBAY_DEVICE_" + re.sub(r"[^A-Z0-9]", "_", device_name.upper())
+
+
+def claim_spec_document(
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[AllocatedDevice],
+    specs: Mapping[str, Sequence[api_pb2.DeviceSpec]],
+    allocation: Allocation,
+) -> dict[str, Any]:
+    """The claim's CDI spec: one device per allocated device (its device nodes), and the config's
+    envs and mounts plus the devices env for the whole claim."""
+    physical = list(dict.fromkeys(d.physical_id for d in devices))
+    env = {**allocation.envs, allocation.devices_env_name: ",".join(physical)}
+    edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
+    if allocation.mounts:
+        edits["mounts"] = [
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "type": "bind",
+                "options": ["rbind", "ro" if m.read_only else "rw"],
+            }
+            for m in allocation.mounts
+        ]
+    cdi_devices = []
+    for d in dict((d.device_name, d) for d in devices).values():
+        nodes = device_nodes(specs.get(d.physical_id, ()))
+        # CDI refuses a device with empty edits; a device without files (a virtual token) gets
+        # one env var that names it instead.
+        device_edits: dict[str, Any] = (
+            {"deviceNodes": nodes}
+            if nodes
+            else {"env": [f"{device_env_name(d.device_name)}={d.physical_id}"]}
+        )
+        cdi_devices.append(
+            {"name": cdi_device_name(claim_uid, d.device_name), "containerEdits": device_edits}
+        )
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": cdi_kind(driver),
+        "devices": cdi_devices,
+        "containerEdits": edits,
+    }

@@ -1,0 +1,534 @@
+"""DRA mode's kubelet plugin: the registration socket, the DRA service and what its calls do.
+
+The kubelet finds DRA drivers through its plugin watcher (docs/dra.md#kubelet-registration): a Unix socket
+appearing in `<kubelet root>/plugins_registry/` is dialled, asked `GetInfo` (1 s deadline) and told
+the outcome with `NotifyRegistrationStatus`; the DRA calls then go to the endpoint GetInfo named.
+So this module serves two sockets per agent PROCESS (like the device-plugin socket, the instance
+part keeps the old and the new agent of a rollout apart; the kubelet keeps one plugin per endpoint
+and refuses a second registration of the same endpoint):
+
+* `<root>/plugins_registry/<driver>-<instance>.sock`: `pluginregistration.Registration`;
+* `<root>/plugins/<driver>/dra-<instance>.sock`: `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and
+  the same handlers under `...v1beta1.DRAPlugin`.
+
+The DRA socket is served first, so the endpoint answers by the time the kubelet learns it. Ready
+means the kubelet said `plugin_registered=true`. A socket file that disappears (someone wiped
+the directory) is served again, which makes the watcher register it again. At shutdown the
+registration socket goes first (the kubelet deregisters the endpoint), then the DRA socket; only
+files that are still ours are removed.
+
+NodePrepareResources reads each claim from the API server off the event loop with a deadline, maps
+its allocation results of our driver and pool to physical devices, and writes the claim's CDI spec
+file (`draclaims.py`); NodeUnprepareResources deletes that file. Per-claim failures go in the
+claim's `error`, never fail the call (the kubelet retries just those claims).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from patchbay_agent.api import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from patchbay_agent.cdi import write_spec
+from patchbay_agent.config import Allocation
+from patchbay_agent.constants import DRA_PLUGIN_TYPE, DRA_SERVICES
+from patchbay_agent.draclaims import (
+    ClaimError,
+    allocated_devices,
+    cdi_device_id,
+    claim_spec_document,
+    spec_file_name,
+)
+from patchbay_agent.drapublisher import SliceClient
+from patchbay_agent.draslices import device_names
+from patchbay_agent.inventory import Inventory, Snapshot
+from patchbay_agent.metrics import Metrics
+from patchbay_agent.registration import Backoff
+from patchbay_agent.server import file_identity
+from patchbay_agent.sockets import INSTANCE_RE, MAX_UNIX_SOCKET_PATH, probe, remove_stale
+from patchbay_agent.wakeup import wait_any
+
+log = logging.getLogger(__name__)
+
+REGISTRY_DIR = "plugins_registry"
+PLUGINS_DIR = "plugins"
+#: The kubelet's deadline for a whole NodePrepareResources / NodeUnprepareResources call is 45 s
+#: (docs/dra.md#kubelet-registration); one claim read gets at most this long.
+CLAIM_READ_TIMEOUT = 10.0
+_HASH_LENGTH = 8
+
+
+def registry_socket_name(driver: str, instance: str, directory: Path) -> str:
+    """`<driver>-<instance>.sock`, or, when the path would not fit sockaddr_un, the driver's head
+    plus a hash of it (the kubelet reads the driver from GetInfo, not from the file name)."""
+    name = f"{driver}-{instance}.sock"
+    if len(str(directory / name).encode()) <= MAX_UNIX_SOCKET_PATH:
+        return name
+    room = MAX_UNIX_SOCKET_PATH - len(str(directory).encode()) - len(f"/-{instance}.sock") - _HASH_LENGTH - 1
+    digest = hashlib.sha256(driver.encode()).hexdigest()[:_HASH_LENGTH]
+    return f"{driver[: max(room, 1)]}-{digest}-{instance}.sock"
+
+
+def service_dir(root: Path, driver: str) -> Path:
+    """`<root>/plugins/<driver>`, or `<root>/plugins/patchbay-<hash>` when the socket path in it
+    would not fit sockaddr_un (a long driver name under a long root)."""
+    plain = root / PLUGINS_DIR / driver
+    if len(str(plain / "dra-0123456789abcdef.sock").encode()) <= MAX_UNIX_SOCKET_PATH:
+        return plain
+    return root / PLUGINS_DIR / f"patchbay-{hashlib.sha256(driver.encode()).hexdigest()[:12]}"
+
+
+def service_socket_name(instance: str) -> str:
+    return f"dra-{instance}.sock"
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request: str
+    pool: str
+    device: str
+    cdi_id: str
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """One claim's outcome: devices, or an error message."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class ClaimReader(Protocol):
+    """What preparing needs of the API (synchronous; `kubeclient.KubeClient` in the agent)."""
+
+    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """The ResourceClaim object; raise when it cannot be read."""
+
+
+class DraClient(ClaimReader, SliceClient, Protocol):
+    """Everything DRA mode needs of the API: claims to read, slices to write."""
+
+
+class ClaimPreparer:
+    """NodePrepareResources / NodeUnprepareResources as plain Python (see the module doc)."""
+
+    def __init__(
+        self,
+        driver: str,
+        pool: str,
+        reader: ClaimReader,
+        inventory: Inventory,
+        *,
+        allocation: Allocation,
+        cdi_spec_dir: Path,
+        read_timeout: float = CLAIM_READ_TIMEOUT,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self._reader = reader
+        self._inventory = inventory
+        self._allocation = allocation
+        self.cdi_spec_dir = cdi_spec_dir
+        self._read_timeout = read_timeout
+        #: (snapshot version, slice device name -> physical ID), computed once per snapshot
+        self._names: tuple[int, dict[str, str]] = (-1, {})
+        #: called after claims were prepared or unprepared (the holders read PodResources again)
+        self.on_change: Callable[[], None] | None = None
+
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_spec_dir / spec_file_name(self.driver, claim_uid)
+
+    def _device_names(self, snap: Snapshot) -> dict[str, str]:
+        if self._names[0] != snap.version:
+            self._names = (snap.version, device_names(snap))
+        return self._names[1]
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        """Every claim's outcome by UID; the claims are read in parallel."""
+        results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        if self.on_change is not None:
+            self.on_change()
+        return {c.uid: r for c, r in zip(claims, results, strict=True)}
+
+    async def _prepare_one(self, claim: ClaimRef) -> ClaimResult:
+        where = f"ResourceClaim {claim.namespace}/{claim.name}"
+        try:
+            obj = await asyncio.wait_for(
+                asyncio.to_thread(
+                    self._reader.resource_claim, claim.namespace, claim.name, timeout=self._read_timeout
+                ),
+                self._read_timeout + 1.0,
+            )
+        except TimeoutError:
+            return ClaimResult(error=f"cannot read {where}: no answer within {self._read_timeout:g}s")
+        except Exception as e:
+            return ClaimResult(error=f"cannot read {where}: {e}")
+        snap = self._inventory.current
+        try:
+            devices = allocated_devices(obj, claim.uid, self.driver, self.pool, self._device_names(snap))
+        except ClaimError as e:
+            return ClaimResult(error=f"{where}: {e}")
+        healthy = {snap.replica_of[rid] for rid in snap.healthy}
+        sick = [d.device_name for d in devices if d.physical_id not in healthy]
+        if sick:
+            return ClaimResult(error=f"{where}: device(s) {', '.join(sick)} are unhealthy now")
+        doc = claim_spec_document(self.driver, claim.uid, devices, snap.specs, self._allocation)
+        path = self.spec_path(claim.uid)
+        try:
+            await asyncio.to_thread(_write_if_changed, path, doc)
+        except OSError as e:
+            return ClaimResult(error=f"{where}: cannot write the CDI spec {path}: {e}")
+        log.info("Prepared %s (%s): %d device(s), CDI spec %s", where, claim.uid, len(devices), path)
+        return ClaimResult(
+            tuple(
+                PreparedDevice(
+                    d.request, self.pool, d.device_name, cdi_device_id(self.driver, claim.uid, d.device_name)
+                )
+                for d in devices
+            )
+        )
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Every claim's error ("" when done) by UID: its spec file deleted (absent is fine)."""
+        out = {}
+        for claim in claims:
+            path = self.spec_path(claim.uid)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                out[claim.uid] = f"cannot delete the CDI spec {path}: {e}"
+                continue
+            out[claim.uid] = ""
+            log.info("Unprepared ResourceClaim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
+        if self.on_change is not None:
+            self.on_change()
+        return out
+
+
+def _write_if_changed(path: Path, doc: dict[str, Any]) -> None:
+    """Prepare twice = the same file, written once (the runtime re-reads on every write)."""
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text()) == doc:
+            return
+    write_spec(path, doc)
+
+
+def _prepare_response(pb2: Any, results: Mapping[str, ClaimResult]) -> Any:
+    response = pb2.NodePrepareResourcesResponse()
+    for uid, result in results.items():
+        entry = response.claims[uid]
+        if result.error:
+            entry.error = result.error
+            continue
+        for d in result.devices:
+            entry.devices.add(
+                request_names=[d.request] if d.request else [],
+                pool_name=d.pool,
+                device_name=d.device,
+                cdi_device_ids=[d.cdi_id],
+            )
+    return response
+
+
+def _unprepare_response(pb2: Any, errors: Mapping[str, str]) -> Any:
+    response = pb2.NodeUnprepareResourcesResponse()
+    for uid, error in errors.items():
+        entry = response.claims[uid]
+        if error:
+            entry.error = error
+    return response
+
+
+def _refs(claims: Any) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.uid, c.name) for c in claims]
+
+
+class _DraCalls:
+    """The handlers both DRA service versions share; `pb2` is the version's message module."""
+
+    def __init__(self, preparer: ClaimPreparer, metrics: Metrics, pb2: Any) -> None:
+        self._preparer = preparer
+        self._metrics = metrics
+        self._pb2 = pb2
+
+    async def prepare(self, request: Any) -> Any:
+        started = time.perf_counter()
+        results = await self._preparer.prepare(_refs(request.claims))
+        failed = [f"{uid}: {r.error}" for uid, r in results.items() if r.error]
+        for line in failed:
+            log.warning("NodePrepareResources: %s", line)
+        self._metrics.rpcs.labels("NodePrepareResources", "OK").inc()
+        log.debug("NodePrepareResources took %.3fs", time.perf_counter() - started)
+        return _prepare_response(self._pb2, results)
+
+    async def unprepare(self, request: Any) -> Any:
+        errors = await self._preparer.unprepare(_refs(request.claims))
+        self._metrics.rpcs.labels("NodeUnprepareResources", "OK").inc()
+        return _unprepare_response(self._pb2, errors)
+
+
+class DraV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
+    """`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`."""
+
+    def __init__(self, preparer: ClaimPreparer, metrics: Metrics) -> None:
+        self._calls = _DraCalls(preparer, metrics, dra_v1_pb2)
+
+    async def NodePrepareResources(  # noqa: N802 - the gRPC method name
+        self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> dra_v1_pb2.NodePrepareResourcesResponse:
+        response: dra_v1_pb2.NodePrepareResourcesResponse = await self._calls.prepare(request)
+        return response
+
+    async def NodeUnprepareResources(  # noqa: N802 - the gRPC method name
+        self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+        response: dra_v1_pb2.NodeUnprepareResourcesResponse = await self._calls.unprepare(request)
+        return response
+
+
+class DraV1beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    """`k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`: the same handlers, for older kubelets."""
+
+    def __init__(self, preparer: ClaimPreparer, metrics: Metrics) -> None:
+        self._calls = _DraCalls(preparer, metrics, dra_v1beta1_pb2)
+
+    async def NodePrepareResources(  # noqa: N802 - the gRPC method name
+        self,
+        request: dra_v1beta1_pb2.NodePrepareResourcesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> dra_v1beta1_pb2.NodePrepareResourcesResponse:
+        response: dra_v1beta1_pb2.NodePrepareResourcesResponse = await self._calls.prepare(request)
+        return response
+
+    async def NodeUnprepareResources(  # noqa: N802 - the gRPC method name
+        self,
+        request: dra_v1beta1_pb2.NodeUnprepareResourcesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> dra_v1beta1_pb2.NodeUnprepareResourcesResponse:
+        response: dra_v1beta1_pb2.NodeUnprepareResourcesResponse = await self._calls.unprepare(request)
+        return response
+
+
+class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
+    """`pluginregistration.Registration`: who we are, and the kubelet's verdict."""
+
+    def __init__(
+        self, driver: str, endpoint: Callable[[], Path], on_status: Callable[[bool, str], None]
+    ) -> None:
+        self._driver = driver
+        self._endpoint = endpoint
+        self._on_status = on_status
+
+    async def GetInfo(  # noqa: N802 - the gRPC method name
+        self, request: pluginregistration_pb2.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pluginregistration_pb2.PluginInfo:
+        return pluginregistration_pb2.PluginInfo(
+            type=DRA_PLUGIN_TYPE,
+            name=self._driver,
+            endpoint=str(self._endpoint()),
+            supported_versions=list(DRA_SERVICES),
+        )
+
+    async def NotifyRegistrationStatus(  # noqa: N802 - the gRPC method name
+        self, request: pluginregistration_pb2.RegistrationStatus, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pluginregistration_pb2.RegistrationStatusResponse:
+        self._on_status(request.plugin_registered, request.error)
+        return pluginregistration_pb2.RegistrationStatusResponse()
+
+
+class UnixServer:
+    """One grpc.aio server on one Unix socket; remembers the file's identity (inode, ctime) so it
+    removes the file only while it is still its own (docs/facts.md#plugin-sockets)."""
+
+    def __init__(self, socket_path: Path, add: Callable[[grpc.aio.Server], None], what: str) -> None:
+        self.socket_path = socket_path
+        self._add = add
+        self._what = what
+        self.identity: tuple[int, int] | None = None
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Bind and serve; a file left at the path is replaced."""
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.aio.server()
+        self._add(server)
+        try:
+            server.add_insecure_port(f"unix://{self.socket_path}")
+            await server.start()
+        except BaseException:
+            await server.stop(None)
+            raise
+        self._server = server
+        self.identity = file_identity(self.socket_path)
+        log.info("Serving %s on %s", self._what, self.socket_path)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def intact(self) -> bool:
+        return self.identity is not None and file_identity(self.socket_path) == self.identity
+
+    async def stop(self, grace: float | None) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)
+        if self.intact():
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        self.identity = None
+
+
+class DraPlugin:
+    """Serves the two sockets (see the module doc) and tracks the kubelet's registration verdict."""
+
+    def __init__(
+        self,
+        driver: str,
+        kubelet_root: Path,
+        instance: str,
+        preparer: ClaimPreparer,
+        metrics: Metrics,
+        *,
+        poll_interval: float = 10.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.driver = driver
+        self.instance = instance
+        self.registry_dir = kubelet_root / REGISTRY_DIR
+        self.registry_socket = self.registry_dir / registry_socket_name(driver, instance, self.registry_dir)
+        self.service_socket = service_dir(kubelet_root, driver) / service_socket_name(instance)
+        self._metrics = metrics
+        self._poll_interval = poll_interval
+        self._backoff = backoff or Backoff()
+        self.registered = False
+        self.registrations = 0
+        #: called after every `plugin_registered=true` (the slices are re-asserted: the kubelet
+        #: deletes a driver's slices when it starts and when the driver was gone for a while)
+        self.on_registered: Callable[[], None] | None = None
+        registration = RegistrationServicer(driver, lambda: self.service_socket, self._on_status)
+
+        def add_service(server: grpc.aio.Server) -> None:
+            dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1Servicer(preparer, metrics), server)  # type: ignore[no-untyped-call]
+            dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+                DraV1beta1Servicer(preparer, metrics), server
+            )  # type: ignore[no-untyped-call]
+
+        def add_registration(server: grpc.aio.Server) -> None:
+            pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(registration, server)  # type: ignore[no-untyped-call]
+
+        self.service = UnixServer(self.service_socket, add_service, "the DRA service")
+        self.registration = UnixServer(self.registry_socket, add_registration, "DRA plugin registration")
+
+    def _on_status(self, registered: bool, error: str) -> None:
+        self.registered = registered
+        self._metrics.registered.set(1 if registered else 0)
+        self._metrics.registrations.labels("success" if registered else "failure").inc()
+        if registered:
+            self.registrations += 1
+            log.info("The kubelet registered DRA driver %s (endpoint %s)", self.driver, self.service_socket)
+            if self.on_registered is not None:
+                self.on_registered()
+        else:
+            log.warning("The kubelet refused DRA driver %s: %s", self.driver, error)
+
+    @property
+    def serving(self) -> bool:
+        return self.service.serving and self.registration.serving
+
+    def remove_stale(self) -> None:
+        """Remove our driver's sockets whose agents are gone (connection refused); a live one (the
+        other agent of a rollout) stays."""
+        prefix = self.registry_socket.name[: -len(f"{self.instance}.sock")]
+
+        def registry_match(name: str) -> bool:
+            return (
+                name.startswith(prefix)
+                and name.endswith(".sock")
+                and bool(INSTANCE_RE.fullmatch(name[len(prefix) : -len(".sock")]))
+            )
+
+        def service_match(name: str) -> bool:
+            return re.fullmatch(r"dra-[a-z0-9]{1,16}\.sock", name) is not None
+
+        remove_stale(self.registry_dir, registry_match, self.registry_socket.name)
+        remove_stale(self.service_socket.parent, service_match, self.service_socket.name)
+
+    async def _serve(self) -> float | None:
+        """(Re)serve whichever socket is not intact; the retry delay after a failure, else None."""
+        try:
+            if not self.service.intact():
+                if self.service.serving:
+                    log.info("DRA socket %s was removed: serving again", self.service_socket)
+                await self.service.stop(0)
+                await self.service.start()
+                # The kubelet must learn the endpoint anew: re-serve the registration socket too.
+                await self.registration.stop(0)
+            if not self.registration.intact():
+                if self.registration.serving:
+                    log.info("Registration socket %s was removed: serving again", self.registry_socket)
+                self.registered = False
+                self._metrics.registered.set(0)
+                await self.registration.stop(0)
+                await self.registration.start()
+        except (OSError, RuntimeError) as e:
+            delay = self._backoff.next()
+            log.warning("Cannot serve the DRA plugin sockets (%s); retrying in %.2fs", e, delay)
+            return delay
+        self._backoff.reset()
+        return None
+
+    async def start(self) -> None:
+        """Serve both sockets (the DRA service first); raises when that is impossible at start,
+        ValueError when another process serves one of our paths (an --instance already taken)."""
+        for path in (self.registry_socket, self.service_socket):
+            if probe(path) == 0:
+                raise ValueError(
+                    f"{path} is served by another process: instance {self.instance!r} is taken "
+                    "(leave --instance out to draw a fresh one)"
+                )
+        self.remove_stale()
+        await self.service.start()
+        await self.registration.start()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep both sockets served until `stop` is set (a slow backstop poll of their identity)."""
+        while not stop.is_set():
+            retry = await self._serve()
+            await wait_any((stop,), self._poll_interval if retry is None else retry)
+
+    async def shutdown(self, grace: float) -> None:
+        """Registration socket first (the kubelet deregisters), then the DRA service."""
+        self.registered = False
+        self._metrics.registered.set(0)
+        await self.registration.stop(0)
+        await self.service.stop(grace)

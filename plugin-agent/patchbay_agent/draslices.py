@@ -1,0 +1,209 @@
+"""DRA mode's ResourceSlices: this node's devices as resource.k8s.io/v1 objects. Pure: no I/O.
+
+What the scheduler allocates from is the devices a driver publishes in ResourceSlices; a claim's
+allocation names a device by (driver, pool, device name). So the names here are the contract
+between the slices (`drapublisher.py`) and NodePrepareResources (`draplugin.py`): both derive
+them from the same physical IDs with `device_name`.
+
+The shape follows the API server's validation of resource.k8s.io/v1 (docs/dra.md#slice-rules):
+
+* one pool per node, named after the node (pool names are DNS subdomains, like node names), in
+  one or more slices named `<node>-<driver>[-<chunk>]`, owned by the Node (collected with it);
+* at most 128 devices per slice, but only 64 when any device of the slice has a taint, so a pool
+  with a tainted device is cut into 64-device chunks; `pool.resourceSliceCount` says how many;
+* a device name is a DNS label (at most 63, lowercase); attributes are `<domain>/<C identifier
+  of at most 32>` with exactly one of string/int/bool/version, strings at most 64 characters;
+* an unhealthy device carries the taint `patchbay.dev/unhealthy=<reason>:NoSchedule`, so new claims
+  avoid it while claims that already have it keep it (NoSchedule evicts nobody).
+
+`pool.generation` is not part of what `slice_documents` compares: the publisher sets it when the
+content changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from patchbay_agent.health import DeviceStatus
+from patchbay_agent.inventory import Snapshot
+from patchbay_agent.report import owner_reference  # the Node owns slices as it owns reports
+
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+SLICE_KIND = "ResourceSlice"
+SLICE_PLURAL = "resourceslices"
+CLAIM_PLURAL = "resourceclaims"
+
+#: Devices per slice (ResourceSliceMaxDevices), and when any device of it has a taint
+#: (ResourceSliceMaxDevicesWithAdvancedFeatures): docs/dra.md#slice-rules.
+MAX_DEVICES_PER_SLICE = 128
+MAX_TAINTED_DEVICES_PER_SLICE = 64
+MAX_NAME_LENGTH = 253
+MAX_DEVICE_NAME_LENGTH = 63
+MAX_ATTRIBUTE_VALUE_LENGTH = 64
+MAX_LABEL_VALUE_LENGTH = 63
+#: The attribute domain of what discovery knows, and the standard NUMA attribute.
+ATTRIBUTE_DOMAIN = "patchbay.dev"
+NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+TAINT_KEY = "patchbay.dev/unhealthy"
+TAINT_EFFECT = "NoSchedule"
+_HASH_LENGTH = 8
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+_NOT_LABEL = re.compile(r"[^a-z0-9-]")
+_NOT_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:_HASH_LENGTH]
+
+
+def is_dns_subdomain(name: str) -> bool:
+    return len(name) <= MAX_NAME_LENGTH and _DNS_SUBDOMAIN.fullmatch(name) is not None
+
+
+def device_name(physical_id: str) -> str:
+    """The ResourceSlice device name of a physical device ID: a DNS label.
+
+    Lowercased, characters outside `[a-z0-9-]` as `-`. When that changed anything (`ttyUSB0`,
+    `0000:3b:00.0`) or is too long, a hash of the ID is appended, so two IDs that clean up alike
+    (`ttyUSB0` and `ttyusb0`) still get different names; an ID that is a label already stays as it is.
+    """
+    cleaned = _NOT_LABEL.sub("-", physical_id.lower())
+    if cleaned == physical_id and _DNS_LABEL.fullmatch(cleaned) and len(cleaned) <= MAX_DEVICE_NAME_LENGTH:
+        return cleaned
+    base = cleaned[: MAX_DEVICE_NAME_LENGTH - _HASH_LENGTH - 1].strip("-") or "device"
+    return f"{base}-{_digest(physical_id)}"
+
+
+def slice_base_name(node_name: str, driver: str) -> str:
+    """`<node>-<driver>`, or, when that is not a valid name with room for a chunk suffix, a
+    trimmed form plus a hash of both (unique per node and driver)."""
+    name = f"{node_name}-{driver}"
+    # Room for "-<chunk>" (up to 4 characters): chunk names must be valid too.
+    limit = MAX_NAME_LENGTH - 5
+    if len(name) <= limit and is_dns_subdomain(name):
+        return name
+    cleaned = re.sub(r"[^a-z0-9.-]", "-", name.lower())
+    cleaned = re.sub(r"\.(?=[.-])|-(?=\.)", "", cleaned)
+    head = cleaned[: limit - _HASH_LENGTH - 1].strip(".-") or "slice"
+    return f"{head}-{_digest(node_name + chr(0) + driver)}"
+
+
+def slice_name(base: str, chunk: int, chunks: int) -> str:
+    """The name of chunk `chunk` of `chunks`: the base alone for a single slice, else `<base>-<n>`."""
+    return base if chunks == 1 else f"{base}-{chunk}"
+
+
+def label_value(text: str) -> str:
+    """`text` as a valid label value (a taint's value): allowed characters, at most 63, starting
+    and ending with a letter or digit; empty when nothing is left."""
+    cleaned = _NOT_LABEL_VALUE.sub("-", text)[:MAX_LABEL_VALUE_LENGTH]
+    return cleaned.strip("-_.")
+
+
+def _string_attribute(value: str) -> dict[str, str]:
+    return {"string": value[:MAX_ATTRIBUTE_VALUE_LENGTH]}
+
+
+@dataclass(frozen=True)
+class SliceDevice:
+    """One device as the slice shows it."""
+
+    name: str
+    physical_id: str
+    attributes: Mapping[str, Mapping[str, Any]]
+    #: why the device is unhealthy (the taint's value); None when it is healthy
+    unhealthy: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "name": self.name,
+            "attributes": {k: dict(v) for k, v in sorted(self.attributes.items())},
+        }
+        if self.unhealthy is not None:
+            doc["taints"] = [{"key": TAINT_KEY, "value": self.unhealthy, "effect": TAINT_EFFECT}]
+        return doc
+
+
+def device_names(snap: Snapshot) -> dict[str, str]:
+    """Slice device name -> physical ID for every physical device of the snapshot."""
+    return {device_name(pid): pid for pid in snap.physical}
+
+
+def slice_devices(snap: Snapshot, status: Callable[[str], DeviceStatus | None]) -> list[SliceDevice]:
+    """Every physical device of the snapshot, in the snapshot's order, with its attributes and,
+    when it is unhealthy (as the snapshot says: what the device plugin would tell the kubelet),
+    its reason."""
+    healthy = {snap.replica_of[rid] for rid in snap.healthy}
+    out = []
+    for pid, dev in snap.physical.items():
+        attributes: dict[str, dict[str, Any]] = {f"{ATTRIBUTE_DOMAIN}/id": _string_attribute(pid)}
+        if dev.dev_paths:
+            attributes[f"{ATTRIBUTE_DOMAIN}/path"] = _string_attribute(dev.dev_paths[0])
+        for key, value in dev.attributes:
+            if _C_IDENTIFIER.fullmatch(key) and key not in ("id", "path"):
+                attributes[f"{ATTRIBUTE_DOMAIN}/{key}"] = _string_attribute(value)
+        if dev.numa_nodes:
+            attributes[NUMA_ATTRIBUTE] = {"int": dev.numa_nodes[0]}
+        reason: str | None = None
+        if pid not in healthy:
+            st = status(pid)
+            reason = label_value(st.reason if st is not None and st.reason else "") or "Unhealthy"
+        out.append(SliceDevice(device_name(pid), pid, attributes, reason))
+    return out
+
+
+def slice_documents(
+    driver: str,
+    node_name: str,
+    devices: Sequence[SliceDevice],
+    *,
+    generation: int = 0,
+    node_uid: str | None = None,
+) -> list[dict[str, Any]]:
+    """The pool's slices, whole objects for server-side apply (see the module doc). A pool with no
+    device is one slice with no device: it says "this node has none", which differs from "no
+    driver here" for the scheduler."""
+    per_slice = (
+        MAX_TAINTED_DEVICES_PER_SLICE
+        if any(d.unhealthy is not None for d in devices)
+        else MAX_DEVICES_PER_SLICE
+    )
+    chunks = [list(devices[i : i + per_slice]) for i in range(0, len(devices), per_slice)] or [[]]
+    base = slice_base_name(node_name, driver)
+    out = []
+    for n, chunk in enumerate(chunks):
+        metadata: dict[str, Any] = {"name": slice_name(base, n, len(chunks))}
+        if node_uid:
+            metadata["ownerReferences"] = [owner_reference(node_name, node_uid)]
+        out.append(
+            {
+                "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
+                "kind": SLICE_KIND,
+                "metadata": metadata,
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node_name,
+                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                    "devices": [d.document() for d in chunk],
+                },
+            }
+        )
+    return out
+
+
+def with_generation(docs: Sequence[Mapping[str, Any]], generation: int) -> list[dict[str, Any]]:
+    """The documents with `spec.pool.generation` set."""
+    out = []
+    for doc in docs:
+        spec = dict(doc["spec"])
+        spec["pool"] = {**spec["pool"], "generation": generation}
+        out.append({**doc, "spec": spec})
+    return out

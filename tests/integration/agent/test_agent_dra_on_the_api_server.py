@@ -1,0 +1,330 @@
+"""DRA mode on the REAL API server: the `patchbay-agent --dra-driver` process on the host, with
+--kubeconfig (the session cluster's admin), a FAKE device tree, and this test in the kubelet's
+place on the agent's two real Unix sockets.
+
+Checked: the agent publishes its ResourceSlice (server-side apply, validated by the real
+resource.k8s.io/v1 schema) owned by a real (kwok) Node, with one device per device file, the
+driver, the node's pool and the attributes; a ResourceClaim the test creates and allocates (as
+admin, through the status subresource) to two of those devices is prepared: the answer names the
+CDI IDs and the claim's CDI spec file resolves them; after the claim is deleted, unprepare removes
+the file; a device file removed from the tree gets its slice device the `patchbay.dev/unhealthy`
+taint with a higher pool generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from support.clusters import wait_for
+from support.fakehw import FakeHardware
+
+from patchbay_agent.api import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from patchbay_agent.draslices import device_name
+from patchbay_devcluster import DevCluster
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+RESOURCE = "example.com/serial"
+
+
+@pytest.fixture
+def node(devcluster: DevCluster, api: client.ApiClient, name_prefix: str) -> Iterator[tuple[str, str]]:
+    """A kwok node: (name, uid)."""
+    (name,) = devcluster.add_kwok_nodes(1, prefix=f"{name_prefix}n", labels={"patchbay.dev/test": "dra"})
+    core = client.CoreV1Api(api)
+    try:
+        yield name, core.read_node(name).metadata.uid
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_node(name)
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient, name_prefix: str) -> Iterator[str]:
+    core = client.CoreV1Api(api)
+    ns = f"{name_prefix}dra"
+    core.create_namespace({"metadata": {"name": ns}})
+    try:
+        yield ns
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(ns)
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """Short (Unix socket paths must stay under 108 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="pbd", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _call(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _register(registry: Path) -> Any:
+    async with grpc.aio.insecure_channel(f"unix://{registry}") as channel:
+        stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
+        info = await stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=1)
+        await stub.NotifyRegistrationStatus(
+            pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5
+        )
+        return info
+
+
+async def _prepare(endpoint: str, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodePrepareResourcesResponse:
+    async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        response: dra_v1_pb2.NodePrepareResourcesResponse = await stub.NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim]), timeout=45
+        )
+        return response
+
+
+async def _unprepare(endpoint: str, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+    async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+        response: dra_v1_pb2.NodeUnprepareResourcesResponse = await stub.NodeUnprepareResources(
+            dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim]), timeout=45
+        )
+        return response
+
+
+def test_the_dra_agent_publishes_slices_and_prepares_claims(
+    api: client.ApiClient,
+    devcluster: DevCluster,
+    namespace: str,
+    node: tuple[str, str],
+    workdir: Path,
+    name_prefix: str,
+) -> None:
+    node_name, node_uid = node
+    driver = f"{name_prefix}serial.patchbay.dev"
+    custom = client.CustomObjectsApi(api)
+    hw = FakeHardware(workdir / "host")
+    for i in range(3):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    root = workdir / "k"
+    cdi_dir = workdir / "cdi"
+    config = workdir / "agent.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "resourceName": RESOURCE,
+                "plugin": {
+                    "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+                    "allocation": {"devicesEnvName": "SERIALS", "envs": {"MODE": "raw"}},
+                },
+            }
+        )
+    )
+    slice_name = f"{node_name}-{driver}"
+
+    def the_slice() -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = custom.get_cluster_custom_object(
+                GROUP, VERSION, "resourceslices", slice_name
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return obj
+
+    log = workdir / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "patchbay_agent.main",
+                "--config",
+                str(config),
+                "--node-name",
+                node_name,
+                "--dra-driver",
+                driver,
+                "--kubelet-root-dir",
+                str(root),
+                "--device-plugin-dir",
+                str(workdir / "dp"),
+                "--host-root",
+                str(hw.root),
+                "--cdi-spec-dir",
+                str(cdi_dir),
+                "--http-address",
+                "off",
+                "--kubeconfig",
+                str(devcluster.kubeconfig),
+                "--instance",
+                "it1",
+                "--log-format",
+                "json",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        registry = root / "plugins_registry" / f"{driver}-it1.sock"
+        wait_for("the registration socket", registry.exists, timeout=30)
+        info = _call(_register(registry))
+        assert (info.type, info.name, list(info.supported_versions)) == (
+            "DRAPlugin",
+            driver,
+            ["v1.DRAPlugin", "v1beta1.DRAPlugin"],
+        )
+        assert info.endpoint == str(root / "plugins" / driver / "dra-it1.sock")
+        assert not (workdir / "dp").exists() or list((workdir / "dp").iterdir()) == []
+
+        first = wait_for("the ResourceSlice", the_slice, timeout=30)
+        assert first["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": node_name,
+                "uid": node_uid,
+                "blockOwnerDeletion": False,
+                "controller": False,
+            }
+        ]
+        assert {m["manager"] for m in first["metadata"]["managedFields"]} == {"patchbay-agent"}
+        spec = first["spec"]
+        assert (spec["driver"], spec["nodeName"]) == (driver, node_name)
+        assert spec["pool"]["name"] == node_name and spec["pool"]["resourceSliceCount"] == 1
+        names = [device_name(f"ttyUSB{i}") for i in range(3)]
+        assert [d["name"] for d in spec["devices"]] == names
+        assert spec["devices"][1]["attributes"] == {
+            "patchbay.dev/id": {"string": "ttyUSB1"},
+            "patchbay.dev/path": {"string": "/dev/ttyUSB1"},
+        }
+
+        # A claim, allocated by the test as the scheduler would (status subresource, as admin).
+        claim = custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "resourceclaims",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "serials"},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "two", "exactly": {"deviceClassName": "serial", "count": 2}}]
+                    }
+                },
+            },
+        )
+        claim["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "two", "driver": driver, "pool": node_name, "device": names[0]},
+                        {"request": "two", "driver": driver, "pool": node_name, "device": names[2]},
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+                    ]
+                },
+            }
+        }
+        custom.replace_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "resourceclaims", "serials", claim
+        )
+        uid = claim["metadata"]["uid"]
+        ref = dra_v1_pb2.Claim(namespace=namespace, uid=uid, name="serials")
+        endpoint = info.endpoint
+        prepared = _call(_prepare(endpoint, ref)).claims[uid]
+        assert prepared.error == ""
+        assert [
+            (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+            for d in prepared.devices
+        ] == [
+            (["two"], node_name, names[0], [f"{driver}/device={uid}-{names[0]}"]),
+            (["two"], node_name, names[2], [f"{driver}/device={uid}-{names[2]}"]),
+        ]
+        spec_file = cdi_dir / f"patchbay_{driver}_{uid}.json"
+        cdi = json.loads(spec_file.read_text())
+        assert cdi["kind"] == f"{driver}/device"
+        assert [d["name"] for d in cdi["devices"]] == [f"{uid}-{names[0]}", f"{uid}-{names[2]}"]
+        assert cdi["devices"][1]["containerEdits"]["deviceNodes"] == [
+            {"path": "/dev/ttyUSB2", "hostPath": "/dev/ttyUSB2", "permissions": "rw"}
+        ]
+        assert cdi["containerEdits"] == {"env": ["MODE=raw", "SERIALS=ttyUSB0,ttyUSB2"]}
+        assert _call(_prepare(endpoint, ref)).claims[uid] == prepared
+
+        # The claim goes; unpreparing needs only the local file.
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", "serials")
+        wait_for(
+            "the claim to be gone",
+            lambda: _gone(custom, namespace, "serials"),
+            timeout=30,
+        )
+        assert _call(_unprepare(endpoint, ref)).claims[uid].error == ""
+        assert not spec_file.exists()
+
+        # A device file goes: its slice device gets the taint, in a newer generation.
+        hw.remove_dev("/dev/ttyUSB1")
+
+        def tainted() -> dict[str, Any] | None:
+            obj = the_slice()
+            devs = {d["name"]: d for d in (obj or {}).get("spec", {}).get("devices", [])}
+            return obj if names[1] in devs and devs[names[1]].get("taints") else None
+
+        second = wait_for("the unhealthy device's taint", tainted, timeout=60)
+        (taint,) = next(d for d in second["spec"]["devices"] if d["name"] == names[1])["taints"]
+        assert (taint["key"], taint["value"], taint["effect"]) == (
+            "patchbay.dev/unhealthy",
+            "Vanished",
+            "NoSchedule",
+        )
+        assert second["spec"]["pool"]["generation"] > spec["pool"]["generation"]
+        assert all("taints" not in d for d in second["spec"]["devices"] if d["name"] != names[1])
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert not registry.exists()
+        assert not Path(endpoint).exists()
+        text = log.read_text(errors="replace")
+        assert "Traceback" not in text
+        assert '"level": "error"' not in text
+        assert re.search(r"Wrote 1 ResourceSlice", text)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
+
+
+def _gone(custom: client.CustomObjectsApi, namespace: str, name: str) -> bool:
+    try:
+        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", name)
+    except ApiException as e:
+        return e.status == 404
+    return False

@@ -1,0 +1,139 @@
+"""DRA mode against the real API server: the agent DaemonSet as a DRA kubelet plugin and the
+profile's DeviceClass (resource.k8s.io/v1, extendedResourceName), server-side applied and owned
+by the profile; the KEP-5004 overlap with a DevicePlugin profile reported in status; the
+DeviceClass removed when the profile leaves DRA mode or goes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
+from support.operator import Operator
+
+
+def spec(cluster: Cluster, mode: str = "DRA") -> dict[str, Any]:
+    return {
+        # A resource name of this test's own: other tests' profiles never share it.
+        "resourceName": f"example.com/{cluster.prefix}serial",
+        "mode": mode,
+        "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
+        "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}},
+        "agent": {"tolerations": [{"operator": "Exists"}]},
+    }
+
+
+def device_class(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    try:
+        obj: dict[str, Any] = cluster.custom.get_cluster_custom_object(
+            "resource.k8s.io", "v1", "deviceclasses", name
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return obj
+
+
+def daemonset(cluster: Cluster, profile: str) -> dict[str, Any] | None:
+    try:
+        ds = cluster.apps.read_namespaced_daemon_set(f"patchbay-{profile}", NAMESPACE)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return dict(cluster.api.sanitize_for_serialization(ds))
+
+
+def status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return dict((cluster.profile(name) or {}).get("status") or {})
+
+
+def condition(cluster: Cluster, name: str, type_: str) -> dict[str, Any]:
+    return cluster.condition(name, type_) or {}
+
+
+def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_them(
+    cluster: Cluster, operator: Operator
+) -> None:
+    nodes = cluster.add_nodes(2)
+    name = f"{cluster.prefix}dra"
+    driver = f"{name}.patchbay.dev"
+    created = cluster.create_profile(name, spec(cluster))
+    uid = created["metadata"]["uid"]
+
+    ds = wait_for("the agent DaemonSet", lambda: daemonset(cluster, name))
+    (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    cmd = agent["command"]
+    assert cmd[cmd.index("--dra-driver") + 1] == driver
+    assert cmd[cmd.index("--cdi-spec-dir") + 1] == "/var/run/cdi"
+    assert "--device-plugin-dir" not in cmd
+    root = cmd[cmd.index("--kubelet-root-dir") + 1]
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    assert mounts["plugins-registry"] == f"{root}/plugins_registry"
+    assert mounts["kubelet-plugins"] == f"{root}/plugins"
+
+    dc = wait_for("the DeviceClass", lambda: device_class(cluster, driver))
+    assert dc["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{driver}"'}}]
+    # Kept by the API server: DRAExtendedResource is on (GA in the pinned Kubernetes).
+    assert dc["spec"]["extendedResourceName"] == f"example.com/{cluster.prefix}serial"
+    (ref,) = dc["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+        "DevicePluginProfile",
+        name,
+        uid,
+        True,
+    )
+    managers = {(m["manager"], m["operation"]) for m in dc["metadata"]["managedFields"]}
+    assert ("patchbay-operator", "Apply") in managers
+
+    # kwok "runs" the agent pods: the rollout completes; no report yet, so no device counted.
+    st = wait_for("status 2/2", lambda: (s := status(cluster, name)).get("nodesReady") == "2/2" and s)
+    assert st["devices"] == {"capacity": 0, "allocatable": 0, "healthy": 0, "unhealthy": 0, "allocated": 0}
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Ready"]["status"] == "True"
+    assert conds["Degraded"]["reason"] != "ResourceServedTwice"
+    assert {p["node"] for p in st["problems"]} == set(nodes)
+
+    # KEP-5004: a DevicePlugin profile for the same resource on the same nodes is not refused
+    # (that is how a node migrates), but the DRA profile says which nodes are served twice.
+    plugin = f"{cluster.prefix}plugin"
+    cluster.create_profile(plugin, spec(cluster, "DevicePlugin"))
+    wait_for("the DevicePlugin agents too", lambda: daemonset(cluster, plugin))
+    degraded = wait_for(
+        "Degraded=ResourceServedTwice",
+        lambda: (c := condition(cluster, name, "Degraded")).get("reason") == "ResourceServedTwice" and c,
+    )
+    assert degraded["status"] == "True"
+    assert plugin in degraded["message"] and all(n in degraded["message"] for n in nodes)
+    assert condition(cluster, plugin, "Stalled").get("reason") != "ResourceNameConflict"
+    # Moving the nodes off the DevicePlugin profile's selector ends it.
+    cluster.patch_spec(plugin, {"nodeSelector": {"matchLabels": {TEST_LABEL: "elsewhere"}}})
+    wait_for(
+        "no longer served twice",
+        lambda: condition(cluster, name, "Degraded").get("reason") not in (None, "ResourceServedTwice"),
+    )
+
+    cluster.delete_profile(name)
+    wait_for("the DeviceClass gone", lambda: device_class(cluster, driver) is None)
+    wait_for("the agents gone", lambda: daemonset(cluster, name) is None)
+    wait_for("the profile gone", lambda: cluster.profile(name) is None)
+
+
+def test_leaving_dra_mode_removes_the_device_class(cluster: Cluster, operator: Operator) -> None:
+    cluster.add_nodes(1)
+    name = f"{cluster.prefix}dra"
+    driver = f"{name}.patchbay.dev"
+    cluster.create_profile(name, spec(cluster))
+    wait_for("the DeviceClass", lambda: device_class(cluster, driver))
+    cluster.patch_spec(name, {"mode": "DevicePlugin"})
+    wait_for("the DeviceClass gone", lambda: device_class(cluster, driver) is None)
+    ds = wait_for(
+        "the DevicePlugin agents",
+        lambda: (
+            (d := daemonset(cluster, name))
+            and "--device-plugin-dir" in d["spec"]["template"]["spec"]["containers"][0]["command"]
+            and d
+        ),
+    )
+    assert "--dra-driver" not in ds["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -1,0 +1,248 @@
+"""DRA mode on real Unix sockets: the kubelet's side played by a Python gRPC client.
+
+The agent runs in-process in DRA mode. What it needs of the API server is a `DraClient`; here an
+in-memory one (claims the test sets, slices it records), because this tier runs without a control
+plane: tests/integration/agent/test_agent_dra_on_the_api_server.py covers the same calls against
+the real kube-apiserver.
+
+Checked: GetInfo over the registration socket names the driver, the service socket and the DRA
+services; NotifyRegistrationStatus(true) makes /readyz ready and re-asserts the slices;
+NodePrepareResources over v1 and v1beta1 answers CDI IDs and writes one spec per claim, twice the
+same; errors are per claim; NodeUnprepareResources deletes the file, also for an unknown claim;
+stopping removes only our two sockets; no device-plugin socket is ever served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+from support.agentrun import make_config, until
+from support.fakehw import FakeHardware, live_socket
+
+from patchbay_agent.agent import Agent, AgentOptions, DraOptions
+from patchbay_agent.api import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from patchbay_agent.draslices import device_name
+
+DRIVER = "serial.patchbay.dev"
+NODE = "node-1"
+
+
+class InMemoryApi:
+    """Claims by (namespace, name); slices by name, as the agent applied them."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.applies = 0
+
+    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        try:
+            return self.claims[namespace, name]
+        except KeyError:
+            raise RuntimeError(f"404: resourceclaims {name!r} not found") from None
+
+    def apply_slice(self, doc: Mapping[str, Any]) -> None:
+        self.applies += 1
+        self.slices[doc["metadata"]["name"]] = dict(doc)
+
+    def slice_names(self, driver: str, node_name: str) -> list[str]:
+        return sorted(self.slices)
+
+    def delete_slice(self, name: str) -> None:
+        self.slices.pop(name, None)
+
+    def node_uid(self, node_name: str) -> str:
+        return "node-uid-1"
+
+
+def _claim(uid: str, devices: list[str], pool: str = NODE) -> dict[str, Any]:
+    results = [{"request": "serial", "driver": DRIVER, "pool": pool, "device": d} for d in devices]
+    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
+
+
+async def _get(port: int, path: str) -> int:
+    def call() -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    return await asyncio.to_thread(call)
+
+
+async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw: FakeHardware) -> None:
+    for i in range(3):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    root = short_dir / "k"
+    plugin_dir = short_dir / "dp"
+    plugin_dir.mkdir()
+    cdi_dir = short_dir / "cdi"
+    api = InMemoryApi()
+    agent = Agent(
+        make_config(
+            {
+                "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+                "allocation": {"envs": {"MODE": "raw"}, "devicesEnvName": "SERIALS"},
+            }
+        ),
+        AgentOptions(
+            node_name=NODE,
+            plugin_dir=plugin_dir,
+            host_root=hw.root,
+            http_address=("127.0.0.1", 0),
+            shutdown_grace=1.0,
+            cdi_spec_dir=cdi_dir,
+            dra=DraOptions(DRIVER, root),
+        ),
+        dra_client=api,
+    )
+    assert agent.dra is not None
+    registry = agent.dra.registry_socket
+    service = agent.dra.service_socket
+    assert registry == root / "plugins_registry" / f"{DRIVER}-{agent.instance}.sock"
+    assert service == root / "plugins" / DRIVER / f"dra-{agent.instance}.sock"
+    # Another agent of the driver (a rollout's other half) serves its own socket: it stays.
+    root.joinpath("plugins_registry").mkdir(parents=True)
+    other = live_socket(root / "plugins_registry" / f"{DRIVER}-other1.sock")
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.started.wait(), timeout=10)
+        assert registry.exists() and service.exists()
+        assert list(plugin_dir.iterdir()) == []  # never a device plugin
+        port = agent.http.port
+        assert await _get(port, "/healthz") == 200
+        assert await _get(port, "/readyz") == 503
+        await until(lambda: api.slices)
+        (slice_doc,) = api.slices.values()
+        assert slice_doc["metadata"]["name"] == f"{NODE}-{DRIVER}"
+        assert [d["name"] for d in slice_doc["spec"]["devices"]] == [
+            device_name(f"ttyUSB{i}") for i in range(3)
+        ]
+        applies = api.applies
+
+        async with grpc.aio.insecure_channel(f"unix://{registry}") as channel:
+            reg = pluginregistration_pb2_grpc.RegistrationStub(channel)
+            info = await reg.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=1)
+            assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == (
+                "DRAPlugin",
+                DRIVER,
+                str(service),
+                ["v1.DRAPlugin", "v1beta1.DRAPlugin"],
+            )
+            await reg.NotifyRegistrationStatus(
+                pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5
+            )
+        assert await _get(port, "/readyz") == 200
+        # A registration re-asserts the slices (the kubelet deletes them when it starts).
+        await until(lambda: api.applies > applies)
+
+        tty1, tty2 = device_name("ttyUSB1"), device_name("ttyUSB2")
+        api.claims["ns", "c1"] = _claim("uid-1", [tty1, tty2])
+        api.claims["ns", "c2"] = _claim("uid-2", ["nope"])
+        api.claims["ns", "c3"] = _claim("uid-other", [tty1])
+        async with grpc.aio.insecure_channel(f"unix://{service}") as channel:
+            v1 = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            request = dra_v1_pb2.NodePrepareResourcesRequest(
+                claims=[
+                    dra_v1_pb2.Claim(namespace="ns", uid="uid-1", name="c1"),
+                    dra_v1_pb2.Claim(namespace="ns", uid="uid-2", name="c2"),
+                    dra_v1_pb2.Claim(namespace="ns", uid="uid-3", name="c3"),
+                    dra_v1_pb2.Claim(namespace="ns", uid="uid-4", name="gone"),
+                ]
+            )
+            first = await v1.NodePrepareResources(request, timeout=45)
+            spec_path = cdi_dir / f"patchbay_{DRIVER}_uid-1.json"
+            written = spec_path.stat().st_mtime_ns
+            second = await v1.NodePrepareResources(request, timeout=45)
+            assert first == second
+            assert spec_path.stat().st_mtime_ns == written  # prepared twice: written once
+            ok = first.claims["uid-1"]
+            assert ok.error == ""
+            assert [
+                (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
+                for d in ok.devices
+            ] == [
+                (["serial"], NODE, tty1, [f"{DRIVER}/device=uid-1-{tty1}"]),
+                (["serial"], NODE, tty2, [f"{DRIVER}/device=uid-1-{tty2}"]),
+            ]
+            assert "'nope'" in first.claims["uid-2"].error
+            assert "replaced" in first.claims["uid-3"].error
+            assert "404" in first.claims["uid-4"].error
+            spec = json.loads(spec_path.read_text())
+            assert spec["kind"] == f"{DRIVER}/device"
+            assert [d["name"] for d in spec["devices"]] == [f"uid-1-{tty1}", f"uid-1-{tty2}"]
+            assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/ttyUSB1"
+            assert spec["containerEdits"]["env"] == ["MODE=raw", "SERIALS=ttyUSB1,ttyUSB2"]
+            assert sorted(p.name for p in cdi_dir.iterdir()) == [spec_path.name]
+
+            # The same handlers under v1beta1.
+            beta = dra_v1beta1_pb2_grpc.DRAPluginStub(channel)
+            b = await beta.NodePrepareResources(
+                dra_v1beta1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1beta1_pb2.Claim(namespace="ns", uid="uid-1", name="c1")]
+                ),
+                timeout=45,
+            )
+            assert [d.device_name for d in b.claims["uid-1"].devices] == [tty1, tty2]
+
+            # Unprepare: the file goes; the claim object is not needed; unknown claims are fine.
+            del api.claims["ns", "c1"]
+            un = await v1.NodeUnprepareResources(
+                dra_v1_pb2.NodeUnprepareResourcesRequest(
+                    claims=[
+                        dra_v1_pb2.Claim(namespace="ns", uid="uid-1", name="c1"),
+                        dra_v1_pb2.Claim(namespace="ns", uid="uid-9", name="never"),
+                    ]
+                ),
+                timeout=45,
+            )
+            assert {uid: r.error for uid, r in un.claims.items()} == {"uid-1": "", "uid-9": ""}
+            assert not spec_path.exists()
+
+            # A device that turns unhealthy cannot be prepared.
+            api.claims["ns", "c5"] = _claim("uid-5", [tty2])
+            hw.remove_dev("/dev/ttyUSB2")
+            await until(
+                lambda: (
+                    "ttyUSB2"
+                    not in {agent.inventory.current.replica_of[r] for r in agent.inventory.current.healthy}
+                ),
+                within=20,
+            )
+            sick = await v1.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace="ns", uid="uid-5", name="c5")]
+                ),
+                timeout=45,
+            )
+            assert "unhealthy" in sick.claims["uid-5"].error
+            await until(
+                lambda: any(
+                    d.get("taints")
+                    for s in api.slices.values()
+                    for d in s["spec"]["devices"]
+                    if d["name"] == tty2
+                )
+            )
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
+    assert not registry.exists() and not service.exists()
+    assert (root / "plugins_registry" / f"{DRIVER}-other1.sock").exists()
+    other.close()

@@ -1,0 +1,226 @@
+"""DRA mode's pure parts: device names, ResourceSlice documents, claim allocations and CDI specs."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from patchbay_agent.config import Allocation, Mount
+from patchbay_agent.discovery import PhysicalDevice
+from patchbay_agent.draclaims import ClaimError, allocated_devices, claim_spec_document, spec_file_name
+from patchbay_agent.draplugin import registry_socket_name, service_dir
+from patchbay_agent.draslices import (
+    MAX_DEVICES_PER_SLICE,
+    MAX_TAINTED_DEVICES_PER_SLICE,
+    SliceDevice,
+    device_name,
+    device_names,
+    is_dns_subdomain,
+    label_value,
+    slice_base_name,
+    slice_devices,
+    slice_documents,
+    with_generation,
+)
+from patchbay_agent.health import DeviceHealthTracker, DeviceStatus
+from patchbay_agent.inventory import Inventory
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DRIVER = "serial.patchbay.dev"
+
+
+def test_device_names_are_dns_labels_and_unique() -> None:
+    assert device_name("tty1") == "tty1"
+    assert device_name("usb-1-1.2").startswith("usb-1-1-2-")
+    names = {device_name(i) for i in ("ttyUSB0", "ttyusb0", "0000:3b:00.0", "0000-3b-00-0", "x" * 80)}
+    assert len(names) == 5
+    for name in names:
+        assert DNS_LABEL.fullmatch(name) and len(name) <= 63, name
+    assert device_name("ttyusb0") == "ttyusb0"  # already a label: kept as it is
+    assert device_name("ttyUSB0") != "ttyusb0"
+
+
+def test_slice_names_fit_the_api() -> None:
+    assert slice_base_name("node-1", DRIVER) == f"node-1-{DRIVER}"
+    long = slice_base_name("n" * 250, DRIVER)
+    assert len(long) <= 248 and is_dns_subdomain(long)
+    assert long != slice_base_name("n" * 249, DRIVER)
+
+
+def _devices(n: int, tainted: int = -1) -> list[SliceDevice]:
+    return [
+        SliceDevice(
+            f"d{i}", f"D{i}", {"patchbay.dev/id": {"string": f"D{i}"}}, "Vanished" if i == tainted else None
+        )
+        for i in range(n)
+    ]
+
+
+def test_one_slice_up_to_128_devices_then_chunks() -> None:
+    (only,) = slice_documents(DRIVER, "node-1", _devices(MAX_DEVICES_PER_SLICE), node_uid="uid-1")
+    assert only["metadata"] == {
+        "name": f"node-1-{DRIVER}",
+        "ownerReferences": [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": "node-1",
+                "uid": "uid-1",
+                "blockOwnerDeletion": False,
+                "controller": False,
+            }
+        ],
+    }
+    assert only["spec"]["pool"] == {"name": "node-1", "generation": 0, "resourceSliceCount": 1}
+    assert only["spec"]["driver"] == DRIVER and only["spec"]["nodeName"] == "node-1"
+    docs = slice_documents(DRIVER, "node-1", _devices(MAX_DEVICES_PER_SLICE + 1))
+    assert [d["metadata"]["name"] for d in docs] == [f"node-1-{DRIVER}-0", f"node-1-{DRIVER}-1"]
+    assert [len(d["spec"]["devices"]) for d in docs] == [128, 1]
+    assert {d["spec"]["pool"]["resourceSliceCount"] for d in docs} == {2}
+    assert "ownerReferences" not in docs[0]["metadata"]
+
+
+def test_a_tainted_pool_is_cut_into_64_device_slices() -> None:
+    docs = slice_documents(DRIVER, "node-1", _devices(100, tainted=70))
+    assert [len(d["spec"]["devices"]) for d in docs] == [MAX_TAINTED_DEVICES_PER_SLICE, 36]
+    tainted = [dev for d in docs for dev in d["spec"]["devices"] if "taints" in dev]
+    assert tainted == [
+        {
+            "name": "d70",
+            "attributes": {"patchbay.dev/id": {"string": "D70"}},
+            "taints": [{"key": "patchbay.dev/unhealthy", "value": "Vanished", "effect": "NoSchedule"}],
+        }
+    ]
+
+
+def test_no_device_is_one_empty_slice_and_generation_is_set_apart() -> None:
+    docs = slice_documents(DRIVER, "node-1", [])
+    assert len(docs) == 1 and docs[0]["spec"]["devices"] == []
+    (with_gen,) = with_generation(docs, 1234)
+    assert with_gen["spec"]["pool"]["generation"] == 1234
+    assert docs[0]["spec"]["pool"]["generation"] == 0  # not changed in place
+
+
+def test_label_values() -> None:
+    assert label_value("Vanished") == "Vanished"
+    assert label_value("no longer discovered (/dev/x)") == "no-longer-discovered---dev-x"
+    assert len(label_value("x" * 100)) == 63
+    assert label_value("((") == ""
+
+
+def test_slice_devices_carry_attributes_numa_and_health() -> None:
+    inv = Inventory(1, "rw")
+    tracker = DeviceHealthTracker(1, 1)
+    pci = PhysicalDevice(
+        "0000:3b:00.0",
+        ("/dev/vfio/vfio", "/dev/vfio/12"),
+        numa_nodes=(1,),
+        attributes=(("pciVendor", "10de"), ("pciAddress", "0000:3b:00.0"), ("bad-key", "x")),
+    )
+    tty = PhysicalDevice("ttyUSB0", ("/dev/ttyUSB0",))
+    from patchbay_agent.health import CheckResult
+
+    tracker.observe(
+        {pci.id: CheckResult(True), tty.id: CheckResult(False, "gone", definite=True, code="Vanished")}
+    )
+    inv.update([pci, tty], tracker)
+
+    def status(dev_id: str) -> DeviceStatus | None:
+        return tracker.status(dev_id)
+
+    devices = slice_devices(inv.current, status)
+    by_id = {d.physical_id: d for d in devices}
+    assert by_id[pci.id].attributes == {
+        "patchbay.dev/id": {"string": "0000:3b:00.0"},
+        "patchbay.dev/path": {"string": "/dev/vfio/vfio"},
+        "patchbay.dev/pciVendor": {"string": "10de"},
+        "patchbay.dev/pciAddress": {"string": "0000:3b:00.0"},
+        "resource.kubernetes.io/numaNode": {"int": 1},
+    }
+    assert by_id[pci.id].unhealthy is None
+    assert by_id[tty.id].unhealthy == "Vanished"
+    assert device_names(inv.current) == {device_name(pci.id): pci.id, device_name(tty.id): tty.id}
+
+
+def _claim(uid: str, results: list[dict[str, str]]) -> dict[str, Any]:
+    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
+
+
+def test_allocated_devices_take_our_driver_and_pool_only() -> None:
+    names = {"tty0": "ttyUSB0", "tty1": "ttyUSB1"}
+    claim = _claim(
+        "u1",
+        [
+            {"request": "a", "driver": DRIVER, "pool": "node-1", "device": "tty1"},
+            {"request": "b", "driver": "other.example.com", "pool": "node-1", "device": "tty0"},
+            {"request": "c", "driver": DRIVER, "pool": "node-2", "device": "tty0"},
+        ],
+    )
+    (only,) = allocated_devices(claim, "u1", DRIVER, "node-1", names)
+    assert (only.request, only.device_name, only.physical_id) == ("a", "tty1", "ttyUSB1")
+    with pytest.raises(ClaimError, match="not u2"):
+        allocated_devices(claim, "u2", DRIVER, "node-1", names)
+    with pytest.raises(ClaimError, match="not allocated"):
+        allocated_devices({"metadata": {"uid": "u1"}, "status": {}}, "u1", DRIVER, "node-1", names)
+    bad = _claim("u1", [{"request": "a", "driver": DRIVER, "pool": "node-1", "device": "nope"}])
+    with pytest.raises(ClaimError, match="'nope'"):
+        allocated_devices(bad, "u1", DRIVER, "node-1", names)
+
+
+def test_claim_spec_document() -> None:
+    from patchbay_agent.api import api_pb2
+
+    names = {"tty0": "ttyUSB0", "tok": "token-1"}
+    claim = _claim(
+        "u1",
+        [
+            {"request": "a", "driver": DRIVER, "pool": "n", "device": "tty0"},
+            {"request": "a", "driver": DRIVER, "pool": "n", "device": "tok"},
+        ],
+    )
+    devices = allocated_devices(claim, "u1", DRIVER, "n", names)
+    specs = {
+        "ttyUSB0": (
+            api_pb2.DeviceSpec(container_path="/dev/ttyUSB0", host_path="/h/dev/ttyUSB0", permissions="rw"),
+        )
+    }
+    allocation = Allocation(
+        devices_env_name="SERIALS", envs={"A": "1"}, mounts=(Mount("/opt/x", "/x", read_only=True),)
+    )
+    doc = claim_spec_document(DRIVER, "u1", devices, specs, allocation)
+    assert doc == {
+        "cdiVersion": "0.5.0",
+        "kind": f"{DRIVER}/device",
+        "devices": [
+            {
+                "name": "u1-tty0",
+                "containerEdits": {
+                    "deviceNodes": [
+                        {"path": "/dev/ttyUSB0", "hostPath": "/h/dev/ttyUSB0", "permissions": "rw"}
+                    ]
+                },
+            },
+            {"name": "u1-tok", "containerEdits": {"env": ["PATCHBAY_DEVICE_TOK=token-1"]}},
+        ],
+        "containerEdits": {
+            "env": ["A=1", "SERIALS=ttyUSB0,token-1"],
+            "mounts": [
+                {"hostPath": "/opt/x", "containerPath": "/x", "type": "bind", "options": ["rbind", "ro"]}
+            ],
+        },
+    }
+    assert spec_file_name(DRIVER, "u1") == f"patchbay_{DRIVER}_u1.json"
+
+
+def test_socket_names_fit_sockaddr_un(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    root = Path("/var/lib/kubelet")
+    assert registry_socket_name(DRIVER, "ab12", root / "plugins_registry") == f"{DRIVER}-ab12.sock"
+    assert service_dir(root, DRIVER) == root / "plugins" / DRIVER
+    long = "a" * 30 + "." + "b" * 32
+    name = registry_socket_name(long, "0123456789abcdef", root / "plugins_registry")
+    assert len(str(root / "plugins_registry" / name)) <= 107 and name.endswith("-0123456789abcdef.sock")
+    assert len(str(service_dir(root, long) / "dra-0123456789abcdef.sock")) <= 107

@@ -1,0 +1,264 @@
+"""DRA mode without a cluster: the agent DaemonSet as a DRA kubelet plugin, the DeviceClass, who
+wins a resource name per way of serving, the KEP-5004 overlap check and the DRA status (pure),
+and the controller applying and removing the DeviceClass through ``fakekube.FakeKube``."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from fakekube import FakeKube
+from support.clusters import kstatus
+
+from patchbay_operator import render
+from patchbay_operator.capacity import NodeState
+from patchbay_operator.config import Settings
+from patchbay_operator.controller import Controller
+from patchbay_operator.devicereports import Device, Report
+from patchbay_operator.kube import collection, ref_of
+from patchbay_operator.profiles import Profile, Registry
+from patchbay_operator.status import AgentDaemonSet, dra_status, served_twice
+
+R = "example.com/serial"
+KUBELET = "/tmp/node-1/kubelet"
+SETTINGS = Settings(
+    namespace="patchbay-test", agent_image="example.invalid/agent:1", kubelet_root_dir=KUBELET
+)
+
+
+def body(
+    name: str = "serial", mode: str = "DRA", created: str = "2026-01-01T00:00:00Z", **selector: str
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "generation": 1, "creationTimestamp": created},
+        "spec": {
+            "resourceName": R,
+            "mode": mode,
+            "nodeSelector": {"matchLabels": selector},
+            "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}},
+        },
+    }
+
+
+def prof(name: str = "serial", mode: str = "DRA", **kw: Any) -> Profile:
+    return Profile.from_body(body(name, mode, **kw))
+
+
+def container(ds: dict[str, Any]) -> dict[str, Any]:
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    return dict(c)
+
+
+def flags(ds: dict[str, Any]) -> dict[str, str]:
+    """The agent command's ``--flag value`` pairs."""
+    cmd = container(ds)["command"]
+    return {cmd[i]: cmd[i + 1] for i in range(1, len(cmd) - 1) if cmd[i].startswith("--")}
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def test_the_dra_agent_is_the_plugin_agent_with_the_kubelet_plugin_directories() -> None:
+    cm, ds, dc = render.agent_objects(prof(), SETTINGS)
+    plugin_cm, plugin_ds = render.agent_objects(prof(mode="DevicePlugin"), SETTINGS)
+    assert cm["data"] == plugin_cm["data"]  # the same agent config
+    args = flags(ds)
+    assert args["--dra-driver"] == "serial.patchbay.dev"
+    assert args["--kubelet-root-dir"] == KUBELET
+    assert args["--cdi-spec-dir"] == render.CDI_SPEC_MOUNT  # always: DRA hands over through CDI
+    assert "--device-plugin-dir" not in args
+    for flag in ("--profile", "--report-namespace", "--pod-name", "--pod-resources-socket", "--config"):
+        assert args[flag] == flags(plugin_ds)[flag]
+    pod = ds["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in container(ds)["volumeMounts"]}
+    host = {v["name"]: v.get("hostPath") for v in pod["volumes"]}
+    # The kubelet dials the endpoint the agent announces: container path == node path.
+    for name, path in (
+        ("plugins-registry", f"{KUBELET}/plugins_registry"),
+        ("kubelet-plugins", f"{KUBELET}/plugins"),
+    ):
+        assert mounts[name] == path
+        assert host[name] == {"path": path, "type": "DirectoryOrCreate"}
+    assert mounts["cdi-specs"] == "/var/run/cdi"
+    assert host["cdi-specs"] == {"path": SETTINGS.cdi_spec_dir, "type": "DirectoryOrCreate"}
+    assert host["pod-resources"]["path"] == f"{KUBELET}/pod-resources"
+    assert "device-plugins" not in mounts and "device-plugins" not in host
+    # Everything else is the DevicePlugin agent's: account, hardening, probe.
+    plugin_pod = plugin_ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == plugin_pod["serviceAccountName"]
+    assert container(ds)["securityContext"] == container(plugin_ds)["securityContext"]
+    assert container(ds)["readinessProbe"] == container(plugin_ds)["readinessProbe"]
+    assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == "dra-driver"
+    assert ds["spec"]["selector"] == plugin_ds["spec"]["selector"]  # the informer still sees it
+    assert dc["kind"] == "DeviceClass"
+
+
+def test_a_device_plugin_agent_has_no_dra_flag_or_mount() -> None:
+    objs = render.agent_objects(prof(mode="DevicePlugin"), SETTINGS)
+    assert [o["kind"] for o in objs] == ["ConfigMap", "DaemonSet"]
+    args = flags(objs[1])
+    assert "--dra-driver" not in args and "--cdi-spec-dir" not in args
+    names = {m["name"] for m in container(objs[1])["volumeMounts"]}
+    assert "device-plugins" in names and not names & {"plugins-registry", "kubelet-plugins"}
+
+
+def test_device_class_selects_the_driver_and_serves_the_extended_resource() -> None:
+    dc = render.device_class(prof())
+    assert dc["apiVersion"] == "resource.k8s.io/v1"
+    assert dc["metadata"]["name"] == "serial.patchbay.dev"
+    assert "namespace" not in dc["metadata"]  # cluster-scoped
+    assert dc["spec"] == {
+        "selectors": [{"cel": {"expression": 'device.driver == "serial.patchbay.dev"'}}],
+        "extendedResourceName": R,
+    }
+    (owner,) = dc["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "DevicePluginProfile",
+        "serial",
+        "uid-serial",
+        True,
+    )
+    assert ref_of(dc).path == "/apis/resource.k8s.io/v1/deviceclasses/serial.patchbay.dev"
+
+
+def test_collections_know_which_kinds_are_cluster_scoped() -> None:
+    assert collection("resource.k8s.io/v1", "DeviceClass") == "/apis/resource.k8s.io/v1/deviceclasses"
+    with pytest.raises(ValueError, match="cluster-scoped"):
+        collection("resource.k8s.io/v1", "DeviceClass", "ns")
+    with pytest.raises(ValueError, match="namespace is required"):
+        collection("apps/v1", "DaemonSet")
+
+
+# --- who serves a resource name ---------------------------------------------------------------
+
+
+def test_a_device_plugin_and_a_dra_profile_may_share_a_resource_name_two_dra_profiles_may_not() -> None:
+    plugin = prof("old-plugin", "DevicePlugin", created="2026-01-01T00:00:00Z")
+    dra = prof("new-dra", "DRA", created="2026-02-01T00:00:00Z")
+    later = prof("later-dra", "DRA", created="2026-03-01T00:00:00Z")
+    reg = Registry([plugin, dra, later])
+    assert reg.conflict(plugin) is None and reg.conflict(dra) is None
+    assert reg.conflict(later) == dra
+    assert reg.other_way(dra) == plugin and reg.other_way(plugin) == dra
+    assert reg.static_winners() == {}
+
+
+def nodestate(name: str, **labels: str) -> NodeState:
+    return NodeState.from_node({"metadata": {"name": name, "labels": labels}})
+
+
+def test_served_twice_names_the_nodes_both_profiles_select() -> None:
+    nodes = [nodestate("a", plugin="yes"), nodestate("b", plugin="yes", dra="yes"), nodestate("c", dra="yes")]
+    dra = prof("d", "DRA", dra="yes")
+    plugin = prof("p", "DevicePlugin", plugin="yes")
+    assert served_twice(dra, plugin, nodes) == ["b"]
+    assert served_twice(dra, None, nodes) == []
+    assert served_twice(dra, prof("d2", "DRA"), nodes) == []  # same way: a name conflict instead
+    everywhere = prof("p", "DevicePlugin")
+    assert served_twice(dra, everywhere, nodes) == ["b", "c"]
+    going = Profile.from_body(
+        {**body("p", "DevicePlugin"), "metadata": {"name": "p", "deletionTimestamp": "2026-01-02T00:00:00Z"}}
+    )
+    assert served_twice(dra, going, nodes) == []
+
+
+# --- status -----------------------------------------------------------------------------------
+
+DS_OK = AgentDaemonSet(
+    "serial",
+    generation=1,
+    status={
+        "observedGeneration": 1,
+        "desiredNumberScheduled": 2,
+        "numberAvailable": 2,
+        "updatedNumberScheduled": 2,
+    },
+)
+
+
+def report(node: str, *devices: Device) -> Report:
+    return Report(f"serial.{node}", "serial", node, devices)
+
+
+def cond(st: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in st["conditions"] if c["type"] == type_)
+
+
+def test_dra_devices_come_from_the_reports_and_nothing_waits_for_node_capacity() -> None:
+    nodes = [nodestate("a"), nodestate("b")]  # DRA devices never appear in node capacity
+    reports = [
+        report("a", Device("ttyUSB0", True, holders=("ns/pod/c",)), Device("ttyUSB1", True)),
+        report("b", Device("ttyUSB0", False, "Vanished", "gone")),
+    ]
+    st = dra_status(prof(), DS_OK, nodes, {}, "T", reports=reports)
+    assert st["devices"] == {"capacity": 3, "allocatable": 2, "healthy": 2, "unhealthy": 1, "allocated": 1}
+    assert st["devicesAllocatable"] == "2/3" and st["nodesReady"] == "2/2"
+    assert cond(st, "Ready")["status"] == "True"
+    assert cond(st, "Reconciling")["status"] == "False"  # no WaitingForKubelet in DRA mode
+    assert cond(st, "Degraded")["reason"] == "DevicesUnhealthy"
+    assert [(p["node"], p.get("device"), p["reason"]) for p in st["problems"]] == [
+        ("b", "ttyUSB0", "Vanished")
+    ]
+    assert kstatus({"metadata": {"generation": 1}, "status": st}) == "Current"
+
+
+def test_a_node_without_a_report_is_a_transient_no_devices_problem() -> None:
+    st = dra_status(prof(), DS_OK, [nodestate("a")], {}, "T")
+    assert st["devices"]["capacity"] == 0
+    (p,) = st["problems"]
+    assert (p["node"], p["reason"]) == ("a", "NoDevices") and "no DeviceReport" in p["message"]
+
+
+def test_a_resource_served_twice_is_degraded_and_names_the_nodes() -> None:
+    nodes = [nodestate("a"), nodestate("b")]
+    reports = [report("a", Device("d0", True)), report("b", Device("d0", True))]
+    st = dra_status(prof(), DS_OK, nodes, {}, "T", reports=reports, twin="serial-plugin", twice=["b"])
+    degraded = cond(st, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ResourceServedTwice")
+    assert "serial-plugin" in degraded["message"] and "b" in degraded["message"]
+    assert [(p["node"], p["reason"]) for p in st["problems"]] == [("b", "ResourceServedTwice")]
+    assert cond(st, "Ready")["status"] == "True"  # the agents work; the overlap is the user's to fix
+
+
+# --- the controller ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def ctl() -> Any:
+    kube = FakeKube()
+    kube.add_node("n0", {"pool": "a"})
+    c = Controller(SETTINGS, kube)  # type: ignore[arg-type]
+    await c.start()
+    try:
+        yield c, kube
+    finally:
+        await c.stop()
+
+
+DC_PATH = "/apis/resource.k8s.io/v1/deviceclasses/serial.patchbay.dev"
+
+
+async def test_a_dra_profile_gets_its_device_class_and_loses_it_leaving_dra(ctl: Any) -> None:
+    c, kube = ctl
+    await c.reconcile(body())
+    assert [o["kind"] for o in kube.applied] == ["ConfigMap", "DaemonSet", "DeviceClass"]
+    assert DC_PATH in kube.objects
+    plugin = copy.deepcopy(body(mode="DevicePlugin"))
+    await c.reconcile(plugin)
+    assert DC_PATH not in kube.objects
+    assert "/apis/apps/v1/namespaces/patchbay-test/daemonsets/patchbay-serial" in kube.objects
+
+
+async def test_a_device_class_the_profile_does_not_control_is_left_alone(ctl: Any) -> None:
+    c, kube = ctl
+    theirs = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "serial.patchbay.dev"},
+        "spec": {},
+    }
+    kube.apply(theirs)
+    await c.reconcile(body(mode="DevicePlugin"))
+    await c.delete(body(mode="DevicePlugin"))
+    assert DC_PATH in kube.objects
