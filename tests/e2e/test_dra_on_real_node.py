@@ -8,7 +8,9 @@ the real scheduler allocates claims against it and the real kubelet has the agen
   device's node and the env naming it;
 - an unchanged pod that asks `limits: {<resourceName>: 1}` is served by DRA through the
   DeviceClass's extendedResourceName;
-- a pod's claim is unprepared when the pod goes: its CDI spec file is removed.
+- a pod's claim is unprepared when the pod goes: its CDI spec file is removed;
+- a prepared claim outlives a new agent pod and a kubelet crash;
+- a vanished device is tainted in the ResourceSlice, so a claim for it waits until it is back.
 """
 
 from __future__ import annotations
@@ -178,6 +180,142 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
         with contextlib.suppress(client.ApiException):
             custom.delete_namespaced_custom_object(
                 RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaimtemplates", "one-serial"
+            )
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-dra": None})
+
+
+def claim_template(
+    custom: client.CustomObjectsApi, namespace: str, name: str, driver: str, device_id: str
+) -> None:
+    """A ResourceClaimTemplate asking for the one device whose `patchbay.dev/id` is ``device_id``."""
+    by_id = f'device.attributes["patchbay.dev"].id == "{device_id}"'
+    request = {
+        "name": "serial",
+        "exactly": {"deviceClassName": driver, "selectors": [{"cel": {"expression": by_id}}]},
+    }
+    custom.create_namespaced_custom_object(
+        RESOURCE_GROUP,
+        RESOURCE_VERSION,
+        namespace,
+        "resourceclaimtemplates",
+        {
+            "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [request]}}},
+        },
+    )
+
+
+def claim_pod(name: str, node: str, template: str, fake_dev: Path) -> dict[str, Any]:
+    pod = busybox_pod(name, node, f"echo SERIALS=$SERIALS; ls {fake_dev}; sleep 3600")
+    pod["spec"]["resourceClaims"] = [{"name": "serial", "resourceClaimTemplateName": template}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "serial"}]}
+    return pod
+
+
+def unschedulable(core: client.CoreV1Api, ns: str, name: str) -> str | None:
+    pod = core.read_namespaced_pod(name, ns)
+    for c in pod.status.conditions or []:
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+            return str(c.message)
+    return None
+
+
+def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_tainted(
+    patchbay: Installed,
+    cluster: Cluster,
+    e2e_cluster: DevCluster,
+    real_node: str,
+    namespace: str,
+    fake_dev: Path,
+) -> None:
+    """A prepared claim outlives a new agent pod and a kubelet crash (the claim's CDI file is the
+    agent's only state): its pod keeps running, the slices are published again (the kubelet wipes
+    them when it starts), and the NEW agent unprepares the claim when the pod goes. A device that
+    vanishes is tainted in the ResourceSlice, so a claim for it stays unschedulable until it is
+    back."""
+    name, resource, driver = dra_profile(cluster, fake_dev, real_node)
+    core, custom = cluster.core, cluster.custom
+    cdi_dir = e2e_cluster.real_node().paths.cdi_spec_dir
+    pods = ("dra-held", "dra-wants-gone")
+    try:
+        (agent,) = wait_for("the DRA agent pod Ready (registered)", lambda: patchbay.ready_agents(name), 120)
+        devices = wait_for(
+            "the node's devices in a ResourceSlice",
+            lambda: (d := slice_devices(cluster, driver, real_node)) and len(d) == DEVICES and d,
+            60,
+        )
+        ids = {d["attributes"]["patchbay.dev/id"]["string"]: n for n, d in devices.items()}
+        core.create_namespaced_pod(
+            namespace,
+            limits(busybox_pod("dra-held", real_node, "echo SERIALS=$SERIALS; sleep 3600"), resource, 1),
+        )
+        logs = wait_for("the pod running", lambda: pod_log(core, namespace, "dra-held", "SERIALS="), 120)
+        (held,) = logs.splitlines()[0].removeprefix("SERIALS=").split(",")
+        assert held in ids, logs
+        assert len(list(cdi_dir.glob(f"patchbay_{driver}_*.json"))) == 1
+
+        def still_running() -> None:
+            pod = core.read_namespaced_pod("dra-held", namespace)
+            assert pod.status.phase == "Running"
+            assert pod.status.container_statuses[0].restart_count == 0
+
+        # 1. A new agent pod (the old one deleted, as a rollout or an eviction would).
+        core.delete_namespaced_pod(agent.metadata.name, agent.metadata.namespace, grace_period_seconds=5)
+        wait_for(
+            "a new agent pod Ready",
+            lambda: [p for p in patchbay.ready_agents(name) if p.metadata.uid != agent.metadata.uid],
+            120,
+        )
+        still_running()
+
+        # 2. The kubelet crashes and comes back: it wipes the node's slices; the agent registers
+        # again and publishes them again; the pod is untouched.
+        e2e_cluster.stop_kubelet()
+        e2e_cluster.start_kubelet()
+        e2e_cluster.wait_real_node_ready(120)
+        wait_for("the slices back", lambda: len(slice_devices(cluster, driver, real_node)) == DEVICES, 120)
+        wait_for("the agent Ready again", lambda: patchbay.ready_agents(name), 120)
+        still_running()
+
+        # 3. The pod goes: the agent of now unprepares the claim an earlier one prepared.
+        core.delete_namespaced_pod("dra-held", namespace, grace_period_seconds=0)
+        wait_for(
+            "the claim's CDI spec removed", lambda: not list(cdi_dir.glob(f"patchbay_{driver}_*.json")), 90
+        )
+
+        # 4. A device vanishes: tainted, so a claim for it cannot be allocated; back: it can.
+        (gone_id,) = [i for i in ids if i.endswith("ttyDRA1")]
+        (fake_dev / "ttyDRA1").unlink()
+
+        def tainted() -> list[dict[str, Any]] | None:
+            dev = slice_devices(cluster, driver, real_node).get(ids[gone_id]) or {}
+            return [t for t in dev.get("taints") or [] if t["key"] == "patchbay.dev/unhealthy"] or None
+
+        (taint,) = wait_for("the vanished device tainted", tainted, 60)
+        assert taint["effect"] == "NoSchedule"
+        claim_template(custom, namespace, "the-gone-one", driver, gone_id)
+        core.create_namespaced_pod(
+            namespace, claim_pod("dra-wants-gone", real_node, "the-gone-one", fake_dev)
+        )
+        wait_for(
+            "the claim for it unschedulable", lambda: unschedulable(core, namespace, "dra-wants-gone"), 60
+        )
+        add_fake_device(fake_dev, "ttyDRA1")
+        wait_for("the taint gone", lambda: tainted() is None, 60)
+        logs = wait_for(
+            "the claim allocated now", lambda: pod_log(core, namespace, "dra-wants-gone", "SERIALS="), 120
+        )
+        assert logs.splitlines()[0] == f"SERIALS={gone_id}", logs
+    finally:
+        for p in pods:
+            with contextlib.suppress(client.ApiException):
+                core.delete_namespaced_pod(p, namespace, grace_period_seconds=0)
+        with contextlib.suppress(client.ApiException):
+            custom.delete_namespaced_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaimtemplates", "the-gone-one"
             )
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {"patchbay.dev/e2e-dra": None})
