@@ -6,15 +6,19 @@ in the same run:
 
 - NodePrepareResources on the agent pod's DRA socket, called as the kubelet calls it, for
   ``--claims`` claims that this script created and allocated (status written as the scheduler
-  would), p50/p99; baseline: a bare GET of the same claim from this process (the one API call
-  prepare cannot avoid), p50/p99. Then NodeUnprepareResources for each.
+  would), p50/p99; baseline: the Go peer below doing the same work, and a bare GET of a claim
+  from this process (the one API call prepare cannot avoid). Then NodeUnprepareResources.
 - a device file removed on the node -> the taint on its ResourceSlice device visible in the API,
   median of ``--runs``; baseline: the same agent's DeviceReport calling the device unhealthy (the
   same detection, the other write path).
 - the DRA agent pod's process RSS / PSS (reports on), beside the DevicePlugin agent's figure in
   docs/benchmarks.md.
 
-Not here: the side-by-side Go peer built from k8s.io/dynamic-resource-allocation/kubeletplugin.
+The side-by-side Go peer (bench/drapeer, built by its build.sh from the upstream helper library
+k8s.io/dynamic-resource-allocation/kubeletplugin at the pinned release) does the same prepare
+work as a process on the node: its helper GETs the claim (admin kubeconfig, over loopback; the
+agent pod goes through the pod-network relay), it writes one CDI spec per claim; it is not
+registered with the kubelet, and this script calls both sockets the same way.
 
 Run (root; one real node per machine, so no demo cluster at the same time):
     PATCHBAY_KUBE_BIN=$(hack/kube-binaries.sh --print-bin-dir) .venv/bin/python bench/dra_path.py
@@ -24,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
-import sys
+import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,7 @@ RG, RV = "resource.k8s.io", "v1"
 FAKE_DEV = Path("/dev/patchbay-bench-dra")
 DEVICES = 4
 NAMESPACE = "default"
+PEER_DRIVER = "peer.patchbay.dev"
 
 
 def wait(check: Callable[[], Any], timeout: float = 180, every: float = 0.02) -> Any:
@@ -84,8 +90,9 @@ class Bench:
             for d in s["spec"].get("devices", [])
         }
 
-    def allocated_claim(self, name: str, device: str) -> str:
-        """A claim for one device of our class, allocated to ``device`` (as the scheduler would)."""
+    def allocated_claim(self, name: str, driver: str, device: str) -> str:
+        """A claim for one device of ``driver``'s pool on the node, allocated to ``device`` (as the
+        scheduler would)."""
         body = {
             "apiVersion": f"{RG}/{RV}",
             "kind": "ResourceClaim",
@@ -95,7 +102,7 @@ class Bench:
             },
         }
         obj = self.custom.create_namespaced_custom_object(RG, RV, NAMESPACE, "resourceclaims", body)
-        result = {"request": "serial", "driver": self.driver, "pool": NODE_NAME, "device": device}
+        result = {"request": "serial", "driver": driver, "pool": NODE_NAME, "device": device}
         self.custom.patch_namespaced_custom_object_status(
             RG,
             RV,
@@ -113,10 +120,14 @@ class Bench:
             raise SystemExit(f"bench: expected one DRA service socket under {root}, found {socks}")
         return socks[0]
 
-    def prepare_figures(self, claims: int) -> tuple[list[float], list[float], list[float]]:
-        devices = sorted(self.slice_devices())
-        made = [(f"bench-claim-{i}", devices[i % len(devices)]) for i in range(claims)]
-        uids = {name: self.allocated_claim(name, dev) for name, dev in made}
+    def prepare_figures(
+        self, tag: str, driver: str, socket: Path, devices: list[str], claims: int
+    ) -> tuple[list[float], list[float], list[float]]:
+        """NodePrepareResources and NodeUnprepareResources on ``socket`` for ``claims`` fresh
+        claims of ``driver`` (one call per claim, as the kubelet makes one per pod), and a GET of
+        each claim from this process."""
+        made = [(f"bench-{tag}-{i}", devices[i % len(devices)]) for i in range(claims)]
+        uids = {name: self.allocated_claim(name, driver, dev) for name, dev in made}
 
         get: list[float] = []
         for name, _ in made:
@@ -127,7 +138,7 @@ class Bench:
         async def calls() -> tuple[list[float], list[float]]:
             prep: list[float] = []
             unprep: list[float] = []
-            async with grpc.aio.insecure_channel(f"unix://{self.service_socket()}") as ch:
+            async with grpc.aio.insecure_channel(f"unix://{socket}") as ch:
                 stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
                 for name, _ in made:
                     claim = dra_v1_pb2.Claim(namespace=NAMESPACE, uid=uids[name], name=name)
@@ -138,7 +149,7 @@ class Bench:
                     prep.append(time.perf_counter() - t0)
                     answer = resp.claims[uids[name]]
                     if answer.error or len(answer.devices) != 1:
-                        raise SystemExit(f"bench: prepare of {name} failed: {answer}")
+                        raise SystemExit(f"bench: prepare of {name} on {socket} failed: {answer}")
                 for name, _ in made:
                     claim = dra_v1_pb2.Claim(namespace=NAMESPACE, uid=uids[name], name=name)
                     t0 = time.perf_counter()
@@ -152,6 +163,48 @@ class Bench:
         for name, _ in made:
             self.custom.delete_namespaced_custom_object(RG, RV, NAMESPACE, "resourceclaims", name)
         return prep, unprep, get
+
+    @contextlib.contextmanager
+    def go_peer(self, tmp: Path) -> Iterator[Path]:
+        """bench/drapeer (the upstream kubeletplugin helper) as a process on the node, with the
+        admin kubeconfig; never registered with the kubelet. Yields its DRA socket."""
+        binary = subprocess.run(
+            [str(find_repo() / "bench" / "drapeer" / "build.sh")], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        proc = subprocess.Popen(
+            [
+                binary,
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                "--driver",
+                PEER_DRIVER,
+                "--node",
+                NODE_NAME,
+                "--dir",
+                str(tmp / "peer"),
+                "--cdi-dir",
+                str(tmp / "peer-cdi"),
+                "--dev-dir",
+                str(FAKE_DEV),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            socket = Path(proc.stdout.readline().strip())
+            if not socket.name:
+                raise SystemExit("bench: the Go peer did not start")
+            yield socket
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
 
     def vanish_to_taint(self, profile: str, device: Path) -> dict[str, float]:
         name_of = {d["attributes"]["patchbay.dev/id"]["string"]: n for n, d in self.slice_devices().items()}
@@ -250,12 +303,19 @@ def main() -> None:
             rss, pss = b.agent_memory(profile)
             print(f"\n== The DRA agent pod (reports on) ==\nprocess RSS {rss:.1f} MiB, PSS {pss:.1f} MiB")
 
-            print(f"\n== NodePrepareResources on the agent's socket, {args.claims} claims ==")
-            prep, unprep, get = b.prepare_figures(args.claims)
-            print(f"NodePrepareResources (GET claim + CDI spec)   {ms(prep)}")
-            print(f"baseline: GET of the claim from this process  {ms(get)}")
-            print(f"ratio at p50: {pct(prep, 0.5) / pct(get, 0.5):.1f}")
-            print(f"NodeUnprepareResources (delete the spec)      {ms(unprep)}")
+            print(f"\n== NodePrepareResources, one claim per call, {args.claims} claims ==")
+            names = sorted(b.slice_devices())
+            prep, unprep, get = b.prepare_figures("agent", driver, b.service_socket(), names, args.claims)
+            with b.go_peer(Path(tmp)) as peer_socket:
+                files = sorted(p.name for p in FAKE_DEV.iterdir())
+                gprep, gunprep, gget = b.prepare_figures("peer", PEER_DRIVER, peer_socket, files, args.claims)
+            print(f"Patchbay agent pod: prepare (GET + CDI spec)  {ms(prep)}")
+            print(f"Go peer (kubeletplugin), same work            {ms(gprep)}")
+            p50, p99 = (pct(prep, q) / pct(gprep, q) for q in (0.5, 0.99))
+            print(f"ratio agent / Go peer: p50 {p50:.2f}, p99 {p99:.2f}")
+            print(f"a GET of the claim from this process          {ms(get + gget)}")
+            print(f"Patchbay agent pod: unprepare                 {ms(unprep)}")
+            print(f"Go peer: unprepare                            {ms(gunprep)}")
 
             print(f"\n== A device vanishes -> its taint in the API (median of {args.runs}) ==")
             runs = [b.vanish_to_taint(profile, FAKE_DEV / "ttyD1") for _ in range(args.runs)]
@@ -271,4 +331,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

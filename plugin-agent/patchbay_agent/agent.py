@@ -162,6 +162,7 @@ class Agent:
 
     def _set_up_dra(self, dra: DraOptions, client: DraClient | None) -> None:
         # Imported only here: a device-plugin agent never loads the DRA stubs.
+        from patchbay_agent.drahealth import DraHealthServicer, HealthReports
         from patchbay_agent.draplugin import ClaimPreparer, DraPlugin, service_dir, service_socket_name
         from patchbay_agent.draplugin import registry_socket_name as reg_name
         from patchbay_agent.drapublisher import SlicePublisher
@@ -195,6 +196,9 @@ class Agent:
             self.metrics,
             poll_interval=self.options.poll_interval,
             backoff=Backoff(self.options.backoff_initial, self.options.backoff_max),
+            health=DraHealthServicer(
+                HealthReports(self.options.node_name, self.inventory, self.monitor.tracker.status)
+            ),
         )
         check_path(plugin.registry_socket)
         check_path(plugin.service_socket)

@@ -50,3 +50,6 @@ DEFAULT_KUBELET_ROOT_DIR = "/var/lib/kubelet"
 #: The plugin type a DRA driver's GetInfo names, and the DRA services the agent serves, best first.
 DRA_PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+#: The optional device health service (docs/dra.md#health-to-the-kubelet): listed in GetInfo's
+#: supported_versions after the DRA services, served on the same socket.
+DRA_HEALTH_SERVICE = "v1.DRAResourceHealth"

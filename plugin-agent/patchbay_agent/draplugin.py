@@ -9,7 +9,8 @@ and refuses a second registration of the same endpoint):
 
 * `<root>/plugins_registry/<driver>-<instance>.sock`: `pluginregistration.Registration`;
 * `<root>/plugins/<driver>/dra-<instance>.sock`: `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and
-  the same handlers under `...v1beta1.DRAPlugin`.
+  the same handlers under `...v1beta1.DRAPlugin`, and `v1.DRAResourceHealth` (`drahealth.py`),
+  which GetInfo then lists in supported_versions.
 
 The DRA socket is served first, so the endpoint answers by the time the kubelet learns it. Ready
 means the kubelet said `plugin_registered=true`. A socket file that disappears (someone wiped
@@ -40,6 +41,7 @@ from typing import Any, Protocol
 import grpc
 
 from patchbay_agent.api import (
+    dra_health_v1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -49,7 +51,7 @@ from patchbay_agent.api import (
 )
 from patchbay_agent.cdi import write_spec
 from patchbay_agent.config import Allocation
-from patchbay_agent.constants import DRA_PLUGIN_TYPE, DRA_SERVICES
+from patchbay_agent.constants import DRA_HEALTH_SERVICE, DRA_PLUGIN_TYPE, DRA_SERVICES
 from patchbay_agent.draclaims import (
     ClaimError,
     allocated_devices,
@@ -57,6 +59,7 @@ from patchbay_agent.draclaims import (
     claim_spec_document,
     spec_file_name,
 )
+from patchbay_agent.drahealth import DraHealthServicer
 from patchbay_agent.drapublisher import SliceClient
 from patchbay_agent.draslices import device_names
 from patchbay_agent.inventory import Inventory, Snapshot
@@ -340,11 +343,16 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
     """`pluginregistration.Registration`: who we are, and the kubelet's verdict."""
 
     def __init__(
-        self, driver: str, endpoint: Callable[[], Path], on_status: Callable[[bool, str], None]
+        self,
+        driver: str,
+        endpoint: Callable[[], Path],
+        on_status: Callable[[bool, str], None],
+        services: Sequence[str] = DRA_SERVICES,
     ) -> None:
         self._driver = driver
         self._endpoint = endpoint
         self._on_status = on_status
+        self._services = list(services)
 
     async def GetInfo(  # noqa: N802 - the gRPC method name
         self, request: pluginregistration_pb2.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -353,7 +361,7 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
             type=DRA_PLUGIN_TYPE,
             name=self._driver,
             endpoint=str(self._endpoint()),
-            supported_versions=list(DRA_SERVICES),
+            supported_versions=self._services,
         )
 
     async def NotifyRegistrationStatus(  # noqa: N802 - the gRPC method name
@@ -421,6 +429,7 @@ class DraPlugin:
         *,
         poll_interval: float = 10.0,
         backoff: Backoff | None = None,
+        health: DraHealthServicer | None = None,
     ) -> None:
         self.driver = driver
         self.instance = instance
@@ -435,13 +444,18 @@ class DraPlugin:
         #: called after every `plugin_registered=true` (the slices are re-asserted: the kubelet
         #: deletes a driver's slices when it starts and when the driver was gone for a while)
         self.on_registered: Callable[[], None] | None = None
-        registration = RegistrationServicer(driver, lambda: self.service_socket, self._on_status)
+        #: `v1.DRAResourceHealth`, served (and advertised) when given
+        self.health = health
+        services = (*DRA_SERVICES, DRA_HEALTH_SERVICE) if health is not None else DRA_SERVICES
+        registration = RegistrationServicer(driver, lambda: self.service_socket, self._on_status, services)
 
         def add_service(server: grpc.aio.Server) -> None:
             dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1Servicer(preparer, metrics), server)  # type: ignore[no-untyped-call]
             dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
                 DraV1beta1Servicer(preparer, metrics), server
             )  # type: ignore[no-untyped-call]
+            if health is not None:
+                dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health, server)  # type: ignore[no-untyped-call]
 
         def add_registration(server: grpc.aio.Server) -> None:
             pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(registration, server)  # type: ignore[no-untyped-call]

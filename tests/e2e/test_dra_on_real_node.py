@@ -16,6 +16,7 @@ the real scheduler allocates claims against it and the real kubelet has the agen
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -186,14 +187,15 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
 
 
 def claim_template(
-    custom: client.CustomObjectsApi, namespace: str, name: str, driver: str, device_id: str
+    custom: client.CustomObjectsApi, namespace: str, name: str, driver: str, device_id: str | None = None
 ) -> None:
-    """A ResourceClaimTemplate asking for the one device whose `patchbay.dev/id` is ``device_id``."""
-    by_id = f'device.attributes["patchbay.dev"].id == "{device_id}"'
-    request = {
-        "name": "serial",
-        "exactly": {"deviceClassName": driver, "selectors": [{"cel": {"expression": by_id}}]},
-    }
+    """A ResourceClaimTemplate asking for one device of the class: the one whose `patchbay.dev/id`
+    is ``device_id``, or any."""
+    exactly: dict[str, Any] = {"deviceClassName": driver}
+    if device_id is not None:
+        by_id = f'device.attributes["patchbay.dev"].id == "{device_id}"'
+        exactly["selectors"] = [{"cel": {"expression": by_id}}]
+    request = {"name": "serial", "exactly": exactly}
     custom.create_namespaced_custom_object(
         RESOURCE_GROUP,
         RESOURCE_VERSION,
@@ -236,7 +238,7 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
     them when it starts), and the NEW agent unprepares the claim when the pod goes. A device that
     vanishes is tainted in the ResourceSlice, so a claim for it stays unschedulable until it is
     back."""
-    name, resource, driver = dra_profile(cluster, fake_dev, real_node)
+    name, _resource, driver = dra_profile(cluster, fake_dev, real_node)
     core, custom = cluster.core, cluster.custom
     cdi_dir = e2e_cluster.real_node().paths.cdi_spec_dir
     pods = ("dra-held", "dra-wants-gone")
@@ -248,10 +250,10 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
             60,
         )
         ids = {d["attributes"]["patchbay.dev/id"]["string"]: n for n, d in devices.items()}
-        core.create_namespaced_pod(
-            namespace,
-            limits(busybox_pod("dra-held", real_node, "echo SERIALS=$SERIALS; sleep 3600"), resource, 1),
-        )
+        # Held through a claim of its own: the kubelet reports device health in pod status only
+        # for containers' resources.claims (not for extended resources served by DRA).
+        claim_template(custom, namespace, "any-serial", driver)
+        core.create_namespaced_pod(namespace, claim_pod("dra-held", real_node, "any-serial", fake_dev))
         logs = wait_for("the pod running", lambda: pod_log(core, namespace, "dra-held", "SERIALS="), 120)
         (held,) = logs.splitlines()[0].removeprefix("SERIALS=").split(",")
         assert held in ids, logs
@@ -278,6 +280,30 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
         e2e_cluster.wait_real_node_ready(120)
         wait_for("the slices back", lambda: len(slice_devices(cluster, driver, real_node)) == DEVICES, 120)
         wait_for("the agent Ready again", lambda: patchbay.ready_agents(name), 120)
+        still_running()
+
+        # The held device vanishes: the kubelet learns it from the agent's health stream
+        # (DRAResourceHealth) and the pod's status says so; back, Healthy again.
+        held_name = ids[held]
+
+        def pod_health() -> set[str]:
+            pod = core.read_namespaced_pod("dra-held", namespace)
+            raw = cluster.api.sanitize_for_serialization(pod)
+            return {
+                r.get("health", "")
+                for cs in raw["status"].get("containerStatuses") or []
+                for s in cs.get("allocatedResourcesStatus") or []
+                for r in s.get("resources") or []
+                if str(r.get("resourceID", "")).endswith(held_name)
+            }
+
+        wait_for("the pod's status showing its device Healthy", lambda: pod_health() == {"Healthy"}, 60)
+        held_file = fake_dev / held.rsplit("_", 1)[-1]
+        rdev = held_file.stat().st_rdev
+        held_file.unlink()
+        wait_for("the pod's status showing its device Unhealthy", lambda: pod_health() == {"Unhealthy"}, 60)
+        os.mknod(held_file, 0o666 | 0o020000, rdev)
+        wait_for("Healthy again", lambda: pod_health() == {"Healthy"}, 60)
         still_running()
 
         # 3. The pod goes: the agent of now unprepares the claim an earlier one prepared.
@@ -314,8 +340,9 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
             with contextlib.suppress(client.ApiException):
                 core.delete_namespaced_pod(p, namespace, grace_period_seconds=0)
         with contextlib.suppress(client.ApiException):
-            custom.delete_namespaced_custom_object(
-                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaimtemplates", "the-gone-one"
-            )
+            for template in ("the-gone-one", "any-serial"):
+                custom.delete_namespaced_custom_object(
+                    RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaimtemplates", template
+                )
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {"patchbay.dev/e2e-dra": None})

@@ -9,7 +9,9 @@ Checked: GetInfo over the registration socket names the driver, the service sock
 services; NotifyRegistrationStatus(true) makes /readyz ready and re-asserts the slices;
 NodePrepareResources over v1 and v1beta1 answers CDI IDs and writes one spec per claim, twice the
 same; errors are per claim; NodeUnprepareResources deletes the file, also for an unknown claim;
-stopping removes only our two sockets; no device-plugin socket is ever served.
+stopping removes only our two sockets; no device-plugin socket is ever served. The health stream
+(`v1.DRAResourceHealth`) on the service socket sends the whole list, all healthy, then the removed
+device unhealthy, and ends with OK when the agent stops.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from support.fakehw import FakeHardware, live_socket
 
 from patchbay_agent.agent import Agent, AgentOptions, DraOptions
 from patchbay_agent.api import (
+    dra_health_v1_pb2,
+    dra_health_v1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -143,7 +147,7 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
                 "DRAPlugin",
                 DRIVER,
                 str(service),
-                ["v1.DRAPlugin", "v1beta1.DRAPlugin"],
+                ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"],
             )
             await reg.NotifyRegistrationStatus(
                 pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5
@@ -246,3 +250,75 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
     assert not registry.exists() and not service.exists()
     assert (root / "plugins_registry" / f"{DRIVER}-other1.sock").exists()
     other.close()
+
+
+def _health(message: dra_health_v1_pb2.NodeWatchResourcesResponse) -> dict[tuple[str, str], str]:
+    return {
+        (d.device.pool_name, d.device.device_name): dra_health_v1_pb2.HealthStatus.Name(d.health)
+        for d in message.devices
+    }
+
+
+async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: FakeHardware) -> None:
+    for i in range(3):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    plugin_dir = short_dir / "dp"
+    plugin_dir.mkdir()
+    agent = Agent(
+        make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}),
+        AgentOptions(
+            node_name=NODE,
+            plugin_dir=plugin_dir,
+            host_root=hw.root,
+            shutdown_grace=1.0,
+            cdi_spec_dir=short_dir / "cdi",
+            dra=DraOptions(DRIVER, short_dir / "k"),
+        ),
+        dra_client=InMemoryApi(),
+    )
+    assert agent.dra is not None and agent.dra.health is not None
+    names = [device_name(f"ttyUSB{i}") for i in range(3)]
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.started.wait(), timeout=10)
+        # As the kubelet does: one connection to the endpoint GetInfo names, one stream on it.
+        async with (
+            grpc.aio.insecure_channel(f"unix://{agent.dra.service_socket}") as channel,
+            grpc.aio.insecure_channel(f"unix://{agent.dra.service_socket}") as other,
+        ):
+            call = dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+                dra_health_v1_pb2.NodeWatchResourcesRequest()
+            )
+            first = await call.read()
+            assert _health(first) == {(NODE, n): "HEALTHY" for n in names}
+            assert {d.health_check_timeout_seconds for d in first.devices} == {30}
+            # A second kubelet connection gets its own stream and the same list.
+            second = dra_health_v1_pb2_grpc.DRAResourceHealthStub(other).NodeWatchResources(
+                dra_health_v1_pb2.NodeWatchResourcesRequest()
+            )
+            assert _health(await second.read()) == _health(first)
+            assert agent.dra.health.streams == 2
+            second.cancel()
+
+            hw.remove_dev("/dev/ttyUSB1")
+            message = await call.read()
+            while _health(message) == _health(first):  # a heartbeat came first: the same list again
+                message = await call.read()
+            assert _health(message) == {
+                (NODE, names[0]): "HEALTHY",
+                (NODE, names[1]): "UNHEALTHY",
+                (NODE, names[2]): "HEALTHY",
+            }
+            (sick,) = [d for d in message.devices if d.device.device_name == names[1]]
+            assert sick.message.startswith("Vanished")
+
+            # Stopping the agent ends the stream cleanly (OK, not cancelled or unavailable).
+            stop.set()
+            while await call.read() is not grpc.aio.EOF:
+                pass
+            assert await call.code() == grpc.StatusCode.OK
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
+    assert agent.dra.health.streams == 0

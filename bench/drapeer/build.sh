@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Build (or reuse) bench/drapeer: main.go against k8s.io/dynamic-resource-allocation at the pinned
+# Kubernetes release (a published staging module, on the Go module proxy). Prints the binary's
+# path. Cache: $PATCHBAY_CACHE (default ~/.cache/patchbay)/drapeer/<version>-<hash of main.go and
+# this script>/drapeer; nothing is written into the repository.
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-v1.37.1}"
+STAGING="v0.${K8S_VERSION#v1.}"
+SRC="$(cd "$(dirname "$0")" && pwd)"
+CACHE="${PATCHBAY_CACHE:-$HOME/.cache/patchbay}"
+KEY=$(cat "$SRC/main.go" "$SRC/build.sh" | sha256sum | cut -c1-16)
+OUT="$CACHE/drapeer/$K8S_VERSION-$KEY"
+BIN="$OUT/drapeer"
+log() { printf '[drapeer %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+if [[ -x "$BIN" ]]; then
+  echo "$BIN"
+  exit 0
+fi
+command -v go >/dev/null || { log "ERROR: go is not installed"; exit 1; }
+export GOFLAGS="${GOFLAGS:--buildvcs=false}" GOTOOLCHAIN=local
+mkdir -p "$OUT/mod"
+cd "$OUT/mod"
+cp "$SRC/main.go" .
+[[ -f go.mod ]] || go mod init patchbay.local/drapeer >/dev/null 2>&1
+go mod edit -require "k8s.io/dynamic-resource-allocation@$STAGING" -require "k8s.io/api@$STAGING" \
+  -require "k8s.io/apimachinery@$STAGING" -require "k8s.io/client-go@$STAGING"
+log "resolving modules"
+go mod tidy >/dev/null
+log "building"
+go build -trimpath -ldflags "-s -w" -o "$BIN.tmp" .
+mv "$BIN.tmp" "$BIN"
+log "built $BIN"
+echo "$BIN"

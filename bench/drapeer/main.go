@@ -1,0 +1,165 @@
+// Command drapeer is the Go baseline for bench/dra_path.py: a DRA kubelet plugin built from the
+// upstream helper library k8s.io/dynamic-resource-allocation/kubeletplugin at the pinned release,
+// doing the same prepare work as Patchbay's agent: the helper reads each claim from the API server
+// (and checks its UID), then the plugin writes one CDI spec per claim (one CDI device per
+// allocated device of its driver and pool, whose edit is the device node) and answers the CDI
+// device IDs; unprepare deletes the claim's spec.
+//
+//	drapeer --kubeconfig FILE --driver NAME --node NODE --dir DIR --cdi-dir DIR --dev-dir DIR
+//
+// The registration socket goes to DIR/registry, a directory the kubelet does not watch, so the
+// peer never registers with the node's kubelet: the benchmark calls its DRA socket directly, as
+// it calls the agent's. It prints the DRA socket's path on stdout once serving and runs until
+// stdin closes.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+)
+
+type peer struct {
+	driver, pool, cdiDir, devDir string
+}
+
+func (p *peer) specPath(uid types.UID) string {
+	return filepath.Join(p.cdiDir, fmt.Sprintf("drapeer_%s_%s.json", p.driver, uid))
+}
+
+func (p *peer) prepare(claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
+	if claim.Status.Allocation == nil {
+		return kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s is not allocated", claim.Name)}
+	}
+	type node struct {
+		Path     string `json:"path"`
+		HostPath string `json:"hostPath"`
+	}
+	type edits struct {
+		DeviceNodes []node `json:"deviceNodes"`
+	}
+	type device struct {
+		Name           string `json:"name"`
+		ContainerEdits edits  `json:"containerEdits"`
+	}
+	var devices []device
+	var result kubeletplugin.PrepareResult
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != p.driver || r.Pool != p.pool {
+			continue
+		}
+		path := filepath.Join(p.devDir, r.Device)
+		name := fmt.Sprintf("%s-%s", claim.UID, r.Device)
+		devices = append(devices, device{Name: name, ContainerEdits: edits{DeviceNodes: []node{{Path: path, HostPath: path}}}})
+		result.Devices = append(result.Devices, kubeletplugin.Device{
+			Requests:     []string{r.Request},
+			PoolName:     r.Pool,
+			DeviceName:   r.Device,
+			CDIDeviceIDs: []string{fmt.Sprintf("%s/device=%s", p.driver, name)},
+		})
+	}
+	doc, err := json.Marshal(map[string]any{"cdiVersion": "0.5.0", "kind": p.driver + "/device", "devices": devices})
+	if err != nil {
+		return kubeletplugin.PrepareResult{Err: err}
+	}
+	tmp, err := os.CreateTemp(p.cdiDir, ".drapeer-*.tmp")
+	if err != nil {
+		return kubeletplugin.PrepareResult{Err: err}
+	}
+	_, werr := tmp.Write(doc)
+	cerr := tmp.Close()
+	if werr != nil || cerr != nil {
+		_ = os.Remove(tmp.Name())
+		return kubeletplugin.PrepareResult{Err: fmt.Errorf("writing the CDI spec: %v %v", werr, cerr)}
+	}
+	if err := os.Rename(tmp.Name(), p.specPath(claim.UID)); err != nil {
+		return kubeletplugin.PrepareResult{Err: err}
+	}
+	return result
+}
+
+func (p *peer) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, c := range claims {
+		out[c.UID] = p.prepare(c)
+	}
+	return out, nil
+}
+
+func (p *peer) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	for _, c := range claims {
+		err := os.Remove(p.specPath(c.UID))
+		if os.IsNotExist(err) {
+			err = nil
+		}
+		out[c.UID] = err
+	}
+	return out, nil
+}
+
+// WatchHealthStatus is never called: the health service is off (HealthService(false)).
+func (p *peer) WatchHealthStatus(ctx context.Context, _ chan<- kubeletplugin.DeviceHealthReport) error {
+	<-ctx.Done()
+	return nil
+}
+
+func (p *peer) HandleError(_ context.Context, err error, msg string) {
+	fmt.Fprintf(os.Stderr, "drapeer: %s: %v\n", msg, err)
+}
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster")
+	driver := flag.String("driver", "", "DRA driver name")
+	node := flag.String("node", "", "node name (the pool)")
+	dir := flag.String("dir", "", "directory for the peer's sockets")
+	cdiDir := flag.String("cdi-dir", "", "where the CDI specs go")
+	devDir := flag.String("dev-dir", "", "directory of the device nodes (device name = file name)")
+	flag.Parse()
+	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	client := kubernetes.NewForConfigOrDie(cfg)
+	for _, d := range []string{filepath.Join(*dir, "registry"), filepath.Join(*dir, "plugin"), *cdiDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	helper, err := kubeletplugin.Start(ctx, &peer{driver: *driver, pool: *node, cdiDir: *cdiDir, devDir: *devDir},
+		kubeletplugin.DriverName(*driver),
+		kubeletplugin.NodeName(*node),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.RegistrarDirectoryPath(filepath.Join(*dir, "registry")),
+		kubeletplugin.PluginDataDirectoryPath(filepath.Join(*dir, "plugin")),
+		kubeletplugin.HealthService(false),
+	)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer helper.Stop()
+	matches, _ := filepath.Glob(filepath.Join(*dir, "plugin", "*.sock"))
+	if len(matches) != 1 {
+		fmt.Fprintf(os.Stderr, "drapeer: expected one socket in %s, found %v\n", filepath.Join(*dir, "plugin"), matches)
+		os.Exit(1)
+	}
+	fmt.Println(matches[0])
+	s := bufio.NewScanner(os.Stdin)
+	for s.Scan() {
+	}
+}

@@ -1,0 +1,151 @@
+"""DRA mode's device health to the kubelet: `v1.DRAResourceHealth/NodeWatchResources`.
+
+The kubelet (ResourceHealthStatus, on by default in v1.37) opens this stream on the DRA service
+socket when GetInfo's supported_versions lists `v1.DRAResourceHealth`, and shows what it hears in
+the `allocatedResourcesStatus` of the pods that hold the devices (docs/dra.md#health-to-the-kubelet).
+It keeps a reported health only for the device's timeout (30 s by default) counted from when the
+message ARRIVED, then says Unknown: so the list is sent again as a heartbeat, not only on changes.
+
+Every message is the whole list, as the slices name it: pool = the node name, device =
+`draslices.device_name(physical ID)`, HEALTHY when the snapshot counts the device healthy, else
+UNHEALTHY with the tracker's reason (UNKNOWN only for a device the tracker never observed). A
+device that leaves the snapshot is sent once more as UNKNOWN on that stream, then left out.
+
+The list is built once per snapshot version (and unhealthy reasons) and shared by every stream;
+a stream only waits on the inventory, so nothing here blocks the event loop. Streams end cleanly
+(status OK) when the inventory closes at shutdown, and are cancelled with their connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from patchbay_agent.api import dra_health_v1_pb2, dra_health_v1_pb2_grpc
+from patchbay_agent.draslices import device_name
+from patchbay_agent.health import DeviceStatus
+from patchbay_agent.inventory import Inventory, Snapshot
+
+log = logging.getLogger(__name__)
+
+#: The timeout the agent asks for per device (the kubelet's default, said explicitly).
+HEALTH_CHECK_TIMEOUT_SECONDS = 30
+#: How often the list is sent when nothing changed: well inside the timeout.
+HEARTBEAT_SECONDS = 10.0
+#: The kubelet truncates longer messages.
+MAX_MESSAGE_LENGTH = 1024
+
+StatusOf = Callable[[str], DeviceStatus | None]
+
+
+def _message(st: DeviceStatus | None) -> str:
+    if st is None or st.healthy:
+        return ""
+    text = f"{st.reason}: {st.message}" if st.reason and st.message else st.reason or st.message
+    return text[:MAX_MESSAGE_LENGTH]
+
+
+def health_response(
+    snap: Snapshot, pool: str, status: StatusOf, now: float
+) -> dra_health_v1_pb2.NodeWatchResourcesResponse:
+    """The whole device list of `snap` as the kubelet wants it (see the module doc). Pure."""
+    healthy = {snap.replica_of[rid] for rid in snap.healthy}
+    devices = []
+    for pid in snap.physical:
+        if pid in healthy:
+            health, message = dra_health_v1_pb2.HEALTHY, ""
+        else:
+            st = status(pid)
+            health = dra_health_v1_pb2.UNKNOWN if st is None else dra_health_v1_pb2.UNHEALTHY
+            message = _message(st)
+        devices.append(
+            dra_health_v1_pb2.DeviceHealth(
+                device=dra_health_v1_pb2.DeviceIdentifier(pool_name=pool, device_name=device_name(pid)),
+                health=health,
+                last_updated_time=int(now),
+                health_check_timeout_seconds=HEALTH_CHECK_TIMEOUT_SECONDS,
+                message=message,
+            )
+        )
+    return dra_health_v1_pb2.NodeWatchResourcesResponse(devices=devices)
+
+
+class HealthReports:
+    """The current list, built once per snapshot version and unhealthy reasons."""
+
+    def __init__(
+        self, pool: str, inventory: Inventory, status: StatusOf, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.pool = pool
+        self.inventory = inventory
+        self._status = status
+        self._clock = clock
+        self._key: tuple[object, ...] | None = None
+        self._response = dra_health_v1_pb2.NodeWatchResourcesResponse()
+
+    def response(self, snap: Snapshot) -> dra_health_v1_pb2.NodeWatchResourcesResponse:
+        healthy = {snap.replica_of[rid] for rid in snap.healthy}
+        sick = tuple((pid, _message(self._status(pid))) for pid in snap.physical if pid not in healthy)
+        key = (snap.version, sick)
+        if key != self._key:
+            self._response = health_response(snap, self.pool, self._status, self._clock())
+            self._key = key
+        return self._response
+
+
+class DraHealthServicer(dra_health_v1_pb2_grpc.DRAResourceHealthServicer):
+    """`v1.DRAResourceHealth`: one stream per kubelet connection (see the module doc)."""
+
+    def __init__(self, reports: HealthReports, heartbeat: float = HEARTBEAT_SECONDS) -> None:
+        self._reports = reports
+        self._heartbeat = heartbeat
+        #: streams open now (for tests and logs)
+        self.streams = 0
+
+    async def NodeWatchResources(  # noqa: N802 - the gRPC method name
+        self,
+        request: dra_health_v1_pb2.NodeWatchResourcesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[dra_health_v1_pb2.NodeWatchResourcesResponse]:
+        inventory = self._reports.inventory
+        self.streams += 1
+        log.info("The kubelet watches device health (%d stream(s))", self.streams)
+        sent: set[str] = set()
+        snap: Snapshot | None = inventory.current
+        try:
+            while snap is not None:
+                response = self._reports.response(snap)
+                names = {d.device.device_name for d in response.devices}
+                gone = sent - names
+                if gone:
+                    response = _with_unknown(response, self._reports.pool, sorted(gone))
+                sent = names
+                yield response
+                try:
+                    snap = await asyncio.wait_for(inventory.next_change(snap.version), self._heartbeat)
+                except TimeoutError:
+                    snap = inventory.current  # the heartbeat: the same list again
+        finally:
+            self.streams -= 1
+            log.info("A device health stream ended (%d left)", self.streams)
+
+
+def _with_unknown(
+    response: dra_health_v1_pb2.NodeWatchResourcesResponse, pool: str, names: list[str]
+) -> dra_health_v1_pb2.NodeWatchResourcesResponse:
+    out = dra_health_v1_pb2.NodeWatchResourcesResponse()
+    out.CopyFrom(response)
+    for name in names:
+        out.devices.add(
+            device=dra_health_v1_pb2.DeviceIdentifier(pool_name=pool, device_name=name),
+            health=dra_health_v1_pb2.UNKNOWN,
+            last_updated_time=int(time.time()),
+            health_check_timeout_seconds=HEALTH_CHECK_TIMEOUT_SECONDS,
+            message="no longer discovered",
+        )
+    return out

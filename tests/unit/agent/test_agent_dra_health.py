@@ -1,0 +1,100 @@
+"""DRA mode's health list for the kubelet (`drahealth.py`): what each message says, built once per
+snapshot, and a stream's heartbeat, changes, vanished devices and clean end (no sockets here)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from patchbay_agent.api import dra_health_v1_pb2 as pb
+from patchbay_agent.discovery import PhysicalDevice
+from patchbay_agent.drahealth import DraHealthServicer, HealthReports, health_response
+from patchbay_agent.draslices import device_name
+from patchbay_agent.health import CheckResult, DeviceHealthTracker
+from patchbay_agent.inventory import Inventory
+
+NODE = "node-1"
+TTY0, TTY1 = PhysicalDevice("ttyUSB0", ("/dev/ttyUSB0",)), PhysicalDevice("ttyUSB1", ("/dev/ttyUSB1",))
+
+
+def _states(message: pb.NodeWatchResourcesResponse) -> dict[str, tuple[str, str]]:
+    assert {d.device.pool_name for d in message.devices} <= {NODE}
+    return {
+        d.device.device_name: (pb.HealthStatus.Name(d.health), d.message.split(":")[0])
+        for d in message.devices
+    }
+
+
+def _setup() -> tuple[Inventory, DeviceHealthTracker]:
+    inv, tracker = Inventory(1, "rw"), DeviceHealthTracker(1, 1)
+    tracker.observe({TTY0.id: CheckResult(True), TTY1.id: CheckResult(True)})
+    inv.update([TTY0, TTY1], tracker)
+    return inv, tracker
+
+
+def test_the_list_names_devices_as_the_slices_do() -> None:
+    inv, tracker = _setup()
+    tracker.observe({TTY0.id: CheckResult(True), TTY1.id: CheckResult(False, "gone", True, "Vanished")})
+    inv.update([TTY0, TTY1], tracker)
+    message = health_response(inv.current, NODE, tracker.status, now=1234.9)
+    assert _states(message) == {
+        device_name("ttyUSB0"): ("HEALTHY", ""),
+        device_name("ttyUSB1"): ("UNHEALTHY", "Vanished"),
+    }
+    assert {(d.last_updated_time, d.health_check_timeout_seconds) for d in message.devices} == {(1234, 30)}
+    # A device the tracker never observed is neither healthy nor unhealthy.
+    assert _states(health_response(inv.current, NODE, lambda _: None, now=0))[device_name("ttyUSB1")] == (
+        "UNKNOWN",
+        "",
+    )
+
+
+def test_the_list_is_built_once_per_snapshot() -> None:
+    inv, tracker = _setup()
+    reports = HealthReports(NODE, inv, tracker.status)
+    first = reports.response(inv.current)
+    assert reports.response(inv.current) is first
+    tracker.observe({TTY0.id: CheckResult(True), TTY1.id: CheckResult(False, "gone", True, "Vanished")})
+    inv.update([TTY0, TTY1], tracker)
+    assert reports.response(inv.current) is not first
+
+
+async def test_a_stream_sends_changes_heartbeats_vanished_devices_and_ends() -> None:
+    inv, tracker = _setup()
+    servicer = DraHealthServicer(HealthReports(NODE, inv, tracker.status), heartbeat=0.05)
+    context: Any = None
+    stream = servicer.NodeWatchResources(pb.NodeWatchResourcesRequest(), context)
+    healthy = {device_name("ttyUSB0"): ("HEALTHY", ""), device_name("ttyUSB1"): ("HEALTHY", "")}
+    assert _states(await anext(stream)) == healthy
+    assert servicer.streams == 1
+    assert _states(await anext(stream)) == healthy  # nothing changed: the heartbeat
+
+    tracker.observe({TTY0.id: CheckResult(True)})  # ttyUSB1 is no longer discovered
+    inv.update([TTY0], tracker)
+    message = await anext(stream)
+    while _states(message) == healthy:
+        message = await anext(stream)
+    assert _states(message) == {
+        device_name("ttyUSB0"): ("HEALTHY", ""),
+        device_name("ttyUSB1"): ("UNKNOWN", "no longer discovered"),
+    }
+    # Said once; then left out (the kubelet forgets it after its timeout).
+    assert _states(await anext(stream)) == {device_name("ttyUSB0"): ("HEALTHY", "")}
+
+    inv.close()
+    rest = [m async for m in stream]
+    assert len(rest) <= 1
+    assert servicer.streams == 0
+
+
+async def test_a_cancelled_stream_is_counted_out() -> None:
+    inv, tracker = _setup()
+    servicer = DraHealthServicer(HealthReports(NODE, inv, tracker.status))
+    context: Any = None
+    stream = servicer.NodeWatchResources(pb.NodeWatchResourcesRequest(), context)
+    await anext(stream)
+    pending = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    pending.cancel()
+    await asyncio.gather(pending, return_exceptions=True)
+    assert servicer.streams == 0
