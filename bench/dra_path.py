@@ -1,7 +1,7 @@
 """DRA mode on the real node, measured: NodePrepareResources, a vanished device -> its taint, memory.
 
 Starts a cluster of its own with the real node, installs the chart with the images built here,
-applies a `mode: DRA` profile over FAKE devices (mknod 1:3) and prints, each against a baseline
+applies a `mode: DRA` profile over FAKE devices (mknod 1:3, named dra0..dra3: the Go peer uses file names as device names, which must be DNS labels) and prints, each against a baseline
 in the same run:
 
 - NodePrepareResources on the agent pod's DRA socket, called as the kubelet calls it, for
@@ -278,7 +278,7 @@ def main() -> None:
             b.core.patch_node(NODE_NAME, {"metadata": {"labels": {"patchbay.dev/bench-dra": "yes"}}})
             FAKE_DEV.mkdir(exist_ok=True)
             for i in range(DEVICES):
-                os.mknod(FAKE_DEV / f"ttyD{i}", 0o666 | 0o020000, os.makedev(1, 3))
+                os.mknod(FAKE_DEV / f"dra{i}", 0o666 | 0o020000, os.makedev(1, 3))
             b.custom.create_cluster_custom_object(
                 GROUP,
                 VERSION,
@@ -292,7 +292,7 @@ def main() -> None:
                         "mode": "DRA",
                         "nodeSelector": {"matchLabels": {"patchbay.dev/bench-dra": "yes"}},
                         "plugin": {
-                            "discovery": {"paths": {"globs": [f"{FAKE_DEV}/ttyD*"]}},
+                            "discovery": {"paths": {"globs": [f"{FAKE_DEV}/dra*"]}},
                             "health": {"periodSeconds": 1, "failureThreshold": 1},
                         },
                     },
@@ -318,7 +318,7 @@ def main() -> None:
             print(f"Go peer: unprepare                            {ms(gunprep)}")
 
             print(f"\n== A device vanishes -> its taint in the API (median of {args.runs}) ==")
-            runs = [b.vanish_to_taint(profile, FAKE_DEV / "ttyD1") for _ in range(args.runs)]
+            runs = [b.vanish_to_taint(profile, FAKE_DEV / "dra1") for _ in range(args.runs)]
             for key, what in (
                 ("taint", "ResourceSlice device tainted"),
                 ("report", "baseline: the DeviceReport says unhealthy"),
