@@ -1,8 +1,9 @@
 """DRA mode on the real node, measured: NodePrepareResources, a vanished device -> its taint, memory.
 
 Starts a cluster of its own with the real node, installs the chart with the images built here,
-applies a `mode: DRA` profile over FAKE devices (mknod 1:3, named dra0..dra3: the Go peer uses file names as device names, which must be DNS labels) and prints, each against a baseline
-in the same run:
+applies a `mode: DRA` profile over FAKE devices (mknod 1:3, named dra0..dra3: the Go peer uses
+file names as device names, which must be DNS labels) and prints, each against a baseline in the
+same run:
 
 - NodePrepareResources on the agent pod's DRA socket, called as the kubelet calls it, for
   ``--claims`` claims that this script created and allocated (status written as the scheduler
