@@ -1,15 +1,16 @@
 """`make demo`: Patchbay as a cluster runs it, on a local cluster, with a summary of what happened.
 
 The path is the one a user takes: the operator and agent images (built here with podman,
-cached), a local cluster (real control plane, a real kubelet node ``localhost`` on containerd
+cached), a local cluster (real control plane, a real kubelet node ``localhost`` on containerd 2.4
 and runc with a private pod network, 5 kwok nodes), ``helm install`` of charts/patchbay (the
-operator is the chart's Deployment pod on the real node), ``kubectl apply`` of the two example
-profiles, the operator's agent DaemonSet pod serving the node's devices to the real kubelet, and
-workload pods that use both resources. No Patchbay process runs on the host.
+operator is the chart's Deployment pod on the real node), ``kubectl apply`` of the three example
+profiles (Static, DevicePlugin, DRA), the operator's agent DaemonSet pods serving the node's
+devices to the real kubelet (as a device plugin, and as a DRA driver), and workload pods that use
+them. No Patchbay process runs on the host.
 
-Everything is real except the hardware: the serial adapters are FAKE character devices that the
-demo makes with mknod under the machine's /dev/patchbay-demo/ (they are the null device, 1:3),
-and the example's discovery glob is pointed there.
+Everything is real except the hardware: the serial adapters and lab sensors are FAKE character
+devices that the demo makes with mknod under the machine's /dev/patchbay-demo/ (they are the null
+device, 1:3), and the examples' discovery globs are pointed there.
 
 `make demo-down` (`hack/demo.py down`) stops the cluster (every process by PID, every pod with
 it) and removes the fake devices.
@@ -42,9 +43,11 @@ NAMESPACE = "patchbay-system"
 RELEASE = "patchbay"
 STATIC = REPO / "examples" / "static-dongles.yaml"
 PLUGIN = REPO / "examples" / "deviceplugin-serial.yaml"
+DRA = REPO / "examples" / "dra-sensors.yaml"
 FAKE_DEV = Path("/dev/patchbay-demo")
 KWOK_NODES = 5
 SERIAL_COUNT = 4
+SENSOR_COUNT = 3
 T = TypeVar("T")
 
 
@@ -80,11 +83,11 @@ class Tools:
         return self.run([self.kubectl_bin, *args], stdin, show)
 
 
-def make_fake_serial_devices() -> None:
-    """FAKE serial adapters: character devices under the machine's /dev (null device, 1:3)."""
+def make_fake_devices(prefix: str, count: int) -> None:
+    """FAKE devices: character devices under the machine's /dev (null device, 1:3)."""
     FAKE_DEV.mkdir(exist_ok=True)
-    for i in range(SERIAL_COUNT):
-        dev = FAKE_DEV / f"ttyUSB{i}"
+    for i in range(count):
+        dev = FAKE_DEV / f"{prefix}{i}"
         if not dev.exists():
             os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))
 
@@ -124,8 +127,8 @@ def up(cluster: DevCluster) -> None:
     wait_for("dongles on localhost", lambda: allocatable(core, "example.com/dongle") == "4")
 
     step("DevicePlugin: serial adapters (FAKE: mknod under /dev/patchbay-demo) served by the agent pod")
-    make_fake_serial_devices()
-    names = ", ".join(sorted(p.name for p in FAKE_DEV.iterdir()))
+    make_fake_devices("ttyUSB", SERIAL_COUNT)
+    names = ", ".join(sorted(p.name for p in FAKE_DEV.glob("ttyUSB*")))
     print(f"    {names} in {FAKE_DEV} (char 1:3, the null device)")
     tools.kubectl("label", "--overwrite", "node", "localhost", "example.com/serial=present")
     plugin = yaml.safe_load(PLUGIN.read_text())
@@ -139,6 +142,44 @@ def up(cluster: DevCluster) -> None:
     )
     tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide")
 
+    step("DRA: lab sensors (FAKE: mknod under /dev/patchbay-demo) served by the agent as a DRA driver")
+    make_fake_devices("sensor", SENSOR_COUNT)
+    tools.kubectl("label", "--overwrite", "node", "localhost", "example.com/sensors=dra")
+    dra = yaml.safe_load(DRA.read_text())
+    dra["spec"]["plugin"]["discovery"]["paths"]["globs"] = [f"{FAKE_DEV}/sensor*"]
+    print(f"    (the example's glob /dev/sensor* pointed at the fake devices: {FAKE_DEV}/sensor*)")
+    tools.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(dra))
+    driver = f"{dra['metadata']['name']}.patchbay.dev"
+    wait_for(
+        "the DRA agent's pod Ready (registered)",
+        lambda: ds_ready(apps, f"patchbay-{dra['metadata']['name']}"),
+    )
+    wait_for("the sensors in a ResourceSlice", lambda: slice_devices(tools, driver) == SENSOR_COUNT)
+    tools.kubectl("get", "resourceslices,deviceclasses")
+    # A claim template that picks ONE sensor by attribute (its path on the node).
+    by_path = f'device.attributes["patchbay.dev"].path == "{FAKE_DEV}/sensor1"'
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "sensor-1", "namespace": "default"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "sensor",
+                            "exactly": {
+                                "deviceClassName": driver,
+                                "selectors": [{"cel": {"expression": by_path}}],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    tools.kubectl("apply", "-f", "-", stdin=json.dumps(template))
+
     step("Pods that use them (busybox on the real node, on the pod network)")
     pods = {
         "uses-dongle": ("example.com/dongle", 1, "echo dongles granted; sleep 3600"),
@@ -148,8 +189,15 @@ def up(cluster: DevCluster) -> None:
             "echo PATCHBAY_DEVICES=$PATCHBAY_DEVICES SERIAL_BAUD=$SERIAL_BAUD; "
             "ls /dev/patchbay-demo; sleep 3600",
         ),
+        # Unchanged: an extended resource, served by DRA through the DeviceClass.
+        "uses-sensor": ("example.com/sensor", 1, "echo SENSORS=$SENSORS; ls /dev/patchbay-demo; sleep 3600"),
+        # A claim for sensor1 by attribute (the template above).
+        "uses-sensor-claim": (None, 0, "echo SENSORS=$SENSORS; ls /dev/patchbay-demo; sleep 3600"),
     }
     for pod, (resource, count, script) in pods.items():
+        resources: dict[str, object] = (
+            {"limits": {resource: str(count)}} if resource else {"claims": [{"name": "sensor"}]}
+        )
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -162,9 +210,14 @@ def up(cluster: DevCluster) -> None:
                         "name": "main",
                         "image": BUSYBOX_IMAGE,
                         "command": ["sh", "-c", script],
-                        "resources": {"limits": {resource: str(count)}},
+                        "resources": resources,
                     }
                 ],
+                **(
+                    {}
+                    if resource
+                    else {"resourceClaims": [{"name": "sensor", "resourceClaimTemplateName": "sensor-1"}]}
+                ),
             },
         }
         tools.kubectl("apply", "-f", "-", stdin=json.dumps(body))
@@ -209,6 +262,12 @@ def profiles_settled(tools: Tools) -> bool:
     return bool(items)
 
 
+def slice_devices(tools: Tools, driver: str) -> int:
+    """Devices the driver's ResourceSlices publish."""
+    items = json.loads(tools.kubectl("get", "resourceslices", "-o", "json", show=False))["items"]
+    return sum(len(s["spec"].get("devices") or []) for s in items if s["spec"]["driver"] == driver)
+
+
 def serial_held(tools: Tools) -> int:
     """Devices the serial profile's DeviceReports count as allocated."""
     items = json.loads(tools.kubectl("-n", NAMESPACE, "get", "dr", "-o", "json", show=False))["items"]
@@ -235,12 +294,15 @@ def summary(tools: Tools, core: client.CoreV1Api) -> None:
         ]
         print(f"{node.metadata.name:<14} {cells[0]:>20} {cells[1]:>20}")
     step("What each pod received")
-    for pod in ("uses-dongle", "uses-serial"):
+    for pod in ("uses-dongle", "uses-serial", "uses-sensor", "uses-sensor-claim"):
         print(f"--- {pod} (pod IP {core.read_namespaced_pod(pod, 'default').status.pod_ip}):")
         print(core.read_namespaced_pod_log(pod, "default").rstrip())
     step("Done")
     print(f"export KUBECONFIG={tools.env['KUBECONFIG']}")
     print("kubectl describe dpp serial-adapters   # conditions, counts, problems, events")
+    print("kubectl get resourceslices -o yaml     # the DRA agent's devices, attributes, taints")
+    health = "{.status.containerStatuses[0].allocatedResourcesStatus}"
+    print(f"kubectl get pod uses-sensor-claim -o jsonpath='{health}'   # its device's health")
     print(f"kubectl -n {NAMESPACE} get dr -o yaml   # each device's health, reason, since, holders")
     print("The operator and the agent run as pods from the images above; nothing of Patchbay runs")
     print("on the host. Stop everything: make demo-down")
