@@ -206,13 +206,28 @@ class Agent:
             dra.driver,
             self.options.node_name,
             client,
-            lambda: slice_devices(self.inventory.current, self.monitor.tracker.status),
+            lambda: slice_devices(
+                self.inventory.current,
+                self.monitor.tracker.status,
+                self.holders.plugin_held if self.holders is not None else (),
+            ),
             self.metrics,
         )
         self._on_round.append(publisher.notify)
         plugin.on_registered = publisher.force
         if self.holders is not None:
-            preparer.on_change = self.holders.allocated
+            holders = self.holders
+            preparer.on_change = holders.allocated
+            # Devices pods still hold through the device plugin (a node moving to DRA) are tainted
+            # in the slices: the publisher hears about every change of the holders too.
+            report_change = holders.on_change
+
+            def holders_changed() -> None:
+                if report_change is not None:
+                    report_change()
+                publisher.notify()
+
+            holders.on_change = holders_changed
 
     def _set_up_report(self, report: ReportOptions, client: ReportClient | None) -> None:
         # Imported only here: an agent without reports pays nothing for them (pykube and requests

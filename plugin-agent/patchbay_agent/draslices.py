@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,9 @@ MAX_LABEL_VALUE_LENGTH = 63
 ATTRIBUTE_DOMAIN = "patchbay.dev"
 NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 TAINT_KEY = "patchbay.dev/unhealthy"
+#: A device a running pod still holds through the DEVICE PLUGIN of the same resource (a node being
+#: migrated to DRA): DRA must not hand it out a second time (docs/dra.md#migration).
+PLUGIN_HELD_TAINT_KEY = "patchbay.dev/held-by-device-plugin"
 TAINT_EFFECT = "NoSchedule"
 _HASH_LENGTH = 8
 
@@ -121,14 +124,25 @@ class SliceDevice:
     attributes: Mapping[str, Mapping[str, Any]]
     #: why the device is unhealthy (the taint's value); None when it is healthy
     unhealthy: str | None = None
+    #: a pod holds it through the device plugin of the same resource
+    plugin_held: bool = False
+
+    @property
+    def tainted(self) -> bool:
+        return self.unhealthy is not None or self.plugin_held
 
     def document(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "name": self.name,
             "attributes": {k: dict(v) for k, v in sorted(self.attributes.items())},
         }
+        taints = []
         if self.unhealthy is not None:
-            doc["taints"] = [{"key": TAINT_KEY, "value": self.unhealthy, "effect": TAINT_EFFECT}]
+            taints.append({"key": TAINT_KEY, "value": self.unhealthy, "effect": TAINT_EFFECT})
+        if self.plugin_held:
+            taints.append({"key": PLUGIN_HELD_TAINT_KEY, "value": "in-use", "effect": TAINT_EFFECT})
+        if taints:
+            doc["taints"] = taints
         return doc
 
 
@@ -137,10 +151,15 @@ def device_names(snap: Snapshot) -> dict[str, str]:
     return {device_name(pid): pid for pid in snap.physical}
 
 
-def slice_devices(snap: Snapshot, status: Callable[[str], DeviceStatus | None]) -> list[SliceDevice]:
+def slice_devices(
+    snap: Snapshot,
+    status: Callable[[str], DeviceStatus | None],
+    plugin_held: Collection[str] = (),
+) -> list[SliceDevice]:
     """Every physical device of the snapshot, in the snapshot's order, with its attributes and,
     when it is unhealthy (as the snapshot says: what the device plugin would tell the kubelet),
-    its reason."""
+    its reason; `plugin_held`: physical IDs that running pods hold through the device plugin of
+    the same resource (tainted so that DRA does not hand them out again)."""
     healthy = {snap.replica_of[rid] for rid in snap.healthy}
     out = []
     for pid, dev in snap.physical.items():
@@ -156,7 +175,7 @@ def slice_devices(snap: Snapshot, status: Callable[[str], DeviceStatus | None]) 
         if pid not in healthy:
             st = status(pid)
             reason = label_value(st.reason if st is not None and st.reason else "") or "Unhealthy"
-        out.append(SliceDevice(device_name(pid), pid, attributes, reason))
+        out.append(SliceDevice(device_name(pid), pid, attributes, reason, pid in plugin_held))
     return out
 
 
@@ -171,11 +190,7 @@ def slice_documents(
     """The pool's slices, whole objects for server-side apply (see the module doc). A pool with no
     device is one slice with no device: it says "this node has none", which differs from "no
     driver here" for the scheduler."""
-    per_slice = (
-        MAX_TAINTED_DEVICES_PER_SLICE
-        if any(d.unhealthy is not None for d in devices)
-        else MAX_DEVICES_PER_SLICE
-    )
+    per_slice = MAX_TAINTED_DEVICES_PER_SLICE if any(d.tainted for d in devices) else MAX_DEVICES_PER_SLICE
     chunks = [list(devices[i : i + per_slice]) for i in range(0, len(devices), per_slice)] or [[]]
     base = slice_base_name(node_name, driver)
     out = []

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from patchbay_agent import podresources
+from patchbay_agent.constants import REPLICA_SEPARATOR
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.report import PodRef
 from patchbay_agent.wakeup import wait_any
@@ -60,6 +61,9 @@ class PodHolders:
         self._held = held or (lambda c: c.device_ids(resource_name))
         #: container -> the device IDs of our resource it holds; only containers holding any
         self.containers: dict[PodRef, tuple[str, ...]] = {}
+        #: physical device IDs that containers hold through the DEVICE PLUGIN of our resource; for a
+        #: DRA agent on a node being migrated, the devices DRA must not hand out again
+        self.plugin_held: frozenset[str] = frozenset()
         #: called when `containers` changed
         self.on_change: Callable[[], None] | None = None
         #: set once the first read was tried (answered or not)
@@ -105,9 +109,15 @@ class PodHolders:
             for c in p.containers
             if (ids := self._held(c))
         }
-        if containers == self.containers:
+        plugin_held = frozenset(
+            i.split(REPLICA_SEPARATOR, 1)[0]
+            for p in pods
+            for c in p.containers
+            for i in c.device_ids(self._resource)
+        )
+        if containers == self.containers and plugin_held == self.plugin_held:
             return False
-        self.containers = containers
+        self.containers, self.plugin_held = containers, plugin_held
         self._metrics.set_allocations(
             {(r.namespace, r.name, r.container): len(ids) for r, ids in containers.items()}
         )

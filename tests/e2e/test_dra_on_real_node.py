@@ -346,3 +346,109 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
                 )
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {"patchbay.dev/e2e-dra": None})
+
+
+def test_a_node_moves_from_device_plugin_to_dra_and_running_pods_keep_their_devices(
+    patchbay: Installed,
+    cluster: Cluster,
+    real_node: str,
+    namespace: str,
+    fake_dev: Path,
+) -> None:
+    """Migration node by node (docs/dra.md): one resource, a DevicePlugin profile and a DRA
+    profile, the node's label moved from one selector to the other in one call. The device plugin
+    agent leaves, the DRA agent comes; the pod that holds two devices through the device plugin
+    keeps running, and DRA does not hand those two out again (tainted in the slice while held):
+    new unchanged pods get the other two, a third waits, and gets one when the old pod is gone."""
+    resource = f"e2e.patchbay.dev/{cluster.tag}-mig"
+    dp_label, dra_label = "patchbay.dev/e2e-mig-dp", "patchbay.dev/e2e-mig-dra"
+    dp_name, dra_name = f"{cluster.prefix}mig-dp", f"{cluster.prefix}mig-dra"
+    driver = f"{dra_name}.patchbay.dev"
+    for i in range(DEVICES):
+        add_fake_device(fake_dev, f"ttyMIG{i}")
+    plugin = {
+        "discovery": {"paths": {"globs": [f"{fake_dev}/ttyMIG*"]}},
+        "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
+        "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS"},
+    }
+    core = cluster.core
+    pods = ("mig-old", "mig-new-1", "mig-new-2", "mig-new-3")
+
+    def serials(pod: str) -> list[str]:
+        logs = wait_for(f"{pod} running", lambda: pod_log(core, namespace, pod, "SERIALS="), 120)
+        return logs.splitlines()[0].removeprefix("SERIALS=").split(",")
+
+    def unchanged_pod(name: str, count: int) -> None:
+        body = limits(busybox_pod(name, real_node, "echo SERIALS=$SERIALS; sleep 3600"), resource, count)
+        core.create_namespaced_pod(namespace, body)
+
+    try:
+        cluster.set_labels(real_node, {dp_label: cluster.tag})
+        for name, mode, label in ((dp_name, "DevicePlugin", dp_label), (dra_name, "DRA", dra_label)):
+            cluster.create_profile(
+                name,
+                {
+                    "resourceName": resource,
+                    "mode": mode,
+                    "nodeSelector": {"matchLabels": {label: cluster.tag}},
+                    "plugin": plugin,
+                },
+            )
+        wait_for(
+            "the device plugin's devices on the node",
+            lambda: cluster.values(real_node, resource)[1] == "4",
+            120,
+        )
+        unchanged_pod("mig-old", 2)
+        held = serials("mig-old")
+        assert len(held) == 2
+
+        # The move: one `kubectl label` in effect.
+        cluster.set_labels(real_node, {dp_label: None, dra_label: cluster.tag})
+        wait_for("the DRA agent Ready", lambda: patchbay.ready_agents(dra_name), 120)
+        wait_for("the device plugin agent gone", lambda: not patchbay.agent_pods(dp_name), 120)
+
+        def held_tainted() -> bool:
+            devs = slice_devices(cluster, driver, real_node)
+            tainted = {
+                d["attributes"]["patchbay.dev/id"]["string"]
+                for d in devs.values()
+                if any(t["key"] == "patchbay.dev/held-by-device-plugin" for t in d.get("taints") or [])
+            }
+            return len(devs) == DEVICES and tainted == set(held)
+
+        wait_for("the devices the old pod holds tainted in the slice", held_tainted, 60)
+        # The documented step before sending new pods to a moved node: the scheduler takes the
+        # device plugin's path while the Node still shows it allocatable, which lasts until the
+        # kubelet's next node status sync (docs/dra.md#migration).
+        wait_for(
+            "the node's allocatable for the resource at 0",
+            lambda: cluster.values(real_node, resource)[1] == "0",
+            60,
+        )
+        old = core.read_namespaced_pod("mig-old", namespace)
+        assert old.status.phase == "Running" and old.status.container_statuses[0].restart_count == 0
+
+        unchanged_pod("mig-new-1", 1)
+        unchanged_pod("mig-new-2", 1)
+        new = serials("mig-new-1") + serials("mig-new-2")
+        assert sorted(new + held) == sorted({*new, *held}) and len(set(new + held)) == DEVICES, (held, new)
+        unchanged_pod("mig-new-3", 1)
+        wait_for(
+            "a third new pod waiting (no free device)",
+            lambda: unschedulable(core, namespace, "mig-new-3"),
+            60,
+        )
+        degraded = cluster.condition(dra_name, "Degraded") or {}
+        assert degraded.get("reason") != "ResourceServedTwice", degraded
+
+        core.delete_namespaced_pod("mig-old", namespace, grace_period_seconds=0)
+        (third,) = serials("mig-new-3")
+        assert third in held
+    finally:
+        for p in pods:
+            with contextlib.suppress(client.ApiException):
+                core.delete_namespaced_pod(p, namespace, grace_period_seconds=0)
+        for name in (dp_name, dra_name):
+            cluster.delete_profile(name)
+        cluster.set_labels(real_node, {dp_label: None, dra_label: None})

@@ -144,6 +144,27 @@ def test_slice_devices_carry_attributes_numa_and_health() -> None:
     assert device_names(inv.current) == {device_name(pci.id): pci.id, device_name(tty.id): tty.id}
 
 
+def test_devices_held_through_the_device_plugin_are_tainted_and_cut_the_pool_to_64() -> None:
+    """A node moving from DevicePlugin to DRA: devices running pods still hold through the device
+    plugin must not be allocated by DRA a second time."""
+    inv = Inventory(1, "rw")
+    tracker = DeviceHealthTracker(1, 1)
+    devs = [PhysicalDevice(f"tty{i}", (f"/dev/tty{i}",)) for i in range(100)]
+    from patchbay_agent.health import CheckResult
+
+    tracker.observe({d.id: CheckResult(True) for d in devs})
+    inv.update(devs, tracker)
+    devices = slice_devices(inv.current, tracker.status, plugin_held={"tty7"})
+    held = [d for d in devices if d.plugin_held]
+    assert [d.physical_id for d in held] == ["tty7"]
+    assert held[0].document()["taints"] == [
+        {"key": "patchbay.dev/held-by-device-plugin", "value": "in-use", "effect": "NoSchedule"}
+    ]
+    assert all("taints" not in d.document() for d in devices if not d.plugin_held)
+    docs = slice_documents(DRIVER, "node-1", devices)
+    assert [len(d["spec"]["devices"]) for d in docs] == [64, 36]
+
+
 def _claim(uid: str, results: list[dict[str, str]]) -> dict[str, Any]:
     return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
 

@@ -333,3 +333,9 @@ async def test_dra_holders_are_the_claimed_devices_of_our_driver_and_pool(metric
     holders = PodHolders("/nope.sock", RESOURCE, metrics, list_pods=kubelet.list_pods, held=held)
     assert await holders.read()
     assert holders.containers == {PodRef("ml", "trainer", "main"): ("ttyUSB1",)}
+    assert holders.plugin_held == frozenset()
+    # A pod still holding devices through the DEVICE PLUGIN of the resource (a node being moved to
+    # DRA): their physical IDs, whatever replica the kubelet gave out; a change is a change.
+    kubelet.pods.append(_pod("ml", "legacy", main=("ttyUSB0::1",), side=("ttyUSB2",)))
+    assert await holders.read()
+    assert holders.plugin_held == frozenset({"ttyUSB0", "ttyUSB2"})
