@@ -34,7 +34,7 @@ from patchbay_operator.constants import (
 from patchbay_operator.devicereports import Report
 from patchbay_operator.informer import Source, Store
 from patchbay_operator.kube import KubeAPI, KubeError, Ref, Selectors, collection
-from patchbay_operator.profiles import Profile
+from patchbay_operator.profiles import Profile, Selector
 from patchbay_operator.status import AgentDaemonSet
 
 log = logging.getLogger(__name__)
@@ -97,10 +97,10 @@ class Agents:
         if pod is not None:
             self._changed(pod.profile)
 
-    async def apply(self, profile: Profile) -> None:
-        """Apply the profile's agent objects; a DevicePlugin profile that was DRA before loses
-        its DeviceClass."""
-        for obj in render.agent_objects(profile, self._settings):
+    async def apply(self, profile: Profile, exclude: Selector | None = None) -> None:
+        """Apply the profile's agent objects (`exclude`: see `render.agent_objects`); a
+        DevicePlugin profile that was DRA before loses its DeviceClass."""
+        for obj in render.agent_objects(profile, self._settings, exclude):
             applied = await self._call(self._kube.apply, obj)
             meta = obj["metadata"]
             where = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]

@@ -163,9 +163,28 @@ class Controller:
                 winner.name,
             )
         if profile.mode.runs_agents and winner is None:
-            await self.agents.apply(profile)
+            await self._apply_agents(profile)
         else:
             await self.agents.delete(profile)
+        await self._reapply_dra_twin(profile)
+
+    async def _apply_agents(self, profile: Profile) -> None:
+        """A DRA profile's agents leave out the nodes of the profile that serves the same
+        resource through node capacity (KEP-5004: never both ways on one node)."""
+        twin = self.registry.other_way(profile) if profile.mode is Mode.DRA else None
+        await self.agents.apply(profile, exclude=twin.selector if twin is not None else None)
+
+    async def _reapply_dra_twin(self, profile: Profile) -> None:
+        """The node-capacity side of a resource changed (selector, mode, gone): the DRA profile
+        of the same resource re-applies its agents with the new exclusion."""
+        twin = self.registry.other_way(profile)
+        if (
+            twin is not None
+            and twin.mode is Mode.DRA
+            and not twin.deleting
+            and self.registry.conflict(twin) is None
+        ):
+            await self._apply_agents(twin)
 
     async def delete(self, body: Mapping[str, Any], patience: float = 60.0) -> None:
         """A profile is being deleted: remove its agents and every node value it set (ownership
@@ -192,7 +211,8 @@ class Controller:
         if promoted is not None:
             log.info("DevicePluginProfile %s now provides %s", promoted.name, promoted.resource)
             if promoted.mode.runs_agents:
-                await self.agents.apply(promoted)
+                await self._apply_agents(promoted)
+        await self._reapply_dra_twin(profile)
 
     async def refresh_profiles(self) -> None:
         """The registry becomes the profiles as they are now (with their status): at start, and

@@ -40,6 +40,16 @@ class Requirement:
             return self.key not in labels
         raise ValueError(f"unknown selector operator {self.operator!r}")
 
+    def negated(self) -> Requirement:
+        """The requirement a node meets exactly when it does not meet this one (a node without
+        the key meets NotIn and DoesNotExist, as in Kubernetes, so the pairs are exact)."""
+        return Requirement(self.key, _NEGATION[self.operator], self.values)
+
+
+_NEGATION = {"In": "NotIn", "NotIn": "In", "Exists": "DoesNotExist", "DoesNotExist": "Exists"}
+#: A node selector term no node meets: the label is ours and never set.
+NO_NODE_TERM: dict[str, Any] = {"key": "patchbay.dev/no-node", "operator": "Exists"}
+
 
 @dataclass(frozen=True)
 class Selector:
@@ -63,17 +73,36 @@ class Selector:
             r.matches(labels) for r in self.match_expressions
         )
 
+    def requirements(self) -> tuple[Requirement, ...]:
+        """matchLabels as `In` requirements, then matchExpressions: the selector is their AND."""
+        return (
+            tuple(Requirement(k, "In", frozenset({v})) for k, v in self.match_labels) + self.match_expressions
+        )
+
+    def node_selector_terms(self, excluding: Selector | None = None) -> list[list[dict[str, Any]]]:
+        """nodeAffinity nodeSelectorTerms (ORed lists of ANDed expressions) for this selector, and
+        with `excluding`, for "this selector AND NOT that one": NOT(r1 AND r2 ...) is
+        (NOT r1) OR (NOT r2) ..., so one term per requirement of `excluding`, each this
+        selector's expressions plus that requirement negated. An empty `excluding` selects every
+        node, so nothing is left: one term no node meets."""
+        own = self.as_node_affinity_terms()
+        if excluding is None:
+            return [own]
+        others = excluding.requirements()
+        if not others:
+            return [[*own, NO_NODE_TERM]]
+        return [[*own, _expression(r.negated())] for r in others]
+
     def as_node_affinity_terms(self) -> list[dict[str, Any]]:
         """The selector as nodeAffinity matchExpressions (a DaemonSet's nodeSelector cannot say NotIn)."""
-        exprs: list[dict[str, Any]] = [
-            {"key": k, "operator": "In", "values": [v]} for k, v in self.match_labels
-        ]
-        for r in self.match_expressions:
-            e: dict[str, Any] = {"key": r.key, "operator": r.operator}
-            if r.values:
-                e["values"] = sorted(r.values)
-            exprs.append(e)
-        return exprs
+        return [_expression(r) for r in self.requirements()]
+
+
+def _expression(r: Requirement) -> dict[str, Any]:
+    e: dict[str, Any] = {"key": r.key, "operator": r.operator}
+    if r.values:
+        e["values"] = sorted(r.values)
+    return e
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from patchbay_operator.constants import (
     LABEL_PROFILE,
     Mode,
 )
-from patchbay_operator.profiles import Profile
+from patchbay_operator.profiles import Profile, Selector
 
 DEFAULT_RESOURCES: dict[str, Any] = {
     # Go plugins ask for 10-45 MiB; the Python agent (grpcio + pykube-ng) sits near 41 MiB.
@@ -183,9 +183,15 @@ def device_class(profile: Profile) -> dict[str, Any]:
     )
 
 
-def agent_objects(profile: Profile, settings: Settings) -> list[dict[str, Any]]:
+def agent_objects(
+    profile: Profile, settings: Settings, exclude: Selector | None = None
+) -> list[dict[str, Any]]:
     """[ConfigMap, DaemonSet] for a DevicePlugin profile, [ConfigMap, DaemonSet, DeviceClass] for
     a DRA one, ready for server-side apply.
+
+    `exclude`: for a DRA profile, the selector of the profile that serves the same resource
+    through node capacity (KEP-5004: never both ways on one node): the DaemonSet's node affinity
+    leaves those nodes out, so a node matching both runs only the device plugin's agent.
 
     The DRA agent is the DevicePlugin agent with ``--dra-driver``: the same config, hardening,
     account and report flags, but the kubelet's ``plugins_registry`` and ``plugins``
@@ -213,7 +219,7 @@ def agent_objects(profile: Profile, settings: Settings) -> list[dict[str, Any]]:
         hash_annotation=CONFIG_HASH_ANNOTATION,
         config_hash=config_hash(text),
         priority_class=agent.get("priorityClassName") or "",
-        affinity_terms=profile.selector.as_node_affinity_terms(),
+        node_selector_terms=[t for t in profile.selector.node_selector_terms(exclude) if t],
         tolerations=list(agent.get("tolerations") or []),
         image=agent.get("image") or settings.agent_image,
         pull_policy=agent.get("imagePullPolicy") or "",

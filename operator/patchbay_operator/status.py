@@ -430,8 +430,9 @@ def served_twice(profile: Profile, other: Profile | None, nodes: Iterable[NodeSt
 def served_twice_problems(profile: Profile, other: str, nodes: Sequence[str]) -> list[Problem]:
     """One problem per node served twice, so each appears (and goes) with an Event."""
     msg = (
-        f"{profile.resource} is also served through node capacity by DevicePluginProfile {other}; "
-        "move the node's label from that profile's selector to this one's"
+        f"also selected by DevicePluginProfile {other}, which serves {profile.resource} here through "
+        "node capacity, so this profile's DRA agent stays off the node (one way per node); move "
+        "the node's label from that profile's selector to this one's"
     )
     return [Problem(node, "", Reason.RESOURCE_SERVED_TWICE.value, msg) for node in nodes]
 
@@ -544,8 +545,9 @@ def dra_status(
         degraded_c = (
             True,
             Reason.RESOURCE_SERVED_TWICE,
-            f"{profile.resource} is served both by DRA and by DevicePluginProfile {twin} on "
-            f"{_n(len(twice), 'node')}: {shown}; move those nodes' label from {twin}'s selector "
+            f"{_n(len(twice), 'node')} selected also by DevicePluginProfile {twin}, which serves "
+            f"{profile.resource} there through node capacity, so this profile's DRA agents stay off "
+            f"them (one way per node): {shown}; move those nodes' label from {twin}'s selector "
             "to this profile's",
         )
     elif unhealthy:

@@ -163,7 +163,13 @@ class Agent:
     def _set_up_dra(self, dra: DraOptions, client: DraClient | None) -> None:
         # Imported only here: a device-plugin agent never loads the DRA stubs.
         from patchbay_agent.drahealth import DraHealthServicer, HealthReports
-        from patchbay_agent.draplugin import ClaimPreparer, DraPlugin, service_dir, service_socket_name
+        from patchbay_agent.draplugin import (
+            LOCK_FILE_NAME,
+            ClaimPreparer,
+            DraPlugin,
+            service_dir,
+            service_socket_name,
+        )
         from patchbay_agent.draplugin import registry_socket_name as reg_name
         from patchbay_agent.drapublisher import SlicePublisher
         from patchbay_agent.draslices import slice_devices
@@ -187,6 +193,7 @@ class Agent:
             self.inventory,
             allocation=self.config.allocation,
             cdi_spec_dir=self.options.cdi_spec_dir,
+            lock_path=services / LOCK_FILE_NAME,
         )
         plugin = self.dra = DraPlugin(
             dra.driver,

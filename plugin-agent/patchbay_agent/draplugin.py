@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,6 +72,11 @@ from patchbay_agent.sockets import INSTANCE_RE, MAX_UNIX_SOCKET_PATH, probe, rem
 from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)
+#: How often a call waiting for another instance's call (`node_lock`) tries the lock again.
+LOCK_POLL_SECONDS = 0.005
+#: The lock file in the driver's directory under the kubelet's plugins directory (a hostPath every
+#: instance on the node mounts).
+LOCK_FILE_NAME = "calls.lock"
 
 REGISTRY_DIR = "plugins_registry"
 PLUGINS_DIR = "plugins"
@@ -139,6 +146,29 @@ class DraClient(ClaimReader, SliceClient, Protocol):
     """Everything DRA mode needs of the API: claims to read, slices to write."""
 
 
+@contextlib.asynccontextmanager
+async def node_lock(path: Path | None, poll: float = LOCK_POLL_SECONDS) -> AsyncIterator[None]:
+    """An exclusive `flock` on `path`, shared by every agent instance of the driver on the node
+    (during a rolling update the kubelet may call either), so their prepare and unprepare calls
+    run one at a time, as the kubelet's DRA rules ask of plugins with several instances. Polled
+    without blocking (LOCK_NB), so a call cancelled while it waits leaves nothing behind; the lock
+    goes with the descriptor (and with a process that dies holding it). None: no lock."""
+    if path is None:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(poll)
+        yield
+    finally:
+        os.close(fd)
+
+
 class ClaimPreparer:
     """NodePrepareResources / NodeUnprepareResources as plain Python (see the module doc)."""
 
@@ -152,7 +182,9 @@ class ClaimPreparer:
         allocation: Allocation,
         cdi_spec_dir: Path,
         read_timeout: float = CLAIM_READ_TIMEOUT,
+        lock_path: Path | None = None,
     ) -> None:
+        """`lock_path`: the file whose lock serialises calls across instances (`node_lock`)."""
         self.driver = driver
         self.pool = pool
         self._reader = reader
@@ -160,6 +192,7 @@ class ClaimPreparer:
         self._allocation = allocation
         self.cdi_spec_dir = cdi_spec_dir
         self._read_timeout = read_timeout
+        self.lock_path = lock_path
         #: (snapshot version, slice device name -> physical ID), computed once per snapshot
         self._names: tuple[int, dict[str, str]] = (-1, {})
         #: called after claims were prepared or unprepared (the holders read PodResources again)
@@ -175,7 +208,8 @@ class ClaimPreparer:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
         """Every claim's outcome by UID; the claims are read in parallel."""
-        results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        async with node_lock(self.lock_path):
+            results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
         if self.on_change is not None:
             self.on_change()
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
@@ -221,15 +255,16 @@ class ClaimPreparer:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Every claim's error ("" when done) by UID: its spec file deleted (absent is fine)."""
         out = {}
-        for claim in claims:
-            path = self.spec_path(claim.uid)
-            try:
-                path.unlink(missing_ok=True)
-            except OSError as e:
-                out[claim.uid] = f"cannot delete the CDI spec {path}: {e}"
-                continue
-            out[claim.uid] = ""
-            log.info("Unprepared ResourceClaim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
+        async with node_lock(self.lock_path):
+            for claim in claims:
+                path = self.spec_path(claim.uid)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as e:
+                    out[claim.uid] = f"cannot delete the CDI spec {path}: {e}"
+                    continue
+                out[claim.uid] = ""
+                log.info("Unprepared ResourceClaim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
         if self.on_change is not None:
             self.on_change()
         return out

@@ -107,12 +107,20 @@ def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_
     assert degraded["status"] == "True"
     assert plugin in degraded["message"] and all(n in degraded["message"] for n in nodes)
     assert condition(cluster, plugin, "Stalled").get("reason") != "ResourceNameConflict"
+
+    # ... and never runs its DRA agents there: the DaemonSet's affinity leaves those nodes out.
+    def scheduled() -> int | None:
+        ds = daemonset(cluster, name) or {}
+        return (ds.get("status") or {}).get("desiredNumberScheduled")
+
+    wait_for("no DRA agent where the device plugin serves", lambda: scheduled() == 0)
     # Moving the nodes off the DevicePlugin profile's selector ends it.
     cluster.patch_spec(plugin, {"nodeSelector": {"matchLabels": {TEST_LABEL: "elsewhere"}}})
     wait_for(
         "no longer served twice",
         lambda: condition(cluster, name, "Degraded").get("reason") not in (None, "ResourceServedTwice"),
     )
+    wait_for("the DRA agents back on both nodes", lambda: scheduled() == 2)
 
     cluster.delete_profile(name)
     wait_for("the DeviceClass gone", lambda: device_class(cluster, driver) is None)

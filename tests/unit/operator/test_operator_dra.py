@@ -17,7 +17,7 @@ from patchbay_operator.config import Settings
 from patchbay_operator.controller import Controller
 from patchbay_operator.devicereports import Device, Report
 from patchbay_operator.kube import collection, ref_of
-from patchbay_operator.profiles import Profile, Registry
+from patchbay_operator.profiles import Profile, Registry, Selector
 from patchbay_operator.status import AgentDaemonSet, dra_status, served_twice
 
 R = "example.com/serial"
@@ -262,3 +262,80 @@ async def test_a_device_class_the_profile_does_not_control_is_left_alone(ctl: An
     await c.reconcile(body(mode="DevicePlugin"))
     await c.delete(body(mode="DevicePlugin"))
     assert DC_PATH in kube.objects
+
+
+def _node_matches(terms: list[dict[str, Any]], labels: dict[str, str]) -> bool:
+    """How the scheduler reads nodeSelectorTerms: any term whose expressions all hold."""
+    from patchbay_operator.profiles import Requirement
+
+    return any(
+        all(
+            Requirement(e["key"], e["operator"], frozenset(e.get("values") or ())).matches(labels)
+            for e in t["matchExpressions"]
+        )
+        for t in terms
+    )
+
+
+@pytest.mark.parametrize(
+    ("dp_selector", "labels", "runs"),
+    [
+        ({"matchLabels": {"serial": "plugin"}}, {"serial-dra": "true"}, True),
+        ({"matchLabels": {"serial": "plugin"}}, {"serial-dra": "true", "serial": "plugin"}, False),
+        ({"matchLabels": {"serial": "plugin"}}, {"serial-dra": "true", "serial": "other"}, True),
+        (
+            {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
+            {"serial-dra": "true", "gpu": ""},
+            False,
+        ),
+        (
+            {
+                "matchLabels": {"a": "1"},
+                "matchExpressions": [{"key": "b", "operator": "NotIn", "values": ["x"]}],
+            },
+            {"serial-dra": "true", "a": "1", "b": "x"},
+            True,  # the DevicePlugin profile does not select it (b is x)
+        ),
+        ({}, {"serial-dra": "true"}, False),  # the other profile selects every node
+        ({"matchLabels": {"serial": "plugin"}}, {}, False),  # not the DRA profile's node at all
+    ],
+)
+def test_a_dra_agent_never_runs_where_the_resource_is_served_through_node_capacity(
+    dp_selector: dict[str, Any], labels: dict[str, str], runs: bool
+) -> None:
+    """KEP-5004: the DRA DaemonSet's node affinity is "the DRA selector AND NOT the device plugin
+    profile's selector", so a node matching both runs only the device plugin's agent."""
+    dra = Profile.from_body(body(**{"serial-dra": "true"}))
+    _, ds, _ = render.agent_objects(dra, SETTINGS, Selector.parse(dp_selector))
+    affinity = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert _node_matches(terms, labels) is runs
+
+
+async def test_the_dra_daemonset_follows_the_device_plugin_profiles_selector(ctl: Any) -> None:
+    """The DRA agents' exclusion is re-applied when the other side appears, and lifted when it
+    goes."""
+    c, kube = ctl
+    ds_path = "/apis/apps/v1/namespaces/patchbay-test/daemonsets/patchbay-serial-dra"
+
+    def terms() -> list[dict[str, Any]]:
+        pod = kube.objects[ds_path]["spec"]["template"]["spec"]
+        return pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+
+    dra = body("serial-dra", "DRA", "2026-01-02T00:00:00Z", **{"serial-dra": "true"})
+    plugin = body("serial-dp", "DevicePlugin", "2026-01-01T00:00:00Z", serial="plugin")
+    await c.reconcile(dra)
+    assert terms() == [{"matchExpressions": [{"key": "serial-dra", "operator": "In", "values": ["true"]}]}]
+    await c.reconcile(plugin)
+    assert terms() == [
+        {
+            "matchExpressions": [
+                {"key": "serial-dra", "operator": "In", "values": ["true"]},
+                {"key": "serial", "operator": "NotIn", "values": ["plugin"]},
+            ]
+        }
+    ]
+    await c.delete(plugin)
+    assert terms() == [{"matchExpressions": [{"key": "serial-dra", "operator": "In", "values": ["true"]}]}]
