@@ -335,13 +335,6 @@ def plugin_status(
             "allocated": sum(rep.allocated for rep in reports),
         }
     problems = plugin_problems(profile, matching, troubles, reports)
-    st = daemonset.status if daemonset is not None else {}
-    desired = int(st.get("desiredNumberScheduled") or 0)
-    available = int(st.get("numberAvailable") or 0)
-    updated = int(st.get("updatedNumberScheduled") or 0)
-    observed = int(st.get("observedGeneration") or 0)
-    generation = daemonset.generation if daemonset is not None else 0
-    rolling = daemonset is None or observed < generation or updated < desired or available < desired
     troubled = {t.node for t in troubles}
     by_node = {rep.node: rep for rep in reports}
     waiting = sorted(
@@ -349,13 +342,48 @@ def plugin_status(
         for n in matching
         if n.capacity.get(r) is None and n.name not in troubled and publishing(by_node.get(n.name))
     )
-    stuck = [p for p in problems if p.stalled]
-    unhealthy = [p for p in problems if p.device or p.reason == Reason.DEVICES_UNHEALTHY.value]
+    return _agents_status(
+        profile,
+        daemonset,
+        previous,
+        now,
+        devices=devices,
+        problems=problems,
+        unhealthy=[p for p in problems if p.device or p.reason == Reason.DEVICES_UNHEALTHY.value],
+        waiting=_waiting(waiting, r) if waiting else "",
+    )
 
+
+def _agents_status(
+    profile: Profile,
+    daemonset: AgentDaemonSet | None,
+    previous: Mapping[str, Any],
+    now: str,
+    *,
+    devices: Mapping[str, int],
+    problems: list[Problem],
+    unhealthy: Sequence[Problem],
+    waiting: str = "",
+    served_twice: Verdict | None = None,
+) -> dict[str, Any]:
+    """The conditions of a profile whose agents run as a DaemonSet (DevicePlugin and DRA): the
+    rollout from the DaemonSet's status, stuck agents (Stalled), then what degrades the service.
+    `waiting`: why Ready waits for the kubelet although the rollout is done (DevicePlugin);
+    `served_twice`: the Degraded condition for nodes served both ways (DRA)."""
+    st = daemonset.status if daemonset is not None else {}
+    desired = int(st.get("desiredNumberScheduled") or 0)
+    available = int(st.get("numberAvailable") or 0)
+    updated = int(st.get("updatedNumberScheduled") or 0)
+    observed = int(st.get("observedGeneration") or 0)
+    generation = daemonset.generation if daemonset is not None else 0
+    rolling = daemonset is None or observed < generation or updated < desired or available < desired
+    stuck = [p for p in problems if p.stalled]
+
+    ready_c: Verdict
     if daemonset is not None and desired == 0:
         ready_c = (True, Reason.NO_MATCHING_NODES, "no node is selected")
     elif not rolling and waiting:
-        ready_c = (False, Reason.PUBLISHING, _waiting(waiting, r))
+        ready_c = (False, Reason.PUBLISHING, waiting)
     elif not rolling:
         ready_c = (True, Reason.ALL_NODES_READY, f"{_n(available, 'agent')} available")
     elif daemonset is None:
@@ -375,11 +403,14 @@ def plugin_status(
                 f"{updated} of {_n(desired, 'agent')} updated, {available} available",
             )
         elif waiting:
-            reconciling_c = (True, Reason.PUBLISHING, _waiting(waiting, r))
+            reconciling_c = (True, Reason.PUBLISHING, waiting)
         else:
             reconciling_c = (False, Reason.UP_TO_DATE, f"{_n(desired, 'agent')} up to date")
+    down = int(st.get("numberUnavailable") or 0)
     if stuck:
         degraded_c = (True, stalled_c[1], stalled_c[2])
+    elif served_twice is not None:
+        degraded_c = served_twice
     elif unhealthy:
         nodes_hit = len({p.node for p in unhealthy})
         degraded_c = (
@@ -387,12 +418,8 @@ def plugin_status(
             Reason.DEVICES_UNHEALTHY,
             f"unhealthy devices on {_n(nodes_hit, 'node')}; {_first(unhealthy)}",
         )
-    elif not rolling and int(st.get("numberUnavailable") or 0) > 0:
-        degraded_c = (
-            True,
-            Reason.AGENTS_UNAVAILABLE,
-            f"{_n(int(st.get('numberUnavailable') or 0), 'agent')} down",
-        )
+    elif not rolling and down > 0:
+        degraded_c = (True, Reason.AGENTS_UNAVAILABLE, f"{_n(down, 'agent')} down")
     else:
         degraded_c = (False, Reason.AS_EXPECTED, "no node needs attention")
     return assemble(
@@ -506,43 +533,10 @@ def dra_status(
     }
     problems = dra_problems(profile, matching, troubles, reports)
     problems += served_twice_problems(profile, twin, twice)
-    st = daemonset.status if daemonset is not None else {}
-    desired = int(st.get("desiredNumberScheduled") or 0)
-    available = int(st.get("numberAvailable") or 0)
-    updated = int(st.get("updatedNumberScheduled") or 0)
-    observed = int(st.get("observedGeneration") or 0)
-    generation = daemonset.generation if daemonset is not None else 0
-    rolling = daemonset is None or observed < generation or updated < desired or available < desired
-    stuck = [p for p in problems if p.stalled]
-    unhealthy = [p for p in problems if p.device]
-
-    if daemonset is not None and desired == 0:
-        ready_c = (True, Reason.NO_MATCHING_NODES, "no node is selected")
-    elif not rolling:
-        ready_c = (True, Reason.ALL_NODES_READY, f"{_n(available, 'agent')} available")
-    elif daemonset is None:
-        ready_c = (False, Reason.APPLYING, "agent DaemonSet not created yet")
-    else:
-        ready_c = (False, Reason.NODES_NOT_READY, f"{available} of {_n(desired, 'agent')} available")
-    if stuck:
-        stalled_c, reconciling_c = _stalled(stuck, "agent")
-    else:
-        stalled_c = (False, Reason.AS_EXPECTED, "nothing is stuck")
-        if daemonset is None:
-            reconciling_c = (True, Reason.APPLYING, "creating the agent DaemonSet")
-        elif rolling:
-            reconciling_c = (
-                True,
-                Reason.ROLLING_OUT,
-                f"{updated} of {_n(desired, 'agent')} updated, {available} available",
-            )
-        else:
-            reconciling_c = (False, Reason.UP_TO_DATE, f"{_n(desired, 'agent')} up to date")
-    if stuck:
-        degraded_c = (True, stalled_c[1], stalled_c[2])
-    elif twice:
+    served_twice: Verdict | None = None
+    if twice:
         shown = ", ".join(twice[:3]) + (f" and {len(twice) - 3} more" if len(twice) > 3 else "")
-        degraded_c = (
+        served_twice = (
             True,
             Reason.RESOURCE_SERVED_TWICE,
             f"{_n(len(twice), 'node')} selected also by DevicePluginProfile {twin}, which serves "
@@ -550,28 +544,13 @@ def dra_status(
             f"them (one way per node): {shown}; move those nodes' label from {twin}'s selector "
             "to this profile's",
         )
-    elif unhealthy:
-        nodes_hit = len({p.node for p in unhealthy})
-        degraded_c = (
-            True,
-            Reason.DEVICES_UNHEALTHY,
-            f"unhealthy devices on {_n(nodes_hit, 'node')}; {_first(unhealthy)}",
-        )
-    elif not rolling and int(st.get("numberUnavailable") or 0) > 0:
-        degraded_c = (
-            True,
-            Reason.AGENTS_UNAVAILABLE,
-            f"{_n(int(st.get('numberUnavailable') or 0), 'agent')} down",
-        )
-    else:
-        degraded_c = (False, Reason.AS_EXPECTED, "no node needs attention")
-    return assemble(
+    return _agents_status(
         profile,
-        conds=_conds(ready_c, reconciling_c, stalled_c, degraded_c),
-        previous=previous,
-        now=now,
-        desired=desired,
-        ready=available,
+        daemonset,
+        previous,
+        now,
         devices=devices,
         problems=problems,
+        unhealthy=[p for p in problems if p.device],
+        served_twice=served_twice,
     )

@@ -256,8 +256,11 @@ class Agent:
             driver, pool = self.options.dra.driver, self.options.node_name
 
             def held(c: Container) -> list[str]:
+                claimed = c.claimed_devices(driver, pool)
+                if not claimed:  # most containers: no need to name the node's devices
+                    return []
                 names = device_names(self.inventory.current)
-                return [names[n] for n in c.claimed_devices(driver, pool) if n in names]
+                return [names[n] for n in claimed if n in names]
 
         holders = self.holders = PodHolders(
             report.pod_resources_socket,

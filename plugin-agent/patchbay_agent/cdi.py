@@ -90,6 +90,8 @@ class CdiSpecs:
         self.kind = kind
         self.path = directory / spec_file_name(resource_name)
         self._written: dict[str, Any] | None = None
+        #: the snapshot `_written` was built from (or found equal to)
+        self._snapshot: Snapshot | None = None
         self.writes = 0
 
     def ensure(self, snap: Snapshot) -> bool:
@@ -97,11 +99,16 @@ class CdiSpecs:
 
         Raises OSError when the directory cannot be written (the caller says what fails with it).
         """
+        if snap is self._snapshot and self.path.exists():
+            # Allocate's common case: the devices have not changed since the last call (snapshots
+            # are replaced, never mutated), so the document is not built again.
+            return False
         doc = spec_document(self.kind, snap)
         if doc == self._written and self.path.exists():
+            self._snapshot = snap
             return False
         write_spec(self.path, doc)
-        self._written = doc
+        self._written, self._snapshot = doc, snap
         self.writes += 1
         log.info("Wrote CDI spec %s: kind %s, %d device(s)", self.path, self.kind, len(doc["devices"]))
         return True

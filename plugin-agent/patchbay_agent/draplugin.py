@@ -67,7 +67,7 @@ from patchbay_agent.draslices import device_names
 from patchbay_agent.inventory import Inventory, Snapshot
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.registration import Backoff
-from patchbay_agent.server import file_identity
+from patchbay_agent.server import PluginServer
 from patchbay_agent.sockets import INSTANCE_RE, MAX_UNIX_SOCKET_PATH, probe, remove_stale
 from patchbay_agent.wakeup import wait_any
 
@@ -406,51 +406,6 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
-class UnixServer:
-    """One grpc.aio server on one Unix socket; remembers the file's identity (inode, ctime) so it
-    removes the file only while it is still its own (docs/facts.md#plugin-sockets)."""
-
-    def __init__(self, socket_path: Path, add: Callable[[grpc.aio.Server], None], what: str) -> None:
-        self.socket_path = socket_path
-        self._add = add
-        self._what = what
-        self.identity: tuple[int, int] | None = None
-        self._server: grpc.aio.Server | None = None
-
-    async def start(self) -> None:
-        """Bind and serve; a file left at the path is replaced."""
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        server = grpc.aio.server()
-        self._add(server)
-        try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
-            await server.start()
-        except BaseException:
-            await server.stop(None)
-            raise
-        self._server = server
-        self.identity = file_identity(self.socket_path)
-        log.info("Serving %s on %s", self._what, self.socket_path)
-
-    @property
-    def serving(self) -> bool:
-        return self._server is not None
-
-    def intact(self) -> bool:
-        return self.identity is not None and file_identity(self.socket_path) == self.identity
-
-    async def stop(self, grace: float | None) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace)
-        if self.intact():
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
-        self.identity = None
-
-
 class DraPlugin:
     """Serves the two sockets (see the module doc) and tracks the kubelet's registration verdict."""
 
@@ -495,8 +450,10 @@ class DraPlugin:
         def add_registration(server: grpc.aio.Server) -> None:
             pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(registration, server)  # type: ignore[no-untyped-call]
 
-        self.service = UnixServer(self.service_socket, add_service, "the DRA service")
-        self.registration = UnixServer(self.registry_socket, add_registration, "DRA plugin registration")
+        self.service = PluginServer(self.service_socket, add_service, "the DRA service", make_dir=True)
+        self.registration = PluginServer(
+            self.registry_socket, add_registration, "DRA plugin registration", make_dir=True
+        )
 
     def _on_status(self, registered: bool, error: str) -> None:
         self.registered = registered
@@ -535,14 +492,14 @@ class DraPlugin:
     async def _serve(self) -> float | None:
         """(Re)serve whichever socket is not intact; the retry delay after a failure, else None."""
         try:
-            if not self.service.intact():
+            if not self.service.socket_intact():
                 if self.service.serving:
                     log.info("DRA socket %s was removed: serving again", self.service_socket)
                 await self.service.stop(0)
                 await self.service.start()
                 # The kubelet must learn the endpoint anew: re-serve the registration socket too.
                 await self.registration.stop(0)
-            if not self.registration.intact():
+            if not self.registration.socket_intact():
                 if self.registration.serving:
                     log.info("Registration socket %s was removed: serving again", self.registry_socket)
                 self.registered = False

@@ -39,7 +39,7 @@ from patchbay_agent.api import api_pb2, api_pb2_grpc
 from patchbay_agent.constants import API_VERSION, KUBELET_SOCKET
 from patchbay_agent.fswatch import DirWatcher
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.server import DevicePluginServicer, PluginServer, file_identity
+from patchbay_agent.server import DevicePluginServicer, PluginServer, device_plugin_server, file_identity
 from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class Registrar:
         if self.server is not None:
             await self.server.stop(0, remove_socket=True)
             self.server = None
-        server = PluginServer(self._servicer, self.socket_path)
+        server = device_plugin_server(self._servicer, self.socket_path)
         await server.start()
         self.server = server
 

@@ -197,18 +197,32 @@ class PluginServer:
     inode alone cannot tell "still ours" from "replaced".
     """
 
-    def __init__(self, servicer: DevicePluginServicer, socket_path: Path) -> None:
+    def __init__(
+        self,
+        socket_path: Path,
+        add: Callable[[grpc.aio.Server], None],
+        what: str,
+        *,
+        make_dir: bool = False,
+    ) -> None:
+        """`add` puts the services on a new server (the DevicePlugin one: `device_plugin_server`);
+        `what` names them in the log; `make_dir`: create the socket's directory (a DRA driver's
+        own directory) instead of expecting it (the kubelet's device-plugin directory)."""
         self.socket_path = socket_path
         self.identity: tuple[int, int] | None = None
-        self._servicer = servicer
+        self._add = add
+        self._what = what
+        self._make_dir = make_dir
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
         """Bind and serve. A stale socket file from an earlier run is removed first."""
+        if self._make_dir:
+            self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         server = grpc.aio.server()
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self._servicer, server)  # type: ignore[no-untyped-call]
+        self._add(server)
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
             await server.start()
@@ -217,7 +231,7 @@ class PluginServer:
             raise
         self._server = server
         self.identity = file_identity(self.socket_path)
-        log.info("Serving DevicePlugin on %s", self.socket_path)
+        log.info("Serving %s on %s", self._what, self.socket_path)
 
     @property
     def serving(self) -> bool:
@@ -236,3 +250,12 @@ class PluginServer:
         if remove_socket and self.socket_intact():
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
+
+
+def device_plugin_server(servicer: DevicePluginServicer, socket_path: Path) -> PluginServer:
+    """The DevicePlugin service of `servicer` on `socket_path`."""
+
+    def add(server: grpc.aio.Server) -> None:
+        api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+
+    return PluginServer(socket_path, add, "DevicePlugin")
