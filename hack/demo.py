@@ -281,11 +281,11 @@ def serial_held(tools: Tools) -> int:
 def summary(tools: Tools, core: client.CoreV1Api) -> None:
     step("kubectl get dpp")
     print(tools.kubectl("get", "dpp", show=False).rstrip())
-    step("Patchbay's pods (the operator from the chart, the agent from its DaemonSet)")
+    step("Patchbay's pods (the operator from the chart, each profile's agent from its DaemonSet)")
     print(tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide", show=False).rstrip())
-    step("What the agent reports on its node (kubectl get devicereports: health, who holds what)")
+    step("What the agents report on their node (kubectl get devicereports: health, who holds what)")
     print(tools.kubectl("-n", NAMESPACE, "get", "dr", show=False).rstrip())
-    step("What the scheduler sees: allocatable/capacity per node")
+    step("What the scheduler sees: allocatable/capacity per node (DRA devices are in ResourceSlices instead)")
     print(f"{'NODE':<14} {'example.com/dongle':>20} {'example.com/serial':>20}")
     for node in core.list_node().items:
         cap, alloc = node.status.capacity or {}, node.status.allocatable or {}
@@ -304,7 +304,7 @@ def summary(tools: Tools, core: client.CoreV1Api) -> None:
     health = "{.status.containerStatuses[0].allocatedResourcesStatus}"
     print(f"kubectl get pod uses-sensor-claim -o jsonpath='{health}'   # its device's health")
     print(f"kubectl -n {NAMESPACE} get dr -o yaml   # each device's health, reason, since, holders")
-    print("The operator and the agent run as pods from the images above; nothing of Patchbay runs")
+    print("The operator and the agents run as pods from the images above; nothing of Patchbay runs")
     print("on the host. Stop everything: make demo-down")
 
 
