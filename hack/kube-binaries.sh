@@ -9,25 +9,40 @@
 # v0.0.0 through local replace directives, so a wrapper module replaces each staging module with
 # its published v0.<minor>.<patch> tag, generated from the release's own go.mod.
 #
-# The pin: v1.37.2 exists on the proxy but its source zip is refused (403), so 1.37.1 it is.
-# Cache: $PATCHBAY_CACHE (default ~/.cache/patchbay)/kube/<k8s version>/bin, keyed by every
-# version below. A stamp file makes a second run a no-op in well under a second.
+# Releases: K8S_VERSION picks one of the support matrix (hack/kube-releases, the one definition:
+# one release per line, the newest, the default, last). `--matrix` prints the matrix; `--oldest`
+# and `--newest` print one release. v1.37.2 exists on the proxy but its source zip is refused
+# (403), so the newest is 1.37.1.
+# Cache: $PATCHBAY_CACHE (default ~/.cache/patchbay)/kube/<key>/bin per release, for the
+# Kubernetes binaries only; etcd, kwok, helm and containerd do not depend on the release, so they
+# are built once into $CACHE/tools/<name>-<version>/ and linked into each release's bin dir. A
+# stamp file makes a second run a no-op in well under a second.
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-v1.37.1}"
+HACK="$(cd "$(dirname "$0")" && pwd)"
+RELEASES_FILE="$HACK/kube-releases"
+releases() { grep -Ev '^\s*(#|$)' "$RELEASES_FILE"; }
+case "${1:-}" in
+  --matrix) releases; exit 0 ;;
+  --oldest) releases | head -n1; exit 0 ;;
+  --newest) releases | tail -n1; exit 0 ;;
+esac
+
+K8S_VERSION="${K8S_VERSION:-$(releases | tail -n1)}"
+if ! releases | grep -qxF "$K8S_VERSION"; then
+  echo "[kube-binaries] WARNING: K8S_VERSION=$K8S_VERSION is not in the support matrix ($(releases | tr '\n' ' ')); building it anyway" >&2
+fi
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v4.3.1}"
-# Not part of KEY: containerd joined later, and a new key would rebuild every Kubernetes binary.
-# Its own stamp (below) rebuilds it alone when the version changes.
 CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 
 CACHE="${PATCHBAY_CACHE:-$HOME/.cache/patchbay}"
-HACK="$(cd "$(dirname "$0")" && pwd)"
-KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_containerd-${CONTAINERD_VERSION}"
 OUT="$CACHE/kube/$KEY"
 BIN="$OUT/bin"
 STAMP="$OUT/.complete"
+TOOLS="$CACHE/tools"
 
 log() { printf '[kube-binaries %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -36,9 +51,8 @@ if [[ "${1:-}" == "--print-bin-dir" ]]; then
   exit 0
 fi
 
-CONTAINERD_STAMP="$BIN/.containerd-$CONTAINERD_VERSION"
-if [[ -f "$STAMP" && -f "$CONTAINERD_STAMP" ]]; then
-  log "cached: $BIN ($KEY, containerd $CONTAINERD_VERSION)"
+if [[ -f "$STAMP" ]]; then
+  log "cached: $BIN ($KEY)"
   exit 0
 fi
 
@@ -88,21 +102,23 @@ k8s_build() {
 
 # --- etcd: its server module has replace directives, so it too needs a wrapper module ----------
 etcd_build() {
-  have etcd && return 0
-  local mod="$OUT/work/etcd"
+  local dir="$TOOLS/etcd-$ETCD_VERSION"
+  [[ -x "$dir/etcd" ]] && return 0
+  local mod="$dir/work"
   mkdir -p "$mod"
   cd "$mod"
   [[ -f go.mod ]] || go mod init patchbay.local/etcdbuild >/dev/null 2>&1
   grep -q '^tool' go.mod || { log "go get -tool go.etcd.io/etcd/server/v3@$ETCD_VERSION"; go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION"; }
   log "building etcd $ETCD_VERSION"
-  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$dir/etcd" go.etcd.io/etcd/server/v3
 }
 
 # --- containerd, its runc shim and ctr: a wrapper module as for etcd -----------------------------
 # Build tags leave out the snapshotters that need C headers or kernel features the node never uses.
 containerd_build() {
-  [[ -f "$CONTAINERD_STAMP" ]] && return 0
-  local mod="$OUT/work/containerd-$CONTAINERD_VERSION" m=github.com/containerd/containerd/v2
+  local dir="$TOOLS/containerd-$CONTAINERD_VERSION"
+  [[ -f "$dir/.complete" ]] && return 0
+  local mod="$dir/work" m=github.com/containerd/containerd/v2
   mkdir -p "$mod"
   cd "$mod"
   [[ -f go.mod ]] || go mod init patchbay.local/containerdbuild >/dev/null 2>&1
@@ -114,17 +130,27 @@ containerd_build() {
   log "building containerd $CONTAINERD_VERSION (containerd, containerd-shim-runc-v2, ctr)"
   CGO_ENABLED=1 go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
     -ldflags "-s -w -X $m/version.Version=$CONTAINERD_VERSION" \
-    -o "$BIN/" "$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr"
-  rm -f "$BIN"/.containerd-*
-  touch "$CONTAINERD_STAMP"
+    -o "$dir/" "$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr"
+  touch "$dir/.complete"
 }
 
 # --- kwok and helm install with plain `go install` ----------------------------------------------
 goinstall() {
-  local name="$1" pkg="$2"
-  have "$name" && return 0
+  local name="$1" pkg="$2" dir="$TOOLS/$1-${2##*@}"
+  [[ -x "$dir/$name" ]] && return 0
   log "go install $pkg"
-  (cd "$OUT/work" && GOFLAGS="-buildvcs=false" CGO_ENABLED=0 GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "$pkg")
+  mkdir -p "$dir"
+  (cd "$dir" && GOFLAGS="-buildvcs=false" CGO_ENABLED=0 GOBIN="$dir" go install -trimpath -ldflags "-s -w" "$pkg")
+}
+
+# The release-independent tools, linked into the release's bin dir (one PATH entry for all).
+link_tools() {
+  ln -sfn "$TOOLS/etcd-$ETCD_VERSION/etcd" "$BIN/etcd"
+  for b in containerd containerd-shim-runc-v2 ctr; do
+    ln -sfn "$TOOLS/containerd-$CONTAINERD_VERSION/$b" "$BIN/$b"
+  done
+  ln -sfn "$TOOLS/kwok-$KWOK_VERSION/kwok" "$BIN/kwok"
+  ln -sfn "$TOOLS/helm-$HELM_VERSION/helm" "$BIN/helm"
 }
 
 log "cold build into $BIN (tens of minutes on 2 cores; cached afterwards)"
@@ -137,6 +163,7 @@ k8s_build
 containerd_build
 goinstall kwok "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 goinstall helm "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+link_tools
 
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kwok helm \
   containerd containerd-shim-runc-v2 ctr; do

@@ -44,6 +44,7 @@ from support.clusters import (
 from support.operator import Operator
 
 from patchbay_devcluster import DevCluster, find_bin_dir
+from patchbay_devcluster.releases import release_of
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDER_MARKERS = {"integration": ("cluster",), "conformance": ("peer",), "e2e": ("cluster", "node")}
@@ -81,6 +82,12 @@ def kube_bin_dir() -> Path:
 @pytest.fixture(scope="session")
 def bin_dir() -> Path:
     return find_bin_dir(kube_bin_dir())
+
+
+@pytest.fixture(scope="session")
+def kube_release(bin_dir: Path) -> str:
+    """The Kubernetes release of this session's binaries (``v1.34.4``), read from kube-apiserver."""
+    return release_of(bin_dir)
 
 
 @pytest.fixture(scope="session")
