@@ -142,6 +142,7 @@ class Agent:
             poll_interval=options.poll_interval,
             backoff=Backoff(options.backoff_initial, options.backoff_max),
             rename=self._rename,
+            kubelet_allocatable=self._kubelet_allocatable if options.report is not None else None,
         )
         self.http = HttpEndpoint(self.metrics, self._healthy, self._ready)
         self.started = asyncio.Event()
@@ -155,6 +156,14 @@ class Agent:
             self._set_up_report(options.report, report_client)
         if options.dra is not None:
             self._set_up_dra(options.dra, dra_client)
+
+    async def _kubelet_allocatable(self) -> int:
+        """How many of our devices the kubelet counts allocatable now (PodResources)."""
+        from patchbay_agent.podresources import get_allocatable_resources
+
+        assert self.options.report is not None
+        got = await get_allocatable_resources(self.options.report.pod_resources_socket, rpc_timeout=0.05)
+        return got.count(self.config.resource_name)
 
     def _round_done(self) -> None:
         for callback in self._on_round:

@@ -17,7 +17,14 @@ Rules this module keeps:
   while there is no `kubelet.sock` at all, wait for it to appear instead of knocking;
 * the kubelet keeps one ListAndWatch stream per registration and, when that stream fails, forgets
   the plugin without telling it. So when our last stream ends while the same kubelet is still
-  there, wait a moment (a re-registration in flight opens a new one) and register again;
+  there, register again: AT ONCE when the kubelet had opened the stream of our newest
+  registration (it dropped us: kubelets before v1.37 drop the newest client of a resource when
+  ANY client's stream of it ends, e.g. when the previous agent of a maxSurge rollout leaves, and
+  mark all its devices unhealthy until a plugin registers again, so every millisecond counts);
+  after a short grace when that stream was never opened (it may still be on its way). Before
+  registering after a drop, wait (briefly, bounded) until the kubelet's PodResources shows that
+  it has finished dropping us, so the drop cannot land on the new registration
+  (docs/facts.md#kubelet-endpoints);
 * the kubelet keeps one endpoint per socket PATH. When it refuses Register with "device plugin
   already connected", it has just dropped its client for that path but may keep the endpoint,
   which then blocks the path until it restarts: serve on a NEW socket name and register that
@@ -30,7 +37,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -44,8 +51,20 @@ from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)
 
-#: After our last ListAndWatch stream ends, how long to wait for a new one before re-registering.
-STREAM_LOSS_GRACE = 1.0
+#: After a registration, how long the kubelet may take to open its ListAndWatch stream before a
+#: stream that ended (an older one) counts as lost. Streams of a registration the kubelet had
+#: already opened count as lost at once.
+STREAM_OPEN_GRACE = 1.0
+#: After the kubelet dropped us, how long to wait at most for its PodResources to show none of
+#: our devices allocatable (it has run its disconnect) before registering again, and how often to
+#: look. The kubelet's disconnect follows the connection close within microseconds; the bound only
+#: matters when another endpoint keeps the devices allocatable (v1.37 promotes one).
+DROP_SETTLE_TIMEOUT = 0.1
+DROP_SETTLE_EVERY = 0.002
+#: A registration dropped sooner than this after it was made counts as a repeated drop: the next
+#: re-registration waits (10 ms, then x4 up to 1 s), so two kubelet clients closing each other in
+#: turn cannot make us knock in a tight loop.
+QUICK_DROP = 1.0
 #: What the kubelet's device manager answers a Register for a socket path it still holds.
 ALREADY_CONNECTED = "device plugin already connected"
 
@@ -83,7 +102,10 @@ class Registrar:
         register_timeout: float = 10.0,
         backoff: Backoff | None = None,
         rename: Callable[[], str] | None = None,
+        kubelet_allocatable: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
+        """`kubelet_allocatable` reads how many of our devices the kubelet counts allocatable now
+        (PodResources); without it a re-registration after a drop does not wait for the kubelet."""
         self.plugin_dir = plugin_dir
         #: our socket's file name in plugin_dir (what RegisterRequest.endpoint says)
         self.endpoint = endpoint
@@ -105,6 +127,16 @@ class Registrar:
         self.serve_failures = 0
         #: when set, check at this monotonic time whether the kubelet still holds a stream
         self._stream_check_at: float | None = None
+        #: the servicer's count of streams ever opened, at our newest registration
+        self._streams_at_registration = 0
+        #: the kubelet dropped the stream of our newest registration (re-register at once)
+        self._dropped = False
+        #: re-registrations because the kubelet dropped us while it stayed (kubelets < v1.37 do
+        #: in every maxSurge rollout)
+        self.drops = 0
+        self._kubelet_allocatable = kubelet_allocatable
+        self._registered_at = 0.0
+        self._drop_backoff = Backoff(initial=0.01, maximum=1.0, factor=4.0)
         servicer.on_stream_closed = self._stream_closed
 
     @property
@@ -131,8 +163,29 @@ class Registrar:
         self.server = server
 
     def _stream_closed(self) -> None:
-        self._stream_check_at = time.monotonic() + STREAM_LOSS_GRACE
+        if self._servicer.open_streams > 0:
+            return  # the kubelet still holds a stream of ours
+        if self._servicer.streams_opened > self._streams_at_registration:
+            # The stream of our newest registration was open and is gone: the kubelet dropped us.
+            self._dropped = True
+            self._stream_check_at = time.monotonic()
+        else:
+            self._stream_check_at = time.monotonic() + STREAM_OPEN_GRACE
         self._kick.set()
+
+    async def _kubelet_let_go(self) -> None:
+        """Wait (at most DROP_SETTLE_TIMEOUT) until the kubelet counts none of our devices
+        allocatable: then its disconnect has run and cannot undo the registration we send next.
+        Errors reading PodResources end the wait: registering is what matters."""
+        if self._kubelet_allocatable is None:
+            return
+        deadline = time.monotonic() + DROP_SETTLE_TIMEOUT
+        try:
+            # A poll, not an event: the kubelet announces nothing; PodResources is all there is.
+            while await self._kubelet_allocatable() > 0 and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(DROP_SETTLE_EVERY)
+        except (grpc.aio.AioRpcError, OSError) as e:
+            log.debug("PodResources unreadable while waiting for the kubelet to let go: %s", e)
 
     def _on_event(self, directory: Path, name: str, mask: int) -> None:
         if name in (KUBELET_SOCKET, self.endpoint) or not name:
@@ -185,10 +238,34 @@ class Registrar:
             if time.monotonic() < check_at:
                 return check_at - time.monotonic()
             self._stream_check_at = None
+            dropped, self._dropped = self._dropped, False
             if self._servicer.open_streams > 0:
                 return None
-            log.warning("The kubelet dropped our ListAndWatch stream without restarting: registering again")
             self._set_registered(None)
+            if dropped:
+                self.drops += 1
+                if time.monotonic() - self._registered_at < QUICK_DROP:
+                    delay = self._drop_backoff.next()
+                    log.warning(
+                        "Dropped again %.0f ms after registering: waiting %.0f ms",
+                        (time.monotonic() - self._registered_at) * 1000,
+                        delay * 1000,
+                    )
+                    await asyncio.sleep(delay)
+                else:
+                    self._drop_backoff.reset()
+                await self._kubelet_let_go()
+                log.warning(
+                    "The kubelet dropped our ListAndWatch stream without restarting (kubelets before "
+                    "v1.37 do when another plugin process of %s leaves): registering again at once",
+                    self._resource_name,
+                )
+            else:
+                log.warning(
+                    "The kubelet dropped our ListAndWatch stream without restarting: registering again"
+                )
+        # Counted before the call: the kubelet may open the new stream before Register returns.
+        self._streams_at_registration = self._servicer.streams_opened
         try:
             await self.register()
         except grpc.aio.AioRpcError as e:
@@ -207,6 +284,8 @@ class Registrar:
         self._backoff.reset()
         # A fresh registration supersedes streams that ended before it.
         self._stream_check_at = None
+        self._dropped = False
+        self._registered_at = time.monotonic()
         self._set_registered(kubelet_id)
         self.registration_count += 1
         self._metrics.registrations.labels("success").inc()

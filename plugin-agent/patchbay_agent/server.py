@@ -44,6 +44,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._cdi = cdi
         #: ListAndWatch streams open right now (the kubelet keeps exactly one per registration)
         self.open_streams = 0
+        #: ListAndWatch streams ever opened (tells a stream of the newest registration from older)
+        self.streams_opened = 0
         #: called when a stream ends; the registrar uses it to notice a kubelet that dropped us
         self.on_stream_closed: Callable[[], None] | None = None
         #: called after every Allocate answered OK (must not block: it runs before the answer goes)
@@ -74,6 +76,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         """The full list now, then again on every change, until the client or the agent stops."""
         self._metrics.streams.inc()
         self.open_streams += 1
+        self.streams_opened += 1
         self._metrics.rpcs.labels("ListAndWatch", "OK").inc()
         log.info("ListAndWatch stream opened (%d devices)", self._inventory.current.advertised)
         try:

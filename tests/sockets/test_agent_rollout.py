@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support.agentrun import plugin_client, running_agent
+from support.agentrun import plugin_client, running_agent, until
 from support.fakehw import FakeHardware, live_socket, stale_socket
 from support.pykubelet import PyKubelet
 
@@ -148,6 +148,42 @@ def test_already_connected_moves_the_agent_to_a_new_socket(plugin_dir: Path, hw:
                 assert not (plugin_dir / first).exists()
                 assert (plugin_dir / second).exists()
         finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_registers_again(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """Kubelets before v1.37 keep ONE client per resource: when the old agent of a maxSurge rollout
+    leaves, its stream's end makes the kubelet drop the NEW agent's client and mark the resource
+    unhealthy. The new agent must notice that its stream was dropped (not one that was never
+    opened) and register again without waiting; the old agent never registers again."""
+    hw.add_dev("/dev/ttyUSB0")
+    hw.add_dev("/dev/ttyUSB1")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+        await kubelet.start()
+        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
+        try:
+            a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
+            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+            b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
+            await until(lambda: b.servicer.open_streams == 1)
+            assert kubelet.dropped == []
+            await old.aclose()  # SIGTERM to the old pod
+            await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 3 and kubelet.healthy(RESOURCE) == 2)
+            assert kubelet.registrations[-1].request.endpoint == b.registrar.endpoint
+            assert (a.registrar.registration_count, b.registrar.registration_count) == (1, 2)
+            assert b.registrar.drops == 1
+            await until(lambda: b.registrar.registered and b.servicer.open_streams == 1)
+        finally:
+            await new.aclose()
+            await old.aclose()
             await kubelet.stop()
 
     asyncio.run(scenario())

@@ -38,8 +38,19 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         refuse: int = 0,
         refuse_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
         refuse_details: str = "not ready yet",
+        one_client_per_resource: bool = False,
     ) -> None:
+        """``one_client_per_resource`` plays the device manager of kubelets BEFORE v1.37
+        (``plugin/v1beta1/handler.go``: one client per resource name): when ANY stream of a
+        resource ends, the client registered for that resource NOW is dropped (its channel
+        closed) and the resource's devices count as unhealthy until a plugin sends a list again
+        (docs/facts.md#kubelet-endpoints)."""
         self.plugin_dir = plugin_dir
+        self.one_client_per_resource = one_client_per_resource
+        #: the current client per resource (one_client_per_resource): its channel
+        self.clients: dict[str, grpc.aio.Channel] = {}
+        #: resources whose devices were all marked unhealthy by a drop, in order
+        self.dropped: list[str] = []
         self.socket = plugin_dir / "kubelet.sock"
         self.registrations: list[Registration] = []
         #: the endpoint of every Register call, refused ones included
@@ -80,16 +91,41 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
             options, serving = None, False
         self.registrations.append(Registration(request, options, serving))
         if serving:
+            self.clients[request.resource_name] = channel
             self._streams.append(asyncio.create_task(self._watch(request.resource_name, stub)))
         self._notify()
         return api_pb2.Empty()
 
     async def _watch(self, resource: str, stub: api_pb2_grpc.DevicePluginStub) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+        try:
             async for response in stub.ListAndWatch(api_pb2.Empty()):
                 self.devices[resource] = list(response.devices)
                 self.lists_received += 1
                 self._notify()
+        except asyncio.CancelledError:
+            return  # stop(), restart() or drop_streams(): the peer ended it
+        except grpc.aio.AioRpcError:
+            pass
+        if self.one_client_per_resource:
+            await self._drop_current_client(resource)
+
+    async def _drop_current_client(self, resource: str) -> None:
+        """runClient -> getClient(name) -> disconnectClient: close whatever client is registered
+        for the resource now, then mark every device of it unhealthy."""
+        channel = self.clients.pop(resource, None)
+        if channel is None:
+            return
+        await channel.close()
+        self.devices[resource] = [
+            api_pb2.Device(ID=d.ID, health="Unhealthy", topology=d.topology)
+            for d in self.devices.get(resource, [])
+        ]
+        self.dropped.append(resource)
+        self._notify()
+
+    def healthy(self, resource: str) -> int:
+        """Devices of the resource the kubelet would count allocatable now."""
+        return sum(d.health == "Healthy" for d in self.devices.get(resource, []))
 
     def _notify(self) -> None:
         old, self.changed = self.changed, asyncio.Event()
