@@ -6,7 +6,13 @@ MAKEFLAGS += --no-print-directory
 
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
-KUBE_BIN    := $(shell hack/kube-binaries.sh --print-bin-dir)
+# The Kubernetes release every target runs on: one of the support matrix (hack/kube-releases,
+# oldest first); the newest by default. `make demo K8S_VERSION=v1.34.4`, `make test K8S_VERSION=...`.
+K8S_MATRIX  := $(shell hack/kube-binaries.sh --matrix)
+K8S_VERSION ?= $(lastword $(K8S_MATRIX))
+K8S_OLDEST  := $(firstword $(K8S_MATRIX))
+export K8S_VERSION
+KUBE_BIN    := $(shell K8S_VERSION=$(K8S_VERSION) hack/kube-binaries.sh --print-bin-dir)
 CLUSTER_DIR ?= $(HOME)/.local/state/patchbay/devcluster
 NODES       ?= 10
 PYTEST_ARGS ?=
@@ -52,8 +58,12 @@ $(VENV_STAMP): $(PYPROJECTS)
 	@touch $@
 
 .PHONY: kube-binaries
-kube-binaries: ## Build (or reuse from the cache) etcd, kube-*, kubelet, kubectl, kwok, helm
+kube-binaries: ## Build (or reuse from the cache) etcd, kube-*, kubelet, kubectl, kwok, helm for K8S_VERSION
 	@hack/kube-binaries.sh
+
+.PHONY: kube-binaries-matrix
+kube-binaries-matrix: ## Build (or reuse) the Kubernetes binaries of every release of the matrix
+	@for v in $(K8S_MATRIX); do K8S_VERSION=$$v hack/kube-binaries.sh; done
 
 ##@ Develop
 
@@ -91,8 +101,25 @@ test-unit: venv ## Unit tests only: pure code, no process of a cluster (marker: 
 test-agent: venv ## The agent: unit tests, then on real Unix sockets with a Python kubelet peer (no cluster)
 	$(PY) -m pytest tests/unit/agent tests/sockets $(PYTEST_ARGS)
 
+.PHONY: test-release
+test-release: setup ## e2e + integration on K8S_VERSION only (what the matrix runs per release)
+	$(PY) -m pytest tests/e2e tests/integration $(PYTEST_ARGS)
+
+.PHONY: test-oldest
+test-oldest: ## e2e + integration on the oldest release of the matrix (CI runs it after `make test`)
+	@$(MAKE) K8S_VERSION=$(K8S_OLDEST) test-release
+
+.PHONY: test-matrix
+test-matrix: ## e2e + integration on every release of the matrix, oldest first; a summary at the end
+	@failed=""; for v in $(K8S_MATRIX); do \
+	  echo "==> $$v: e2e + integration"; \
+	  $(MAKE) K8S_VERSION=$$v test-release || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-matrix FAILED on:$$failed"; exit 1; fi; \
+	echo "test-matrix passed on: $(K8S_MATRIX)"
+
 .PHONY: test-conformance
-test-conformance: setup ## The agent against the upstream kubelet device manager (Go peer, v1.37.1)
+test-conformance: setup ## The agent against the upstream kubelet device manager (Go peer, newest release)
 	$(PY) -m pytest tests/conformance $(PYTEST_ARGS)
 
 .PHONY: test-e2e

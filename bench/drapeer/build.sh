@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Build (or reuse) bench/drapeer: main.go against k8s.io/dynamic-resource-allocation at the pinned
-# Kubernetes release (a published staging module, on the Go module proxy). Prints the binary's
+# Build (or reuse) bench/drapeer: main.go against k8s.io/dynamic-resource-allocation at the newest
+# Kubernetes release of the matrix (a published staging module, on the Go module proxy). Prints the binary's
 # path. Cache: $PATCHBAY_CACHE (default ~/.cache/patchbay)/drapeer/<version>-<hash of main.go and
 # this script>/drapeer; nothing is written into the repository.
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-v1.37.1}"
+# Always the newest release of the matrix (its DRA helper library), whatever release the cluster
+# runs: the peer is a baseline for speed, not a test of a release. DRAPEER_K8S_VERSION overrides.
+K8S_VERSION="${DRAPEER_K8S_VERSION:-$("$(dirname "$0")/../../hack/kube-binaries.sh" --newest)}"
 STAGING="v0.${K8S_VERSION#v1.}"
 SRC="$(cd "$(dirname "$0")" && pwd)"
 CACHE="${PATCHBAY_CACHE:-$HOME/.cache/patchbay}"

@@ -88,9 +88,9 @@ CAPABILITIES: dict[str, Capability] = {
             "the API server drops taints; the agent leaves unhealthy devices out of its slices",
         ),
         Capability(
-            "dra-health-in-pod-status",
+            "health-in-pod-status",
             "v1.36",
-            "ResourceHealthStatus: the kubelet shows device health in a pod's "
+            "ResourceHealthStatus: the kubelet shows device health (device plugins and DRA) in a pod's "
             "status.containerStatuses[].allocatedResourcesStatus",
             "no health in pod status; DeviceReports and the profile's status still show it",
         ),

@@ -18,9 +18,11 @@ from patchbay_devcluster import DevCluster
 from patchbay_devcluster.node import BRIDGE, NODE_IP, POD_SUBNET
 
 
-def test_real_node_registers_with_its_own_identity(e2e_api: client.ApiClient, real_node: str) -> None:
+def test_real_node_registers_with_its_own_identity(
+    e2e_api: client.ApiClient, real_node: str, kube_release: str
+) -> None:
     node = client.CoreV1Api(e2e_api).read_node(real_node)
-    assert node.status.node_info.kubelet_version == "v1.37.1"
+    assert node.status.node_info.kubelet_version == kube_release
     assert node.status.node_info.container_runtime_version.startswith("containerd://")
     ready = [c for c in node.status.conditions if c.type == "Ready"]
     assert ready[0].status == "True", ready

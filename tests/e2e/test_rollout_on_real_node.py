@@ -1,12 +1,20 @@
 """An agent rollout on the real kubelet never leaves the node without its resource.
 
 The profile's plugin config changes, so the operator's DaemonSet rolls with maxSurge 1 and
-maxUnavailable 0: the new agent pod starts beside the old one, serves its OWN socket, registers
-(the kubelet v1.37 keeps several endpoints per resource, keyed by socket path, and uses the
-newest), turns Ready; then the old pod is deleted and removes only its own socket, and the kubelet
-promotes the remaining endpoint. The node's allocatable is sampled from the API server and from
-the kubelet's PodResources API every 50 ms through the rollout and for a minute after it; a pod
-created while both agents run starts.
+maxUnavailable 0: the new agent pod starts beside the old one, serves its OWN socket, registers,
+turns Ready; then the old pod is deleted and removes only its own socket. The node's allocatable
+is sampled from the API server and from the kubelet's PodResources API every 50 ms through the
+rollout and for a minute after it; a pod created while both agents run starts.
+
+What the kubelet does next depends on its release (docs/facts.md#kubelet-endpoints):
+
+- v1.37 keeps several endpoints per resource, keyed by socket path, and promotes the remaining
+  one: the new agent registers once and the kubelet's own view never drops;
+- v1.34-v1.36 keep one client per resource: the old agent's stream ending drops the NEW agent's
+  client and marks the resource unhealthy, and the new agent registers again at once. The test
+  checks that sequence (two registrations, the drop in the kubelet's log, every device back);
+  how long the kubelet's view dipped is a figure (printed here, measured by bench/rollouts.py),
+  not an assertion.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from pathlib import Path
 
 from support.clusters import Cluster
 from support.realnode import DEVICES, Installed, busybox_pod, limits, serial_profile, wait_for
+from support.releases import has
 from support.rollout import SAMPLE_EVERY, run_rollout
 
 from patchbay_devcluster import DevCluster
@@ -28,6 +37,7 @@ def test_a_rollout_keeps_every_healthy_device_allocatable(
     namespace: str,
     fake_dev: Path,
     tmp_path: Path,
+    kube_release: str,
 ) -> None:
     name, resource = serial_profile(cluster, fake_dev, real_node)
     try:
@@ -61,9 +71,17 @@ def test_a_rollout_keeps_every_healthy_device_allocatable(
         span = result.samples[-1].at - result.samples[0].at
         assert len(result.samples) >= span / (2 * SAMPLE_EVERY), result.figures()
         assert result.minimum("api") == DEVICES, result.figures()
-        assert result.minimum("kubelet") == DEVICES, result.figures()
         assert result.mid_rollout_pod_started
-        assert result.registrations == 1, report  # the new agent, once; the old one never again
+        if has("device-plugin-endpoint-per-socket", kube_release):
+            assert result.minimum("kubelet") == DEVICES, result.figures()
+            assert result.registrations == 1, report  # the new agent, once; the old one never again
+        else:
+            # The old agent's stream ended, the kubelet dropped the new agent's client, and the new
+            # agent registered again: twice in all, the old one never again.
+            assert result.registrations == 2, report
+            assert any("Deregistered client" in line for line in result.kubelet_lines), report
+        # Every device is back in the kubelet's own view at the end, whatever the release.
+        assert result.samples[-1].kubelet == DEVICES, result.figures()
         assert result.old_pod != result.new_pod
         assert result.after >= 60
         # Only the new agent's socket is left in the kubelet's directory.

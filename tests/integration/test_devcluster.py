@@ -28,19 +28,22 @@ from patchbay_devcluster.cluster import RELAY
 from patchbay_devcluster.controlplane import KWOK_TAINT_KEY
 from patchbay_devcluster.node import NODE_IP, NODE_NAME, POD_SUBNET, Owner
 from patchbay_devcluster.procs import pid_runs
+from patchbay_devcluster.releases import matrix, minor
 
 NODES = 50
 
 
-def test_readyz_and_version(devcluster: DevCluster) -> None:
+def test_readyz_and_version(devcluster: DevCluster, kube_release: str) -> None:
     api = devcluster.api()
     status, body = kubeapi.get(api, "/readyz?verbose")
     assert status == 200, body
     assert "readyz check passed" in body
     version = client.VersionApi(api).get_code()
-    # The real binaries carry the pinned release's version (ldflags), not v0.0.0.
-    assert version.git_version == "v1.37.1", version
-    assert version.minor == "37"
+    # The real binaries carry their release's version (ldflags), not v0.0.0; the session's
+    # release is read from the kube-apiserver binary itself, and must be one of the matrix.
+    assert version.git_version == kube_release, version
+    assert kube_release in matrix(), (kube_release, matrix())
+    assert (int(version.major), int(version.minor)) == minor(kube_release)
 
 
 def test_crd_applied_and_custom_resource_read_back(api: client.ApiClient, name_prefix: str) -> None:

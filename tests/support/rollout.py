@@ -44,7 +44,19 @@ class Sample:
 class AllocatableSampler:
     """Samples one node's allocatable for one resource from the API server and the kubelet."""
 
-    def __init__(self, api: client.ApiClient, node: str, resource: str, pod_resources: Path) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        node: str,
+        resource: str,
+        pod_resources: Path,
+        every: float = SAMPLE_EVERY,
+        with_api: bool = True,
+    ) -> None:
+        """``every``: seconds between samples; ``with_api=False`` samples the kubelet alone (the
+        API server's value changes only at the kubelet's 10 s status syncs, and reading it costs
+        a request per sample)."""
+        self._every, self._with_api = every, with_api
         self._core = client.CoreV1Api(api)
         self._node, self._resource, self._socket = node, resource, pod_resources
         self.samples: list[Sample] = []
@@ -61,15 +73,15 @@ class AllocatableSampler:
         next_at = time.monotonic()
         while not self._stop.is_set():
             at = time.monotonic()
-            api_task = loop.run_in_executor(None, self._api_value)
+            api_task = loop.run_in_executor(None, self._api_value) if self._with_api else None
             try:
                 kubelet: int | None = (await get_allocatable_resources(self._socket, rpc_timeout=2.0)).count(
                     self._resource
                 )
             except Exception:
                 kubelet = None
-            self.samples.append(Sample(at, await api_task, kubelet))
-            next_at += SAMPLE_EVERY
+            self.samples.append(Sample(at, None if api_task is None else await api_task, kubelet))
+            next_at = max(next_at + self._every, time.monotonic())
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
     def __enter__(self) -> AllocatableSampler:
@@ -198,3 +210,39 @@ def run_rollout(
         mid_started,
         lines,
     )
+
+
+@dataclass(frozen=True)
+class Dip:
+    """A stretch of samples below the full count. The kubelet's view between two samples is
+    unknown, so a dip lasted at least ``seen`` (first to last sample below) and at most ``bound``
+    (last sample at full before it to first sample at full after it)."""
+
+    samples: int
+    lowest: int
+    seen: float
+    bound: float
+
+
+def dips(samples: list[Sample], full: int, source: str = "kubelet") -> list[Dip]:
+    """Every dip of ``source`` below ``full`` in ``samples`` (a failed read counts as 0)."""
+    out: list[Dip] = []
+    run: list[Sample] = []
+    before: Sample | None = None
+    for s in samples:
+        value = getattr(s, source)
+        value = 0 if value is None else value
+        if value < full:
+            run.append(s)
+            continue
+        if run:
+            low = min(0 if getattr(x, source) is None else getattr(x, source) for x in run)
+            start = before.at if before is not None else run[0].at
+            out.append(Dip(len(run), low, run[-1].at - run[0].at, s.at - start))
+            run = []
+        before = s
+    if run:
+        low = min(0 if getattr(x, source) is None else getattr(x, source) for x in run)
+        start = before.at if before is not None else run[0].at
+        out.append(Dip(len(run), low, run[-1].at - run[0].at, run[-1].at - start))
+    return out

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build (or reuse) the conformance peer: tests/conformance/peer/main.go linked against the
-# upstream kubelet device manager of the pinned Kubernetes release. Prints the binary's path.
+# upstream kubelet device manager of the newest Kubernetes release of the matrix. Prints the binary's path.
 #
 # Independent of the Makefile (the tests call it). The one addition to upstream code,
 # devicemanager_export.go.in (an exported constructor and a read-only view of the endpoints), is
@@ -11,8 +11,12 @@
 # as for hack/kube-binaries.sh.
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-v1.37.1}"
 SRC="$(cd "$(dirname "$0")" && pwd)"
+# The newest release of the matrix, whatever K8S_VERSION the rest of the run uses: the peer's
+# export file reads that release's device manager internals (endpoints per socket path, v1.37).
+# The older kubelets' device managers are exercised on the real node (tests/e2e, make test-matrix).
+# CONFORMANCE_K8S_VERSION overrides.
+K8S_VERSION="${CONFORMANCE_K8S_VERSION:-$("$SRC/../../../hack/kube-binaries.sh" --newest)}"
 CACHE="${PATCHBAY_CACHE:-$HOME/.cache/patchbay}"
 KEY=$(cat "$SRC/main.go" "$SRC/devicemanager_export.go.in" "$SRC/build.sh" "$SRC/../../../hack/k8s-wrapper-module.sh" | sha256sum | cut -c1-16)
 OUT="$CACHE/conformance-peer/$K8S_VERSION-$KEY"
