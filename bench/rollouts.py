@@ -294,6 +294,14 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=5)
     ap.add_argument("--burst-every", type=float, default=0.1, help="seconds between burst pods")
     ap.add_argument("--sample-every", type=float, default=0.01, help="seconds between kubelet samples")
+    ap.add_argument(
+        "--strategy",
+        choices=("surge", "unavailable"),
+        default="surge",
+        help="the agents' updateStrategy: surge (the default: maxSurge 1, maxUnavailable 0) or "
+        "unavailable (maxSurge 0, maxUnavailable 1: the old agent stops before the new one starts)",
+    )
+    ap.add_argument("--skip-latencies", action="store_true", help="only the rollouts")
     args = ap.parse_args()
     bin_dir = find_bin_dir()
     release = release_of(bin_dir)
@@ -325,19 +333,26 @@ def main() -> None:
                 "health": {"periodSeconds": 1},
             }
 
-            apply = b.apply_to_kubelet(plugin, args.runs)
-            results["applyToKubeletSeconds"] = apply
-            print(
-                f"apply -> the kubelet has the devices: median {median(apply):.2f} s, "
-                f"runs {[round(x, 2) for x in apply]}"
-            )
+            results["strategy"] = args.strategy
+            if not args.skip_latencies:
+                apply = b.apply_to_kubelet(plugin, args.runs)
+                results["applyToKubeletSeconds"] = apply
+                print(
+                    f"apply -> the kubelet has the devices: median {median(apply):.2f} s, "
+                    f"runs {[round(x, 2) for x in apply]}"
+                )
 
             name, resource = "bench-roll", "bench.patchbay.dev/roll"
             full = DEVICES * REPLICAS
-            b.create_profile(b.profile(name, resource, {**plugin, "sharing": {"replicas": REPLICAS}}))
+            body = b.profile(name, resource, {**plugin, "sharing": {"replicas": REPLICAS}})
+            if args.strategy == "unavailable":
+                body["spec"]["agent"] = {"updateStrategy": {"maxSurge": 0, "maxUnavailable": 1}}
+            b.create_profile(body)
             wait("the kubelet's full count", lambda: b.kubelet_count(resource) == full, 180, 0.1)
 
-            if has("health-in-pod-status", release):
+            if args.skip_latencies:
+                pass
+            elif has("health-in-pod-status", release):
                 vanish = b.vanish_to_pod_status(resource, args.runs)
                 results["vanishToPodStatusSeconds"] = vanish
                 print(
@@ -413,8 +428,10 @@ def main() -> None:
             shutil.rmtree(FAKE_DEV, ignore_errors=True)
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rollouts-{release}.json").write_text(json.dumps(results, indent=1))
-    print(f"wrote {out / f'rollouts-{release}.json'}")
+    suffix = "" if args.strategy == "surge" else f"-{args.strategy}"
+    path = out / f"rollouts-{release}{suffix}.json"
+    path.write_text(json.dumps(results, indent=1))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

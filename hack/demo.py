@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from kubernetes import client, config
@@ -37,6 +37,7 @@ from patchbay_devcluster.imagebuild import build_all
 from patchbay_devcluster.images import BUSYBOX_IMAGE
 from patchbay_devcluster.install import helm_install, local_values, merge
 from patchbay_devcluster.poll import poll_until
+from patchbay_devcluster.releases import has, release_of
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "patchbay-system"
@@ -100,8 +101,10 @@ def up(cluster: DevCluster) -> None:
         how = "built" if image.built else "cached"
         print(f"    {image.ref}  {image.size_bytes / 1e6:.0f} MB ({how})")
 
+    release = release_of(find_bin_dir())
     step(
-        f"Local cluster: control plane, the real node 'localhost' with a pod network, {KWOK_NODES} kwok nodes"
+        f"Local cluster (Kubernetes {release}; K8S_VERSION picks another release of the matrix): "
+        f"control plane, the real node 'localhost' with a pod network, {KWOK_NODES} kwok nodes"
     )
     cluster.up(nodes=KWOK_NODES, real_node=True, timeout=180)
     tools = Tools(cluster)
@@ -156,6 +159,23 @@ def up(cluster: DevCluster) -> None:
     )
     wait_for("the sensors in a ResourceSlice", lambda: slice_devices(tools, driver) == SENSOR_COUNT)
     tools.kubectl("get", "resourceslices,deviceclasses")
+    # Unchanged pods reach DRA devices through the DeviceClass's extendedResourceName, which API
+    # servers before 1.36 drop (DRAExtendedResource off; docs/compatibility.md): read back what
+    # was stored, as the operator does, and leave that pod out where the cluster cannot serve it.
+    stored = wait_for("the DRA profile's DeviceClass", lambda: device_class(tools, driver), 60)
+    unchanged_served = bool(stored["spec"].get("extendedResourceName"))
+    if not unchanged_served:
+        print(
+            "    This cluster's API server dropped the DeviceClass's extendedResourceName\n"
+            "    (DRAExtendedResource is off before Kubernetes 1.36): pods that ask for\n"
+            "    example.com/sensor in their limits are not served by DRA here; claims are.\n"
+            "    What the profile says about it:"
+        )
+        profile = json.loads(tools.kubectl("get", "dpp", dra["metadata"]["name"], "-o", "json", show=False))
+        for cond in (profile.get("status") or {}).get("conditions") or []:
+            print(
+                f"      {cond['type']}={cond['status']} {cond.get('reason', '')}: {cond.get('message', '')}"
+            )
     # A claim template that picks ONE sensor by attribute (its path on the node).
     by_path = f'device.attributes["patchbay.dev"].path == "{FAKE_DEV}/sensor1"'
     template = {
@@ -194,6 +214,8 @@ def up(cluster: DevCluster) -> None:
         # A claim for sensor1 by attribute (the template above).
         "uses-sensor-claim": (None, 0, "echo SENSORS=$SENSORS; ls /dev/patchbay-demo; sleep 3600"),
     }
+    if not unchanged_served:
+        del pods["uses-sensor"]
     for pod, (resource, count, script) in pods.items():
         resources: dict[str, object] = (
             {"limits": {resource: str(count)}} if resource else {"claims": [{"name": "sensor"}]}
@@ -227,11 +249,12 @@ def up(cluster: DevCluster) -> None:
             lambda p=pod: core.read_namespaced_pod(p, "default").status.phase == "Running",
         )
     wait_for("the profiles' status", lambda: profiles_settled(tools), 60)
+    pod_names = list(pods)
     # The agent learns who holds what from the kubelet about a second after the Allocate.
     wait_for(
         "the agent's report to name the pod holding 2 serial adapters", lambda: serial_held(tools) == 2, 60
     )
-    summary(tools, core)
+    summary(tools, core, pod_names)
     print(f"\nmake demo took {time.monotonic() - t0:.0f}s")
 
 
@@ -278,7 +301,13 @@ def serial_held(tools: Tools) -> int:
     )
 
 
-def summary(tools: Tools, core: client.CoreV1Api) -> None:
+def device_class(tools: Tools, name: str) -> dict[str, Any] | None:
+    """The DeviceClass as the API server stored it, or None while it does not exist."""
+    items = json.loads(tools.kubectl("get", "deviceclasses", "-o", "json", show=False))["items"]
+    return next((d for d in items if d["metadata"]["name"] == name), None)
+
+
+def summary(tools: Tools, core: client.CoreV1Api, pods: list[str]) -> None:
     step("kubectl get dpp")
     print(tools.kubectl("get", "dpp", show=False).rstrip())
     step("Patchbay's pods (the operator from the chart, each profile's agent from its DaemonSet)")
@@ -294,15 +323,16 @@ def summary(tools: Tools, core: client.CoreV1Api) -> None:
         ]
         print(f"{node.metadata.name:<14} {cells[0]:>20} {cells[1]:>20}")
     step("What each pod received")
-    for pod in ("uses-dongle", "uses-serial", "uses-sensor", "uses-sensor-claim"):
+    for pod in pods:
         print(f"--- {pod} (pod IP {core.read_namespaced_pod(pod, 'default').status.pod_ip}):")
         print(core.read_namespaced_pod_log(pod, "default").rstrip())
     step("Done")
     print(f"export KUBECONFIG={tools.env['KUBECONFIG']}")
     print("kubectl describe dpp serial-adapters   # conditions, counts, problems, events")
     print("kubectl get resourceslices -o yaml     # the DRA agent's devices, attributes, taints")
-    health = "{.status.containerStatuses[0].allocatedResourcesStatus}"
-    print(f"kubectl get pod uses-sensor-claim -o jsonpath='{health}'   # its device's health")
+    if has("health-in-pod-status", release_of(find_bin_dir())):
+        health = "{.status.containerStatuses[0].allocatedResourcesStatus}"
+        print(f"kubectl get pod uses-sensor-claim -o jsonpath='{health}'   # its device's health")
     print(f"kubectl -n {NAMESPACE} get dr -o yaml   # each device's health, reason, since, holders")
     print("The operator and the agents run as pods from the images above; nothing of Patchbay runs")
     print("on the host. Stop everything: make demo-down")
