@@ -50,6 +50,8 @@ DEFAULT_KUBELET_ROOT_DIR = "/var/lib/kubelet"
 #: The plugin type a DRA driver's GetInfo names, and the DRA services the agent serves, best first.
 DRA_PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-#: The optional device health service (docs/dra.md#health-to-the-kubelet): listed in GetInfo's
-#: supported_versions after the DRA services, served on the same socket.
-DRA_HEALTH_SERVICE = "v1.DRAResourceHealth"
+#: The optional device health services (docs/dra.md#health-to-the-kubelet), newest first: listed in
+#: GetInfo's supported_versions after the DRA services, served on the same socket. Kubelets 1.37 to
+#: 1.39 pick v1 when listed; 1.34 to 1.36 dial v1alpha1 whatever is listed
+#: (docs/facts.md#dra-health-v1alpha1).
+DRA_HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")

@@ -9,8 +9,8 @@ and refuses a second registration of the same endpoint):
 
 * `<root>/plugins_registry/<driver>-<instance>.sock`: `pluginregistration.Registration`;
 * `<root>/plugins/<driver>/dra-<instance>.sock`: `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and
-  the same handlers under `...v1beta1.DRAPlugin`, and `v1.DRAResourceHealth` (`drahealth.py`),
-  which GetInfo then lists in supported_versions.
+  the same handlers under `...v1beta1.DRAPlugin`, and `v1.DRAResourceHealth` and
+  `v1alpha1.DRAResourceHealth` (`drahealth.py`), which GetInfo then lists in supported_versions.
 
 The DRA socket is served first, so the endpoint answers by the time the kubelet learns it. Ready
 means the kubelet said `plugin_registered=true`. A socket file that disappears (someone wiped
@@ -44,6 +44,7 @@ import grpc
 
 from patchbay_agent.api import (
     dra_health_v1_pb2_grpc,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -53,7 +54,7 @@ from patchbay_agent.api import (
 )
 from patchbay_agent.cdi import write_spec
 from patchbay_agent.config import Allocation
-from patchbay_agent.constants import DRA_HEALTH_SERVICE, DRA_PLUGIN_TYPE, DRA_SERVICES
+from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES
 from patchbay_agent.draclaims import (
     ClaimError,
     allocated_devices,
@@ -434,9 +435,9 @@ class DraPlugin:
         #: called after every `plugin_registered=true` (the slices are re-asserted: the kubelet
         #: deletes a driver's slices when it starts and when the driver was gone for a while)
         self.on_registered: Callable[[], None] | None = None
-        #: `v1.DRAResourceHealth`, served (and advertised) when given
+        #: `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth`, served (and advertised) when given
         self.health = health
-        services = (*DRA_SERVICES, DRA_HEALTH_SERVICE) if health is not None else DRA_SERVICES
+        services = (*DRA_SERVICES, *DRA_HEALTH_SERVICES) if health is not None else DRA_SERVICES
         registration = RegistrationServicer(driver, lambda: self.service_socket, self._on_status, services)
 
         def add_service(server: grpc.aio.Server) -> None:
@@ -446,6 +447,7 @@ class DraPlugin:
             )  # type: ignore[no-untyped-call]
             if health is not None:
                 dra_health_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health, server)  # type: ignore[no-untyped-call]
+                dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health.v1alpha1, server)  # type: ignore[no-untyped-call]
 
         def add_registration(server: grpc.aio.Server) -> None:
             pluginregistration_pb2_grpc.add_RegistrationServicer_to_server(registration, server)  # type: ignore[no-untyped-call]

@@ -9,9 +9,10 @@ Checked: GetInfo over the registration socket names the driver, the service sock
 services; NotifyRegistrationStatus(true) makes /readyz ready and re-asserts the slices;
 NodePrepareResources over v1 and v1beta1 answers CDI IDs and writes one spec per claim, twice the
 same; errors are per claim; NodeUnprepareResources deletes the file, also for an unknown claim;
-stopping removes only our two sockets; no device-plugin socket is ever served. The health stream
-(`v1.DRAResourceHealth`) on the service socket sends the whole list, all healthy, then the removed
-device unhealthy, and ends with OK when the agent stops.
+stopping removes only our two sockets; no device-plugin socket is ever served. The health streams
+on the service socket, `v1.DRAResourceHealth` (kubelets from 1.37) and `v1alpha1.DRAResourceHealth`
+(kubelets 1.34 to 1.36 dial only that one), both send the whole list, all healthy, then the
+removed device unhealthy with its reason, and end with OK when the agent stops.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from patchbay_agent.agent import Agent, AgentOptions, DraOptions
 from patchbay_agent.api import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -147,7 +150,7 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
                 "DRAPlugin",
                 DRIVER,
                 str(service),
-                ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"],
+                ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"],
             )
             await reg.NotifyRegistrationStatus(
                 pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5
@@ -252,7 +255,11 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
     other.close()
 
 
-def _health(message: dra_health_v1_pb2.NodeWatchResourcesResponse) -> dict[tuple[str, str], str]:
+def _health(
+    message: dra_health_v1_pb2.NodeWatchResourcesResponse
+    | dra_health_v1alpha1_pb2.NodeWatchResourcesResponse,
+) -> dict[tuple[str, str], str]:
+    # The enum's value names are the same in both versions (the test checks the numbers agree).
     return {
         (d.device.pool_name, d.device.device_name): dra_health_v1_pb2.HealthStatus.Name(d.health)
         for d in message.devices
@@ -293,31 +300,39 @@ async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: F
             first = await call.read()
             assert _health(first) == {(NODE, n): "HEALTHY" for n in names}
             assert {d.health_check_timeout_seconds for d in first.devices} == {30}
-            # A second kubelet connection gets its own stream and the same list.
-            second = dra_health_v1_pb2_grpc.DRAResourceHealthStub(other).NodeWatchResources(
-                dra_health_v1_pb2.NodeWatchResourcesRequest()
+            # A second kubelet connection gets its own stream and the same list; over v1alpha1, the
+            # only version kubelets before 1.37 dial (`/v1alpha1.DRAResourceHealth/...`).
+            assert int(dra_health_v1alpha1_pb2.HEALTHY) == int(dra_health_v1_pb2.HEALTHY)
+            assert int(dra_health_v1alpha1_pb2.UNHEALTHY) == int(dra_health_v1_pb2.UNHEALTHY)
+            alpha = dra_health_v1alpha1_pb2_grpc.DRAResourceHealthStub(other).NodeWatchResources(
+                dra_health_v1alpha1_pb2.NodeWatchResourcesRequest()
             )
-            assert _health(await second.read()) == _health(first)
+            alpha_first = await alpha.read()
+            assert isinstance(alpha_first, dra_health_v1alpha1_pb2.NodeWatchResourcesResponse)
+            assert _health(alpha_first) == _health(first)
+            assert {d.health_check_timeout_seconds for d in alpha_first.devices} == {30}
             assert agent.dra.health.streams == 2
-            second.cancel()
+            assert agent.dra.health.opened == {"v1": 1, "v1alpha1": 1}
 
             hw.remove_dev("/dev/ttyUSB1")
-            message = await call.read()
-            while _health(message) == _health(first):  # a heartbeat came first: the same list again
-                message = await call.read()
-            assert _health(message) == {
-                (NODE, names[0]): "HEALTHY",
-                (NODE, names[1]): "UNHEALTHY",
-                (NODE, names[2]): "HEALTHY",
-            }
-            (sick,) = [d for d in message.devices if d.device.device_name == names[1]]
-            assert sick.message.startswith("Vanished")
+            for stream in (call, alpha):
+                message = await stream.read()
+                while _health(message) == _health(first):  # a heartbeat came first: the same list
+                    message = await stream.read()
+                assert _health(message) == {
+                    (NODE, names[0]): "HEALTHY",
+                    (NODE, names[1]): "UNHEALTHY",
+                    (NODE, names[2]): "HEALTHY",
+                }
+                (sick,) = [d for d in message.devices if d.device.device_name == names[1]]
+                assert sick.message.startswith("Vanished")
 
-            # Stopping the agent ends the stream cleanly (OK, not cancelled or unavailable).
+            # Stopping the agent ends both streams cleanly (OK, not cancelled or unavailable).
             stop.set()
-            while await call.read() is not grpc.aio.EOF:
-                pass
-            assert await call.code() == grpc.StatusCode.OK
+            for stream in (call, alpha):
+                while await stream.read() is not grpc.aio.EOF:
+                    pass
+                assert await stream.code() == grpc.StatusCode.OK
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=15)

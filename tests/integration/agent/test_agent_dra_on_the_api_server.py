@@ -194,7 +194,7 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
         assert (info.type, info.name, list(info.supported_versions)) == (
             "DRAPlugin",
             driver,
-            ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"],
+            ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"],
         )
         assert info.endpoint == str(root / "plugins" / driver / "dra-it1.sock")
         assert not (workdir / "dp").exists() or list((workdir / "dp").iterdir()) == []

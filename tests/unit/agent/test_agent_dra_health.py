@@ -1,5 +1,6 @@
 """DRA mode's health list for the kubelet (`drahealth.py`): what each message says, built once per
-snapshot, and a stream's heartbeat, changes, vanished devices and clean end (no sockets here)."""
+snapshot (and API version: v1, and v1alpha1 for kubelets before 1.37), and a stream's heartbeat,
+changes, vanished devices and clean end (no sockets here)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 from typing import Any
 
 from patchbay_agent.api import dra_health_v1_pb2 as pb
+from patchbay_agent.api import dra_health_v1alpha1_pb2 as alpha_pb
 from patchbay_agent.discovery import PhysicalDevice
 from patchbay_agent.drahealth import DraHealthServicer, HealthReports, health_response
 from patchbay_agent.draslices import device_name
@@ -97,4 +99,46 @@ async def test_a_cancelled_stream_is_counted_out() -> None:
     await asyncio.sleep(0)
     pending.cancel()
     await asyncio.gather(pending, return_exceptions=True)
+    assert servicer.streams == 0
+
+
+def test_the_v1alpha1_list_is_the_v1_list_in_v1alpha1_types_built_once() -> None:
+    inv, tracker = _setup()
+    tracker.observe({TTY0.id: CheckResult(True), TTY1.id: CheckResult(False, "gone", True, "Vanished")})
+    inv.update([TTY0, TTY1], tracker)
+    reports = HealthReports(NODE, inv, tracker.status)
+    v1 = reports.response(inv.current)
+    alpha = reports.response_as(inv.current, alpha_pb.NodeWatchResourcesResponse)
+    assert isinstance(alpha, alpha_pb.NodeWatchResourcesResponse)
+    assert alpha.SerializeToString() == v1.SerializeToString()
+    (sick,) = [d for d in alpha.devices if d.health == alpha_pb.UNHEALTHY]
+    assert (sick.device.pool_name, sick.device.device_name) == (NODE, device_name("ttyUSB1"))
+    assert sick.message.startswith("Vanished") and sick.health_check_timeout_seconds == 30
+    assert reports.response_as(inv.current, alpha_pb.NodeWatchResourcesResponse) is alpha
+    assert reports.response_as(inv.current, pb.NodeWatchResourcesResponse) is v1
+    tracker.observe({TTY0.id: CheckResult(True), TTY1.id: CheckResult(True)})
+    inv.update([TTY0, TTY1], tracker)
+    again = reports.response_as(inv.current, alpha_pb.NodeWatchResourcesResponse)
+    assert again is not alpha and {d.health for d in again.devices} == {alpha_pb.HEALTHY}
+
+
+async def test_a_v1alpha1_stream_counts_with_the_v1_streams() -> None:
+    inv, tracker = _setup()
+    servicer = DraHealthServicer(HealthReports(NODE, inv, tracker.status), heartbeat=0.05)
+    context: Any = None
+    stream = servicer.v1alpha1.NodeWatchResources(alpha_pb.NodeWatchResourcesRequest(), context)
+    first = await anext(stream)
+    assert isinstance(first, alpha_pb.NodeWatchResourcesResponse)
+    assert {d.device.device_name for d in first.devices} == {device_name("ttyUSB0"), device_name("ttyUSB1")}
+    assert (servicer.streams, servicer.opened) == (1, {"v1": 0, "v1alpha1": 1})
+    tracker.observe({TTY0.id: CheckResult(True)})  # ttyUSB1 is no longer discovered
+    inv.update([TTY0], tracker)
+    message = await anext(stream)
+    while len(message.devices) == 2 and all(d.health == alpha_pb.HEALTHY for d in message.devices):
+        message = await anext(stream)
+    assert isinstance(message, alpha_pb.NodeWatchResourcesResponse)
+    gone = {d.device.device_name: (d.health, d.message) for d in message.devices}[device_name("ttyUSB1")]
+    assert gone == (alpha_pb.UNKNOWN, "no longer discovered")
+    inv.close()
+    _ = [m async for m in stream]
     assert servicer.streams == 0
