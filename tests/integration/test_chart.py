@@ -7,6 +7,7 @@ these tests run on a control plane of their own (a second DevCluster, about 5 s 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -49,6 +50,20 @@ class Tools:
         if check:
             assert res.returncode == 0, f"helm {' '.join(args)}\n{res.stdout}\n{res.stderr}"
         return res
+
+    def impersonating(self, user: str, extra: dict[str, str] | None = None) -> Tools:
+        """kubectl as ``user`` with user ``extra`` (e.g. a token's node-name claim), through the
+        kubeconfig's ``as``/``as-user-extra`` fields: every kubectl of the matrix reads those,
+        while its ``--as-user-extra`` flag is new in 1.35."""
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        for entry in config["users"]:
+            entry["user"]["as"] = user
+            if extra:
+                entry["user"]["as-user-extra"] = {k: [v] for k, v in extra.items()}
+        digest = hashlib.sha256(json.dumps([user, extra], sort_keys=True).encode()).hexdigest()[:12]
+        path = self.kubeconfig.parent / f"kubeconfig-as-{digest}"
+        path.write_text(yaml.safe_dump(config))
+        return Tools(self.bin_dir, path)
 
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True
@@ -301,8 +316,8 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     claim = "authentication.kubernetes.io/node-name"
 
     def as_agent(node: str | None, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        who = ["--as", agent] + ([f"--as-user-extra={claim}={node}"] if node else [])
-        return tools.kubectl(*args, "-n", ns, *who, stdin=stdin, check=False)
+        who = tools.impersonating(agent, {claim: node} if node else None)
+        return who.kubectl(*args, "-n", ns, stdin=stdin, check=False)
 
     apply = ("apply", "--server-side", "--field-manager=patchbay-agent", "-f", "-")
     own = as_agent("node-a", *apply, stdin=_report("node-a"))
@@ -389,8 +404,8 @@ def test_an_agent_writes_only_its_own_nodes_resource_slices(tools: Tools, instal
     claim = "authentication.kubernetes.io/node-name"
 
     def as_agent(node: str | None, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        who = ["--as", agent] + ([f"--as-user-extra={claim}={node}"] if node else [])
-        return tools.kubectl(*args, *who, stdin=stdin, check=False)
+        who = tools.impersonating(agent, {claim: node} if node else None)
+        return who.kubectl(*args, stdin=stdin, check=False)
 
     def said(res: subprocess.CompletedProcess[str]) -> str:
         return " ".join(res.stderr.split())
