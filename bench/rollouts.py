@@ -9,7 +9,10 @@ Starts a cluster of its own on the release ``PATCHBAY_KUBE_BIN`` holds (``make``
   ``status.containerStatuses[].allocatedResourcesStatus`` says Unhealthy (only where the release
   has ResourceHealthStatus; docs/compatibility.md), median of ``--runs``;
 - ``--rollouts`` agent rollouts (a profile change; maxSurge 1) while a pod asking for one device
-  is created every ``--burst-every`` seconds from each change to the rollout's end, the kubelet's
+  is created every ``--burst-every`` seconds from the moment the new agent pod exists beside the
+  old one to a second after the rollout ended (the window where a dip can happen; pods are
+  drained between rollouts, since the node takes 50 pods and 2 cores start few containers a
+  second), the kubelet's
   own allocatable sampled every ``--sample-every`` seconds throughout: the lowest value, the
   longest dip (at least: first to last sample below full; at most: the samples at full around
   it), registrations per rollout, and pods the kubelet refused at admission
@@ -32,6 +35,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -192,8 +196,9 @@ class Bench:
         pods = self.core.list_namespaced_pod(AGENTS, label_selector=f"patchbay.dev/profile={name}").items
         return [p for p in pods if not p.metadata.deletion_timestamp]
 
-    def rollout(self, name: str, n: int) -> tuple[float, float]:
-        """One profile change -> the DaemonSet rolled; returns (started, completed) monotonic."""
+    def rollout(self, name: str, n: int, overlap: threading.Event) -> tuple[float, float]:
+        """One profile change -> the DaemonSet rolled; returns (started, completed) monotonic.
+        ``overlap`` is set once the new agent pod exists beside the old one."""
         (old,) = self.agent_pods(name)
         started = time.monotonic()
         self.custom.patch_cluster_custom_object(
@@ -204,6 +209,8 @@ class Bench:
             ds = self.apps.read_namespaced_daemon_set_status(f"patchbay-{name}", AGENTS)
             st = ds.status
             pods = self.core.list_namespaced_pod(AGENTS, label_selector=f"patchbay.dev/profile={name}").items
+            if len(pods) >= 2 or any(p.metadata.deletion_timestamp for p in pods):
+                overlap.set()
             return bool(
                 (st.observed_generation or 0) >= ds.metadata.generation
                 and st.desired_number_scheduled == st.updated_number_scheduled == st.number_available
@@ -237,9 +244,13 @@ class Burst:
             t.start()
         return self
 
+    def drain(self) -> None:
+        """Wait until every burst pod ended (and was deleted): the node holds at most 50 pods."""
+        wait("every burst pod to end", lambda: self._reap_once() == 0, 300, 0.5)
+
     def __exit__(self, *_: object) -> None:
         self.on.clear()
-        wait("every burst pod to end", lambda: self._reap_once() == 0, 180, 0.5)
+        self.drain()
         self.stop.set()
         for t in self._threads:
             t.join(10)
@@ -303,6 +314,8 @@ def main() -> None:
     )
     ap.add_argument("--skip-latencies", action="store_true", help="only the rollouts")
     args = ap.parse_args()
+    # SIGTERM (a killed run) still stops the cluster: the finally below runs on SystemExit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     bin_dir = find_bin_dir()
     release = release_of(bin_dir)
     print(f"== Kubernetes {release} ({bin_dir}) ==")
@@ -373,10 +386,10 @@ def main() -> None:
                 time.sleep(1.0)
                 for n in range(1, args.rollouts + 1):
                     offset = log.stat().st_size
-                    burst.on.set()
-                    started, completed = b.rollout(name, n)
+                    started, completed = b.rollout(name, n, burst.on)
                     time.sleep(1.0)
                     burst.on.clear()
+                    burst.drain()
                     with log.open("rb") as f:
                         f.seek(offset)
                         text = f.read().decode(errors="replace")
