@@ -231,6 +231,8 @@ class Agent:
         )
         self._on_round.append(publisher.notify)
         plugin.on_registered = publisher.force
+        if self.reporter is not None:
+            publisher.on_state = self.reporter.notify
         if self.holders is not None:
             holders = self.holders
             preparer.on_change = holders.allocated
@@ -249,7 +251,7 @@ class Agent:
         # Imported only here: an agent without reports pays nothing for them (pykube and requests
         # are about 9 MiB; the PodResources stubs and the report code about 0.4 MiB).
         from patchbay_agent.holders import PodHolders
-        from patchbay_agent.report import ReportTarget, build_report
+        from patchbay_agent.report import ReportTarget, SliceState, build_report
         from patchbay_agent.reporter import Reporter
 
         if client is None:
@@ -287,8 +289,16 @@ class Agent:
         )
 
         def build(node_uid: str | None) -> dict[str, Any]:
+            slices = None
+            if self.publisher is not None:  # DRA: what the API server does with taints, what is left out
+                slices = SliceState(self.publisher.taints.value, frozenset(self.publisher.withheld))
             return build_report(
-                target, self.inventory.current, self.monitor.tracker.status, holders.containers, node_uid
+                target,
+                self.inventory.current,
+                self.monitor.tracker.status,
+                holders.containers,
+                node_uid,
+                slices=slices,
             )
 
         reporter = self.reporter = Reporter(target, client, build, self.metrics)

@@ -55,3 +55,14 @@ DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 #: 1.39 pick v1 when listed; 1.34 to 1.36 dial v1alpha1 whatever is listed
 #: (docs/facts.md#dra-health-v1alpha1).
 DRA_HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+
+
+class DeviceTaints(enum.StrEnum):
+    """Whether the API server keeps ResourceSlice device taints (DRA mode; a DeviceReport's
+    `deviceTaints`): read back from what it stores, docs/facts.md#dra-dropped-fields."""
+
+    KEPT = "Kept"
+    #: dropped on write (DRADeviceTaints off): devices that would carry a taint are left out
+    DROPPED = "Dropped"
+    #: not found out yet (or the check failed): treated as Dropped, which is safe everywhere
+    UNKNOWN = "Unknown"

@@ -17,6 +17,18 @@ The kubelet DELETES a driver's slices on its node when it starts and when the dr
 unusable for a while (docs/dra.md#kubelet-registration). So `force()` (called when the kubelet says the
 plugin is registered) writes the slices again on the next sync, and every `resync` seconds the
 publisher LISTs the node's slices of the driver and writes again when one of its slices is missing.
+
+Device taints (an unhealthy device, one the device plugin still hands out) are dropped by API
+servers whose DRADeviceTaints gate is off (before 1.36; docs/facts.md#dra-dropped-fields), which
+would leave such a device allocatable. So before the first write the publisher creates a slice
+with one tainted device with `dryRun=All` and reads the answer (`taints`: Kept or Dropped; Unknown
+until an answer came, and after a failed try, which is tried again `PROBE_RETRY_SECONDS` later).
+Unless the taints are Kept, every device that would carry one is left out of the slices
+(`withheld`) and comes back when it would not. Every real write's answer is checked too: a taint
+the API server did not store (an API server of another release behind the same address) turns
+`taints` to Dropped and the slices are written again at once without those devices. Where taints
+are Dropped the dry run is repeated every `PROBE_AGAIN_SECONDS`, so an upgraded control plane is
+noticed. `on_state` hears every change of `taints` or `withheld` (the DeviceReport says both).
 """
 
 from __future__ import annotations
@@ -27,7 +39,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from patchbay_agent.draslices import SliceDevice, slice_documents, with_generation
+from patchbay_agent.constants import DeviceTaints
+from patchbay_agent.draslices import (
+    SliceDevice,
+    lost_taints,
+    published,
+    slice_documents,
+    taint_probe_document,
+    taints_kept,
+    with_generation,
+)
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.registration import Backoff
@@ -40,13 +61,21 @@ BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 120.0
 #: How often the publisher checks that its slices still exist (one LIST).
 RESYNC_SECONDS = 60.0
+#: After a dry run that failed, when to try again (meanwhile taints count as dropped).
+PROBE_RETRY_SECONDS = 30.0
+#: Where taints are dropped, how often to ask again (a control plane upgraded meanwhile).
+PROBE_AGAIN_SECONDS = 600.0
 
 
 class SliceClient(Protocol):
     """What publishing needs of the API (synchronous; `kubeclient.KubeClient` in the agent)."""
 
-    def apply_slice(self, doc: Mapping[str, Any]) -> None:
-        """Create or update one ResourceSlice; raise on failure."""
+    def apply_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Create or update one ResourceSlice; the slice as stored; raise on failure."""
+
+    def dry_run_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Create one ResourceSlice with `dryRun=All`; the slice as it would be stored; raise on
+        failure."""
 
     def slice_names(self, driver: str, node_name: str) -> list[str]:
         """Names of the driver's slices on the node; raise on failure."""
@@ -98,6 +127,14 @@ class SlicePublisher:
         self._failing = False
         self.writes = 0
         self.failures = 0
+        #: whether the API server keeps device taints (see the module doc)
+        self.taints = DeviceTaints.UNKNOWN
+        #: physical IDs left out of the slices because the taint they need would be dropped
+        self.withheld: tuple[str, ...] = ()
+        #: called when `taints` or `withheld` changed
+        self.on_state: Callable[[], None] | None = None
+        self.probes = 0
+        self._probe_at = 0.0  # monotonic: when the next dry run is due (while not Kept)
 
     def notify(self) -> None:
         """The devices may have changed: compare (and write) soon."""
@@ -125,6 +162,11 @@ class SlicePublisher:
             if time.monotonic() >= next_resync:
                 next_resync = time.monotonic() + self._resync
                 await self._check_present()
+                if self.taints is not DeviceTaints.KEPT and time.monotonic() >= self._probe_at:
+                    before = self.taints
+                    await self.probe_taints()
+                    if self.taints is not before:
+                        self._kick.set()
             if not self._kick.is_set() and (self._retry_at is None or time.monotonic() < self._retry_at):
                 continue
             await wait_any((stop,), self._coalesce)
@@ -155,16 +197,74 @@ class SlicePublisher:
             )
             self.force()
 
+    async def probe_taints(self) -> DeviceTaints:
+        """Ask the API server whether it keeps device taints (a dry-run create; see the module
+        doc) and set `taints`; a failure leaves it as it was and tries again later."""
+        self.probes += 1
+        try:
+            stored = await asyncio.to_thread(
+                self._client.dry_run_slice, taint_probe_document(self.driver, self.node_name)
+            )
+        except Exception as e:
+            self._probe_at = time.monotonic() + PROBE_RETRY_SECONDS
+            log.warning(
+                "Cannot find out whether the API server keeps ResourceSlice device taints (%s): "
+                "leaving devices that need a taint out of the slices; asking again in %.0fs",
+                e,
+                PROBE_RETRY_SECONDS,
+            )
+            return self.taints
+        found = DeviceTaints.KEPT if taints_kept(stored) else DeviceTaints.DROPPED
+        self._probe_at = time.monotonic() + PROBE_AGAIN_SECONDS
+        self._set_taints(found, "a dry-run create")
+        return found
+
+    def _set_taints(self, found: DeviceTaints, how: str) -> None:
+        if found is self.taints:
+            return
+        self.taints = found
+        if found is DeviceTaints.DROPPED:
+            log.warning(
+                "The API server drops ResourceSlice device taints (seen in %s; DRADeviceTaints is off): "
+                "unhealthy devices, and devices the device plugin still hands out, are left out of "
+                "the slices of %s instead",
+                how,
+                self.driver,
+            )
+        else:
+            log.info("The API server keeps ResourceSlice device taints (seen in %s)", how)
+        if self.on_state is not None:
+            self.on_state()
+
+    def _publish(self) -> list[dict[str, Any]]:
+        """The slice documents of the devices to publish now; sets `withheld`."""
+        devices, withheld = published(self._devices(), self.taints is DeviceTaints.KEPT)
+        if tuple(withheld) != self.withheld:
+            if withheld:
+                log.info(
+                    "Leaving %d device(s) out of the ResourceSlices of %s (they need a taint the API "
+                    "server drops): %s",
+                    len(withheld),
+                    self.driver,
+                    ", ".join(withheld),
+                )
+            self.withheld = tuple(withheld)
+            if self.on_state is not None:
+                self.on_state()
+        return slice_documents(self.driver, self.node_name, devices, node_uid=self.node_uid)
+
     async def sync(self) -> bool:
         """Build the slices, write them if they differ from the last written; True when written."""
-        docs = slice_documents(self.driver, self.node_name, self._devices(), node_uid=self.node_uid)
+        if self.taints is DeviceTaints.UNKNOWN and time.monotonic() >= self._probe_at:
+            await self.probe_taints()
+        docs = self._publish()
         if docs == self.written:
             self._retry_at = None
             return False
         if self.node_uid is None:
             await self._find_owner()
             if self.node_uid is not None:
-                docs = slice_documents(self.driver, self.node_name, self._devices(), node_uid=self.node_uid)
+                docs = self._publish()
         generation = max(self._clock_ms(), self.generation + 1)
         full = with_generation(docs, generation)
         wanted = {d["metadata"]["name"] for d in full}
@@ -173,8 +273,10 @@ class SlicePublisher:
                 self._names = set(
                     await asyncio.to_thread(self._client.slice_names, self.driver, self.node_name)
                 )
+            lost: list[str] = []
             for doc in full:
-                await asyncio.to_thread(self._client.apply_slice, doc)
+                stored = await asyncio.to_thread(self._client.apply_slice, doc)
+                lost += lost_taints(doc, stored)
             for extra in sorted(self._names - wanted):
                 await asyncio.to_thread(self._client.delete_slice, extra)
                 log.info("Deleted ResourceSlice %s (the pool has fewer slices now)", extra)
@@ -210,6 +312,14 @@ class SlicePublisher:
             sum(1 for d in devices if d.get("taints")),
         )
         self._failing = False
+        if lost:
+            # Written, but without taints: the devices that needed one are allocatable now. Leave
+            # them out at once (the next sync, without coalescing delay).
+            self._set_taints(
+                DeviceTaints.DROPPED, f"the answer to a write ({', '.join(lost)} lost their taints)"
+            )
+            self._probe_at = time.monotonic() + PROBE_AGAIN_SECONDS
+            await self.sync()
         return True
 
     async def _find_owner(self) -> None:

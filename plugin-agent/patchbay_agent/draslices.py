@@ -16,6 +16,13 @@ The shape follows the API server's validation of resource.k8s.io/v1 (docs/dra.md
 * an unhealthy device carries the taint `patchbay.dev/unhealthy=<reason>:NoSchedule`, so new claims
   avoid it while claims that already have it keep it (NoSchedule evicts nobody).
 
+An API server whose DRADeviceTaints gate is off (before 1.36) drops device taints on write,
+silently (docs/facts.md#dra-dropped-fields). Whether this one keeps them is read back, never
+guessed from its version: `taint_probe_document` is a slice with one tainted device to create
+with `dryRun=All` (nothing is stored), `taints_kept` reads the answer, and `lost_taints` checks
+what a real write stored. Where taints are dropped, `published` leaves every device that would
+carry one out of the slice, so an unhealthy device is never allocatable there either.
+
 `pool.generation` is not part of what `slice_documents` compares: the publisher sets it when the
 content changed.
 """
@@ -212,6 +219,63 @@ def slice_documents(
             }
         )
     return out
+
+
+#: The dry-run probe slice: a generated name (the server shortens the prefix to fit), one device.
+TAINT_PROBE_NAME_PREFIX = "patchbay-taint-probe-"
+TAINT_PROBE_DEVICE = "probe"
+TAINT_PROBE_KEY = "patchbay.dev/probe"
+
+
+def taint_probe_document(driver: str, node_name: str) -> dict[str, Any]:
+    """A ResourceSlice of this node and driver with ONE tainted device, to create with
+    `dryRun=All`: the answer is the object as the API server would store it, taints or none.
+    Shaped like the real slices (node, driver, the node's pool), so the chart's admission policy
+    and RBAC judge it as they judge them."""
+    device = {
+        "name": TAINT_PROBE_DEVICE,
+        "taints": [{"key": TAINT_PROBE_KEY, "value": "dry-run", "effect": TAINT_EFFECT}],
+    }
+    return {
+        "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
+        "kind": SLICE_KIND,
+        "metadata": {"generateName": TAINT_PROBE_NAME_PREFIX},
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
+            "devices": [device],
+        },
+    }
+
+
+def _taint_keys(doc: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Device name -> the keys of its taints, for every device of a slice document."""
+    devices = ((doc.get("spec") or {}).get("devices")) or []
+    return {str(d.get("name")): {str(t.get("key")) for t in d.get("taints") or []} for d in devices}
+
+
+def taints_kept(stored: Mapping[str, Any]) -> bool:
+    """Whether the dry-run answer to `taint_probe_document` still has the probe device's taint."""
+    return TAINT_PROBE_KEY in _taint_keys(stored).get(TAINT_PROBE_DEVICE, set())
+
+
+def lost_taints(written: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """The devices (sorted) of `written` whose taints `stored` (the API server's answer to the
+    write) does not have: taints the API server dropped."""
+    kept = _taint_keys(stored)
+    return sorted(
+        name for name, keys in _taint_keys(written).items() if keys and not keys <= kept.get(name, set())
+    )
+
+
+def published(devices: Sequence[SliceDevice], taints: bool) -> tuple[list[SliceDevice], list[str]]:
+    """(the devices to put in the slices, the physical IDs left out). With `taints` (the API
+    server keeps them) every device; without, the ones that would carry a taint are left out:
+    unhealthy ones and those the device plugin still hands to pods."""
+    if taints:
+        return list(devices), []
+    return [d for d in devices if not d.tainted], [d.physical_id for d in devices if d.tainted]
 
 
 def with_generation(docs: Sequence[Mapping[str, Any]], generation: int) -> list[dict[str, Any]]:

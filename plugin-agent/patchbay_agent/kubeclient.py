@@ -8,7 +8,8 @@
   or, without them (a kubeconfig), from GET /api/v1/nodes/<name>;
 * DRA mode (`--dra-driver`, docs/dra.md#api-access): `resource_claim` (GET of a ResourceClaim,
   for NodePrepareResources), `apply_slice` (server-side apply of a ResourceSlice, field manager
-  patchbay-agent), `slice_names` (LIST of this node's slices of the driver, by field selector) and
+  patchbay-agent), `dry_run_slice` (a create with `dryRun=All`: does this API server keep device
+  taints?), `slice_names` (LIST of this node's slices of the driver, by field selector) and
   `delete_slice` (DELETE of a slice the pool no longer needs).
 
 pykube-ng rather than the official client: the agent runs on every node and pykube is about half
@@ -236,9 +237,10 @@ class KubeClient:
         body: dict[str, Any] = response.json()
         return body
 
-    def apply_slice(self, doc: Mapping[str, Any]) -> None:
-        """Server-side apply of a whole ResourceSlice (cluster-scoped); ApiError on failure."""
-        self._send(
+    def apply_slice(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of a whole ResourceSlice (cluster-scoped); the slice as the API server
+        stored it (which may lack fields it dropped); ApiError on failure."""
+        response = self._send(
             "PATCH",
             version=DRA_GROUP_VERSION,
             url=f"resourceslices/{doc['metadata']['name']}",
@@ -246,6 +248,22 @@ class KubeClient:
             data=json.dumps(doc, separators=(",", ":")),
             headers=self._headers({"Content-Type": APPLY_CONTENT_TYPE}),
         )
+        body: dict[str, Any] = response.json()
+        return body
+
+    def dry_run_slice(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a ResourceSlice with `dryRun=All`: validated, admitted and answered as it would be
+        stored, but not stored; ApiError on failure (authorized as `create`)."""
+        response = self._send(
+            "POST",
+            version=DRA_GROUP_VERSION,
+            url="resourceslices",
+            params={"dryRun": "All", "fieldManager": FIELD_MANAGER},
+            data=json.dumps(doc, separators=(",", ":")),
+            headers=self._headers({"Content-Type": "application/json"}),
+        )
+        body: dict[str, Any] = response.json()
+        return body
 
     def slice_names(self, driver: str, node_name: str) -> list[str]:
         """Names of the ResourceSlices of `driver` on `node_name` (the field selectors the kubelet

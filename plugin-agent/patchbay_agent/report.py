@@ -11,6 +11,11 @@ collector removes it with the node), every PHYSICAL device once (replicas `<id>:
 as their device), and the capped fields capped here (a message of at most 512 characters, at most
 64 containers per device, at most 4096 devices), so a write is never refused for its size.
 `observedAt` is added at write time: two reports are compared without it.
+
+In DRA mode the report also says what the API server does with ResourceSlice device taints
+(`deviceTaints`: Kept, Dropped or Unknown, docs/facts.md#dra-dropped-fields) and which devices the
+agent left out of its slices because they would need a taint that is dropped (`withheld: true`
+on the device, `summary.withheld`): those are not allocatable through DRA on this node.
 """
 
 from __future__ import annotations
@@ -121,13 +126,25 @@ def owner_reference(node_name: str, node_uid: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class SliceState:
+    """DRA mode: what the slice publisher found out and did (`drapublisher.SlicePublisher`)."""
+
+    #: `constants.DeviceTaints`: Kept, Dropped or Unknown
+    device_taints: str
+    #: physical IDs left out of the slices
+    withheld: frozenset[str] = frozenset()
+
+
 def _device_entry(
-    dev_id: str, status: DeviceStatus | None, healthy: bool, pods: Sequence[PodRef]
+    dev_id: str, status: DeviceStatus | None, healthy: bool, pods: Sequence[PodRef], withheld: bool = False
 ) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "id": dev_id,
         "health": (DeviceHealth.HEALTHY if healthy else DeviceHealth.UNHEALTHY).value,
     }
+    if withheld:
+        entry["withheld"] = True
     if status is not None and status.healthy == healthy:
         if not healthy:
             entry["reason"] = cap(status.reason, MAX_REASON_LENGTH)
@@ -145,6 +162,8 @@ def build_report(
     status: Callable[[str], DeviceStatus | None],
     containers: Mapping[PodRef, Sequence[str]],
     node_uid: str | None = None,
+    *,
+    slices: SliceState | None = None,
 ) -> dict[str, Any]:
     """The whole DeviceReport object (without `observedAt`), ready for server-side apply.
 
@@ -156,17 +175,22 @@ def build_report(
     healthy_physical = {snap.replica_of[rid] for rid in snap.healthy}
     held = holders_by_device(containers, snap.replica_of)
     ids = list(snap.physical)
-    devices = [_device_entry(d, status(d), d in healthy_physical, held.get(d, ())) for d in ids]
+    withheld = slices.withheld if slices is not None else frozenset()
+    devices = [
+        _device_entry(d, status(d), d in healthy_physical, held.get(d, ()), d in withheld) for d in ids
+    ]
     summary = {
         "total": len(ids),
         "healthy": sum(1 for d in ids if d in healthy_physical),
         "unhealthy": sum(1 for d in ids if d not in healthy_physical),
         "allocated": sum(1 for d in ids if held.get(d)),
     }
+    if slices is not None:
+        summary["withheld"] = sum(1 for d in ids if d in withheld)
     if len(devices) > MAX_DEVICES:
         order = sorted(
             range(len(devices)),
-            key=lambda i: (ids[i] in healthy_physical and not held.get(ids[i]), i),
+            key=lambda i: (ids[i] in healthy_physical and not held.get(ids[i]) and ids[i] not in withheld, i),
         )
         keep = sorted(order[:MAX_DEVICES])
         devices = [devices[i] for i in keep]
@@ -187,6 +211,8 @@ def build_report(
     }
     if target.agent:
         report["agent"] = target.agent
+    if slices is not None:
+        report["deviceTaints"] = slices.device_taints
     report["summary"] = summary
     report["devices"] = devices
     return report

@@ -48,7 +48,9 @@ NODE = "node-1"
 
 
 class InMemoryApi:
-    """Claims by (namespace, name); slices by name, as the agent applied them."""
+    """Claims by (namespace, name); slices by name, as the agent applied them. Keeps device
+    taints, as an API server from 1.36 on does (the real ones of both kinds are in
+    tests/integration/agent/test_agent_dra_on_the_api_server.py)."""
 
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
@@ -61,9 +63,14 @@ class InMemoryApi:
         except KeyError:
             raise RuntimeError(f"404: resourceclaims {name!r} not found") from None
 
-    def apply_slice(self, doc: Mapping[str, Any]) -> None:
+    def apply_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
         self.applies += 1
         self.slices[doc["metadata"]["name"]] = dict(doc)
+        return doc
+
+    def dry_run_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
+        """As an API server that keeps device taints (1.36 on) answers a dry-run create."""
+        return doc
 
     def slice_names(self, driver: str, node_name: str) -> list[str]:
         return sorted(self.slices)

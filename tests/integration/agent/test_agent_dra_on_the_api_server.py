@@ -8,7 +8,15 @@ driver, the node's pool and the attributes; a ResourceClaim the test creates and
 admin, through the status subresource) to two of those devices is prepared: the answer names the
 CDI IDs and the claim's CDI spec file resolves them; after the claim is deleted, unprepare removes
 the file; a device file removed from the tree gets its slice device the `patchbay.dev/unhealthy`
-taint with a higher pool generation.
+taint with a higher pool generation where the API server keeps device taints, and leaves the slice
+where it drops them (before 1.36: DRADeviceTaints off).
+
+Whether taints are kept is asked of the API server itself (a dry-run create, as the agent asks),
+and must agree with the release's capability table; then the agent must find out the same: its
+DeviceReport says `deviceTaints` Kept or Dropped, and where Dropped, a device the device plugin
+still hands out (the PodResources server this test sets) and a removed device are left out of the
+slice, marked `withheld` in the report, and come back when neither holds any more. The same test
+checks the one behaviour on releases with the capability and the other on releases without.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +41,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.clusters import wait_for
 from support.fakehw import FakeHardware
+from support.podresources_peer import PodResourcesPeer, ThreadedPeers
+from support.releases import has
 
 from patchbay_agent.api import (
     dra_v1_pb2,
@@ -40,7 +50,7 @@ from patchbay_agent.api import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from patchbay_agent.draslices import device_name
+from patchbay_agent.draslices import device_name, taint_probe_document, taints_kept
 from patchbay_devcluster import DevCluster
 
 GROUP, VERSION = "resource.k8s.io", "v1"
@@ -85,6 +95,56 @@ def _call(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def _or_none(read: Callable[[], Any]) -> Any:
+    """What `read` returns, None when the object is not there (404)."""
+    try:
+        return read()
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def _start_agent(
+    workdir: Path, devcluster: DevCluster, hw: FakeHardware, node_name: str, driver: str, *extra: str
+) -> subprocess.Popen[bytes]:
+    """The agent process in DRA mode for `driver` on `node_name`, talking to the session's API
+    server as its admin; its kubelet root is `workdir/k`, its CDI dir `workdir/cdi`, its log
+    `workdir/agent.log`; `extra`: more flags."""
+    config = workdir / "agent.yaml"
+    with (workdir / "agent.log").open("wb") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "patchbay_agent.main",
+                "--config",
+                str(config),
+                "--node-name",
+                node_name,
+                "--dra-driver",
+                driver,
+                "--kubelet-root-dir",
+                str(workdir / "k"),
+                "--device-plugin-dir",
+                str(workdir / "dp"),
+                "--host-root",
+                str(hw.root),
+                "--cdi-spec-dir",
+                str(workdir / "cdi"),
+                "--http-address",
+                "off",
+                "--kubeconfig",
+                str(devcluster.kubeconfig),
+                "--log-format",
+                "json",
+                *extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
 async def _register(registry: Path) -> Any:
     async with grpc.aio.insecure_channel(f"unix://{registry}") as channel:
         stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
@@ -120,6 +180,7 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
     node: tuple[str, str],
     workdir: Path,
     name_prefix: str,
+    kube_release: str,
 ) -> None:
     node_name, node_uid = node
     driver = f"{name_prefix}serial.patchbay.dev"
@@ -144,49 +205,13 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
     slice_name = f"{node_name}-{driver}"
 
     def the_slice() -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = custom.get_cluster_custom_object(
-                GROUP, VERSION, "resourceslices", slice_name
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        obj: dict[str, Any] | None = _or_none(
+            lambda: custom.get_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
+        )
         return obj
 
     log = workdir / "agent.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "patchbay_agent.main",
-                "--config",
-                str(config),
-                "--node-name",
-                node_name,
-                "--dra-driver",
-                driver,
-                "--kubelet-root-dir",
-                str(root),
-                "--device-plugin-dir",
-                str(workdir / "dp"),
-                "--host-root",
-                str(hw.root),
-                "--cdi-spec-dir",
-                str(cdi_dir),
-                "--http-address",
-                "off",
-                "--kubeconfig",
-                str(devcluster.kubeconfig),
-                "--instance",
-                "it1",
-                "--log-format",
-                "json",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = _start_agent(workdir, devcluster, hw, node_name, driver, "--instance", "it1")
     try:
         registry = root / "plugins_registry" / f"{driver}-it1.sock"
         wait_for("the registration socket", registry.exists, timeout=30)
@@ -288,7 +313,8 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
         assert _call(_unprepare(endpoint, ref)).claims[uid].error == ""
         assert not spec_file.exists()
 
-        # A device file goes: its slice device gets the taint, in a newer generation.
+        # A device file goes: where the API server keeps device taints its slice device gets one,
+        # where it drops them the device leaves the slice; in a newer generation either way.
         hw.remove_dev("/dev/ttyUSB1")
 
         def tainted() -> dict[str, Any] | None:
@@ -296,13 +322,21 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
             devs = {d["name"]: d for d in (obj or {}).get("spec", {}).get("devices", [])}
             return obj if names[1] in devs and devs[names[1]].get("taints") else None
 
-        second = wait_for("the unhealthy device's taint", tainted, timeout=60)
-        (taint,) = next(d for d in second["spec"]["devices"] if d["name"] == names[1])["taints"]
-        assert (taint["key"], taint["value"], taint["effect"]) == (
-            "patchbay.dev/unhealthy",
-            "Vanished",
-            "NoSchedule",
-        )
+        def left_out() -> dict[str, Any] | None:
+            obj = the_slice()
+            devs = [d["name"] for d in (obj or {}).get("spec", {}).get("devices", [])]
+            return obj if devs == [names[0], names[2]] else None
+
+        if has("dra-device-taints", kube_release):
+            second = wait_for("the unhealthy device's taint", tainted, timeout=60)
+            (taint,) = next(d for d in second["spec"]["devices"] if d["name"] == names[1])["taints"]
+            assert (taint["key"], taint["value"], taint["effect"]) == (
+                "patchbay.dev/unhealthy",
+                "Vanished",
+                "NoSchedule",
+            )
+        else:
+            second = wait_for("the unhealthy device left out of the slice", left_out, timeout=60)
         assert second["spec"]["pool"]["generation"] > spec["pool"]["generation"]
         assert all("taints" not in d for d in second["spec"]["devices"] if d["name"] != names[1])
 
@@ -328,3 +362,165 @@ def _gone(custom: client.CustomObjectsApi, namespace: str, name: str) -> bool:
     except ApiException as e:
         return e.status == 404
     return False
+
+
+def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
+    api: client.ApiClient,
+    devcluster: DevCluster,
+    crd: dict[str, Any],
+    namespace: str,
+    node: tuple[str, str],
+    workdir: Path,
+    name_prefix: str,
+    kube_release: str,
+) -> None:
+    node_name, _uid = node
+    driver = f"{name_prefix}taints.patchbay.dev"
+    custom = client.CustomObjectsApi(api)
+    keeps = has("dra-device-taints", kube_release)
+
+    # The API server itself, asked as the agent asks it (nothing is stored): the capability
+    # table and the API server agree.
+    answer = custom.create_cluster_custom_object(
+        GROUP, VERSION, "resourceslices", taint_probe_document(driver, node_name), dry_run="All"
+    )
+    assert taints_kept(answer) is keeps, (kube_release, answer["spec"])
+    assert (
+        custom.list_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", field_selector=f"spec.driver={driver}"
+        )["items"]
+        == []
+    )
+
+    hw = FakeHardware(workdir / "host")
+    for i in range(3):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    config = workdir / "agent.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "resourceName": RESOURCE,
+                "plugin": {
+                    "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+                    "health": {"periodSeconds": 1},
+                },
+            }
+        )
+    )
+    names = {f"ttyUSB{i}": device_name(f"ttyUSB{i}") for i in range(3)}
+    slice_name = f"{node_name}-{driver}"
+    report_name = f"p.{node_name}"
+
+    def slice_devices() -> dict[str, dict[str, Any]] | None:
+        obj = _or_none(lambda: custom.get_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name))
+        if obj is None:
+            return None
+        return {d["attributes"]["patchbay.dev/id"]["string"]: d for d in obj["spec"].get("devices", [])}
+
+    def report() -> dict[str, Any] | None:
+        obj: dict[str, Any] | None = _or_none(
+            lambda: custom.get_namespaced_custom_object(
+                "patchbay.dev", "v1alpha1", namespace, "devicereports", report_name
+            )
+        )
+        return obj
+
+    def withheld() -> set[str]:
+        return {d["id"] for d in (report() or {}).get("devices", []) if d.get("withheld")}
+
+    def taint_keys(devices: dict[str, dict[str, Any]], physical: str) -> set[str]:
+        return {t["key"] for t in devices[physical].get("taints") or []}
+
+    expected = "Kept" if keeps else "Dropped"
+    log = workdir / "agent.log"
+    with ThreadedPeers() as peers:
+        # A pod still holds ttyUSB2 through the DEVICE PLUGIN of the resource (a node moving to DRA).
+        pod_resources = PodResourcesPeer(workdir / "pr.sock")
+        pod_resources.hold("ml", "old", "main", RESOURCE, ["ttyUSB2"])
+        peers.call(pod_resources.start())
+        proc = _start_agent(
+            workdir,
+            devcluster,
+            hw,
+            node_name,
+            driver,
+            "--profile",
+            "p",
+            "--report-namespace",
+            namespace,
+            "--pod-resources-socket",
+            str(pod_resources.socket),
+            "--pod-resources-period",
+            "1",
+        )
+        try:
+            first = wait_for(
+                f"the DeviceReport saying deviceTaints {expected}",
+                lambda: (r := report()) and r.get("deviceTaints") == expected and r,
+                timeout=60,
+            )
+            if keeps:
+                # Tainted, not left out: the scheduler sees it and does not allocate it.
+                devices = wait_for(
+                    "the held device tainted",
+                    lambda: (d := slice_devices()) and len(d) == 3 and taint_keys(d, "ttyUSB2") and d,
+                    timeout=60,
+                )
+                assert taint_keys(devices, "ttyUSB2") == {"patchbay.dev/held-by-device-plugin"}
+                assert first["summary"]["withheld"] == 0
+            else:
+                devices = wait_for(
+                    "the held device left out of the slice",
+                    lambda: (d := slice_devices()) is not None and sorted(d) == ["ttyUSB0", "ttyUSB1"] and d,
+                    timeout=60,
+                )
+                assert wait_for("the report marking it withheld", lambda: withheld() == {"ttyUSB2"}, 30)
+                assert report()["summary"]["withheld"] == 1  # type: ignore[index]
+            assert all("taints" not in devices[p] for p in ("ttyUSB0", "ttyUSB1"))
+
+            # A device vanishes: tainted where taints are kept, left out where they are dropped.
+            hw.remove_dev("/dev/ttyUSB1")
+            if keeps:
+                devices = wait_for(
+                    "the vanished device tainted",
+                    lambda: (d := slice_devices()) and taint_keys(d, "ttyUSB1") and d,
+                    timeout=60,
+                )
+                assert taint_keys(devices, "ttyUSB1") == {"patchbay.dev/unhealthy"}
+                assert withheld() == set()
+            else:
+                wait_for(
+                    "the vanished device left out of the slice",
+                    lambda: (d := slice_devices()) is not None and sorted(d) == ["ttyUSB0"],
+                    timeout=60,
+                )
+                assert wait_for("both marked withheld", lambda: withheld() == {"ttyUSB1", "ttyUSB2"}, 30)
+                dev = next(d for d in report()["devices"] if d["id"] == "ttyUSB1")  # type: ignore[index]
+                assert (dev["health"], dev["reason"]) == ("Unhealthy", "Vanished")
+
+            # Back, and the pod gone: every device in the slice, none tainted, none withheld.
+            hw.add_dev("/dev/ttyUSB1")
+            pod_resources.remove_pod("ml", "old")
+            wait_for(
+                "all three devices in the slice untainted",
+                lambda: (
+                    (d := slice_devices()) is not None
+                    and sorted(d) == ["ttyUSB0", "ttyUSB1", "ttyUSB2"]
+                    and not any(x.get("taints") for x in d.values())
+                ),
+                timeout=60,
+            )
+            assert wait_for("none withheld", lambda: (r := report()) and r["summary"]["withheld"] == 0, 30)
+            assert {d["name"] for d in (slice_devices() or {}).values()} == set(names.values())
+
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(20) == 0
+            text = log.read_text(errors="replace")
+            assert "Traceback" not in text
+            assert ("drops ResourceSlice device taints" in text) is not keeps
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            with contextlib.suppress(ApiException):
+                custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)

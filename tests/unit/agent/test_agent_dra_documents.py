@@ -19,9 +19,13 @@ from patchbay_agent.draslices import (
     device_names,
     is_dns_subdomain,
     label_value,
+    lost_taints,
+    published,
     slice_base_name,
     slice_devices,
     slice_documents,
+    taint_probe_document,
+    taints_kept,
     with_generation,
 )
 from patchbay_agent.health import DeviceHealthTracker, DeviceStatus
@@ -101,6 +105,43 @@ def test_no_device_is_one_empty_slice_and_generation_is_set_apart() -> None:
     (with_gen,) = with_generation(docs, 1234)
     assert with_gen["spec"]["pool"]["generation"] == 1234
     assert docs[0]["spec"]["pool"]["generation"] == 0  # not changed in place
+
+
+def test_the_taint_probe_and_what_its_answer_says() -> None:
+    probe = taint_probe_document(DRIVER, "node-1")
+    assert probe["metadata"] == {"generateName": "patchbay-taint-probe-"}
+    spec = probe["spec"]
+    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"]) == (DRIVER, "node-1", "node-1")
+    (device,) = spec["devices"]
+    assert device["taints"] == [{"key": "patchbay.dev/probe", "value": "dry-run", "effect": "NoSchedule"}]
+    assert taints_kept(probe)
+    # What an API server with DRADeviceTaints off answers: the same slice without the taint.
+    dropped = {**probe, "spec": {**spec, "devices": [{"name": "probe"}]}}
+    assert not taints_kept(dropped)
+    assert not taints_kept({})
+
+
+def test_lost_taints_names_the_devices_whose_taints_were_not_stored() -> None:
+    (written,) = slice_documents(DRIVER, "node-1", _devices(3, tainted=1))
+    assert lost_taints(written, written) == []
+    stored = {"spec": {"devices": [{**d, "taints": []} for d in written["spec"]["devices"]]}}
+    assert lost_taints(written, stored) == ["d1"]
+    # Taints the server added (timeAdded) or kept in another order still count as kept.
+    kept = {"spec": {"devices": [dict(d) for d in written["spec"]["devices"]]}}
+    kept["spec"]["devices"][1]["taints"] = [{**written["spec"]["devices"][1]["taints"][0], "timeAdded": "x"}]
+    assert lost_taints(written, kept) == []
+
+
+def test_where_taints_are_dropped_the_devices_that_need_one_are_left_out() -> None:
+    devices = _devices(4, tainted=1)
+    held = SliceDevice("d3h", "D3H", {}, None, plugin_held=True)
+    assert published([*devices, held], taints=True) == ([*devices, held], [])
+    shown, left_out = published([*devices, held], taints=False)
+    assert [d.name for d in shown] == ["d0", "d2", "d3"]
+    assert left_out == ["D1", "D3H"]
+    # Nothing tainted is left: one slice of up to 128 again.
+    (doc,) = slice_documents(DRIVER, "node-1", shown)
+    assert all("taints" not in d for d in doc["spec"]["devices"])
 
 
 def test_label_values() -> None:

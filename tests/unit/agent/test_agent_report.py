@@ -20,6 +20,7 @@ from patchbay_agent.report import (
     MAX_PODS_PER_DEVICE,
     PodRef,
     ReportTarget,
+    SliceState,
     build_report,
     cap,
     holders_by_device,
@@ -157,6 +158,23 @@ def test_without_a_node_uid_or_pod_name_the_report_has_no_owner_and_no_agent() -
     assert report["devices"] == [
         {"id": "tty0", "health": "Healthy", "since": rfc3339(tracker.status("tty0").since)}
     ]  # type: ignore[union-attr]
+
+
+def test_a_dra_report_says_what_the_api_server_does_with_taints_and_what_is_left_out() -> None:
+    tracker = DeviceHealthTracker(1, 1)
+    tracker.observe({"tty0": CheckResult(True), "tty1": CheckResult(False, "gone", code="Vanished")})
+    snap = _snapshot(_devices(2), tracker)
+    plain = build_report(TARGET, snap, tracker.status, {})
+    assert "deviceTaints" not in plain and "withheld" not in plain["summary"]
+    kept = build_report(TARGET, snap, tracker.status, {}, slices=SliceState("Kept"))
+    assert kept["deviceTaints"] == "Kept" and kept["summary"]["withheld"] == 0
+    assert all("withheld" not in d for d in kept["devices"])
+    dropped = build_report(
+        TARGET, snap, tracker.status, {}, slices=SliceState("Dropped", frozenset({"tty1"}))
+    )
+    assert dropped["deviceTaints"] == "Dropped"
+    assert dropped["summary"] == {"total": 2, "healthy": 1, "unhealthy": 1, "allocated": 0, "withheld": 1}
+    assert [(d["id"], d.get("withheld")) for d in dropped["devices"]] == [("tty0", None), ("tty1", True)]
 
 
 def test_long_messages_reasons_and_holder_lists_are_capped() -> None:
