@@ -427,8 +427,10 @@ def main() -> None:
                     "timeline": [(round(s.at - samples[0].at, 3), s.kubelet) for s in samples],
                 }
             )
+            results["loadAverage1m"] = round(os.getloadavg()[0], 1)
             print(
-                f"SUMMARY {release}: {args.rollouts} rollouts, kubelet min {results['minKubelet']}/{full}, "
+                f"SUMMARY {release} (load average {results['loadAverage1m']}): {args.rollouts} rollouts, "
+                f"kubelet min {results['minKubelet']}/{full}, "
                 f"longest dip {results['longestDipSeenMs']}-{results['longestDipBoundMs']} ms, "
                 f"registrations {[r['registrations'] for r in per_rollout]}, "
                 f"burst pods refused {len(burst.refused)}/{burst.created} "
