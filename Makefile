@@ -22,8 +22,8 @@ export PATCHBAY_KUBE_BIN := $(KUBE_BIN)
 export PATCHBAY_DEVCLUSTER_DIR := $(CLUSTER_DIR)
 export PATH := $(KUBE_BIN):$(abspath $(VENV))/bin:$(PATH)
 
-# The three programs, each with its own pyproject.toml (its package and its dependencies).
-PROGRAMS    := operator plugin-agent devcluster
+# The programs, each with its own pyproject.toml (its package and its dependencies).
+PROGRAMS    := operator plugin-agent devcluster kubectl-patchbay
 PYPROJECTS  := pyproject.toml $(addsuffix /pyproject.toml,$(PROGRAMS))
 
 # The virtualenv is reinstalled only when a pyproject.toml changes.

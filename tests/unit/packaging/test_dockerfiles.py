@@ -19,7 +19,14 @@ import pytest
 from patchbay_devcluster.imagebuild import PROGRAMS, pinned_closure
 
 REPO = Path(__file__).resolve().parents[3]
-ALL_PROGRAMS = {"operator": "operator", "agent": "plugin-agent", "devcluster": "devcluster"}
+ALL_PROGRAMS = {
+    "operator": "operator",
+    "agent": "plugin-agent",
+    "devcluster": "devcluster",
+    "kubectl": "kubectl-patchbay",
+}
+#: The console scripts of each program (kubectl finds its plugin by kubectl's naming rules).
+SCRIPTS = {"kubectl": ["kubectl-patchbay", "kubectl_complete-patchbay"]}
 
 
 def pyproject(folder: str) -> dict[str, Any]:
@@ -51,7 +58,7 @@ def test_the_top_level_project_installs_the_three_programs_at_their_versions() -
     for name, folder in ALL_PROGRAMS.items():
         meta = pyproject(folder)
         assert meta["project"]["name"] == f"patchbay-{name}"
-        assert list(meta["project"]["scripts"]) == [f"patchbay-{name}"]
+        assert list(meta["project"]["scripts"]) == SCRIPTS.get(name, [f"patchbay-{name}"])
         assert meta["tool"]["setuptools"]["packages"]["find"]["include"][0] == f"patchbay_{name}"
 
 

@@ -1,0 +1,1 @@
+"""``kubectl patchbay``: Patchbay's kubectl plugin (devices, nodes, why a profile is not Ready)."""

@@ -1,0 +1,297 @@
+"""``kubectl patchbay``: the command line, kubectl's conventions, and shell completion.
+
+kubectl runs ``kubectl-patchbay`` from PATH with the words after ``patchbay`` and passes none of
+its own flags, so the plugin takes kubectl's: ``--kubeconfig``, ``--context``, ``-n``, ``-A``,
+``-o wide|json|yaml``, ``--request-timeout``. Exit codes are kubectl's: 0 done, 1 an error from
+the server or the kubeconfig (printed as ``error: ...`` or ``Error from server (...)``), 2 a
+usage error. Completion follows kubectl's plugin protocol (kubectl >= 1.26): kubectl runs
+``kubectl_complete-patchbay`` with the words typed so far, the last one being completed, and reads
+one candidate per line and a final ``:<directive>`` line (docs/facts.md#kubectl-plugin-completion).
+
+Agent pods and DeviceReports live in the operator's namespace: ``-n`` names it (default
+``$PATCHBAY_NAMESPACE``, else ``patchbay-system``, the chart's documented namespace); ``-A``
+reads them in every namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from patchbay_kubectl import kube, output, views
+from patchbay_kubectl.kube import Kube, KubeError, Target
+from patchbay_kubectl.views import DRA, STATIC, Inputs, Obj
+
+DEFAULT_NAMESPACE = "patchbay-system"
+EVENT_NAMESPACE = "default"
+"""Events about a cluster-scoped profile are in "default", where the operator posts them."""
+COMMANDS = ("devices", "nodes", "why")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--kubeconfig", help="path to the kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    common.add_argument("--context", help="the kubeconfig context to use")
+    common.add_argument(
+        "-n",
+        "--namespace",
+        help=f"the operator's namespace, where agent pods and DeviceReports are "
+        f"(default: $PATCHBAY_NAMESPACE or {DEFAULT_NAMESPACE})",
+    )
+    common.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="read agent pods and DeviceReports in every namespace",
+    )
+    common.add_argument("-o", "--output", choices=output.FORMATS, help="output format: wide, json or yaml")
+    common.add_argument(
+        "--request-timeout", type=float, default=30.0, metavar="SECONDS", help="per request (default 30)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="kubectl patchbay",
+        description="Patchbay at a glance: devices, nodes, and why a DevicePluginProfile is not Ready.",
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    dev = sub.add_parser(
+        "devices",
+        parents=[common],
+        help="every device of every profile: health, reason, since, holder pod",
+        description="One row per device across every profile and mode (DRA: from the ResourceSlices "
+        "and ResourceClaims; Static: one row per node).",
+    )
+    dev.add_argument("--node", help="only this node")
+    dev.add_argument("--profile", help="only this DevicePluginProfile")
+    dev.add_argument("--unhealthy", action="store_true", help="only devices that are not Healthy")
+    nodes = sub.add_parser(
+        "nodes",
+        parents=[common],
+        help="per node: the profiles serving it, agent pod, registered, devices healthy/total",
+    )
+    nodes.add_argument("--node", help="only this node")
+    nodes.add_argument("--profile", help="only the nodes this DevicePluginProfile selects")
+    why = sub.add_parser(
+        "why",
+        parents=[common],
+        help="why a profile is not Ready, in one screen",
+        description="Conditions, problems, the agent pods' trouble in the kubelet's words, the last "
+        "Events, and what to do next.",
+    )
+    why.add_argument("profile", help="the DevicePluginProfile")
+    return parser
+
+
+def namespace_of(args: argparse.Namespace) -> str | None:
+    """The agents' namespace, or None for every namespace (-A)."""
+    if args.all_namespaces:
+        return None
+    return str(args.namespace or os.environ.get("PATCHBAY_NAMESPACE") or DEFAULT_NAMESPACE)
+
+
+def _profiles(k: Kube, name: str | None) -> list[Obj]:
+    if name is None:
+        return k.list(kube.PROFILES)
+    obj = k.get(kube.profile_path(name))
+    if obj is None:
+        raise KubeError(f'Error from server (NotFound): devicepluginprofiles.patchbay.dev "{name}" not found')
+    return [obj]
+
+
+def _nodes(k: Kube, name: str | None) -> list[Obj]:
+    if name is None:
+        return k.list("/api/v1/nodes")
+    obj = k.get(kube.node_path(name))
+    if obj is None:
+        raise KubeError(f'Error from server (NotFound): nodes "{name}" not found')
+    return [obj]
+
+
+def _reports(k: Kube, ns: str | None, profile: str | None) -> list[Obj]:
+    sel = f"{views.LABEL_PROFILE}={profile}" if profile else ""
+    return k.list(kube.reports_path(ns), label_selector=sel)
+
+
+def gather_devices(k: Kube, args: argparse.Namespace) -> Inputs:
+    profiles = _profiles(k, args.profile)
+    modes = {views.mode_of(p) for p in profiles}
+    data = Inputs(profiles=profiles)
+    if modes - {STATIC}:
+        data.reports = _reports(k, namespace_of(args), args.profile)
+    if STATIC in modes:
+        data.nodes = _nodes(k, args.node)
+    if DRA in modes:
+        fields = [f"spec.nodeName={args.node}"] if args.node else []
+        dra = [p for p in profiles if views.mode_of(p) == DRA]
+        if len(dra) == 1:
+            fields.append(f"spec.driver={views.driver_of(dra[0])}")
+        data.slices = k.list(f"{kube.RESOURCE_API}/resourceslices", field_selector=",".join(fields))
+        data.claims = k.list(f"{kube.RESOURCE_API}/resourceclaims")
+    return data
+
+
+def gather_nodes(k: Kube, args: argparse.Namespace) -> Inputs:
+    profiles = _profiles(k, args.profile)
+    ns = namespace_of(args)
+    data = Inputs(profiles=profiles, nodes=_nodes(k, args.node))
+    if any(views.mode_of(p) != STATIC for p in profiles):
+        sel = views.AGENT_SELECTOR + (f",{views.LABEL_PROFILE}={args.profile}" if args.profile else "")
+        fields = f"spec.nodeName={args.node}" if args.node else ""
+        data.pods = k.list(kube.pods_path(ns), label_selector=sel, field_selector=fields)
+        data.reports = _reports(k, ns, args.profile)
+    return data
+
+
+def cmd_devices(k: Kube, args: argparse.Namespace) -> str:
+    rows = views.device_rows(
+        gather_devices(k, args), node=args.node, profile=args.profile, unhealthy=args.unhealthy
+    )
+    if not rows and args.output not in ("json", "yaml"):
+        print("No devices found.", file=sys.stderr)
+    return output.devices(rows, args.output, views.utcnow())
+
+
+def cmd_nodes(k: Kube, args: argparse.Namespace) -> str:
+    rows = views.node_rows(gather_nodes(k, args), node=args.node, profile=args.profile)
+    if not rows and args.output not in ("json", "yaml"):
+        print("No nodes found.", file=sys.stderr)
+    return output.nodes(rows, args.output)
+
+
+def cmd_why(k: Kube, args: argparse.Namespace) -> str:
+    (profile,) = _profiles(k, args.profile)
+    ns = namespace_of(args)
+    pods: list[Obj] = []
+    if views.mode_of(profile) != STATIC:
+        sel = f"{views.AGENT_SELECTOR},{views.LABEL_PROFILE}={args.profile}"
+        pods = k.list(kube.pods_path(ns), label_selector=sel)
+    events = k.list(
+        kube.events_path(EVENT_NAMESPACE),
+        field_selector=f"involvedObject.kind=DevicePluginProfile,involvedObject.name={args.profile}",
+    )
+    if any(not views.pod_ready(p) for p in pods):
+        # The kubelet's and scheduler's words about the agent pods (only when one is in trouble).
+        events += k.list(kube.events_path(ns), field_selector="involvedObject.kind=Pod,type=Warning")
+    return output.why(views.why(profile, pods, events, views.utcnow()), args.output)
+
+
+HANDLERS: dict[str, Callable[[Kube, argparse.Namespace], str]] = {
+    "devices": cmd_devices,
+    "nodes": cmd_nodes,
+    "why": cmd_why,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        k = Kube(Target(args.kubeconfig, args.context, args.request_timeout))
+        try:
+            text = HANDLERS[args.command](k, args)
+        finally:
+            k.close()
+    except KubeError as e:
+        msg = str(e)
+        print(msg if msg.startswith("Error from server") else f"error: {msg}", file=sys.stderr)
+        return 1
+    sys.stdout.write(text)
+    return 0
+
+
+# --- completion (kubectl's plugin protocol) -----------------------------------------------------
+
+NO_FILE_COMP = 4
+"""cobra's ShellCompDirectiveNoFileComp: the shell offers no file names."""
+VALUE_FLAGS = {
+    "--kubeconfig",
+    "--context",
+    "-n",
+    "--namespace",
+    "-o",
+    "--output",
+    "--node",
+    "--profile",
+    "--request-timeout",
+}
+
+
+def completions(words: Sequence[str], lookup: Callable[[str], list[str]]) -> list[str]:
+    """Candidates for the last word of ``words`` (the words after ``patchbay``). ``lookup(kind)``
+    names live objects: ``profiles``, ``nodes``, ``contexts``, ``namespaces``; pure otherwise."""
+    *before, current = words or [""]
+    prev = before[-1] if before else ""
+    command = next((w for w in before if w in COMMANDS), None)
+    if prev in ("-o", "--output"):
+        found = list(output.FORMATS)
+    elif prev == "--profile":
+        found = lookup("profiles")
+    elif prev == "--node":
+        found = lookup("nodes")
+    elif prev == "--context":
+        found = lookup("contexts")
+    elif prev in ("-n", "--namespace"):
+        found = lookup("namespaces")
+    elif prev in VALUE_FLAGS:
+        found = []
+    elif current.startswith("-"):
+        found = [
+            "--kubeconfig",
+            "--context",
+            "--namespace",
+            "--all-namespaces",
+            "--output",
+            "--request-timeout",
+        ]
+        if command in ("devices", "nodes"):
+            found += ["--node", "--profile"]
+        if command == "devices":
+            found.append("--unhealthy")
+    elif command is None:
+        found = list(COMMANDS)
+    elif command == "why" and not [w for w in before[before.index("why") + 1 :] if not w.startswith("-")]:
+        found = lookup("profiles")
+    else:
+        found = []
+    return sorted(c for c in found if c.startswith(current))
+
+
+def _lookup(words: Sequence[str]) -> Callable[[str], list[str]]:
+    def flag(*names: str) -> str | None:
+        for i, w in enumerate(words[:-1]):
+            if w in names:
+                return words[i + 1]
+            for n in names:
+                if w.startswith(n + "="):
+                    return w.split("=", 1)[1]
+        return None
+
+    def lookup(kind: str) -> list[str]:
+        if kind == "contexts":
+            return kube.contexts(flag("--kubeconfig"))
+        paths = {"profiles": kube.PROFILES, "nodes": "/api/v1/nodes", "namespaces": "/api/v1/namespaces"}
+        try:
+            k = Kube(Target(flag("--kubeconfig"), flag("--context"), 5.0))
+            try:
+                return [views.name_of(o) for o in k.list(paths[kind])]
+            finally:
+                k.close()
+        except KubeError:
+            return []
+
+    return lookup
+
+
+def complete_main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    for c in completions(words, _lookup(words)):
+        print(c)
+    print(f":{NO_FILE_COMP}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

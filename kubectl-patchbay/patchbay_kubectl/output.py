@@ -1,0 +1,147 @@
+"""Printing, the kubectl way: aligned upper-case columns (``-o wide`` adds some), or the rows as
+``-o json`` / ``-o yaml`` with camelCase keys for scripts. Pure: returns text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import yaml
+
+from patchbay_kubectl.views import DeviceRow, NodeRow, Obj, age
+
+FORMATS = ("wide", "json", "yaml")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to the widest cell plus three spaces, as kubectl's printer does."""
+    if not rows:
+        return ""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = []
+    for cells in (header, *rows):
+        line = "   ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+        lines.append(line.rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+def structured(kind: str, items: Sequence[Obj], fmt: str) -> str:
+    """``{"kind": ..., "items": [...]}`` as JSON or YAML, keys in camelCase like the API's."""
+    doc: dict[str, Any] = {"kind": kind, "items": [{_camel(k): v for k, v in i.items()} for i in items]}
+    return dump(doc, fmt)
+
+
+def dump(doc: Any, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    return str(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+
+
+def _holders(h: Sequence[str], wide: bool) -> str:
+    if not h:
+        return "<none>"
+    return ",".join(h) if wide or len(h) == 1 else f"{h[0]} (+{len(h) - 1})"
+
+
+def devices(rows: Sequence[DeviceRow], fmt: str | None, now: datetime) -> str:
+    if fmt in ("json", "yaml"):
+        return structured("DeviceList", [r.as_dict() for r in rows], fmt)
+    wide = fmt == "wide"
+    header = ["NODE", "PROFILE", "RESOURCE", "DEVICE", "HEALTH", "REASON", "SINCE", "HOLDER"]
+    if wide:
+        header += ["MODE", "SOURCE", "MESSAGE"]
+    out = []
+    for r in rows:
+        cells = [
+            r.node,
+            r.profile,
+            r.resource,
+            r.device,
+            r.health,
+            r.reason or "-",
+            age(r.since, now) if r.since else "-",
+            _holders(r.holders, wide),
+        ]
+        if wide:
+            cells += [r.mode, r.source, r.message or "-"]
+        out.append(cells)
+    return table(header, out)
+
+
+def _count(n: int | None) -> str:
+    return "-" if n is None else str(n)
+
+
+def nodes(rows: Sequence[NodeRow], fmt: str | None) -> str:
+    if fmt in ("json", "yaml"):
+        return structured("NodeList", [r.as_dict() for r in rows], fmt)
+    wide = fmt == "wide"
+    header = ["NODE", "PROFILE", "MODE", "AGENT", "REGISTERED", "DEVICES"]
+    if wide:
+        header += ["RESOURCE"]
+    out = []
+    for r in rows:
+        agent = "-" if r.mode in ("", "Static") else ("<none>" if not r.agents else ",".join(r.agents))
+        devices = "-" if r.total is None and r.healthy is None else f"{_count(r.healthy)}/{_count(r.total)}"
+        cells = [r.node, r.profile, r.mode or "-", agent, r.registered, devices]
+        if wide:
+            cells.append(r.resource or "-")
+        out.append(cells)
+    return table(header, out)
+
+
+def _indented(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["  " + x for x in table(header, rows).splitlines()] or ["  <none>"]
+
+
+def why(doc: Obj, fmt: str | None) -> str:
+    """One screen: the verdict, conditions, problems, agent trouble, last events, what to do."""
+    if fmt in ("json", "yaml"):
+        return dump(doc, fmt)
+    verdict = "Ready" if doc["ready"] else "NOT Ready"
+    lines = [
+        f"Profile {doc['profile']} ({doc['mode']}, {doc['resource']}): {verdict}"
+        f"  nodes {doc['nodesReady'] or '?'}  devices {doc['devicesAllocatable'] or '?'}",
+        "",
+        "Conditions:",
+    ]
+    conds = [
+        [c["type"] or "", c["status"] or "", c["reason"], c["age"], c["message"]] for c in doc["conditions"]
+    ]
+    lines += _indented(["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"], conds)
+    shown = len(doc["problems"])
+    lines += [
+        "",
+        f"Problems ({doc['problemCount']}{'' if shown == doc['problemCount'] else f', {shown} shown'}):",
+    ]
+    probs = [
+        [p.get("node", ""), p.get("device", "") or "-", p.get("reason", ""), p.get("message", "")]
+        for p in doc["problems"]
+    ]
+    lines += _indented(["NODE", "DEVICE", "REASON", "MESSAGE"], probs)
+    agents = doc["agentPods"]
+    if doc["mode"] != "Static":
+        lines += ["", f"Agent pods: {agents['total'] - agents['notReady']}/{agents['total']} ready"]
+        for t in agents["trouble"]:
+            lines.append(
+                f"  {t['pod']} on {t['node'] or '<unscheduled>'}: {t['reason']}: {t['message']}".rstrip(": ")
+            )
+            if t.get("lastExit"):
+                le = t["lastExit"]
+                lines.append(f"    last exit {le['exitCode']} ({le['reason']}): {le['message']}".rstrip(": "))
+            for e in t["events"]:
+                lines.append(f"    {e['reason']} (x{e['count']}): {e['message']}")
+    lines += ["", "Events (last):"]
+    evs = [[e["age"], e["type"], e["reason"], e["message"]] for e in doc["events"]]
+    lines += _indented(["AGE", "TYPE", "REASON", "MESSAGE"], evs)
+    lines += ["", "What to do next:"]
+    lines += [f"  - {h['reason']}: {h['do']}" for h in doc["next"]] or ["  nothing: the profile is Ready"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,558 @@
+"""What each command shows, computed from the objects the API returned. Pure: no I/O, no clock.
+
+``devices``: one row per device across every profile and mode: a DevicePlugin profile's devices
+from its agents' DeviceReports; a DRA profile's from its driver's ResourceSlices (a taint
+``patchbay.dev/unhealthy=<reason>`` is an unhealthy device), holders from the ResourceClaims
+allocated to them, reasons and since-when from the DeviceReports the DRA agents write too; a
+Static profile's as one row per selected node, healthy when the node's allocatable holds the
+count the profile asks for (the operator's own check).
+
+``nodes``: one row per node and profile serving it: the agent pod, whether it registered (the
+agent's readiness probe is its kubelet registration), devices healthy/total.
+
+``why``: the profile's conditions, problems, its agent pods' trouble with the kubelet's own words
+(container waiting and termination reasons, the pods' Warning events), the profile's last Events
+and what to do next, keyed by the reasons docs/operations.md#troubleshooting explains.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+Obj = dict[str, Any]
+
+LABEL_PROFILE = "patchbay.dev/profile"
+AGENT_SELECTOR = "app.kubernetes.io/name=patchbay-agent"
+DRA_DRIVER_SUFFIX = ".patchbay.dev"
+TAINT_UNHEALTHY = "patchbay.dev/unhealthy"
+ATTR_ID = "patchbay.dev/id"
+STATIC, DEVICE_PLUGIN, DRA = "Static", "DevicePlugin", "DRA"
+
+
+# --- small readers -----------------------------------------------------------------------------
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """An RFC 3339 timestamp of the API (``Z`` or an offset, fractions or not); None if absent."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def age(since: str | None, now: datetime) -> str:
+    """kubectl's short age: ``45s``, ``3m12s``, ``5h2m``, ``3d4h``; ``<unknown>`` without a time."""
+    t = parse_time(since)
+    if t is None:
+        return "<unknown>"
+    s = max(0, int((now - t).total_seconds()))
+    if s < 120:
+        return f"{s}s"
+    if s < 600:
+        return f"{s // 60}m{s % 60}s"
+    if s < 3 * 3600:
+        return f"{s // 60}m"
+    if s < 8 * 3600:
+        return f"{s // 3600}h{(s % 3600) // 60}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d{(s % 86400) // 3600}h" if s < 8 * 86400 else f"{s // 86400}d"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A LabelSelector (matchLabels and matchExpressions, all must hold) against a node's labels.
+    Absent or empty selects every node, as the profile's ``spec.nodeSelector`` says."""
+    if not selector:
+        return True
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key", ""), expr.get("operator"), expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def spec(profile: Obj) -> Obj:
+    return profile.get("spec") or {}
+
+
+def name_of(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def mode_of(profile: Obj) -> str:
+    return str(spec(profile).get("mode", ""))
+
+
+def resource_of(profile: Obj) -> str:
+    return str(spec(profile).get("resourceName", ""))
+
+
+def driver_of(profile: Obj) -> str:
+    return name_of(profile) + DRA_DRIVER_SUFFIX
+
+
+def condition(obj: Obj, ctype: str) -> Obj | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype:
+            return dict(c)
+    return None
+
+
+def pod_ready(pod: Obj) -> bool:
+    c = condition(pod, "Ready")
+    return bool(c and c.get("status") == "True")
+
+
+def static_desired(profile: Obj, labels: Mapping[str, str]) -> int | None:
+    """The count a Static profile asks of a node (its label override when set); None when the
+    label holds no non-negative integer (the operator reports that node, advertises nothing)."""
+    st = spec(profile).get("static") or {}
+    key = st.get("capacityFromLabel")
+    if key and key in labels:
+        value = labels[key]
+        return int(value) if re.fullmatch(r"[0-9]+", value) else None
+    return int(st.get("capacity", 0))
+
+
+def quantity(value: Any) -> int | None:
+    """An extended resource's quantity (a plain integer for these); None when absent or odd."""
+    if value is None:
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+# --- devices ----------------------------------------------------------------------------------
+
+
+@dataclass
+class DeviceRow:
+    node: str
+    profile: str
+    mode: str
+    resource: str
+    device: str
+    health: str
+    reason: str = ""
+    message: str = ""
+    since: str | None = None
+    holders: list[str] = field(default_factory=list)
+    source: str = ""
+
+    def as_dict(self) -> Obj:
+        return asdict(self)
+
+
+@dataclass
+class Inputs:
+    """Everything ``devices`` and ``nodes`` read, listed once per command."""
+
+    profiles: list[Obj]
+    reports: list[Obj] = field(default_factory=list)
+    nodes: list[Obj] = field(default_factory=list)
+    pods: list[Obj] = field(default_factory=list)
+    slices: list[Obj] = field(default_factory=list)
+    claims: list[Obj] = field(default_factory=list)
+
+
+def _report_index(reports: Iterable[Obj]) -> dict[tuple[str, str], Obj]:
+    """(profile, node) -> the newest report (there is one per pair; a stale namespace's copy,
+    seen with -A, loses to the newer ``observedAt``)."""
+    index: dict[tuple[str, str], Obj] = {}
+    for r in reports:
+        key = (str(r.get("profile", "")), str(r.get("nodeName", "")))
+        old = index.get(key)
+        if old is None or str(r.get("observedAt", "")) > str(old.get("observedAt", "")):
+            index[key] = r
+    return index
+
+
+def _holders(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    return sorted({f"{p.get('namespace', '')}/{p.get('name', '')}" for p in pods})
+
+
+def _report_rows(profile: Obj, report: Obj, source: str = "DeviceReport") -> list[DeviceRow]:
+    rows = []
+    for d in report.get("devices") or []:
+        rows.append(
+            DeviceRow(
+                node=str(report.get("nodeName", "")),
+                profile=name_of(profile),
+                mode=mode_of(profile),
+                resource=resource_of(profile),
+                device=str(d.get("id", "")),
+                health=str(d.get("health", "")),
+                reason=str(d.get("reason", "")),
+                message=str(d.get("message", "")),
+                since=d.get("since"),
+                holders=_holders(d.get("pods") or []),
+                source=source,
+            )
+        )
+    return rows
+
+
+def _claim_holders(claims: Iterable[Obj]) -> dict[tuple[str, str, str], list[str]]:
+    """(driver, pool, device) -> who holds it: the pods a claim is reserved for, or the claim
+    itself while it is allocated but reserved for nobody yet."""
+    held: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    for claim in claims:
+        meta, st = claim.get("metadata") or {}, claim.get("status") or {}
+        ns = str(meta.get("namespace", ""))
+        users = [
+            f"{ns}/{r.get('name', '')}" for r in st.get("reservedFor") or [] if r.get("resource") == "pods"
+        ] or [f"{ns}/claim:{meta.get('name', '')}"]
+        for result in ((st.get("allocation") or {}).get("devices") or {}).get("results") or []:
+            key = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+            held[key].update(users)
+    return {k: sorted(v) for k, v in held.items()}
+
+
+def _slice_rows(
+    profile: Obj,
+    slices: Iterable[Obj],
+    reports: Mapping[tuple[str, str], Obj],
+    held: Mapping[tuple[str, str, str], list[str]],
+) -> list[DeviceRow]:
+    """A DRA profile's devices from its driver's ResourceSlices; each device's reason, message and
+    since come from the node's DeviceReport when it names the device (by its ``patchbay.dev/id``
+    attribute), the holders from the claims allocated to it."""
+    driver, rows = driver_of(profile), []
+    for s in slices:
+        sp = s.get("spec") or {}
+        if sp.get("driver") != driver:
+            continue
+        node, pool = str(sp.get("nodeName", "")), str((sp.get("pool") or {}).get("name", ""))
+        by_id = {
+            str(d.get("id")): d for d in (reports.get((name_of(profile), node)) or {}).get("devices") or []
+        }
+        for dev in sp.get("devices") or []:
+            dname = str(dev.get("name", ""))
+            physical = str(((dev.get("attributes") or {}).get(ATTR_ID) or {}).get("string") or dname)
+            taint = next((t for t in dev.get("taints") or [] if t.get("key") == TAINT_UNHEALTHY), None)
+            reported = by_id.get(physical) or {}
+            rows.append(
+                DeviceRow(
+                    node=node,
+                    profile=name_of(profile),
+                    mode=DRA,
+                    resource=resource_of(profile),
+                    device=physical,
+                    health="Unhealthy" if taint else "Healthy",
+                    reason=str(taint.get("value", "")) if taint else "",
+                    message=str(reported.get("message", "")) if taint else "",
+                    since=reported.get("since"),
+                    holders=held.get((driver, pool, dname), []),
+                    source="ResourceSlice",
+                )
+            )
+    return rows
+
+
+def _static_rows(profile: Obj, nodes: Iterable[Obj]) -> list[DeviceRow]:
+    res, rows = resource_of(profile), []
+    problems = {
+        str(p.get("node")): p for p in (profile.get("status") or {}).get("problems") or [] if p.get("node")
+    }
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if not selector_matches(spec(profile).get("nodeSelector"), labels):
+            continue
+        want = static_desired(profile, labels)
+        have = quantity(((node.get("status") or {}).get("allocatable") or {}).get(res))
+        problem = problems.get(str(meta.get("name")), {})
+        ok = want is not None and have == want
+        reason = (
+            "" if ok else str(problem.get("reason") or ("NotAdvertised" if have is None else "ValueMismatch"))
+        )
+        rows.append(
+            DeviceRow(
+                node=str(meta.get("name", "")),
+                profile=name_of(profile),
+                mode=STATIC,
+                resource=res,
+                device=f"{have if have is not None else 0} units",
+                health="Healthy" if ok else "Unhealthy",
+                reason=reason,
+                message="" if ok else str(problem.get("message") or f"allocatable {have}, intended {want}"),
+                source="Node",
+            )
+        )
+    return rows
+
+
+def device_rows(
+    data: Inputs, *, node: str | None = None, profile: str | None = None, unhealthy: bool = False
+) -> list[DeviceRow]:
+    """Every device of every profile (filtered), sorted by node, profile and device."""
+    reports = _report_index(data.reports)
+    held = _claim_holders(data.claims)
+    rows: list[DeviceRow] = []
+    for p in data.profiles:
+        if profile is not None and name_of(p) != profile:
+            continue
+        mode = mode_of(p)
+        if mode == STATIC:
+            rows += _static_rows(p, data.nodes)
+        elif mode == DRA:
+            from_slices = _slice_rows(p, data.slices, reports, held)
+            rows += from_slices
+            seen = {(r.node, r.device) for r in from_slices}
+            # A report of a node whose slice is not there (not written yet, or the API server
+            # lacks DRA): its devices still show, from the report.
+            for (pname, _), report in reports.items():
+                if pname == name_of(p):
+                    rows += [r for r in _report_rows(p, report) if (r.node, r.device) not in seen]
+        else:
+            for (pname, _), report in reports.items():
+                if pname == name_of(p):
+                    rows += _report_rows(p, report)
+    rows = [r for r in rows if (node is None or r.node == node) and (not unhealthy or r.health != "Healthy")]
+    rows.sort(key=lambda r: (r.node, r.profile, r.device))
+    return rows
+
+
+# --- nodes ------------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeRow:
+    node: str
+    profile: str
+    mode: str
+    resource: str
+    agents: list[str] = field(default_factory=list)
+    registered: str = "-"
+    healthy: int | None = None
+    total: int | None = None
+
+    def as_dict(self) -> Obj:
+        return asdict(self)
+
+
+def node_rows(data: Inputs, *, node: str | None = None, profile: str | None = None) -> list[NodeRow]:
+    """Per node, one row per profile that selects it (a node no profile selects: one row with
+    profile ``<none>``, unless a profile filter is given)."""
+    reports = _report_index(data.reports)
+    pods: dict[tuple[str, str], list[Obj]] = defaultdict(list)
+    for pod in data.pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        key = (str(labels.get(LABEL_PROFILE, "")), str((pod.get("spec") or {}).get("nodeName", "")))
+        pods[key].append(pod)
+    profiles = [p for p in data.profiles if profile is None or name_of(p) == profile]
+    selectors = [(p, spec(p).get("nodeSelector")) for p in profiles]
+    rows: list[NodeRow] = []
+    for n in data.nodes:
+        meta = n.get("metadata") or {}
+        nname, labels = str(meta.get("name", "")), meta.get("labels") or {}
+        if node is not None and nname != node:
+            continue
+        serving = [p for p, sel in selectors if selector_matches(sel, labels)]
+        if not serving and profile is None:
+            rows.append(NodeRow(node=nname, profile="<none>", mode="", resource=""))
+        for p in serving:
+            row = NodeRow(node=nname, profile=name_of(p), mode=mode_of(p), resource=resource_of(p))
+            if row.mode == STATIC:
+                alloc = (n.get("status") or {}).get("allocatable") or {}
+                cap = (n.get("status") or {}).get("capacity") or {}
+                row.healthy, row.total = quantity(alloc.get(row.resource)), quantity(cap.get(row.resource))
+            else:
+                mine = sorted(pods.get((row.profile, nname), []), key=name_of)
+                row.agents = [name_of(x) for x in mine]
+                row.registered = "yes" if any(pod_ready(x) for x in mine) else "no"
+                summary = (reports.get((row.profile, nname)) or {}).get("summary")
+                if summary is not None:
+                    row.healthy, row.total = int(summary.get("healthy", 0)), int(summary.get("total", 0))
+            rows.append(row)
+    rows.sort(key=lambda r: (r.node, r.profile))
+    return rows
+
+
+# --- why --------------------------------------------------------------------------------------
+
+HINTS: dict[str, str] = {
+    "ErrImageNeverPull": "load the agent image on the node, or fix spec.agent.image (chart: agent.image)",
+    "InvalidImageName": "fix spec.agent.image / the chart's agent.image",
+    "ImagePullBackOff": "check the registry, the pull secrets and the image name",
+    "ErrImagePull": "check the registry, the pull secrets and the image name",
+    "CrashLoopBackOff": "read the message, then `kubectl logs --previous` of the agent pod",
+    "CreateContainerConfigError": "the agent pod's configuration: `kubectl describe pod` of the agent pod",
+    "FailedCreatePodSandBox": "the node's kubelet and CNI: the pod's events",
+    "FailedMount": "the node's kubelet and the pod's volumes: the pod's events",
+    "Unschedulable": "spec.agent.tolerations, spec.agent.priorityClassName, the node's free resources",
+    "AgentNotReady": "the agent's log: the kubelet socket, --device-plugin-dir, discovery errors",
+    "AgentStarting": "the agent's log: the kubelet socket, --device-plugin-dir, discovery errors",
+    "Vanished": "the hardware: the device file is gone (`kubectl patchbay devices --unhealthy`)",
+    "OpenFailed": "the hardware or its permissions: the message says what open() answered",
+    "ProbeFailed": "the profile's plugin.health.exec probe failed: its message has the probe's stderr",
+    "ProbeTimedOut": "the probe outlived plugin.health.exec.timeoutSeconds: the device or the timeout",
+    "DevicesUnhealthy": "`kubectl patchbay devices --unhealthy` lists them; then the hardware",
+    "NoDevices": "the agent found nothing: the profile's plugin.discovery against the node; the agent's log",
+    "WaitingForKubelet": "transient (the kubelet's node status sync, ~10 s); if it lasts, the kubelet's log",
+    "NoMatchingNodes": "check spec.nodeSelector against `kubectl get nodes --show-labels`",
+    "ResourceNameConflict": "an older profile advertises this resource: delete one of them",
+    "ResourceSetByOther": "something else set this resource on the node: remove the other source",
+    "InvalidCapacityLabel": "fix the node's capacity label: a non-negative integer",
+    "PatchFailed": "the message names the API error (often RBAC on nodes/status)",
+    "ValueMismatch": "transient after a change; if it persists, the operator's log",
+    "NotAdvertised": "transient after a change; if it persists, the operator's log",
+    "NodesNotReady": "transient while agents start; `kubectl patchbay nodes --profile` shows which",
+    "RollingOut": "transient: a rollout keeps every node's resource",
+}
+
+
+def pod_trouble(pod: Obj, events: Sequence[Obj]) -> Obj | None:
+    """Why an agent pod does not work, in the kubelet's and scheduler's words; None when it is
+    Ready. ``events`` are the pod's Warning events, newest last."""
+    if pod_ready(pod):
+        return None
+    st = pod.get("status") or {}
+    out: Obj = {
+        "pod": name_of(pod),
+        "node": str((pod.get("spec") or {}).get("nodeName") or ""),
+        "phase": str(st.get("phase", "")),
+        "reason": "",
+        "message": "",
+    }
+    sched = condition(pod, "PodScheduled")
+    if sched and sched.get("status") == "False":
+        out["reason"], out["message"] = sched.get("reason", "Unschedulable"), sched.get("message", "")
+    for cs in st.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            out["reason"], out["message"] = waiting["reason"], waiting.get("message", "")
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        if last:
+            out["lastExit"] = {
+                "exitCode": last.get("exitCode"),
+                "reason": last.get("reason", ""),
+                "message": (last.get("message") or "").strip(),
+            }
+        if not out["reason"] and not cs.get("ready"):
+            out["reason"] = "AgentNotReady"
+            out["message"] = "running but not Ready: not registered with the kubelet"
+    if not out["reason"]:
+        out["reason"] = st.get("reason") or "AgentStarting"
+    out["events"] = [
+        {"reason": e.get("reason", ""), "message": e.get("message", ""), "count": e.get("count", 1)}
+        for e in events[-3:]
+    ]
+    return out
+
+
+def _event_time(e: Obj) -> str:
+    return str(
+        e.get("lastTimestamp")
+        or e.get("eventTime")
+        or (e.get("metadata") or {}).get("creationTimestamp")
+        or ""
+    )
+
+
+def why(profile: Obj, pods: Sequence[Obj], events: Sequence[Obj], now: datetime, last: int = 8) -> Obj:
+    """One screen's worth of why ``profile`` is (not) Ready, as data (``render_why`` prints it)."""
+    st = profile.get("status") or {}
+    conds = st.get("conditions") or []
+    pname = name_of(profile)
+    profile_events = sorted(
+        (
+            e
+            for e in events
+            if (e.get("involvedObject") or {}).get("kind") == "DevicePluginProfile"
+            and (e.get("involvedObject") or {}).get("name") == pname
+        ),
+        key=_event_time,
+    )
+    by_pod: dict[str, list[Obj]] = defaultdict(list)
+    for e in sorted(events, key=_event_time):
+        inv = e.get("involvedObject") or {}
+        if inv.get("kind") == "Pod" and e.get("type") == "Warning":
+            by_pod[f"{inv.get('namespace', '')}/{inv.get('name', '')}"].append(e)
+    troubles = []
+    for pod in sorted(pods, key=lambda p: (str((p.get("spec") or {}).get("nodeName")), name_of(p))):
+        meta = pod.get("metadata") or {}
+        t = pod_trouble(pod, by_pod.get(f"{meta.get('namespace', '')}/{meta.get('name', '')}", []))
+        if t is not None:
+            troubles.append(t)
+    ready: Obj = next((c for c in conds if c.get("type") == "Ready"), {})
+    reasons: list[str] = []
+    for c in conds:
+        if (c.get("type") == "Ready" and c.get("status") != "True") or (
+            c.get("type") != "Ready" and c.get("status") == "True"
+        ):
+            reasons.append(str(c.get("reason", "")))
+    reasons += [str(p.get("reason", "")) for p in st.get("problems") or []]
+    reasons += [str(t["reason"]) for t in troubles]
+    seen: set[str] = set()
+    hints = []
+    for r in reasons:
+        if r in HINTS and r not in seen:
+            seen.add(r)
+            hints.append({"reason": r, "do": HINTS[r]})
+    if not st:
+        hints.append(
+            {
+                "reason": "NoStatus",
+                "do": "no status yet: is the operator running? (its log)",
+            }
+        )
+    elif st.get("observedGeneration") != (profile.get("metadata") or {}).get("generation"):
+        hints.append(
+            {"reason": "NotObserved", "do": "the operator has not seen the latest spec yet: its log"}
+        )
+    return {
+        "profile": pname,
+        "mode": mode_of(profile),
+        "resource": resource_of(profile),
+        "ready": ready.get("status") == "True",
+        "nodesReady": st.get("nodesReady", ""),
+        "devicesAllocatable": st.get("devicesAllocatable", ""),
+        "conditions": [
+            {
+                "type": c.get("type"),
+                "status": c.get("status"),
+                "reason": c.get("reason", ""),
+                "message": c.get("message", ""),
+                "since": c.get("lastTransitionTime"),
+                "age": age(c.get("lastTransitionTime"), now),
+            }
+            for c in conds
+        ],
+        "problemCount": st.get("problemCount", len(st.get("problems") or [])),
+        "problems": list(st.get("problems") or []),
+        "agentPods": {"total": len(pods), "notReady": len(troubles), "trouble": troubles[:5]},
+        "events": [
+            {
+                "type": e.get("type", ""),
+                "reason": e.get("reason", ""),
+                "message": e.get("message", ""),
+                "count": e.get("count", 1),
+                "age": age(_event_time(e) or None, now),
+            }
+            for e in profile_events[-last:]
+        ],
+        "next": hints,
+    }

@@ -1,0 +1,417 @@
+"""``kubectl patchbay`` against the real control plane, run through the real kubectl.
+
+kubectl finds ``kubectl-patchbay`` on PATH (the virtualenv's bin, where the package installs it),
+so these tests also check the plugin's discovery and kubectl's completion protocol. The cluster
+holds what the agents and the scheduler would write: the operator (real, the session's) makes the
+profiles' agent DaemonSets, kwok runs their pods; this test writes the DeviceReports an agent
+would write (no real device behind kwok nodes), and for the DRA profile a ResourceSlice with one
+tainted device and a ResourceClaim allocated to another (as the DRA agent and the scheduler do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.rest import ApiException
+from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
+from support.operator import Operator
+
+from patchbay_devcluster import DevCluster
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(os.environ.get("VIRTUAL_ENV") or REPO / ".venv") / "bin"
+RES_GROUP, RES_VERSION = "resource.k8s.io", "v1"
+
+
+def kubectl(
+    devcluster: DevCluster, bin_dir: Path, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}:{bin_dir}:{os.environ['PATH']}",
+        "KUBECONFIG": str(devcluster.kubeconfig),
+    }
+    proc = subprocess.run(
+        [str(bin_dir / "kubectl"), *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def plugin(
+    devcluster: DevCluster, bin_dir: Path, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return kubectl(devcluster, bin_dir, "patchbay", *args, "-n", NAMESPACE, check=check)
+
+
+def agent_spec(cluster: Cluster, resource: str, mode: str) -> dict[str, Any]:
+    return {
+        "resourceName": f"example.com/{cluster.prefix}{resource}",
+        "mode": mode,
+        "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
+        "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}},
+        "agent": {"tolerations": [{"operator": "Exists"}]},
+    }
+
+
+def write_report(
+    cluster: Cluster, profile: str, node: str, resource: str, devices: list[dict[str, Any]]
+) -> None:
+    """The DeviceReport the agent on ``node`` would write (server-side apply, as it does)."""
+    healthy = sum(1 for d in devices if d["health"] == "Healthy")
+    body = {
+        "apiVersion": "patchbay.dev/v1alpha1",
+        "kind": "DeviceReport",
+        "metadata": {
+            "name": f"{profile}.{node}",
+            "namespace": NAMESPACE,
+            "labels": {"patchbay.dev/profile": profile},
+        },
+        "profile": profile,
+        "nodeName": node,
+        "resourceName": resource,
+        "observedAt": _ts(datetime.now(UTC)),
+        "summary": {
+            "total": len(devices),
+            "healthy": healthy,
+            "unhealthy": len(devices) - healthy,
+            "allocated": sum(1 for d in devices if d.get("pods")),
+        },
+        "devices": devices,
+    }
+    cluster.custom.patch_namespaced_custom_object(
+        "patchbay.dev",
+        "v1alpha1",
+        NAMESPACE,
+        "devicereports",
+        body["metadata"]["name"],
+        body,
+        field_manager="patchbay-agent",
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+
+
+def _ts(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.fixture
+def profiles(cluster: Cluster, operator: Operator) -> dict[str, Any]:
+    """Three profiles on the same two kwok nodes: DevicePlugin, Static and DRA."""
+    nodes = cluster.add_nodes(2)
+    dp, st, dra = f"{cluster.prefix}serial", f"{cluster.prefix}dongle", f"{cluster.prefix}sensor"
+    cluster.create_profile(dp, agent_spec(cluster, "serial", "DevicePlugin"))
+    cluster.create_profile(
+        st,
+        {
+            "resourceName": f"example.com/{cluster.prefix}dongle",
+            "mode": "Static",
+            "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
+            "static": {"capacity": 3},
+        },
+    )
+    cluster.create_profile(dra, agent_spec(cluster, "sensor", "DRA"))
+    return {"nodes": nodes, "dp": dp, "static": st, "dra": dra}
+
+
+def test_devices_nodes_and_why_answer_from_the_cluster(
+    cluster: Cluster, devcluster: DevCluster, bin_dir: Path, profiles: dict[str, Any]
+) -> None:
+    n1, n2 = profiles["nodes"]
+    dp, st, dra = profiles["dp"], profiles["static"], profiles["dra"]
+    res_dp = f"example.com/{cluster.prefix}serial"
+    since = _ts(datetime.now(UTC) - timedelta(minutes=7))
+    # Agents running on both nodes (kwok) before their reports, as in a cluster.
+    wait_for(
+        "agents 2/2", lambda: ((cluster.profile(dp) or {}).get("status") or {}).get("nodesReady") == "2/2"
+    )
+    write_report(
+        cluster,
+        dp,
+        n1,
+        res_dp,
+        [
+            {
+                "id": "ttyUSB0",
+                "health": "Healthy",
+                "since": since,
+                "pods": [{"namespace": "apps", "name": "modem", "container": "c"}],
+            },
+            {
+                "id": "ttyUSB1",
+                "health": "Unhealthy",
+                "reason": "Vanished",
+                "message": "/dev/ttyUSB1 is gone",
+                "since": since,
+            },
+        ],
+    )
+    write_report(cluster, dp, n2, res_dp, [{"id": "ttyUSB0", "health": "Healthy", "since": since}])
+    # What the kubelets would put in the nodes' status: n1 has 2 devices, 1 allocatable.
+    cluster.set_status_value(n1, res_dp, "2")
+    esc = res_dp.replace("/", "~1")
+    cluster.core.patch_node_status(
+        n1,
+        [{"op": "replace", "path": f"/status/allocatable/{esc}", "value": "1"}],
+        _content_type="application/json-patch+json",
+    )
+    cluster.set_status_value(n2, res_dp, "1")
+    # The static capacity, written by the operator.
+    wait_for(
+        "static 2/2", lambda: ((cluster.profile(st) or {}).get("status") or {}).get("nodesReady") == "2/2"
+    )
+
+    # DRA: the slice the agent on n1 would publish, one device tainted, one claimed by a pod.
+    driver = f"{dra}.patchbay.dev"
+    node_uid = cluster.node(n1)["metadata"]["uid"]
+    slice_name = f"{n1}-{driver}"
+    cluster.custom.create_cluster_custom_object(
+        RES_GROUP,
+        RES_VERSION,
+        "resourceslices",
+        {
+            "apiVersion": f"{RES_GROUP}/{RES_VERSION}",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": n1, "uid": node_uid}],
+            },
+            "spec": {
+                "driver": driver,
+                "nodeName": n1,
+                "pool": {"name": n1, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": "sensor0", "attributes": {"patchbay.dev/id": {"string": "sensor0"}}},
+                    {
+                        "name": "sensor1",
+                        "attributes": {"patchbay.dev/id": {"string": "sensor1"}},
+                        "taints": [
+                            {"key": "patchbay.dev/unhealthy", "value": "OpenFailed", "effect": "NoSchedule"}
+                        ],
+                    },
+                ],
+            },
+        },
+    )
+    claim_ns = "default"
+    claim_name = f"{cluster.prefix}claim"
+    claim = cluster.custom.create_namespaced_custom_object(
+        RES_GROUP,
+        RES_VERSION,
+        claim_ns,
+        "resourceclaims",
+        {
+            "apiVersion": f"{RES_GROUP}/{RES_VERSION}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": claim_name},
+            "spec": {
+                "devices": {"requests": [{"name": "one", "exactly": {"deviceClassName": driver, "count": 1}}]}
+            },
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "one", "driver": driver, "pool": n1, "device": "sensor0"}]},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n1]}]}
+                ]
+            },
+        },
+    }
+    claim = cluster.custom.replace_namespaced_custom_object_status(
+        RES_GROUP, RES_VERSION, claim_ns, "resourceclaims", claim_name, claim
+    )
+    # Then reserved for its pod, as the scheduler does in a second write (a real pod that uses the
+    # claim: the claim controller drops reservations of pods that do not exist).
+    pod = cluster.core.create_namespaced_pod(
+        claim_ns,
+        {
+            "metadata": {"name": f"{cluster.prefix}reader"},
+            "spec": {
+                "nodeName": n1,
+                "tolerations": [{"operator": "Exists"}],
+                "resourceClaims": [{"name": "s", "resourceClaimName": claim_name}],
+                "containers": [
+                    {"name": "c", "image": "example.invalid/reader", "resources": {"claims": [{"name": "s"}]}}
+                ],
+            },
+        },
+    )
+    claim["status"]["reservedFor"] = [
+        {"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}
+    ]
+    cluster.custom.replace_namespaced_custom_object_status(
+        RES_GROUP, RES_VERSION, claim_ns, "resourceclaims", claim_name, claim
+    )
+    try:
+        _check_devices(cluster, devcluster, bin_dir, profiles, res_dp)
+        _check_nodes(devcluster, bin_dir, profiles)
+        _check_why(cluster, devcluster, bin_dir, profiles)
+        _check_completion(devcluster, bin_dir, profiles)
+    finally:
+        for delete in (
+            lambda: cluster.core.delete_namespaced_pod(
+                f"{cluster.prefix}reader", claim_ns, grace_period_seconds=0
+            ),
+            lambda: cluster.custom.delete_namespaced_custom_object(
+                RES_GROUP, RES_VERSION, claim_ns, "resourceclaims", claim_name
+            ),
+            lambda: cluster.custom.delete_cluster_custom_object(
+                RES_GROUP, RES_VERSION, "resourceslices", slice_name
+            ),
+        ):
+            try:
+                delete()
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+
+def _check_devices(
+    cluster: Cluster, devcluster: DevCluster, bin_dir: Path, p: dict[str, Any], res_dp: str
+) -> None:
+    n1, n2 = p["nodes"]
+    out = plugin(devcluster, bin_dir, "devices", "--profile", p["dp"], "-o", "json").stdout
+    rows = {(r["node"], r["device"]): r for r in json.loads(out)["items"]}
+    assert set(rows) == {(n1, "ttyUSB0"), (n1, "ttyUSB1"), (n2, "ttyUSB0")}
+    assert rows[(n1, "ttyUSB0")]["holders"] == ["apps/modem"] and rows[(n1, "ttyUSB0")]["health"] == "Healthy"
+    sick = rows[(n1, "ttyUSB1")]
+    assert (sick["health"], sick["reason"], sick["resource"], sick["mode"]) == (
+        "Unhealthy",
+        "Vanished",
+        res_dp,
+        "DevicePlugin",
+    )
+
+    # The table: kubectl's upper-case header, one line per device, the reason and the age.
+    table = plugin(devcluster, bin_dir, "devices", "--profile", p["dp"]).stdout.splitlines()
+    assert table[0].split() == [
+        "NODE",
+        "PROFILE",
+        "RESOURCE",
+        "DEVICE",
+        "HEALTH",
+        "REASON",
+        "SINCE",
+        "HOLDER",
+    ]
+    line = next(x for x in table if "ttyUSB1" in x and n1 in x)
+    assert line.split()[4:6] == ["Unhealthy", "Vanished"] and line.split()[6].startswith("7m")
+    assert len(table) == 4
+
+    # --unhealthy across every profile of this test: the DP device, the DRA taint; static rows are healthy.
+    out = plugin(devcluster, bin_dir, "devices", "--unhealthy", "--node", n1, "-o", "yaml").stdout
+    sick_rows = {
+        (r["profile"], r["device"], r["reason"])
+        for r in yaml.safe_load(out)["items"]
+        if r["profile"].startswith(cluster.prefix)
+    }
+    assert sick_rows == {(p["dp"], "ttyUSB1", "Vanished"), (p["dra"], "sensor1", "OpenFailed")}
+
+    # DRA: devices from the slice, the holder from the claim's reservation.
+    out = plugin(devcluster, bin_dir, "devices", "--profile", p["dra"], "-o", "json").stdout
+    dra = {r["device"]: r for r in json.loads(out)["items"]}
+    assert set(dra) == {"sensor0", "sensor1"}
+    assert (
+        dra["sensor0"]["holders"] == [f"default/{cluster.prefix}reader"]
+        and dra["sensor0"]["source"] == "ResourceSlice"
+    )
+    assert dra["sensor1"]["health"] == "Unhealthy"
+
+    # Static: one row per selected node, healthy once the operator set the count.
+    out = plugin(devcluster, bin_dir, "devices", "--profile", p["static"], "-o", "json").stdout
+    st = json.loads(out)["items"]
+    assert {(r["node"], r["device"], r["health"]) for r in st} == {
+        (n1, "3 units", "Healthy"),
+        (n2, "3 units", "Healthy"),
+    }
+
+    # -o wide adds mode, source and the message.
+    wide = plugin(devcluster, bin_dir, "devices", "--profile", p["dp"], "-o", "wide").stdout
+    assert "/dev/ttyUSB1 is gone" in wide and wide.splitlines()[0].split()[-3:] == [
+        "MODE",
+        "SOURCE",
+        "MESSAGE",
+    ]
+
+
+def _check_nodes(devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> None:
+    n1, n2 = p["nodes"]
+    out = plugin(devcluster, bin_dir, "nodes", "--node", n1, "-o", "json").stdout
+    rows = {r["profile"]: r for r in json.loads(out)["items"]}
+    assert set(rows) == {p["dp"], p["static"], p["dra"]}
+    assert rows[p["dp"]]["registered"] == "yes" and len(rows[p["dp"]]["agents"]) == 1
+    assert (rows[p["dp"]]["healthy"], rows[p["dp"]]["total"]) == (1, 2)
+    assert (rows[p["static"]]["healthy"], rows[p["static"]]["total"], rows[p["static"]]["agents"]) == (
+        3,
+        3,
+        [],
+    )
+    assert rows[p["dra"]]["agents"] and (rows[p["dra"]]["healthy"], rows[p["dra"]]["total"]) == (None, None)
+    table = plugin(devcluster, bin_dir, "nodes", "--profile", p["dp"]).stdout.splitlines()
+    assert table[0].split() == ["NODE", "PROFILE", "MODE", "AGENT", "REGISTERED", "DEVICES"]
+    cells = {x.split()[0]: x.split() for x in table[1:]}
+    assert cells[n1][4:] == ["yes", "1/2"] and cells[n2][4:] == ["yes", "1/1"]
+
+
+def _check_why(cluster: Cluster, devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> None:
+    # The operator turns the report's unhealthy device into a problem and an Event.
+    wait_for(
+        "the Vanished problem in status",
+        lambda: any(
+            x.get("reason") == "Vanished"
+            for x in ((cluster.profile(p["dp"]) or {}).get("status") or {}).get("problems") or []
+        ),
+    )
+    wait_for(
+        "why shows the Vanished Event",
+        lambda: (
+            "Vanished"
+            in json.dumps(
+                json.loads(plugin(devcluster, bin_dir, "why", p["dp"], "-o", "json").stdout)["events"]
+            )
+        ),
+    )
+    doc = json.loads(plugin(devcluster, bin_dir, "why", p["dp"], "-o", "json").stdout)
+    assert {c["type"] for c in doc["conditions"]} == {"Ready", "Reconciling", "Stalled", "Degraded"}
+    assert any(x["reason"] == "Vanished" and x["device"] == "ttyUSB1" for x in doc["problems"])
+    assert doc["agentPods"]["total"] == 2 and doc["agentPods"]["notReady"] == 0
+    assert any(h["reason"] == "Vanished" for h in doc["next"])
+    text = plugin(devcluster, bin_dir, "why", p["dp"]).stdout
+    for heading in (
+        "Conditions:",
+        "Problems (",
+        "Agent pods: 2/2 ready",
+        "Events (last):",
+        "What to do next:",
+    ):
+        assert heading in text, text
+    assert "ttyUSB1" in text and "the hardware: the device file is gone" in text
+
+    # kubectl's exit codes: 1 for an error from the server, 2 for a usage error.
+    missing = plugin(devcluster, bin_dir, "why", f"{cluster.prefix}nothing", check=False)
+    assert missing.returncode == 1 and "NotFound" in missing.stderr
+    usage = plugin(devcluster, bin_dir, "devices", "--bogus", check=False)
+    assert usage.returncode == 2 and "unrecognized arguments: --bogus" in usage.stderr
+    bad_context = plugin(devcluster, bin_dir, "nodes", "--context", "no-such-context", check=False)
+    assert bad_context.returncode == 1 and "error: invalid kubeconfig" in bad_context.stderr
+
+
+def _check_completion(devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> None:
+    """kubectl's own __complete runs kubectl_complete-patchbay (kubectl >= 1.26)."""
+    out = kubectl(devcluster, bin_dir, "__complete", "patchbay", "").stdout.splitlines()
+    assert out[:3] == ["devices", "nodes", "why"] and out[-1].startswith(":")
+    out = kubectl(devcluster, bin_dir, "__complete", "patchbay", "why", p["dp"][:7]).stdout.splitlines()
+    assert p["dp"] in out and p["static"] in out
+    out = kubectl(devcluster, bin_dir, "__complete", "patchbay", "devices", "--node", p["nodes"][0]).stdout
+    assert p["nodes"][0] in out.splitlines()

@@ -1,0 +1,173 @@
+"""The plugin's pure parts: selectors, ages, an agent pod's trouble in the kubelet's words, the
+completion candidates, and the krew manifest's shape. Objects are written as the API returns them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import yaml
+
+from patchbay_kubectl import output, views
+from patchbay_kubectl.cli import build_parser, completions
+
+REPO = Path(__file__).resolve().parents[3]
+NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def ts(delta: timedelta) -> str:
+    return (NOW - delta).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_selector_matches_labels_and_expressions() -> None:
+    labels = {"zone": "a", "gpu": "yes"}
+    assert views.selector_matches(None, labels) and views.selector_matches({}, labels)
+    assert views.selector_matches({"matchLabels": {"zone": "a"}}, labels)
+    assert not views.selector_matches({"matchLabels": {"zone": "b"}}, labels)
+    expr = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
+    assert views.selector_matches(expr, labels)
+    assert not views.selector_matches(
+        {"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}, labels
+    )
+    assert views.selector_matches(
+        {"matchExpressions": [{"key": "x", "operator": "NotIn", "values": ["1"]}]}, labels
+    )
+    assert not views.selector_matches({"matchExpressions": [{"key": "x", "operator": "Exists"}]}, labels)
+
+
+def test_age_is_kubectls_short_form() -> None:
+    assert views.age(ts(timedelta(seconds=45)), NOW) == "45s"
+    assert views.age(ts(timedelta(minutes=7, seconds=3)), NOW) == "7m3s"
+    assert views.age(ts(timedelta(minutes=42)), NOW) == "42m"
+    assert views.age(ts(timedelta(hours=5, minutes=2)), NOW) == "5h2m"
+    assert views.age(ts(timedelta(days=3, hours=4)), NOW) == "3d4h"
+    assert views.age(None, NOW) == "<unknown>" and views.age("garbage", NOW) == "<unknown>"
+
+
+def test_a_crash_looping_agent_pod_is_explained_with_its_last_exit_and_events() -> None:
+    pod = {
+        "metadata": {"name": "patchbay-serial-x1", "namespace": "patchbay-system"},
+        "spec": {"nodeName": "n1"},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {
+                    "ready": False,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+                    "lastState": {
+                        "terminated": {
+                            "exitCode": 2,
+                            "reason": "Error",
+                            "message": "invalid config: plugin.x\n",
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    events = [{"reason": "BackOff", "message": "Back-off restarting failed container", "count": 5}]
+    t = views.pod_trouble(pod, events)
+    assert t is not None
+    assert (t["reason"], t["message"], t["node"]) == ("CrashLoopBackOff", "back-off 40s", "n1")
+    assert t["lastExit"] == {"exitCode": 2, "reason": "Error", "message": "invalid config: plugin.x"}
+    assert t["events"] == [
+        {"reason": "BackOff", "message": "Back-off restarting failed container", "count": 5}
+    ]
+    ready = {**pod, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert views.pod_trouble(ready, []) is None
+
+
+def test_an_unschedulable_agent_pod_says_the_schedulers_words() -> None:
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/5 nodes"}
+            ],
+        },
+    }
+    t = views.pod_trouble(pod, [])
+    assert t is not None and (t["reason"], t["message"]) == ("Unschedulable", "0/5 nodes")
+
+
+def test_why_names_what_to_do_for_each_reason_once() -> None:
+    profile = {
+        "metadata": {"name": "serial", "generation": 2},
+        "spec": {"mode": "DevicePlugin", "resourceName": "example.com/serial"},
+        "status": {
+            "observedGeneration": 2,
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "NodesNotReady", "message": "1/2"},
+                {"type": "Stalled", "status": "True", "reason": "ErrImageNeverPull", "message": "x"},
+                {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": ""},
+            ],
+            "problemCount": 2,
+            "problems": [
+                {"node": "n1", "reason": "ErrImageNeverPull", "message": "x"},
+                {"node": "n2", "device": "d0", "reason": "Vanished", "message": "gone"},
+            ],
+        },
+    }
+    doc = views.why(profile, [], [], NOW)
+    assert not doc["ready"]
+    assert [h["reason"] for h in doc["next"]] == ["NodesNotReady", "ErrImageNeverPull", "Vanished"]
+    text = output.why(doc, None)
+    assert "Profile serial (DevicePlugin, example.com/serial): NOT Ready" in text
+    assert "  - Vanished: the hardware" in text
+    assert views.why({"metadata": {"name": "x"}, "spec": {}}, [], [], NOW)["next"][0]["reason"] == "NoStatus"
+
+
+def test_static_rows_compare_allocatable_with_the_intended_count() -> None:
+    profile = {
+        "metadata": {"name": "d"},
+        "spec": {
+            "mode": "Static",
+            "resourceName": "example.com/d",
+            "static": {"capacity": 2, "capacityFromLabel": "n"},
+        },
+    }
+    nodes = [
+        {"metadata": {"name": "a", "labels": {}}, "status": {"allocatable": {"example.com/d": "2"}}},
+        {"metadata": {"name": "b", "labels": {"n": "4"}}, "status": {"allocatable": {"example.com/d": "2"}}},
+        {"metadata": {"name": "c", "labels": {}}, "status": {}},
+    ]
+    rows = views.device_rows(views.Inputs(profiles=[profile], nodes=nodes))
+    assert [(r.node, r.health, r.reason) for r in rows] == [
+        ("a", "Healthy", ""),
+        ("b", "Unhealthy", "ValueMismatch"),
+        ("c", "Unhealthy", "NotAdvertised"),
+    ]
+
+
+def test_completion_candidates() -> None:
+    def lookup(kind: str) -> list[str]:
+        return {"profiles": ["serial", "sensors"], "nodes": ["n1", "n2"]}.get(kind, [])
+
+    assert completions([""], lookup) == ["devices", "nodes", "why"]
+    assert completions(["d"], lookup) == ["devices"]
+    assert completions(["why", "se"], lookup) == ["sensors", "serial"]
+    assert completions(["why", "serial", ""], lookup) == []
+    assert completions(["devices", "--node", ""], lookup) == ["n1", "n2"]
+    assert completions(["devices", "-o", ""], lookup) == ["json", "wide", "yaml"]
+    assert "--unhealthy" in completions(["devices", "--"], lookup)
+    assert "--unhealthy" not in completions(["nodes", "--"], lookup)
+
+
+def test_kubectl_flags_are_accepted_after_the_command() -> None:
+    args = build_parser().parse_args(["devices", "--context", "c", "-A", "-o", "wide", "--unhealthy"])
+    assert (args.context, args.all_namespaces, args.output, args.unhealthy) == ("c", True, "wide", True)
+
+
+def test_the_krew_manifest_has_what_krew_requires() -> None:
+    doc = yaml.safe_load((REPO / "kubectl-patchbay" / "krew" / "patchbay.yaml").read_text())
+    assert doc["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2" and doc["kind"] == "Plugin"
+    assert doc["metadata"]["name"] == "patchbay"
+    spec = doc["spec"]
+    for key in ("version", "shortDescription", "description", "homepage", "platforms"):
+        assert spec[key], key
+    for platform in spec["platforms"]:
+        assert platform["bin"] and platform["uri"].endswith(".tar.gz") and platform["selector"]
+        assert any(f["to"] == "." for f in platform["files"])
