@@ -3,7 +3,8 @@
 # (bridge, host-local, loopback: the real node's pod network), iproute2 and iptables (the pod
 # network and the test that nothing leaves it), a static busybox (the test image's userland), a C
 # compiler (the pause binary), podman and mmdebstrap (the project's images, built with no Docker
-# engine and no registry). Idempotent: installs only what is missing. Not containerd: bookworm's
+# engine and no registry), prometheus (promtool tests the chart's alerts; the e2e runs a real
+# Prometheus on loopback: docs/operations.md#alerts). Idempotent: installs only what is missing. Not containerd: bookworm's
 # 1.6 cannot inject CDI devices, so hack/kube-binaries.sh builds a 2.x with the Kubernetes binaries.
 set -euo pipefail
 need=()
@@ -16,8 +17,9 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v iptables >/dev/null || need+=(iptables)
 command -v podman >/dev/null || need+=(podman)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v promtool >/dev/null || need+=(prometheus)
 if (( ${#need[@]} == 0 )); then
-  echo "[host-packages] present: runc containernetworking-plugins busybox-static gcc iproute2 iptables podman mmdebstrap"
+  echo "[host-packages] present: runc containernetworking-plugins busybox-static gcc iproute2 iptables podman mmdebstrap prometheus"
   exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then
@@ -28,4 +30,9 @@ echo "[host-packages] installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# Only the binaries are wanted: where systemd runs, the package starts a Prometheus service that
+# listens on every interface; stop and disable it (the tests start their own, on loopback).
+if [[ " ${need[*]} " == *" prometheus "* ]] && [[ -d /run/systemd/system ]]; then
+  systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi
 echo "[host-packages] installed ${need[*]}"

@@ -336,5 +336,7 @@ class Controller:
             "eventsSuppressed": self.events.suppressed,
             "events": dict(self.events.posted),
             "watchRestarts": {w.kind: w.restarts for w in self._informers},
+            "profileConditions": self.status.conditions(),
+            "driftReassertions": n.drift_reassertions,
             "apiRequests": dict(getattr(self.kube, "requests", {})),
         }

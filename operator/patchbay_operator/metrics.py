@@ -26,6 +26,8 @@ COUNTERS = {
     "nodePatchFailures": "JSON patches of node status that failed (retried).",
     "statusWrites": "Profile status writes.",
     "statusComputes": "Profile status computations (most end in no write: nothing changed).",
+    "driftReassertions": "Node patches that set a capacity back to the value the operator last wrote "
+    "there (something else changed it).",
 }
 GAUGES = {
     "nodes": "Nodes in the operator's cache.",
@@ -50,6 +52,11 @@ LABELLED = {
         "Requests to the API server, by verb (WATCH counts each watch opened).",
     ),
     "events": ("type", "counter", "Events posted on profiles, by type."),
+    "profileConditions": (
+        ("profile", "condition"),
+        "gauge",
+        "1 while a profile's condition is True, else 0 (its last status written).",
+    ),
 }
 
 
@@ -70,11 +77,13 @@ class StatsCollector(Collector):
         for key, text in GAUGES.items():
             yield GaugeMetricFamily(metric_name(key), text, value=float(s.get(key, 0)))
         for key, (label, kind, text) in LABELLED.items():
+            names = [label] if isinstance(label, str) else list(label)
             family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
-                metric_name(key), text, labels=[label]
+                metric_name(key), text, labels=names
             )
             for value, n in sorted((s.get(key) or {}).items()):
-                family.add_metric([str(value)], float(n))
+                values = [str(value)] if isinstance(label, str) else [str(v) for v in value]
+                family.add_metric(values, float(n))
             yield family
 
 

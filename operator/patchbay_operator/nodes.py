@@ -63,6 +63,10 @@ class NodeSync:
         self.patches = 0
         self.patch_failures = 0
         self.per_node: dict[str, int] = {}
+        #: patches that set a node's capacity back to the value this operator last wrote there
+        #: (something else changed it): the drift alert's counter
+        self.drift_reassertions = 0
+        self._written: dict[tuple[str, str], Any] = {}
 
     # --- the cache -----------------------------------------------------------------------------
 
@@ -150,6 +154,11 @@ class NodeSync:
             return
         self.patches += 1
         self.per_node[name] = self.per_node.get(name, 0) + 1
+        for op in ops:
+            if op["op"] in ("add", "replace") and op["path"].startswith("/status/capacity/"):
+                key = (name, op["path"])
+                self.drift_reassertions += self._written.get(key) == op["value"]
+                self._written[key] = op["value"]
         self._stale.pop(name, None)
         self._retry.pop(name, None)
         if self.failures.pop(name, None) is not None:

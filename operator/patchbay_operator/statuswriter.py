@@ -51,6 +51,15 @@ class StatusWriter:
         if replace or name not in self._written:
             self._written[name] = dict(status) if isinstance(status, Mapping) else {}
 
+    def conditions(self) -> dict[tuple[str, str], int]:
+        """(profile, condition type) -> 1 when True, else 0, from the statuses last written: the
+        /metrics gauge the alerts on Stalled and Degraded read (charts/patchbay/alerts)."""
+        return {
+            (name, str(c.get("type"))): int(c.get("status") == "True")
+            for name, status in self._written.items()
+            for c in status.get("conditions") or []
+        }
+
     def forget(self, name: str) -> None:
         self._written.pop(name, None)
         self._dirty.discard(name)

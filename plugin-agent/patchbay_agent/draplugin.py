@@ -323,12 +323,18 @@ class _DraCalls:
         failed = [f"{uid}: {r.error}" for uid, r in results.items() if r.error]
         for line in failed:
             log.warning("NodePrepareResources: %s", line)
+        if failed:
+            self._metrics.claim_errors.labels("NodePrepareResources").inc(len(failed))
         self._metrics.rpcs.labels("NodePrepareResources", "OK").inc()
         log.debug("NodePrepareResources took %.3fs", time.perf_counter() - started)
         return _prepare_response(self._pb2, results)
 
     async def unprepare(self, request: Any) -> Any:
         errors = await self._preparer.unprepare(_refs(request.claims))
+        if any(errors.values()):
+            self._metrics.claim_errors.labels("NodeUnprepareResources").inc(
+                sum(1 for e in errors.values() if e)
+            )
         self._metrics.rpcs.labels("NodeUnprepareResources", "OK").inc()
         return _unprepare_response(self._pb2, errors)
 

@@ -303,6 +303,13 @@ class Metrics:
             "DRA mode: ResourceSlice pool writes (server-side apply of every slice) by result.",
             ["result"],
         )
+        self.claim_errors = Counter(
+            r,
+            "patchbay_agent_dra_claim_errors_total",
+            "DRA mode: claims a NodePrepareResources or NodeUnprepareResources call answered with an "
+            "error, by method.",
+            ["method"],
+        )
         self.report_unchanged = Counter(
             r,
             "patchbay_agent_report_unchanged_total",

@@ -157,7 +157,12 @@ def scrape_stats(url: str) -> dict[str, Any]:
     for key, (label, _, _) in LABELLED.items():
         family = families.get(metric_name(key))
         if family is not None:
+            names = (label,) if isinstance(label, str) else label
             out[key] = {
-                s.labels[label]: int(s.value) for s in family.samples if not s.name.endswith("_created")
+                (s.labels[label] if isinstance(label, str) else tuple(s.labels[n] for n in names)): int(
+                    s.value
+                )
+                for s in family.samples
+                if not s.name.endswith("_created")
             }
     return out

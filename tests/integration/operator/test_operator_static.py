@@ -81,11 +81,14 @@ def test_nodes_joining_leaving_drifting_and_capacity_change(cluster: Cluster, op
     wait_for("unselected node cleaned", lambda: all_have(cluster, nodes[:1], None))
     assert OWNER_KEY not in cluster.annotations(nodes[0])
 
-    # Drift: something resets the value (a changed value, then a removed one): re-asserted.
+    # Drift: something resets the value (a changed value, then a removed one): re-asserted, and
+    # counted for the drift alert (a capacity change below is not drift).
+    drift = operator.stats()["driftReassertions"]
     cluster.set_status_value(nodes[1], R, "99")
     wait_for("changed value re-asserted", lambda: all_have(cluster, nodes[1:2], "2"), timeout=15)
     cluster.set_status_value(nodes[2], R, None)
     wait_for("removed value re-asserted", lambda: all_have(cluster, nodes[2:3], "2"), timeout=15)
+    wait_for("2 re-assertions counted", lambda: operator.stats()["driftReassertions"] == drift + 2)
 
     # A capacity change reaches every selected node, and status follows the generation.
     cluster.patch_spec(name, {"static": {"capacity": 5}})
@@ -98,6 +101,8 @@ def test_nodes_joining_leaving_drifting_and_capacity_change(cluster: Cluster, op
         ),
     )
     assert st["devices"] == {"capacity": 15, "allocatable": 15}
+    assert operator.stats()["driftReassertions"] == drift + 2
+    assert operator.stats()["profileConditions"][(name, "Ready")] == 1
 
 
 def test_resource_set_by_someone_else_is_never_touched(cluster: Cluster, operator: Operator) -> None:

@@ -1,0 +1,98 @@
+"""The chart's alerts, as the chart renders them, unit-tested by Prometheus's own ``promtool``.
+
+``helm template`` renders the PrometheusRule (metrics.prometheusRule.enabled=true), its
+``spec.groups`` become a rules file, and ``promtool test rules`` evaluates
+tests/integration/alerts/patchbay-alerts.test.yaml against it (Debian's prometheus package,
+installed by hack/host-packages.sh). The same test file against thresholds rendered differently
+must fail: the test can fail, and the thresholds are really the values'.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "patchbay"
+TESTS = Path(__file__).parent / "alerts" / "patchbay-alerts.test.yaml"
+ALERTS = {
+    "PatchbayAgentNotRegistered",
+    "PatchbayDeviceUnhealthy",
+    "PatchbayProfileStalled",
+    "PatchbayProfileDegraded",
+    "PatchbayNodeCapacityDrift",
+    "PatchbayOperatorWatchRestarts",
+    "PatchbayDRAPrepareErrors",
+}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail(
+            "promtool is missing: `make setup` installs Debian's prometheus package (hack/host-packages.sh)"
+        )
+    return path
+
+
+def render(bin_dir: Path, *sets: str) -> dict[str, Any]:
+    args = [
+        str(bin_dir / "helm"),
+        "template",
+        "t",
+        str(CHART),
+        "--show-only",
+        "templates/prometheusrule.yaml",
+    ]
+    for s in ("metrics.prometheusRule.enabled=true", *sets):
+        args += ["--set", s]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    doc: dict[str, Any] = yaml.safe_load(out)
+    return doc
+
+
+def run_tests(promtool: str, rule: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
+    tests = yaml.safe_load(TESTS.read_text())
+    tests["rule_files"] = [str(rules)]
+    test_file = tmp_path / "tests.yaml"
+    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
+    subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, check=True)
+    return subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True)
+
+
+def test_every_alert_is_rendered_and_passes_promtools_tests(
+    bin_dir: Path, promtool: str, tmp_path: Path
+) -> None:
+    rule = render(bin_dir)
+    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    names = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert names == ALERTS
+    tested = {
+        t["alertname"] for case in yaml.safe_load(TESTS.read_text())["tests"] for t in case["alert_rule_test"]
+    }
+    assert tested == ALERTS, "every alert has a promtool test"
+    result = run_tests(promtool, rule, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_thresholds_come_from_the_values(bin_dir: Path, promtool: str, tmp_path: Path) -> None:
+    rule = render(bin_dir, "metrics.prometheusRule.deviceUnhealthyFor=30m")
+    rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert rules["PatchbayDeviceUnhealthy"]["for"] == "30m"
+    result = run_tests(promtool, rule, tmp_path)
+    assert result.returncode != 0 and "PatchbayDeviceUnhealthy" in result.stdout + result.stderr
+
+
+def test_the_rule_is_off_by_default(bin_dir: Path) -> None:
+    args = [str(bin_dir / "helm"), "template", "t", str(CHART)]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    assert "kind: PrometheusRule" not in out
