@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import subprocess
 import sys
@@ -278,6 +279,16 @@ def compatibility() -> Generated:
     return out
 
 
+def grafana_dashboard() -> Generated:
+    """charts/patchbay/files/dashboard.json: the Grafana dashboard, built by hack/dashboard.py
+    (Grafana's Foundation SDK) and shipped by the chart in a ConfigMap for Grafana's sidecar."""
+    sys.path.insert(0, str(REPO / "hack"))
+    import dashboard
+
+    text = json.dumps(dashboard.build(), indent=2, sort_keys=True) + "\n"
+    return {"charts/patchbay/files/dashboard.json": text.encode()}
+
+
 GENERATORS: list[Callable[[], Generated]] = [
     devcluster_cli_doc,
     operator_cli_doc,
@@ -287,6 +298,7 @@ GENERATORS: list[Callable[[], Generated]] = [
     chart_readme,
     api_reference,
     compatibility,
+    grafana_dashboard,
 ]
 
 

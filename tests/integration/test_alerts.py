@@ -96,3 +96,40 @@ def test_the_rule_is_off_by_default(bin_dir: Path) -> None:
     args = [str(bin_dir / "helm"), "template", "t", str(CHART)]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     assert "kind: PrometheusRule" not in out
+
+
+def test_the_dashboard_ships_in_a_sidecar_configmap_and_every_query_parses(
+    bin_dir: Path, promtool: str, tmp_path: Path
+) -> None:
+    """The ConfigMap carries the generated JSON and the sidecar's label; every panel's PromQL is
+    valid for Prometheus's own parser (as recording rules, which `promtool check rules` parses).
+    That the queries return series is checked against a real Prometheus on the real node."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(REPO / "hack"))
+    import dashboard
+
+    args = [str(bin_dir / "helm"), "template", "t", str(CHART), "--show-only", "templates/dashboard.yaml"]
+    out = subprocess.run(
+        [*args, "--set", "metrics.dashboard.enabled=true"], capture_output=True, text=True, check=True
+    )
+    cm = yaml.safe_load(out.stdout)
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    board = json.loads(cm["data"]["patchbay.json"])
+    assert board == json.loads((CHART / "files" / "dashboard.json").read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets") or []]
+    assert exprs == [q for _, q in dashboard.queries()] and len(exprs) == 12
+    rules = {
+        "groups": [
+            {"name": "dashboard", "rules": [{"record": f"panel_{i}", "expr": e} for i, e in enumerate(exprs)]}
+        ]
+    }
+    path = tmp_path / "panels.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    check = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    off = subprocess.run(
+        [str(bin_dir / "helm"), "template", "t", str(CHART)], capture_output=True, text=True, check=True
+    )
+    assert "grafana_dashboard" not in off.stdout
