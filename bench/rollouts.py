@@ -34,6 +34,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -295,6 +296,35 @@ class Burst:
             time.sleep(0.5)
 
 
+KLOG_TIME = re.compile(r"^[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+)")
+
+
+def _klog_seconds(line: str) -> float | None:
+    m = KLOG_TIME.match(line)
+    return None if m is None else int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+
+
+def reregistration(text: str) -> dict[str, float] | None:
+    """From the kubelet's log of one rollout: milliseconds from its disconnect of the new agent
+    ("Device plugin disconnected") to that agent's next registration request (the agent's part:
+    noticing, PodResources, Register) and from there to the device list pushed (the kubelet's
+    part: dialing back, options, ListAndWatch). None where the kubelet dropped nothing (v1.37)."""
+    t_disc = t_reg = t_push = None
+    for line in text.splitlines():
+        at = _klog_seconds(line)
+        if at is None:
+            continue
+        if t_disc is None and "Device plugin disconnected" in line:
+            t_disc = at
+        elif t_disc is not None and t_reg is None and REGISTRATION_LINE in line:
+            t_reg = at
+        elif t_reg is not None and t_push is None and "State pushed for device plugin" in line:
+            t_push = at
+    if t_disc is None or t_reg is None or t_push is None:
+        return None
+    return {"agentMs": round((t_reg - t_disc) * 1000, 1), "kubeletMs": round((t_push - t_reg) * 1000, 1)}
+
+
 def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -406,6 +436,8 @@ def main() -> None:
                         "longestDipSeenMs": round(max((d.seen for d in ds), default=0.0) * 1000, 1),
                         "longestDipBoundMs": round(max((d.bound for d in ds), default=0.0) * 1000, 1),
                         "samples": len(window),
+                        "reregistration": reregistration(text),
+                        "loadAverage1m": round(os.getloadavg()[0], 1),
                     }
                     per_rollout.append(row)
                     print(f"rollout {n}: {row}")
