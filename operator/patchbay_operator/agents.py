@@ -5,7 +5,9 @@ deleting goes by name (``render.object_name``), so a profile that was never appl
 spec changed, deletes cleanly without rendering anything. A DRA profile also has a cluster-scoped
 DeviceClass (``render.driver_name``); it is deleted when the profile leaves DRA mode or loses its
 resource name, but only if the profile controls it (read first, then deleted with a uid
-precondition), because a DeviceClass of that name may be someone else's.
+precondition), because a DeviceClass of that name may be someone else's. The apply's answer is
+the DeviceClass as the API server stored it: ``device_classes`` keeps it per profile, so the status
+says when the API server dropped ``extendedResourceName`` (docs/facts.md#dra-dropped-fields).
 
 What the agents tell reaches the controller through four informers in the operator's own
 namespace (the chart's namespaced Role allows them; no polling): the agent DaemonSets (rollout),
@@ -35,7 +37,7 @@ from patchbay_operator.devicereports import Report
 from patchbay_operator.informer import Source, Store
 from patchbay_operator.kube import KubeAPI, KubeError, Ref, Selectors, collection
 from patchbay_operator.profiles import Profile, Selector
-from patchbay_operator.status import AgentDaemonSet
+from patchbay_operator.status import AgentDaemonSet, StoredDeviceClass
 
 log = logging.getLogger(__name__)
 Call = Callable[..., Awaitable[Any]]
@@ -89,6 +91,8 @@ class Agents:
         self.reports: Store[Report] = Store(lambda r: r.name, by_profile)
         # Reports with a DELETE in flight: status computations meanwhile must not send another.
         self._pruning: set[str] = set()
+        #: each DRA profile's DeviceClass as the API server stored it at the last apply
+        self.device_classes: dict[str, StoredDeviceClass] = {}
 
     def _warned(self, old: Warning | None, new: Warning | None) -> None:
         """A Warning about one of our pods changes that pod's profile's status."""
@@ -107,8 +111,33 @@ class Agents:
             log.info("Applied %s %s", obj["kind"], where)
             if obj["kind"] == "DaemonSet":
                 self.daemonsets.fold("APPLIED", AgentDaemonSet.from_object(applied))
+            elif obj["kind"] == "DeviceClass":
+                self._stored(profile, applied)
         if profile.mode is not Mode.DRA:
             await self.delete_device_class(profile)
+
+    async def apply_device_class(self, profile: Profile) -> StoredDeviceClass:
+        """Apply a DRA profile's DeviceClass alone (again) and keep what the API server stored."""
+        stored = self._stored(profile, await self._call(self._kube.apply, render.device_class(profile)))
+        log.info("Applied DeviceClass %s", stored.name)
+        return stored
+
+    def _stored(self, profile: Profile, applied: dict[str, Any]) -> StoredDeviceClass:
+        """Keep the DeviceClass as stored; say so when the API server dropped extendedResourceName."""
+        stored = StoredDeviceClass.from_object(applied)
+        before = self.device_classes.get(profile.name)
+        self.device_classes[profile.name] = stored
+        if stored != before:
+            if stored.extended_resource_name != profile.resource:
+                log.warning(
+                    "The API server stored DeviceClass %s without extendedResourceName %s "
+                    "(DRAExtendedResource off): pods that ask for it in their limits are not served "
+                    "by DRA on this cluster, ResourceClaims are",
+                    stored.name,
+                    profile.resource,
+                )
+            self._changed(profile.name)
+        return stored
 
     async def delete(self, profile: Profile) -> None:
         """Delete the agent objects if they exist (a Static or conflicting profile has none), the
@@ -119,6 +148,7 @@ class Agents:
                 log.info("Deleted %s %s/%s", kind, ns, name)
         await self.delete_device_class(profile)
         await self.prune_reports(profile.name, keep=())
+        self.device_classes.pop(profile.name, None)
 
     async def delete_device_class(self, profile: Profile) -> None:
         """Delete the profile's DeviceClass if there is one and the profile controls it.
@@ -127,6 +157,7 @@ class Agents:
         stays but no longer serves through DRA (mode change, lost its resource name). A DELETE
         on a cluster that does not serve resource.k8s.io answers 404, which is "gone" too.
         """
+        self.device_classes.pop(profile.name, None)
         ref = Ref(collection(DEVICE_CLASS_API_VERSION, "DeviceClass"), render.driver_name(profile.name))
         obj = await self._call(self._kube.get, ref)
         if obj is None or not _controlled_by(obj, profile.uid):

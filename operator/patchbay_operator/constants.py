@@ -46,8 +46,13 @@ profile names at 50 characters so the driver name stays within 63. The chart's a
 policy lets an agent write only ResourceSlices of drivers with this suffix."""
 
 DEVICE_CLASS_API_VERSION = "resource.k8s.io/v1"
-"""The DeviceClass the operator applies per DRA profile (Kubernetes 1.34+; DRAExtendedResource
-is GA in 1.37, which is what ``spec.extendedResourceName`` needs)."""
+"""The DeviceClass the operator applies per DRA profile (Kubernetes 1.34+). Its
+``spec.extendedResourceName`` needs DRAExtendedResource (on from 1.36); an API server without it
+drops the field, which the operator reads back (docs/facts.md#dra-dropped-fields)."""
+
+DEVICE_CLASS_RECHECK_SECONDS = 600.0
+"""Where the API server dropped a DeviceClass's extendedResourceName, how often the operator applies
+it again (a control plane upgraded since then keeps it)."""
 
 MAX_PROBLEMS = 10
 """Status lists at most this many problem nodes; `problemCount` has the full count."""
@@ -94,4 +99,6 @@ class Reason(StrEnum):
     PUBLISHING = "WaitingForKubelet"
     PATCH_FAILED = "PatchFailed"
     RESOURCE_SERVED_TWICE = "ResourceServedTwice"
+    #: DRA: the API server stored the DeviceClass without extendedResourceName (docs/dra.md#releases)
+    EXTENDED_RESOURCE_NOT_SERVED = "ExtendedResourceNotServed"
     STALLED = "WaitingForChange"

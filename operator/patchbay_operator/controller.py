@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from patchbay_operator import agents, capacity, informer, nodes, status
 from patchbay_operator.agents import Agents
 from patchbay_operator.config import Settings
-from patchbay_operator.constants import Mode
+from patchbay_operator.constants import DEVICE_CLASS_RECHECK_SECONDS, Mode
 from patchbay_operator.events import EventRecorder
 from patchbay_operator.informer import Informer, Source
 from patchbay_operator.kube import KubeAPI, KubeError
@@ -58,8 +58,11 @@ class Controller:
         self.agents = Agents(kube, self.call, settings, lambda name: self.status.mark([name]))
         self.events = EventRecorder(lambda ns, body: self.call(kube.create_event, ns, body))
         self.reconciles = 0
+        #: seconds between applies of a DeviceClass whose extendedResourceName was dropped
+        self.device_class_recheck = DEVICE_CLASS_RECHECK_SECONDS
         self._problems: dict[str, list[Problem]] = {}
         self._rechecks: dict[str, asyncio.TimerHandle] = {}
+        self._class_checks: dict[str, asyncio.TimerHandle] = {}
         self.gate: Gate | None = None
         if peer is not None:
             read = lambda: self.call(kube.get_cluster_peering, peer.name)  # noqa: E731
@@ -130,6 +133,9 @@ class Controller:
         self._tasks.append(asyncio.create_task(coro))
 
     async def stop(self) -> None:
+        for timer in self._class_checks.values():
+            timer.cancel()
+        self._class_checks.clear()
         loop = asyncio.get_running_loop()
         for watcher in self._informers:
             await loop.run_in_executor(None, watcher.stop)
@@ -173,6 +179,39 @@ class Controller:
         resource through node capacity (KEP-5004: never both ways on one node)."""
         twin = self.registry.other_way(profile) if profile.mode is Mode.DRA else None
         await self.agents.apply(profile, exclude=twin.selector if twin is not None else None)
+        self._check_device_class_later(profile.name)
+
+    def _check_device_class_later(self, name: str) -> None:
+        """Where the API server dropped the profile's DeviceClass's extendedResourceName, apply the
+        class again in a while: a control plane upgraded meanwhile keeps it (detected, not assumed
+        from a version). Nothing is scheduled while it is kept."""
+        old = self._class_checks.pop(name, None)
+        if old is not None:
+            old.cancel()
+        profile, stored = self.registry.get(name), self.agents.device_classes.get(name)
+        if profile is None or stored is None or stored.extended_resource_name == profile.resource:
+            return
+        loop = asyncio.get_running_loop()
+        self._class_checks[name] = loop.call_later(
+            self.device_class_recheck, lambda: self._spawn(self._check_device_class(name))
+        )
+
+    async def _check_device_class(self, name: str) -> None:
+        self._class_checks.pop(name, None)
+        profile = self.registry.get(name)
+        if (
+            profile is None
+            or profile.deleting
+            or profile.mode is not Mode.DRA
+            or self.registry.conflict(profile) is not None
+        ):
+            return
+        if self.gate is None or self.gate.active:
+            try:
+                await self.agents.apply_device_class(profile)
+            except (KubeError, OSError) as e:
+                log.warning("Applying DeviceClass of DevicePluginProfile %s again failed: %s", name, e)
+        self._check_device_class_later(name)
 
     async def _reapply_dra_twin(self, profile: Profile) -> None:
         """The node-capacity side of a resource changed (selector, mode, gone): the DRA profile
@@ -239,13 +278,13 @@ class Controller:
         winner = self.registry.conflict(profile)
         if winner is not None:
             self._problems[name] = []
-            return status.conflict_status(profile, winner.name, previous, rfc3339_now())
+            return _no_dra(status.conflict_status(profile, winner.name, previous, rfc3339_now()), previous)
         states = self.nodes.states.values()
         if profile.mode is Mode.STATIC:
             failures = self.nodes.failures
             seen = [r for n in states if (r := capacity.report(profile, n, failures.get(n.name))) is not None]
             self._problems[name] = status.static_problems(seen)
-            return status.static_status(profile, seen, previous, rfc3339_now())
+            return _no_dra(status.static_status(profile, seen, previous, rfc3339_now()), previous)
         clock = datetime.now(UTC)
         troubles = self.agents.troubles(name, clock)
         self._recheck(name, [t.recheck_at for t in troubles if t.recheck_at is not None])
@@ -273,10 +312,14 @@ class Controller:
                 reports=reports,
                 twin=twin_name,
                 twice=twice,
+                device_class=self.agents.device_classes.get(name),
             )
         self._problems[name] = status.plugin_problems(profile, matching, troubles, reports)
-        return status.plugin_status(
-            profile, ds, states, previous, rfc3339_now(), troubles=troubles, reports=reports
+        return _no_dra(
+            status.plugin_status(
+                profile, ds, states, previous, rfc3339_now(), troubles=troubles, reports=reports
+            ),
+            previous,
         )
 
     def _recheck(self, name: str, when: list[datetime]) -> None:
@@ -340,3 +383,11 @@ class Controller:
             "driftReassertions": n.drift_reassertions,
             "apiRequests": dict(getattr(self.kube, "requests", {})),
         }
+
+
+def _no_dra(new: dict[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
+    """A profile that is not served through DRA (any more) drops an earlier ``status.dra`` (the
+    status goes as a merge patch: only None removes a key)."""
+    if previous.get("dra") is not None:
+        new["dra"] = None
+    return new

@@ -1,8 +1,10 @@
 """The agents' DeviceReports as the operator keeps them (pure).
 
 Each agent writes one ``DeviceReport`` per profile and node (crds/patchbay.dev_devicereports.yaml):
-every device's health, why, since when and which pods hold it. The operator keeps a small
-``Report`` per object and sums them into the profile's status.
+every device's health, why, since when and which pods hold it; in DRA mode also whether the API
+server keeps ResourceSlice device taints and which devices the agent left out of its slices
+because it drops them. The operator keeps a small ``Report`` per object and sums them into the
+profile's status.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ class Device:
     message: str = ""
     since: str = ""
     holders: tuple[str, ...] = ()  # "namespace/pod/container"
+    #: DRA: left out of the node's ResourceSlices (the taint it needs would be dropped)
+    withheld: bool = False
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class Report:
     profile: str
     node: str
     devices: tuple[Device, ...] = ()
+    #: DRA: Kept, Dropped or Unknown; "" when the report does not say (DevicePlugin mode)
+    device_taints: str = ""
 
     @property
     def healthy(self) -> int:
@@ -40,6 +46,10 @@ class Report:
     @property
     def allocated(self) -> int:
         return sum(bool(d.holders) for d in self.devices)
+
+    @property
+    def withheld(self) -> int:
+        return sum(d.withheld for d in self.devices)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Report:
@@ -56,6 +66,7 @@ class Report:
                     message=str(d.get("message") or ""),
                     since=str(d.get("since") or ""),
                     holders=holders,
+                    withheld=d.get("withheld") is True,
                 )
             )
         return cls(
@@ -63,4 +74,5 @@ class Report:
             profile=str(obj.get("profile") or ""),
             node=str(obj.get("nodeName") or ""),
             devices=tuple(devices),
+            device_taints=str(obj.get("deviceTaints") or ""),
         )

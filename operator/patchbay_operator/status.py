@@ -4,7 +4,9 @@ What the scheduler really sees is the truth: node capacity and allocatable for t
 In DevicePlugin mode the agents tell the rest: their DaemonSet's rollout, their pods' trouble
 (agentpods.py) and, per node, every device's health, why and who holds it (DeviceReports).
 In DRA mode devices never reach node capacity (the scheduler reads ResourceSlices), so the
-agents' DeviceReports are the device counts, and there is no wait for the kubelet's node status.
+agents' DeviceReports are the device counts, and there is no wait for the kubelet's node status;
+what the API server kept of the DeviceClass (``extendedResourceName``) and of the slices' device
+taints is read back, never assumed (docs/dra.md#releases), and said in ``status.dra``.
 
 Conditions follow the abnormal-true convention that kstatus (and so Flux and Argo CD) reads,
 docs/facts.md#kstatus, always all four, metav1.Condition shape:
@@ -53,6 +55,28 @@ class AgentDaemonSet:
             profile=str((meta.get("labels") or {}).get(LABEL_PROFILE, "")),
             generation=int(meta.get("generation") or 0),
             status=dict(obj.get("status") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class StoredDeviceClass:
+    """A DRA profile's DeviceClass as the API server stored it: the answer to the operator's apply.
+
+    An API server whose DRAExtendedResource gate is off (before 1.36) drops
+    ``spec.extendedResourceName`` silently (docs/facts.md#dra-dropped-fields); then unchanged pods
+    that ask for the resource in their limits find no DRA path, only ResourceClaims do.
+    """
+
+    name: str
+    #: as stored: "" when the API server dropped it
+    extended_resource_name: str
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> StoredDeviceClass:
+        spec = obj.get("spec") or {}
+        return cls(
+            name=str((obj.get("metadata") or {}).get("name") or ""),
+            extended_resource_name=str(spec.get("extendedResourceName") or ""),
         )
 
 
@@ -365,11 +389,16 @@ def _agents_status(
     unhealthy: Sequence[Problem],
     waiting: str = "",
     served_twice: Verdict | None = None,
+    not_served: Verdict | None = None,
+    ready_note: str = "",
 ) -> dict[str, Any]:
     """The conditions of a profile whose agents run as a DaemonSet (DevicePlugin and DRA): the
     rollout from the DaemonSet's status, stuck agents (Stalled), then what degrades the service.
     `waiting`: why Ready waits for the kubelet although the rollout is done (DevicePlugin);
-    `served_twice`: the Degraded condition for nodes served both ways (DRA)."""
+    `served_twice`: the Degraded condition for nodes served both ways (DRA); `not_served`: the
+    Degraded condition for a way of asking that this cluster does not serve (DRA: unchanged pods
+    where the extended resource name was dropped); `ready_note`: what Ready's message adds then
+    (Ready stays True: the agents work and claims are served)."""
     st = daemonset.status if daemonset is not None else {}
     desired = int(st.get("desiredNumberScheduled") or 0)
     available = int(st.get("numberAvailable") or 0)
@@ -385,7 +414,8 @@ def _agents_status(
     elif not rolling and waiting:
         ready_c = (False, Reason.PUBLISHING, waiting)
     elif not rolling:
-        ready_c = (True, Reason.ALL_NODES_READY, f"{_n(available, 'agent')} available")
+        note = f"; {ready_note}" if ready_note else ""
+        ready_c = (True, Reason.ALL_NODES_READY, f"{_n(available, 'agent')} available{note}")
     elif daemonset is None:
         ready_c = (False, Reason.APPLYING, "agent DaemonSet not created yet")
     else:
@@ -411,6 +441,11 @@ def _agents_status(
         degraded_c = (True, stalled_c[1], stalled_c[2])
     elif served_twice is not None:
         degraded_c = served_twice
+    elif not_served is not None:
+        also = ""
+        if unhealthy:
+            also = f"; also unhealthy devices on {_n(len({p.node for p in unhealthy}), 'node')}"
+        degraded_c = (not_served[0], not_served[1], not_served[2] + also)
     elif unhealthy:
         nodes_hit = len({p.node for p in unhealthy})
         degraded_c = (
@@ -490,11 +525,48 @@ def dra_problems(
                 )
             continue
         problems += [
-            Problem(node.name, d.id, d.reason or "Unhealthy", d.message or "unhealthy", d.since)
+            Problem(
+                node.name,
+                d.id,
+                d.reason or "Unhealthy",
+                (d.message or "unhealthy") + (WITHHELD if d.withheld else ""),
+                d.since,
+            )
             for d in report.devices
             if not d.healthy
         ]
     return problems
+
+
+WITHHELD = "; left out of the node's ResourceSlice (this cluster's API server drops device taints)"
+"""Said of an unhealthy device the DRA agent left out of its slice (docs/dra.md#releases)."""
+
+
+def device_taints(reports: Iterable[Report]) -> str:
+    """What the agents found the API server does with ResourceSlice device taints: Dropped when any
+    agent saw them dropped (its devices that need one are left out), Kept when every agent that
+    says saw them kept, Unknown otherwise; "" when no report says."""
+    seen = {r.device_taints for r in reports if r.device_taints}
+    if not seen:
+        return ""
+    if "Dropped" in seen:
+        return "Dropped"
+    return "Kept" if seen == {"Kept"} else "Unknown"
+
+
+def not_served_verdict(profile: Profile, device_class: StoredDeviceClass | None) -> Verdict | None:
+    """Degraded for a DeviceClass the API server stored without the profile's resource name as its
+    extendedResourceName; None when it kept it or was not read yet."""
+    if device_class is None or device_class.extended_resource_name == profile.resource:
+        return None
+    return (
+        True,
+        Reason.EXTENDED_RESOURCE_NOT_SERVED,
+        f"pods that ask for {profile.resource} in their limits are not served by DRA on this "
+        f"cluster: the API server stored DeviceClass {device_class.name} without its "
+        "extendedResourceName (the DRAExtendedResource feature is off, as before Kubernetes 1.36); "
+        f"ResourceClaims with deviceClassName {device_class.name} still get the devices",
+    )
 
 
 def dra_status(
@@ -508,6 +580,7 @@ def dra_status(
     reports: Sequence[Report] = (),
     twin: str = "",
     twice: Sequence[str] = (),
+    device_class: StoredDeviceClass | None = None,
 ) -> dict[str, Any]:
     """DRA mode: the agents' rollout and pods, and the devices their DeviceReports list.
 
@@ -517,6 +590,11 @@ def dra_status(
     the healthy ones (what the agent publishes in its ResourceSlice), plus healthy, unhealthy and
     allocated. ``twice`` are the nodes that DevicePluginProfile ``twin`` also serves the resource
     on through node capacity: Degraded with reason ResourceServedTwice until that is fixed.
+
+    What this cluster serves (``status.dra``): ``device_class`` as stored (an extendedResourceName
+    that was dropped is Degraded, ExtendedResourceNotServed) and, from the reports, whether device
+    taints are kept and how many devices the agents left out of their slices instead (those are
+    not allocatable: ``allocatable`` leaves them out).
     """
     nodes = list(nodes)
     matching = [n for n in nodes if profile.selector.matches(n.labels)]
@@ -524,9 +602,10 @@ def dra_status(
     reports = [rep for rep in reports if rep.node in names]
     healthy = sum(rep.healthy for rep in reports)
     unhealthy_count = sum(rep.unhealthy for rep in reports)
+    withheld_healthy = sum(1 for rep in reports for d in rep.devices if d.healthy and d.withheld)
     devices = {
         "capacity": healthy + unhealthy_count,
-        "allocatable": healthy,
+        "allocatable": healthy - withheld_healthy,
         "healthy": healthy,
         "unhealthy": unhealthy_count,
         "allocated": sum(rep.allocated for rep in reports),
@@ -544,7 +623,8 @@ def dra_status(
             f"them (one way per node): {shown}; move those nodes' label from {twin}'s selector "
             "to this profile's",
         )
-    return _agents_status(
+    not_served = not_served_verdict(profile, device_class)
+    out = _agents_status(
         profile,
         daemonset,
         previous,
@@ -553,4 +633,21 @@ def dra_status(
         problems=problems,
         unhealthy=[p for p in problems if p.device],
         served_twice=served_twice,
+        not_served=not_served,
+        ready_note=(
+            f"ResourceClaims only: pods that ask for {profile.resource} in their limits are not served "
+            "by DRA on this cluster (see Degraded)"
+            if not_served is not None
+            else ""
+        ),
     )
+    # Every key, None where not known (yet): the status is written as a merge patch, where None
+    # removes what an earlier status said.
+    taints = device_taints(reports)
+    out["dra"] = {
+        "deviceClassName": device_class.name if device_class is not None else None,
+        "extendedResourceName": device_class.extended_resource_name if device_class is not None else None,
+        "deviceTaints": taints or None,
+        "withheldDevices": sum(rep.withheld for rep in reports) if taints else None,
+    }
+    return out

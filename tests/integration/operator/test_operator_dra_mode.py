@@ -1,7 +1,12 @@
 """DRA mode against the real API server: the agent DaemonSet as a DRA kubelet plugin and the
 profile's DeviceClass (resource.k8s.io/v1, extendedResourceName), server-side applied and owned
 by the profile; the KEP-5004 overlap with a DevicePlugin profile reported in status; the
-DeviceClass removed when the profile leaves DRA mode or goes."""
+DeviceClass removed when the profile leaves DRA mode or goes.
+
+Where the API server drops the DeviceClass's extendedResourceName (DRAExtendedResource off, before
+1.36), the profile's status says so (Degraded, ExtendedResourceNotServed; status.dra) instead of a
+silent Ready; where it keeps it, it says nothing of the kind. The same test checks whichever the
+session's release does, and that the release's capability table agrees with its API server."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
 from support.operator import Operator
+from support.releases import has
 
 
 def spec(cluster: Cluster, mode: str = "DRA") -> dict[str, Any]:
@@ -54,7 +60,7 @@ def condition(cluster: Cluster, name: str, type_: str) -> dict[str, Any]:
 
 
 def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_them(
-    cluster: Cluster, operator: Operator
+    cluster: Cluster, operator: Operator, kube_release: str
 ) -> None:
     nodes = cluster.add_nodes(2)
     name = f"{cluster.prefix}dra"
@@ -75,8 +81,13 @@ def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_
 
     dc = wait_for("the DeviceClass", lambda: device_class(cluster, driver))
     assert dc["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{driver}"'}}]
-    # Kept by the API server: DRAExtendedResource is on (GA in the pinned Kubernetes).
-    assert dc["spec"]["extendedResourceName"] == f"example.com/{cluster.prefix}serial"
+    resource = f"example.com/{cluster.prefix}serial"
+    served = has("dra-extended-resource", kube_release)
+    # Kept by the API server where DRAExtendedResource is on (1.36 on), dropped where it is off.
+    assert dc["spec"].get("extendedResourceName") == (resource if served else None), (
+        kube_release,
+        dc["spec"],
+    )
     (ref,) = dc["metadata"]["ownerReferences"]
     assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
         "DevicePluginProfile",
@@ -94,6 +105,17 @@ def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_
     assert conds["Ready"]["status"] == "True"
     assert conds["Degraded"]["reason"] != "ResourceServedTwice"
     assert {p["node"] for p in st["problems"]} == set(nodes)
+    assert st["dra"]["deviceClassName"] == driver
+    if served:
+        assert st["dra"]["extendedResourceName"] == resource
+        assert conds["Degraded"]["reason"] != "ExtendedResourceNotServed"
+    else:
+        # Not a silent Ready: the profile says unchanged pods are not served, claims are.
+        assert st["dra"]["extendedResourceName"] == ""
+        degraded = conds["Degraded"]
+        assert (degraded["status"], degraded["reason"]) == ("True", "ExtendedResourceNotServed")
+        assert resource in degraded["message"] and f"deviceClassName {driver}" in degraded["message"]
+        assert "not served by DRA on this cluster" in conds["Ready"]["message"]
 
     # KEP-5004: a DevicePlugin profile for the same resource on the same nodes is not refused
     # (that is how a node migrates), but the DRA profile says which nodes are served twice.

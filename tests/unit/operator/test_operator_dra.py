@@ -1,6 +1,8 @@
 """DRA mode without a cluster: the agent DaemonSet as a DRA kubelet plugin, the DeviceClass, who
-wins a resource name per way of serving, the KEP-5004 overlap check and the DRA status (pure),
-and the controller applying and removing the DeviceClass through ``fakekube.FakeKube``."""
+wins a resource name per way of serving, the KEP-5004 overlap check and the DRA status (pure:
+what the API server kept of the DeviceClass and the slices' taints, too), and the controller
+applying and removing the DeviceClass through ``fakekube.FakeKube`` (and reading back what it
+stored). The real API servers of both kinds are in tests/integration/operator/test_operator_dra_mode.py."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import pytest
 from fakekube import FakeKube
+from support.agentrun import until
 from support.clusters import kstatus
 
 from patchbay_operator import render
@@ -18,7 +21,7 @@ from patchbay_operator.controller import Controller
 from patchbay_operator.devicereports import Device, Report
 from patchbay_operator.kube import collection, ref_of
 from patchbay_operator.profiles import Profile, Registry, Selector
-from patchbay_operator.status import AgentDaemonSet, dra_status, served_twice
+from patchbay_operator.status import AgentDaemonSet, StoredDeviceClass, dra_status, served_twice
 
 R = "example.com/serial"
 KUBELET = "/tmp/node-1/kubelet"
@@ -221,6 +224,89 @@ def test_a_resource_served_twice_is_degraded_and_names_the_nodes() -> None:
     assert cond(st, "Ready")["status"] == "True"  # the agents work; the overlap is the user's to fix
 
 
+STORED = StoredDeviceClass("serial.patchbay.dev", R)
+DROPPED = StoredDeviceClass("serial.patchbay.dev", "")
+
+
+def test_a_device_class_stored_without_its_extended_resource_name_is_degraded_not_silently_ready() -> None:
+    reports = [report("a", Device("d0", True), Device("d1", True))]
+    kept = dra_status(prof(), DS_OK, [nodestate("a")], {}, "T", reports=reports, device_class=STORED)
+    assert cond(kept, "Degraded")["status"] == "False"
+    assert kept["dra"] == {
+        "deviceClassName": "serial.patchbay.dev",
+        "extendedResourceName": R,
+        "deviceTaints": None,
+        "withheldDevices": None,
+    }
+    st = dra_status(prof(), DS_OK, [nodestate("a")], {}, "T", reports=reports, device_class=DROPPED)
+    degraded = cond(st, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ExtendedResourceNotServed")
+    assert (
+        R in degraded["message"]
+        and "ResourceClaims with deviceClassName serial.patchbay.dev" in degraded["message"]
+    )
+    ready = cond(st, "Ready")
+    assert ready["status"] == "True" and f"pods that ask for {R}" in ready["message"]
+    assert st["dra"]["extendedResourceName"] == ""
+    assert kstatus({"metadata": {"generation": 1}, "status": st}) == "Current"  # claims work
+    # Unhealthy devices as well: still ExtendedResourceNotServed, and the message says both.
+    sick = [report("a", Device("d0", False, "Vanished", "gone"))]
+    both = cond(
+        dra_status(prof(), DS_OK, [nodestate("a")], {}, "T", reports=sick, device_class=DROPPED), "Degraded"
+    )
+    assert (
+        both["reason"] == "ExtendedResourceNotServed"
+        and "also unhealthy devices on 1 node" in both["message"]
+    )
+    # Served twice outranks it (a fix the user must make on the profiles).
+    twice = dra_status(prof(), DS_OK, [nodestate("a")], {}, "T", device_class=DROPPED, twin="p", twice=["a"])
+    assert cond(twice, "Degraded")["reason"] == "ResourceServedTwice"
+
+
+def test_where_taints_are_dropped_withheld_devices_are_counted_out_and_said() -> None:
+    nodes = [nodestate("a"), nodestate("b")]
+    reports = [
+        Report(
+            "serial.a",
+            "serial",
+            "a",
+            (
+                Device("d0", True),
+                Device("d1", False, "Vanished", "gone", withheld=True),
+                Device("d2", True, withheld=True),  # still handed out by the device plugin
+            ),
+            device_taints="Dropped",
+        ),
+        Report("serial.b", "serial", "b", (Device("d0", True),), device_taints="Kept"),
+    ]
+    st = dra_status(prof(), DS_OK, nodes, {}, "T", reports=reports, device_class=STORED)
+    assert st["devices"] == {"capacity": 4, "allocatable": 2, "healthy": 3, "unhealthy": 1, "allocated": 0}
+    assert (st["dra"]["deviceTaints"], st["dra"]["withheldDevices"]) == ("Dropped", 2)
+    (p,) = st["problems"]
+    assert (p["node"], p["device"], p["reason"]) == ("a", "d1", "Vanished")
+    assert p["message"].startswith("gone; left out of the node's ResourceSlice")
+    kept = [Report("serial.b", "serial", "b", (Device("d0", True),), device_taints="Kept")]
+    st = dra_status(prof(), DS_OK, [nodestate("b")], {}, "T", reports=kept)
+    assert (st["dra"]["deviceTaints"], st["dra"]["withheldDevices"]) == ("Kept", 0)
+
+
+def test_a_report_says_taints_and_withheld_devices() -> None:
+    obj = {
+        "metadata": {"name": "serial.a"},
+        "profile": "serial",
+        "nodeName": "a",
+        "deviceTaints": "Dropped",
+        "devices": [{"id": "d0", "health": "Healthy"}, {"id": "d1", "health": "Unhealthy", "withheld": True}],
+    }
+    rep = Report.from_object(obj)
+    assert (rep.device_taints, rep.withheld, [d.withheld for d in rep.devices]) == (
+        "Dropped",
+        1,
+        [False, True],
+    )
+    assert Report.from_object({**obj, "deviceTaints": None}).device_taints == ""
+
+
 # --- the controller ---------------------------------------------------------------------------
 
 
@@ -339,3 +425,44 @@ async def test_the_dra_daemonset_follows_the_device_plugin_profiles_selector(ctl
     ]
     await c.delete(plugin)
     assert terms() == [{"matchExpressions": [{"key": "serial-dra", "operator": "In", "values": ["true"]}]}]
+
+
+class DroppingKube(FakeKube):
+    """Stores DeviceClasses as an API server with DRAExtendedResource off does: without
+    ``spec.extendedResourceName`` (until ``keeps`` is set: a control plane upgraded)."""
+
+    keeps = False
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "DeviceClass" and not self.keeps:
+            obj = {**obj, "spec": {k: v for k, v in obj["spec"].items() if k != "extendedResourceName"}}
+        return super().apply(obj)
+
+
+async def test_the_controller_reads_back_the_device_class_and_applies_it_again_while_dropped() -> None:
+    kube = DroppingKube()
+    kube.add_node("n0", {"pool": "a"})
+    c = Controller(Settings(namespace="patchbay-test", status_debounce=0.01), kube)  # type: ignore[arg-type]
+    c.device_class_recheck = 0.05
+    await c.start()
+    try:
+        await c.reconcile(body())
+        assert c.agents.device_classes["serial"] == DROPPED
+        st = c.compute_status("serial")
+        assert st is not None and cond(st, "Degraded")["reason"] == "ExtendedResourceNotServed"
+        applies = len(kube.applied)
+        await until(lambda: len(kube.applied) > applies)  # applied again while dropped
+        kube.keeps = True
+        await until(lambda: c.agents.device_classes["serial"] == STORED)
+        st = c.compute_status("serial")
+        assert st is not None and cond(st, "Degraded")["reason"] != "ExtendedResourceNotServed"
+        assert "serial" not in c._class_checks  # kept: nothing more is scheduled
+        # Leaving DRA mode: the class goes, and a status write removes status.dra (None in the
+        # merge patch) after one that had it.
+        await until(lambda: any((w.get("dra") or {}).get("deviceClassName") for _, w in kube.status_writes))
+        before = len(kube.status_writes)
+        await c.reconcile(body(mode="DevicePlugin"))
+        assert "serial" not in c.agents.device_classes
+        await until(lambda: any("dra" in w and w["dra"] is None for _, w in kube.status_writes[before:]))
+    finally:
+        await c.stop()
