@@ -1,0 +1,128 @@
+"""Plots beside the tables of docs/benchmarks.md (matplotlib, PNG in docs/img/).
+
+The benchmarks call these functions with the figures they print (bench/kubectl_scale.py does);
+run as a script, it redraws the figures of runs recorded in docs/benchmarks.md from the numbers
+printed there (``RECORDED``: each entry names the table it comes from), so a plot never shows a
+number the tables do not:
+
+    .venv/bin/python bench/plots.py
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+
+REPO = Path(__file__).resolve().parents[1]
+IMG = REPO / "docs" / "img"
+
+
+def scaling(
+    path: Path,
+    title: str,
+    nodes: Sequence[int],
+    series: Mapping[str, Sequence[float]],
+    ylabel: str = "seconds",
+    note: str = "",
+) -> Path:
+    """One line per series against the node count (log x), each point labelled with its value."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for i, (label, values) in enumerate(series.items()):
+        (line,) = ax.plot(nodes, values, marker="o", label=label)
+        for x, y in zip(nodes, values, strict=True):
+            # values of several series sit close together: each series' labels on their own line
+            ax.annotate(
+                f"{y:.2f}",
+                (x, y),
+                textcoords="offset points",
+                xytext=(6, 8 - 10 * i),
+                fontsize=8,
+                color=line.get_color(),
+            )
+    ax.set_xscale("log")
+    ax.set_xlim(min(nodes) / 1.5, max(nodes) * 2)
+    ax.set_xticks(list(nodes), [f"{n:,}" for n in nodes])
+    ax.minorticks_off()
+    ax.set_xlabel("nodes")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def bars(
+    path: Path, title: str, values: Mapping[str, float], xlabel: str = "seconds", note: str = ""
+) -> Path:
+    """Horizontal bars, one per command, with their values."""
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(values) + 1.2), dpi=110)
+    labels = list(values)
+    ax.barh(labels, [values[k] for k in labels], color="tab:blue")
+    for i, k in enumerate(labels):
+        ax.annotate(
+            f"{values[k]:.2f}", (values[k], i), textcoords="offset points", xytext=(3, -3), fontsize=8
+        )
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(True, axis="x", alpha=0.3)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+RECORDED = {
+    # docs/benchmarks.md, "Operator: static capacity at scale", current code, medians of 3 rounds
+    "static_scale": {
+        "nodes": [1000, 5000],
+        "apply: operator": [2.96, 15.12],
+        "apply: baseline (plain concurrent client)": [2.55, 13.40],
+        "delete: operator": [2.63, 14.93],
+        "delete: baseline": [2.60, 13.90],
+    },
+    # docs/benchmarks.md, "Explained health at scale": one health change -> the profile's status
+    # (GET), after the fix: 20 nodes (p50 "about 1.0 s") and 5,000 nodes (p50 1.13 s, p99 1.22 s)
+    "health_scale": {"nodes": [20, 5000], "p50": [1.0, 1.13]},
+}
+
+
+def main() -> None:
+    st = RECORDED["static_scale"]
+    out = [
+        scaling(
+            IMG / "static-scale.png",
+            "Static capacity: every node shows the value (apply) / is clean (delete)",
+            st["nodes"],
+            {k: v for k, v in st.items() if k != "nodes"},
+            note="bench/static_scale.py, 2 cores, medians of 3 alternating rounds (docs/benchmarks.md)",
+        ),
+        scaling(
+            IMG / "health-status-latency.png",
+            "One device health change -> the profile's status shows it",
+            RECORDED["health_scale"]["nodes"],
+            {"p50 (1 s of it is the status debounce window)": RECORDED["health_scale"]["p50"]},
+            note="bench/health_scale.py, 2 cores (docs/benchmarks.md)",
+        ),
+    ]
+    for p in out:
+        print(f"wrote {p.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
