@@ -198,6 +198,12 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
             assert "'nope'" in first.claims["uid-2"].error
             assert "replaced" in first.claims["uid-3"].error
             assert "404" in first.claims["uid-4"].error
+            # The three claims answered with an error, in both calls, are counted for the DRA
+            # prepare alert.
+            text = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            )
+            assert 'patchbay_agent_dra_claim_errors_total{method="NodePrepareResources"} 6.0' in text
             spec = json.loads(spec_path.read_text())
             assert spec["kind"] == f"{DRIVER}/device"
             assert [d["name"] for d in spec["devices"]] == [f"uid-1-{tty1}", f"uid-1-{tty2}"]

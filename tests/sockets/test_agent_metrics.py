@@ -49,6 +49,7 @@ FAMILIES = {
     "patchbay_agent_pod_resources_reads": "counter",
     "patchbay_agent_report_writes": "counter",
     "patchbay_agent_resource_slice_writes": "counter",
+    "patchbay_agent_dra_claim_errors": "counter",
     "patchbay_agent_report_unchanged": "counter",
 }
 
