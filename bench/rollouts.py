@@ -159,7 +159,9 @@ class Bench:
             return None
 
         device_id = wait("PodResources to name the holder's device", held)
-        dev = FAKE_DEV / device_id.split("::")[0]
+        # Device IDs are the path under /dev with "/" as "_" (a replica adds "::<n>").
+        physical = device_id.split("::")[0]
+        dev = next(p for p in FAKE_DEV.iterdir() if physical.endswith("_" + p.name))
 
         def health() -> str | None:
             st = self.core.read_namespaced_pod("holder", WORK).status
