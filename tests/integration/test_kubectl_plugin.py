@@ -247,12 +247,25 @@ def test_devices_nodes_and_why_answer_from_the_cluster(
             },
         },
     )
-    claim["status"]["reservedFor"] = [
-        {"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}
-    ]
-    cluster.custom.replace_namespaced_custom_object_status(
-        RES_GROUP, RES_VERSION, claim_ns, "resourceclaims", claim_name, claim
-    )
+    reserved = [{"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}]
+
+    def reserve() -> bool:
+        # The claim controller may touch the claim too: read it afresh, retry on a conflict.
+        current = cluster.custom.get_namespaced_custom_object(
+            RES_GROUP, RES_VERSION, claim_ns, "resourceclaims", claim_name
+        )
+        current["status"]["reservedFor"] = reserved
+        try:
+            cluster.custom.replace_namespaced_custom_object_status(
+                RES_GROUP, RES_VERSION, claim_ns, "resourceclaims", claim_name, current
+            )
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        return True
+
+    wait_for("the claim reserved for its pod", reserve)
     try:
         _check_devices(cluster, devcluster, bin_dir, profiles, res_dp)
         _check_nodes(devcluster, bin_dir, profiles)
