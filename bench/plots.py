@@ -3,9 +3,10 @@
 The benchmarks call these functions with the figures they print (bench/kubectl_scale.py does);
 run as a script, it redraws the figures of runs recorded in docs/benchmarks.md from the numbers
 printed there (``RECORDED``: each entry names the table it comes from), so a plot never shows a
-number the tables do not:
+number the tables do not; given bench/rollouts.py's JSON results, it draws the rollout timelines:
 
     .venv/bin/python bench/plots.py
+    .venv/bin/python bench/plots.py bench/results/rollouts-v1.3*.json
 """
 
 from __future__ import annotations
@@ -87,6 +88,44 @@ def bars(
     return path
 
 
+def rollout_timelines(path: Path, runs: Sequence[Mapping[str, object]]) -> Path:
+    """One panel per release (bench/rollouts.py's JSON results): the kubelet's own allocatable
+    count over the run, sampled every 10 ms, five rollouts under a pod burst. A dip to 0 on a
+    kubelet before v1.37 is the drop of the new agent when the old one leaves."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.7 * len(runs) + 0.6), dpi=110, sharex=False)
+    axes = [axes] if len(runs) == 1 else list(axes)
+    for ax, run in zip(axes, runs, strict=True):
+        timeline = run["timeline"]
+        assert isinstance(timeline, list)
+        xs = [float(t) for t, _ in timeline]
+        ys = [0 if v is None else int(v) for _, v in timeline]
+        ax.step(xs, ys, where="post", linewidth=0.8)
+        full = max(ys) if ys else 0
+        ax.set_ylim(-4, full * 1.15 + 1)
+        ax.set_ylabel("allocatable")
+        refused = run.get("refusedAtAdmission")
+        ax.set_title(
+            f"Kubernetes {run['release']}: lowest {min(ys) if ys else '-'} of {full}, "
+            f"longest dip {run.get('longestDipSeenMs')}-{run.get('longestDipBoundMs')} ms, "
+            f"burst pods refused {refused}/{run.get('burstPods')} (load average {run.get('loadAverage1m')})",
+            fontsize=8,
+        )
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("seconds since sampling started (5 agent rollouts)")
+    fig.text(
+        0.01,
+        0.005,
+        "bench/rollouts.py: the kubelet's PodResources GetAllocatableResources every 10 ms",
+        fontsize=7,
+        color="0.4",
+    )
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 RECORDED = {
     # docs/benchmarks.md, "Operator: static capacity at scale", current code, medians of 3 rounds
     "static_scale": {
@@ -115,6 +154,15 @@ RECORDED = {
 
 
 def main() -> None:
+    import json
+    import sys
+
+    if sys.argv[1:]:
+        # Rollout timelines from bench/rollouts.py's JSON results, oldest release first.
+        runs = [json.loads(Path(a).read_text()) for a in sys.argv[1:]]
+        runs.sort(key=lambda r: [int(x) for x in str(r["release"]).lstrip("v").split(".")])
+        print(f"wrote {rollout_timelines(IMG / 'rollouts-per-release.png', runs).relative_to(REPO)}")
+        return
     st = RECORDED["static_scale"]
     out = [
         scaling(
