@@ -7,10 +7,16 @@ the real scheduler allocates claims against it and the real kubelet has the agen
 - a pod with a ResourceClaimTemplate that picks ONE device by attribute (CEL) gets exactly that
   device's node and the env naming it;
 - an unchanged pod that asks `limits: {<resourceName>: 1}` is served by DRA through the
-  DeviceClass's extendedResourceName;
+  DeviceClass's extendedResourceName; where the API server drops that field (before 1.36) the
+  pod stays Pending and the profile says why (Degraded, ExtendedResourceNotServed);
 - a pod's claim is unprepared when the pod goes: its CDI spec file is removed;
 - a prepared claim outlives a new agent pod and a kubelet crash;
-- a vanished device is tainted in the ResourceSlice, so a claim for it waits until it is back.
+- a vanished device is tainted in the ResourceSlice, so a claim for it waits until it is back;
+  where the API server drops device taints (before 1.36) the agent leaves it out of the slice
+  instead, and the profile's status says so.
+
+Where a release lacks a capability (docs/compatibility.md), a test checks what Patchbay does
+instead rather than skipping (``support.releases.has``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 from kubernetes import client
 from support.clusters import Cluster
 from support.realnode import DEVICES, Installed, add_fake_device, busybox_pod, limits, wait_for
+from support.releases import has
 
 from patchbay_devcluster import DevCluster
 
@@ -75,6 +82,28 @@ def device_lines(logs: str) -> list[str]:
     return sorted(line for line in logs.splitlines() if line.startswith("ttyDRA"))
 
 
+def profile_status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return dict((cluster.profile(name) or {}).get("status") or {})
+
+
+def dra_status(cluster: Cluster, name: str) -> dict[str, Any]:
+    """The profile's `status.dra`: what the API server kept of the DeviceClass and the slices."""
+    return dict(profile_status(cluster, name).get("dra") or {})
+
+
+def report_health(cluster: Cluster, patchbay: Installed, profile: str, node: str) -> dict[str, str]:
+    """Physical device ID -> health, as the agent's DeviceReport for the node says."""
+    try:
+        obj = cluster.custom.get_namespaced_custom_object(
+            "patchbay.dev", "v1alpha1", patchbay.namespace, "devicereports", f"{profile}.{node}"
+        )
+    except client.ApiException as e:
+        if e.status == 404:
+            return {}
+        raise
+    return {d["id"]: d["health"] for d in obj.get("devices") or []}
+
+
 def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
     patchbay: Installed,
     cluster: Cluster,
@@ -82,6 +111,7 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
     real_node: str,
     namespace: str,
     fake_dev: Path,
+    kube_release: str,
 ) -> None:
     name, resource, driver = dra_profile(cluster, fake_dev, real_node)
     core, custom = cluster.core, cluster.custom
@@ -100,7 +130,8 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
         device_class = custom.get_cluster_custom_object(
             RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", driver
         )
-        assert device_class["spec"]["extendedResourceName"] == resource
+        served = has("dra-extended-resource", kube_release)
+        assert device_class["spec"].get("extendedResourceName") == (resource if served else None)
 
         # 1. A claim template that picks exactly one device by attribute.
         custom.create_namespaced_custom_object(
@@ -143,7 +174,8 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
         claim_specs = sorted(p.name for p in cdi_dir.glob(f"patchbay_{driver}_*.json"))
         assert len(claim_specs) == 1, claim_specs
 
-        # 2. An unchanged pod asking for the extended resource: served by DRA via the DeviceClass.
+        # 2. An unchanged pod asking for the extended resource: served by DRA via the DeviceClass,
+        # where the API server kept its extendedResourceName.
         core.create_namespaced_pod(
             namespace,
             limits(
@@ -152,21 +184,36 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
                 1,
             ),
         )
-        logs = wait_for(
-            "the unchanged pod running", lambda: pod_log(core, namespace, "dra-unchanged", "SERIALS="), 120
-        )
-        (other,) = logs.splitlines()[0].removeprefix("SERIALS=").split(",")
-        assert other in ids and other != chosen_id, logs
-        assert device_lines(logs) == [other.rsplit("_", 1)[-1]], logs
-        assert len(list(cdi_dir.glob(f"patchbay_{driver}_*.json"))) == 2
+        if served:
+            logs = wait_for(
+                "the unchanged pod running",
+                lambda: pod_log(core, namespace, "dra-unchanged", "SERIALS="),
+                120,
+            )
+            (other,) = logs.splitlines()[0].removeprefix("SERIALS=").split(",")
+            assert other in ids and other != chosen_id, logs
+            assert device_lines(logs) == [other.rsplit("_", 1)[-1]], logs
+            assert len(list(cdi_dir.glob(f"patchbay_{driver}_*.json"))) == 2
+        else:
+            # Not served by DRA on this cluster, and the profile says so rather than a bare Ready.
+            message = wait_for(
+                "the unchanged pod unschedulable", lambda: unschedulable(core, namespace, "dra-unchanged"), 60
+            )
+            assert f"Insufficient {resource}" in message, message
+            degraded = cluster.condition(name, "Degraded") or {}
+            assert (degraded.get("status"), degraded.get("reason")) == ("True", "ExtendedResourceNotServed")
+            assert resource in degraded["message"] and driver in degraded["message"], degraded
+            assert dra_status(cluster, name).get("extendedResourceName") == ""
 
         # The agent's report names the pods that hold the devices (from the kubelet's PodResources,
         # the claims' devices of its driver), and the profile counts them.
+        held_count = 2 if served else 1
+
         def allocated() -> bool:
             st = (cluster.profile(name) or {}).get("status") or {}
-            return (st.get("devices") or {}).get("allocated") == 2
+            return (st.get("devices") or {}).get("allocated") == held_count
 
-        wait_for("the profile counting 2 devices allocated through claims", allocated, 60)
+        wait_for(f"the profile counting {held_count} device(s) allocated through claims", allocated, 60)
 
         # 3. Pods gone -> claims unprepared -> their CDI specs removed.
         for p in pods:
@@ -232,16 +279,22 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
     real_node: str,
     namespace: str,
     fake_dev: Path,
+    kube_release: str,
 ) -> None:
     """A prepared claim outlives a new agent pod and a kubelet crash (the claim's CDI file is the
     agent's only state): its pod keeps running, the slices are published again (the kubelet wipes
-    them when it starts), and the NEW agent unprepares the claim when the pod goes. A device that
-    vanishes is tainted in the ResourceSlice, so a claim for it stays unschedulable until it is
-    back."""
+    them when it starts), and the NEW agent unprepares the claim when the pod goes. The held
+    device's health reaches the agent's DeviceReport on every release and, where the kubelet
+    shows device health in pod status (1.36 on: over v1alpha1.DRAResourceHealth before 1.37, v1
+    from 1.37), the pod's allocatedResourcesStatus too. A device that vanishes is tainted in the
+    ResourceSlice, or, where the API server drops device taints (before 1.36), left out of it
+    (the profile says so); either way a claim for it stays unschedulable until it is back."""
     name, _resource, driver = dra_profile(cluster, fake_dev, real_node)
     core, custom = cluster.core, cluster.custom
     cdi_dir = e2e_cluster.real_node().paths.cdi_spec_dir
     pods = ("dra-held", "dra-wants-gone")
+    taints_kept = has("dra-device-taints", kube_release)
+    health_in_pod_status = has("health-in-pod-status", kube_release)
     try:
         (agent,) = wait_for("the DRA agent pod Ready (registered)", lambda: patchbay.ready_agents(name), 120)
         devices = wait_for(
@@ -250,6 +303,12 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
             60,
         )
         ids = {d["attributes"]["patchbay.dev/id"]["string"]: n for n, d in devices.items()}
+        # What the agent found out about device taints, as the profile's status says it.
+        wait_for(
+            "the profile saying whether device taints are kept",
+            lambda: dra_status(cluster, name).get("deviceTaints") == ("Kept" if taints_kept else "Dropped"),
+            60,
+        )
         # Held through a claim of its own: the kubelet reports device health in pod status only
         # for containers' resources.claims (not for extended resources served by DRA).
         claim_template(custom, namespace, "any-serial", driver)
@@ -282,7 +341,8 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
         wait_for("the agent Ready again", lambda: patchbay.ready_agents(name), 120)
         still_running()
 
-        # The held device vanishes: the kubelet learns it from the agent's health stream
+        # The held device vanishes: the agent's report says so and, where the kubelet shows device
+        # health in pod status, the kubelet learns it from the agent's health stream
         # (DRAResourceHealth) and the pod's status says so; back, Healthy again.
         held_name = ids[held]
 
@@ -297,13 +357,37 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
                 if str(r.get("resourceID", "")).endswith(held_name)
             }
 
-        wait_for("the pod's status showing its device Healthy", lambda: pod_health() == {"Healthy"}, 60)
+        def health_is(health: str) -> bool:
+            reported = report_health(cluster, patchbay, name, real_node).get(held) == health
+            return reported and (not health_in_pod_status or pod_health() == {health})
+
+        wait_for("the held device Healthy", lambda: health_is("Healthy"), 60)
         held_file = fake_dev / held.rsplit("_", 1)[-1]
         rdev = held_file.stat().st_rdev
         held_file.unlink()
-        wait_for("the pod's status showing its device Unhealthy", lambda: pod_health() == {"Unhealthy"}, 60)
+        wait_for("the held device Unhealthy", lambda: health_is("Unhealthy"), 60)
+        if not taints_kept:
+            # Its taint would be dropped: left out of the slice while it is gone (the running pod
+            # keeps its claim), and the profile says why.
+            wait_for(
+                "it left out of the slice",
+                lambda: held_name not in slice_devices(cluster, driver, real_node),
+                60,
+            )
+            wait_for(
+                "the profile counting it withheld",
+                lambda: dra_status(cluster, name).get("withheldDevices") == 1,
+                60,
+            )
         os.mknod(held_file, 0o666 | 0o020000, rdev)
-        wait_for("Healthy again", lambda: pod_health() == {"Healthy"}, 60)
+        wait_for("Healthy again", lambda: health_is("Healthy"), 60)
+        if not health_in_pod_status:
+            # This kubelet shows no device health in pod status (ResourceHealthStatus off before
+            # 1.36): the report and the profile are where it is seen.
+            assert pod_health() == set()
+        wait_for(
+            "all devices in the slice", lambda: len(slice_devices(cluster, driver, real_node)) == DEVICES, 60
+        )
         still_running()
 
         # 3. The pod goes: the agent of now unprepares the claim an earlier one prepared.
@@ -312,7 +396,8 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
             "the claim's CDI spec removed", lambda: not list(cdi_dir.glob(f"patchbay_{driver}_*.json")), 90
         )
 
-        # 4. A device vanishes: tainted, so a claim for it cannot be allocated; back: it can.
+        # 4. A device vanishes: tainted (or, where taints are dropped, left out of the slice), so a
+        # claim for it cannot be allocated; back: it can.
         (gone_id,) = [i for i in ids if i.endswith("ttyDRA1")]
         (fake_dev / "ttyDRA1").unlink()
 
@@ -320,8 +405,25 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
             dev = slice_devices(cluster, driver, real_node).get(ids[gone_id]) or {}
             return [t for t in dev.get("taints") or [] if t["key"] == "patchbay.dev/unhealthy"] or None
 
-        (taint,) = wait_for("the vanished device tainted", tainted, 60)
-        assert taint["effect"] == "NoSchedule"
+        def left_out() -> bool:
+            devs = slice_devices(cluster, driver, real_node)
+            return len(devs) == DEVICES - 1 and ids[gone_id] not in devs
+
+        if taints_kept:
+            (taint,) = wait_for("the vanished device tainted", tainted, 60)
+            assert taint["effect"] == "NoSchedule"
+        else:
+            wait_for("the vanished device left out of the slice", left_out, 60)
+            # The device's problem says where it went (once the report marks it withheld).
+            wait_for(
+                "the profile saying it is left out of the slice",
+                lambda: [
+                    p
+                    for p in profile_status(cluster, name).get("problems") or []
+                    if p.get("device") == gone_id and "left out of the node's ResourceSlice" in p["message"]
+                ],
+                60,
+            )
         claim_template(custom, namespace, "the-gone-one", driver, gone_id)
         core.create_namespaced_pod(
             namespace, claim_pod("dra-wants-gone", real_node, "the-gone-one", fake_dev)
@@ -330,7 +432,12 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
             "the claim for it unschedulable", lambda: unschedulable(core, namespace, "dra-wants-gone"), 60
         )
         add_fake_device(fake_dev, "ttyDRA1")
-        wait_for("the taint gone", lambda: tainted() is None, 60)
+        if taints_kept:
+            wait_for("the taint gone", lambda: tainted() is None, 60)
+        else:
+            wait_for(
+                "it back in the slice", lambda: ids[gone_id] in slice_devices(cluster, driver, real_node), 60
+            )
         logs = wait_for(
             "the claim allocated now", lambda: pod_log(core, namespace, "dra-wants-gone", "SERIALS="), 120
         )
@@ -354,12 +461,16 @@ def test_a_node_moves_from_device_plugin_to_dra_and_running_pods_keep_their_devi
     real_node: str,
     namespace: str,
     fake_dev: Path,
+    kube_release: str,
 ) -> None:
     """Migration node by node (docs/dra.md): one resource, a DevicePlugin profile and a DRA
     profile, the node's label moved from one selector to the other in one call. The device plugin
     agent leaves, the DRA agent comes; the pod that holds two devices through the device plugin
-    keeps running, and DRA does not hand those two out again (tainted in the slice while held):
-    new unchanged pods get the other two, a third waits, and gets one when the old pod is gone."""
+    keeps running, and DRA does not hand those two out again (tainted in the slice while held;
+    where the API server drops taints, left out of it): new pods get the other two, a third waits,
+    and gets one when the old pod is gone. The new pods are unchanged ones where the DeviceClass's
+    extendedResourceName is kept, and pods with a claim where it is dropped (before 1.36: DRA
+    serves only claims there)."""
     resource = f"e2e.patchbay.dev/{cluster.tag}-mig"
     dp_label, dra_label = "patchbay.dev/e2e-mig-dp", "patchbay.dev/e2e-mig-dra"
     dp_name, dra_name = f"{cluster.prefix}mig-dp", f"{cluster.prefix}mig-dra"
@@ -381,6 +492,16 @@ def test_a_node_moves_from_device_plugin_to_dra_and_running_pods_keep_their_devi
     def unchanged_pod(name: str, count: int) -> None:
         body = limits(busybox_pod(name, real_node, "echo SERIALS=$SERIALS; sleep 3600"), resource, count)
         core.create_namespaced_pod(namespace, body)
+
+    served = has("dra-extended-resource", kube_release)
+    taints_kept = has("dra-device-taints", kube_release)
+
+    def new_pod(name: str) -> None:
+        """One device through DRA: an unchanged pod where that is served, else a claim's pod."""
+        if served:
+            unchanged_pod(name, 1)
+        else:
+            core.create_namespaced_pod(namespace, claim_pod(name, real_node, "mig-any", fake_dev))
 
     try:
         cluster.set_labels(real_node, {dp_label: cluster.tag})
@@ -417,7 +538,20 @@ def test_a_node_moves_from_device_plugin_to_dra_and_running_pods_keep_their_devi
             }
             return len(devs) == DEVICES and tainted == set(held)
 
-        wait_for("the devices the old pod holds tainted in the slice", held_tainted, 60)
+        def held_left_out() -> bool:
+            devs = slice_devices(cluster, driver, real_node)
+            shown = {d["attributes"]["patchbay.dev/id"]["string"] for d in devs.values()}
+            return len(devs) == DEVICES - len(held) and not shown & set(held)
+
+        if taints_kept:
+            wait_for("the devices the old pod holds tainted in the slice", held_tainted, 60)
+        else:
+            wait_for("the devices the old pod holds left out of the slice", held_left_out, 60)
+            wait_for(
+                "the profile counting them withheld",
+                lambda: dra_status(cluster, dra_name).get("withheldDevices") == len(held),
+                60,
+            )
         # The documented step before sending new pods to a moved node: the scheduler takes the
         # device plugin's path while the Node still shows it allocatable, which lasts until the
         # kubelet's next node status sync (docs/dra.md#migration).
@@ -429,11 +563,13 @@ def test_a_node_moves_from_device_plugin_to_dra_and_running_pods_keep_their_devi
         old = core.read_namespaced_pod("mig-old", namespace)
         assert old.status.phase == "Running" and old.status.container_statuses[0].restart_count == 0
 
-        unchanged_pod("mig-new-1", 1)
-        unchanged_pod("mig-new-2", 1)
+        if not served:
+            claim_template(cluster.custom, namespace, "mig-any", driver)
+        new_pod("mig-new-1")
+        new_pod("mig-new-2")
         new = serials("mig-new-1") + serials("mig-new-2")
         assert sorted(new + held) == sorted({*new, *held}) and len(set(new + held)) == DEVICES, (held, new)
-        unchanged_pod("mig-new-3", 1)
+        new_pod("mig-new-3")
         wait_for(
             "a third new pod waiting (no free device)",
             lambda: unschedulable(core, namespace, "mig-new-3"),
@@ -449,6 +585,10 @@ def test_a_node_moves_from_device_plugin_to_dra_and_running_pods_keep_their_devi
         for p in pods:
             with contextlib.suppress(client.ApiException):
                 core.delete_namespaced_pod(p, namespace, grace_period_seconds=0)
+        with contextlib.suppress(client.ApiException):
+            cluster.custom.delete_namespaced_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaimtemplates", "mig-any"
+            )
         for name in (dp_name, dra_name):
             cluster.delete_profile(name)
         cluster.set_labels(real_node, {dp_label: None, dra_label: None})
