@@ -238,8 +238,12 @@ def _slice_rows(
 ) -> list[DeviceRow]:
     """A DRA profile's devices from its driver's ResourceSlices; each device's reason, message and
     since come from the node's DeviceReport when it names the device (by its ``patchbay.dev/id``
-    attribute), the holders from the claims allocated to it."""
+    attribute), the holders from the claims allocated to it. A device is unhealthy when its slice
+    taints it OR its report says so: API servers before 1.36 drop slice taints, and there the
+    agent leaves an unhealthy device out of the slice (its report says ``withheld``), so such a
+    device is listed from the report alone."""
     driver, rows = driver_of(profile), []
+    seen: set[tuple[str, str]] = set()
     for s in slices:
         sp = s.get("spec") or {}
         if sp.get("driver") != driver:
@@ -253,6 +257,8 @@ def _slice_rows(
             physical = str(((dev.get("attributes") or {}).get(ATTR_ID) or {}).get("string") or dname)
             taint = next((t for t in dev.get("taints") or [] if t.get("key") == TAINT_UNHEALTHY), None)
             reported = by_id.get(physical) or {}
+            report_sick = reported.get("health") not in (None, "Healthy")
+            seen.add((node, physical))
             rows.append(
                 DeviceRow(
                     node=node,
@@ -260,12 +266,38 @@ def _slice_rows(
                     mode=DRA,
                     resource=resource_of(profile),
                     device=physical,
-                    health="Unhealthy" if taint else "Healthy",
-                    reason=str(taint.get("value", "")) if taint else "",
-                    message=str(reported.get("message", "")) if taint else "",
+                    health="Unhealthy" if taint or report_sick else "Healthy",
+                    reason=str(taint.get("value", ""))
+                    if taint
+                    else str(reported.get("reason", ""))
+                    if report_sick
+                    else "",
+                    message=str(reported.get("message", "")) if taint or report_sick else "",
                     since=reported.get("since"),
                     holders=held.get((driver, pool, dname), []),
                     source="ResourceSlice",
+                )
+            )
+    for (pname, node), report in reports.items():
+        if pname != name_of(profile):
+            continue
+        for d in report.get("devices") or []:
+            physical = str(d.get("id", ""))
+            if (node, physical) in seen or not d.get("withheld"):
+                continue
+            rows.append(
+                DeviceRow(
+                    node=node,
+                    profile=name_of(profile),
+                    mode=DRA,
+                    resource=resource_of(profile),
+                    device=physical,
+                    health=str(d.get("health") or "Unhealthy"),
+                    reason=str(d.get("reason", "")),
+                    message=str(d.get("message", "")) or "withheld from the ResourceSlice",
+                    since=d.get("since"),
+                    holders=[],
+                    source="DeviceReport",
                 )
             )
     return rows
