@@ -103,7 +103,9 @@ test-agent: venv ## The agent: unit tests, then on real Unix sockets with a Pyth
 
 .PHONY: test-release
 test-release: setup ## e2e + integration on K8S_VERSION only (what the matrix runs per release)
-	$(PY) -m pytest tests/e2e tests/integration $(PYTEST_ARGS)
+	@# Integration first, as in the whole suite: the e2e cluster's real node lives until the session
+	@# ends, and the integration tests that start a real node of their own wait for the machine's.
+	$(PY) -m pytest tests/integration tests/e2e $(PYTEST_ARGS)
 
 .PHONY: test-oldest
 test-oldest: ## e2e + integration on the oldest release of the matrix (CI runs it after `make test`)
