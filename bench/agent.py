@@ -32,7 +32,7 @@ import yaml  # noqa: E402
 from support.fakehw import FakeHardware  # noqa: E402
 from support.kubeletpeer import AgentProcess, KubeletPeer, _Process, build_peer  # noqa: E402
 
-from patchbay_agent.sockets import socket_name  # noqa: E402
+from patchbay_agent.kubelet.sockets import socket_name  # noqa: E402
 
 AGENT_INSTANCE = "bench"
 """A fixed instance name, so the benchmark knows the agent's socket."""

@@ -45,7 +45,7 @@ import yaml  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from support.rollout import run_rollout  # noqa: E402
 
-from patchbay_agent.podresources import get_allocatable_resources  # noqa: E402
+from patchbay_agent.kubelet.podresources import get_allocatable_resources  # noqa: E402
 from patchbay_devcluster import DevCluster, find_bin_dir  # noqa: E402
 from patchbay_devcluster.imagebuild import PROGRAMS, base_image, build_all, build_program, find_repo  # noqa: E402
 from patchbay_devcluster.install import helm_install  # noqa: E402

@@ -54,7 +54,7 @@ from kubernetes.client.rest import ApiException  # noqa: E402
 from support.realnode import busybox_pod, limits  # noqa: E402
 from support.rollout import REGISTRATION_LINE, AllocatableSampler, dips  # noqa: E402
 
-from patchbay_agent.podresources import get_allocatable_resources, list_pods  # noqa: E402
+from patchbay_agent.kubelet.podresources import get_allocatable_resources, list_pods  # noqa: E402
 from patchbay_devcluster import DevCluster, find_bin_dir  # noqa: E402
 from patchbay_devcluster.imagebuild import build_all  # noqa: E402
 from patchbay_devcluster.install import helm_install  # noqa: E402

@@ -33,23 +33,23 @@ from typing import TYPE_CHECKING, Any
 from patchbay_agent.cdi import DEFAULT_CDI_SPEC_DIR, CdiSpecs
 from patchbay_agent.config import AgentConfig
 from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from patchbay_agent.core.inventory import Inventory
+from patchbay_agent.core.monitor import Monitor
+from patchbay_agent.deviceplugin.registration import Backoff, Registrar
+from patchbay_agent.deviceplugin.server import DevicePluginServicer
 from patchbay_agent.discovery import HostRoot, make_backend
 from patchbay_agent.httpserver import HttpEndpoint
-from patchbay_agent.inventory import Inventory
+from patchbay_agent.kubelet.sockets import check_path, new_instance, probe, remove_stale_sockets, socket_name
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.monitor import Monitor
-from patchbay_agent.registration import Backoff, Registrar
-from patchbay_agent.server import DevicePluginServicer
-from patchbay_agent.sockets import check_path, new_instance, probe, remove_stale_sockets, socket_name
 from patchbay_agent.wakeup import wait_any
 
 if TYPE_CHECKING:
-    from patchbay_agent.draplugin import DraClient, DraPlugin
-    from patchbay_agent.drapublisher import SlicePublisher
-    from patchbay_agent.holders import PodHolders
-    from patchbay_agent.podresources import Container
-    from patchbay_agent.reporter import ReportClient, Reporter
+    from patchbay_agent.core.holders import PodHolders
+    from patchbay_agent.dra.plugin import DraClient, DraPlugin
+    from patchbay_agent.kubelet.podresources import Container
+    from patchbay_agent.report.reporter import ReportClient, Reporter
+    from patchbay_agent.report.slices import SlicePublisher
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class Agent:
 
     async def _kubelet_allocatable(self) -> int:
         """How many of our devices the kubelet counts allocatable now (PodResources)."""
-        from patchbay_agent.podresources import get_allocatable_resources
+        from patchbay_agent.kubelet.podresources import get_allocatable_resources
 
         assert self.options.report is not None
         got = await get_allocatable_resources(self.options.report.pod_resources_socket, rpc_timeout=0.05)
@@ -171,17 +171,17 @@ class Agent:
 
     def _set_up_dra(self, dra: DraOptions, client: DraClient | None) -> None:
         # Imported only here: a device-plugin agent never loads the DRA stubs.
-        from patchbay_agent.drahealth import DraHealthServicer, HealthReports
-        from patchbay_agent.draplugin import (
+        from patchbay_agent.dra.health import DraHealthServicer, HealthReports
+        from patchbay_agent.dra.plugin import (
             LOCK_FILE_NAME,
             ClaimPreparer,
             DraPlugin,
             service_dir,
             service_socket_name,
         )
-        from patchbay_agent.draplugin import registry_socket_name as reg_name
-        from patchbay_agent.drapublisher import SlicePublisher
-        from patchbay_agent.draslices import slice_devices
+        from patchbay_agent.dra.plugin import registry_socket_name as reg_name
+        from patchbay_agent.dra.slices import slice_devices
+        from patchbay_agent.report.slices import SlicePublisher
 
         if client is None:
             from patchbay_agent.kubeclient import KubeClient
@@ -250,9 +250,9 @@ class Agent:
     def _set_up_report(self, report: ReportOptions, client: ReportClient | None) -> None:
         # Imported only here: an agent without reports pays nothing for them (pykube and requests
         # are about 9 MiB; the PodResources stubs and the report code about 0.4 MiB).
-        from patchbay_agent.holders import PodHolders
-        from patchbay_agent.report import ReportTarget, SliceState, build_report
-        from patchbay_agent.reporter import Reporter
+        from patchbay_agent.core.holders import PodHolders
+        from patchbay_agent.report.devicereport import ReportTarget, SliceState, build_report
+        from patchbay_agent.report.reporter import Reporter
 
         if client is None:
             from patchbay_agent.kubeclient import KubeClient
@@ -262,7 +262,7 @@ class Agent:
         if self.options.dra is not None:
             # DRA: what the kubelet's PodResources lists under the containers' claims, for our
             # driver and node pool, by slice device name -> the physical ID the report uses.
-            from patchbay_agent.draslices import device_names
+            from patchbay_agent.dra.slices import device_names
 
             driver, pool = self.options.dra.driver, self.options.node_name
 

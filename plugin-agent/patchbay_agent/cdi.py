@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from patchbay_agent.api import api_pb2
-from patchbay_agent.inventory import Snapshot
+from patchbay_agent.core.inventory import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from patchbay_agent.constants import (
     DEFAULT_KUBELET_ROOT_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
 )
+from patchbay_agent.core.inventory import ListTooLargeError
 from patchbay_agent.discovery import DiscoveryError
-from patchbay_agent.inventory import ListTooLargeError
-from patchbay_agent.sockets import check_instance
+from patchbay_agent.kubelet.sockets import check_instance
 
 log = logging.getLogger("patchbay_agent")
 
@@ -288,7 +288,7 @@ def _report_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if given:
             log.warning("%s ignored: there is no report without --profile", ", ".join(given))
         return None
-    from patchbay_agent.report import MAX_NAME_LENGTH, report_name
+    from patchbay_agent.report.devicereport import MAX_NAME_LENGTH, report_name
 
     namespace = args.report_namespace
     if namespace is None:

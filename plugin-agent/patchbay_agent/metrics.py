@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
-from patchbay_agent.inventory import Snapshot
+from patchbay_agent.core.inventory import Snapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -15,7 +15,7 @@ import yaml
 from support.fakehw import FakeHardware
 from support.pykubelet import PyKubelet
 
-from patchbay_agent.sockets import legacy_socket_name, socket_name
+from patchbay_agent.kubelet.sockets import legacy_socket_name, socket_name
 
 AGENT = [sys.executable, "-m", "patchbay_agent.main"]
 

@@ -41,7 +41,7 @@ from patchbay_agent.api import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from patchbay_agent.draslices import device_name
+from patchbay_agent.dra.slices import device_name
 
 DRIVER = "serial.patchbay.dev"
 NODE = "node-1"

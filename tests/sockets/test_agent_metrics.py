@@ -22,10 +22,10 @@ from support.promtext import histogram_parts, parse, value
 from support.pykubelet import PyKubelet
 
 from patchbay_agent.api import api_pb2
+from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
+from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.discovery import PhysicalDevice
-from patchbay_agent.health import CheckResult, DeviceHealthTracker
 from patchbay_agent.httpserver import HttpEndpoint
-from patchbay_agent.inventory import Inventory
 from patchbay_agent.metrics import CONTENT_TYPE, Metrics
 
 SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 60}}

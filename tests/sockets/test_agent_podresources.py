@@ -11,9 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from patchbay_agent import podresources
 from patchbay_agent.api import podresources_pb2 as pb
 from patchbay_agent.api import podresources_pb2_grpc as pb_grpc
+from patchbay_agent.kubelet import podresources
 
 GPU = "nvidia.com/gpu"
 SERIAL = "example.com/serial"

@@ -113,8 +113,8 @@ Agent(
     AgentOptions(node_name="n", plugin_dir=Path({str(short_dir)!r}), host_root=Path("/")),
 )
 print(sorted(m for m in (
-    "pykube", "requests", "urllib3", "kubernetes", "patchbay_agent.kubeclient", "patchbay_agent.holders",
-    "patchbay_agent.reporter",
+    "pykube", "requests", "urllib3", "kubernetes", "patchbay_agent.kubeclient", "patchbay_agent.core.holders",
+    "patchbay_agent.report.reporter",
 ) if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)

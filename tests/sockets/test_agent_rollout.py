@@ -17,7 +17,7 @@ from support.fakehw import FakeHardware, live_socket, stale_socket
 from support.pykubelet import PyKubelet
 
 from patchbay_agent.api import api_pb2
-from patchbay_agent.sockets import legacy_socket_name, socket_name
+from patchbay_agent.kubelet.sockets import legacy_socket_name, socket_name
 
 SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 60}}
 RESOURCE = "example.com/serial"

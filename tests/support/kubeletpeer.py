@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from support.fakehw import FakeHardware
 
-from patchbay_agent.sockets import is_same_resource
+from patchbay_agent.kubelet.sockets import is_same_resource
 
 PEER_DIR = Path(__file__).resolve().parents[1] / "conformance" / "peer"
 

@@ -26,7 +26,7 @@ from typing import Any
 from kubernetes import client
 from support.clusters import wait_for
 
-from patchbay_agent.podresources import get_allocatable_resources
+from patchbay_agent.kubelet.podresources import get_allocatable_resources
 
 SAMPLE_EVERY = 0.05
 """Seconds between samples: twice as often as the 100 ms the rollout test promises."""

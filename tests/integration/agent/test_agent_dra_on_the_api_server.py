@@ -50,7 +50,7 @@ from patchbay_agent.api import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from patchbay_agent.draslices import device_name, taint_probe_document, taints_kept
+from patchbay_agent.dra.slices import device_name, taint_probe_document, taints_kept
 from patchbay_devcluster import DevCluster
 
 GROUP, VERSION = "resource.k8s.io", "v1"

@@ -7,12 +7,12 @@ import asyncio
 import grpc
 import pytest
 
-from patchbay_agent.allocation import AllocationError, allocate, preferred
 from patchbay_agent.api import api_pb2
 from patchbay_agent.config import Allocation, PreferredPolicy
+from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
+from patchbay_agent.core.inventory import Inventory, ListTooLargeError, Snapshot, replica_id
+from patchbay_agent.deviceplugin.allocation import AllocationError, allocate, preferred
 from patchbay_agent.discovery import PhysicalDevice
-from patchbay_agent.health import CheckResult, DeviceHealthTracker
-from patchbay_agent.inventory import Inventory, ListTooLargeError, Snapshot, replica_id
 
 
 def _snapshot(devices: list[PhysicalDevice], replicas: int = 1, unhealthy: tuple[str, ...] = ()) -> Snapshot:

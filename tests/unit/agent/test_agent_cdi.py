@@ -8,7 +8,7 @@ from pathlib import Path
 
 from patchbay_agent.api import api_pb2
 from patchbay_agent.cdi import CdiSpecs, spec_document, spec_file_name
-from patchbay_agent.inventory import Snapshot
+from patchbay_agent.core.inventory import Snapshot
 
 
 def _snap(specs: dict[str, list[tuple[str, str]]], perms: str = "rw") -> Snapshot:

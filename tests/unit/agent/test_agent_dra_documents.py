@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 
 from patchbay_agent.config import Allocation, Mount
+from patchbay_agent.core.health import DeviceHealthTracker, DeviceStatus
+from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.discovery import PhysicalDevice
-from patchbay_agent.draclaims import ClaimError, allocated_devices, claim_spec_document, spec_file_name
-from patchbay_agent.draplugin import registry_socket_name, service_dir
-from patchbay_agent.draslices import (
+from patchbay_agent.dra.claims import ClaimError, allocated_devices, claim_spec_document, spec_file_name
+from patchbay_agent.dra.plugin import registry_socket_name, service_dir
+from patchbay_agent.dra.slices import (
     MAX_DEVICES_PER_SLICE,
     MAX_TAINTED_DEVICES_PER_SLICE,
     SliceDevice,
@@ -28,8 +30,6 @@ from patchbay_agent.draslices import (
     taints_kept,
     with_generation,
 )
-from patchbay_agent.health import DeviceHealthTracker, DeviceStatus
-from patchbay_agent.inventory import Inventory
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DRIVER = "serial.patchbay.dev"
@@ -161,7 +161,7 @@ def test_slice_devices_carry_attributes_numa_and_health() -> None:
         attributes=(("pciVendor", "10de"), ("pciAddress", "0000:3b:00.0"), ("bad-key", "x")),
     )
     tty = PhysicalDevice("ttyUSB0", ("/dev/ttyUSB0",))
-    from patchbay_agent.health import CheckResult
+    from patchbay_agent.core.health import CheckResult
 
     tracker.observe(
         {pci.id: CheckResult(True), tty.id: CheckResult(False, "gone", definite=True, code="Vanished")}
@@ -191,7 +191,7 @@ def test_devices_held_through_the_device_plugin_are_tainted_and_cut_the_pool_to_
     inv = Inventory(1, "rw")
     tracker = DeviceHealthTracker(1, 1)
     devs = [PhysicalDevice(f"tty{i}", (f"/dev/tty{i}",)) for i in range(100)]
-    from patchbay_agent.health import CheckResult
+    from patchbay_agent.core.health import CheckResult
 
     tracker.observe({d.id: CheckResult(True) for d in devs})
     inv.update(devs, tracker)

@@ -9,11 +9,11 @@ from typing import Any
 
 from patchbay_agent.api import dra_health_v1_pb2 as pb
 from patchbay_agent.api import dra_health_v1alpha1_pb2 as alpha_pb
+from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
+from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.discovery import PhysicalDevice
-from patchbay_agent.drahealth import DraHealthServicer, HealthReports, health_response
-from patchbay_agent.draslices import device_name
-from patchbay_agent.health import CheckResult, DeviceHealthTracker
-from patchbay_agent.inventory import Inventory
+from patchbay_agent.dra.health import DraHealthServicer, HealthReports, health_response
+from patchbay_agent.dra.slices import device_name
 
 NODE = "node-1"
 TTY0, TTY1 = PhysicalDevice("ttyUSB0", ("/dev/ttyUSB0",)), PhysicalDevice("ttyUSB1", ("/dev/ttyUSB1",))

@@ -12,8 +12,14 @@ from support.fakehw import FakeHardware
 
 from patchbay_agent.config import ExecProbe
 from patchbay_agent.constants import DeviceHealth
+from patchbay_agent.core.health import (
+    CheckResult,
+    DeviceHealthTracker,
+    HealthMachine,
+    check_paths,
+    run_exec_probe,
+)
 from patchbay_agent.discovery import HostRoot, PhysicalDevice
-from patchbay_agent.health import CheckResult, DeviceHealthTracker, HealthMachine, check_paths, run_exec_probe
 
 
 def test_first_observation_sets_state_directly() -> None:

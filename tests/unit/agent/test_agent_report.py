@@ -11,10 +11,10 @@ import pytest
 from support.fakehw import FakeHardware
 
 from patchbay_agent.config import ExecProbe
+from patchbay_agent.core.health import CheckResult, DeviceHealthTracker, Reason, check_paths, run_exec_probe
+from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.discovery import HostRoot, PhysicalDevice
-from patchbay_agent.health import CheckResult, DeviceHealthTracker, Reason, check_paths, run_exec_probe
-from patchbay_agent.inventory import Inventory, Snapshot
-from patchbay_agent.report import (
+from patchbay_agent.report.devicereport import (
     MAX_DEVICES,
     MAX_MESSAGE_LENGTH,
     MAX_PODS_PER_DEVICE,

@@ -14,12 +14,12 @@ import grpc
 import pytest
 from support.agentrun import until
 
-from patchbay_agent import podresources
-from patchbay_agent.holders import PodHolders
+from patchbay_agent.core.holders import PodHolders
+from patchbay_agent.deviceplugin.registration import Backoff
+from patchbay_agent.kubelet import podresources
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.registration import Backoff
-from patchbay_agent.report import PodRef, ReportTarget
-from patchbay_agent.reporter import Reporter
+from patchbay_agent.report.devicereport import PodRef, ReportTarget
+from patchbay_agent.report.reporter import Reporter
 
 TARGET = ReportTarget("serial", "node-1", "patchbay", "example.com/serial")
 RESOURCE = "example.com/serial"
@@ -132,7 +132,7 @@ async def test_a_failed_write_is_retried_with_backoff_and_carries_later_changes(
         RuntimeError("cannot reach the API server"),
     ]
     reporter = _reporter(world, client, metrics, coalesce=0.01, backoff=Backoff(0.2, 0.4))
-    with caplog.at_level(logging.WARNING, logger="patchbay_agent.reporter"):
+    with caplog.at_level(logging.WARNING, logger="patchbay_agent.report.reporter"):
         async with _running(reporter):
             await until(lambda: reporter.failures == 1)
             # A change while the retry waits goes into the retry, not into a write of its own.
@@ -154,7 +154,7 @@ async def test_without_the_node_uid_the_report_is_written_without_an_owner_then_
     world, client = World(), FakeClient()
     client.uid_errors = [RuntimeError("403: nodes is forbidden"), RuntimeError("403: nodes is forbidden")]
     reporter = _reporter(world, client, metrics, coalesce=0.01)
-    with caplog.at_level(logging.INFO, logger="patchbay_agent.reporter"):
+    with caplog.at_level(logging.INFO, logger="patchbay_agent.report.reporter"):
         async with _running(reporter):
             await until(lambda: len(client.applied) == 1)
             assert "ownerReferences" not in client.applied[0]["metadata"]
@@ -184,7 +184,7 @@ async def test_a_bug_in_building_does_not_end_reporting(
     world, client = World(), FakeClient()
     world.broken = True
     reporter = _reporter(world, client, metrics, coalesce=0.01, backoff=Backoff(0.05, 0.05))
-    with caplog.at_level(logging.ERROR, logger="patchbay_agent.reporter"):
+    with caplog.at_level(logging.ERROR, logger="patchbay_agent.report.reporter"):
         async with _running(reporter):
             await until(lambda: world.builds >= 2)
             world.broken = False
@@ -249,7 +249,7 @@ async def test_holders_change_only_when_the_kubelet_says_so_and_survive_its_abse
     assert not await holders.read()
     assert len(changes) == 1
 
-    with caplog.at_level(logging.INFO, logger="patchbay_agent.holders"):
+    with caplog.at_level(logging.INFO, logger="patchbay_agent.core.holders"):
         kubelet.error = grpc.aio.AioRpcError(
             grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "connection refused"
         )

@@ -13,7 +13,7 @@ import pytest
 from support.fakehw import live_socket, stale_socket
 
 from patchbay_agent.constants import DEFAULT_DEVICE_PLUGIN_DIR
-from patchbay_agent.sockets import (
+from patchbay_agent.kubelet.sockets import (
     MAX_SLUG_LENGTH,
     MAX_UNIX_SOCKET_PATH,
     check_instance,

@@ -55,21 +55,21 @@ from patchbay_agent.api import (
 from patchbay_agent.cdi import write_spec
 from patchbay_agent.config import Allocation
 from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES
-from patchbay_agent.draclaims import (
+from patchbay_agent.core.inventory import Inventory, Snapshot
+from patchbay_agent.deviceplugin.registration import Backoff
+from patchbay_agent.deviceplugin.server import PluginServer
+from patchbay_agent.dra.claims import (
     ClaimError,
     allocated_devices,
     cdi_device_id,
     claim_spec_document,
     spec_file_name,
 )
-from patchbay_agent.drahealth import DraHealthServicer
-from patchbay_agent.drapublisher import SliceClient
-from patchbay_agent.draslices import device_names
-from patchbay_agent.inventory import Inventory, Snapshot
+from patchbay_agent.dra.health import DraHealthServicer
+from patchbay_agent.dra.slices import device_names
+from patchbay_agent.kubelet.sockets import INSTANCE_RE, MAX_UNIX_SOCKET_PATH, probe, remove_stale
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.registration import Backoff
-from patchbay_agent.server import PluginServer
-from patchbay_agent.sockets import INSTANCE_RE, MAX_UNIX_SOCKET_PATH, probe, remove_stale
+from patchbay_agent.report.slices import SliceClient
 from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)

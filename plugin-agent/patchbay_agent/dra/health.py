@@ -41,9 +41,9 @@ from patchbay_agent.api import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
 )
-from patchbay_agent.draslices import device_name
-from patchbay_agent.health import DeviceStatus
-from patchbay_agent.inventory import Inventory, Snapshot
+from patchbay_agent.core.health import DeviceStatus
+from patchbay_agent.core.inventory import Inventory, Snapshot
+from patchbay_agent.dra.slices import device_name
 
 log = logging.getLogger(__name__)
 

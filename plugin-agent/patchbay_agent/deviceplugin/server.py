@@ -21,13 +21,13 @@ from pathlib import Path
 
 import grpc
 
-from patchbay_agent.allocation import AllocationError, allocate, preferred
 from patchbay_agent.api import api_pb2, api_pb2_grpc
 from patchbay_agent.cdi import CdiSpecs
 from patchbay_agent.command import Outcome, run_command
 from patchbay_agent.config import AgentConfig, PreferredPolicy
 from patchbay_agent.constants import ENV_PRESTART_DEVICE_IDS
-from patchbay_agent.inventory import Inventory, Snapshot
+from patchbay_agent.core.inventory import Inventory, Snapshot
+from patchbay_agent.deviceplugin.allocation import AllocationError, allocate, preferred
 from patchbay_agent.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -44,9 +44,14 @@ import grpc
 
 from patchbay_agent.api import api_pb2, api_pb2_grpc
 from patchbay_agent.constants import API_VERSION, KUBELET_SOCKET
+from patchbay_agent.deviceplugin.server import (
+    DevicePluginServicer,
+    PluginServer,
+    device_plugin_server,
+    file_identity,
+)
 from patchbay_agent.fswatch import DirWatcher
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.server import DevicePluginServicer, PluginServer, device_plugin_server, file_identity
 from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)

@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from patchbay_agent.deviceplugin.registration import Backoff
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.registration import Backoff
-from patchbay_agent.report import ReportTarget, with_observed_at
+from patchbay_agent.report.devicereport import ReportTarget, with_observed_at
 from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)

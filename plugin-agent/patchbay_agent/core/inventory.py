@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from patchbay_agent.api import api_pb2
 from patchbay_agent.config import MAX_DEVICE_ID_LENGTH, MAX_LIST_AND_WATCH_BYTES
 from patchbay_agent.constants import REPLICA_SEPARATOR, DeviceHealth
+from patchbay_agent.core.health import DeviceHealthTracker
 from patchbay_agent.discovery import PhysicalDevice
-from patchbay_agent.health import DeviceHealthTracker
 
 
 class ListTooLargeError(RuntimeError):

@@ -18,10 +18,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from patchbay_agent import podresources
 from patchbay_agent.constants import REPLICA_SEPARATOR
+from patchbay_agent.kubelet import podresources
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.report import PodRef
+from patchbay_agent.report.devicereport import PodRef
 from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,8 @@ from patchbay_agent.constants import (
     REPORT_VERSION,
     DeviceHealth,
 )
-from patchbay_agent.health import DeviceStatus
-from patchbay_agent.inventory import Snapshot
+from patchbay_agent.core.health import DeviceStatus
+from patchbay_agent.core.inventory import Snapshot
 
 #: The CRD's limits.
 MAX_MESSAGE_LENGTH = 512

@@ -35,9 +35,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchbay_agent.health import DeviceStatus
-from patchbay_agent.inventory import Snapshot
-from patchbay_agent.report import owner_reference  # the Node owns slices as it owns reports
+from patchbay_agent.core.health import DeviceStatus
+from patchbay_agent.core.inventory import Snapshot
+from patchbay_agent.report.devicereport import owner_reference  # the Node owns slices as it owns reports
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"

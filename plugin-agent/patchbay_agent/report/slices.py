@@ -40,7 +40,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from patchbay_agent.constants import DeviceTaints
-from patchbay_agent.draslices import (
+from patchbay_agent.deviceplugin.registration import Backoff
+from patchbay_agent.dra.slices import (
     SliceDevice,
     lost_taints,
     published,
@@ -51,7 +52,6 @@ from patchbay_agent.draslices import (
 )
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.registration import Backoff
 from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)

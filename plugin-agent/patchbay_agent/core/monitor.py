@@ -18,9 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from patchbay_agent.config import Health
-from patchbay_agent.discovery import Backend, HostRoot, PhysicalDevice
-from patchbay_agent.fswatch import DirWatcher
-from patchbay_agent.health import (
+from patchbay_agent.core.health import (
     OK,
     CheckResult,
     DeviceHealthTracker,
@@ -28,7 +26,9 @@ from patchbay_agent.health import (
     check_paths,
     run_exec_probe,
 )
-from patchbay_agent.inventory import Inventory, ListTooLargeError
+from patchbay_agent.core.inventory import Inventory, ListTooLargeError
+from patchbay_agent.discovery import Backend, HostRoot, PhysicalDevice
+from patchbay_agent.fswatch import DirWatcher
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.wakeup import wait_any
 

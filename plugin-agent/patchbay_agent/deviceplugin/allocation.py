@@ -13,7 +13,7 @@ import grpc
 
 from patchbay_agent.api import api_pb2
 from patchbay_agent.config import Allocation, PreferredPolicy
-from patchbay_agent.inventory import Snapshot
+from patchbay_agent.core.inventory import Snapshot
 
 NO_NUMA = -1
 
