@@ -26,7 +26,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from patchbay_operator import agents, capacity, informer, nodes, status
+from patchbay_operator import agents, evaluation, informer, nodes
 from patchbay_operator.agents import Agents
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import DEVICE_CLASS_RECHECK_SECONDS, Mode
@@ -271,65 +271,49 @@ class Controller:
         self.status.mark(p.name for p in self.registry if p.resource == resource)
 
     def compute_status(self, name: str) -> dict[str, Any] | None:
+        """``name``'s status, evaluated once from the caches (``evaluation.evaluate``, pure); then
+        the effects it asks for: the problems kept for the Events, a recheck timer, a prune."""
         profile = self.registry.get(name)
         if profile is None or profile.deleting:
             return None
-        previous = self.status.previous(name)
-        winner = self.registry.conflict(profile)
-        if winner is not None:
-            self._problems[name] = []
-            return _no_dra(status.conflict_status(profile, winner.name, previous, rfc3339_now()), previous)
-        states = self.nodes.states.values()
+        result = evaluation.evaluate(self._inputs(profile))
+        self._problems[name] = result.problems
+        self._recheck(name, result.recheck_at)
+        if result.keep_reports is not None:
+            self._spawn(self.agents.prune_reports(name, keep=result.keep_reports))
+        return result.status
+
+    def _inputs(self, profile: Profile) -> evaluation.Inputs:
+        """What the caches say about ``profile`` now."""
+        name = profile.name
+        base = evaluation.Inputs(
+            profile,
+            self.status.previous(name),
+            rfc3339_now(),
+            list(self.nodes.states.values()),
+            winner=w.name if (w := self.registry.conflict(profile)) is not None else None,
+        )
+        if base.winner is not None:
+            return base
         if profile.mode is Mode.STATIC:
-            failures = self.nodes.failures
-            seen = [r for n in states if (r := capacity.report(profile, n, failures.get(n.name))) is not None]
-            self._problems[name] = status.static_problems(seen)
-            return _no_dra(status.static_status(profile, seen, previous, rfc3339_now()), previous)
-        clock = datetime.now(UTC)
-        troubles = self.agents.troubles(name, clock)
-        self._recheck(name, [t.recheck_at for t in troubles if t.recheck_at is not None])
-        matching = [n for n in states if profile.selector.matches(n.labels)]
-        reports = self.agents.profile_reports(name)
-        selected = {n.name for n in matching}
-        if any(r.node not in selected for r in reports):
-            self._spawn(self.agents.prune_reports(name, keep=selected))
-        ds = self.agents.daemonsets.items.get(name)
-        if profile.mode is Mode.DRA:
-            # KEP-5004: the same resource name through node capacity on the same node is reported.
-            twin = self.registry.other_way(profile)
-            twice = status.served_twice(profile, twin, matching)
-            twin_name = twin.name if twin is not None else ""
-            self._problems[name] = status.dra_problems(
-                profile, matching, troubles, reports
-            ) + status.served_twice_problems(profile, twin_name, twice)
-            return status.dra_status(
-                profile,
-                ds,
-                states,
-                previous,
-                rfc3339_now(),
-                troubles=troubles,
-                reports=reports,
-                twin=twin_name,
-                twice=twice,
-                device_class=self.agents.device_classes.get(name),
-            )
-        self._problems[name] = status.plugin_problems(profile, matching, troubles, reports)
-        return _no_dra(
-            status.plugin_status(
-                profile, ds, states, previous, rfc3339_now(), troubles=troubles, reports=reports
-            ),
-            previous,
+            return replace(base, failures=dict(self.nodes.failures))
+        return replace(
+            base,
+            twin=self.registry.other_way(profile) if profile.mode is Mode.DRA else None,
+            daemonset=self.agents.daemonsets.items.get(name),
+            troubles=self.agents.troubles(name, datetime.now(UTC)),
+            reports=self.agents.profile_reports(name),
+            device_class=self.agents.device_classes.get(name),
         )
 
-    def _recheck(self, name: str, when: list[datetime]) -> None:
+    def _recheck(self, name: str, when: datetime | None) -> None:
         """Recompute ``name``'s status when a pod's trouble would turn stalled, even if nothing
         else happens by then."""
         old = self._rechecks.pop(name, None)
         if old is not None:
             old.cancel()
-        if when:
-            delay = max(0.0, (min(when) - datetime.now(UTC)).total_seconds()) + 0.5
+        if when is not None:
+            delay = max(0.0, (when - datetime.now(UTC)).total_seconds()) + 0.5
             loop = asyncio.get_running_loop()
             self._rechecks[name] = loop.call_later(delay, self.status.mark, [name])
 
@@ -383,11 +367,3 @@ class Controller:
             "driftReassertions": n.drift_reassertions,
             "apiRequests": dict(getattr(self.kube, "requests", {})),
         }
-
-
-def _no_dra(new: dict[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
-    """A profile that is not served through DRA (any more) drops an earlier ``status.dra`` (the
-    status goes as a merge patch: only None removes a key)."""
-    if previous.get("dra") is not None:
-        new["dra"] = None
-    return new

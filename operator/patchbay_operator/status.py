@@ -232,16 +232,23 @@ def static_problems(reports: Iterable[NodeReport]) -> list[Problem]:
 
 
 def static_status(
-    profile: Profile, reports: Iterable[NodeReport], previous: Mapping[str, Any], now: str
+    profile: Profile,
+    reports: Iterable[NodeReport],
+    previous: Mapping[str, Any],
+    now: str,
+    *,
+    problems: list[Problem] | None = None,
 ) -> dict[str, Any]:
-    """Static mode: ready nodes advertise exactly the desired count in capacity AND allocatable."""
+    """Static mode: ready nodes advertise exactly the desired count in capacity AND allocatable.
+    `problems`: `static_problems(reports)` when the caller has them already."""
     reports = list(reports)
     desired, ready = len(reports), sum(r.ready for r in reports)
     devices = {
         "capacity": sum(r.capacity for r in reports),
         "allocatable": sum(r.allocatable for r in reports),
     }
-    problems = static_problems(reports)
+    if problems is None:
+        problems = static_problems(reports)
     stuck = [p for p in problems if p.stalled]
     moving = [p for p in problems if not p.stalled]
     if desired == 0:
@@ -336,8 +343,10 @@ def plugin_status(
     *,
     troubles: Sequence[Trouble] = (),
     reports: Sequence[Report] = (),
+    problems: list[Problem] | None = None,
 ) -> dict[str, Any]:
     """DevicePlugin mode: the agents' rollout, pods and reports, plus what the nodes advertise.
+    `problems`: `plugin_problems(...)` of the same inputs when the caller has them already.
 
     Node counts are the DaemonSet's (desired = scheduled, ready = available agents); capacity and
     allocatable are summed from the nodes, so what the scheduler sees is what is counted; the
@@ -358,7 +367,8 @@ def plugin_status(
             "unhealthy": sum(rep.unhealthy for rep in reports),
             "allocated": sum(rep.allocated for rep in reports),
         }
-    problems = plugin_problems(profile, matching, troubles, reports)
+    if problems is None:
+        problems = plugin_problems(profile, matching, troubles, reports)
     troubled = {t.node for t in troubles}
     by_node = {rep.node: rep for rep in reports}
     waiting = sorted(
@@ -581,6 +591,7 @@ def dra_status(
     twin: str = "",
     twice: Sequence[str] = (),
     device_class: StoredDeviceClass | None = None,
+    problems: list[Problem] | None = None,
 ) -> dict[str, Any]:
     """DRA mode: the agents' rollout and pods, and the devices their DeviceReports list.
 
@@ -595,6 +606,7 @@ def dra_status(
     that was dropped is Degraded, ExtendedResourceNotServed) and, from the reports, whether device
     taints are kept and how many devices the agents left out of their slices instead (those are
     not allocatable: ``allocatable`` leaves them out).
+    `problems`: `dra_problems(...) + served_twice_problems(...)` when the caller has them already.
     """
     nodes = list(nodes)
     matching = [n for n in nodes if profile.selector.matches(n.labels)]
@@ -610,8 +622,9 @@ def dra_status(
         "unhealthy": unhealthy_count,
         "allocated": sum(rep.allocated for rep in reports),
     }
-    problems = dra_problems(profile, matching, troubles, reports)
-    problems += served_twice_problems(profile, twin, twice)
+    if problems is None:
+        problems = dra_problems(profile, matching, troubles, reports)
+        problems += served_twice_problems(profile, twin, twice)
     served_twice: Verdict | None = None
     if twice:
         shown = ", ".join(twice[:3]) + (f" and {len(twice) - 3} more" if len(twice) > 3 else "")

@@ -25,17 +25,17 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from patchbay_agent.backoff import Backoff
 from patchbay_agent.cdi import DEFAULT_CDI_SPEC_DIR, CdiSpecs
 from patchbay_agent.config import AgentConfig
 from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.core.monitor import Monitor
-from patchbay_agent.deviceplugin.registration import Backoff, Registrar
+from patchbay_agent.deviceplugin.registration import Registrar
 from patchbay_agent.deviceplugin.server import DevicePluginServicer
 from patchbay_agent.discovery import HostRoot, make_backend
 from patchbay_agent.httpserver import HttpEndpoint
@@ -150,8 +150,6 @@ class Agent:
         self.reporter: Reporter | None = None
         self.dra: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
-        self._on_round: list[Callable[[], None]] = []
-        self.monitor.on_round = self._round_done
         if options.report is not None:
             self._set_up_report(options.report, report_client)
         if options.dra is not None:
@@ -164,10 +162,6 @@ class Agent:
         assert self.options.report is not None
         got = await get_allocatable_resources(self.options.report.pod_resources_socket, rpc_timeout=0.05)
         return got.count(self.config.resource_name)
-
-    def _round_done(self) -> None:
-        for callback in self._on_round:
-            callback()
 
     def _set_up_dra(self, dra: DraOptions, client: DraClient | None) -> None:
         # Imported only here: a device-plugin agent never loads the DRA stubs.
@@ -212,9 +206,7 @@ class Agent:
             self.metrics,
             poll_interval=self.options.poll_interval,
             backoff=Backoff(self.options.backoff_initial, self.options.backoff_max),
-            health=DraHealthServicer(
-                HealthReports(self.options.node_name, self.inventory, self.monitor.tracker.status)
-            ),
+            health=DraHealthServicer(HealthReports(self.options.node_name, self.inventory)),
         )
         check_path(plugin.registry_socket)
         check_path(plugin.service_socket)
@@ -223,29 +215,19 @@ class Agent:
             self.options.node_name,
             client,
             lambda: slice_devices(
-                self.inventory.current,
-                self.monitor.tracker.status,
-                self.holders.plugin_held if self.holders is not None else (),
+                self.inventory.current, self.holders.plugin_held if self.holders is not None else ()
             ),
             self.metrics,
         )
-        self._on_round.append(publisher.notify)
+        self.inventory.subscribe(lambda _snap: publisher.notify())
         plugin.on_registered = publisher.force
         if self.reporter is not None:
             publisher.on_state = self.reporter.notify
         if self.holders is not None:
-            holders = self.holders
-            preparer.on_change = holders.allocated
+            preparer.on_change = self.holders.allocated
             # Devices pods still hold through the device plugin (a node moving to DRA) are tainted
             # in the slices: the publisher hears about every change of the holders too.
-            report_change = holders.on_change
-
-            def holders_changed() -> None:
-                if report_change is not None:
-                    report_change()
-                publisher.notify()
-
-            holders.on_change = holders_changed
+            self.holders.subscribe(publisher.notify)
 
     def _set_up_report(self, report: ReportOptions, client: ReportClient | None) -> None:
         # Imported only here: an agent without reports pays nothing for them (pykube and requests
@@ -292,19 +274,12 @@ class Agent:
             slices = None
             if self.publisher is not None:  # DRA: what the API server does with taints, what is left out
                 slices = SliceState(self.publisher.taints.value, frozenset(self.publisher.withheld))
-            return build_report(
-                target,
-                self.inventory.current,
-                self.monitor.tracker.status,
-                holders.containers,
-                node_uid,
-                slices=slices,
-            )
+            return build_report(target, self.inventory.current, holders.containers, node_uid, slices=slices)
 
         reporter = self.reporter = Reporter(target, client, build, self.metrics)
         self.servicer.on_allocated = holders.allocated
-        holders.on_change = reporter.notify
-        self._on_round.append(reporter.notify)
+        holders.subscribe(reporter.notify)
+        self.inventory.subscribe(lambda _snap: reporter.notify())
 
     def _fresh_instance(self) -> str:
         """A random instance whose socket name is not in the plugin directory (used or not)."""

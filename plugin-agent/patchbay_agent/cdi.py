@@ -30,8 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from patchbay_agent.api import api_pb2
-from patchbay_agent.core.inventory import Snapshot
+from patchbay_agent.core.inventory import DeviceSpec, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def write_spec(path: Path, doc: dict[str, Any]) -> None:
         raise
 
 
-def device_nodes(specs: Sequence[api_pb2.DeviceSpec]) -> list[dict[str, str]]:
+def device_nodes(specs: Sequence[DeviceSpec]) -> list[dict[str, str]]:
     """CDI `deviceNodes` entries of a device's DeviceSpecs (container path, host path, permissions)."""
     return [{"path": s.container_path, "hostPath": s.host_path, "permissions": s.permissions} for s in specs]
 

@@ -26,7 +26,7 @@ from patchbay_agent.constants import (
     DEFAULT_KUBELET_ROOT_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
 )
-from patchbay_agent.core.inventory import ListTooLargeError
+from patchbay_agent.core.inventory import SnapshotRefusedError
 from patchbay_agent.discovery import DiscoveryError
 from patchbay_agent.kubelet.sockets import check_instance
 
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("Starting for %s on node %s", config.resource_name, args.node_name)
     try:
         asyncio.run(_run(Agent(config, options, client, client)))
-    except (DiscoveryError, ListTooLargeError, ValueError) as e:
+    except (DiscoveryError, SnapshotRefusedError, ValueError) as e:
         print(f"patchbay-agent: {e}", file=sys.stderr)
         return EXIT_NODE
     log.info("Stopped")

@@ -19,8 +19,6 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
-from patchbay_agent.core.inventory import Snapshot
-
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -316,19 +314,20 @@ class Metrics:
             "DeviceReports built and not written because they equal the last one written.",
         )
 
-    def observe_round(self, seconds: float, snap: Snapshot) -> None:
+    def observe_round(
+        self, seconds: float, devices: Mapping[str, bool], advertised: int, healthy: int
+    ) -> None:
+        """One discovery/health round: `devices` physical ID -> healthy; `advertised` and
+        `healthy` count advertised IDs (replicas)."""
         self.round_seconds.observe(seconds)
-        healthy = len(snap.healthy)
         self.devices.labels("Healthy").set(healthy)
-        self.devices.labels("Unhealthy").set(snap.advertised - healthy)
-        self.physical_devices.set(len(snap.physical))
-        self.list_bytes.set(snap.size_bytes)
-        healthy_physical = {snap.replica_of[rid] for rid in snap.healthy}
+        self.devices.labels("Unhealthy").set(advertised - healthy)
+        self.physical_devices.set(len(devices))
         for (device,) in self.device_healthy.label_values():
-            if device not in snap.physical:
+            if device not in devices:
                 self.device_healthy.remove(device)
-        for device in snap.physical:
-            self.device_healthy.labels(device).set(1 if device in healthy_physical else 0)
+        for device, ok in devices.items():
+            self.device_healthy.labels(device).set(1 if ok else 0)
 
     def set_allocations(self, counts: Mapping[tuple[str, str, str], int]) -> None:
         """Per-container allocated device counts, keyed (namespace, pod, container); the series of

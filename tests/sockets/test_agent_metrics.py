@@ -24,6 +24,7 @@ from support.pykubelet import PyKubelet
 from patchbay_agent.api import api_pb2
 from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
 from patchbay_agent.core.inventory import Inventory
+from patchbay_agent.deviceplugin.encoding import ListAndWatchEncoder
 from patchbay_agent.discovery import PhysicalDevice
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.metrics import CONTENT_TYPE, Metrics
@@ -99,8 +100,12 @@ def test_the_registry_text_parses_with_the_values_that_were_caused() -> None:
     # A resource name with every character the label escaping must handle.
     odd = 'example.com/odd"name\\with\nall'
     m = Metrics(odd, "node-1")
-    m.observe_round(0.004, inventory.current)
-    m.observe_round(0.2, inventory.current)
+    snap = inventory.current
+    devices = {pid: pid in snap.healthy_physical for pid in snap.physical}
+    m.observe_round(0.004, devices, snap.advertised, len(snap.healthy))
+    m.observe_round(0.2, devices, snap.advertised, len(snap.healthy))
+    encoder = ListAndWatchEncoder(2, on_size=m.list_bytes.set)
+    encoder.check(snap)
     m.registrations.labels("failure").inc()
     m.registrations.labels("failure").inc()
     m.registrations.labels("success").inc()
@@ -122,7 +127,7 @@ def test_the_registry_text_parses_with_the_values_that_were_caused() -> None:
     assert value(families, "patchbay_agent_devices", health="Healthy") == 4
     assert value(families, "patchbay_agent_devices", health="Unhealthy") == 2
     assert value(families, "patchbay_agent_physical_devices") == 3
-    assert value(families, "patchbay_agent_list_and_watch_bytes") == inventory.current.size_bytes > 0
+    assert value(families, "patchbay_agent_list_and_watch_bytes") == encoder.size_bytes > 0
     assert value(families, "patchbay_agent_registered") == 1
     assert value(families, "patchbay_agent_registrations_total", result="failure") == 2
     assert value(families, "patchbay_agent_registrations_total", result="success") == 1
@@ -245,7 +250,7 @@ def test_a_running_agent_exports_what_it_did(plugin_dir: Path, hw: FakeHardware)
                 assert value(families, "patchbay_agent_devices", health="Unhealthy") == 0
                 assert value(families, "patchbay_agent_physical_devices") == 2
                 assert value(families, "patchbay_agent_list_and_watch_bytes") == (
-                    agent.inventory.current.size_bytes
+                    agent.servicer.encoder.size_bytes
                 )
                 rpcs = {
                     (s.labels["method"], s.labels["code"]): s.value

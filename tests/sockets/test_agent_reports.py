@@ -148,10 +148,13 @@ def test_reports_follow_allocations_and_health_with_one_write_per_change(
                 assert client.applied[2]["summary"]["unhealthy"] == 1
                 assert agent.monitor.rounds > rounds
 
-                # A quiet period: rounds are looked at, nothing is written.
-                unchanged = agent.reporter.unchanged
+                # A quiet period: rounds publish no new snapshot, so nothing is even compared;
+                # a reporter told anyway compares and writes nothing.
+                version, unchanged = agent.inventory.current.version, agent.reporter.unchanged
                 for _ in range(3):
                     await agent.monitor.round(periodic=True)
+                assert agent.inventory.current.version == version
+                agent.reporter.notify()
                 await until(lambda: agent.reporter.unchanged > unchanged)
                 await asyncio.sleep(0.7)  # more than the coalescing window
                 assert len(client.applied) == 3

@@ -14,7 +14,7 @@ from support.agentrun import plugin_client, running_agent, until
 from support.fakehw import FakeHardware
 
 from patchbay_agent.api import api_pb2
-from patchbay_agent.core.inventory import ListTooLargeError
+from patchbay_agent.deviceplugin.encoding import ListTooLargeError
 
 SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 60}}
 

@@ -16,12 +16,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from patchbay_agent.constants import REPLICA_SEPARATOR
 from patchbay_agent.kubelet import podresources
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.report.devicereport import PodRef
 from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,19 @@ log = logging.getLogger(__name__)
 AFTER_ALLOCATE_SECONDS = 1.0
 #: The local call's deadline.
 RPC_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, order=True)
+class PodRef:
+    """One container that holds devices (a report's `pods` entry)."""
+
+    namespace: str
+    name: str
+    container: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"namespace": self.namespace, "name": self.name, "container": self.container}
+
 
 ListPods = Callable[..., Awaitable[list[podresources.Pod]]]
 
@@ -64,8 +77,7 @@ class PodHolders:
         #: physical device IDs that containers hold through the DEVICE PLUGIN of our resource; for a
         #: DRA agent on a node being migrated, the devices DRA must not hand out again
         self.plugin_held: frozenset[str] = frozenset()
-        #: called when `containers` changed
-        self.on_change: Callable[[], None] | None = None
+        self._subscribers: list[Callable[[], None]] = []
         #: set once the first read was tried (answered or not)
         self.attempted = asyncio.Event()
         self.reads = 0
@@ -73,6 +85,10 @@ class PodHolders:
         self._failing = False
         self._kick = asyncio.Event()
         self._soon: float | None = None
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback` whenever `containers` or `plugin_held` changed (it must not block)."""
+        self._subscribers.append(callback)
 
     def allocated(self) -> None:
         """An Allocate succeeded: read again shortly (never blocks the caller)."""
@@ -121,8 +137,11 @@ class PodHolders:
         self._metrics.set_allocations(
             {(r.namespace, r.name, r.container): len(ids) for r, ids in containers.items()}
         )
-        if self.on_change is not None:
-            self.on_change()
+        for callback in self._subscribers:
+            try:
+                callback()
+            except Exception:
+                log.exception("A subscriber of the device holders failed")
         return True
 
     async def run(self, stop: asyncio.Event) -> None:

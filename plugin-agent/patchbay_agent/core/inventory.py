@@ -1,9 +1,16 @@
-"""What the kubelet is told: the advertised device list and the lookups Allocate needs.
+"""The device core's state: one immutable `Snapshot` per change, and the subscribers told of it.
 
-Every change produces a new immutable `Snapshot`: the ListAndWatch message already encoded once
-(every stream sends the same object), the replica -> physical device map, and the DeviceSpecs of
-every physical device. Allocate and GetPreferredAllocation only read the current snapshot, so they
-never wait for discovery, health probes or I/O.
+A snapshot is everything a front-end or a writer needs to know about one resource's devices on
+this node, in one consistent piece: the physical devices (first-seen order), the advertised IDs
+(replicas) and which of them are healthy, each device's health with since when and why (the
+health tracker's `DeviceStatus`, captured in the same step, so health has ONE source), and each
+device's device files as plain `DeviceSpec`s. It carries no wire format: the Device Plugin
+front-end encodes its ListAndWatch message from it (`deviceplugin.encoding`), DRA its slices and
+health stream, the DeviceReport its object.
+
+Front-ends subscribe (`subscribe`, called once per new snapshot) or wait (`next_change`, the
+ListAndWatch and health streams). A front-end may also refuse a snapshot before it is published
+(`admit`: the kubelet's 4 MiB ListAndWatch limit), which keeps the previous one.
 
 Sharing: with `replicas: N > 1` each physical device `d` is advertised as `d::0` ... `d::N-1`
 (profile contract); with N = 1 the ID is `d` itself. A replica is as healthy as its device.
@@ -12,20 +19,22 @@ Sharing: with `replicas: N > 1` each physical device `d` is advertised as `d::0`
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from patchbay_agent.api import api_pb2
-from patchbay_agent.config import MAX_DEVICE_ID_LENGTH, MAX_LIST_AND_WATCH_BYTES
-from patchbay_agent.constants import REPLICA_SEPARATOR, DeviceHealth
-from patchbay_agent.core.health import DeviceHealthTracker
+from patchbay_agent.config import MAX_DEVICE_ID_LENGTH
+from patchbay_agent.constants import REPLICA_SEPARATOR
+from patchbay_agent.core.health import DeviceHealthTracker, DeviceStatus
 from patchbay_agent.discovery import PhysicalDevice
 
+log = logging.getLogger(__name__)
 
-class ListTooLargeError(RuntimeError):
-    """The advertised list would exceed the kubelet's 4 MiB ListAndWatch message limit
-    (docs/facts.md#device-plugin-api)."""
+
+class SnapshotRefusedError(RuntimeError):
+    """A front-end cannot serve this snapshot (see `Inventory.admit`); the previous one stays."""
 
 
 def replica_id(physical_id: str, n: int, replicas: int) -> str:
@@ -41,107 +50,113 @@ def replica_id(physical_id: str, n: int, replicas: int) -> str:
 
 
 @dataclass(frozen=True)
+class DeviceSpec:
+    """One device file as a container gets it: its path inside, its path on the node, rwm."""
+
+    container_path: str
+    host_path: str
+    permissions: str
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """One consistent view of the devices; replaced, never mutated."""
 
     version: int
-    response: api_pb2.ListAndWatchResponse
-    #: physical ID -> device
+    #: physical ID -> device, in first-seen order
     physical: Mapping[str, PhysicalDevice] = field(default_factory=dict)
     #: advertised ID -> physical ID
     replica_of: Mapping[str, str] = field(default_factory=dict)
     #: advertised IDs that are Healthy
     healthy: frozenset[str] = frozenset()
-    #: physical ID -> its DeviceSpecs (host path = container path)
-    specs: Mapping[str, tuple[api_pb2.DeviceSpec, ...]] = field(default_factory=dict)
-    size_bytes: int = 0
+    #: physical ID -> health, since when, why (absent: never observed)
+    status: Mapping[str, DeviceStatus] = field(default_factory=dict)
+    #: physical ID -> its device files
+    specs: Mapping[str, tuple[DeviceSpec, ...]] = field(default_factory=dict)
 
     @property
     def advertised(self) -> int:
         return len(self.replica_of)
 
+    @functools.cached_property
+    def healthy_physical(self) -> frozenset[str]:
+        """Physical IDs whose replicas are advertised Healthy."""
+        return frozenset(self.replica_of[rid] for rid in self.healthy)
+
+    def status_of(self, physical_id: str) -> DeviceStatus | None:
+        return self.status.get(physical_id)
+
 
 class Inventory:
-    """Holds the current snapshot and wakes ListAndWatch streams when it changes."""
+    """Holds one resource's current snapshot; tells subscribers and wakes streams on change."""
 
-    def __init__(
-        self,
-        replicas: int,
-        permissions: str,
-        max_bytes: int = MAX_LIST_AND_WATCH_BYTES,
-        host_path_prefix: str = "",
-    ) -> None:
+    def __init__(self, replicas: int, permissions: str, host_path_prefix: str = "") -> None:
         self._replicas = replicas
         self._permissions = permissions
         # What the container runtime must put before a device path to find it on the node: ""
         # when discovery reads the node's own /dev (the DaemonSet), the tree's directory when the
         # "host" is a directory on the node (a fake device tree in tests and the demo).
         self._host_path_prefix = host_path_prefix.rstrip("/")
-        self._max_bytes = max_bytes
-        self.current = Snapshot(0, api_pb2.ListAndWatchResponse())
+        self.current = Snapshot(0)
         self._changed = asyncio.Event()
         self._closed = False
         self._key: tuple[object, ...] = ()
+        self._guards: list[Callable[[Snapshot], None]] = []
+        self._subscribers: list[Callable[[Snapshot], None]] = []
+
+    def admit(self, guard: Callable[[Snapshot], None]) -> None:
+        """Run `guard` on every new snapshot before it is published; it raises SnapshotRefusedError
+        (a subclass of it) to keep the previous one."""
+        self._guards.append(guard)
+
+    def subscribe(self, callback: Callable[[Snapshot], None]) -> None:
+        """Call `callback` with every new snapshot (on the event loop; it must not block)."""
+        self._subscribers.append(callback)
 
     def update(self, devices: Sequence[PhysicalDevice], health: DeviceHealthTracker) -> bool:
-        """Publish a new snapshot if the advertised list changed; True when it did.
-
-        Raises ListTooLargeError (and keeps the previous snapshot) when the encoded list would
-        not fit the kubelet's limit.
-        """
-        entries: list[tuple[str, str, tuple[int, ...]]] = []
+        """Publish a new snapshot if the devices or their health (state, since, reason) changed;
+        True when it did. Raises SnapshotRefusedError (and keeps the previous snapshot) when a
+        front-end's guard refuses it."""
         replica_of: dict[str, str] = {}
         healthy: set[str] = set()
+        status: dict[str, DeviceStatus] = {}
         for dev in devices:
-            state = DeviceHealth.HEALTHY if health.healthy(dev.id) else DeviceHealth.UNHEALTHY
+            ok = health.healthy(dev.id)
+            st = health.status(dev.id)
+            if st is not None:
+                status[dev.id] = st
             for n in range(self._replicas):
                 rid = replica_id(dev.id, n, self._replicas)
-                entries.append((rid, state.value, dev.numa_nodes))
                 replica_of[rid] = dev.id
-                if state is DeviceHealth.HEALTHY:
+                if ok:
                     healthy.add(rid)
-        key = (tuple(entries), tuple(devices))
+        key = (tuple(devices), tuple(sorted(healthy)), tuple(status.items()))
         if key == self._key and self.current.version > 0:
             return False
-        response = api_pb2.ListAndWatchResponse(
-            devices=[
-                api_pb2.Device(
-                    ID=rid,
-                    health=state,
-                    topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n) for n in numa])
-                    if numa
-                    else None,
-                )
-                for rid, state, numa in entries
-            ]
-        )
-        size = response.ByteSize()
-        if size > self._max_bytes:
-            raise ListTooLargeError(
-                f"{len(devices)} devices x {self._replicas} replicas = {len(entries)} entries encode to "
-                f"{size} bytes, over the kubelet's {self._max_bytes}-byte ListAndWatch limit: lower "
-                "plugin.sharing.replicas or narrow plugin.discovery"
-            )
-        specs = {
-            dev.id: tuple(
-                api_pb2.DeviceSpec(
-                    container_path=p, host_path=self._host_path_prefix + p, permissions=self._permissions
-                )
-                for p in dev.dev_paths
-            )
-            for dev in devices
-        }
-        self._key = key
-        self.current = Snapshot(
+        snap = Snapshot(
             version=self.current.version + 1,
-            response=response,
             physical={d.id: d for d in devices},
             replica_of=replica_of,
             healthy=frozenset(healthy),
-            specs=specs,
-            size_bytes=size,
+            status=status,
+            specs={
+                dev.id: tuple(
+                    DeviceSpec(p, self._host_path_prefix + p, self._permissions) for p in dev.dev_paths
+                )
+                for dev in devices
+            },
         )
+        for guard in self._guards:
+            guard(snap)
+        self._key = key
+        self.current = snap
         self._wake()
+        for callback in self._subscribers:
+            try:
+                callback(snap)
+            except Exception:
+                # One subscriber's bug must not keep the others (or the kubelet) from the news.
+                log.exception("A subscriber of the device snapshots failed")
         return True
 
     def _wake(self) -> None:
@@ -156,6 +171,6 @@ class Inventory:
         return None if self._closed else self.current
 
     def close(self) -> None:
-        """End every ListAndWatch stream (graceful shutdown)."""
+        """End every stream that waits for a change (graceful shutdown)."""
         self._closed = True
         self._wake()

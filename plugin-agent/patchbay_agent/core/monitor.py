@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from patchbay_agent.config import Health
@@ -26,7 +26,7 @@ from patchbay_agent.core.health import (
     check_paths,
     run_exec_probe,
 )
-from patchbay_agent.core.inventory import Inventory, ListTooLargeError
+from patchbay_agent.core.inventory import Inventory, SnapshotRefusedError
 from patchbay_agent.discovery import Backend, HostRoot, PhysicalDevice
 from patchbay_agent.fswatch import DirWatcher
 from patchbay_agent.metrics import Metrics
@@ -59,8 +59,6 @@ class Monitor:
         self._watcher: DirWatcher | None = None
         self._known: dict[str, PhysicalDevice] = {}
         self.rounds = 0
-        #: called after every completed round (the DeviceReport compares and writes if changed)
-        self.on_round: Callable[[], None] | None = None
 
     def _scan_and_check(self) -> tuple[list[PhysicalDevice], dict[str, CheckResult]]:
         """Scan, then check every device's paths.
@@ -91,7 +89,8 @@ class Monitor:
             return await run_exec_probe(self._health.exec, self._root, device)
 
     async def round(self, *, periodic: bool) -> bool:
-        """One round; True when the advertised list changed. Raises ListTooLargeError."""
+        """One round; True when a new snapshot was published (the inventory tells its subscribers).
+        Raises SnapshotRefusedError when a front-end refuses the new list (the kubelet's limit)."""
         started = time.perf_counter()
         devices, results = await asyncio.to_thread(self._scan_and_check)
         if self._health.exec is not None:
@@ -99,9 +98,13 @@ class Monitor:
         self.tracker.observe(results)
         changed = self._inventory.update(devices, self.tracker)
         self.rounds += 1
-        self._metrics.observe_round(time.perf_counter() - started, self._inventory.current)
-        if self.on_round is not None:
-            self.on_round()
+        snap = self._inventory.current
+        self._metrics.observe_round(
+            time.perf_counter() - started,
+            {pid: pid in snap.healthy_physical for pid in snap.physical},
+            snap.advertised,
+            len(snap.healthy),
+        )
         return changed
 
     async def _run_probes(
@@ -143,7 +146,7 @@ class Monitor:
                         self._watcher.ensure(self._backend.watch_dirs())
                 try:
                     await self.round(periodic=periodic)
-                except ListTooLargeError as e:
+                except SnapshotRefusedError as e:
                     log.error("Not publishing the new device list: %s", e)
                     self._metrics.list_too_large.inc()
                 except Exception:

@@ -14,6 +14,7 @@ import grpc
 from patchbay_agent.api import api_pb2
 from patchbay_agent.config import Allocation, PreferredPolicy
 from patchbay_agent.core.inventory import Snapshot
+from patchbay_agent.deviceplugin.encoding import device_spec
 
 NO_NUMA = -1
 
@@ -68,7 +69,7 @@ def allocate(request: api_pb2.AllocateRequest, snap: Snapshot, cfg: Allocation) 
             for spec in snap.specs.get(pid, ()):
                 if spec.host_path not in seen:
                     seen.add(spec.host_path)
-                    cresp.devices.append(spec)
+                    cresp.devices.append(device_spec(spec))
         if cfg.cdi_kind:
             for pid in physical:
                 cresp.cdi_devices.add(name=f"{cfg.cdi_kind}={pid}")

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -43,14 +42,11 @@ from pathlib import Path
 import grpc
 
 from patchbay_agent.api import api_pb2, api_pb2_grpc
+from patchbay_agent.backoff import Backoff
 from patchbay_agent.constants import API_VERSION, KUBELET_SOCKET
-from patchbay_agent.deviceplugin.server import (
-    DevicePluginServicer,
-    PluginServer,
-    device_plugin_server,
-    file_identity,
-)
+from patchbay_agent.deviceplugin.server import DevicePluginServicer, device_plugin_server
 from patchbay_agent.fswatch import DirWatcher
+from patchbay_agent.kubelet.pluginserver import PluginServer, file_identity
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.wakeup import wait_any
 
@@ -72,24 +68,6 @@ DROP_SETTLE_EVERY = 0.002
 QUICK_DROP = 1.0
 #: What the kubelet's device manager answers a Register for a socket path it still holds.
 ALREADY_CONNECTED = "device plugin already connected"
-
-
-class Backoff:
-    """Capped exponential backoff with +-20% jitter (so a node's agents do not knock in step)."""
-
-    def __init__(self, initial: float = 0.1, maximum: float = 10.0, factor: float = 2.0) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self.factor = factor
-        self._next = initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self.maximum, self._next * self.factor)
-        return delay * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not crypto
-
-    def reset(self) -> None:
-        self._next = self.initial
 
 
 class Registrar:

@@ -5,16 +5,14 @@ and with a small pool Allocate hangs behind the streams (docs/facts.md#grpc-unix
 Everything here runs on the agent's event loop and reads the inventory's current snapshot; only
 PreStartContainer runs a process, and only when the profile asks for one.
 
-`PluginServer` owns one bound socket. A deleted socket cannot be re-bound by the same grpc server,
-so re-serving after the kubelet wiped the directory means a new `PluginServer` around the same
-servicer (see `registration`).
+ListAndWatch sends the message `encoding.ListAndWatchEncoder` made of the newest snapshot, and
+skips snapshots that change nothing the kubelet sees. The socket is bound by
+`kubelet.pluginserver.PluginServer` (see `registration`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -28,6 +26,8 @@ from patchbay_agent.config import AgentConfig, PreferredPolicy
 from patchbay_agent.constants import ENV_PRESTART_DEVICE_IDS
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.deviceplugin.allocation import AllocationError, allocate, preferred
+from patchbay_agent.deviceplugin.encoding import ListAndWatchEncoder
+from patchbay_agent.kubelet.pluginserver import PluginServer
 from patchbay_agent.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(
         self, config: AgentConfig, inventory: Inventory, metrics: Metrics, cdi: CdiSpecs | None = None
     ) -> None:
+        """Installs its encoder as the inventory's guard: a list the kubelet would refuse is never
+        published (`encoding`)."""
         self._config = config
         self._inventory = inventory
+        self.encoder = ListAndWatchEncoder(config.replicas, on_size=metrics.list_bytes.set)
+        inventory.admit(self.encoder.check)
         self._metrics = metrics
         #: The CDI spec file behind the CDI names Allocate returns (None: no `cdi.kind`).
         self._cdi = cdi
@@ -81,12 +85,17 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         log.info("ListAndWatch stream opened (%d devices)", self._inventory.current.advertised)
         try:
             snap = self._inventory.current
+            sent = self.encoder.response_for(snap)
+            yield sent
             while True:
-                yield snap.response
                 nxt = await self._inventory.next_change(snap.version)
                 if nxt is None:
                     return
                 snap = nxt
+                response = self.encoder.response_for(snap)
+                if response is not sent:
+                    sent = response
+                    yield sent
         finally:
             self._metrics.streams.dec()
             self.open_streams -= 1
@@ -181,78 +190,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             await context.abort(code, message)
         log.info("PreStartContainer ran for %s", ids)
         return api_pb2.PreStartContainerResponse()
-
-
-def file_identity(path: Path) -> tuple[int, int] | None:
-    """(inode, ctime in ns) of a file, or None when it does not exist."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_ctime_ns
-
-
-class PluginServer:
-    """One grpc.aio server bound to `socket_path`; remembers the socket file's identity.
-
-    Identity is (inode, ctime): a deleted socket's inode number is often reused at once by the
-    next file created (that is what a kubelet restart does; docs/facts.md#plugin-sockets), so the
-    inode alone cannot tell "still ours" from "replaced".
-    """
-
-    def __init__(
-        self,
-        socket_path: Path,
-        add: Callable[[grpc.aio.Server], None],
-        what: str,
-        *,
-        make_dir: bool = False,
-    ) -> None:
-        """`add` puts the services on a new server (the DevicePlugin one: `device_plugin_server`);
-        `what` names them in the log; `make_dir`: create the socket's directory (a DRA driver's
-        own directory) instead of expecting it (the kubelet's device-plugin directory)."""
-        self.socket_path = socket_path
-        self.identity: tuple[int, int] | None = None
-        self._add = add
-        self._what = what
-        self._make_dir = make_dir
-        self._server: grpc.aio.Server | None = None
-
-    async def start(self) -> None:
-        """Bind and serve. A stale socket file from an earlier run is removed first."""
-        if self._make_dir:
-            self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        server = grpc.aio.server()
-        self._add(server)
-        try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
-            await server.start()
-        except BaseException:
-            await server.stop(None)
-            raise
-        self._server = server
-        self.identity = file_identity(self.socket_path)
-        log.info("Serving %s on %s", self._what, self.socket_path)
-
-    @property
-    def serving(self) -> bool:
-        return self._server is not None
-
-    def socket_intact(self) -> bool:
-        """False when our socket file is gone or replaced (the kubelet wiped the directory)."""
-        return self.identity is not None and file_identity(self.socket_path) == self.identity
-
-    async def stop(self, grace: float | None, *, remove_socket: bool = True) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace)
-        # Only remove the file if it is still OURS: after a kubelet restart another agent
-        # generation (or nobody) may own that path.
-        if remove_socket and self.socket_intact():
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
 
 
 def device_plugin_server(servicer: DevicePluginServicer, socket_path: Path) -> PluginServer:

@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchbay_agent.api import api_pb2
 from patchbay_agent.cdi import CDI_VERSION, device_nodes
 from patchbay_agent.config import Allocation
+from patchbay_agent.core.inventory import DeviceSpec
 
 
 class ClaimError(Exception):
@@ -92,7 +92,7 @@ def claim_spec_document(
     driver: str,
     claim_uid: str,
     devices: Sequence[AllocatedDevice],
-    specs: Mapping[str, Sequence[api_pb2.DeviceSpec]],
+    specs: Mapping[str, Sequence[DeviceSpec]],
     allocation: Allocation,
 ) -> dict[str, Any]:
     """The claim's CDI spec: one device per allocated device (its device nodes), and the config's

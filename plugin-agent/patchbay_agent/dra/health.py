@@ -54,7 +54,6 @@ HEARTBEAT_SECONDS = 10.0
 #: The kubelet truncates longer messages.
 MAX_MESSAGE_LENGTH = 1024
 
-StatusOf = Callable[[str], DeviceStatus | None]
 V1Response = dra_health_v1_pb2.NodeWatchResourcesResponse
 V1alpha1Response = dra_health_v1alpha1_pb2.NodeWatchResourcesResponse
 M = TypeVar("M", bound=Message)
@@ -75,17 +74,15 @@ def _message(st: DeviceStatus | None) -> str:
     return text[:MAX_MESSAGE_LENGTH]
 
 
-def health_response(
-    snap: Snapshot, pool: str, status: StatusOf, now: float
-) -> dra_health_v1_pb2.NodeWatchResourcesResponse:
+def health_response(snap: Snapshot, pool: str, now: float) -> dra_health_v1_pb2.NodeWatchResourcesResponse:
     """The whole device list of `snap` as the kubelet wants it (see the module doc). Pure."""
-    healthy = {snap.replica_of[rid] for rid in snap.healthy}
+    healthy = snap.healthy_physical
     devices = []
     for pid in snap.physical:
         if pid in healthy:
             health, message = dra_health_v1_pb2.HEALTHY, ""
         else:
-            st = status(pid)
+            st = snap.status_of(pid)
             health = dra_health_v1_pb2.UNKNOWN if st is None else dra_health_v1_pb2.UNHEALTHY
             message = _message(st)
         devices.append(
@@ -103,12 +100,9 @@ def health_response(
 class HealthReports:
     """The current list, built once per snapshot version and unhealthy reasons."""
 
-    def __init__(
-        self, pool: str, inventory: Inventory, status: StatusOf, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, pool: str, inventory: Inventory, clock: Callable[[], float] = time.time) -> None:
         self.pool = pool
         self.inventory = inventory
-        self._status = status
         self._clock = clock
         self._key: tuple[object, ...] | None = None
         self._response = dra_health_v1_pb2.NodeWatchResourcesResponse()
@@ -116,11 +110,11 @@ class HealthReports:
         self._other: dict[type[Message], Message] = {}
 
     def response(self, snap: Snapshot) -> dra_health_v1_pb2.NodeWatchResourcesResponse:
-        healthy = {snap.replica_of[rid] for rid in snap.healthy}
-        sick = tuple((pid, _message(self._status(pid))) for pid in snap.physical if pid not in healthy)
-        key = (snap.version, sick)
+        healthy = snap.healthy_physical
+        sick = tuple((pid, _message(snap.status_of(pid))) for pid in snap.physical if pid not in healthy)
+        key = (tuple(snap.physical), sick)
         if key != self._key:
-            self._response = health_response(snap, self.pool, self._status, self._clock())
+            self._response = health_response(snap, self.pool, self._clock())
             self._key = key
             self._other = {}
         return self._response

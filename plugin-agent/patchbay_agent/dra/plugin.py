@@ -52,12 +52,11 @@ from patchbay_agent.api import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from patchbay_agent.backoff import Backoff
 from patchbay_agent.cdi import write_spec
 from patchbay_agent.config import Allocation
 from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES
 from patchbay_agent.core.inventory import Inventory, Snapshot
-from patchbay_agent.deviceplugin.registration import Backoff
-from patchbay_agent.deviceplugin.server import PluginServer
 from patchbay_agent.dra.claims import (
     ClaimError,
     allocated_devices,
@@ -66,10 +65,10 @@ from patchbay_agent.dra.claims import (
     spec_file_name,
 )
 from patchbay_agent.dra.health import DraHealthServicer
-from patchbay_agent.dra.slices import device_names
+from patchbay_agent.dra.slices import SliceClient, device_names
+from patchbay_agent.kubelet.pluginserver import PluginServer
 from patchbay_agent.kubelet.sockets import INSTANCE_RE, MAX_UNIX_SOCKET_PATH, probe, remove_stale
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.report.slices import SliceClient
 from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)
@@ -233,7 +232,7 @@ class ClaimPreparer:
             devices = allocated_devices(obj, claim.uid, self.driver, self.pool, self._device_names(snap))
         except ClaimError as e:
             return ClaimResult(error=f"{where}: {e}")
-        healthy = {snap.replica_of[rid] for rid in snap.healthy}
+        healthy = snap.healthy_physical
         sick = [d.device_name for d in devices if d.physical_id not in healthy]
         if sick:
             return ClaimResult(error=f"{where}: device(s) {', '.join(sick)} are unhealthy now")

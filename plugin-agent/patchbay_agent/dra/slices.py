@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from patchbay_agent.core.health import DeviceStatus
 from patchbay_agent.core.inventory import Snapshot
-from patchbay_agent.report.devicereport import owner_reference  # the Node owns slices as it owns reports
+from patchbay_agent.kubeobjects import owner_reference  # the Node owns slices as it owns reports
 
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
@@ -68,6 +67,26 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _NOT_LABEL = re.compile(r"[^a-z0-9-]")
 _NOT_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class SliceClient(Protocol):
+    """What publishing needs of the API (synchronous; `kubeclient.KubeClient` in the agent)."""
+
+    def apply_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Create or update one ResourceSlice; the slice as stored; raise on failure."""
+
+    def dry_run_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Create one ResourceSlice with `dryRun=All`; the slice as it would be stored; raise on
+        failure."""
+
+    def slice_names(self, driver: str, node_name: str) -> list[str]:
+        """Names of the driver's slices on the node; raise on failure."""
+
+    def delete_slice(self, name: str) -> None:
+        """Delete one ResourceSlice (gone already is fine); raise on failure."""
+
+    def node_uid(self, node_name: str) -> str:
+        """The Node's UID; raise when it cannot be found."""
 
 
 def _digest(text: str) -> str:
@@ -158,16 +177,12 @@ def device_names(snap: Snapshot) -> dict[str, str]:
     return {device_name(pid): pid for pid in snap.physical}
 
 
-def slice_devices(
-    snap: Snapshot,
-    status: Callable[[str], DeviceStatus | None],
-    plugin_held: Collection[str] = (),
-) -> list[SliceDevice]:
+def slice_devices(snap: Snapshot, plugin_held: Collection[str] = ()) -> list[SliceDevice]:
     """Every physical device of the snapshot, in the snapshot's order, with its attributes and,
     when it is unhealthy (as the snapshot says: what the device plugin would tell the kubelet),
     its reason; `plugin_held`: physical IDs that running pods hold through the device plugin of
     the same resource (tainted so that DRA does not hand them out again)."""
-    healthy = {snap.replica_of[rid] for rid in snap.healthy}
+    healthy = snap.healthy_physical
     out = []
     for pid, dev in snap.physical.items():
         attributes: dict[str, dict[str, Any]] = {f"{ATTRIBUTE_DOMAIN}/id": _string_attribute(pid)}
@@ -180,7 +195,7 @@ def slice_devices(
             attributes[NUMA_ATTRIBUTE] = {"int": dev.numa_nodes[0]}
         reason: str | None = None
         if pid not in healthy:
-            st = status(pid)
+            st = snap.status_of(pid)
             reason = label_value(st.reason if st is not None and st.reason else "") or "Unhealthy"
         out.append(SliceDevice(device_name(pid), pid, attributes, reason, pid in plugin_held))
     return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,9 @@ from patchbay_agent.constants import (
     DeviceHealth,
 )
 from patchbay_agent.core.health import DeviceStatus
+from patchbay_agent.core.holders import PodRef
 from patchbay_agent.core.inventory import Snapshot
+from patchbay_agent.kubeobjects import owner_reference
 
 #: The CRD's limits.
 MAX_MESSAGE_LENGTH = 512
@@ -47,18 +49,6 @@ MAX_NAME_LENGTH = 253
 
 _REPLICA_SUFFIX = re.compile(r"::\d+$")
 _ELLIPSIS = "..."
-
-
-@dataclass(frozen=True, order=True)
-class PodRef:
-    """One container that holds devices (a report's `pods` entry)."""
-
-    namespace: str
-    name: str
-    container: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"namespace": self.namespace, "name": self.name, "container": self.container}
 
 
 @dataclass(frozen=True)
@@ -114,18 +104,6 @@ def holders_by_device(
     return {dev: sorted(refs) for dev, refs in out.items()}
 
 
-def owner_reference(node_name: str, node_uid: str) -> dict[str, Any]:
-    """The Node as the report's owner: collected with the node, never blocking its deletion."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "name": node_name,
-        "uid": node_uid,
-        "blockOwnerDeletion": False,
-        "controller": False,
-    }
-
-
 @dataclass(frozen=True)
 class SliceState:
     """DRA mode: what the slice publisher found out and did (`drapublisher.SlicePublisher`)."""
@@ -159,7 +137,6 @@ def _device_entry(
 def build_report(
     target: ReportTarget,
     snap: Snapshot,
-    status: Callable[[str], DeviceStatus | None],
     containers: Mapping[PodRef, Sequence[str]],
     node_uid: str | None = None,
     *,
@@ -167,17 +144,18 @@ def build_report(
 ) -> dict[str, Any]:
     """The whole DeviceReport object (without `observedAt`), ready for server-side apply.
 
-    Health is what the kubelet was told (the snapshot); `status` adds since when and why. A device
-    the snapshot lists but the tracker has no status for (it cannot happen in the agent, whose
-    monitor feeds both) is reported without `since`. Over `MAX_DEVICES` devices, Unhealthy and
+    Health, since when and why all come from the one snapshot. A device the snapshot lists
+    without a status (never observed; it cannot happen in the agent, whose monitor observes every
+    device before it publishes) is reported without `since`. Over `MAX_DEVICES` devices, Unhealthy and
     held ones are kept first; `summary` always counts every device.
     """
-    healthy_physical = {snap.replica_of[rid] for rid in snap.healthy}
+    healthy_physical = snap.healthy_physical
     held = holders_by_device(containers, snap.replica_of)
     ids = list(snap.physical)
     withheld = slices.withheld if slices is not None else frozenset()
     devices = [
-        _device_entry(d, status(d), d in healthy_physical, held.get(d, ()), d in withheld) for d in ids
+        _device_entry(d, snap.status_of(d), d in healthy_physical, held.get(d, ()), d in withheld)
+        for d in ids
     ]
     summary = {
         "total": len(ids),

@@ -1,11 +1,10 @@
 """Writing the DeviceReport: only when it changed, coalesced, never on a timer, never in the way.
 
-`notify()` is all the rest of the agent does: the monitor calls it after every round, the
-PodResources reader when the pods holding devices changed. The reporter then waits `coalesce`
-seconds (changes that come together, a device and its replicas, a burst of udev events, land in
-one write), builds the report (`report.build_report`) and compares it, without `observedAt`, with
-the last one written: an equal one is not written (`patchbay_agent_report_unchanged_total`). So
-a health flip costs exactly one write and a quiet node costs none, however often it is looked at.
+The loop is the one change-writer (`writer.ChangeWriter`): it is notified of every new device
+snapshot and every change of the holders, waits `coalesce` seconds, and `sync()` builds the
+report (`devicereport.build_report`) and compares it, without `observedAt`, with the last one
+written: an equal one is not written (`patchbay_agent_report_unchanged_total`). So a health flip
+costs exactly one write and a quiet node costs none, however often it is looked at.
 
 A write is one server-side apply (`kubeclient.KubeClient.apply`), run off the event loop: pykube
 is synchronous, and Allocate and ListAndWatch share the loop. A failed write (the admission
@@ -27,21 +26,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from patchbay_agent.deviceplugin.registration import Backoff
+from patchbay_agent.backoff import Backoff
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.report.devicereport import ReportTarget, with_observed_at
-from patchbay_agent.wakeup import wait_any
+from patchbay_agent.report.writer import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
 
 log = logging.getLogger(__name__)
 
-#: Changes within this many seconds become one write.
-COALESCE_SECONDS = 0.5
-#: Retry rhythm of failed writes: a missing CRD on 1,000 nodes must not become a request storm.
-BACKOFF_INITIAL = 0.5
-BACKOFF_MAX = 120.0
-#: How long the loop sleeps when nothing happens (it only loops: no write without a change).
-_IDLE = 3600.0
+__all__ = ["BACKOFF_INITIAL", "BACKOFF_MAX", "COALESCE_SECONDS", "ReportClient", "Reporter"]
 
 
 class ReportClient(Protocol):
@@ -54,7 +47,7 @@ class ReportClient(Protocol):
         """The Node's UID; raise when it cannot be found."""
 
 
-class Reporter:
+class Reporter(ChangeWriter):
     """Keeps one DeviceReport true: see the module doc. `build(node_uid)` gives the current report."""
 
     def __init__(
@@ -68,52 +61,19 @@ class Reporter:
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__(coalesce=coalesce, backoff=backoff)
         self.target = target
         self._client = client
         self._build = build
         self._metrics = metrics
-        self._coalesce = coalesce
-        self._backoff = backoff or Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
         self._clock = clock
-        self._kick = asyncio.Event()
-        #: monotonic time of the next retry of a failed write; None when none is due
-        self._retry_at: float | None = None
         self.node_uid: str | None = None
         self._owner_failing = False
         self._write_failing = False
         #: the last report written (without observedAt); None before the first write
         self.written: dict[str, Any] | None = None
-        self.writes = 0
-        self.failures = 0
         self.unchanged = 0
-
-    def notify(self) -> None:
-        """Something the report shows may have changed: compare (and write) soon."""
-        self._kick.set()
-
-    async def run(self, stop: asyncio.Event) -> None:
-        """Write the first report, then every change, until `stop` is set."""
-        self._kick.set()
-        while not stop.is_set():
-            if self._retry_at is None:
-                await wait_any((self._kick, stop), _IDLE)
-                if not self._kick.is_set():
-                    continue
-            else:
-                # A failed write: changes that arrive meanwhile wait for the retry.
-                await wait_any((stop,), self._retry_at - time.monotonic())
-            if stop.is_set():
-                break
-            await wait_any((stop,), self._coalesce)
-            if stop.is_set():
-                break
-            self._kick.clear()
-            try:
-                await self.sync()
-            except Exception:
-                # A bug in building must not end reporting, nor the agent: try again later.
-                log.exception("Building the DeviceReport %s failed", self._where)
-                self._retry_at = time.monotonic() + self._backoff.next()
+        self.what = f"DeviceReport {target.namespace}/{target.name}"
 
     @property
     def _where(self) -> str:
@@ -123,7 +83,7 @@ class Reporter:
         """Build the report, write it if it differs from the last one written; True when written."""
         report = self._build(self.node_uid)
         if report == self.written:
-            self._retry_at = None
+            self.succeeded()
             self.unchanged += 1
             self._metrics.report_unchanged.inc()
             return False
@@ -134,10 +94,8 @@ class Reporter:
         try:
             await asyncio.to_thread(self._client.apply, with_observed_at(report, self._clock()))
         except Exception as e:
-            self.failures += 1
             self._metrics.report_writes.labels("error").inc()
-            delay = self._backoff.next()
-            self._retry_at = time.monotonic() + delay
+            delay = self.failed()
             self._write_failing = True
             log.warning("Writing DeviceReport %s failed (%s); retrying in %.1fs", self._where, e, delay)
             return False
@@ -148,8 +106,7 @@ class Reporter:
             # request): hand its garbage back too (memory.py).
             settle_memory()
         self._metrics.report_writes.labels("ok").inc()
-        self._backoff.reset()
-        self._retry_at = None
+        self.succeeded()
         summary = report.get("summary", {})
         log.log(
             logging.INFO if self._write_failing or self.writes == 1 else logging.DEBUG,

@@ -1,8 +1,9 @@
 """DRA mode: keeping this node's ResourceSlices true, written only when their content changed.
 
-Like the DeviceReport (`reporter.py`): `notify()` after every discovery/health round; the
-publisher waits `coalesce` seconds, builds the pool's slice documents (`draslices.py`) and
-compares them, without `pool.generation`, with the last ones written. Equal: nothing is written.
+The loop is the one change-writer (`writer.ChangeWriter`), as for the DeviceReport: notified of
+every new device snapshot and change of the holders, the publisher waits `coalesce` seconds,
+builds the pool's slice documents (`dra.slices`) and compares them, without `pool.generation`,
+with the last ones written. Equal: nothing is written.
 Different: every slice of the pool is applied (server-side apply, field manager patchbay-agent)
 with a new generation, milliseconds since the epoch at the time of the change (at least the last
 one + 1), so it grows across agent restarts too, and slices the pool no longer has (fewer chunks)
@@ -36,12 +37,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from patchbay_agent.backoff import Backoff
 from patchbay_agent.constants import DeviceTaints
-from patchbay_agent.deviceplugin.registration import Backoff
 from patchbay_agent.dra.slices import (
+    SliceClient,
     SliceDevice,
     lost_taints,
     published,
@@ -52,13 +54,19 @@ from patchbay_agent.dra.slices import (
 )
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.wakeup import wait_any
+from patchbay_agent.report.writer import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
 
 log = logging.getLogger(__name__)
 
-COALESCE_SECONDS = 0.5
-BACKOFF_INITIAL = 0.5
-BACKOFF_MAX = 120.0
+__all__ = [
+    "BACKOFF_INITIAL",
+    "BACKOFF_MAX",
+    "COALESCE_SECONDS",
+    "RESYNC_SECONDS",
+    "SliceClient",
+    "SlicePublisher",
+]
+
 #: How often the publisher checks that its slices still exist (one LIST).
 RESYNC_SECONDS = 60.0
 #: After a dry run that failed, when to try again (meanwhile taints count as dropped).
@@ -67,31 +75,11 @@ PROBE_RETRY_SECONDS = 30.0
 PROBE_AGAIN_SECONDS = 600.0
 
 
-class SliceClient(Protocol):
-    """What publishing needs of the API (synchronous; `kubeclient.KubeClient` in the agent)."""
-
-    def apply_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Create or update one ResourceSlice; the slice as stored; raise on failure."""
-
-    def dry_run_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Create one ResourceSlice with `dryRun=All`; the slice as it would be stored; raise on
-        failure."""
-
-    def slice_names(self, driver: str, node_name: str) -> list[str]:
-        """Names of the driver's slices on the node; raise on failure."""
-
-    def delete_slice(self, name: str) -> None:
-        """Delete one ResourceSlice (gone already is fine); raise on failure."""
-
-    def node_uid(self, node_name: str) -> str:
-        """The Node's UID; raise when it cannot be found."""
-
-
 def _millis() -> int:
     return int(time.time() * 1000)
 
 
-class SlicePublisher:
+class SlicePublisher(ChangeWriter):
     """Keeps one node's pool of one driver true: see the module doc."""
 
     def __init__(
@@ -107,17 +95,13 @@ class SlicePublisher:
         backoff: Backoff | None = None,
         clock_ms: Callable[[], int] = _millis,
     ) -> None:
+        super().__init__(coalesce=coalesce, backoff=backoff, resync=resync)
         self.driver = driver
         self.node_name = node_name
         self._client = client
         self._devices = devices
         self._metrics = metrics
-        self._coalesce = coalesce
-        self._resync = resync
-        self._backoff = backoff or Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
         self._clock_ms = clock_ms
-        self._kick = asyncio.Event()
-        self._retry_at: float | None = None
         self.node_uid: str | None = None
         #: the documents last written (generation 0); None before the first write or after force()
         self.written: list[dict[str, Any]] | None = None
@@ -125,8 +109,6 @@ class SlicePublisher:
         #: names of the slices the pool has on the API server as far as we know; None: unknown
         self._names: set[str] | None = None
         self._failing = False
-        self.writes = 0
-        self.failures = 0
         #: whether the API server keeps device taints (see the module doc)
         self.taints = DeviceTaints.UNKNOWN
         #: physical IDs left out of the slices because the taint they need would be dropped
@@ -135,10 +117,7 @@ class SlicePublisher:
         self.on_state: Callable[[], None] | None = None
         self.probes = 0
         self._probe_at = 0.0  # monotonic: when the next dry run is due (while not Kept)
-
-    def notify(self) -> None:
-        """The devices may have changed: compare (and write) soon."""
-        self._kick.set()
+        self.what = f"ResourceSlices of {driver}"
 
     def force(self) -> None:
         """Write the slices on the next sync even when nothing changed (someone may have deleted
@@ -147,37 +126,15 @@ class SlicePublisher:
         self._names = None
         self._kick.set()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Write the first slices, then every change, until `stop` is set."""
-        self._kick.set()
-        next_resync = time.monotonic() + self._resync
-        while not stop.is_set():
-            until = next_resync if self._retry_at is None else min(self._retry_at, next_resync)
-            if self._retry_at is None:
-                await wait_any((self._kick, stop), until - time.monotonic())
-            else:
-                await wait_any((stop,), until - time.monotonic())
-            if stop.is_set():
-                break
-            if time.monotonic() >= next_resync:
-                next_resync = time.monotonic() + self._resync
-                await self._check_present()
-                if self.taints is not DeviceTaints.KEPT and time.monotonic() >= self._probe_at:
-                    before = self.taints
-                    await self.probe_taints()
-                    if self.taints is not before:
-                        self._kick.set()
-            if not self._kick.is_set() and (self._retry_at is None or time.monotonic() < self._retry_at):
-                continue
-            await wait_any((stop,), self._coalesce)
-            if stop.is_set():
-                break
-            self._kick.clear()
-            try:
-                await self.sync()
-            except Exception:
-                log.exception("Building the ResourceSlices of %s failed", self.driver)
-                self._retry_at = time.monotonic() + self._backoff.next()
+    async def check(self) -> None:
+        """Every `resync`: the slices still there, and, while taints are not known to be kept,
+        the API server asked again (a control plane upgraded meanwhile)."""
+        await self._check_present()
+        if self.taints is not DeviceTaints.KEPT and time.monotonic() >= self._probe_at:
+            before = self.taints
+            await self.probe_taints()
+            if self.taints is not before:
+                self.notify()
 
     async def _check_present(self) -> None:
         """Write again when a slice we wrote is gone (one LIST)."""
@@ -259,7 +216,7 @@ class SlicePublisher:
             await self.probe_taints()
         docs = self._publish()
         if docs == self.written:
-            self._retry_at = None
+            self.succeeded()
             return False
         if self.node_uid is None:
             await self._find_owner()
@@ -281,10 +238,8 @@ class SlicePublisher:
                 await asyncio.to_thread(self._client.delete_slice, extra)
                 log.info("Deleted ResourceSlice %s (the pool has fewer slices now)", extra)
         except Exception as e:
-            self.failures += 1
             self._metrics.slice_writes.labels("error").inc()
-            delay = self._backoff.next()
-            self._retry_at = time.monotonic() + delay
+            delay = self.failed()
             self._failing = True
             # What was applied may be partial: know nothing, write everything next time.
             self._names = None
@@ -299,8 +254,7 @@ class SlicePublisher:
         if self.writes == 1:
             settle_memory()
         self._metrics.slice_writes.labels("ok").inc()
-        self._backoff.reset()
-        self._retry_at = None
+        self.succeeded()
         devices = [d for doc in docs for d in doc["spec"]["devices"]]
         log.log(
             logging.INFO if self._failing or self.writes == 1 else logging.DEBUG,

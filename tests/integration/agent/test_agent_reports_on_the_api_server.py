@@ -269,14 +269,15 @@ def test_the_agent_publishes_its_device_report(
             assert agent.counter("patchbay_agent_report_writes_total", result="ok") == writes + 1
             assert second["metadata"]["generation"] == first["metadata"]["generation"] + 1
 
-            # A quiet period: rounds and PodResources reads go on, the reporter looks and writes
-            # nothing (wait on its own counters, then compare).
-            unchanged = agent.counter("patchbay_agent_report_unchanged_total")
+            # A quiet period: health rounds and PodResources reads go on and publish no new device
+            # snapshot, so the reporter writes nothing (wait on the agent's own counters, then
+            # compare).
+            rounds = agent.counter("patchbay_agent_health_round_seconds_count")
             reads = agent.counter("patchbay_agent_pod_resources_reads_total", result="ok")
             wait_for(
-                "two more looks at an unchanged report and two PodResources reads",
+                "two more health rounds and two PodResources reads",
                 lambda: (
-                    agent.counter("patchbay_agent_report_unchanged_total") >= unchanged + 2
+                    agent.counter("patchbay_agent_health_round_seconds_count") >= rounds + 2
                     and agent.counter("patchbay_agent_pod_resources_reads_total", result="ok") >= reads + 2
                 ),
                 timeout=30,

@@ -10,8 +10,9 @@ import pytest
 from patchbay_agent.api import api_pb2
 from patchbay_agent.config import Allocation, PreferredPolicy
 from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
-from patchbay_agent.core.inventory import Inventory, ListTooLargeError, Snapshot, replica_id
+from patchbay_agent.core.inventory import Inventory, Snapshot, replica_id
 from patchbay_agent.deviceplugin.allocation import AllocationError, allocate, preferred
+from patchbay_agent.deviceplugin.encoding import ListAndWatchEncoder, ListTooLargeError
 from patchbay_agent.discovery import PhysicalDevice
 
 
@@ -138,7 +139,8 @@ def test_replica_ids_stay_within_63_characters_and_unique() -> None:
 
 def test_inventory_publishes_only_changes_and_refuses_oversized_lists() -> None:
     async def scenario() -> None:
-        inv = Inventory(1, "rw", max_bytes=200)
+        inv = Inventory(1, "rw")
+        inv.admit(ListAndWatchEncoder(max_bytes=200).check)
         tracker = DeviceHealthTracker(1, 1)
         devs = [PhysicalDevice(f"d{i}") for i in range(3)]
         tracker.observe({d.id: CheckResult(True) for d in devs})

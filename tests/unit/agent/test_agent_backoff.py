@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 
-from patchbay_agent.deviceplugin.registration import Backoff
+from patchbay_agent.backoff import Backoff
 from patchbay_agent.wakeup import wait_any
 
 
 def test_backoff_doubles_up_to_its_cap_with_jitter_and_resets(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("patchbay_agent.deviceplugin.registration.random.uniform", lambda a, b: 1.0)
+    monkeypatch.setattr("patchbay_agent.backoff.random.uniform", lambda a, b: 1.0)
     b = Backoff(initial=0.1, maximum=1.0)
     assert [b.next() for _ in range(6)] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
     b.reset()

@@ -6,17 +6,15 @@ import json
 import stat
 from pathlib import Path
 
-from patchbay_agent.api import api_pb2
 from patchbay_agent.cdi import CdiSpecs, spec_document, spec_file_name
-from patchbay_agent.core.inventory import Snapshot
+from patchbay_agent.core.inventory import DeviceSpec, Snapshot
 
 
 def _snap(specs: dict[str, list[tuple[str, str]]], perms: str = "rw") -> Snapshot:
     return Snapshot(
         1,
-        api_pb2.ListAndWatchResponse(),
         specs={
-            pid: tuple(api_pb2.DeviceSpec(container_path=c, host_path=h, permissions=perms) for c, h in nodes)
+            pid: tuple(DeviceSpec(container_path=c, host_path=h, permissions=perms) for c, h in nodes)
             for pid, nodes in specs.items()
         },
     )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from patchbay_agent.config import Allocation, Mount
-from patchbay_agent.core.health import DeviceHealthTracker, DeviceStatus
+from patchbay_agent.core.health import DeviceHealthTracker
 from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.discovery import PhysicalDevice
 from patchbay_agent.dra.claims import ClaimError, allocated_devices, claim_spec_document, spec_file_name
@@ -168,10 +168,7 @@ def test_slice_devices_carry_attributes_numa_and_health() -> None:
     )
     inv.update([pci, tty], tracker)
 
-    def status(dev_id: str) -> DeviceStatus | None:
-        return tracker.status(dev_id)
-
-    devices = slice_devices(inv.current, status)
+    devices = slice_devices(inv.current)
     by_id = {d.physical_id: d for d in devices}
     assert by_id[pci.id].attributes == {
         "patchbay.dev/id": {"string": "0000:3b:00.0"},
@@ -195,7 +192,7 @@ def test_devices_held_through_the_device_plugin_are_tainted_and_cut_the_pool_to_
 
     tracker.observe({d.id: CheckResult(True) for d in devs})
     inv.update(devs, tracker)
-    devices = slice_devices(inv.current, tracker.status, plugin_held={"tty7"})
+    devices = slice_devices(inv.current, plugin_held={"tty7"})
     held = [d for d in devices if d.plugin_held]
     assert [d.physical_id for d in held] == ["tty7"]
     assert held[0].document()["taints"] == [

@@ -5,6 +5,7 @@ changes, vanished devices and clean end (no sockets here)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from patchbay_agent.api import dra_health_v1_pb2 as pb
@@ -38,14 +39,15 @@ def test_the_list_names_devices_as_the_slices_do() -> None:
     inv, tracker = _setup()
     tracker.observe({TTY0.id: CheckResult(True), TTY1.id: CheckResult(False, "gone", True, "Vanished")})
     inv.update([TTY0, TTY1], tracker)
-    message = health_response(inv.current, NODE, tracker.status, now=1234.9)
+    message = health_response(inv.current, NODE, now=1234.9)
     assert _states(message) == {
         device_name("ttyUSB0"): ("HEALTHY", ""),
         device_name("ttyUSB1"): ("UNHEALTHY", "Vanished"),
     }
     assert {(d.last_updated_time, d.health_check_timeout_seconds) for d in message.devices} == {(1234, 30)}
     # A device the tracker never observed is neither healthy nor unhealthy.
-    assert _states(health_response(inv.current, NODE, lambda _: None, now=0))[device_name("ttyUSB1")] == (
+    unobserved = dataclasses.replace(inv.current, status={})
+    assert _states(health_response(unobserved, NODE, now=0))[device_name("ttyUSB1")] == (
         "UNKNOWN",
         "",
     )
@@ -53,7 +55,7 @@ def test_the_list_names_devices_as_the_slices_do() -> None:
 
 def test_the_list_is_built_once_per_snapshot() -> None:
     inv, tracker = _setup()
-    reports = HealthReports(NODE, inv, tracker.status)
+    reports = HealthReports(NODE, inv)
     first = reports.response(inv.current)
     assert reports.response(inv.current) is first
     tracker.observe({TTY0.id: CheckResult(True), TTY1.id: CheckResult(False, "gone", True, "Vanished")})
@@ -63,7 +65,7 @@ def test_the_list_is_built_once_per_snapshot() -> None:
 
 async def test_a_stream_sends_changes_heartbeats_vanished_devices_and_ends() -> None:
     inv, tracker = _setup()
-    servicer = DraHealthServicer(HealthReports(NODE, inv, tracker.status), heartbeat=0.05)
+    servicer = DraHealthServicer(HealthReports(NODE, inv), heartbeat=0.05)
     context: Any = None
     stream = servicer.NodeWatchResources(pb.NodeWatchResourcesRequest(), context)
     healthy = {device_name("ttyUSB0"): ("HEALTHY", ""), device_name("ttyUSB1"): ("HEALTHY", "")}
@@ -90,8 +92,8 @@ async def test_a_stream_sends_changes_heartbeats_vanished_devices_and_ends() -> 
 
 
 async def test_a_cancelled_stream_is_counted_out() -> None:
-    inv, tracker = _setup()
-    servicer = DraHealthServicer(HealthReports(NODE, inv, tracker.status))
+    inv, _tracker = _setup()
+    servicer = DraHealthServicer(HealthReports(NODE, inv))
     context: Any = None
     stream = servicer.NodeWatchResources(pb.NodeWatchResourcesRequest(), context)
     await anext(stream)
@@ -106,7 +108,7 @@ def test_the_v1alpha1_list_is_the_v1_list_in_v1alpha1_types_built_once() -> None
     inv, tracker = _setup()
     tracker.observe({TTY0.id: CheckResult(True), TTY1.id: CheckResult(False, "gone", True, "Vanished")})
     inv.update([TTY0, TTY1], tracker)
-    reports = HealthReports(NODE, inv, tracker.status)
+    reports = HealthReports(NODE, inv)
     v1 = reports.response(inv.current)
     alpha = reports.response_as(inv.current, alpha_pb.NodeWatchResourcesResponse)
     assert isinstance(alpha, alpha_pb.NodeWatchResourcesResponse)
@@ -124,7 +126,7 @@ def test_the_v1alpha1_list_is_the_v1_list_in_v1alpha1_types_built_once() -> None
 
 async def test_a_v1alpha1_stream_counts_with_the_v1_streams() -> None:
     inv, tracker = _setup()
-    servicer = DraHealthServicer(HealthReports(NODE, inv, tracker.status), heartbeat=0.05)
+    servicer = DraHealthServicer(HealthReports(NODE, inv), heartbeat=0.05)
     context: Any = None
     stream = servicer.v1alpha1.NodeWatchResources(alpha_pb.NodeWatchResourcesRequest(), context)
     first = await anext(stream)

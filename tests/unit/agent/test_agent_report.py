@@ -87,7 +87,7 @@ def test_a_report_folds_replicas_counts_and_names_the_holders() -> None:
         # An ID the kubelet still reports for a device no longer listed: folded, then ignored.
         other: ("tty9::3",),
     }
-    report = build_report(TARGET, snap, tracker.status, containers, node_uid="uid-1")
+    report = build_report(TARGET, snap, containers, node_uid="uid-1")
 
     assert report["apiVersion"] == "patchbay.dev/v1alpha1"
     assert report["kind"] == "DeviceReport"
@@ -149,7 +149,6 @@ def test_without_a_node_uid_or_pod_name_the_report_has_no_owner_and_no_agent() -
     report = build_report(
         ReportTarget("p", "n", "ns", "example.com/serial"),
         _snapshot(_devices(1), tracker),
-        tracker.status,
         {},
     )
     assert "ownerReferences" not in report["metadata"]
@@ -164,14 +163,12 @@ def test_a_dra_report_says_what_the_api_server_does_with_taints_and_what_is_left
     tracker = DeviceHealthTracker(1, 1)
     tracker.observe({"tty0": CheckResult(True), "tty1": CheckResult(False, "gone", code="Vanished")})
     snap = _snapshot(_devices(2), tracker)
-    plain = build_report(TARGET, snap, tracker.status, {})
+    plain = build_report(TARGET, snap, {})
     assert "deviceTaints" not in plain and "withheld" not in plain["summary"]
-    kept = build_report(TARGET, snap, tracker.status, {}, slices=SliceState("Kept"))
+    kept = build_report(TARGET, snap, {}, slices=SliceState("Kept"))
     assert kept["deviceTaints"] == "Kept" and kept["summary"]["withheld"] == 0
     assert all("withheld" not in d for d in kept["devices"])
-    dropped = build_report(
-        TARGET, snap, tracker.status, {}, slices=SliceState("Dropped", frozenset({"tty1"}))
-    )
+    dropped = build_report(TARGET, snap, {}, slices=SliceState("Dropped", frozenset({"tty1"})))
     assert dropped["deviceTaints"] == "Dropped"
     assert dropped["summary"] == {"total": 2, "healthy": 1, "unhealthy": 1, "allocated": 0, "withheld": 1}
     assert [(d["id"], d.get("withheld")) for d in dropped["devices"]] == [("tty0", None), ("tty1", True)]
@@ -184,7 +181,7 @@ def test_long_messages_reasons_and_holder_lists_are_capped() -> None:
     )
     snap = _snapshot(_devices(1), tracker, replicas=100)
     containers = {PodRef("ns", f"pod{i:03d}", "c"): (f"tty0::{i}",) for i in range(100)}
-    (device,) = build_report(TARGET, snap, tracker.status, containers)["devices"]
+    (device,) = build_report(TARGET, snap, containers)["devices"]
     assert len(device["message"]) == MAX_MESSAGE_LENGTH
     assert device["message"].startswith("probe exited 1: EEE")
     assert device["message"].endswith("...")
@@ -199,7 +196,7 @@ def test_over_the_crd_limit_unhealthy_and_held_devices_are_kept_and_summary_coun
     tracker = DeviceHealthTracker(1, 1)
     tracker.observe({d.id: CheckResult(d.id != f"v{n - 1}", "gone", code="Vanished") for d in devices})
     snap = _snapshot(devices, tracker)
-    report = build_report(TARGET, snap, tracker.status, {PodRef("a", "b", "c"): (f"v{n - 2}",)})
+    report = build_report(TARGET, snap, {PodRef("a", "b", "c"): (f"v{n - 2}",)})
     ids = [d["id"] for d in report["devices"]]
     assert len(ids) == MAX_DEVICES
     assert ids[-2:] == [f"v{n - 2}", f"v{n - 1}"]

@@ -14,8 +14,8 @@ import grpc
 import pytest
 from support.agentrun import until
 
+from patchbay_agent.backoff import Backoff
 from patchbay_agent.core.holders import PodHolders
-from patchbay_agent.deviceplugin.registration import Backoff
 from patchbay_agent.kubelet import podresources
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.report.devicereport import PodRef, ReportTarget
@@ -241,7 +241,7 @@ async def test_holders_change_only_when_the_kubelet_says_so_and_survive_its_abse
     kubelet = FakeKubelet()
     holders = PodHolders("/nope.sock", RESOURCE, metrics, list_pods=kubelet.list_pods)
     changes: list[int] = []
-    holders.on_change = lambda: changes.append(1)
+    holders.subscribe(lambda: changes.append(1))
     kubelet.pods = [_pod("ml", "trainer", main=("tty0::0", "tty0::1"), idle=()), _pod("x", "y")]
     assert await holders.read()
     assert holders.containers == {PodRef("ml", "trainer", "main"): ("tty0::0", "tty0::1")}

@@ -1,0 +1,120 @@
+"""A profile's observed state -> everything its status needs, computed once, with no effect.
+
+`evaluate(inputs)` is pure: the status dict (None for a profile being deleted), the problems its
+Events are posted from, when to look again (a pod's trouble that turns stalled later, with no
+other event to say so), and the nodes whose DeviceReports should be pruned (reports of nodes the
+profile no longer selects). The controller gathers the inputs from its caches and performs those
+effects (`Controller.compute_status`); here nothing reads a clock, writes a field or starts a
+request, so every mode is tested by value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from patchbay_operator import capacity, status
+from patchbay_operator.agentpods import Trouble
+from patchbay_operator.capacity import NodeState
+from patchbay_operator.constants import Mode
+from patchbay_operator.devicereports import Report
+from patchbay_operator.profiles import Profile
+from patchbay_operator.status import AgentDaemonSet, Problem, StoredDeviceClass
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the controller's caches say about one profile at one moment."""
+
+    profile: Profile
+    #: the status as last written (conditions keep their lastTransitionTime)
+    previous: Mapping[str, Any]
+    #: the wall clock, once: for condition times
+    now: str
+    #: every node the operator knows
+    nodes: Sequence[NodeState]
+    #: the profile that holds the resource name when this one lost the conflict; None: no conflict
+    winner: str | None = None
+    #: the profile that serves the same resource the other way (node capacity vs DRA)
+    twin: Profile | None = None
+    #: static mode: the last patch failure per node
+    failures: Mapping[str, str] = field(default_factory=dict)
+    #: agent modes: the agent DaemonSet, its pods' troubles and the DeviceReports
+    daemonset: AgentDaemonSet | None = None
+    troubles: Sequence[Trouble] = ()
+    reports: Sequence[Report] = ()
+    #: DRA mode: the profile's DeviceClass as the API server stored it
+    device_class: StoredDeviceClass | None = None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The result, and the effects the controller performs for it."""
+
+    status: dict[str, Any] | None
+    problems: list[Problem] = field(default_factory=list)
+    #: when the status must be computed again although nothing happens (None: no need)
+    recheck_at: datetime | None = None
+    #: prune the profile's DeviceReports of every node but these (None: nothing to prune)
+    keep_reports: frozenset[str] | None = None
+
+
+def evaluate(inputs: Inputs) -> Evaluation:
+    """The profile's status and problems, each computed once (see the module doc)."""
+    profile, previous, now = inputs.profile, inputs.previous, inputs.now
+    if profile.deleting:
+        return Evaluation(None)
+    if inputs.winner is not None:
+        return Evaluation(_no_dra(status.conflict_status(profile, inputs.winner, previous, now), previous))
+    nodes = inputs.nodes
+    if profile.mode is Mode.STATIC:
+        seen = [
+            r for n in nodes if (r := capacity.report(profile, n, inputs.failures.get(n.name))) is not None
+        ]
+        problems = status.static_problems(seen)
+        new = status.static_status(profile, seen, previous, now, problems=problems)
+        return Evaluation(_no_dra(new, previous), problems)
+    troubles = inputs.troubles
+    rechecks = [t.recheck_at for t in troubles if t.recheck_at is not None]
+    recheck_at = min(rechecks) if rechecks else None
+    matching = [n for n in nodes if profile.selector.matches(n.labels)]
+    selected = frozenset(n.name for n in matching)
+    reports = inputs.reports
+    keep = selected if any(r.node not in selected for r in reports) else None
+    ds = inputs.daemonset
+    if profile.mode is Mode.DRA:
+        # KEP-5004: the same resource name through node capacity on the same node is reported.
+        twin = inputs.twin
+        twice = status.served_twice(profile, twin, matching)
+        twin_name = twin.name if twin is not None else ""
+        problems = status.dra_problems(profile, matching, troubles, reports)
+        problems += status.served_twice_problems(profile, twin_name, twice)
+        new = status.dra_status(
+            profile,
+            ds,
+            nodes,
+            previous,
+            now,
+            troubles=troubles,
+            reports=reports,
+            twin=twin_name,
+            twice=twice,
+            device_class=inputs.device_class,
+            problems=problems,
+        )
+        return Evaluation(new, problems, recheck_at, keep)
+    problems = status.plugin_problems(profile, matching, troubles, reports)
+    new = status.plugin_status(
+        profile, ds, nodes, previous, now, troubles=troubles, reports=reports, problems=problems
+    )
+    return Evaluation(_no_dra(new, previous), problems, recheck_at, keep)
+
+
+def _no_dra(new: dict[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
+    """A profile that is not served through DRA (any more) drops an earlier ``status.dra`` (the
+    status goes as a merge patch: only None removes a key)."""
+    if previous.get("dra") is not None:
+        new["dra"] = None
+    return new

@@ -1,0 +1,109 @@
+"""The one change-writer loop: keep an object on the API server equal to what the agent knows,
+writing only when it changed, coalesced, retried with backoff, never in the way.
+
+Both writers use it: the DeviceReport (`reporter.py`) and the ResourceSlices (`slices.py`).
+`notify()` is all the rest of the agent does (subscribed to the device snapshots and the holders).
+The loop then waits `coalesce` seconds (changes that come together, a device and its replicas, a
+burst of udev events, land in one write) and calls the writer's `sync()`, which builds the
+object, compares it with the last one written and writes only when it differs. A failed write
+calls `failed()`, which schedules the retry with the agent's one backoff rhythm; changes that
+arrive meanwhile go into that retry. With `resync`, `check()` runs that often (the slices: did
+someone delete them?). Nothing here raises into the agent: a bug in building is logged and
+retried later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from patchbay_agent.backoff import Backoff
+from patchbay_agent.wakeup import wait_any
+
+log = logging.getLogger(__name__)
+
+#: Changes within this many seconds become one write.
+COALESCE_SECONDS = 0.5
+#: Retry rhythm of failed writes: a missing CRD on 1,000 nodes must not become a request storm.
+BACKOFF_INITIAL = 0.5
+BACKOFF_MAX = 120.0
+#: How long the loop sleeps when nothing happens and no resync is asked for.
+_IDLE = 3600.0
+
+
+class ChangeWriter:
+    """The loop; subclasses implement `sync()` (and `check()` with `resync`)."""
+
+    #: what is written, for log messages ("DeviceReport ns/name")
+    what = "object"
+
+    def __init__(
+        self,
+        *,
+        coalesce: float = COALESCE_SECONDS,
+        backoff: Backoff | None = None,
+        resync: float | None = None,
+    ) -> None:
+        self._coalesce = coalesce
+        self._backoff = backoff or Backoff(BACKOFF_INITIAL, BACKOFF_MAX)
+        self._resync = resync
+        self._kick = asyncio.Event()
+        #: monotonic time of the next retry of a failed write; None when none is due
+        self._retry_at: float | None = None
+        self.writes = 0
+        self.failures = 0
+
+    def notify(self) -> None:
+        """What the object shows may have changed: compare (and write) soon."""
+        self._kick.set()
+
+    async def sync(self) -> bool:
+        """Build, compare, write when different; True when written. Calls `failed()` or
+        `succeeded()` after a write attempt."""
+        raise NotImplementedError
+
+    async def check(self) -> None:
+        """Every `resync` seconds: make sure what was written is still there (may `notify()`)."""
+
+    def failed(self) -> float:
+        """A write failed: count it and schedule the retry; returns the delay."""
+        self.failures += 1
+        delay = self._backoff.next()
+        self._retry_at = time.monotonic() + delay
+        return delay
+
+    def succeeded(self) -> None:
+        """A write (or a comparison that needed none) succeeded: no retry is due."""
+        self._backoff.reset()
+        self._retry_at = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Write the first object, then every change, until `stop` is set."""
+        self._kick.set()
+        next_resync = time.monotonic() + (self._resync if self._resync is not None else _IDLE)
+        while not stop.is_set():
+            until = next_resync if self._retry_at is None else min(self._retry_at, next_resync)
+            if self._retry_at is None:
+                await wait_any((self._kick, stop), until - time.monotonic())
+            else:
+                # A failed write: changes that arrive meanwhile wait for the retry.
+                await wait_any((stop,), until - time.monotonic())
+            if stop.is_set():
+                break
+            if time.monotonic() >= next_resync:
+                next_resync = time.monotonic() + (self._resync if self._resync is not None else _IDLE)
+                if self._resync is not None:
+                    await self.check()
+            if not self._kick.is_set() and (self._retry_at is None or time.monotonic() < self._retry_at):
+                continue
+            await wait_any((stop,), self._coalesce)
+            if stop.is_set():
+                break
+            self._kick.clear()
+            try:
+                await self.sync()
+            except Exception:
+                # A bug in building must not end writing, nor the agent: try again later.
+                log.exception("Building the %s failed", self.what)
+                self._retry_at = time.monotonic() + self._backoff.next()
