@@ -1,21 +1,23 @@
-"""The agent: discovery + health monitor, gRPC server, registration and HTTP, on one event loop.
+"""One resource's agent: the device core (discovery + health monitor -> inventory snapshots),
+one front-end (Device Plugin or DRA) and the writers, wired by subscription, on one event loop.
 
 Start-up order matters: the first discovery/health round runs BEFORE the socket is served, so
 the kubelet's first ListAndWatch already carries the real list (never an empty one that makes
 the kubelet advertise 0 for a moment; docs/facts.md#plugin-sockets); then serve; then register
-(registration.py).
+(deviceplugin/registration.py).
 
 With a profile (`ReportOptions`, `--profile`), the agent also publishes a DeviceReport: the
-PodResources reader (`holders.py`) and the monitor notify the reporter (`reporter.py`), which
-writes through pykube (`kubeclient.py`, imported only then) when the report changed.
+reporter (`report/reporter.py`) subscribes to the inventory's snapshots and to the PodResources
+reader (`core/holders.py`), and writes through pykube (`kubeclient.py`, imported only then) when
+the report changed. Nothing depends on the order in which subscribers were added.
 
 With `DraOptions` (`--dra-driver`, docs/dra.md) the agent is a DRA kubelet plugin instead of a
-device plugin: it serves the registration and DRA sockets (`draplugin.py`), publishes the node's
-devices as ResourceSlices (`drapublisher.py`) and never registers with the device manager. The
+device plugin: it serves the registration and DRA sockets (`dra/plugin.py`), publishes the node's
+devices as ResourceSlices (`report/slices.py`) and never registers with the device manager. The
 discovery/health loop is the same; ListAndWatch is simply not served.
 
-Each agent process serves its own socket (`sockets.py`): during a rollout the old and the new
-agent of one resource are registered side by side, and the old one's SIGTERM removes only its own
+Each agent process serves its own socket (`kubelet/sockets.py`): during a rollout the old and the
+new agent of one resource are registered side by side, and the old one's SIGTERM removes only its own
 socket. At start, sockets of the same resource that dead agents left behind are removed.
 """
 

@@ -15,7 +15,7 @@
 pykube-ng rather than the official client: the agent runs on every node and pykube is about half
 the memory (docs/facts.md#client-memory; an import-linter contract forbids the official client).
 Its object layer has no server-side apply, so this uses its HTTPClient directly. pykube is
-synchronous: the caller runs these methods off the event loop (`reporter.py`, asyncio.to_thread).
+synchronous: the caller runs these methods off the event loop (`report/reporter.py`, asyncio.to_thread).
 
 This module is imported only when reports are on (`--profile`), so an agent without reports never
 loads pykube, requests or urllib3.

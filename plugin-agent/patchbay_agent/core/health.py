@@ -26,7 +26,7 @@ Checks, in order, all under the host root:
 Every failed check carries a CamelCase reason code (`Reason`) besides its human message; the
 tracker keeps, per device, its health, since when (wall clock; the first observation counts) and,
 while Unhealthy, the reason and message that made it so. That is what the agent's DeviceReport
-says (`report.py`). The message is the one seen when the device turned Unhealthy, replaced only
+says (`report/devicereport.py`). The message is the one seen when the device turned Unhealthy, replaced only
 when the reason itself changes: a probe whose stderr differs every round must not turn each round
 into an API write.
 """

@@ -4,7 +4,7 @@ The kubelet records an allocation when it admits the container, right after our 
 so the list is read again about a second after every successful Allocate (a burst of Allocates
 costs one read) and every `period` seconds as a backstop for containers that went away. The call
 is local (a Unix socket, about a millisecond) and writes nothing: the DeviceReport is written
-only when what it read changed (`reporter.py`).
+only when what it read changed (`report/reporter.py`).
 
 A kubelet that does not answer is logged once per streak, and the last known holders are kept:
 a kubelet restart must not make every device look free for a moment.

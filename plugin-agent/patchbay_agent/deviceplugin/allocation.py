@@ -1,6 +1,6 @@
 """Allocate and GetPreferredAllocation as pure functions of (request, snapshot, config).
 
-Kept free of gRPC server types so the policies are tested directly; `server.py` turns
+Kept free of gRPC server types so the policies are tested directly; `deviceplugin/server.py` turns
 `AllocationError` into a gRPC status.
 """
 

@@ -10,7 +10,7 @@ and refuses a second registration of the same endpoint):
 * `<root>/plugins_registry/<driver>-<instance>.sock`: `pluginregistration.Registration`;
 * `<root>/plugins/<driver>/dra-<instance>.sock`: `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and
   the same handlers under `...v1beta1.DRAPlugin`, and `v1.DRAResourceHealth` and
-  `v1alpha1.DRAResourceHealth` (`drahealth.py`), which GetInfo then lists in supported_versions.
+  `v1alpha1.DRAResourceHealth` (`dra/health.py`), which GetInfo then lists in supported_versions.
 
 The DRA socket is served first, so the endpoint answers by the time the kubelet learns it. Ready
 means the kubelet said `plugin_registered=true`. A socket file that disappears (someone wiped

@@ -2,7 +2,7 @@
 
 Pure: a report is built from the inventory's snapshot (which devices, in the order the kubelet
 sees them), the health tracker's statuses (health, since when, why) and the containers the
-kubelet's PodResources API says hold this resource's device IDs. No I/O here; `reporter.py`
+kubelet's PodResources API says hold this resource's device IDs. No I/O here; `report/reporter.py`
 decides when to write and `kubeclient.py` writes.
 
 The shape is the CRD's (crds/patchbay.dev_devicereports.yaml), which the API server validates:

@@ -1,4 +1,4 @@
-"""DRA mode's health list for the kubelet (`drahealth.py`): what each message says, built once per
+"""DRA mode's health list for the kubelet (`dra/health.py`): what each message says, built once per
 snapshot (and API version: v1, and v1alpha1 for kubelets before 1.37), and a stream's heartbeat,
 changes, vanished devices and clean end (no sockets here)."""
 
