@@ -326,6 +326,11 @@ class Agent:
             return self.dra.serving
         return self.registrar.server is not None and self.registrar.server.serving
 
+    @property
+    def ready(self) -> bool:
+        """Registered with the kubelet (as a device plugin or a DRA driver)."""
+        return self._ready()
+
     def _ready(self) -> bool:
         if self.dra is not None:
             return self.dra.registered

@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
-from patchbay_agent.metrics import CONTENT_TYPE, Metrics
+from patchbay_agent.metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -21,10 +22,21 @@ REQUEST_TIMEOUT = 5.0
 _END_OF_HEADERS = (b"\r\n", b"\n", b"")
 
 
+class _Renders(Protocol):
+    def render(self) -> bytes: ...
+
+
+class _HasRegistry(Protocol):
+    """`metrics.Metrics`, or the node agent's view of all its profiles' metrics."""
+
+    @property
+    def registry(self) -> _Renders: ...
+
+
 class HttpEndpoint:
     """GET /metrics, /healthz, /readyz on host:port (port 0: pick one; see `.port`)."""
 
-    def __init__(self, metrics: Metrics, healthy: Callable[[], bool], ready: Callable[[], bool]) -> None:
+    def __init__(self, metrics: _HasRegistry, healthy: Callable[[], bool], ready: Callable[[], bool]) -> None:
         self._metrics = metrics
         self._healthy = healthy
         self._ready = ready

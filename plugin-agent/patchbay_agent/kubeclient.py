@@ -222,6 +222,12 @@ class KubeClient:
             raise ApiError(response.status_code, f"node {node_name} has no metadata.uid")
         return uid
 
+    def node_labels(self, node_name: str) -> dict[str, str]:
+        """The Node's labels (GET; the node agent decides from them which profiles select it)."""
+        response = self._send("GET", version="v1", url=f"nodes/{node_name}", headers=self._headers())
+        labels = (response.json().get("metadata") or {}).get("labels") or {}
+        return {str(k): str(v) for k, v in labels.items()}
+
     def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         """GET a ResourceClaim; ApiError (404 when it is gone). `timeout` bounds the request (the
         kubelet gives a whole NodePrepareResources 45 s: docs/dra.md#kubelet-registration)."""

@@ -111,8 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
             "API)."
         ),
     )
-    p.add_argument(
-        "--config", required=True, metavar="FILE", help="agent config YAML (resourceName + plugin)"
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--config", metavar="FILE", help="agent config YAML (resourceName + plugin)")
+    which.add_argument(
+        "--node-config",
+        metavar="FILE",
+        help="the node agent's config: every profile sharing the default agent (profile, mode, "
+        "resourceName, plugin, nodeSelectorTerms); serves, in one process, each profile whose terms "
+        "select this node's labels (read from the API server), each with its own socket, registration "
+        "and DeviceReport in --report-namespace; a profile that fails is reported and restarted alone",
     )
     p.add_argument("--node-name", required=True, help="this node's name (labels metrics and logs)")
     p.add_argument(
@@ -315,10 +322,77 @@ def _report_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     )
 
 
+def _node_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`--node-config`: one process for every profile of the shared agent (`node.NodeAgent`)."""
+    from patchbay_agent.kubeclient import ClientConfigError, KubeClient
+    from patchbay_agent.node import NodeAgent, NodeOptions
+    from patchbay_agent.nodeconfig import load_node_config
+
+    if args.profile is not None or args.dra_driver is not None:
+        parser.error(
+            "--node-config names every profile (and DRA driver) itself: leave out --profile/--dra-driver"
+        )
+    namespace = args.report_namespace or os.environ.get("POD_NAMESPACE", "")
+    if not namespace:
+        parser.error("--node-config needs --report-namespace (or $POD_NAMESPACE)")
+    try:
+        entries = load_node_config(args.node_config)
+    except ConfigError as e:
+        print(f"patchbay-agent: invalid node config {args.node_config}: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        client = KubeClient(args.kubeconfig)
+    except ClientConfigError as e:
+        print(f"patchbay-agent: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    options = NodeOptions(
+        AgentOptions(
+            node_name=args.node_name,
+            plugin_dir=args.device_plugin_dir,
+            host_root=args.host_root,
+            host_path_prefix=args.host_path_prefix,
+            http_address=args.http_address,
+            poll_interval=args.poll_interval,
+            shutdown_grace=args.shutdown_grace,
+            cdi_spec_dir=args.cdi_spec_dir,
+            report=ReportOptions(
+                profile="node",
+                namespace=namespace,
+                pod_name=args.pod_name or os.environ.get("POD_NAME") or None,
+                pod_resources_socket=args.pod_resources_socket or Path(DEFAULT_POD_RESOURCES_SOCKET),
+                pod_resources_period=args.pod_resources_period or DEFAULT_POD_RESOURCES_PERIOD,
+                kubeconfig=args.kubeconfig,
+            ),
+        ),
+        report_namespace=namespace,
+        kubelet_root_dir=args.kubelet_root_dir,
+        kubeconfig=args.kubeconfig,
+    )
+    log.info(
+        "Starting the node agent on node %s: %d profile(s) in %s",
+        args.node_name,
+        len(entries),
+        args.node_config,
+    )
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await NodeAgent(entries, options, client).run(stop)
+
+    asyncio.run(run())
+    log.info("Stopped")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.log_format, args.log_level)
+    if args.node_config is not None:
+        return _node_main(parser, args)
     report = _report_options(parser, args)
     try:
         config = load(args.config)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -229,6 +229,38 @@ class Registry:
     def render(self) -> bytes:
         lines = [line for family in self.families for line in family.render()]
         return ("\n".join(lines) + "\n").encode()
+
+
+def _with_label(line: str, name: str, value: str) -> str:
+    """A sample line with one more label, first: `m{a="b"} 1` -> `m{name="value",a="b"} 1`."""
+    pair = f'{name}="{_escape_label_value(value)}"'
+    metric, sep, rest = line.partition(" ")
+    if metric.endswith("}"):
+        head, _, labels = metric.partition("{")
+        return f"{head}{{{pair},{labels}{sep}{rest}"
+    return f"{metric}{{{pair}}}{sep}{rest}"
+
+
+class MergedRegistry:
+    """The registries of several profiles' agents in one process as one exposition: each family's
+    HELP and TYPE once, then every part's samples with a `profile` label (the node agent's
+    /metrics; docs/agent.md)."""
+
+    def __init__(self, parts: Callable[[], Sequence[tuple[str, Registry]]]) -> None:
+        self._parts = parts
+
+    def render(self) -> bytes:
+        heads: dict[str, list[str]] = {}
+        samples: dict[str, list[str]] = {}
+        for profile, registry in self._parts():
+            for family in registry.families:
+                lines = family.render()
+                heads.setdefault(family.name, lines[:2])
+                samples.setdefault(family.name, []).extend(
+                    _with_label(line, "profile", profile) for line in lines[2:]
+                )
+        out = [line for name, head in heads.items() for line in (*head, *samples[name])]
+        return ("\n".join(out) + "\n").encode()
 
 
 class Metrics:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 from itertools import pairwise
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -49,8 +50,24 @@ def parse(text: str) -> dict[str, Metric]:
             if family.type != "gauge":
                 assert s.value >= 0, f"{s.name}{s.labels} = {s.value}"
         if family.type == "histogram":
-            check_histogram(family)
+            for series in histogram_series(family):
+                check_histogram(series)
     return families
+
+
+def histogram_series(family: Metric) -> list[Metric]:
+    """A histogram family as one family per series (its labels but `le`): the node agent's
+    histograms carry a `profile` label, one series per profile."""
+    groups: dict[tuple[tuple[str, str], ...], list[Any]] = {}
+    for s in family.samples:
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+        groups.setdefault(key, []).append(s._replace(labels={k: v for k, v in s.labels.items() if k == "le"}))
+    out = []
+    for samples in groups.values():
+        series = Metric(family.name, family.documentation, family.type)
+        series.samples = samples
+        out.append(series)
+    return out
 
 
 def histogram_parts(family: Metric) -> tuple[list[tuple[float, float]], float, float]:

@@ -20,7 +20,7 @@ files that are still ours are removed.
 
 NodePrepareResources reads each claim from the API server off the event loop with a deadline, maps
 its allocation results of our driver and pool to physical devices, and writes the claim's CDI spec
-file (`draclaims.py`); NodeUnprepareResources deletes that file. Per-claim failures go in the
+file (`dra/claims.py`); NodeUnprepareResources deletes that file. Per-claim failures go in the
 claim's `error`, never fail the call (the kubelet retries just those claims).
 """
 

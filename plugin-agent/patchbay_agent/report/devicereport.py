@@ -199,3 +199,18 @@ def build_report(
 def with_observed_at(report: Mapping[str, Any], seconds: float) -> dict[str, Any]:
     """The report as written: `observedAt` set to when the agent saw the change."""
     return {**report, "observedAt": rfc3339(seconds)}
+
+
+def failure_report(
+    target: ReportTarget, reason: str, message: str, since: float, node_uid: str | None = None
+) -> dict[str, Any]:
+    """The report of a profile the node agent cannot serve on this node (its config was refused,
+    its discovery or front-end failed): no devices, and `agentError` saying why, so the profile's
+    status names the node while the node's other profiles keep serving (docs/agent.md)."""
+    report = build_report(target, Snapshot(0), {}, node_uid)
+    report["agentError"] = {
+        "reason": cap(reason, MAX_REASON_LENGTH),
+        "message": cap(message, MAX_MESSAGE_LENGTH),
+        "since": rfc3339(since),
+    }
+    return report

@@ -1,0 +1,291 @@
+"""The node agent: ONE process per node serving every profile that shares the default agent and
+selects this node, each in a unit of its own, supervised so that no profile shares a failure.
+
+Each selected profile runs as its own `agent.Agent` (its own discovery, health monitor, device
+core, front-end: a device-plugin socket and registration or a DRA driver registration, and its
+own DeviceReport), all on one event loop with one API client, one PodResources socket and one
+HTTP endpoint (/metrics merges every unit's metrics with a `profile` label). Isolation:
+
+* a profile whose entry is refused (a bad glob, an unknown field) never starts; its DeviceReport
+  says `agentError: ConfigInvalid` and why; the others serve;
+* a unit that fails to start (discovery cannot work here) or crashes later is stopped alone
+  (its sockets removed, its streams ended), reported (`agentError: AgentFailed`) and started
+  again with backoff; the others never notice;
+* blocking work (device scans, path checks, API writes) runs off the loop, so a hung probe or a
+  hung filesystem holds that unit's round, not the loop (exec probes have their own timeouts).
+
+Which profiles select the node is the entries' node selector terms against the Node's labels,
+read from the API server at start (`NodeLabels`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from patchbay_agent.agent import Agent, AgentOptions, DraOptions, ReportOptions
+from patchbay_agent.backoff import Backoff
+from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from patchbay_agent.httpserver import HttpEndpoint
+from patchbay_agent.metrics import MergedRegistry, Metrics, Registry
+from patchbay_agent.nodeconfig import ProfileEntry, selected
+from patchbay_agent.report.devicereport import ReportTarget, failure_report
+from patchbay_agent.report.reporter import ReportClient, Reporter
+
+log = logging.getLogger(__name__)
+
+#: Reasons a profile's DeviceReport gives in `agentError`.
+CONFIG_INVALID = "ConfigInvalid"
+AGENT_FAILED = "AgentFailed"
+#: Restart rhythm of a unit that failed.
+RESTART_INITIAL = 1.0
+RESTART_MAX = 60.0
+
+
+class NodeClient(ReportClient, Protocol):
+    """What the node agent needs of the API besides each unit's needs."""
+
+    def node_labels(self, node_name: str) -> dict[str, str]:
+        """The Node's labels; raise when it cannot be read."""
+
+
+@dataclass
+class NodeOptions:
+    """Where the node agent runs (flags); each unit's `AgentOptions` derive from it."""
+
+    agent: AgentOptions
+    report_namespace: str
+    kubelet_root_dir: Path = Path(DEFAULT_KUBELET_ROOT_DIR)
+    kubeconfig: Path | None = None
+    restart_initial: float = RESTART_INITIAL
+    restart_max: float = RESTART_MAX
+
+
+@dataclass
+class Unit:
+    """One profile on this node: its entry, its agent while it runs, what went wrong."""
+
+    entry: ProfileEntry
+    agent: Agent | None = None
+    #: (reason, message, since) while the profile cannot be served
+    failure: tuple[str, str, float] | None = None
+    starts: int = 0
+    ready_once: bool = False
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    #: while the profile cannot be served: the writer of its failure report
+    failure_reporter: Reporter | None = None
+    failure_task: asyncio.Task[None] | None = None
+    failure_stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class NodeAgent:
+    """See the module doc. `run(stop)` until SIGTERM."""
+
+    def __init__(
+        self,
+        entries: Sequence[ProfileEntry],
+        options: NodeOptions,
+        client: NodeClient,
+        *,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        """`labels`: the Node's labels (default: read from the API server at `run`)."""
+        self.entries = list(entries)
+        self.options = options
+        self.client = client
+        self.labels = dict(labels) if labels is not None else None
+        self.units: dict[str, Unit] = {}
+        self.http = HttpEndpoint(_Metrics(MergedRegistry(self._registries)), self._healthy, self._ready)
+
+    def _registries(self) -> list[tuple[str, Registry]]:
+        return [(n, u.agent.metrics.registry) for n, u in sorted(self.units.items()) if u.agent is not None]
+
+    def _healthy(self) -> bool:
+        return True
+
+    def _ready(self) -> bool:
+        """Ready once every unit served at least once or is reported failed: one profile's
+        trouble must not hold the node's agent (and the other profiles' rollout) back."""
+        return all(u.ready_once or u.failure is not None for u in self.units.values())
+
+    def unit_options(self, entry: ProfileEntry) -> AgentOptions:
+        base, node = self.options.agent, self.options
+        report = ReportOptions(
+            profile=entry.profile,
+            namespace=node.report_namespace,
+            pod_name=base.report.pod_name if base.report is not None else None,
+            pod_resources_socket=base.report.pod_resources_socket
+            if base.report is not None
+            else Path(DEFAULT_POD_RESOURCES_SOCKET),
+            pod_resources_period=base.report.pod_resources_period if base.report is not None else 10.0,
+            kubeconfig=node.kubeconfig,
+        )
+        dra = None
+        if entry.driver and entry.mode == "DRA":
+            dra = DraOptions(entry.driver, node.kubelet_root_dir, node.kubeconfig)
+        return replace(base, http_address=None, instance=None, report=report, dra=dra)
+
+    def _target(self, entry: ProfileEntry) -> ReportTarget:
+        opts = self.options
+        pod = opts.agent.report.pod_name if opts.agent.report is not None else None
+        resource = (
+            entry.config.resource_name if entry.config is not None else str(entry.raw.get("resourceName"))
+        )
+        return ReportTarget(entry.profile, opts.agent.node_name, opts.report_namespace, resource, pod)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start a unit per selected profile, supervise them until `stop`, then stop them all."""
+        if self.labels is None:
+            self.labels = await asyncio.to_thread(self.client.node_labels, self.options.agent.node_name)
+        chosen = selected(self.entries, self.labels)
+        log.info(
+            "Serving %d of %d profile(s) on node %s: %s",
+            len(chosen),
+            len(self.entries),
+            self.options.agent.node_name,
+            ", ".join(e.profile for e in chosen) or "none",
+        )
+        for entry in chosen:
+            self.units[entry.profile] = Unit(entry)
+        if self.options.agent.http_address is not None:
+            await self.http.start(*self.options.agent.http_address)
+        for unit in self.units.values():
+            unit.task = asyncio.create_task(self._supervise(unit, stop), name=f"profile-{unit.entry.profile}")
+        try:
+            await stop.wait()
+        finally:
+            for unit in self.units.values():
+                unit.stop.set()
+            tasks = [u.task for u in self.units.values() if u.task is not None]
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.http.stop()
+
+    async def _supervise(self, unit: Unit, stop: asyncio.Event) -> None:
+        """Run one profile's agent; on failure report it, wait, start it again (see module doc)."""
+        entry = unit.entry
+        try:
+            if entry.config is None:
+                log.error(
+                    "Not serving DevicePluginProfile %s: its config is refused: %s",
+                    entry.profile,
+                    entry.error,
+                )
+                self._failed(unit, CONFIG_INVALID, entry.error)
+                await _first((stop, unit.stop))
+                return
+            backoff = Backoff(self.options.restart_initial, self.options.restart_max)
+            while not (stop.is_set() or unit.stop.is_set()):
+                unit.starts += 1
+                agent_stop = asyncio.Event()
+                try:
+                    client: Any = self.client
+                    agent = unit.agent = Agent(entry.config, self.unit_options(entry), client, client)
+                    runner = asyncio.create_task(agent.run(agent_stop), name=f"agent-{entry.profile}")
+                    watch = asyncio.create_task(self._watch_start(unit, agent))
+                    await _first((stop, unit.stop), task=runner)
+                    agent_stop.set()
+                    watch.cancel()
+                    await self._finish(runner)
+                    if stop.is_set() or unit.stop.is_set():
+                        return
+                    crashed: BaseException = RuntimeError("the agent stopped by itself")
+                except Exception as e:
+                    crashed = e
+                agent_stop.set()
+                delay = backoff.next()
+                message = f"{type(crashed).__name__}: {crashed}"
+                log.error(
+                    "DevicePluginProfile %s failed on this node (%s); starting it again in %.1fs; the "
+                    "node's other profiles keep serving",
+                    entry.profile,
+                    message,
+                    delay,
+                )
+                self._failed(unit, AGENT_FAILED, message)
+                await _first((stop, unit.stop), timeout=delay)
+        finally:
+            await self._stop_failure_report(unit)
+
+    async def _finish(self, runner: asyncio.Task[None]) -> None:
+        """Let a stopped agent shut down gracefully; one stuck before it could look at its stop
+        (its first round on a hung probe) is cancelled after the grace period and a margin."""
+        await asyncio.wait({runner}, timeout=self.options.agent.shutdown_grace + 5.0)
+        if not runner.done():
+            runner.cancel()
+        await runner
+
+    async def _watch_start(self, unit: Unit, agent: Agent) -> None:
+        """The new agent started (its first round done, serving): it writes the profile's report
+        from now on, so the failure report stops; ready once the kubelet has it."""
+        await agent.started.wait()
+        await self._stop_failure_report(unit)
+        unit.failure = None
+        while not agent.ready:  # noqa: ASYNC110 - the front-ends have no event for it; a 0.1 s look
+            await asyncio.sleep(0.1)
+        unit.ready_once = True
+
+    def _failed(self, unit: Unit, reason: str, message: str) -> None:
+        """Say why the profile is not served in its DeviceReport (written by a reporter of its own
+        while the failure lasts; each new failure notifies it)."""
+        since = unit.failure[2] if unit.failure is not None else time.time()
+        unit.failure = (reason, message, since)
+        if unit.failure_reporter is None:
+            target = self._target(unit.entry)
+
+            def build(uid: str | None) -> dict[str, Any]:
+                assert unit.failure is not None
+                reason, message, since = unit.failure
+                return failure_report(target, reason, message, since, uid)
+
+            reporter = unit.failure_reporter = Reporter(
+                target, self.client, build, Metrics(target.resource_name, target.node_name)
+            )
+            unit.failure_stop = asyncio.Event()
+            unit.failure_task = asyncio.create_task(reporter.run(unit.failure_stop))
+        else:
+            unit.failure_reporter.notify()
+
+    async def _stop_failure_report(self, unit: Unit) -> None:
+        if unit.failure_task is not None:
+            unit.failure_stop.set()
+            await asyncio.gather(unit.failure_task, return_exceptions=True)
+        unit.failure_reporter, unit.failure_task = None, None
+
+
+class _Metrics:
+    """What HttpEndpoint needs: a `registry` to render."""
+
+    def __init__(self, registry: MergedRegistry) -> None:
+        self.registry = registry
+
+
+def entries_changed(old: Sequence[ProfileEntry], new: Sequence[ProfileEntry]) -> dict[str, str]:
+    """profile -> "added" / "removed" / "changed" between two configs (unchanged ones left out)."""
+    before = {e.profile: e.key for e in old}
+    after = {e.profile: e.key for e in new}
+    out = {p: "removed" for p in before.keys() - after.keys()}
+    out |= {p: "added" for p in after.keys() - before.keys()}
+    out |= {p: "changed" for p in before.keys() & after.keys() if before[p] != after[p]}
+    return out
+
+
+async def _first(
+    events: Sequence[asyncio.Event],
+    task: asyncio.Task[None] | None = None,
+    timeout: float | None = None,  # noqa: ASYNC109 - a wait that ends early on events, not a deadline
+) -> None:
+    """Until one of `events` is set, `task` ends (its result is not taken) or `timeout` passed."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(
+            [*waiters, *([task] if task else [])], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        for w in waiters:
+            w.cancel()

@@ -1,0 +1,172 @@
+"""One node agent serving several profiles in one process, on real sockets: the Python kubelet
+peer, a PodResources server, a FAKE device tree and a recording API client (the real API server is
+tests/integration). What is checked: every selected profile gets its own socket, registration and
+DeviceReport; a profile the node's labels do not select is not served; one profile's refused
+config, one profile whose discovery cannot work (restarted with backoff) and one whose first
+health round hangs on a probe never keep the others from serving, and each says why in its own
+report; /metrics carries every profile's series, labelled by profile."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from support.agentrun import until
+from support.fakehw import FakeHardware
+from support.podresources_peer import PodResourcesPeer
+from support.promtext import parse, value
+from support.pykubelet import PyKubelet
+
+from patchbay_agent.agent import AgentOptions, ReportOptions
+from patchbay_agent.node import AGENT_FAILED, CONFIG_INVALID, NodeAgent, NodeOptions
+from patchbay_agent.nodeconfig import parse_node_config
+
+NODE_LABELS = {"kubernetes.io/hostname": "node-1", "serial": "yes"}
+
+
+def _entry(profile: str, resource: str, plugin: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"profile": profile, "mode": "DevicePlugin", "resourceName": resource, "plugin": plugin, **extra}
+
+
+CONFIG = {
+    "profiles": [
+        _entry(
+            "serial",
+            "example.com/serial",
+            {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 3600}},
+            nodeSelectorTerms=[[{"key": "serial", "operator": "In", "values": ["yes"]}]],
+        ),
+        _entry("tokens", "example.com/tokens", {"discovery": {"virtual": {"count": 3}}}),
+        # Not this node's: its term needs a label the node lacks.
+        _entry(
+            "elsewhere",
+            "example.com/elsewhere",
+            {"discovery": {"virtual": {"count": 1}}},
+            nodeSelectorTerms=[[{"key": "gpu", "operator": "Exists"}]],
+        ),
+        # A bad glob: refused at parse time, reported, never started.
+        _entry("broken", "example.com/broken", {"discovery": {"paths": {"globs": ["/etc/passwd"]}}}),
+        # Discovery that cannot work on this node (no NVIDIA driver): fails at every start.
+        _entry("gpus", "example.com/gpu", {"discovery": {"nvml": {}}}),
+        # A probe that hangs far longer than the test: this profile's first round never ends.
+        _entry(
+            "hung",
+            "example.com/hung",
+            {
+                "discovery": {"virtual": {"count": 2}},
+                "health": {"exec": {"command": ["sleep", "600"], "timeoutSeconds": 600}},
+            },
+        ),
+    ]
+}
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return str(r.read().decode())
+
+
+class RecordingClient:
+    def __init__(self) -> None:
+        self.applied: list[dict[str, Any]] = []
+
+    def apply(self, report: Mapping[str, Any]) -> None:
+        self.applied.append(dict(report))
+
+    def node_uid(self, node_name: str) -> str:
+        return "node-uid"
+
+    def node_labels(self, node_name: str) -> dict[str, str]:
+        return dict(NODE_LABELS)
+
+    def last(self, profile: str) -> dict[str, Any] | None:
+        mine = [r for r in self.applied if r["profile"] == profile]
+        return mine[-1] if mine else None
+
+
+def test_one_process_serves_every_selected_profile_and_contains_each_failure(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    for i in range(2):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    client = RecordingClient()
+    entries = parse_node_config(CONFIG)
+    assert {e.profile: bool(e.error) for e in entries}["broken"]
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        peer = PodResourcesPeer(short_dir / "pr.sock")
+        await kubelet.start()
+        await peer.start()
+        options = NodeOptions(
+            AgentOptions(
+                node_name="node-1",
+                plugin_dir=plugin_dir,
+                host_root=hw.root,
+                http_address=("127.0.0.1", 0),
+                shutdown_grace=1.0,
+                backoff_initial=0.01,
+                backoff_max=0.05,
+                cdi_spec_dir=short_dir / "cdi",
+                report=ReportOptions(
+                    "unused", "patchbay", "patchbay-agent-x1", peer.socket, pod_resources_period=3600
+                ),
+            ),
+            report_namespace="patchbay",
+            restart_initial=0.05,
+            restart_max=0.2,
+        )
+        node = NodeAgent(entries, options, client)
+        stop = asyncio.Event()
+        task = asyncio.create_task(node.run(stop))
+        try:
+            await kubelet.wait_for(
+                lambda: (
+                    kubelet.healthy("example.com/serial") == 2 and kubelet.healthy("example.com/tokens") == 3
+                )
+            )
+            assert set(node.units) == {"serial", "tokens", "broken", "gpus", "hung"}
+            # Each served profile: its own socket and registration, its own report.
+            endpoints = {r.request.resource_name: r.request.endpoint for r in kubelet.registrations}
+            assert endpoints["example.com/serial"] != endpoints["example.com/tokens"]
+            await until(lambda: client.last("serial") is not None and client.last("tokens") is not None)
+            serial = client.last("serial")
+            assert serial is not None
+            assert serial["metadata"]["name"] == "serial.node-1"
+            assert serial["summary"]["total"] == 2 and "agentError" not in serial
+
+            # The refused config and the failing discovery: reported, each in its own report.
+            await until(lambda: client.last("broken") is not None and client.last("gpus") is not None)
+            broken, gpus = client.last("broken"), client.last("gpus")
+            assert broken is not None and gpus is not None
+            assert broken["agentError"]["reason"] == CONFIG_INVALID
+            assert "plugin.discovery.paths.globs[0]" in broken["agentError"]["message"]
+            assert gpus["agentError"]["reason"] == AGENT_FAILED
+            assert broken["devices"] == [] and gpus["summary"]["total"] == 0
+            # ... and the failing one is started again, while the others keep their one registration.
+            await until(lambda: node.units["gpus"].starts >= 3)
+            assert sum(r.request.resource_name == "example.com/serial" for r in kubelet.registrations) == 1
+            assert kubelet.healthy("example.com/serial") == 2
+
+            # The hung probe holds its own profile's first round only.
+            assert "example.com/hung" not in kubelet.devices
+            assert node.units["hung"].agent is not None
+            assert not node.units["hung"].agent.started.is_set()
+            assert "example.com/elsewhere" not in {r.request.resource_name for r in kubelet.registrations}
+
+            # One /metrics for the node, every running profile's series labelled by profile.
+            families = parse(await asyncio.to_thread(_get, f"http://127.0.0.1:{node.http.port}/metrics"))
+            assert value(families, "patchbay_agent_physical_devices", profile="serial") == 2
+            assert value(families, "patchbay_agent_physical_devices", profile="tokens") == 3
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=20)
+            await peer.stop()
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+    # Every socket the node agent served is gone with it.
+    assert [p.name for p in plugin_dir.iterdir() if p.name != "kubelet.sock"] == []
