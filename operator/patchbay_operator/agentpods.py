@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from patchbay_operator.constants import LABEL_PROFILE
+from patchbay_operator.constants import LABEL_PROFILE, LABEL_SHARED_AGENT, SHARED_AGENT_VALUE, SHARED_KEY
 from patchbay_operator.timestamps import parse_rfc3339
 
 STALL_AFTER = timedelta(seconds=60)
@@ -39,6 +39,13 @@ PERMANENT = {
 
 SANDBOX_REASONS = {"FailedCreatePodSandBox", "FailedMount", "FailedScheduling", "FailedKillPod"}
 """Warning event reasons that explain a pod stuck before its container starts."""
+
+
+def profile_key(labels: Mapping[str, Any]) -> str:
+    """Whose agent object this is: its profile, or SHARED_KEY for the shared node agent's."""
+    if labels.get(LABEL_SHARED_AGENT) == SHARED_AGENT_VALUE:
+        return SHARED_KEY
+    return str(labels.get(LABEL_PROFILE, ""))
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class AgentPod:
                 )
         return cls(
             name=str(meta.get("name", "")),
-            profile=str((meta.get("labels") or {}).get(LABEL_PROFILE, "")),
+            profile=profile_key(meta.get("labels") or {}),
             node=str(spec.get("nodeName") or pinned_node(spec)),
             created=str(meta.get("creationTimestamp") or ""),
             phase=str(st.get("phase") or ""),

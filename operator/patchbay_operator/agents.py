@@ -31,6 +31,7 @@ from patchbay_operator.constants import (
     API_VERSION,
     DEVICE_CLASS_API_VERSION,
     LABEL_NAME,
+    SHARED_KEY,
     Mode,
 )
 from patchbay_operator.devicereports import Report
@@ -80,6 +81,7 @@ class Agents:
         self._changed = on_change
 
         def by_profile(old: Any, new: Any) -> None:
+            # The shared node agent's DaemonSet and pods: SHARED_KEY (every shared profile).
             for obj in (old, new):
                 if obj is not None and obj.profile:
                     log.debug("%s of DevicePluginProfile %s changed", type(obj).__name__, obj.profile)
@@ -138,6 +140,50 @@ class Agents:
                 )
             self._changed(profile.name)
         return stored
+
+    async def apply_shared(self, profiles: list[tuple[Profile, Selector | None]]) -> None:
+        """The shared node agent serving `profiles` (see `render.shared_agent_objects`); with no
+        profile left, the shared objects go."""
+        if not profiles:
+            await self.delete_shared()
+            return
+        for obj in render.shared_agent_objects(profiles, self._settings):
+            applied = await self._call(self._kube.apply, obj)
+            log.info("Applied %s %s/%s", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+            if obj["kind"] == "DaemonSet":
+                self.daemonsets.fold("APPLIED", AgentDaemonSet.from_object(applied))
+
+    async def shared_device_class(self, profile: Profile) -> None:
+        """A shared DRA profile's DeviceClass (a profile with its own agent gets it from `apply`);
+        a shared profile that is not DRA (any more) loses the one it controls."""
+        if profile.mode is Mode.DRA:
+            await self.apply_device_class(profile)
+        else:
+            await self.delete_device_class(profile)
+
+    async def delete_shared(self) -> None:
+        ns, name = self._settings.namespace, render.SHARED_AGENT
+        for api_version, kind in (("apps/v1", "DaemonSet"), ("v1", "ConfigMap")):
+            if await self._call(self._kube.delete, Ref(collection(api_version, kind, ns), name)):
+                log.info("Deleted %s %s/%s (no profile uses the shared agent)", kind, ns, name)
+
+    async def delete_own(self, profile: Profile) -> None:
+        """Delete the profile's own agent DaemonSet and ConfigMap if it had them (it moved to the
+        shared agent); its reports and DeviceClass stay."""
+        ns, name = self._settings.namespace, render.object_name(profile.name)
+        for api_version, kind in (("apps/v1", "DaemonSet"), ("v1", "ConfigMap")):
+            if await self._call(self._kube.delete, Ref(collection(api_version, kind, ns), name)):
+                log.info(
+                    "Deleted %s %s/%s (DevicePluginProfile %s uses the shared agent)",
+                    kind,
+                    ns,
+                    name,
+                    profile.name,
+                )
+
+    def shared_pods(self) -> list[AgentPod]:
+        """The shared node agent's pods (agent pods without a profile)."""
+        return [p for p in self.pods.items.values() if p.profile == SHARED_KEY]
 
     async def delete(self, profile: Profile) -> None:
         """Delete the agent objects if they exist (a Static or conflicting profile has none), the

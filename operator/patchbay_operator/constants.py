@@ -30,6 +30,11 @@ survives an operator restart and costs no extra write.
 """
 
 LABEL_PROFILE = "patchbay.dev/profile"
+#: The shared node agent's objects carry this label (value SHARED_AGENT_VALUE) instead of a profile.
+LABEL_SHARED_AGENT = "patchbay.dev/agent"
+SHARED_AGENT_VALUE = "shared"
+#: How the operator's stores key the shared node agent's DaemonSet and pods: no profile is named so.
+SHARED_KEY = "*shared*"
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"

@@ -26,16 +26,16 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from patchbay_operator import agents, evaluation, informer, nodes
+from patchbay_operator import agents, evaluation, informer, nodes, render
 from patchbay_operator.agents import Agents
 from patchbay_operator.config import Settings
-from patchbay_operator.constants import DEVICE_CLASS_RECHECK_SECONDS, Mode
+from patchbay_operator.constants import DEVICE_CLASS_RECHECK_SECONDS, SHARED_KEY, Mode
 from patchbay_operator.events import EventRecorder
 from patchbay_operator.informer import Informer, Source
 from patchbay_operator.kube import KubeAPI, KubeError
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.peering import Gate, Peering
-from patchbay_operator.profiles import Profile, Registry
+from patchbay_operator.profiles import Profile, Registry, Selector
 from patchbay_operator.status import Problem
 from patchbay_operator.statuswriter import StatusWriter
 from patchbay_operator.timestamps import rfc3339_now
@@ -55,7 +55,7 @@ class Controller:
         self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="kube")
         self.status = StatusWriter(self.compute_status, self._write_status, settings.status_debounce)
         self.nodes = NodeSync(kube, self.call, self.registry.static_winners, self.mark_all_dirty)
-        self.agents = Agents(kube, self.call, settings, lambda name: self.status.mark([name]))
+        self.agents = Agents(kube, self.call, settings, self._agents_changed)
         self.events = EventRecorder(lambda ns, body: self.call(kube.create_event, ns, body))
         self.reconciles = 0
         #: seconds between applies of a DeviceClass whose extendedResourceName was dropped
@@ -172,14 +172,48 @@ class Controller:
             await self._apply_agents(profile)
         else:
             await self.agents.delete(profile)
+            await self._apply_shared()
         await self._reapply_dra_twin(profile)
 
     async def _apply_agents(self, profile: Profile) -> None:
         """A DRA profile's agents leave out the nodes of the profile that serves the same
-        resource through node capacity (KEP-5004: never both ways on one node)."""
-        twin = self.registry.other_way(profile) if profile.mode is Mode.DRA else None
-        await self.agents.apply(profile, exclude=twin.selector if twin is not None else None)
+        resource through node capacity (KEP-5004: never both ways on one node). A profile that
+        leaves `spec.agent` alone is served by the shared node agent (one pod per node for all
+        of them); one with agent settings of its own gets its own DaemonSet."""
+        if render.is_shared(profile):
+            await self.agents.delete_own(profile)
+            await self._apply_shared()
+            await self.agents.shared_device_class(profile)
+        else:
+            await self.agents.apply(profile, exclude=self._exclusion(profile))
+            await self._apply_shared()
         self._check_device_class_later(profile.name)
+
+    def _exclusion(self, profile: Profile) -> Selector | None:
+        twin = self.registry.other_way(profile) if profile.mode is Mode.DRA else None
+        return twin.selector if twin is not None else None
+
+    def _shared_profiles(self) -> list[Profile]:
+        return [
+            p
+            for p in self.registry
+            if p.mode.runs_agents
+            and not p.deleting
+            and render.is_shared(p)
+            and self.registry.conflict(p) is None
+        ]
+
+    async def _apply_shared(self) -> None:
+        """The shared node agent becomes what the shared profiles say now (or goes)."""
+        await self.agents.apply_shared([(p, self._exclusion(p)) for p in self._shared_profiles()])
+
+    def _agents_changed(self, profile: str) -> None:
+        """An agent object changed: its profile's status, or every shared profile's for the
+        shared node agent's objects (no profile)."""
+        if profile == SHARED_KEY:
+            self.status.mark(p.name for p in self._shared_profiles())
+        else:
+            self.status.mark([profile])
 
     def _check_device_class_later(self, name: str) -> None:
         """Where the API server dropped the profile's DeviceClass's extendedResourceName, apply the
@@ -233,6 +267,7 @@ class Controller:
         profile = replace(Profile.from_body(body), deleting=True)
         await self.agents.delete(profile)
         self.registry.upsert(profile)  # deleting: never a winner, so every node plans its removal
+        await self._apply_shared()
         self.nodes.enqueue_all()
         deadline = time.monotonic() + patience
         while left := self.nodes.carrying(profile.name):
@@ -297,13 +332,16 @@ class Controller:
             return base
         if profile.mode is Mode.STATIC:
             return replace(base, failures=dict(self.nodes.failures))
+        shared = render.is_shared(profile)
+        key = SHARED_KEY if shared else name
         return replace(
             base,
             twin=self.registry.other_way(profile) if profile.mode is Mode.DRA else None,
-            daemonset=self.agents.daemonsets.items.get(name),
-            troubles=self.agents.troubles(name, datetime.now(UTC)),
+            daemonset=self.agents.daemonsets.items.get(key),
+            troubles=self.agents.troubles(key, datetime.now(UTC)),
             reports=self.agents.profile_reports(name),
             device_class=self.agents.device_classes.get(name),
+            shared_pods=self.agents.shared_pods() if shared else None,
         )
 
     def _recheck(self, name: str, when: datetime | None) -> None:

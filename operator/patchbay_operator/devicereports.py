@@ -27,6 +27,20 @@ class Device:
 
 
 @dataclass(frozen=True)
+class AgentError:
+    """The node agent cannot serve the profile on the node (`agentError`): why, since when."""
+
+    reason: str
+    message: str
+    since: str = ""
+
+    @property
+    def needs_change(self) -> bool:
+        """A refused config does not go away by waiting (the profile must change)."""
+        return self.reason == "ConfigInvalid"
+
+
+@dataclass(frozen=True)
 class Report:
     name: str
     profile: str
@@ -34,6 +48,7 @@ class Report:
     devices: tuple[Device, ...] = ()
     #: DRA: Kept, Dropped or Unknown; "" when the report does not say (DevicePlugin mode)
     device_taints: str = ""
+    error: AgentError | None = None
 
     @property
     def healthy(self) -> int:
@@ -69,10 +84,19 @@ class Report:
                     withheld=d.get("withheld") is True,
                 )
             )
+        raw_error = obj.get("agentError")
+        error = None
+        if isinstance(raw_error, Mapping):
+            error = AgentError(
+                str(raw_error.get("reason") or "AgentFailed"),
+                str(raw_error.get("message") or ""),
+                str(raw_error.get("since") or ""),
+            )
         return cls(
             name=str((obj.get("metadata") or {}).get("name", "")),
             profile=str(obj.get("profile") or ""),
             node=str(obj.get("nodeName") or ""),
             devices=tuple(devices),
             device_taints=str(obj.get("deviceTaints") or ""),
+            error=error,
         )

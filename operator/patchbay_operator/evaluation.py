@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from patchbay_operator import capacity, status
-from patchbay_operator.agentpods import Trouble
+from patchbay_operator.agentpods import AgentPod, Trouble
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.constants import Mode
 from patchbay_operator.devicereports import Report
@@ -47,6 +47,9 @@ class Inputs:
     reports: Sequence[Report] = ()
     #: DRA mode: the profile's DeviceClass as the API server stored it
     device_class: StoredDeviceClass | None = None
+    #: the shared node agent's pods when the profile is served by it (None: its own DaemonSet);
+    #: `daemonset` and `troubles` are then the shared agent's, narrowed here to the profile's nodes
+    shared_pods: Sequence[AgentPod] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ def evaluate(inputs: Inputs) -> Evaluation:
     reports = inputs.reports
     keep = selected if any(r.node not in selected for r in reports) else None
     ds = inputs.daemonset
+    if inputs.shared_pods is not None:
+        troubles = [t for t in troubles if t.node in selected]
+        ds = shared_view(profile.name, ds, [p for p in inputs.shared_pods if p.node in selected])
     if profile.mode is Mode.DRA:
         # KEP-5004: the same resource name through node capacity on the same node is reported.
         twin = inputs.twin
@@ -118,3 +124,26 @@ def _no_dra(new: dict[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
     if previous.get("dra") is not None:
         new["dra"] = None
     return new
+
+
+def shared_view(profile: str, ds: AgentDaemonSet | None, pods: Sequence[AgentPod]) -> AgentDaemonSet | None:
+    """The shared node agent's DaemonSet as ONE profile sees it: its counts over the pods on the
+    nodes the profile selects (scheduled, available = Ready), its rollout state as a whole (a
+    rollout of the shared agent is a rollout for every profile it serves)."""
+    if ds is None:
+        return None
+    st = ds.status
+    live = [p for p in pods if not p.deleting]
+    desired = len(live)
+    available = sum(p.ready for p in live)
+    return AgentDaemonSet(
+        profile,
+        ds.generation,
+        {
+            "desiredNumberScheduled": desired,
+            "numberAvailable": available,
+            "numberUnavailable": desired - available,
+            "updatedNumberScheduled": min(desired, int(st.get("updatedNumberScheduled") or 0)),
+            "observedGeneration": st.get("observedGeneration") or 0,
+        },
+    )

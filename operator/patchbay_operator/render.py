@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -36,6 +36,8 @@ from patchbay_operator.constants import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_PROFILE,
+    LABEL_SHARED_AGENT,
+    SHARED_AGENT_VALUE,
     Mode,
 )
 from patchbay_operator.profiles import Profile, Selector
@@ -206,7 +208,7 @@ def agent_objects(
         "name": name,
         "object_namespace": settings.namespace,
         "labels": labels(profile.name, profile.mode),
-        "owner": owner_reference(profile),
+        "owners": [owner_reference(profile)],
     }
     configmap = _render("configmap.yaml.j2", **common, config_key=AGENT_CONFIG_KEY, config_text=text)
     security = {"privileged": True} if agent.get("privileged") else HARDENED
@@ -237,9 +239,125 @@ def agent_objects(
         cdi_mount=CDI_SPEC_MOUNT,
         pod_resources_mount=POD_RESOURCES_MOUNT,
         dra_driver=driver if dra else "",
+        node_config=False,
+        dra_mounts=dra,
+        device_plugin_mounts=not dra,
         plugins_registry_dir=plugins_registry_dir(settings.kubelet_root_dir),
         kubelet_plugins_dir=kubelet_plugins_dir(settings.kubelet_root_dir),
     )
     if dra:
         return [configmap, daemonset, device_class(profile)]
+    return [configmap, daemonset]
+
+
+SHARED_AGENT = "patchbay-node-agent"
+"""The shared agent's DaemonSet and ConfigMap (one per cluster, in the operator's namespace)."""
+SHARED_LABEL = LABEL_SHARED_AGENT
+SHARED_VALUE = SHARED_AGENT_VALUE
+NODE_CONFIG_KEY = "node.yaml"
+
+
+def is_shared(profile: Profile) -> bool:
+    """A profile that leaves `spec.agent` alone is served by the shared node agent; one with agent
+    settings of its own (image, privileges, resources, tolerations, ...) gets its own DaemonSet."""
+    return not (profile.spec.get("agent") or {})
+
+
+def shared_selector_labels() -> dict[str, str]:
+    return {LABEL_NAME: AGENT_NAME, SHARED_LABEL: SHARED_VALUE}
+
+
+def shared_labels() -> dict[str, str]:
+    return {
+        **shared_selector_labels(),
+        LABEL_COMPONENT: "node-agent",
+        LABEL_INSTANCE: SHARED_AGENT,
+        LABEL_MANAGED_BY: FIELD_MANAGER,
+    }
+
+
+def node_entry(profile: Profile, exclude: Selector | None = None) -> dict[str, Any]:
+    """One profile in the node agent's config (nodeconfig.py in the agent reads it): its name,
+    mode (and DRA driver), resourceName, plugin, and the node selector terms of its agent."""
+    entry: dict[str, Any] = {
+        "profile": profile.name,
+        "mode": profile.mode.value,
+        "resourceName": profile.resource,
+        "plugin": profile.spec.get("plugin") or {},
+        "nodeSelectorTerms": profile.selector.node_selector_terms(exclude),
+    }
+    if profile.mode is Mode.DRA:
+        entry["driver"] = driver_name(profile.name)
+    return entry
+
+
+def node_config(profiles: Sequence[tuple[Profile, Selector | None]]) -> str:
+    """The node agent's config file: every shared profile, sorted by name (a stable hash)."""
+    entries = [node_entry(p, exclude) for p, exclude in sorted(profiles, key=lambda pe: pe[0].name)]
+    return yaml.safe_dump({"profiles": entries}, sort_keys=True, default_flow_style=False)
+
+
+def shared_agent_objects(
+    profiles: Sequence[tuple[Profile, Selector | None]], settings: Settings
+) -> list[dict[str, Any]]:
+    """[ConfigMap, DaemonSet] of the shared node agent serving `profiles` (each with the selector
+    its agents must leave out, as in `agent_objects`). The DaemonSet runs on the union of their
+    nodes (no affinity when one selects every node); every profile is an owner (none the
+    controller), so the garbage collector removes the objects with the last of them."""
+    text = node_config(profiles)
+    terms: list[list[dict[str, Any]]] = []
+    everywhere = False
+    for p, exclude in profiles:
+        for term in p.selector.node_selector_terms(exclude):
+            if not term:
+                everywhere = True
+            elif term not in terms:
+                terms.append(term)
+    owners = [{**owner_reference(p), "controller": False, "blockOwnerDeletion": False} for p, _ in profiles]
+    dra = any(p.mode is Mode.DRA for p, _ in profiles)
+    plugin = any(p.mode is not Mode.DRA for p, _ in profiles)
+    cdi = dra or any(plugin_cdi_kind(p) for p, _ in profiles)
+    common = {
+        "name": SHARED_AGENT,
+        "object_namespace": settings.namespace,
+        "labels": shared_labels(),
+        "owners": sorted(owners, key=lambda o: o["name"]),
+    }
+    configmap = _render("configmap.yaml.j2", **common, config_key=NODE_CONFIG_KEY, config_text=text)
+    daemonset = _render(
+        "daemonset.yaml.j2",
+        **common,
+        selector_labels=shared_selector_labels(),
+        max_surge=1,
+        max_unavailable=0,
+        hash_annotation=CONFIG_HASH_ANNOTATION,
+        config_hash=config_hash(text),
+        priority_class="",
+        node_selector_terms=[] if everywhere else terms,
+        # A node a profile selects gets its agent whatever its taints (a device plugin is part of
+        # the node, like the CNI); a profile that wants fewer nodes says so in its selector, or
+        # sets agent.tolerations of its own (and gets its own agent).
+        tolerations=[{"operator": "Exists"}],
+        image=settings.agent_image,
+        pull_policy="",
+        config_path=f"{AGENT_CONFIG_DIR}/{NODE_CONFIG_KEY}",
+        config_dir=AGENT_CONFIG_DIR,
+        device_plugin_dir=DEVICE_PLUGIN_DIR,
+        host_root=HOST_ROOT,
+        resources=DEFAULT_RESOURCES,
+        container_security=HARDENED,
+        profile="",
+        service_account=settings.agent_service_account,
+        api_server=list(settings.agent_api_server) if settings.agent_api_server else None,
+        kubelet_root_dir=settings.kubelet_root_dir,
+        cdi_spec_dir=settings.cdi_spec_dir if cdi else "",
+        cdi_mount=CDI_SPEC_MOUNT,
+        pod_resources_mount=POD_RESOURCES_MOUNT,
+        dra_driver="",
+        node_config=True,
+        dra_mounts=dra,
+        device_plugin_mounts=plugin,
+        plugins_registry_dir=plugins_registry_dir(settings.kubelet_root_dir),
+        kubelet_plugins_dir=kubelet_plugins_dir(settings.kubelet_root_dir),
+    )
     return [configmap, daemonset]

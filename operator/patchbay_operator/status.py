@@ -30,10 +30,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from patchbay_operator.agentpods import Trouble
+from patchbay_operator.agentpods import Trouble, profile_key
 from patchbay_operator.capacity import NodeReport, NodeState, quantity_to_int
-from patchbay_operator.constants import LABEL_PROFILE, MAX_PROBLEMS, ConditionType, Reason
-from patchbay_operator.devicereports import Report
+from patchbay_operator.constants import MAX_PROBLEMS, ConditionType, Reason
+from patchbay_operator.devicereports import AgentError, Report
 from patchbay_operator.profiles import Profile
 
 PERSISTENT = {Reason.INVALID_CAPACITY_LABEL, Reason.OWNED_BY_OTHER, Reason.PATCH_FAILED}
@@ -52,7 +52,7 @@ class AgentDaemonSet:
     def from_object(cls, obj: Mapping[str, Any]) -> AgentDaemonSet:
         meta = obj.get("metadata") or {}
         return cls(
-            profile=str((meta.get("labels") or {}).get(LABEL_PROFILE, "")),
+            profile=profile_key(meta.get("labels") or {}),
             generation=int(meta.get("generation") or 0),
             status=dict(obj.get("status") or {}),
         )
@@ -306,6 +306,9 @@ def plugin_problems(
             continue
         cap, alloc = node.capacity.get(r), node.allocatable.get(r)
         report = by_node.get(node.name)
+        if report is not None and report.error is not None:
+            problems.append(agent_error_problem(node.name, report.error))
+            continue
         if cap is None:
             if node.name not in troubled and not publishing(report):
                 msg = f"{r} not advertised (no agent registered or no device)"
@@ -325,6 +328,19 @@ def plugin_problems(
                 Problem(node.name, "", Reason.DEVICES_UNHEALTHY.value, f"{bad} of {cap} devices unhealthy")
             )
     return problems
+
+
+def agent_error_problem(node: str, error: AgentError) -> Problem:
+    """The node agent cannot serve the profile on this node (the node's other profiles are not
+    affected): a refused config needs a change (Stalled), a failure is retried (transient)."""
+    return Problem(
+        node,
+        "",
+        error.reason,
+        error.message,
+        error.since,
+        stalled=error.needs_change,
+    )
 
 
 def publishing(report: Report | None) -> bool:
@@ -523,6 +539,9 @@ def dra_problems(
         if not profile.selector.matches(node.labels):
             continue
         report = by_node.get(node.name)
+        if report is not None and report.error is not None:
+            problems.append(agent_error_problem(node.name, report.error))
+            continue
         if report is None or not report.devices:
             if node.name not in troubled:
                 msg = (

@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 from fakekube import FakeKube
 from support.agentrun import until
 from support.clusters import kstatus
@@ -333,7 +334,8 @@ async def test_a_dra_profile_gets_its_device_class_and_loses_it_leaving_dra(ctl:
     plugin = copy.deepcopy(body(mode="DevicePlugin"))
     await c.reconcile(plugin)
     assert DC_PATH not in kube.objects
-    assert "/apis/apps/v1/namespaces/patchbay-test/daemonsets/patchbay-serial" in kube.objects
+    # A profile without agent settings of its own is served by the shared node agent.
+    assert "/apis/apps/v1/namespaces/patchbay-test/daemonsets/patchbay-node-agent" in kube.objects
 
 
 async def test_a_device_class_the_profile_does_not_control_is_left_alone(ctl: Any) -> None:
@@ -402,13 +404,13 @@ async def test_the_dra_daemonset_follows_the_device_plugin_profiles_selector(ctl
     """The DRA agents' exclusion is re-applied when the other side appears, and lifted when it
     goes."""
     c, kube = ctl
-    ds_path = "/apis/apps/v1/namespaces/patchbay-test/daemonsets/patchbay-serial-dra"
+    cm_path = "/api/v1/namespaces/patchbay-test/configmaps/patchbay-node-agent"
 
     def terms() -> list[dict[str, Any]]:
-        pod = kube.objects[ds_path]["spec"]["template"]["spec"]
-        return pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-            "nodeSelectorTerms"
-        ]
+        """The DRA profile's terms in the shared node agent's config (what its agents select)."""
+        config = yaml.safe_load(kube.objects[cm_path]["data"]["node.yaml"])
+        (entry,) = [e for e in config["profiles"] if e["profile"] == "serial-dra"]
+        return [{"matchExpressions": t} for t in entry["nodeSelectorTerms"]]
 
     dra = body("serial-dra", "DRA", "2026-01-02T00:00:00Z", **{"serial-dra": "true"})
     plugin = body("serial-dp", "DevicePlugin", "2026-01-01T00:00:00Z", serial="plugin")

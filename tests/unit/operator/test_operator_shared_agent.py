@@ -1,0 +1,110 @@
+"""The shared node agent: profiles that leave spec.agent alone share one DaemonSet and one config
+that the agent's own parser reads; which profile a node gets is the same on both sides; a profile
+the node agent cannot serve shows in that profile's status only."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from patchbay_operator import render
+from patchbay_operator.capacity import NodeState
+from patchbay_operator.config import Settings
+from patchbay_operator.devicereports import Report
+from patchbay_operator.evaluation import Inputs, evaluate
+from patchbay_operator.profiles import Profile
+
+SETTINGS = Settings(namespace="patchbay-test", agent_image="example.invalid/agent:1")
+
+
+def prof(name: str, mode: str, labels: dict[str, str], **spec: Any) -> Profile:
+    body = {
+        "metadata": {"name": name, "uid": f"uid-{name}", "generation": 1},
+        "spec": {
+            "resourceName": f"example.com/{name}",
+            "mode": mode,
+            "nodeSelector": {"matchLabels": labels},
+            "plugin": {"discovery": {"paths": {"globs": [f"/dev/{name}*"]}}},
+            **spec,
+        },
+    }
+    return Profile.from_body(body)
+
+
+SERIAL = prof("serial", "DevicePlugin", {"serial": "yes"})
+TOKENS = prof("tokens", "DevicePlugin", {"tokens": "yes"})
+SENSORS = prof("sensors", "DRA", {"sensors": "yes"})
+
+
+def test_only_profiles_without_agent_settings_share_the_agent() -> None:
+    assert render.is_shared(SERIAL)
+    assert not render.is_shared(prof("own", "DevicePlugin", {}, agent={"tolerations": []}))
+
+
+def test_one_daemonset_serves_both_modes_and_every_profile_owns_it() -> None:
+    cm, ds = render.shared_agent_objects(
+        [(SERIAL, None), (TOKENS, None), (SENSORS, SERIAL.selector)], SETTINGS
+    )
+    assert cm["metadata"]["name"] == ds["metadata"]["name"] == render.SHARED_AGENT
+    owners = ds["metadata"]["ownerReferences"]
+    assert [o["name"] for o in owners] == ["sensors", "serial", "tokens"]
+    assert not any(o["controller"] for o in owners)
+    pod = ds["spec"]["template"]["spec"]
+    mounts = {m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    assert {"device-plugins", "plugins-registry", "kubelet-plugins", "cdi-specs"} <= mounts
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert len(terms) == 3
+    assert ds["spec"]["selector"]["matchLabels"] == render.shared_selector_labels()
+
+    # The agent's own parser takes the command and the config; each node gets the profiles that
+    # select it, the DRA one never where the node-capacity twin serves the same resource.
+    from patchbay_agent.main import build_parser
+    from patchbay_agent.nodeconfig import parse_node_config, selected
+
+    command = pod["containers"][0]["command"]
+    env = {"NODE_NAME": "node-1", "POD_NAME": "agent-abcde", "POD_NAMESPACE": "patchbay-system"}
+    args = build_parser().parse_args(
+        [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in command[1:]]
+    )
+    assert args.node_config.endswith("/node.yaml") and args.profile is None and args.dra_driver is None
+    entries = parse_node_config(yaml.safe_load(cm["data"]["node.yaml"]))
+    assert [e.error for e in entries] == ["", "", ""]
+    by_name = {e.profile: e for e in entries}
+    assert by_name["sensors"].driver == "sensors.patchbay.dev"
+
+    def served(labels: dict[str, str]) -> list[str]:
+        return sorted(e.profile for e in selected(entries, labels))
+
+    assert served({"serial": "yes", "tokens": "yes"}) == ["serial", "tokens"]
+    assert served({"sensors": "yes"}) == ["sensors"]
+    assert served({"sensors": "yes", "serial": "yes"}) == ["serial"]  # KEP-5004
+    assert served({}) == []
+
+
+def test_a_profile_without_a_selector_puts_the_agent_on_every_node() -> None:
+    everywhere = prof("all", "DevicePlugin", {})
+    _, ds = render.shared_agent_objects([(SERIAL, None), (everywhere, None)], SETTINGS)
+    assert "affinity" not in ds["spec"]["template"]["spec"]
+
+
+def test_an_agent_error_is_that_profiles_problem_only() -> None:
+    nodes = [NodeState("n1", labels={"serial": "yes"})]
+    report = Report.from_object(
+        {
+            "metadata": {"name": "serial.n1"},
+            "profile": "serial",
+            "nodeName": "n1",
+            "devices": [],
+            "agentError": {"reason": "ConfigInvalid", "message": "plugin.discovery: bad", "since": "T0"},
+        }
+    )
+    result = evaluate(Inputs(SERIAL, {}, "T1", nodes, reports=[report], shared_pods=[]))
+    (problem,) = result.problems
+    assert (problem.node, problem.reason, problem.stalled) == ("n1", "ConfigInvalid", True)
+    assert result.status is not None
+    stalled = next(c for c in result.status["conditions"] if c["type"] == "Stalled")
+    assert stalled["status"] == "True"
