@@ -4,9 +4,10 @@ The path is the one a user takes: the operator and agent images (built here with
 cached), a local cluster (real control plane, a real kubelet node ``localhost`` on containerd 2.4
 and runc with a private pod network, 5 kwok nodes), ``helm install`` of charts/patchbay (the
 operator is the chart's Deployment pod on the real node), ``kubectl apply`` of the three example
-profiles (Static, DevicePlugin, DRA), the operator's agent DaemonSet pods serving the node's
-devices to the real kubelet (as a device plugin, and as a DRA driver), and workload pods that use
-them. No Patchbay process runs on the host.
+profiles (Static, DevicePlugin, DRA), ONE node agent pod serving the node's devices to the real
+kubelet for both agent profiles (as a device plugin, and as a DRA driver), a profile change applied
+live (no pod restart, the other resource never dips), and workload pods that use them. No
+Patchbay process runs on the host.
 
 Everything is real except the hardware: the serial adapters and lab sensors are FAKE character
 devices that the demo makes with mknod under the machine's /dev/patchbay-demo/ (they are the null
@@ -138,14 +139,17 @@ def up(cluster: DevCluster) -> None:
     plugin["spec"]["plugin"]["discovery"]["paths"]["globs"] = [f"{FAKE_DEV}/ttyUSB*"]
     print(f"    (the example's glob /dev/ttyUSB* pointed at the fake devices: {FAKE_DEV}/ttyUSB*)")
     tools.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(plugin))
-    ds_name = f"patchbay-{plugin['metadata']['name']}"
-    wait_for("the agent DaemonSet's pod Ready", lambda: ds_ready(apps, ds_name))
+    wait_for("the node agent's pod Ready", lambda: ds_ready(apps, NODE_AGENT))
     wait_for(
         "serial adapters on localhost", lambda: allocatable(core, "example.com/serial") == str(SERIAL_COUNT)
     )
     tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide")
 
-    step("DRA: lab sensors (FAKE: mknod under /dev/patchbay-demo) served by the agent as a DRA driver")
+    step(
+        "DRA: lab sensors (FAKE: mknod under /dev/patchbay-demo) served by the SAME agent pod, "
+        "as a DRA driver"
+    )
+    agent_pod = the_agent_pod(core)
     make_fake_devices("sensor", SENSOR_COUNT)
     tools.kubectl("label", "--overwrite", "node", "localhost", "example.com/sensors=dra")
     dra = yaml.safe_load(DRA.read_text())
@@ -153,11 +157,15 @@ def up(cluster: DevCluster) -> None:
     print(f"    (the example's glob /dev/sensor* pointed at the fake devices: {FAKE_DEV}/sensor*)")
     tools.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(dra))
     driver = f"{dra['metadata']['name']}.patchbay.dev"
-    wait_for(
-        "the DRA agent's pod Ready (registered)",
-        lambda: ds_ready(apps, f"patchbay-{dra['metadata']['name']}"),
-    )
     wait_for("the sensors in a ResourceSlice", lambda: slice_devices(tools, driver) == SENSOR_COUNT)
+    same = the_agent_pod(core)
+    print(
+        f"    ONE agent pod on localhost serves both profiles: {same.metadata.name} "
+        f"(uid {same.metadata.uid[:8]}, restarts {restarts(same)}; the same pod as before the "
+        f"sensors profile: {same.metadata.uid == agent_pod.metadata.uid})"
+    )
+    tools.kubectl("-n", NAMESPACE, "get", "pods", "-l", "patchbay.dev/agent=shared", "-o", "wide")
+    live_change(tools, core, cluster, dra["metadata"]["name"])
     tools.kubectl("get", "resourceslices,deviceclasses")
     # Unchanged pods reach DRA devices through the DeviceClass's extendedResourceName, which API
     # servers before 1.36 drop (DRAExtendedResource off; docs/compatibility.md): read back what
@@ -258,6 +266,77 @@ def up(cluster: DevCluster) -> None:
     print(f"\nmake demo took {time.monotonic() - t0:.0f}s")
 
 
+NODE_AGENT = "patchbay-node-agent"
+
+
+def the_agent_pod(core: client.CoreV1Api) -> Any:
+    """The one shared agent pod on localhost (the demo stops if there are more or none)."""
+    pods = [
+        p
+        for p in core.list_namespaced_pod(NAMESPACE, label_selector="patchbay.dev/agent=shared").items
+        if p.spec.node_name == "localhost" and p.metadata.deletion_timestamp is None
+    ]
+    if len(pods) != 1:
+        raise SystemExit(f"demo: {len(pods)} node agent pods on localhost, expected one")
+    return pods[0]
+
+
+def restarts(pod: Any) -> int:
+    return sum(c.restart_count for c in pod.status.container_statuses or [])
+
+
+def live_change(tools: Tools, core: client.CoreV1Api, cluster: DevCluster, profile: str) -> None:
+    """Change the sensors profile's plugin section; the agent pod reconfigures live: the sensors
+    driver registers again, the serial adapters are untouched (the kubelet's own count of them,
+    read from its PodResources API every 10 ms, never dips), and no pod restarts."""
+    import asyncio
+    import threading
+
+    from patchbay_agent.kubelet.podresources import get_allocatable_resources
+
+    step("A profile change, applied live: no pod restarts, the other resource never dips")
+    before = the_agent_pod(core)
+    socket = cluster.real_node().paths.pod_resources_socket
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        async def loop() -> None:
+            while not done.is_set():
+                got = await get_allocatable_resources(socket, rpc_timeout=1.0)
+                samples.append(got.count("example.com/serial"))
+                await asyncio.sleep(0.01)
+
+        asyncio.run(loop())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    time.sleep(0.5)
+    patch = {"spec": {"plugin": {"health": {"periodSeconds": 10}}}}
+    t0 = time.monotonic()
+    tools.kubectl("patch", "dpp", profile, "--type", "merge", "-p", json.dumps(patch))
+
+    def applied() -> bool:
+        log = tools.kubectl("-n", NAMESPACE, "logs", before.metadata.name, show=False)
+        return f"{profile} restarted" in log
+
+    wait_for(f"the agent to restart {profile} alone", applied, 120)
+    took = time.monotonic() - t0
+    time.sleep(1.0)
+    done.set()
+    sampler.join(5)
+    after = the_agent_pod(core)
+    print(
+        f"    applied -> effective on the node in {took:.1f}s (kubectl patch -> the agent's log line)\n"
+        f"    agent pod: {after.metadata.name}, same pod {after.metadata.uid == before.metadata.uid}, "
+        f"restarts {restarts(before)} -> {restarts(after)}\n"
+        f"    example.com/serial allocatable at the kubelet (PodResources, {len(samples)} samples): "
+        f"min {min(samples) if samples else '-'}, max {max(samples) if samples else '-'}"
+    )
+    if after.metadata.uid != before.metadata.uid or (samples and min(samples) < SERIAL_COUNT):
+        raise SystemExit("demo: the live change restarted the agent pod or dipped the serial adapters")
+
+
 def allocatable(core: client.CoreV1Api, resource: str, node: str = "localhost") -> str | None:
     return (core.read_node_status(node).status.allocatable or {}).get(resource)
 
@@ -310,7 +389,7 @@ def device_class(tools: Tools, name: str) -> dict[str, Any] | None:
 def summary(tools: Tools, core: client.CoreV1Api, pods: list[str]) -> None:
     step("kubectl get dpp")
     print(tools.kubectl("get", "dpp", show=False).rstrip())
-    step("Patchbay's pods (the operator from the chart, each profile's agent from its DaemonSet)")
+    step("Patchbay's pods (the operator from the chart, ONE node agent pod per node for every profile)")
     print(tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide", show=False).rstrip())
     step("What the agents report on their node (kubectl get devicereports: health, who holds what)")
     print(tools.kubectl("-n", NAMESPACE, "get", "dr", show=False).rstrip())

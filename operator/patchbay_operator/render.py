@@ -331,7 +331,9 @@ def shared_agent_objects(
         max_surge=1,
         max_unavailable=0,
         hash_annotation=CONFIG_HASH_ANNOTATION,
-        config_hash=config_hash(text),
+        # No config hash on the pod template: the node agent follows its ConfigMap and reconfigures
+        # live, so only a change of the pod itself (the image) rolls the agents.
+        config_hash="",
         priority_class="",
         node_selector_terms=[] if everywhere else terms,
         # A node a profile selects gets its agent whatever its taints (a device plugin is part of

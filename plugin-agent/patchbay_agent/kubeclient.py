@@ -37,7 +37,7 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -221,6 +221,55 @@ class KubeClient:
         if not isinstance(uid, str) or not uid:
             raise ApiError(response.status_code, f"node {node_name} has no metadata.uid")
         return uid
+
+    def get_object(
+        self, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """GET one object (ApiError 404 when it does not exist)."""
+        kwargs: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
+        url = f"{plural}/{name}"
+        response = self._send("GET", version=version, url=url, headers=self._headers(), **kwargs)
+        body: dict[str, Any] = response.json()
+        return body
+
+    def watch_object(
+        self,
+        version: str,
+        plural: str,
+        name: str,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """WATCH one object by name (a `metadata.name` field selector, which RBAC's resourceNames
+        can narrow to that object): (type, object) per event until the server ends the watch
+        (`timeoutSeconds`) or fails; ApiError on an HTTP error, an ERROR event (410 Gone: list
+        again) is yielded as is. Blocking: run it in a thread."""
+        kwargs: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
+        response = self._send(
+            "GET",
+            version=version,
+            url=plural,
+            params={
+                "watch": "1",
+                "fieldSelector": f"metadata.name={name}",
+                "resourceVersion": resource_version,
+                "timeoutSeconds": str(timeout_seconds),
+                "allowWatchBookmarks": "true",
+            },
+            headers=self._headers(),
+            stream=True,
+            timeout=(10, timeout_seconds + 30),
+            **kwargs,
+        )
+        try:
+            for line in response.iter_lines():
+                if line:
+                    event = json.loads(line)
+                    yield str(event.get("type")), dict(event.get("object") or {})
+        finally:
+            response.close()
 
     def node_labels(self, node_name: str) -> dict[str, str]:
         """The Node's labels (GET; the node agent decides from them which profiles select it)."""

@@ -121,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
         "select this node's labels (read from the API server), each with its own socket, registration "
         "and DeviceReport in --report-namespace; a profile that fails is reported and restarted alone",
     )
+    p.add_argument(
+        "--watch-config",
+        metavar="CONFIGMAP",
+        help="with --node-config: follow this ConfigMap (in --report-namespace, key node.yaml) and this "
+        "node's labels through the API server, and reconfigure live: a changed profile restarts "
+        "alone, the others are untouched",
+    )
     p.add_argument("--node-name", required=True, help="this node's name (labels metrics and logs)")
     p.add_argument(
         "--device-plugin-dir",
@@ -380,7 +387,7 @@ def _node_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await NodeAgent(entries, options, client).run(stop)
+        await NodeAgent(entries, options, client, follow=args.watch_config).run(stop)
 
     asyncio.run(run())
     log.info("Stopped")

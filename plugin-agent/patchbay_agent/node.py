@@ -22,18 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+import yaml
+
 from patchbay_agent.agent import Agent, AgentOptions, DraOptions, ReportOptions
 from patchbay_agent.backoff import Backoff
+from patchbay_agent.config import ConfigError
 from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.metrics import MergedRegistry, Metrics, Registry
-from patchbay_agent.nodeconfig import ProfileEntry, selected
+from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, ProfileEntry, parse_node_config, selected
 from patchbay_agent.report.devicereport import ReportTarget, failure_report
 from patchbay_agent.report.reporter import ReportClient, Reporter
 
@@ -94,13 +98,21 @@ class NodeAgent:
         client: NodeClient,
         *,
         labels: Mapping[str, str] | None = None,
+        follow: str | None = None,
     ) -> None:
-        """`labels`: the Node's labels (default: read from the API server at `run`)."""
+        """`labels`: the Node's labels (default: read from the API server at `run`); `follow`:
+        the name of the ConfigMap of the node config, watched with the Node for live changes."""
         self.entries = list(entries)
         self.options = options
         self.client = client
         self.labels = dict(labels) if labels is not None else None
         self.units: dict[str, Unit] = {}
+        #: the ConfigMap (in the report namespace) to follow with the Node's labels; None: neither
+        self.follow = follow
+        self.reconfigurations = 0
+        self._lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._pending: asyncio.Task[dict[str, str]] | None = None
         self.http = HttpEndpoint(_Metrics(MergedRegistry(self._registries)), self._healthy, self._ready)
 
     def _registries(self) -> list[tuple[str, Registry]]:
@@ -140,31 +152,103 @@ class NodeAgent:
         return ReportTarget(entry.profile, opts.agent.node_name, opts.report_namespace, resource, pod)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Start a unit per selected profile, supervise them until `stop`, then stop them all."""
+        """Serve the selected profiles until `stop`, reconfiguring live when the config or the
+        Node's labels change (`follow`), then stop them all."""
+        self._stop = stop
+        self._loop = asyncio.get_running_loop()
         if self.labels is None:
             self.labels = await asyncio.to_thread(self.client.node_labels, self.options.agent.node_name)
-        chosen = selected(self.entries, self.labels)
-        log.info(
-            "Serving %d of %d profile(s) on node %s: %s",
-            len(chosen),
-            len(self.entries),
-            self.options.agent.node_name,
-            ", ".join(e.profile for e in chosen) or "none",
-        )
-        for entry in chosen:
-            self.units[entry.profile] = Unit(entry)
         if self.options.agent.http_address is not None:
             await self.http.start(*self.options.agent.http_address)
-        for unit in self.units.values():
-            unit.task = asyncio.create_task(self._supervise(unit, stop), name=f"profile-{unit.entry.profile}")
+        await self.reconfigure()
+        followers: list[Follower] = []
+        if self.follow is not None:
+            client: Any = self.client  # kubeclient.KubeClient: a FollowClient too
+            node = self.options.agent.node_name
+            namespace = self.options.report_namespace
+            followers = [
+                Follower(client, ("v1", "configmaps", self.follow, namespace), self._deliver_config),
+                Follower(client, ("v1", "nodes", node, None), self._deliver_node),
+            ]
+            for f in followers:
+                f.start()
         try:
             await stop.wait()
         finally:
-            for unit in self.units.values():
-                unit.stop.set()
-            tasks = [u.task for u in self.units.values() if u.task is not None]
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for f in followers:
+                f.stop()
+            async with self._lock:
+                for name in list(self.units):
+                    self.units[name].stop.set()
+                tasks = [u.task for u in self.units.values() if u.task is not None]
+                await asyncio.gather(*tasks, return_exceptions=True)
             await self.http.stop()
+
+    async def reconfigure(self) -> dict[str, str]:
+        """Bring the units in line with the entries and labels now: a profile no longer selected
+        (or listed) stops, a new one starts, a changed one (its mode, driver, resourceName or
+        plugin) restarts and registers again; every other unit is left alone. Returns what was
+        done per profile."""
+        async with self._lock:
+            assert self.labels is not None
+            desired = {e.profile: e for e in selected(self.entries, self.labels)}
+            done: dict[str, str] = {}
+            for name in sorted(set(self.units) - set(desired)):
+                await self._stop_unit(name)
+                done[name] = "stopped"
+            for name, entry in desired.items():
+                unit = self.units.get(name)
+                if unit is not None and unit.entry.key == entry.key:
+                    continue
+                if unit is not None:
+                    await self._stop_unit(name)
+                done[name] = "restarted" if unit is not None else "started"
+                self._start_unit(entry)
+            if done:
+                self.reconfigurations += 1
+                log.info(
+                    "Node %s now serves %s (%s)",
+                    self.options.agent.node_name,
+                    ", ".join(sorted(self.units)) or "no profile",
+                    ", ".join(f"{n} {what}" for n, what in sorted(done.items())),
+                )
+            return done
+
+    def _start_unit(self, entry: ProfileEntry) -> None:
+        unit = self.units[entry.profile] = Unit(entry)
+        unit.task = asyncio.create_task(self._supervise(unit, self._stop), name=f"profile-{entry.profile}")
+
+    async def _stop_unit(self, name: str) -> None:
+        unit = self.units.pop(name)
+        unit.stop.set()
+        if unit.task is not None:
+            await asyncio.gather(unit.task, return_exceptions=True)
+
+    def update(
+        self, entries: Sequence[ProfileEntry] | None = None, labels: Mapping[str, str] | None = None
+    ) -> None:
+        """New entries and/or labels (on the event loop): reconfigure when anything changed."""
+        changed = False
+        if entries is not None and [e.key for e in entries] != [e.key for e in self.entries]:
+            self.entries, changed = list(entries), True
+        if labels is not None and dict(labels) != self.labels:
+            self.labels, changed = dict(labels), True
+        if changed:
+            self._pending = asyncio.create_task(self.reconfigure())
+
+    def _deliver_config(self, obj: Mapping[str, Any]) -> None:
+        """From the ConfigMap follower's thread: parse, then hand over to the loop."""
+        text = str((obj.get("data") or {}).get(NODE_CONFIG_KEY) or "")
+        try:
+            entries = parse_node_config(yaml.safe_load(text))
+        except (ConfigError, yaml.YAMLError) as e:
+            log.error("Ignoring the new node config (keeping the current one): %s", e)
+            return
+        self._loop.call_soon_threadsafe(lambda: self.update(entries=entries))
+
+    def _deliver_node(self, obj: Mapping[str, Any]) -> None:
+        labels = {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("labels") or {}).items()}
+        self._loop.call_soon_threadsafe(lambda: self.update(labels=labels))
 
     async def _supervise(self, unit: Unit, stop: asyncio.Event) -> None:
         """Run one profile's agent; on failure report it, wait, start it again (see module doc)."""
@@ -256,6 +340,71 @@ class NodeAgent:
             unit.failure_stop.set()
             await asyncio.gather(unit.failure_task, return_exceptions=True)
         unit.failure_reporter, unit.failure_task = None, None
+
+
+class FollowClient(Protocol):
+    """What following an object needs of the API (`kubeclient.KubeClient`)."""
+
+    def get_object(
+        self, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any]: ...
+
+    def watch_object(
+        self,
+        version: str,
+        plural: str,
+        name: str,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+
+class Follower(threading.Thread):
+    """One object by name: GET, then WATCH from its resourceVersion, again and again; every
+    version seen goes to `deliver` (in this thread). On a failure or a 410 it lists again after a
+    backoff. A daemon thread: it never holds the process at exit."""
+
+    def __init__(
+        self,
+        client: FollowClient,
+        what: tuple[str, str, str, str | None],
+        deliver: Callable[[Mapping[str, Any]], None],
+    ) -> None:
+        """`what`: (API version, plural, name, namespace or None)."""
+        version, plural, name, namespace = what
+        super().__init__(name=f"follow-{plural}-{name}", daemon=True)
+        self._client, self._version, self._plural, self._name = client, version, plural, name
+        self._deliver, self._namespace = deliver, namespace
+        self._stopped = threading.Event()
+        self.events = 0
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        backoff = Backoff(1.0, 30.0)
+        while not self._stopped.is_set():
+            try:
+                obj = self._client.get_object(self._version, self._plural, self._name, self._namespace)
+                self._deliver(obj)
+                rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+                for kind, event in self._client.watch_object(
+                    self._version, self._plural, self._name, rv, namespace=self._namespace
+                ):
+                    if self._stopped.is_set():
+                        return
+                    if kind == "ERROR":
+                        break
+                    self.events += 1
+                    if kind in ("ADDED", "MODIFIED"):
+                        self._deliver(event)
+                backoff.reset()
+            except Exception as e:
+                delay = backoff.next()
+                log.warning("Following %s %s failed (%s); again in %.1fs", self._plural, self._name, e, delay)
+                self._stopped.wait(delay)
 
 
 class _Metrics:

@@ -25,6 +25,8 @@ import yaml
 
 from patchbay_agent.config import AgentConfig, ConfigError, parse
 
+#: The node config's key in the ConfigMap the operator renders.
+NODE_CONFIG_KEY = "node.yaml"
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})

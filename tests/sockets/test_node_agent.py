@@ -170,3 +170,100 @@ def test_one_process_serves_every_selected_profile_and_contains_each_failure(
     asyncio.run(scenario())
     # Every socket the node agent served is gone with it.
     assert [p.name for p in plugin_dir.iterdir() if p.name != "kubelet.sock"] == []
+
+
+def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """Live reconfiguration: a changed profile restarts alone, a new one starts, a node label
+    that moves stops one; the untouched profile keeps its one registration and its one
+    ListAndWatch stream, and the kubelet's healthy count of it (sampled all along) never dips."""
+    for i in range(2):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    serial = CONFIG["profiles"][0]
+    tokens = _entry("tokens", "example.com/tokens", {"discovery": {"virtual": {"count": 3}}})
+    client = RecordingClient()
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        peer = PodResourcesPeer(short_dir / "pr.sock")
+        await kubelet.start()
+        await peer.start()
+        options = NodeOptions(
+            AgentOptions(
+                node_name="node-1",
+                plugin_dir=plugin_dir,
+                host_root=hw.root,
+                http_address=None,
+                shutdown_grace=1.0,
+                backoff_initial=0.01,
+                backoff_max=0.05,
+                cdi_spec_dir=short_dir / "cdi",
+                report=ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600),
+            ),
+            report_namespace="patchbay",
+        )
+        node = NodeAgent(parse_node_config({"profiles": [serial, tokens]}), options, client)
+        stop = asyncio.Event()
+        task = asyncio.create_task(node.run(stop))
+        lowest: list[int] = []
+
+        async def sample() -> None:
+            while not stop.is_set():
+                lowest.append(kubelet.healthy("example.com/serial"))
+                await asyncio.sleep(0.005)
+
+        try:
+            await kubelet.wait_for(
+                lambda: (
+                    kubelet.healthy("example.com/serial") == 2 and kubelet.healthy("example.com/tokens") == 3
+                )
+            )
+            sampler = asyncio.create_task(sample())
+            serial_agent = node.units["serial"].agent
+            assert serial_agent is not None
+
+            # tokens' plugin changes (3 -> 5) and a new profile appears.
+            more = _entry("tokens", "example.com/tokens", {"discovery": {"virtual": {"count": 5}}})
+            extra = _entry("extra", "example.com/extra", {"discovery": {"virtual": {"count": 1}}})
+            done = await _apply(node, {"profiles": [serial, more, extra]})
+            assert done == {"tokens": "restarted", "extra": "started"}
+            await kubelet.wait_for(
+                lambda: (
+                    kubelet.healthy("example.com/tokens") == 5 and kubelet.healthy("example.com/extra") == 1
+                )
+            )
+            # The same config again: nothing to do.
+            assert await _apply(node, {"profiles": [serial, more, extra]}) == {}
+
+            # The node's serial label goes: serial stops, the others stay.
+            node.update(labels={"kubernetes.io/hostname": "node-1"})
+            assert node._pending is not None
+            assert await node._pending == {"serial": "stopped"}
+            assert "serial" not in node.units
+            assert node.units["tokens"].starts == 1
+
+            # Serial was untouched until its label went: one registration, one stream, no dip.
+            assert sum(r.request.resource_name == "example.com/serial" for r in kubelet.registrations) == 1
+            assert serial_agent.servicer.streams_opened == 1
+            sampler.cancel()
+            assert lowest and min(lowest) == 2
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=20)
+            await peer.stop()
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def _healthy(kubelet: PyKubelet, *names: str) -> tuple[int, ...]:
+    return tuple(kubelet.healthy(f"example.com/{n}") for n in names)
+
+
+async def _apply(node: NodeAgent, config: dict[str, Any]) -> dict[str, str]:
+    """What the ConfigMap follower does with a new node config, awaited."""
+    node.update(entries=parse_node_config(config))
+    pending = node._pending
+    node._pending = None
+    return {} if pending is None else await pending
