@@ -301,22 +301,12 @@ def shared_agent_objects(
     profiles: Sequence[tuple[Profile, Selector | None]], settings: Settings
 ) -> list[dict[str, Any]]:
     """[ConfigMap, DaemonSet] of the shared node agent serving `profiles` (each with the selector
-    its agents must leave out, as in `agent_objects`). The DaemonSet runs on the union of their
-    nodes (no affinity when one selects every node); every profile is an owner (none the
+    its agents must leave out, as in `agent_objects`): each profile's node selector terms are in
+    the config, which the agents evaluate against their node's labels; the DaemonSet's pod
+    template depends on none of them (see below). Every profile is an owner (none the
     controller), so the garbage collector removes the objects with the last of them."""
     text = node_config(profiles)
-    terms: list[list[dict[str, Any]]] = []
-    everywhere = False
-    for p, exclude in profiles:
-        for term in p.selector.node_selector_terms(exclude):
-            if not term:
-                everywhere = True
-            elif term not in terms:
-                terms.append(term)
     owners = [{**owner_reference(p), "controller": False, "blockOwnerDeletion": False} for p, _ in profiles]
-    dra = any(p.mode is Mode.DRA for p, _ in profiles)
-    plugin = any(p.mode is not Mode.DRA for p, _ in profiles)
-    cdi = dra or any(plugin_cdi_kind(p) for p, _ in profiles)
     common = {
         "name": SHARED_AGENT,
         "object_namespace": settings.namespace,
@@ -335,7 +325,11 @@ def shared_agent_objects(
         # live, so only a change of the pod itself (the image) rolls the agents.
         config_hash="",
         priority_class="",
-        node_selector_terms=[] if everywhere else terms,
+        # Every node, and every mount either mode needs: the pod template then depends on no
+        # profile, so a new profile, a changed selector or mode reaches the running agents live
+        # (they read their config and their node's labels) and only an image change rolls them.
+        # An agent on a node no profile selects serves nothing (an idle process).
+        node_selector_terms=[],
         # A node a profile selects gets its agent whatever its taints (a device plugin is part of
         # the node, like the CNI); a profile that wants fewer nodes says so in its selector, or
         # sets agent.tolerations of its own (and gets its own agent).
@@ -352,13 +346,13 @@ def shared_agent_objects(
         service_account=settings.agent_service_account,
         api_server=list(settings.agent_api_server) if settings.agent_api_server else None,
         kubelet_root_dir=settings.kubelet_root_dir,
-        cdi_spec_dir=settings.cdi_spec_dir if cdi else "",
+        cdi_spec_dir=settings.cdi_spec_dir,
         cdi_mount=CDI_SPEC_MOUNT,
         pod_resources_mount=POD_RESOURCES_MOUNT,
         dra_driver="",
         node_config=True,
-        dra_mounts=dra,
-        device_plugin_mounts=plugin,
+        dra_mounts=True,
+        device_plugin_mounts=True,
         plugins_registry_dir=plugins_registry_dir(settings.kubelet_root_dir),
         kubelet_plugins_dir=kubelet_plugins_dir(settings.kubelet_root_dir),
     )

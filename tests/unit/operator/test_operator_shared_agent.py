@@ -44,6 +44,8 @@ def test_only_profiles_without_agent_settings_share_the_agent() -> None:
 
 
 def test_one_daemonset_serves_both_modes_and_every_profile_owns_it() -> None:
+    """...and its pod template is the same whatever the profiles are, so a profile change never
+    rolls the agents."""
     cm, ds = render.shared_agent_objects(
         [(SERIAL, None), (TOKENS, None), (SENSORS, SERIAL.selector)], SETTINGS
     )
@@ -54,10 +56,10 @@ def test_one_daemonset_serves_both_modes_and_every_profile_owns_it() -> None:
     pod = ds["spec"]["template"]["spec"]
     mounts = {m["name"] for m in pod["containers"][0]["volumeMounts"]}
     assert {"device-plugins", "plugins-registry", "kubelet-plugins", "cdi-specs"} <= mounts
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ]
-    assert len(terms) == 3
+    # The pod template depends on no profile: every node, every mount (only the image rolls it).
+    assert "affinity" not in pod
+    _, alone = render.shared_agent_objects([(SERIAL, None)], SETTINGS)
+    assert alone["spec"]["template"] == ds["spec"]["template"]
     assert ds["spec"]["selector"]["matchLabels"] == render.shared_selector_labels()
 
     # The agent's own parser takes the command and the config; each node gets the profiles that
@@ -83,12 +85,6 @@ def test_one_daemonset_serves_both_modes_and_every_profile_owns_it() -> None:
     assert served({"sensors": "yes"}) == ["sensors"]
     assert served({"sensors": "yes", "serial": "yes"}) == ["serial"]  # KEP-5004
     assert served({}) == []
-
-
-def test_a_profile_without_a_selector_puts_the_agent_on_every_node() -> None:
-    everywhere = prof("all", "DevicePlugin", {})
-    _, ds = render.shared_agent_objects([(SERIAL, None), (everywhere, None)], SETTINGS)
-    assert "affinity" not in ds["spec"]["template"]["spec"]
 
 
 def test_an_agent_error_is_that_profiles_problem_only() -> None:
