@@ -172,7 +172,7 @@ def run_case(
         else:
             assert squat is not None
             devices = [
-                json.dumps({"name": p["glob"], "groups": [{"paths": [{"path": f"{tree}/dev/{p['glob']}*"}]}]})
+                json.dumps({"name": p["profile"], "groups": [{"paths": [{"path": f"{tree}/dev/{p['glob']}*"}]}]})
                 for p in chosen
             ]
             argv = [
@@ -190,7 +190,7 @@ def run_case(
         if how == "squat":
             wait(
                 "squat's registrations",
-                lambda: all(peers.healthy(f"example.com/{p['glob']}") == p["n"] for p in chosen),
+                lambda: all(peers.healthy(f"example.com/{p['profile']}") == p["n"] for p in chosen),
             )
         else:
             plugins = [p for p in chosen if p["mode"] == "DevicePlugin"]
