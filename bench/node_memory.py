@@ -74,6 +74,10 @@ def entry(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def glob_of(tree: Path, p: dict[str, Any]) -> str:
+    return f"{tree}/dev/{p['glob']}*"
+
+
 def memory(pid: int) -> tuple[float, float]:
     """(RSS, PSS) in MiB."""
     rss = pss = 0.0
@@ -172,7 +176,7 @@ def run_case(
         else:
             assert squat is not None
             devices = [
-                json.dumps({"name": p["profile"], "groups": [{"paths": [{"path": f"{tree}/dev/{p['glob']}*"}]}]})
+                json.dumps({"name": p["profile"], "groups": [{"paths": [{"path": glob_of(tree, p)}]}]})
                 for p in chosen
             ]
             argv = [
