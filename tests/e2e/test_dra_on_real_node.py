@@ -28,7 +28,7 @@ from typing import Any
 
 from kubernetes import client
 from support.clusters import Cluster
-from support.realnode import DEVICES, Installed, add_fake_device, busybox_pod, limits, wait_for
+from support.realnode import DEVICES, OWN_AGENT, Installed, add_fake_device, busybox_pod, limits, wait_for
 from support.releases import has
 
 from patchbay_devcluster import DevCluster
@@ -53,6 +53,7 @@ def dra_profile(cluster: Cluster, fake_dev: Path, node: str) -> tuple[str, str, 
                 "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
                 "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "dra"}},
             },
+            "agent": OWN_AGENT,
         },
     )
     return name, resource, f"{name}.patchbay.dev"
@@ -513,6 +514,7 @@ def test_a_node_moves_from_device_plugin_to_dra_and_running_pods_keep_their_devi
                     "mode": mode,
                     "nodeSelector": {"matchLabels": {label: cluster.tag}},
                     "plugin": plugin,
+                    "agent": OWN_AGENT,
                 },
             )
         wait_for(

@@ -21,6 +21,11 @@ REPO = Path(__file__).resolve().parents[2]
 DEVICES = 4
 """FAKE serial adapters per test profile (``serial_profile``)."""
 AGENT_SELECTOR = "app.kubernetes.io/name=patchbay-agent"
+#: Agent settings of its own: the profile gets its own agent DaemonSet (pods labelled with the
+#: profile), which these tests look at; profiles without them share the node agent
+#: (tests/e2e/test_node_agent_on_real_node.py).
+OWN_AGENT: dict[str, Any] = {"updateStrategy": {"maxSurge": 1, "maxUnavailable": 0}}
+SHARED_SELECTOR = f"{AGENT_SELECTOR},patchbay.dev/agent=shared"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=patchbay,app.kubernetes.io/component=operator"
 
 __all__ = [
@@ -140,6 +145,7 @@ def serial_profile(
                 "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
                 "allocation": allocation,
             },
+            "agent": OWN_AGENT,
         },
     )
     return name, resource
