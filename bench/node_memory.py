@@ -7,7 +7,8 @@ sockets, registering with a Python kubelet peer (tests/support/pykubelet.py), re
 PodResources peer, and writing its DeviceReports (and, for the DRA profile, its ResourceSlices) to
 a real local control plane (devcluster, no real node: this needs no lock). Devices are FAKE (files
 under a temporary tree). RSS and PSS are read from /proc once every resource is registered and
-every report written, after a settle pause. squat's binary is built from its repository with
+every report written, after a settle pause; `idle` is the node agent on a node no profile selects
+(the shared DaemonSet runs on every node). squat's binary is built from its repository with
 `go build -mod=vendor` (--squat PATH; left out without it).
 
     python bench/node_memory.py [--profiles 1,3,5] [--squat /tmp/squat-gdp/generic-device-plugin]
@@ -156,9 +157,13 @@ def run_case(
     env = {**os.environ, **ENV}
     log = open(case / "agents.log", "wb")  # noqa: SIM115
     try:
-        if how == "node-agent":
+        if how in ("node-agent", "idle"):
             cfg = case / "node.yaml"
-            cfg.write_text(yaml.safe_dump({"profiles": [entry(p) for p in chosen]}))
+            entries = [entry(p) for p in chosen]
+            if how == "idle":  # listed, but no profile selects this node
+                for e in entries:
+                    e["nodeSelectorTerms"] = [[{"key": "example.com/nowhere", "operator": "Exists"}]]
+            cfg.write_text(yaml.safe_dump({"profiles": entries}))
             procs.append(
                 subprocess.Popen([AGENT, "--node-config", str(cfg), *common], env=env, stdout=log, stderr=log)
             )
@@ -191,7 +196,9 @@ def run_case(
             for d in devices:
                 argv += ["--device", d]
             procs.append(subprocess.Popen(argv, stdout=log, stderr=log))
-        if how == "squat":
+        if how == "idle":
+            time.sleep(10.0)
+        elif how == "squat":
             wait(
                 "squat's registrations",
                 lambda: all(peers.healthy(f"example.com/{p['profile']}") == p["n"] for p in chosen),
@@ -222,7 +229,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default="1,3,5")
     parser.add_argument("--squat", help="path to squat/generic-device-plugin's binary")
-    parser.add_argument("--only", help="comma-separated subset of per-profile,node-agent,squat")
+    parser.add_argument("--only", help="comma-separated subset of per-profile,node-agent,squat,idle")
     args = parser.parse_args()
     counts = [int(n) for n in args.profiles.split(",")]
     with tempfile.TemporaryDirectory(prefix="nodemem", dir="/tmp") as tmp:
@@ -244,7 +251,7 @@ def main() -> None:
             )
             # A warm-up run writes the optimized bytecode (.opt-2.pyc) the image ships compiled.
             run_case("node-agent", PROFILES[:1], work / "warm", cluster.kubeconfig, kubectl, None)
-            hows = ["per-profile", "node-agent"] + (["squat"] if args.squat else [])
+            hows = ["per-profile", "node-agent"] + (["squat"] if args.squat else []) + ["idle"]
             if args.only:
                 hows = [h for h in hows if h in args.only.split(",")]
             print(f"{'profiles':>8} {'how':>12} {'processes':>9} {'RSS MiB':>8} {'PSS MiB':>8}")
