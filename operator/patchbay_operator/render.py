@@ -258,9 +258,10 @@ NODE_CONFIG_KEY = "node.yaml"
 
 
 def is_shared(profile: Profile) -> bool:
-    """A profile that leaves `spec.agent` alone is served by the shared node agent; one with agent
-    settings of its own (image, privileges, resources, tolerations, ...) gets its own DaemonSet."""
-    return not (profile.spec.get("agent") or {})
+    """A profile that leaves `spec.agent` alone is served by the shared node agent; one with an
+    `agent` section (image, privileges, resources, tolerations, ...; even an empty one, which the
+    API server fills with defaults) gets its own DaemonSet."""
+    return "agent" not in profile.spec
 
 
 def shared_selector_labels() -> dict[str, str]:
