@@ -27,14 +27,14 @@ import asyncio
 import gc
 import logging
 import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from patchbay_agent.backoff import Backoff
-from patchbay_agent.cdi import DEFAULT_CDI_SPEC_DIR, CdiSpecs
+from patchbay_agent.cdi import CdiSpecs
 from patchbay_agent.config import AgentConfig
-from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions
+
+__all__ = ["Agent", "AgentOptions", "DraOptions", "ReportOptions"]
 from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.core.monitor import Monitor
 from patchbay_agent.deviceplugin.registration import Registrar
@@ -54,55 +54,6 @@ if TYPE_CHECKING:
     from patchbay_agent.report.slices import SlicePublisher
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ReportOptions:
-    """Where and how the agent publishes its DeviceReport (the `--profile` flags)."""
-
-    profile: str
-    namespace: str
-    #: the agent's pod (the report's `agent` field); None when unknown
-    pod_name: str | None = None
-    pod_resources_socket: Path = Path(DEFAULT_POD_RESOURCES_SOCKET)
-    pod_resources_period: float = 10.0
-    #: None: the in-cluster service account
-    kubeconfig: Path | None = None
-
-
-@dataclass(frozen=True)
-class DraOptions:
-    """DRA mode (the `--dra-driver` flags): be a DRA kubelet plugin for `driver`."""
-
-    driver: str
-    kubelet_root_dir: Path = Path(DEFAULT_KUBELET_ROOT_DIR)
-    #: None: the in-cluster service account
-    kubeconfig: Path | None = None
-
-
-@dataclass
-class AgentOptions:
-    """Where the agent runs (flags), as opposed to what it serves (the config)."""
-
-    node_name: str
-    plugin_dir: Path
-    host_root: Path
-    #: (host, port) for /metrics /healthz /readyz; None disables the endpoint.
-    http_address: tuple[str, int] | None = ("127.0.0.1", 9464)
-    poll_interval: float = 10.0
-    shutdown_grace: float = 5.0
-    backoff_initial: float = 0.1
-    backoff_max: float = 10.0
-    #: Prefix for device paths in Allocate's DeviceSpecs (see ``--host-path-prefix``).
-    host_path_prefix: str = ""
-    #: The socket name's instance part (``--instance``); None draws a fresh one per process.
-    instance: str | None = None
-    #: The DeviceReport (``--profile``); None writes no report and reads no PodResources.
-    report: ReportOptions | None = None
-    #: Where the runtime reads CDI specs (``--cdi-spec-dir``); used when the config has a CDI kind.
-    cdi_spec_dir: Path = Path(DEFAULT_CDI_SPEC_DIR)
-    #: DRA mode (``--dra-driver``); None: a device plugin.
-    dra: DraOptions | None = None
 
 
 class Agent:

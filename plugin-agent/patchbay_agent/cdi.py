@@ -30,14 +30,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from patchbay_agent.constants import DEFAULT_CDI_SPEC_DIR
 from patchbay_agent.core.inventory import DeviceSpec, Snapshot
+
+__all__ = [
+    "CDI_VERSION",
+    "DEFAULT_CDI_SPEC_DIR",
+    "CdiSpecs",
+    "device_nodes",
+    "spec_document",
+    "spec_file_name",
+    "write_spec",
+]
 
 log = logging.getLogger(__name__)
 
 #: The CDI spec version written: 0.5.0 is the first with `hostPath` on device nodes (the path on
 #: the node differs from the path in the container with a fake device tree, and may in general).
 CDI_VERSION = "0.5.0"
-DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
 
 
 def spec_file_name(resource_name: str) -> str:

@@ -66,3 +66,7 @@ class DeviceTaints(enum.StrEnum):
     DROPPED = "Dropped"
     #: not found out yet (or the check failed): treated as Dropped, which is safe everywhere
     UNKNOWN = "Unknown"
+
+
+#: Where the container runtime reads CDI specs (containerd's and CRI-O's default).
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"

@@ -17,18 +17,17 @@ import re
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
-from patchbay_agent.agent import Agent, AgentOptions, DraOptions, ReportOptions
-from patchbay_agent.cdi import DEFAULT_CDI_SPEC_DIR
 from patchbay_agent.config import ConfigError, load
 from patchbay_agent.constants import (
+    DEFAULT_CDI_SPEC_DIR,
     DEFAULT_DEVICE_PLUGIN_DIR,
     DEFAULT_KUBELET_ROOT_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
 )
-from patchbay_agent.core.inventory import SnapshotRefusedError
-from patchbay_agent.discovery import DiscoveryError
 from patchbay_agent.kubelet.sockets import check_instance
+from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions
 
 log = logging.getLogger("patchbay_agent")
 
@@ -283,7 +282,7 @@ def _setup_logging(fmt: str, level: str) -> None:
     root.setLevel(level.upper())
 
 
-async def _run(agent: Agent) -> None:
+async def _run(agent: Any) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -442,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         log.info("Starting for %s on node %s", config.resource_name, args.node_name)
+    # Only now: the front-ends (gRPC and its stubs) are loaded by the agent that serves one.
+    from patchbay_agent.agent import Agent
+    from patchbay_agent.core.inventory import SnapshotRefusedError
+    from patchbay_agent.discovery import DiscoveryError
+
     try:
         asyncio.run(_run(Agent(config, options, client, client)))
     except (DiscoveryError, SnapshotRefusedError, ValueError) as e:

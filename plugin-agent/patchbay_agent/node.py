@@ -27,19 +27,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
-from patchbay_agent.agent import Agent, AgentOptions, DraOptions, ReportOptions
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.config import ConfigError
 from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.metrics import MergedRegistry, Metrics, Registry
 from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, ProfileEntry, parse_node_config, selected
+from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions
 from patchbay_agent.report.devicereport import ReportTarget, failure_report
 from patchbay_agent.report.reporter import ReportClient, Reporter
+
+if TYPE_CHECKING:
+    from patchbay_agent.agent import Agent
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +271,10 @@ class NodeAgent:
                 unit.starts += 1
                 agent_stop = asyncio.Event()
                 try:
+                    # Imported with the first unit: a node agent that serves no profile on its node
+                    # never loads the front-ends (gRPC, the stubs).
+                    from patchbay_agent.agent import Agent
+
                     client: Any = self.client
                     agent = unit.agent = Agent(entry.config, self.unit_options(entry), client, client)
                     runner = asyncio.create_task(agent.run(agent_stop), name=f"agent-{entry.profile}")

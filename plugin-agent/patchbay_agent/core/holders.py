@@ -18,11 +18,16 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from patchbay_agent.constants import REPLICA_SEPARATOR
-from patchbay_agent.kubelet import podresources
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.wakeup import wait_any
+
+if TYPE_CHECKING:
+    # The PodResources client (gRPC) is imported when the first holders object is made: an idle
+    # node agent, serving no profile, never loads gRPC.
+    from patchbay_agent.kubelet import podresources
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +49,7 @@ class PodRef:
         return {"namespace": self.namespace, "name": self.name, "container": self.container}
 
 
-ListPods = Callable[..., Awaitable[list[podresources.Pod]]]
+ListPods = Callable[..., Awaitable[list["podresources.Pod"]]]
 
 
 class PodHolders:
@@ -59,7 +64,7 @@ class PodHolders:
         period: float = 10.0,
         after_allocate: float = AFTER_ALLOCATE_SECONDS,
         rpc_timeout: float = RPC_TIMEOUT,
-        list_pods: ListPods = podresources.list_pods,
+        list_pods: ListPods | None = None,
         held: Callable[[podresources.Container], Sequence[str]] | None = None,
     ) -> None:
         """`held`: the device IDs a container holds; default the device plugin's (the kubelet's
@@ -70,6 +75,10 @@ class PodHolders:
         self._period = period
         self._after_allocate = after_allocate
         self.rpc_timeout = rpc_timeout
+        if list_pods is None:
+            from patchbay_agent.kubelet.podresources import list_pods as read_pods
+
+            list_pods = read_pods
         self._list_pods = list_pods
         self._held = held or (lambda c: c.device_ids(resource_name))
         #: container -> the device IDs of our resource it holds; only containers holding any
