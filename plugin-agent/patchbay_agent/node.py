@@ -160,7 +160,9 @@ class NodeAgent:
         self._stop = stop
         self._loop = asyncio.get_running_loop()
         if self.labels is None:
-            self.labels = await asyncio.to_thread(self.client.node_labels, self.options.agent.node_name)
+            self.labels = await self._read_labels(stop)
+            if self.labels is None:
+                return
         if self.options.agent.http_address is not None:
             await self.http.start(*self.options.agent.http_address)
         await self.reconfigure()
@@ -186,6 +188,20 @@ class NodeAgent:
                 tasks = [u.task for u in self.units.values() if u.task is not None]
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self.http.stop()
+
+    async def _read_labels(self, stop: asyncio.Event) -> dict[str, str] | None:
+        """The Node's labels, asked again with backoff while the API server does not answer (an
+        agent that exits would only crash-loop); None when stopped first."""
+        backoff = Backoff(0.5, 30.0)
+        node = self.options.agent.node_name
+        while not stop.is_set():
+            try:
+                return await asyncio.to_thread(self.client.node_labels, node)
+            except Exception as e:
+                delay = backoff.next()
+                log.warning("Cannot read node %s's labels (%s); again in %.1fs", node, e, delay)
+                await _first((stop,), timeout=delay)
+        return None
 
     async def reconfigure(self) -> dict[str, str]:
         """Bring the units in line with the entries and labels now: a profile no longer selected

@@ -267,3 +267,54 @@ async def _apply(node: NodeAgent, config: dict[str, Any]) -> dict[str, str]:
     pending = node._pending
     node._pending = None
     return {} if pending is None else await pending
+
+
+def test_the_node_agent_waits_for_the_api_server_instead_of_exiting(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """Its Node's labels cannot be read at first (an API server not there yet): the agent asks
+    again with backoff and serves once they come, rather than exiting into a crash loop."""
+
+    class Late(RecordingClient):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked = 0
+
+        def node_labels(self, node_name: str) -> dict[str, str]:
+            self.asked += 1
+            if self.asked < 3:
+                raise ConnectionError("the API server does not answer")
+            return super().node_labels(node_name)
+
+    client = Late()
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        options = NodeOptions(
+            AgentOptions(
+                node_name="node-1",
+                plugin_dir=plugin_dir,
+                host_root=hw.root,
+                http_address=None,
+                shutdown_grace=1.0,
+                cdi_spec_dir=short_dir / "cdi",
+                report=ReportOptions(
+                    "unused", "patchbay", None, short_dir / "pr.sock", pod_resources_period=3600
+                ),
+            ),
+            report_namespace="patchbay",
+        )
+        tokens = _entry("tokens", "example.com/tokens", {"discovery": {"virtual": {"count": 3}}})
+        node = NodeAgent(parse_node_config({"profiles": [tokens]}), options, client)
+        stop = asyncio.Event()
+        task = asyncio.create_task(node.run(stop))
+        try:
+            await kubelet.wait_for(lambda: _healthy(kubelet, "tokens") == (3,), within=30)
+            assert client.asked == 3
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=20)
+            await kubelet.stop()
+
+    asyncio.run(scenario())
