@@ -16,6 +16,14 @@ device plugin: it serves the registration and DRA sockets (`dra/plugin.py`), pub
 devices as ResourceSlices (`report/slices.py`) and never registers with the device manager. The
 discovery/health loop is the same; ListAndWatch is simply not served.
 
+A changed profile is applied IN PLACE when the kubelet need not hear of it (`Agent.reconfigure`):
+discovery, health and allocation settings swap under the running server, the ListAndWatch stream
+stays open and the registration stands, so the resource never leaves the kubelet, on every
+release (kubelets before 1.37 drop a resource whenever a stream ends: docs/facts.md#kubelet-endpoints).
+A change of what the kubelet was told at registration (pre-start, preferred allocation), of the
+device IDs (sharing replicas), of the device node permissions or of the CDI kind needs a new
+agent; so does a DRA profile.
+
 Each agent process serves its own socket (`kubelet/sockets.py`): during a rollout the old and the
 new agent of one resource are registered side by side, and the old one's SIGTERM removes only its own
 socket. At start, sockets of the same resource that dead agents left behind are removed.
@@ -31,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.cdi import CdiSpecs
-from patchbay_agent.config import AgentConfig
+from patchbay_agent.config import AgentConfig, PreferredPolicy
 from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions
 
 __all__ = ["Agent", "AgentOptions", "DraOptions", "ReportOptions"]
@@ -233,6 +241,49 @@ class Agent:
         self.servicer.on_allocated = holders.allocated
         holders.subscribe(reporter.notify)
         self.inventory.subscribe(lambda _snap: reporter.notify())
+
+    def in_place_refusal(self, config: AgentConfig) -> str | None:
+        """Why `config` cannot be applied to this running agent in place (None: it can)."""
+        old = self.config
+        if self.dra is not None:
+            return "a DRA profile registers again on every change"
+        checks = [
+            (old.resource_name == config.resource_name, "resourceName"),
+            (old.replicas == config.replicas, "sharing.replicas (the device IDs)"),
+            ((old.pre_start is None) == (config.pre_start is None), "preStart (a registration option)"),
+            (
+                (old.preferred_policy is PreferredPolicy.NONE)
+                == (config.preferred_policy is PreferredPolicy.NONE),
+                "preferredAllocation (a registration option)",
+            ),
+            (old.allocation.permissions == config.allocation.permissions, "allocation.permissions"),
+            (old.allocation.cdi_kind == config.allocation.cdi_kind, "allocation.cdi.kind"),
+        ]
+        changed = [what for same, what in checks if not same]
+        return f"{', '.join(changed)} changed" if changed else None
+
+    def reconfigure(self, config: AgentConfig) -> bool:
+        """Apply a changed profile without leaving the kubelet (see the module doc): True when
+        applied; False when the change needs a new agent (`in_place_refusal`). Raises what
+        building the new discovery raises (nothing is changed then)."""
+        refusal = self.in_place_refusal(config)
+        if refusal is not None:
+            log.info("Profile change for %s needs a new registration: %s", config.resource_name, refusal)
+            return False
+        backend = None
+        if config.discovery != self.config.discovery:
+            backend = make_backend(config.discovery, HostRoot(self.options.host_root))
+        self.config = config
+        if backend is not None:
+            self.backend = backend
+        self.servicer.reconfigure(config)
+        self.monitor.reconfigure(backend, config.health)
+        log.info(
+            "Applied the profile change for %s in place (registration and stream kept%s)",
+            config.resource_name,
+            ", new discovery" if backend is not None else "",
+        )
+        return True
 
     def _fresh_instance(self) -> str:
         """A random instance whose socket name is not in the plugin directory (used or not)."""

@@ -124,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--watch-config",
         metavar="CONFIGMAP",
         help="with --node-config: follow this ConfigMap (in --report-namespace, key node.yaml) and this "
-        "node's labels through the API server, and reconfigure live: a changed profile restarts "
-        "alone, the others are untouched",
+        "node's labels through the API server, and reconfigure live: a changed profile is applied "
+        "in place (its registration kept) or, when the kubelet must hear of it, restarts alone; the "
+        "others are untouched",
     )
     p.add_argument("--node-name", required=True, help="this node's name (labels metrics and logs)")
     p.add_argument(

@@ -205,9 +205,10 @@ class NodeAgent:
 
     async def reconfigure(self) -> dict[str, str]:
         """Bring the units in line with the entries and labels now: a profile no longer selected
-        (or listed) stops, a new one starts, a changed one (its mode, driver, resourceName or
-        plugin) restarts and registers again; every other unit is left alone. Returns what was
-        done per profile."""
+        (or listed) stops, a new one starts, a changed one is applied to its running agent in
+        place where the kubelet need not hear of it ("reconfigured": same registration, same
+        stream, no dip on any release; `Agent.reconfigure`) and otherwise restarts and registers
+        again ("restarted"); every other unit is left alone. Returns what was done per profile."""
         async with self._lock:
             assert self.labels is not None
             desired = {e.profile: e for e in selected(self.entries, self.labels)}
@@ -218,6 +219,9 @@ class NodeAgent:
             for name, entry in desired.items():
                 unit = self.units.get(name)
                 if unit is not None and unit.entry.key == entry.key:
+                    continue
+                if unit is not None and self._reconfigure_in_place(unit, entry):
+                    done[name] = "reconfigured"
                     continue
                 if unit is not None:
                     await self._stop_unit(name)
@@ -232,6 +236,29 @@ class NodeAgent:
                     ", ".join(f"{n} {what}" for n, what in sorted(done.items())),
                 )
             return done
+
+    def _reconfigure_in_place(self, unit: Unit, entry: ProfileEntry) -> bool:
+        """Hand a changed entry to the unit's running agent; True when it took it in place."""
+        agent, old = unit.agent, unit.entry
+        if (
+            agent is None
+            or not agent.started.is_set()
+            or unit.failure is not None
+            or entry.config is None
+            or old.config is None
+            or (old.mode, old.driver) != (entry.mode, entry.driver)
+        ):
+            return False
+        try:
+            applied = agent.reconfigure(entry.config)
+        except Exception as e:
+            log.warning(
+                "Cannot change DevicePluginProfile %s in place (%s); starting it again", entry.profile, e
+            )
+            return False
+        if applied:
+            unit.entry = entry  # a later restart of the unit (a crash) starts from the new entry
+        return applied
 
     def _start_unit(self, entry: ProfileEntry) -> None:
         unit = self.units[entry.profile] = Unit(entry)
@@ -292,6 +319,8 @@ class NodeAgent:
                     from patchbay_agent.agent import Agent
 
                     client: Any = self.client
+                    entry = unit.entry  # changed in place since the last start, maybe
+                    assert entry.config is not None
                     agent = unit.agent = Agent(entry.config, self.unit_options(entry), client, client)
                     runner = asyncio.create_task(agent.run(agent_stop), name=f"agent-{entry.profile}")
                     watch = asyncio.create_task(self._watch_start(unit, agent))

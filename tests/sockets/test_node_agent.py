@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from support.agentrun import until
+from support.agentrun import plugin_client, until
 from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer
 from support.promtext import parse, value
 from support.pykubelet import PyKubelet
 
 from patchbay_agent.agent import AgentOptions, ReportOptions
+from patchbay_agent.api import api_pb2
 from patchbay_agent.node import AGENT_FAILED, CONFIG_INVALID, NodeAgent, NodeOptions
 from patchbay_agent.nodeconfig import parse_node_config
 
@@ -175,8 +176,8 @@ def test_one_process_serves_every_selected_profile_and_contains_each_failure(
 def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
     short_dir: Path, plugin_dir: Path, hw: FakeHardware
 ) -> None:
-    """Live reconfiguration: a changed profile restarts alone, a new one starts, a node label
-    that moves stops one; the untouched profile keeps its one registration and its one
+    """Live reconfiguration: a changed profile is applied alone (in place), a new one starts, a
+    node label that moves stops one; the untouched profile keeps its one registration and its one
     ListAndWatch stream, and the kubelet's healthy count of it (sampled all along) never dips."""
     for i in range(2):
         hw.add_dev(f"/dev/ttyUSB{i}")
@@ -227,7 +228,7 @@ def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
             more = _entry("tokens", "example.com/tokens", {"discovery": {"virtual": {"count": 5}}})
             extra = _entry("extra", "example.com/extra", {"discovery": {"virtual": {"count": 1}}})
             done = await _apply(node, {"profiles": [serial, more, extra]})
-            assert done == {"tokens": "restarted", "extra": "started"}
+            assert done == {"tokens": "reconfigured", "extra": "started"}
             await kubelet.wait_for(
                 lambda: (
                     kubelet.healthy("example.com/tokens") == 5 and kubelet.healthy("example.com/extra") == 1
@@ -312,6 +313,109 @@ def test_the_node_agent_waits_for_the_api_server_instead_of_exiting(
         try:
             await kubelet.wait_for(lambda: _healthy(kubelet, "tokens") == (3,), within=30)
             assert client.asked == 3
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=20)
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_whose_stream_ends(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """Against a kubelet that behaves like those before v1.37 (one client per resource: any stream
+    that ends drops the resource), a change of discovery, health and allocation reaches the running
+    agent without a new registration or stream: the kubelet's healthy count, sampled all along,
+    never dips below what the profile advertises, the narrower discovery forgets the device it no
+    longer finds (not "vanished"), and Allocate answers with the new environment. A change the
+    kubelet must hear of (a preStart hook: a registration option) starts a new agent instead."""
+    for i in range(3):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    resource = "example.com/serial"
+
+    def serial(globs: list[str], **plugin: Any) -> dict[str, Any]:
+        return _entry("serial", resource, {"discovery": {"paths": {"globs": globs}}, **plugin})
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+        await kubelet.start()
+        options = NodeOptions(
+            AgentOptions(
+                node_name="node-1",
+                plugin_dir=plugin_dir,
+                host_root=hw.root,
+                http_address=None,
+                shutdown_grace=1.0,
+                backoff_initial=0.01,
+                backoff_max=0.05,
+                cdi_spec_dir=short_dir / "cdi",
+            ),
+            report_namespace="patchbay",
+        )
+        first = serial(
+            ["/dev/ttyUSB*"], allocation={"envs": {"STAGE": "one"}}, health={"periodSeconds": 3600}
+        )
+        node = NodeAgent(
+            parse_node_config({"profiles": [first]}), options, RecordingClient(), labels=NODE_LABELS
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(node.run(stop))
+        lowest: list[int] = []
+
+        async def sample() -> None:
+            while not stop.is_set():
+                lowest.append(kubelet.healthy(resource))
+                await asyncio.sleep(0.002)
+
+        async def allocate_env(device: str) -> dict[str, str]:
+            agent = node.units["serial"].agent
+            assert agent is not None
+            async with plugin_client(agent.registrar.socket_path) as client:
+                request = api_pb2.AllocateRequest(
+                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[device])]
+                )
+                response = await client.Allocate(request, timeout=5)
+            return dict(response.container_responses[0].envs)
+
+        try:
+            await kubelet.wait_for(lambda: kubelet.healthy(resource) == 3)
+            agent = node.units["serial"].agent
+            assert agent is not None
+            assert (await allocate_env("ttyUSB0"))["STAGE"] == "one"
+            sampler = asyncio.create_task(sample())
+
+            # Narrower discovery, new thresholds and period, a new environment: in place.
+            second = serial(
+                ["/dev/ttyUSB0", "/dev/ttyUSB1"],
+                allocation={"envs": {"STAGE": "two"}},
+                health={"periodSeconds": 1, "failureThreshold": 2},
+            )
+            assert await _apply(node, {"profiles": [second]}) == {"serial": "reconfigured"}
+            await kubelet.wait_for(lambda: len(kubelet.devices.get(resource, [])) == 2)
+            assert node.units["serial"].agent is agent
+            assert (await allocate_env("ttyUSB1"))["STAGE"] == "two"
+            # The device the new discovery leaves out is gone, not listed Unhealthy.
+            assert sorted(d.ID for d in kubelet.devices[resource]) == ["ttyUSB0", "ttyUSB1"]
+            assert kubelet.healthy(resource) == 2
+            sampler.cancel()
+            assert min(lowest) >= 2, f"the kubelet's count dipped to {min(lowest)}"
+            assert sum(r.request.resource_name == resource for r in kubelet.registrations) == 1
+            assert agent.servicer.streams_opened == 1
+            assert kubelet.dropped == []
+
+            # A preStart hook changes what the kubelet was told at registration: a new agent.
+            third = serial(["/dev/ttyUSB0"], preStart={"command": ["true"]})
+            assert await _apply(node, {"profiles": [third]}) == {"serial": "restarted"}
+            await kubelet.wait_for(
+                lambda: (
+                    sum(r.request.resource_name == resource for r in kubelet.registrations) >= 2
+                    and kubelet.healthy(resource) == 1
+                )
+            )
+            assert node.units["serial"].agent is not agent
+            assert kubelet.registrations[-1].options is not None
+            assert kubelet.registrations[-1].options.pre_start_required
         finally:
             stop.set()
             await asyncio.wait_for(task, timeout=20)

@@ -105,6 +105,13 @@ class HealthMachine:
     def healthy(self) -> bool:
         return self.state is DeviceHealth.HEALTHY
 
+    def set_thresholds(self, failure_threshold: int, success_threshold: int) -> None:
+        """New thresholds (a profile changed in place); the current state and streak stay."""
+        if failure_threshold < 1 or success_threshold < 1:
+            raise ValueError("thresholds must be >= 1")
+        self._failure_threshold = failure_threshold
+        self._success_threshold = success_threshold
+
     def observe(self, ok: bool, definite: bool = False) -> bool:
         """Record one check round; True when the state changed (including the first one).
 
@@ -247,6 +254,14 @@ class DeviceHealthTracker:
             if not result.ok:
                 self._reasons[dev_id] = result.reason
         return changed
+
+    def set_thresholds(self, failure_threshold: int, success_threshold: int) -> None:
+        """New thresholds for every device (a profile changed in place): each keeps its health,
+        its `since` and its streak, judged by the new thresholds from the next round on."""
+        for machine in self._machines.values():
+            machine.set_thresholds(failure_threshold, success_threshold)
+        self._failure_threshold = failure_threshold
+        self._success_threshold = success_threshold
 
     def healthy(self, dev_id: str) -> bool:
         machine = self._machines.get(dev_id)

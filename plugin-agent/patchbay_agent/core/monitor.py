@@ -7,6 +7,9 @@ inotify reports a change in a watched /dev directory: a removed device node reac
 milliseconds, not a period later. Exec probes run on periodic rounds only (and for devices seen for
 the first time); event rounds reuse each device's last probe result, so a burst of udev events
 cannot fork a burst of probes.
+
+`reconfigure` swaps the discovery backend and the health settings of a running monitor (a profile
+changed in place, without a new registration; agent.py): the next round runs at once with them.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class Monitor:
         self._watcher: DirWatcher | None = None
         self._known: dict[str, PhysicalDevice] = {}
         self.rounds = 0
+        #: set by `reconfigure`: the next round is a periodic one (probes run) and the period restarts
+        self._reperiod = False
 
     def _scan_and_check(self) -> tuple[list[PhysicalDevice], dict[str, CheckResult]]:
         """Scan, then check every device's paths.
@@ -121,6 +126,26 @@ class Monitor:
             if results[d.id].ok:
                 results[d.id] = self._probe_results.get(d.id, OK)
 
+    def reconfigure(self, backend: Backend | None, health: Health) -> None:
+        """Use `backend` (None: keep the current one) and `health` from the next round on, and run
+        that round now. A new discovery forgets the devices it no longer finds instead of calling
+        them vanished: the user narrowed the profile, nothing broke. Devices still found keep their
+        health, `since` and streak; a changed probe is run for every device in that round."""
+        if backend is not None:
+            self._backend = backend
+            self._known.clear()
+            watch_dirs = backend.watch_dirs()
+            if watch_dirs and self._watcher is None:
+                self._watcher = DirWatcher(self._on_fs_event)  # on the loop: reconfigure runs there
+            if self._watcher is not None:
+                self._watcher.ensure(watch_dirs)
+        if health.exec != self._health.exec:
+            self._probe_results.clear()
+        self.tracker.set_thresholds(health.failure_threshold, health.success_threshold)
+        self._health = health
+        self._reperiod = True
+        self._kick.set()
+
     def _on_fs_event(self, directory: Path, name: str, mask: int) -> None:
         """A watched directory changed: run a round now."""
         self._kick.set()
@@ -128,7 +153,7 @@ class Monitor:
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds until `stop` is set. The first round must already have run (see Agent)."""
         watch_dirs = self._backend.watch_dirs()
-        if watch_dirs:
+        if watch_dirs and self._watcher is None:
             self._watcher = DirWatcher(self._on_fs_event)
             self._watcher.ensure(watch_dirs)
         next_periodic = time.monotonic() + self._health.period_seconds
@@ -137,7 +162,8 @@ class Monitor:
                 await wait_any((self._kick, stop), next_periodic - time.monotonic())
                 if stop.is_set():
                     break
-                periodic = time.monotonic() >= next_periodic
+                periodic = self._reperiod or time.monotonic() >= next_periodic
+                self._reperiod = False
                 self._kick.clear()
                 if periodic:
                     next_periodic = time.monotonic() + self._health.period_seconds

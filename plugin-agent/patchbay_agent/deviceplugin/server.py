@@ -59,6 +59,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             get_preferred_allocation_available=config.preferred_policy is not PreferredPolicy.NONE,
         )
 
+    def reconfigure(self, config: AgentConfig) -> None:
+        """Answer Allocate, GetPreferredAllocation and PreStartContainer with `config` from now
+        on. The caller (Agent.reconfigure) has checked that nothing the kubelet was told at
+        registration (the options above) or the device IDs (replicas) change."""
+        self._config = config
+
     @property
     def options(self) -> api_pb2.DevicePluginOptions:
         """The truth about the optional calls, also sent in RegisterRequest."""
