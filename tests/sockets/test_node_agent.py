@@ -65,6 +65,33 @@ CONFIG = {
 }
 
 
+def _options(
+    short_dir: Path,
+    plugin_dir: Path,
+    hw: FakeHardware,
+    *,
+    report: ReportOptions | None = None,
+    http: tuple[str, int] | None = None,
+    **node: Any,
+) -> NodeOptions:
+    """The node agent's options for these tests: fast backoffs, the fake hardware's root."""
+    return NodeOptions(
+        AgentOptions(
+            node_name="node-1",
+            plugin_dir=plugin_dir,
+            host_root=hw.root,
+            http_address=http,
+            shutdown_grace=1.0,
+            backoff_initial=0.01,
+            backoff_max=0.05,
+            cdi_spec_dir=short_dir / "cdi",
+            report=report,
+        ),
+        report_namespace="patchbay",
+        **node,
+    )
+
+
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as r:
         return str(r.read().decode())
@@ -102,21 +129,14 @@ def test_one_process_serves_every_selected_profile_and_contains_each_failure(
         peer = PodResourcesPeer(short_dir / "pr.sock")
         await kubelet.start()
         await peer.start()
-        options = NodeOptions(
-            AgentOptions(
-                node_name="node-1",
-                plugin_dir=plugin_dir,
-                host_root=hw.root,
-                http_address=("127.0.0.1", 0),
-                shutdown_grace=1.0,
-                backoff_initial=0.01,
-                backoff_max=0.05,
-                cdi_spec_dir=short_dir / "cdi",
-                report=ReportOptions(
-                    "unused", "patchbay", "patchbay-agent-x1", peer.socket, pod_resources_period=3600
-                ),
+        options = _options(
+            short_dir,
+            plugin_dir,
+            hw,
+            report=ReportOptions(
+                "unused", "patchbay", "patchbay-agent-x1", peer.socket, pod_resources_period=3600
             ),
-            report_namespace="patchbay",
+            http=("127.0.0.1", 0),
             restart_initial=0.05,
             restart_max=0.2,
         )
@@ -190,19 +210,11 @@ def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
         peer = PodResourcesPeer(short_dir / "pr.sock")
         await kubelet.start()
         await peer.start()
-        options = NodeOptions(
-            AgentOptions(
-                node_name="node-1",
-                plugin_dir=plugin_dir,
-                host_root=hw.root,
-                http_address=None,
-                shutdown_grace=1.0,
-                backoff_initial=0.01,
-                backoff_max=0.05,
-                cdi_spec_dir=short_dir / "cdi",
-                report=ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600),
-            ),
-            report_namespace="patchbay",
+        options = _options(
+            short_dir,
+            plugin_dir,
+            hw,
+            report=ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600),
         )
         node = NodeAgent(parse_node_config({"profiles": [serial, tokens]}), options, client)
         stop = asyncio.Event()
@@ -292,19 +304,13 @@ def test_the_node_agent_waits_for_the_api_server_instead_of_exiting(
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir)
         await kubelet.start()
-        options = NodeOptions(
-            AgentOptions(
-                node_name="node-1",
-                plugin_dir=plugin_dir,
-                host_root=hw.root,
-                http_address=None,
-                shutdown_grace=1.0,
-                cdi_spec_dir=short_dir / "cdi",
-                report=ReportOptions(
-                    "unused", "patchbay", None, short_dir / "pr.sock", pod_resources_period=3600
-                ),
+        options = _options(
+            short_dir,
+            plugin_dir,
+            hw,
+            report=ReportOptions(
+                "unused", "patchbay", None, short_dir / "pr.sock", pod_resources_period=3600
             ),
-            report_namespace="patchbay",
         )
         tokens = _entry("tokens", "example.com/tokens", {"discovery": {"virtual": {"count": 3}}})
         node = NodeAgent(parse_node_config({"profiles": [tokens]}), options, client)
@@ -340,19 +346,7 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
         await kubelet.start()
-        options = NodeOptions(
-            AgentOptions(
-                node_name="node-1",
-                plugin_dir=plugin_dir,
-                host_root=hw.root,
-                http_address=None,
-                shutdown_grace=1.0,
-                backoff_initial=0.01,
-                backoff_max=0.05,
-                cdi_spec_dir=short_dir / "cdi",
-            ),
-            report_namespace="patchbay",
-        )
+        options = _options(short_dir, plugin_dir, hw)
         first = serial(
             ["/dev/ttyUSB*"], allocation={"envs": {"STAGE": "one"}}, health={"periodSeconds": 3600}
         )
