@@ -8,7 +8,10 @@ Starts a cluster of its own on the release ``PATCHBAY_KUBE_BIN`` holds (``make``
 - a device a running pod holds is removed -> the pod's
   ``status.containerStatuses[].allocatedResourcesStatus`` says Unhealthy (only where the release
   has ResourceHealthStatus; docs/compatibility.md), median of ``--runs``;
-- ``--rollouts`` agent rollouts (a profile change; maxSurge 1) while a pod asking for one device
+- ``--rollouts`` profile changes. ``--agent own`` (the profile has agent settings of its own):
+  each change rolls the profile's agent DaemonSet (maxSurge 1). ``--agent node`` (no agent
+  settings: the shared node agent serves the profile): each change is applied by the running agent
+  in place, no pod or process leaves; done when the agent's log says so. Meanwhile a pod asking for one device
   is created every ``--burst-every`` seconds from the moment the new agent pod exists beside the
   old one to a second after the rollout ended (the window where a dip can happen; pods are
   drained between rollouts, since the node takes 50 pods and 2 cores start few containers a
@@ -67,6 +70,8 @@ WORK = "rollbench"
 FAKE_DEV = Path("/dev/patchbay-rollbench")
 DEVICES = 4
 REPLICAS = 16  # shared 16 ways: 64 allocatable, so the burst never waits for a free device
+#: the node agent's log line for a change applied in place (patchbay_agent/agent.py)
+IN_PLACE_LINE = "Applied the profile change for"
 
 
 def wait(what: str, check: Callable[[], Any], timeout: float = 180, every: float = 0.01) -> Any:
@@ -198,6 +203,32 @@ class Bench:
     def agent_pods(self, name: str) -> list[client.V1Pod]:
         pods = self.core.list_namespaced_pod(AGENTS, label_selector=f"patchbay.dev/profile={name}").items
         return [p for p in pods if not p.metadata.deletion_timestamp]
+
+    def live_change(self, name: str, n: int, burst: threading.Event) -> tuple[float, float]:
+        """One profile change applied in place by the shared node agent; returns (started,
+        applied) monotonic. The burst runs from the patch to a second after."""
+        pods = self.core.list_namespaced_pod(
+            AGENTS, label_selector="app.kubernetes.io/component=node-agent"
+        ).items
+        (pod,) = [p for p in pods if not p.metadata.deletion_timestamp]
+
+        def applied() -> int:
+            text = self.core.read_namespaced_pod_log(pod.metadata.name, AGENTS)
+            return str(text).count(IN_PLACE_LINE)
+
+        before = applied()
+        burst.set()
+        started = time.monotonic()
+        self.custom.patch_cluster_custom_object(
+            GROUP, VERSION, PLURAL, name, {"spec": {"plugin": {"allocation": {"envs": {"ROLLOUT": str(n)}}}}}
+        )
+        wait("the node agent to apply the change in place", lambda: applied() > before, 120, 0.05)
+        done = time.monotonic()
+        pod_now = self.core.read_namespaced_pod(pod.metadata.name, AGENTS)
+        restarts = sum(c.restart_count for c in pod_now.status.container_statuses or [])
+        if pod_now.metadata.uid != pod.metadata.uid or restarts:
+            raise SystemExit(f"the node agent pod was replaced or restarted ({restarts} restarts)")
+        return started, done
 
     def rollout(self, name: str, n: int, overlap: threading.Event) -> tuple[float, float]:
         """One profile change -> the DaemonSet rolled; returns (started, completed) monotonic.
@@ -344,6 +375,13 @@ def main() -> None:
         help="the agents' updateStrategy: surge (the default: maxSurge 1, maxUnavailable 0) or "
         "unavailable (maxSurge 0, maxUnavailable 1: the old agent stops before the new one starts)",
     )
+    ap.add_argument(
+        "--agent",
+        choices=("own", "node"),
+        default="own",
+        help="own: the profile has agent settings of its own, a change rolls its DaemonSet; node: "
+        "the shared node agent serves it and applies a change in place",
+    )
     ap.add_argument("--skip-latencies", action="store_true", help="only the rollouts")
     args = ap.parse_args()
     # SIGTERM (a killed run) still stops the cluster: the finally below runs on SystemExit.
@@ -379,6 +417,7 @@ def main() -> None:
             }
 
             results["strategy"] = args.strategy
+            results["agent"] = args.agent
             if not args.skip_latencies:
                 apply = b.apply_to_kubelet(plugin, args.runs)
                 results["applyToKubeletSeconds"] = apply
@@ -390,8 +429,11 @@ def main() -> None:
             name, resource = "bench-roll", "bench.patchbay.dev/roll"
             full = DEVICES * REPLICAS
             body = b.profile(name, resource, {**plugin, "sharing": {"replicas": REPLICAS}})
-            if args.strategy == "unavailable":
-                body["spec"]["agent"] = {"updateStrategy": {"maxSurge": 0, "maxUnavailable": 1}}
+            if args.agent == "own":
+                surge = {"maxSurge": 1, "maxUnavailable": 0}
+                if args.strategy == "unavailable":
+                    surge = {"maxSurge": 0, "maxUnavailable": 1}
+                body["spec"]["agent"] = {"updateStrategy": surge}
             b.create_profile(body)
             wait("the kubelet's full count", lambda: b.kubelet_count(resource) == full, 180, 0.1)
 
@@ -418,7 +460,10 @@ def main() -> None:
                 time.sleep(1.0)
                 for n in range(1, args.rollouts + 1):
                     offset = log.stat().st_size
-                    started, completed = b.rollout(name, n, burst.on)
+                    if args.agent == "node":
+                        started, completed = b.live_change(name, n, burst.on)
+                    else:
+                        started, completed = b.rollout(name, n, burst.on)
                     time.sleep(1.0)
                     burst.on.clear()
                     burst.drain()
@@ -478,6 +523,7 @@ def main() -> None:
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.strategy == "surge" else f"-{args.strategy}"
+    suffix += "" if args.agent == "own" else "-live"
     path = out / f"rollouts-{release}{suffix}.json"
     path.write_text(json.dumps(results, indent=1))
     print(f"wrote {path}")
