@@ -113,12 +113,13 @@ class Peers:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def wait(what: str, check: Any, timeout: float = 60) -> None:
+def wait(what: str, check: Any, timeout: float = 60, every: float = 0.2) -> None:
+    """Poll `check` every `every` seconds (a latency measured with it is only as fine as that)."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
             raise SystemExit(f"node_memory: timed out waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(every)
 
 
 def reports(kubectl: list[str]) -> set[str]:
