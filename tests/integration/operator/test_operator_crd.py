@@ -261,6 +261,13 @@ def test_long_profile_name_is_rejected(api: client.ApiClient, crd: dict[str, Any
     assert "metadata.name" in rejection(api, "a" * 53, STATIC)
 
 
+def test_the_shared_node_agents_name_is_reserved(api: client.ApiClient, crd: dict[str, Any]) -> None:
+    """A profile's own agent objects are patchbay-<name>: `node-agent` would be the shared agent's."""
+    message = rejection(api, "node-agent", PLUGIN)
+    assert "metadata.name node-agent is reserved" in message, message
+    create(api, "node-agent2", PLUGIN)
+
+
 def test_a_dra_profile_name_leaves_room_for_the_driver_suffix(
     api: client.ApiClient, crd: dict[str, Any]
 ) -> None:
