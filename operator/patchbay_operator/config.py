@@ -70,6 +70,11 @@ class Settings:
     kubelet_root_dir: str = "/var/lib/kubelet"
     """The kubelet's --root-dir on the nodes: the agents read its pod-resources socket."""
 
+    node_agent_node_selector: tuple[tuple[str, str], ...] = ()
+    """Labels a node must carry for the shared node agent to run there (empty: every node). On a
+    big cluster where few nodes have devices this keeps the idle agent off the others; a profile
+    that selects a node outside it is Stalled there with reason NodeAgentExcluded."""
+
     cdi_spec_dir: str = "/var/run/cdi"
     """Where the nodes' container runtime reads CDI specs: agents of profiles with
     ``allocation.cdi`` write their resource's spec there (docs/cdi.md)."""
@@ -133,6 +138,19 @@ def _absolute(raw: str) -> str:
     if not raw.startswith("/"):
         raise argparse.ArgumentTypeError(f"{raw!r} is not an absolute path")
     return raw.rstrip("/") or "/"
+
+
+def _labels(raw: str) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE[,KEY=VALUE...]`` (empty: none), sorted."""
+    if not raw.strip():
+        return ()
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        key, sep, value = item.strip().partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not KEY=VALUE")
+        out[key] = value
+    return tuple(sorted(out.items()))
 
 
 def _true(raw: str | None) -> bool:
@@ -235,6 +253,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         type=_absolute,
     )
     flag(
+        "node-agent-node-selector",
+        "KEY=VALUE[,KEY=VALUE...]: the shared node agent runs only on nodes with these labels "
+        "(default: every node)",
+        "",
+        type=_labels,
+    )
+    flag(
         "cdi-spec-dir",
         "a CDI spec directory of the nodes' container runtime, mounted for allocation.cdi "
         f"and DRA profiles (default {d.cdi_spec_dir})",
@@ -270,4 +295,5 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         agent_api_server=args.agent_api_server,
         kubelet_root_dir=args.kubelet_root_dir,
         cdi_spec_dir=args.cdi_spec_dir,
+        node_agent_node_selector=args.node_agent_node_selector,
     )

@@ -107,3 +107,5 @@ class Reason(StrEnum):
     #: DRA: the API server stored the DeviceClass without extendedResourceName (docs/dra.md#releases)
     EXTENDED_RESOURCE_NOT_SERVED = "ExtendedResourceNotServed"
     STALLED = "WaitingForChange"
+    #: a node the profile selects where the shared node agent does not run (its node selector)
+    NODE_AGENT_EXCLUDED = "NodeAgentExcluded"

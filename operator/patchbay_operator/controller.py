@@ -342,6 +342,7 @@ class Controller:
             reports=self.agents.profile_reports(name),
             device_class=self.agents.device_classes.get(name),
             shared_pods=self.agents.shared_pods() if shared else None,
+            shared_node_selector=self.settings.node_agent_node_selector,
         )
 
     def _recheck(self, name: str, when: datetime | None) -> None:

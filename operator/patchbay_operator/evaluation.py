@@ -18,7 +18,7 @@ from typing import Any
 from patchbay_operator import capacity, status
 from patchbay_operator.agentpods import AgentPod, Trouble
 from patchbay_operator.capacity import NodeState
-from patchbay_operator.constants import Mode
+from patchbay_operator.constants import Mode, Reason
 from patchbay_operator.devicereports import Report
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status import AgentDaemonSet, Problem, StoredDeviceClass
@@ -50,6 +50,8 @@ class Inputs:
     #: the shared node agent's pods when the profile is served by it (None: its own DaemonSet);
     #: `daemonset` and `troubles` are then the shared agent's, narrowed here to the profile's nodes
     shared_pods: Sequence[AgentPod] | None = None
+    #: the labels the shared node agent's nodes must carry (Settings.node_agent_node_selector)
+    shared_node_selector: Sequence[tuple[str, str]] = ()
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
     ds = inputs.daemonset
     if inputs.shared_pods is not None:
         troubles = [t for t in troubles if t.node in selected]
+        troubles += excluded_by_node_agent(matching, inputs.shared_node_selector)
         ds = shared_view(profile.name, ds, [p for p in inputs.shared_pods if p.node in selected])
     if profile.mode is Mode.DRA:
         # KEP-5004: the same resource name through node capacity on the same node is reported.
@@ -116,6 +119,27 @@ def evaluate(inputs: Inputs) -> Evaluation:
         profile, ds, nodes, previous, now, troubles=troubles, reports=reports, problems=problems
     )
     return Evaluation(_no_dra(new, previous), problems, recheck_at, keep)
+
+
+def excluded_by_node_agent(nodes: Sequence[NodeState], selector: Sequence[tuple[str, str]]) -> list[Trouble]:
+    """A stalled trouble for each of the profile's nodes where the shared node agent does not run
+    (it lacks a label of the operator's --node-agent-node-selector): nothing will ever serve the
+    profile there until the node is labelled or the profile gets an agent of its own."""
+    if not selector:
+        return []
+    wanted = ", ".join(f"{k}={v}" for k, v in selector)
+    return [
+        Trouble(
+            n.name,
+            Reason.NODE_AGENT_EXCLUDED.value,
+            f"the profile selects node {n.name}, but the shared node agent runs only on nodes labelled "
+            f"{wanted} (the chart's agent.nodeSelector): label the node, or give the profile an "
+            "agent section of its own",
+            stalled=True,
+        )
+        for n in nodes
+        if any(n.labels.get(k) != v for k, v in selector)
+    ]
 
 
 def _no_dra(new: dict[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:

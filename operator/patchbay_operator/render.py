@@ -326,11 +326,16 @@ def shared_agent_objects(
         # live, so only a change of the pod itself (the image) rolls the agents.
         config_hash="",
         priority_class="",
-        # Every node, and every mount either mode needs: the pod template then depends on no
-        # profile, so a new profile, a changed selector or mode reaches the running agents live
-        # (they read their config and their node's labels) and only an image change rolls them.
-        # An agent on a node no profile selects serves nothing (an idle process).
-        node_selector_terms=[],
+        # Every node (or those with the --node-agent-node-selector labels), and every mount either
+        # mode needs: the pod template then depends on no profile, so a new profile, a changed
+        # selector or mode reaches the running agents live (they read their config and their
+        # node's labels) and only an image change (or that setting) rolls them. An agent on a node
+        # no profile selects serves nothing (an idle process).
+        node_selector_terms=[
+            [{"key": k, "operator": "In", "values": [v]} for k, v in settings.node_agent_node_selector]
+        ]
+        if settings.node_agent_node_selector
+        else [],
         # A node a profile selects gets its agent whatever its taints (a device plugin is part of
         # the node, like the CNI); a profile that wants fewer nodes says so in its selector, or
         # sets agent.tolerations of its own (and gets its own agent).

@@ -38,3 +38,12 @@ app.kubernetes.io/component: operator
 {{- define "patchbay.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{/* A map of labels as KEY=VALUE,KEY=VALUE (sorted: a stable string for an env var). */}}
+{{- define "patchbay.labelList" -}}
+{{- $out := list -}}
+{{- range $k, $v := . -}}
+{{- $out = append $out (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}

@@ -86,3 +86,53 @@ def test_profiles_without_agent_settings_share_one_agent_per_node(
     cluster.delete_profile(b)
     wait_for("profiles gone", lambda: cluster.profile(a) is None and cluster.profile(b) is None)
     wait_for("tokens left the shared config", lambda: b not in shared(cluster)[1])
+
+
+def test_the_node_agent_kept_to_labelled_nodes_and_a_profile_that_selects_others_says_so(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """--node-agent-node-selector (the chart's agent.nodeSelector): the shared DaemonSet runs only
+    on nodes with the labels (kwok creates no pod elsewhere), and a profile that selects a node
+    without them is Stalled with reason NodeAgentExcluded naming that node; once the node gets the
+    label the agent runs there and the profile is Ready on every node."""
+    devices = "patchbay.dev/devices"
+    inside = cluster.add_nodes(1, labels={"a": "yes", devices: "true"})
+    outside = cluster.add_nodes(1, labels={"a": "yes"}, start=1)
+    operator.stop()
+    operator.start("--node-agent-node-selector", f"{devices}=true")
+    try:
+        name = f"{cluster.prefix}kept"
+        cluster.create_profile(name, spec("example.com/kept", "a", cluster.tag))
+        ds, _ = wait_for(
+            "the shared agent lists the profile", lambda: (s := shared(cluster)) and name in s[1] and s
+        )
+        assert ds is not None
+        affinity = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        terms = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms == [{"matchExpressions": [{"key": devices, "operator": "In", "values": ["true"]}]}]
+
+        def excluded() -> list[dict[str, Any]]:
+            st = (cluster.profile(name) or {}).get("status") or {}
+            return [p for p in st.get("problems") or [] if p.get("reason") == "NodeAgentExcluded"]
+
+        (problem,) = wait_for("the profile names the node the agent skips", excluded)
+        assert problem["node"] == outside[0], problem
+        assert f"{devices}=true" in problem["message"], problem
+        st = cluster.profile(name)["status"]
+        assert {c["type"]: c["status"] for c in st["conditions"]}["Stalled"] == "True", st
+
+        def pod_nodes() -> set[str]:
+            pods = cluster.core.list_namespaced_pod(
+                NAMESPACE, label_selector="patchbay.dev/agent=shared"
+            ).items
+            return {p.spec.node_name for p in pods if (p.spec.node_name or "").startswith(cluster.prefix)}
+
+        wait_for("an agent pod on the labelled node only", lambda: pod_nodes() == set(inside))
+        cluster.core.patch_node(outside[0], {"metadata": {"labels": {devices: "true"}}})
+        wait_for("the agent on both nodes", lambda: pod_nodes() == {*inside, *outside})
+        wait_for("Ready on both nodes", lambda: nodes_ready(cluster, name) == "2/2" and not excluded())
+        cluster.delete_profile(name)
+        wait_for("profile gone", lambda: cluster.profile(name) is None)
+    finally:
+        operator.stop()
+        operator.start()

@@ -48,11 +48,18 @@ def test_environment_fills_every_setting() -> None:
         ({"PATCHBAY_CONCURRENCY": "many"}, "--concurrency"),
         ({"PATCHBAY_STATUS_DEBOUNCE": "-1"}, "--status-debounce"),
         ({"PATCHBAY_PRIORITY": "high"}, "--priority"),
+        ({"PATCHBAY_NODE_AGENT_NODE_SELECTOR": "a=1,b"}, "--node-agent-node-selector"),
     ],
 )
 def test_bad_values_name_the_setting(env: dict[str, str], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         load([], env)
+
+
+def test_the_node_agents_node_selector_is_key_value_pairs_sorted() -> None:
+    s = load([], {"PATCHBAY_NODE_AGENT_NODE_SELECTOR": "zone=b, patchbay.dev/devices=true"})
+    assert s.node_agent_node_selector == (("patchbay.dev/devices", "true"), ("zone", "b"))
+    assert load([], {}).node_agent_node_selector == ()
 
 
 def test_help_mentions_every_setting() -> None:

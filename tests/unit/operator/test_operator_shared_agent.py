@@ -104,3 +104,37 @@ def test_an_agent_error_is_that_profiles_problem_only() -> None:
     assert result.status is not None
     stalled = next(c for c in result.status["conditions"] if c["type"] == "Stalled")
     assert stalled["status"] == "True"
+
+
+def test_the_node_agent_can_be_kept_to_labelled_nodes_and_a_profile_says_where_it_is_missing() -> None:
+    """--node-agent-node-selector (the chart's agent.nodeSelector): the shared DaemonSet gets the
+    labels as required node affinity, and a profile that selects a node without them is Stalled
+    there with reason NodeAgentExcluded (nothing would ever serve it), its other nodes unaffected."""
+    settings = Settings(
+        namespace="patchbay-test",
+        agent_image="example.invalid/agent:1",
+        node_agent_node_selector=(("patchbay.dev/devices", "true"),),
+    )
+    _, ds = render.shared_agent_objects([(SERIAL, None)], settings)
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "patchbay.dev/devices", "operator": "In", "values": ["true"]}]}
+    ]
+    nodes = [
+        NodeState("in", labels={"serial": "yes", "patchbay.dev/devices": "true"}),
+        NodeState("out", labels={"serial": "yes"}),
+        NodeState("other", labels={}),
+    ]
+    selector = settings.node_agent_node_selector
+    result = evaluate(Inputs(SERIAL, {}, "T1", nodes, shared_pods=[], shared_node_selector=selector))
+    excluded = [p for p in result.problems if p.reason == "NodeAgentExcluded"]
+    assert [(p.node, p.stalled) for p in excluded] == [("out", True)]
+    assert "agent.nodeSelector" in excluded[0].message and "patchbay.dev/devices=true" in excluded[0].message
+    assert result.status is not None
+    stalled = next(c for c in result.status["conditions"] if c["type"] == "Stalled")
+    assert stalled["status"] == "True"
+    # Without the setting: no such problem.
+    plain = evaluate(Inputs(SERIAL, {}, "T1", nodes, shared_pods=[]))
+    assert not [p for p in plain.problems if p.reason == "NodeAgentExcluded"]
