@@ -306,7 +306,8 @@ def save(results: dict[str, Any]) -> None:
     """Written after each phase: a run cut short keeps what it measured."""
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"node-agent-api-cost-{results['nodes']}.json"
+    only = "-before" if results.get("skipAfter") else ""
+    path = out / f"node-agent-api-cost-{results['nodes']}{only}.json"
     path.write_text(json.dumps(results, indent=1))
     print(f"wrote {path}", flush=True)
 
@@ -320,10 +321,21 @@ def main() -> None:
     )
     ap.add_argument("--window", type=float, default=15.0, help="seconds counted after the change (after)")
     ap.add_argument("--skip-before", action="store_true")
+    ap.add_argument(
+        "--skip-after",
+        action="store_true",
+        help="only the before design (P profiles with agents of their own; with --profiles 1 the roll of "
+        "one profile's DaemonSet is measured without the other P-1 DaemonSets' standing pods)",
+    )
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     n, p = args.nodes, args.profiles
-    results: dict[str, Any] = {"nodes": n, "profiles": p, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    results: dict[str, Any] = {
+        "nodes": n,
+        "profiles": p,
+        "skipAfter": args.skip_after,
+        "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     with tempfile.TemporaryDirectory(prefix="pb-apicost-") as tmpdir:
         tmp = Path(tmpdir)
         cluster = DevCluster(tmp / "c", find_bin_dir())
@@ -350,70 +362,71 @@ def main() -> None:
             apiserver = next(pr.pid for pr in cluster.running() if pr.name == "kube-apiserver")
 
             # --- after: one node agent -----------------------------------------------------
-            log(f"after: {p} profiles sharing the node agent")
-            for i in range(p):
-                custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, profile(i, own_agent=False))
+            if not args.skip_after:
+                log(f"after: {p} profiles sharing the node agent")
+                for i in range(p):
+                    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, profile(i, own_agent=False))
 
-            def shared_ready() -> bool:
-                try:
-                    ds = apps.read_namespaced_daemon_set(SHARED, NAMESPACE)
-                except ApiException:
-                    return False
-                st = ds.status
-                return (st.number_ready or 0) >= n
+                def shared_ready() -> bool:
+                    try:
+                        ds = apps.read_namespaced_daemon_set(SHARED, NAMESPACE)
+                    except ApiException:
+                        return False
+                    st = ds.status
+                    return (st.number_ready or 0) >= n
 
-            wait("the node agent's pods ready on every node", shared_ready, 1800, 5)
-            cm = core.read_namespaced_config_map(SHARED, NAMESPACE)
-            listed = len(yaml.safe_load(cm.data["node.yaml"])["profiles"])
-            daemonsets = len(apps.list_namespaced_daemon_set(NAMESPACE).items)
-            pods = len(core.list_namespaced_pod(NAMESPACE, limit=1).items) and sum(
-                (d.status.current_number_scheduled or 0)
-                for d in apps.list_namespaced_daemon_set(NAMESPACE).items
-            )
-            rss0 = rss_mib(apiserver)
-            before_watch = metrics.scrape()
-            kubeconfig = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-            agents = Agents(cluster.server, kubeconfig, tmp)
-            t0 = time.monotonic()
-            asyncio.run_coroutine_threadsafe(agents.start(nodes), loop).result()
-            wait("every simulated agent following", lambda: agents.open + agents.failed >= 2 * n, 1800, 1)
-            opened = time.monotonic() - t0
-            time.sleep(5)
-            after_watch = metrics.scrape()
-            rss1 = rss_mib(apiserver)
-            log(f"{agents.open} watches open ({agents.failed} failed) in {opened:.0f}s")
+                wait("the node agent's pods ready on every node", shared_ready, 1800, 5)
+                cm = core.read_namespaced_config_map(SHARED, NAMESPACE)
+                listed = len(yaml.safe_load(cm.data["node.yaml"])["profiles"])
+                daemonsets = len(apps.list_namespaced_daemon_set(NAMESPACE).items)
+                pods = len(core.list_namespaced_pod(NAMESPACE, limit=1).items) and sum(
+                    (d.status.current_number_scheduled or 0)
+                    for d in apps.list_namespaced_daemon_set(NAMESPACE).items
+                )
+                rss0 = rss_mib(apiserver)
+                before_watch = metrics.scrape()
+                kubeconfig = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+                agents = Agents(cluster.server, kubeconfig, tmp)
+                t0 = time.monotonic()
+                asyncio.run_coroutine_threadsafe(agents.start(nodes), loop).result()
+                wait("every simulated agent following", lambda: agents.open + agents.failed >= 2 * n, 1800, 1)
+                opened = time.monotonic() - t0
+                time.sleep(5)
+                after_watch = metrics.scrape()
+                rss1 = rss_mib(apiserver)
+                log(f"{agents.open} watches open ({agents.failed} failed) in {opened:.0f}s")
 
-            idle = window(metrics, args.window)
-            first_modified = len(agents.modified)
-            change_t0 = time.monotonic()
-            changed = minus(window(metrics, args.window, change), idle)
-            seen = len(agents.modified) - first_modified
-            fanout = max(agents.modified) - change_t0 if seen else None
-            results["after"] = {
-                "daemonSets": daemonsets,
-                "agentPods": pods,
-                "profilesInConfig": listed,
-                "watchesOpened": agents.open,
-                "watchesFailed": agents.failed,
-                "secondsToOpenWatches": round(opened, 1),
-                "longrunningWatchesHeld": delta(after_watch["longrunning"], before_watch["longrunning"]),
-                "apiserverRssMiB": {"beforeWatches": round(rss0), "withWatches": round(rss1)},
-                "change": {
-                    "windowSeconds": args.window,
-                    **changed,
-                    "writes": writes(changed["requests"]),
-                    "simulatedAgentsThatSawIt": seen,
-                    "lastAgentHasItSeconds": round(fanout, 2) if fanout is not None else None,
-                },
-            }
-            log(f"after: {json.dumps(results['after'], indent=1)}")
-            save(results)
-            agents.stop()
+                idle = window(metrics, args.window)
+                first_modified = len(agents.modified)
+                change_t0 = time.monotonic()
+                changed = minus(window(metrics, args.window, change), idle)
+                seen = len(agents.modified) - first_modified
+                fanout = max(agents.modified) - change_t0 if seen else None
+                results["after"] = {
+                    "daemonSets": daemonsets,
+                    "agentPods": pods,
+                    "profilesInConfig": listed,
+                    "watchesOpened": agents.open,
+                    "watchesFailed": agents.failed,
+                    "secondsToOpenWatches": round(opened, 1),
+                    "longrunningWatchesHeld": delta(after_watch["longrunning"], before_watch["longrunning"]),
+                    "apiserverRssMiB": {"beforeWatches": round(rss0), "withWatches": round(rss1)},
+                    "change": {
+                        "windowSeconds": args.window,
+                        **changed,
+                        "writes": writes(changed["requests"]),
+                        "simulatedAgentsThatSawIt": seen,
+                        "lastAgentHasItSeconds": round(fanout, 2) if fanout is not None else None,
+                    },
+                }
+                log(f"after: {json.dumps(results['after'], indent=1)}")
+                save(results)
+                agents.stop()
 
             # --- before: one DaemonSet per profile --------------------------------------------
             if not args.skip_before:
                 log(f"before: {p} profiles with agents of their own ({p * n} pods)")
-                for i in range(p):
+                for i in range(p if not args.skip_after else 0):
                     custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, f"p{i}")
                 wait(
                     "the shared agent gone",
