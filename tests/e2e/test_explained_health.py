@@ -100,8 +100,14 @@ def test_an_agent_pod_that_cannot_start_is_failed_and_recovers_when_fixed(
             return kstatus(cluster.profile(name) or {}) == "Current"
 
         wait_for("kstatus Current after the fix", current, 180)
-        st = (cluster.profile(name) or {})["status"]
-        assert st["problems"] == [] and st["nodesReady"] == "1/1", st
+
+        # Current comes with the agent Ready; its registration and first report follow within
+        # moments (until then the status lists a transient NoDevices, which posts no Event).
+        def clean() -> dict[str, Any] | None:
+            st: dict[str, Any] = (cluster.profile(name) or {}).get("status") or {}
+            return st if st.get("problems") == [] and st.get("nodesReady") == "1/1" else None
+
+        wait_for("no problem left after the fix", clean, 60)
         assert wait_for(
             "the devices on the node", lambda: cluster.values(real_node, resource) == ("2", "2"), 60
         )
