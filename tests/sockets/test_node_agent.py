@@ -345,14 +345,16 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+        peer = PodResourcesPeer(short_dir / "pr.sock")
         await kubelet.start()
-        options = _options(short_dir, plugin_dir, hw)
+        await peer.start()
+        report = ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600)
+        options = _options(short_dir, plugin_dir, hw, report=report)
+        client = RecordingClient()
         first = serial(
             ["/dev/ttyUSB*"], allocation={"envs": {"STAGE": "one"}}, health={"periodSeconds": 3600}
         )
-        node = NodeAgent(
-            parse_node_config({"profiles": [first]}), options, RecordingClient(), labels=NODE_LABELS
-        )
+        node = NodeAgent(parse_node_config({"profiles": [first]}), options, client, labels=NODE_LABELS)
         stop = asyncio.Event()
         task = asyncio.create_task(node.run(stop))
         lowest: list[int] = []
@@ -377,7 +379,19 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
             agent = node.units["serial"].agent
             assert agent is not None
             assert (await allocate_env("ttyUSB0"))["STAGE"] == "one"
+            await until(lambda: client.last("serial") is not None)
             sampler = asyncio.create_task(sample())
+
+            # Only the environment changes: in place, and the DeviceReport (unchanged) is not
+            # written again.
+            writes = len(client.applied)
+            env_only = serial(
+                ["/dev/ttyUSB*"], allocation={"envs": {"STAGE": "half"}}, health={"periodSeconds": 3600}
+            )
+            assert await _apply(node, {"profiles": [env_only]}) == {"serial": "reconfigured"}
+            assert (await allocate_env("ttyUSB0"))["STAGE"] == "half"
+            await asyncio.sleep(0.5)
+            assert len(client.applied) == writes, client.applied[writes:]
 
             # Narrower discovery, new thresholds and period, a new environment: in place.
             second = serial(
@@ -413,6 +427,7 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
         finally:
             stop.set()
             await asyncio.wait_for(task, timeout=20)
+            await peer.stop()
             await kubelet.stop()
 
     asyncio.run(scenario())
