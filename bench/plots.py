@@ -126,7 +126,46 @@ def rollout_timelines(path: Path, runs: Sequence[Mapping[str, object]]) -> Path:
     return path
 
 
+def memory_per_node(
+    path: Path, profiles: Sequence[int], series: Mapping[str, Sequence[float]], note: str
+) -> Path:
+    """RSS on one node against the number of profiles that select it, one line per design."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for label, values in series.items():
+        (line,) = ax.plot(profiles, values, marker="o", label=label)
+        for x, y in zip(profiles, values, strict=True):
+            ax.annotate(
+                f"{y:.1f}",
+                (x, y),
+                textcoords="offset points",
+                xytext=(5, 5),
+                fontsize=8,
+                color=line.get_color(),
+            )
+    ax.set_xticks(list(profiles))
+    ax.set_xlabel("profiles selecting the node")
+    ax.set_ylabel("RSS on the node, MiB")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Agent memory per node against the number of profiles")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, note, fontsize=7, color="0.4")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 RECORDED = {
+    # docs/benchmarks.md, "Memory on a node: before (one agent per profile) and after (one node
+    # agent), and squat": RSS summed over the processes, MiB
+    "node_memory": {
+        "profiles": [1, 3, 5],
+        "before: one agent pod per profile": [48.0, 145.3, 241.3],
+        "after: one node agent": [48.2, 49.7, 50.3],
+        "squat/generic-device-plugin (Go)": [16.2, 16.7, 18.0],
+    },
     # docs/benchmarks.md, "Operator: static capacity at scale", current code, medians of 3 rounds
     "static_scale": {
         "nodes": [1000, 5000],
@@ -186,6 +225,15 @@ def main() -> None:
             note="bench/kubectl_scale.py --nodes 5000, 5 runs each, load average 14-47 on 2 cores",
         ),
     ]
+    mem = RECORDED["node_memory"]
+    out.append(
+        memory_per_node(
+            IMG / "node-memory-per-profiles.png",
+            mem["profiles"],
+            {k: v for k, v in mem.items() if k != "profiles"},
+            note="bench/node_memory.py, host processes, FAKE devices (docs/benchmarks.md)",
+        )
+    )
     for p in out:
         print(f"wrote {p.relative_to(REPO)}")
 
