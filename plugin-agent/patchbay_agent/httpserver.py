@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from patchbay_agent.metrics import CONTENT_TYPE
+from patchbay_agent.metrics import CONTENT_TYPE, process_metrics
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class HttpEndpoint:
         if method != "GET":
             return "405 Method Not Allowed", text, b"only GET\n"
         if path == "/metrics":
-            return "200 OK", CONTENT_TYPE, self._metrics.registry.render()
+            return "200 OK", CONTENT_TYPE, self._metrics.registry.render() + process_metrics()
         if path == "/healthz":
             return (
                 ("200 OK", text, b"ok\n")

@@ -14,12 +14,19 @@ start, not a scrape. `httpserver.HttpEndpoint` serves `Registry.render()` on /me
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
+import resource
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: When this process started (wall clock), for process_start_time_seconds.
+_START = time.time()
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -229,6 +236,38 @@ class Registry:
     def render(self) -> bytes:
         lines = [line for family in self.families for line in family.render()]
         return ("\n".join(lines) + "\n").encode()
+
+
+def process_metrics() -> bytes:
+    """The standard process metrics Prometheus client libraries export (the names its dashboards
+    and ours use: `process_resident_memory_bytes` in the chart's "Agent RSS" panel), read from
+    /proc/self: one set per process, appended once to /metrics whatever the registry."""
+    lines: list[str] = []
+
+    def gauge(name: str, doc: str, value: float, kind: str = "gauge") -> None:
+        lines.extend((f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name} {_fmt(value)}"))
+
+    try:
+        with open("/proc/self/statm") as f:
+            rss_pages = int(f.read().split()[1])
+        gauge(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            rss_pages * os.sysconf("SC_PAGE_SIZE"),
+        )
+    except (OSError, ValueError, IndexError):
+        pass
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    gauge(
+        "process_cpu_seconds_total",
+        "Total user and system CPU time spent in seconds.",
+        usage.ru_utime + usage.ru_stime,
+        "counter",
+    )
+    gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", _START)
+    with contextlib.suppress(OSError):
+        gauge("process_open_fds", "Number of open file descriptors.", len(os.listdir("/proc/self/fd")))
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _with_label(line: str, name: str, value: str) -> str:

@@ -52,6 +52,11 @@ FAMILIES = {
     "patchbay_agent_resource_slice_writes": "counter",
     "patchbay_agent_dra_claim_errors": "counter",
     "patchbay_agent_report_unchanged": "counter",
+    # the process's own, once per process (metrics.process_metrics)
+    "process_resident_memory_bytes": "gauge",
+    "process_cpu_seconds": "counter",
+    "process_start_time_seconds": "gauge",
+    "process_open_fds": "gauge",
 }
 
 
@@ -122,7 +127,10 @@ def test_the_registry_text_parses_with_the_values_that_were_caused() -> None:
 
     families = parse(m.registry.render().decode())
 
-    assert {name: f.type for name, f in families.items()} == FAMILIES
+    # The registry alone: the agent's families; the HTTP endpoint adds the process's own.
+    assert {name: f.type for name, f in families.items()} == {
+        k: v for k, v in FAMILIES.items() if k.startswith("patchbay_")
+    }
     assert value(families, "patchbay_agent_info", resource=odd, node="node-1") == 1
     assert value(families, "patchbay_agent_devices", health="Healthy") == 4
     assert value(families, "patchbay_agent_devices", health="Unhealthy") == 2
@@ -181,7 +189,11 @@ def test_the_http_endpoint_over_loopback(caplog: pytest.LogCaptureFixture) -> No
             assert (status, ctype) == (200, CONTENT_TYPE)
             families = parse(body)
             assert value(families, "patchbay_agent_allocate_seconds_count") == 1
-            assert (await asyncio.to_thread(_get, http.port, "/metrics?name[]=x"))[2] == body
+            # The process's own metrics (the dashboard's Agent RSS panel reads the first) follow.
+            assert value(families, "process_resident_memory_bytes") > 0
+            assert value(families, "process_cpu_seconds_total") > 0
+            again = (await asyncio.to_thread(_get, http.port, "/metrics?name[]=x"))[2]
+            assert again.split("# HELP process_")[0] == body.split("# HELP process_")[0]
 
             assert await asyncio.to_thread(_answer, http.port, "/healthz") == (503, "unhealthy\n")
             assert await asyncio.to_thread(_answer, http.port, "/readyz") == (503, "not registered\n")
