@@ -69,7 +69,9 @@ class Tools:
     def __init__(self, cluster: DevCluster) -> None:
         bins = find_bin_dir()
         self.kubectl_bin = str(bins / "kubectl")
-        self.env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+        # The venv's bin first: kubectl finds the `kubectl patchbay` plugin (kubectl-patchbay) there.
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PATH": path}
 
     def run(self, argv: list[str], stdin: str | None = None, show: bool = True) -> str:
         if show:
@@ -401,6 +403,10 @@ def summary(tools: Tools, core: client.CoreV1Api, pods: list[str]) -> None:
             f"{alloc.get(r, '-')}/{cap.get(r, '-')}" for r in ("example.com/dongle", "example.com/serial")
         ]
         print(f"{node.metadata.name:<14} {cells[0]:>20} {cells[1]:>20}")
+    step("kubectl patchbay devices: every device of every profile, its health and holder")
+    print(tools.kubectl("patchbay", "devices", show=False).rstrip())
+    step("kubectl patchbay why serial-adapters: the profile in one screen")
+    print(tools.kubectl("patchbay", "why", "serial-adapters", show=False).rstrip())
     step("What each pod received")
     for pod in pods:
         print(f"--- {pod} (pod IP {core.read_namespaced_pod(pod, 'default').status.pod_ip}):")
