@@ -19,6 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
 from support.clusters import running_devcluster, wait_for
 
 from patchbay_devcluster import DevCluster
@@ -51,7 +54,9 @@ class Tools:
             assert res.returncode == 0, f"helm {' '.join(args)}\n{res.stdout}\n{res.stderr}"
         return res
 
-    def impersonating(self, user: str, extra: dict[str, str] | None = None) -> Tools:
+    def impersonating(
+        self, user: str, extra: dict[str, str] | None = None, groups: list[str] | None = None
+    ) -> Tools:
         """kubectl as ``user`` with user ``extra`` (e.g. a token's node-name claim), through the
         kubeconfig's ``as``/``as-user-extra`` fields: every kubectl of the matrix reads those,
         while its ``--as-user-extra`` flag is new in 1.35."""
@@ -60,7 +65,9 @@ class Tools:
             entry["user"]["as"] = user
             if extra:
                 entry["user"]["as-user-extra"] = {k: [v] for k, v in extra.items()}
-        digest = hashlib.sha256(json.dumps([user, extra], sort_keys=True).encode()).hexdigest()[:12]
+            if groups:
+                entry["user"]["as-groups"] = groups
+        digest = hashlib.sha256(json.dumps([user, extra, groups], sort_keys=True).encode()).hexdigest()[:12]
         path = self.kubeconfig.parent / f"kubeconfig-as-{digest}"
         path.write_text(yaml.safe_dump(config))
         return Tools(self.bin_dir, path)
@@ -293,12 +300,12 @@ def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str) -> No
     assert not denied
 
 
-def _report(node: str, profile: str = "p") -> str:
+def _report(node: str, profile: str = "p", name: str = "") -> str:
     return json.dumps(
         {
             "apiVersion": "patchbay.dev/v1alpha1",
             "kind": "DeviceReport",
-            "metadata": {"name": f"{profile}.{node}"},
+            "metadata": {"name": name or f"{profile}.{node}"},
             "profile": profile,
             "nodeName": node,
             "resourceName": "example.com/serial",
@@ -331,6 +338,17 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     ), other.stderr
     unbound = as_agent(None, *apply, stdin=_report("node-c"))
     assert unbound.returncode != 0 and "names no node" in unbound.stderr, unbound.stderr
+    # The name is <profile>.<nodeName>, from the report's own fields (the CRD's own rule).
+    misnamed = as_agent("node-a", *apply, stdin=_report("node-a", name="q.node-a"))
+    assert misnamed.returncode != 0 and "metadata.name must be <profile>.<nodeName>" in misnamed.stderr
+    # Names with dots can collide (profile p on node q.r, profile p.q on node r: both p.q.r); the
+    # report that exists stays its node's: another node's agent cannot take it over.
+    assert tools.kubectl(*apply, "-n", ns, stdin=_report("q.r", "p")).returncode == 0
+    takeover = as_agent("r", *apply, stdin=_report("r", "p.q"))
+    assert takeover.returncode != 0
+    assert "may not take over the DeviceReport of node q.r" in " ".join(takeover.stderr.split()), (
+        takeover.stderr
+    )
     # And nothing else: not another kind, not its own report's deletion, not listing the others.
     cm = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})
     for args, stdin in (
@@ -429,6 +447,18 @@ def test_an_agent_writes_only_its_own_nodes_resource_slices(tools: Tools, instal
     assert foreign.returncode != 0 and "spec.driver ending in .patchbay.dev" in said(foreign), foreign.stderr
     unbound = as_agent(None, *apply, stdin=_slice("node-c"))
     assert unbound.returncode != 0 and "names no node" in said(unbound), unbound.stderr
+    # The pool and the name are the node's: no squatting on what node-b's agent will publish.
+    squat = as_agent("node-a", *apply, stdin=_slice("node-a", name="node-b-p.patchbay.dev"))
+    assert squat.returncode != 0 and "names its ResourceSlices node-a-p.patchbay.dev[-<n>]" in said(squat), (
+        squat.stderr
+    )
+    pool = json.loads(_slice("node-a", name="node-a-p.patchbay.dev-2"))
+    pool["spec"]["pool"]["name"] = "node-b"
+    wrong_pool = as_agent("node-a", *apply, stdin=json.dumps(pool))
+    assert wrong_pool.returncode != 0 and "not spec.pool.name 'node-b'" in said(wrong_pool), wrong_pool.stderr
+    chunk = as_agent("node-a", *apply, stdin=_slice("node-a", name="node-a-p.patchbay.dev-1"))
+    assert chunk.returncode == 0, chunk.stderr  # a pool's second slice
+    assert as_agent("node-a", "delete", "resourceslice", "node-a-p.patchbay.dev-1").returncode == 0
 
     # DELETE is judged on the slice as it was: another node's slice (an admin's) stays.
     assert tools.kubectl(*apply, stdin=_slice("node-b")).returncode == 0
@@ -437,6 +467,73 @@ def test_an_agent_writes_only_its_own_nodes_resource_slices(tools: Tools, instal
     mine = as_agent("node-a", "delete", "resourceslice", "node-a-p.patchbay.dev")
     assert mine.returncode == 0, mine.stderr
     tools.kubectl("delete", "resourceslice", "node-b-p.patchbay.dev")
+
+
+def test_only_the_operator_writes_the_static_ledger(tools: Tools, installed: str) -> None:
+    """The chart's ledger policy: a `static.patchbay.dev/*` node annotation (the operator's record
+    of the resource it set) can be set, changed or removed by the operator's ServiceAccount only,
+    through the node or its status (the operator's way); anyone else, a cluster admin included, is
+    refused with the key named; other annotations are not the policy's business."""
+    ns = installed
+    accounts = tools.kubectl("-n", ns, "get", "sa", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
+    (operator_sa,) = [a for a in accounts if a not in ("default", "patchbay-agent")]
+    operator_user = f"system:serviceaccount:{ns}:{operator_sa}"
+    node = json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ledger-node", "labels": {"t": "ledger"}}}
+    )
+    tools.kubectl("create", "-f", "-", stdin=node)
+    admin = tools.impersonating("alice", groups=["system:masters"])
+    key = "static.patchbay.dev/0"
+
+    def status_patch(user: str, op: str, value: str | None = None) -> int:
+        """A JSON patch of nodes/status as `user`, with no GET before it (the operator may patch
+        nodes/status, not read it): the HTTP status."""
+        patch: dict[str, Any] = {"op": op, "path": "/metadata/annotations/static.patchbay.dev~10"}
+        if value is not None:
+            patch["value"] = value
+        api = k8s_config.new_client_from_config(config_file=str(tools.kubeconfig))
+        api.set_default_header("Impersonate-User", user)
+        if user == "alice":
+            api.set_default_header("Impersonate-Group", "system:masters")
+        try:
+            k8s_client.CoreV1Api(api).patch_node_status("ledger-node", [patch])
+        except ApiException as e:
+            # a refusal must be the policy's, naming the key (not RBAC's)
+            return int(e.status) if e.status != 403 or key in str(e.body) else -1
+        finally:
+            api.close()
+        return 200
+
+    try:
+        # The policy is in force moments after the install: asked with a server-side dry run.
+        def refused() -> str | None:
+            res = admin.kubectl(
+                "annotate",
+                "--dry-run=server",
+                "node",
+                "ledger-node",
+                f"{key}=example.com/dongle",
+                check=False,
+            )
+            return " ".join(res.stderr.split()) if res.returncode != 0 else None
+
+        said = wait_for("the ledger policy in force", refused, 60, 0.5)
+        assert f"only Patchbay's operator ({operator_user}) may set" in said and key in said, said
+        forged = admin.kubectl("annotate", "node", "ledger-node", f"{key}=example.com/dongle", check=False)
+        assert forged.returncode != 0 and key in forged.stderr, forged.stderr
+        assert status_patch("alice", "add", "example.com/dongle") == 403
+        assert admin.kubectl("annotate", "node", "ledger-node", "example.com/note=fine").returncode == 0
+        # The operator may; then no one else may change or remove its record.
+        assert status_patch(operator_user, "add", "example.com/dongle") == 200
+        changed = admin.kubectl(
+            "annotate", "--overwrite", "node", "ledger-node", f"{key}=x.com/y", check=False
+        )
+        assert changed.returncode != 0 and key in changed.stderr, changed.stderr
+        removed = admin.kubectl("annotate", "node", "ledger-node", f"{key}-", check=False)
+        assert removed.returncode != 0 and key in removed.stderr, removed.stderr
+        assert status_patch(operator_user, "remove") == 200
+    finally:
+        tools.kubectl("delete", "node", "ledger-node")
 
 
 def test_rbac_denies_everything_else(tools: Tools, installed: str) -> None:
