@@ -39,6 +39,19 @@ class AllocatedDevice:
     physical_id: str
 
 
+#: What a claim UID may look like: Kubernetes UIDs are RFC 4122 strings; this admits any
+#: letters, digits, dots, dashes and underscores, never a path separator or a NUL, since the UID
+#: names a file in the runtime's CDI directory (found by tests/fuzz/test_fuzz_dra.py).
+_CLAIM_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_claim_uid(uid: str) -> str | None:
+    """Why `uid` cannot be a claim's UID, or None when it can."""
+    if _CLAIM_UID.fullmatch(uid) and ".." not in uid:
+        return None
+    return f"claim UID {uid[:80]!r} is not a Kubernetes UID (letters, digits, '.', '-', '_'; at most 128)"
+
+
 def spec_file_name(driver: str, claim_uid: str) -> str:
     """`patchbay_<driver>_<claim uid>.json`: one file per prepared claim."""
     return f"patchbay_{driver}_{claim_uid}.json"
@@ -64,15 +77,23 @@ def allocated_devices(
     (slice device name -> physical ID). Raises ClaimError when the claim is not the one the
     kubelet means (another UID: deleted and recreated under the same name), is not allocated, or
     names a device this node does not have."""
-    got = (claim.get("metadata") or {}).get("uid")
+    if not isinstance(claim, Mapping):
+        raise ClaimError(f"the API server answered {type(claim).__name__}, not a ResourceClaim")
+    got = _field(claim, "metadata").get("uid")
     if got != uid:
-        raise ClaimError(f"claim UID is {got}, not {uid} (the claim was replaced)")
-    allocation = (claim.get("status") or {}).get("allocation")
+        raise ClaimError(f"claim UID is {got!r}, not {uid!r} (the claim was replaced)")
+    allocation = _field(_field(claim, "status"), "allocation")
     if not allocation:
         raise ClaimError("claim is not allocated")
-    results = ((allocation.get("devices") or {}).get("results")) or []
+    results = _field(allocation, "devices").get("results") or []
+    if not isinstance(results, list):
+        raise ClaimError(f"status.allocation.devices.results is {type(results).__name__}, not a list")
     out = []
-    for result in results:
+    for i, result in enumerate(results):
+        if not isinstance(result, Mapping):
+            raise ClaimError(
+                f"status.allocation.devices.results[{i}] is {type(result).__name__}, not an object"
+            )
         if result.get("driver") != driver or result.get("pool") != pool:
             continue
         name = str(result.get("device", ""))
@@ -81,6 +102,13 @@ def allocated_devices(
             raise ClaimError(f"device {name!r} of pool {pool} is not a device of this node")
         out.append(AllocatedDevice(str(result.get("request", "")), name, physical))
     return out
+
+
+def _field(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """`obj[key]` when it is an object, else empty: a claim is read defensively, since the
+    kubelet's request names it and the API server's answer is only as good as its schema."""
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
 
 
 def device_env_name(device_name: str) -> str:

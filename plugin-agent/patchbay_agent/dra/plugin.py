@@ -61,6 +61,7 @@ from patchbay_agent.dra.claims import (
     ClaimError,
     allocated_devices,
     cdi_device_id,
+    check_claim_uid,
     claim_spec_document,
     spec_file_name,
 )
@@ -216,6 +217,8 @@ class ClaimPreparer:
 
     async def _prepare_one(self, claim: ClaimRef) -> ClaimResult:
         where = f"ResourceClaim {claim.namespace}/{claim.name}"
+        if (bad := check_claim_uid(claim.uid)) is not None:
+            return ClaimResult(error=f"{where}: {bad}")
         try:
             obj = await asyncio.wait_for(
                 asyncio.to_thread(
@@ -257,6 +260,9 @@ class ClaimPreparer:
         out = {}
         async with node_lock(self.lock_path):
             for claim in claims:
+                if (bad := check_claim_uid(claim.uid)) is not None:
+                    out[claim.uid] = bad
+                    continue
                 path = self.spec_path(claim.uid)
                 try:
                     path.unlink(missing_ok=True)

@@ -236,8 +236,11 @@ def slice_documents(
     return out
 
 
-#: The dry-run probe slice: a generated name (the server shortens the prefix to fit), one device.
-TAINT_PROBE_NAME_PREFIX = "patchbay-taint-probe-"
+#: The dry-run probe slice's name is `<node>-<driver>` plus this suffix: the node's own slice
+#: prefix, which the chart's admission policy requires of every slice an agent writes (a generated
+#: name would not do: the server cuts a generateName prefix to 58 characters), never a chunk's name
+#: (those end in a number) and short enough to fit (`slice_base_name` leaves 5 characters).
+TAINT_PROBE_NAME_SUFFIX = "-dry"
 TAINT_PROBE_DEVICE = "probe"
 TAINT_PROBE_KEY = "patchbay.dev/probe"
 
@@ -245,8 +248,9 @@ TAINT_PROBE_KEY = "patchbay.dev/probe"
 def taint_probe_document(driver: str, node_name: str) -> dict[str, Any]:
     """A ResourceSlice of this node and driver with ONE tainted device, to create with
     `dryRun=All`: the answer is the object as the API server would store it, taints or none.
-    Shaped like the real slices (node, driver, the node's pool), so the chart's admission policy
-    and RBAC judge it as they judge them."""
+    Shaped and named like the real slices (node, driver, the node's pool, the node's slice name
+    prefix), so the chart's admission policy and RBAC judge it as they judge them. A dry run stores
+    nothing, so the name never exists."""
     device = {
         "name": TAINT_PROBE_DEVICE,
         "taints": [{"key": TAINT_PROBE_KEY, "value": "dry-run", "effect": TAINT_EFFECT}],
@@ -254,7 +258,7 @@ def taint_probe_document(driver: str, node_name: str) -> dict[str, Any]:
     return {
         "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
         "kind": SLICE_KIND,
-        "metadata": {"generateName": TAINT_PROBE_NAME_PREFIX},
+        "metadata": {"name": slice_base_name(node_name, driver) + TAINT_PROBE_NAME_SUFFIX},
         "spec": {
             "driver": driver,
             "nodeName": node_name,

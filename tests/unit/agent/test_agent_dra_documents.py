@@ -11,7 +11,13 @@ from patchbay_agent.config import Allocation, Mount
 from patchbay_agent.core.health import DeviceHealthTracker
 from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.discovery import PhysicalDevice
-from patchbay_agent.dra.claims import ClaimError, allocated_devices, claim_spec_document, spec_file_name
+from patchbay_agent.dra.claims import (
+    ClaimError,
+    allocated_devices,
+    check_claim_uid,
+    claim_spec_document,
+    spec_file_name,
+)
 from patchbay_agent.dra.plugin import registry_socket_name, service_dir
 from patchbay_agent.dra.slices import (
     MAX_DEVICES_PER_SLICE,
@@ -109,7 +115,10 @@ def test_no_device_is_one_empty_slice_and_generation_is_set_apart() -> None:
 
 def test_the_taint_probe_and_what_its_answer_says() -> None:
     probe = taint_probe_document(DRIVER, "node-1")
-    assert probe["metadata"] == {"generateName": "patchbay-taint-probe-"}
+    # Named with the node's own slice prefix (the admission policy checks it), never a chunk's name.
+    assert probe["metadata"] == {"name": f"node-1-{DRIVER}-dry"}
+    long_node = "n" * 240
+    assert len(taint_probe_document(DRIVER, long_node)["metadata"]["name"]) <= 253
     spec = probe["spec"]
     assert (spec["driver"], spec["nodeName"], spec["pool"]["name"]) == (DRIVER, "node-1", "node-1")
     (device,) = spec["devices"]
@@ -219,13 +228,28 @@ def test_allocated_devices_take_our_driver_and_pool_only() -> None:
     )
     (only,) = allocated_devices(claim, "u1", DRIVER, "node-1", names)
     assert (only.request, only.device_name, only.physical_id) == ("a", "tty1", "ttyUSB1")
-    with pytest.raises(ClaimError, match="not u2"):
+    with pytest.raises(ClaimError, match="not 'u2'"):
         allocated_devices(claim, "u2", DRIVER, "node-1", names)
     with pytest.raises(ClaimError, match="not allocated"):
         allocated_devices({"metadata": {"uid": "u1"}, "status": {}}, "u1", DRIVER, "node-1", names)
     bad = _claim("u1", [{"request": "a", "driver": DRIVER, "pool": "node-1", "device": "nope"}])
     with pytest.raises(ClaimError, match="'nope'"):
         allocated_devices(bad, "u1", DRIVER, "node-1", names)
+    # Malformed answers are refused with the field named, never an exception of another kind.
+    with pytest.raises(ClaimError, match="not a ResourceClaim"):
+        allocated_devices(None, "u1", DRIVER, "node-1", names)  # type: ignore[arg-type]
+    odd = {"metadata": {"uid": "u1"}, "status": {"allocation": {"devices": {"results": "x"}}}}
+    with pytest.raises(ClaimError, match=r"results is str"):
+        allocated_devices(odd, "u1", DRIVER, "node-1", names)
+    odd["status"]["allocation"]["devices"]["results"] = [7]
+    with pytest.raises(ClaimError, match=r"results\[0\] is int"):
+        allocated_devices(odd, "u1", DRIVER, "node-1", names)
+
+
+def test_claim_uids_that_could_name_another_file_are_refused() -> None:
+    assert check_claim_uid("0b9e1f6c-5d1a-4c3e-9f1a-2b3c4d5e6f70") is None
+    for bad in ("", "../x", "a/b", "a..b", "x\x00", "-a", "u" * 129):
+        assert check_claim_uid(bad), bad
 
 
 def test_claim_spec_document() -> None:
