@@ -68,15 +68,16 @@ PANELS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Unhealthy devices",
                 "table",
-                "(patchbay_agent_device_healthy == 0) * on (namespace, pod) group_left (node, resource) "
+                "(patchbay_agent_device_healthy == 0) * on (namespace, pod, profile) "
+                "group_left (node, resource) "
                 "patchbay_agent_info",
                 description="kubectl patchbay devices --unhealthy says why.",
             ),
             Panel(
                 "Allocated devices by resource",
                 "timeseries",
-                "sum by (resource) (sum by (namespace, pod) (patchbay_agent_allocated_devices) "
-                "* on (namespace, pod) group_left (resource) patchbay_agent_info)",
+                "sum by (resource) (sum by (namespace, pod, profile) (patchbay_agent_allocated_devices) "
+                "* on (namespace, pod, profile) group_left (resource) patchbay_agent_info)",
                 legend="{{resource}}",
             ),
         ),
@@ -100,8 +101,9 @@ PANELS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             Panel(
                 "Agent RSS",
                 "timeseries",
+                # One info series per profile in the shared node agent's pod: one per pod here.
                 'process_resident_memory_bytes{pod=~".*"} * on (namespace, pod) group_left (node) '
-                "patchbay_agent_info",
+                "max by (namespace, pod, node) (patchbay_agent_info)",
                 unit="bytes",
                 legend="{{node}}",
             ),

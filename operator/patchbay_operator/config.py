@@ -75,6 +75,10 @@ class Settings:
     big cluster where few nodes have devices this keeps the idle agent off the others; a profile
     that selects a node outside it is Stalled there with reason NodeAgentExcluded."""
 
+    agent_metrics_holder_labels: bool = False
+    """Agents name each container holding a device on their /metrics (namespace, pod,
+    container); off, they export the total only: the port is open to the pod network."""
+
     cdi_spec_dir: str = "/var/run/cdi"
     """Where the nodes' container runtime reads CDI specs: agents of profiles with
     ``allocation.cdi`` write their resource's spec there (docs/cdi.md)."""
@@ -259,6 +263,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         "",
         type=_labels,
     )
+    p.add_argument(
+        "--agent-metrics-holder-labels",
+        action="store_true",
+        default=_true(env.get("PATCHBAY_AGENT_METRICS_HOLDER_LABELS")),
+        help="agents name every container holding a device on their /metrics (default: the "
+        "total only, since the port is open to the pod network) [PATCHBAY_AGENT_METRICS_HOLDER_LABELS]",
+    )
     flag(
         "cdi-spec-dir",
         "a CDI spec directory of the nodes' container runtime, mounted for allocation.cdi "
@@ -296,4 +307,5 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         kubelet_root_dir=args.kubelet_root_dir,
         cdi_spec_dir=args.cdi_spec_dir,
         node_agent_node_selector=args.node_agent_node_selector,
+        agent_metrics_holder_labels=bool(args.agent_metrics_holder_labels),
     )

@@ -84,7 +84,9 @@ class Agent:
         self.instance = options.instance if options.instance is not None else self._fresh_instance()
         endpoint = self._take(self.instance)
         check_path(options.plugin_dir / endpoint)
-        self.metrics = Metrics(config.resource_name, options.node_name)
+        self.metrics = Metrics(
+            config.resource_name, options.node_name, holder_labels=options.metrics_holder_labels
+        )
         self.inventory = Inventory(
             config.replicas, config.allocation.permissions, host_path_prefix=options.host_path_prefix
         )
@@ -105,7 +107,9 @@ class Agent:
             rename=self._rename,
             kubelet_allocatable=self._kubelet_allocatable if options.report is not None else None,
         )
-        self.http = HttpEndpoint(self.metrics, self._healthy, self._ready)
+        self.http = HttpEndpoint(
+            self.metrics, self._healthy, self._ready, max_connections=options.http_max_connections
+        )
         self.started = asyncio.Event()
         self.holders: PodHolders | None = None
         self.reporter: Reporter | None = None

@@ -13,6 +13,8 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 #: Where the kubelet serves the PodResources API (v1.PodResourcesLister).
+#: Open connections to the agent's HTTP endpoint at most, by default (`--http-max-connections`).
+DEFAULT_HTTP_MAX_CONNECTIONS = 128
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 #: Env vars an exec health probe receives.

@@ -3,6 +3,25 @@
 asyncio on the agent's own loop: no thread, no http.server (docs/facts.md#client-memory). It binds
 to 127.0.0.1 unless told otherwise. /metrics: the Prometheus text format (`metrics.py`).
 /healthz: the gRPC server is serving. /readyz: registered with the kubelet.
+
+In a pod the port is open to everything on the pod network, so nothing a client does may cost the
+agent more than a bounded amount of memory or time (docs/security.md#the-agents-http-port):
+
+* one overall deadline for the request line and headers (`REQUEST_DEADLINE`; 408 after it), so a
+  client that trickles a byte at a time cannot hold a connection open for long;
+* bounded sizes: request line `MAX_REQUEST_LINE` (414), all headers `MAX_HEADER_BYTES` (431), each
+  line read within the stream's `limit`, so no client makes the agent buffer more than that;
+* a deadline for the client to take the answer (`WRITE_DEADLINE`), after which the connection is
+  aborted (a reader that never reads would otherwise keep a /metrics body in memory);
+* a cap on open connections (`--http-max-connections`, default `DEFAULT_HTTP_MAX_CONNECTIONS`), of
+  which one peer address may hold at most half. At the cap, a new connection takes the place of
+  the oldest one that is still sending its request, from its own address when that address holds
+  its share, else from the address holding the most: idle connections are what a flood holds,
+  and a client that sends its request at once from an address of its own (the kubelet's probe, a
+  Prometheus scrape) is never the one closed while anyone holds more. Only when every open connection
+  is already being answered is the newcomer closed at once, unread.
+
+What was refused is counted on /metrics (`patchbay_agent_http_*`), with the open connections.
 """
 
 from __future__ import annotations
@@ -10,16 +29,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter as Tally
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
-from patchbay_agent.metrics import CONTENT_TYPE, process_metrics
+from patchbay_agent.constants import DEFAULT_HTTP_MAX_CONNECTIONS
+from patchbay_agent.memory import settle_memory
+from patchbay_agent.metrics import CONTENT_TYPE, Counter, Gauge, Registry, process_metrics
 
 log = logging.getLogger(__name__)
 
-#: How long a client may take to send its request line and headers.
-REQUEST_TIMEOUT = 5.0
-_END_OF_HEADERS = (b"\r\n", b"\n", b"")
+#: How long a client may take to send its whole request line and headers.
+REQUEST_DEADLINE = 5.0
+#: How long a client may take to read the answer before the connection is aborted.
+WRITE_DEADLINE = 10.0
+#: The longest request line (method, path, version) the endpoint reads.
+MAX_REQUEST_LINE = 8192
+#: The most header bytes (all lines together) the endpoint reads.
+MAX_HEADER_BYTES = 16384
+_TEXT = "text/plain; charset=utf-8"
+_HEADERS_TOO_LARGE = "431 Request Header Fields Too Large"
+_END_OF_HEADERS = (b"\r\n", b"\n")
 
 
 class _Renders(Protocol):
@@ -33,20 +64,96 @@ class _HasRegistry(Protocol):
     def registry(self) -> _Renders: ...
 
 
+class _RefusedError(Exception):
+    """A request the endpoint answers with an error status and closes."""
+
+    def __init__(self, status: str, body: str) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One open connection: whose, and whether it is still sending its request (evictable)."""
+
+    address: str
+    writer: asyncio.StreamWriter
+    reading: bool = True
+    evicted: bool = False
+
+
 class HttpEndpoint:
     """GET /metrics, /healthz, /readyz on host:port (port 0: pick one; see `.port`)."""
 
-    def __init__(self, metrics: _HasRegistry, healthy: Callable[[], bool], ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        metrics: _HasRegistry,
+        healthy: Callable[[], bool],
+        ready: Callable[[], bool],
+        *,
+        max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS,
+    ) -> None:
+        if max_connections < 2:
+            raise ValueError(f"max_connections must be at least 2, not {max_connections}")
         self._metrics = metrics
         self._healthy = healthy
         self._ready = ready
         self._server: asyncio.Server | None = None
         self.port = 0
+        self.max_connections = max_connections
+        #: what one peer address may hold: half the cap, so others always find room
+        self.max_per_address = max_connections // 2
+        #: open connections, oldest first (eviction takes the oldest that is still sending)
+        self._conns: dict[_Connection, None] = {}
+        self._per_address: Tally[str] = Tally()
+        #: a flood was seen (half the cap open at once): settle memory when it is over
+        self._flooded = False
+        # The endpoint's own figures: process-wide, like process_metrics(), never per profile.
+        self.registry = Registry()
+        self._open_gauge = Gauge(
+            self.registry,
+            "patchbay_agent_http_connections_open",
+            "Open connections to /metrics, /healthz, /readyz.",
+        )
+        self._evicted = Counter(
+            self.registry,
+            "patchbay_agent_http_connections_evicted_total",
+            "Connections still sending their request closed to make room for a new one, because the "
+            "cap on open connections was reached (reason=limit) or their peer address held its share "
+            "of it (reason=address).",
+            ["reason"],
+        )
+        self._refused_connections = Counter(
+            self.registry,
+            "patchbay_agent_http_connections_refused_total",
+            "Connections closed unread because the cap (reason=limit) or the peer address's share "
+            "(reason=address) was reached and every open connection was already being answered.",
+            ["reason"],
+        )
+        self._refused_requests = Counter(
+            self.registry,
+            "patchbay_agent_http_requests_refused_total",
+            "Requests answered with an error before routing: 400 malformed, 408 not sent within "
+            "the deadline, 414 request line too long, 431 headers too large.",
+            ["code"],
+        )
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._conns)
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._handle, host, port)
+        # `limit`: the most a single readline buffers; a longer line raises instead of growing.
+        limit = max(MAX_REQUEST_LINE, MAX_HEADER_BYTES) + 2
+        self._server = await asyncio.start_server(self._handle, host, port, limit=limit)
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("Serving /metrics, /healthz, /readyz on http://%s:%d", host, self.port)
+        log.info(
+            "Serving /metrics, /healthz, /readyz on http://%s:%d (at most %d connections)",
+            host,
+            self.port,
+            self.max_connections,
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -54,55 +161,148 @@ class HttpEndpoint:
             await self._server.wait_closed()
             self._server = None
 
+    def _admit(self, conn: _Connection) -> bool:
+        """Make room for `conn` within the cap and its address's share: the oldest connection
+        that is still sending its request, of that address or else of the address holding the
+        most, is closed for it, so a flood of idle connections never keeps out a client that
+        sends its request at once (the kubelet's probe, a scrape). None to close: refused."""
+        if self._per_address[conn.address] >= self.max_per_address:
+            reason, victim = "address", self._oldest_reading(conn.address)
+        elif len(self._conns) >= self.max_connections:
+            reason, victim = "limit", self._oldest_reading(self._busiest_address())
+        else:
+            reason, victim = "", None
+        if reason and victim is None:
+            self._refused_connections.labels(reason).inc()
+            return False
+        if victim is not None:
+            self._evicted.labels(reason).inc()
+            victim.evicted = True
+            self._release(victim)
+            victim.writer.transport.abort()
+        self._conns[conn] = None
+        self._per_address[conn.address] += 1
+        self._open_gauge.set(len(self._conns))
+        self._flooded = self._flooded or len(self._conns) >= self.max_per_address
+        return True
+
+    def _busiest_address(self) -> str | None:
+        """The address holding the most connections that are still sending: the flood's, never
+        a client with one connection (a probe, a scrape) while anyone holds more."""
+        reading: Tally[str] = Tally(c.address for c in self._conns if c.reading)
+        return reading.most_common(1)[0][0] if reading else None
+
+    def _oldest_reading(self, address: str | None) -> _Connection | None:
+        if address is None:
+            return None
+        for conn in self._conns:
+            if conn.reading and conn.address == address:
+                return conn
+        return None
+
+    def _release(self, conn: _Connection) -> None:
+        if self._conns.pop(conn, False) is not False:
+            self._per_address[conn.address] -= 1
+            if self._per_address[conn.address] <= 0:
+                del self._per_address[conn.address]
+            self._open_gauge.set(len(self._conns))
+            if self._flooded and not self._conns:
+                # The flood is over: hand its buffers back (glibc keeps freed heap mapped), so
+                # the agent's RSS returns to its idle level instead of keeping the peak.
+                self._flooded = False
+                settle_memory()
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        conn = _Connection(str(peer[0]) if isinstance(peer, tuple) and peer else "?", writer)
+        if not self._admit(conn):
+            writer.transport.abort()
+            return
         try:
-            request = await _read_request(reader)
-            if request is not None:
-                status, ctype, body = self._route(*request)
-                head = (
-                    f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                    "Connection: close\r\n\r\n"
+            try:
+                async with asyncio.timeout(REQUEST_DEADLINE):
+                    method, path = await _read_request(reader)
+                conn.reading = False
+                status, ctype, body = self._route(method, path)
+            except TimeoutError:
+                status, ctype, body = self._refuse(
+                    _RefusedError("408 Request Timeout", "request not sent in time\n")
                 )
-                writer.write(head.encode() + body)
-                await writer.drain()
-        except ConnectionError:
-            pass
+            except _RefusedError as e:
+                if conn.evicted:
+                    return
+                status, ctype, body = self._refuse(e)
+            conn.reading = False
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + body)
+            await asyncio.wait_for(writer.drain(), timeout=WRITE_DEADLINE)
+        except (ConnectionError, TimeoutError):
+            writer.transport.abort()
         finally:
+            self._release(conn)
             writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), timeout=WRITE_DEADLINE)
+
+    def _refuse(self, refused: _RefusedError) -> tuple[str, str, bytes]:
+        self._refused_requests.labels(refused.status.split()[0]).inc()
+        return refused.status, _TEXT, refused.body.encode()
 
     def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
-        text = "text/plain; charset=utf-8"
         if method != "GET":
-            return "405 Method Not Allowed", text, b"only GET\n"
+            return "405 Method Not Allowed", _TEXT, b"only GET\n"
         if path == "/metrics":
-            return "200 OK", CONTENT_TYPE, self._metrics.registry.render() + process_metrics()
+            return (
+                "200 OK",
+                CONTENT_TYPE,
+                self._metrics.registry.render() + self.registry.render() + process_metrics(),
+            )
         if path == "/healthz":
             return (
-                ("200 OK", text, b"ok\n")
+                ("200 OK", _TEXT, b"ok\n")
                 if self._healthy()
-                else ("503 Service Unavailable", text, b"unhealthy\n")
+                else ("503 Service Unavailable", _TEXT, b"unhealthy\n")
             )
         if path == "/readyz":
             return (
-                ("200 OK", text, b"ready\n")
+                ("200 OK", _TEXT, b"ready\n")
                 if self._ready()
-                else ("503 Service Unavailable", text, b"not registered\n")
+                else ("503 Service Unavailable", _TEXT, b"not registered\n")
             )
-        return "404 Not Found", text, b"not found\n"
+        return "404 Not Found", _TEXT, b"not found\n"
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str] | None:
-    """(method, path) of one request, its headers drained (the endpoints take no input); None
-    when the client sends nothing in time or a line over the stream's limit (64 KiB)."""
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
+    """(method, path) of one request, its headers drained (the endpoints take no input). Raises
+    `_RefusedError` for a request that is malformed, too long or cut off; the caller bounds the time."""
     try:
-        request_line = await asyncio.wait_for(reader.readline(), timeout=REQUEST_TIMEOUT)
-        while await asyncio.wait_for(reader.readline(), timeout=REQUEST_TIMEOUT) not in _END_OF_HEADERS:
-            pass
-    except (TimeoutError, ValueError):
-        return None
-    parts = request_line.decode("latin-1").split()
-    method = parts[0] if parts else ""
-    path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
-    return method, path
+        line = await reader.readline()
+    except ValueError:  # over the stream's limit: the line was never buffered whole
+        raise _RefusedError("414 URI Too Long", f"request line over {MAX_REQUEST_LINE} bytes\n") from None
+    if len(line) > MAX_REQUEST_LINE:
+        raise _RefusedError("414 URI Too Long", f"request line over {MAX_REQUEST_LINE} bytes\n")
+    if not line.endswith(b"\n"):
+        raise _RefusedError("400 Bad Request", "connection closed before the request line ended\n")
+    parts = line.decode("latin-1").split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise _RefusedError("400 Bad Request", "expected 'METHOD PATH HTTP/1.x'\n")
+    header_bytes = 0
+    while True:
+        try:
+            header = await reader.readline()
+        except ValueError:
+            raise _RefusedError(
+                "431 Request Header Fields Too Large", f"headers over {MAX_HEADER_BYTES} bytes\n"
+            ) from None
+        if header in _END_OF_HEADERS:
+            break
+        if not header.endswith(b"\n"):
+            raise _RefusedError("400 Bad Request", "connection closed before the headers ended\n")
+        header_bytes += len(header)
+        if header_bytes > MAX_HEADER_BYTES:
+            raise _RefusedError(_HEADERS_TOO_LARGE, f"headers over {MAX_HEADER_BYTES} bytes\n")
+    method, target = parts[0], parts[1]
+    return method, target.split("?", 1)[0]

@@ -23,6 +23,7 @@ from patchbay_agent.config import ConfigError, load
 from patchbay_agent.constants import (
     DEFAULT_CDI_SPEC_DIR,
     DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_HTTP_MAX_CONNECTIONS,
     DEFAULT_KUBELET_ROOT_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
 )
@@ -49,6 +50,16 @@ def _address(value: str) -> tuple[str, int] | None:
     if not sep or not port.isdigit() or not host:
         raise argparse.ArgumentTypeError(f"{value!r} must be HOST:PORT (or 'off')")
     return host.strip("[]"), int(port)
+
+
+def _at_least_two(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a whole number of at least 2")
+    return n
 
 
 def _instance(value: str) -> str:
@@ -166,6 +177,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve /metrics, /healthz, /readyz here; port 0 picks one, 'off' disables "
         "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--http-max-connections",
+        default=DEFAULT_HTTP_MAX_CONNECTIONS,
+        type=_at_least_two,
+        metavar="N",
+        help="open connections to the HTTP endpoint at most; one peer address may hold half of "
+        "them, so a flood from one pod leaves room for probes and scrapes (default: %(default)s)",
+    )
+    p.add_argument(
+        "--metrics-holder-labels",
+        action="store_true",
+        help="on /metrics, one patchbay_agent_allocated_devices series per holding container "
+        "(labels holder_namespace, holder_pod, holder_container) instead of the total; off by "
+        "default because the port is open to the pod network",
     )
     p.add_argument(
         "--shutdown-grace",
@@ -359,6 +385,8 @@ def _node_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
             host_root=args.host_root,
             host_path_prefix=args.host_path_prefix,
             http_address=args.http_address,
+            http_max_connections=args.http_max_connections,
+            metrics_holder_labels=args.metrics_holder_labels,
             poll_interval=args.poll_interval,
             shutdown_grace=args.shutdown_grace,
             cdi_spec_dir=args.cdi_spec_dir,
@@ -412,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         host_root=args.host_root,
         host_path_prefix=args.host_path_prefix,
         http_address=args.http_address,
+        http_max_connections=args.http_max_connections,
+        metrics_holder_labels=args.metrics_holder_labels,
         poll_interval=args.poll_interval,
         shutdown_grace=args.shutdown_grace,
         instance=args.instance,

@@ -154,6 +154,11 @@ class _Family(_Metric, Generic[_V]):
         if self.labelnames:
             self._series.pop(values, None)
 
+    def clear(self) -> None:
+        """Drop every series, the label-less one too: a figure not known yet is left out of the
+        text rather than written as 0 (the next `set` brings it back)."""
+        self._series.clear()
+
     def label_values(self) -> list[tuple[str, ...]]:
         """The label values of every series there is."""
         return list(self._series)
@@ -305,7 +310,11 @@ class MergedRegistry:
 class Metrics:
     """Every metric the agent exports; one instance (and registry) per agent."""
 
-    def __init__(self, resource_name: str, node_name: str) -> None:
+    def __init__(self, resource_name: str, node_name: str, *, holder_labels: bool = False) -> None:
+        """`holder_labels`: one `allocated_devices` series per holding container, labelled with
+        its namespace, pod and container (`--metrics-holder-labels`); off, one series, the total.
+        Off by default: the port is open to the pod network, and pod names are not everyone's to
+        read (docs/security.md#the-agents-http-port)."""
         r = self.registry = Registry()
         info = Gauge(
             r,
@@ -347,13 +356,17 @@ class Metrics:
             "1 while a physical device is Healthy, 0 while Unhealthy; one series per listed device.",
             ["device"],
         )
+        self.holder_labels = holder_labels
         self.allocated_devices = Gauge(
             r,
             "patchbay_agent_allocated_devices",
-            "Device IDs of this resource (replicas counted one by one) the kubelet allocated to a "
-            "container, from its PodResources API; one series per container holding any.",
-            ["namespace", "pod", "container"],
+            "Device IDs of this resource (replicas counted one by one) the kubelet allocated to "
+            "containers, from its PodResources API: the total, or with --metrics-holder-labels one "
+            "series per container holding any (labels holder_namespace, holder_pod, holder_container).",
+            ["holder_namespace", "holder_pod", "holder_container"] if holder_labels else [],
         )
+        if not holder_labels:
+            self.allocated_devices.clear()  # unknown until the first PodResources read
         self.pod_resources_reads = Counter(
             r,
             "patchbay_agent_pod_resources_reads_total",
@@ -402,7 +415,10 @@ class Metrics:
 
     def set_allocations(self, counts: Mapping[tuple[str, str, str], int]) -> None:
         """Per-container allocated device counts, keyed (namespace, pod, container); the series of
-        containers no longer holding devices go."""
+        containers no longer holding devices go. Without holder labels: their sum."""
+        if not self.holder_labels:
+            self.allocated_devices.set(sum(counts.values()))
+            return
         for key in self.allocated_devices.label_values():
             if key not in counts:
                 self.allocated_devices.remove(*key)

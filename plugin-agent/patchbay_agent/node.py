@@ -116,7 +116,12 @@ class NodeAgent:
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._pending: asyncio.Task[dict[str, str]] | None = None
-        self.http = HttpEndpoint(_Metrics(MergedRegistry(self._registries)), self._healthy, self._ready)
+        self.http = HttpEndpoint(
+            _Metrics(MergedRegistry(self._registries)),
+            self._healthy,
+            self._ready,
+            max_connections=options.agent.http_max_connections,
+        )
 
     def _registries(self) -> list[tuple[str, Registry]]:
         return [(n, u.agent.metrics.registry) for n, u in sorted(self.units.items()) if u.agent is not None]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from patchbay_agent.constants import (
     DEFAULT_CDI_SPEC_DIR,
+    DEFAULT_HTTP_MAX_CONNECTIONS,
     DEFAULT_KUBELET_ROOT_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
 )
@@ -47,6 +48,10 @@ class AgentOptions:
     host_root: Path
     #: (host, port) for /metrics /healthz /readyz; None disables the endpoint.
     http_address: tuple[str, int] | None = ("127.0.0.1", 9464)
+    #: Open connections to that endpoint at most (``--http-max-connections``).
+    http_max_connections: int = DEFAULT_HTTP_MAX_CONNECTIONS
+    #: Name each holding container on /metrics (``--metrics-holder-labels``); off: the total only.
+    metrics_holder_labels: bool = False
     poll_interval: float = 10.0
     shutdown_grace: float = 5.0
     backoff_initial: float = 0.1

@@ -226,16 +226,18 @@ def test_a_vanished_device_fires_the_alert_and_its_return_resolves_it_and_the_da
         # A pod takes a device (the dashboard's allocation panels then have data).
         pod = limits(busybox_pod("holder", real_node, "sleep 3600"), resource, 1)
         cluster.core.create_namespaced_pod(namespace, pod)
-        # The scrape's own namespace/pod labels (the agent's: what the alerts join on) win; the
-        # holder's, from the metric, become exported_namespace/exported_pod (honor_labels: false).
+        # The agent exports the total (holders' names stay off its open port by default); the
+        # scrape's own namespace/pod labels are the agent's, which the dashboard joins on.
         (held,) = wait_for(
             "the allocation in Prometheus",
-            lambda: prometheus.query(
-                f'patchbay_agent_allocated_devices{{exported_pod="holder",exported_namespace="{namespace}"}}'
-            ),
+            lambda: [
+                r
+                for r in prometheus.query(f'patchbay_agent_allocated_devices{{pod="{agent.metadata.name}"}}')
+                if r["value"][1] == "1"
+            ],
             90,
         )
-        assert held["metric"]["pod"] == agent.metadata.name, held
+        assert not {"exported_pod", "holder_pod"} & set(held["metric"]), held
         healthy = wait_for(
             "every device healthy in Prometheus",
             lambda: (

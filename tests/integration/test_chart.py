@@ -24,6 +24,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from support.clusters import running_devcluster, wait_for
 
+from patchbay_agent.dra.slices import taint_probe_document
 from patchbay_devcluster import DevCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -459,6 +460,13 @@ def test_an_agent_writes_only_its_own_nodes_resource_slices(tools: Tools, instal
     chunk = as_agent("node-a", *apply, stdin=_slice("node-a", name="node-a-p.patchbay.dev-1"))
     assert chunk.returncode == 0, chunk.stderr  # a pool's second slice
     assert as_agent("node-a", "delete", "resourceslice", "node-a-p.patchbay.dev-1").returncode == 0
+    # The agent's own dry-run probe (does this API server keep device taints?) passes the policy:
+    # it is named and pooled like the node's slices. Refused, a DRA agent would never learn that
+    # taints are kept and would hold back its unhealthy devices.
+    probe = json.dumps(taint_probe_document("p.patchbay.dev", "node-a"))
+    dry = as_agent("node-a", "create", "--dry-run=server", "-o", "json", "-f", "-", stdin=probe)
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["spec"]["driver"] == "p.patchbay.dev"
 
     # DELETE is judged on the slice as it was: another node's slice (an admin's) stays.
     assert tools.kubectl(*apply, stdin=_slice("node-b")).returncode == 0
@@ -770,3 +778,213 @@ def test_pod_monitor_selects_the_agent_pods_the_operator_renders(tools: Tools) -
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     ports = {p["name"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
+
+
+def test_the_agents_network_policy_and_holder_labels_follow_the_values(tools: Tools) -> None:
+    """Off by default. On, the NetworkPolicy selects the agent pods the operator renders (its own
+    and the shared node agent's) and opens their metrics port to the listed peers only; with no
+    peers, to nobody but the node. metricsHolderLabels reaches the operator, which passes
+    --metrics-holder-labels to every agent it renders."""
+    from patchbay_operator import render
+    from patchbay_operator.config import Settings, load
+    from patchbay_operator.profiles import Profile
+
+    default = [d for d in yaml.safe_load_all(tools.helm("template", "p", str(CHART)).stdout) if d]
+    assert "NetworkPolicy" not in {d["kind"] for d in default}
+    (deployment,) = [d for d in default if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["PATCHBAY_AGENT_METRICS_HOLDER_LABELS"] == "false"
+    assert (
+        load([], env={k: v for k, v in env.items() if isinstance(v, str)}).agent_metrics_holder_labels
+        is False
+    )
+
+    values = CHART / "ci" / "netpol-values.yaml"
+    docs = [
+        d for d in yaml.safe_load_all(tools.helm("template", "p", str(CHART), "-f", str(values)).stdout) if d
+    ]
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    settings = load([], env={k: v for k, v in env.items() if isinstance(v, str)})
+    assert settings.agent_metrics_holder_labels is True
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 9464, "protocol": "TCP"}]
+    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+    profile = {
+        "apiVersion": "patchbay.dev/v1alpha1",
+        "kind": "DevicePluginProfile",
+        "metadata": {"name": "m", "uid": "u", "generation": 1},
+        "spec": {
+            "resourceName": "example.com/m",
+            "mode": "DevicePlugin",
+            "plugin": {"discovery": {"virtual": {"count": 1}}},
+            "agent": {"resources": {"limits": {"memory": "64Mi"}}},
+        },
+    }
+    own = render.agent_objects(Profile.from_body(profile), settings)[1]
+    shared_profile = {**profile, "metadata": {"name": "s", "uid": "v", "generation": 1}}
+    shared_profile["spec"] = {k: v for k, v in profile["spec"].items() if k != "agent"}
+    shared = render.shared_agent_objects([(Profile.from_body(shared_profile), None)], settings)[1]
+    for ds in (own, shared):
+        pod = ds["spec"]["template"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        (container,) = pod["spec"]["containers"]
+        assert 9464 in {p["containerPort"] for p in container["ports"]}
+        assert "--metrics-holder-labels" in container["command"]
+    plain = render.agent_objects(Profile.from_body(profile), Settings())[1]
+    assert "--metrics-holder-labels" not in plain["spec"]["template"]["spec"]["containers"][0]["command"]
+
+    closed = tools.helm("template", "p", str(CHART), "--set", "agent.networkPolicy.enabled=true").stdout
+    (policy,) = [d for d in yaml.safe_load_all(closed) if d and d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["ingress"] == []
+
+
+def _profile(name: str, **spec: Any) -> str:
+    base: dict[str, Any] = {
+        "resourceName": "example.com/guarded",
+        "mode": "DevicePlugin",
+        "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}},
+    }
+    for key, value in spec.items():
+        if key == "plugin":
+            base["plugin"] = {**base["plugin"], **value}
+        else:
+            base[key] = value
+    return json.dumps(
+        {
+            "apiVersion": "patchbay.dev/v1alpha1",
+            "kind": "DevicePluginProfile",
+            "metadata": {"name": name},
+            "spec": base,
+        }
+    )
+
+
+def test_profile_guardrails_refuse_dangerous_fields_to_authors_who_are_not_administrators(
+    tools: Tools, installed: str
+) -> None:
+    """The chart's profile guardrails, by impersonation: a profile author with RBAC to write
+    profiles (not an administrator) is refused every field that amounts to root on a node or to
+    another vendor's resource, each with the field and the chart value named; the same profiles
+    pass for a cluster administrator; an administrator's privileged profile stays manageable by
+    the author as long as its spec is left alone; a chart value widens exactly its field."""
+    ns = installed
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "profile-author"},
+        "rules": [
+            {
+                "apiGroups": ["patchbay.dev"],
+                "resources": ["devicepluginprofiles"],
+                "verbs": ["get", "list", "create", "update", "patch", "delete"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "profile-author"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "profile-author"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bob"}],
+    }
+    tools.kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [role, binding]})
+    )
+    bob = tools.impersonating("bob")
+    admin = tools.impersonating("alice", groups=["system:masters"])
+
+    def as_bob(doc: str) -> str | None:
+        """None when the server (admission included) accepts `doc` (nothing is stored); else
+        what it said."""
+        res = bob.kubectl("create", "--dry-run=server", "-f", "-", stdin=doc, check=False)
+        return " ".join(res.stderr.split()) if res.returncode != 0 else None
+
+    dangerous = {
+        "spec.agent.privileged": _profile("g1", agent={"privileged": True}),
+        "spec.agent.image": _profile("g2", agent={"image": "evil.example.com/agent:1"}),
+        "spec.plugin.health.exec": _profile("g3", plugin={"health": {"exec": {"command": ["/bin/true"]}}}),
+        "spec.plugin.preStart": _profile("g4", plugin={"preStart": {"command": ["/bin/true"]}}),
+        "spec.agent.tolerations": _profile("g5", agent={"tolerations": [{"operator": "Exists"}]}),
+        "spec.plugin.allocation.mounts": _profile(
+            "g6", plugin={"allocation": {"mounts": [{"hostPath": "/etc", "containerPath": "/host-etc"}]}}
+        ),
+        "spec.plugin.discovery.paths": _profile(
+            "g7", plugin={"discovery": {"paths": {"globs": ["/etc/shad*"]}}}
+        ),
+        "spec.resourceName": _profile("g8", resourceName="nvidia.com/gpu"),
+        "spec.plugin.allocation.cdi.kind": _profile(
+            "g9", plugin={"allocation": {"cdi": {"kind": "nvidia.com/gpu"}}}
+        ),
+    }
+    try:
+        safe = _profile("g0")
+        # In force moments after the install: wait until the first refusal comes.
+        said = wait_for(
+            "the guardrails in force", lambda: as_bob(dangerous["spec.agent.privileged"]), 60, 0.5
+        )
+        assert as_bob(safe) is None
+        for field, doc in dangerous.items():
+            said = as_bob(doc)
+            assert said is not None and field in said, (field, said)
+            assert "admission.profiles." in said, (field, said)
+            # An administrator may.
+            res = admin.kubectl("create", "--dry-run=server", "-f", "-", stdin=doc, check=False)
+            assert res.returncode == 0, (field, res.stderr)
+        # Subtler forms of the same: a subdomain of a denied vendor, a path that climbs out of /dev.
+        assert "spec.resourceName" in (as_bob(_profile("g10", resourceName="gpu.nvidia.com/x")) or "")
+        # Device paths are the CRD's business, for everyone: under /dev/, never climbing out.
+        climbing = _profile(
+            "g11", plugin={"discovery": {"paths": {"groups": [{"id": "a", "paths": ["/dev/../etc/shadow"]}]}}}
+        )
+        refused = admin.kubectl("create", "--dry-run=server", "-f", "-", stdin=climbing, check=False)
+        assert refused.returncode != 0 and "never climb out" in refused.stderr, refused.stderr
+        # The chart's own agent image is allowed to anyone.
+        chart_image = yaml.safe_load((CHART / "values.yaml").read_text())["agent"]["image"]
+        assert as_bob(_profile("g12", agent={"image": chart_image})) is None
+
+        # An administrator's privileged profile: the author may relabel it, not change its spec.
+        admin.kubectl("create", "-f", "-", stdin=_profile("admins", agent={"privileged": True}))
+        assert bob.kubectl("label", "devicepluginprofile", "admins", "team=devices").returncode == 0
+        changed = bob.kubectl(
+            "patch",
+            "devicepluginprofile",
+            "admins",
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"plugin": {"health": {"periodSeconds": 30}}}}),
+            check=False,
+        )
+        assert changed.returncode != 0 and "spec.agent.privileged" in changed.stderr, changed.stderr
+
+        # A chart value widens exactly its field.
+        tools.helm(
+            "upgrade",
+            "rbac",
+            str(CHART),
+            "-n",
+            ns,
+            "--reuse-values",
+            "--set",
+            "admission.profiles.allowPrivileged=true",
+        )
+        wait_for("privileged allowed", lambda: as_bob(dangerous["spec.agent.privileged"]) is None, 60, 0.5)
+        assert "spec.agent.tolerations" in (as_bob(dangerous["spec.agent.tolerations"]) or "")
+    finally:
+        tools.helm(
+            "upgrade",
+            "rbac",
+            str(CHART),
+            "-n",
+            ns,
+            "--reuse-values",
+            "--set",
+            "admission.profiles.allowPrivileged=false",
+        )
+        tools.kubectl("delete", "devicepluginprofile", "admins", "--ignore-not-found")
+        tools.kubectl("delete", "clusterrolebinding,clusterrole", "profile-author", "--ignore-not-found")

@@ -38,6 +38,7 @@ def test_help_explains_every_flag() -> None:
         "--device-plugin-dir",
         "--host-root",
         "--http-address",
+        "--http-max-connections",
         "--instance",
         "--log-format",
     ):
@@ -53,6 +54,13 @@ def test_bad_config_exits_2_naming_the_field(short_dir: Path) -> None:
     out = _run("--config", str(cfg), "--node-name", "n1", "--device-plugin-dir", str(short_dir))
     assert out.returncode == 2
     assert "plugin.discovery.pci.vendor" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_connection_cap_below_two_exits_2_naming_the_flag(short_dir: Path) -> None:
+    out = _run("--config", "/nonexistent.yaml", "--node-name", "n1", "--http-max-connections", "1")
+    assert out.returncode == 2
+    assert "--http-max-connections" in out.stderr and "at least 2" in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
 from support.agentrun import make_config, until
+from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware, live_socket
 
 from patchbay_agent.agent import Agent, AgentOptions, DraOptions
@@ -45,41 +45,6 @@ from patchbay_agent.dra.slices import device_name
 
 DRIVER = "serial.patchbay.dev"
 NODE = "node-1"
-
-
-class InMemoryApi:
-    """Claims by (namespace, name); slices by name, as the agent applied them. Keeps device
-    taints, as an API server from 1.36 on does (the real ones of both kinds are in
-    tests/integration/agent/test_agent_dra_on_the_api_server.py)."""
-
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.slices: dict[str, dict[str, Any]] = {}
-        self.applies = 0
-
-    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
-        try:
-            return self.claims[namespace, name]
-        except KeyError:
-            raise RuntimeError(f"404: resourceclaims {name!r} not found") from None
-
-    def apply_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
-        self.applies += 1
-        self.slices[doc["metadata"]["name"]] = dict(doc)
-        return doc
-
-    def dry_run_slice(self, doc: Mapping[str, Any]) -> Mapping[str, Any]:
-        """As an API server that keeps device taints (1.36 on) answers a dry-run create."""
-        return doc
-
-    def slice_names(self, driver: str, node_name: str) -> list[str]:
-        return sorted(self.slices)
-
-    def delete_slice(self, name: str) -> None:
-        self.slices.pop(name, None)
-
-    def node_uid(self, node_name: str) -> str:
-        return "node-uid-1"
 
 
 def _claim(uid: str, devices: list[str], pool: str = NODE) -> dict[str, Any]:

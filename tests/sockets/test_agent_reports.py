@@ -55,6 +55,7 @@ async def reporting_agent(
             plugin_dir=plugin_dir,
             host_root=hw.root,
             http_address=("127.0.0.1", 0),
+            metrics_holder_labels=True,  # --metrics-holder-labels: the holders are checked below
             shutdown_grace=1.0,
             backoff_initial=0.01,
             backoff_max=0.05,
@@ -164,7 +165,11 @@ def test_reports_follow_allocations_and_health_with_one_write_per_change(
                 assert value(families, "patchbay_agent_device_healthy", device="ttyUSB0") == 1
                 assert value(families, "patchbay_agent_device_healthy", device="ttyUSB2") == 0
                 allocated = {
-                    (s.labels["namespace"], s.labels["pod"], s.labels["container"]): s.value
+                    (
+                        s.labels["holder_namespace"],
+                        s.labels["holder_pod"],
+                        s.labels["holder_container"],
+                    ): s.value
                     for s in families["patchbay_agent_allocated_devices"].samples
                 }
                 assert allocated == {("ml", "trainer", "main"): 2, ("ml", "eval", "job"): 1}
@@ -178,9 +183,9 @@ def test_reports_follow_allocations_and_health_with_one_write_per_change(
                 await until(lambda: len(client.applied) == 4)
                 assert "pods" not in _devices(client.applied[3])["ttyUSB0"]
                 families = await asyncio.to_thread(_metrics, agent.http.port)
-                assert [s.labels["pod"] for s in families["patchbay_agent_allocated_devices"].samples] == [
-                    "eval"
-                ]
+                assert [
+                    s.labels["holder_pod"] for s in families["patchbay_agent_allocated_devices"].samples
+                ] == ["eval"]
         finally:
             await peer.stop()
             await kubelet.stop()

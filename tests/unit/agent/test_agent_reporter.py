@@ -70,7 +70,7 @@ def _counter(metrics: Metrics, result: str) -> float:
 
 @pytest.fixture
 def metrics() -> Metrics:
-    return Metrics(RESOURCE, "node-1")
+    return Metrics(RESOURCE, "node-1", holder_labels=True)
 
 
 @contextlib.asynccontextmanager
@@ -233,6 +233,23 @@ def _pod(ns: str, name: str, **containers: tuple[str, ...]) -> podresources.Pod:
 
 def _allocations(metrics: Metrics) -> dict[tuple[str, ...], float]:
     return {k: metrics.allocated_devices.labels(*k).value for k in metrics.allocated_devices.label_values()}
+
+
+async def test_without_holder_labels_metrics_carry_the_total_and_no_pod_name() -> None:
+    """The default (the agent's port is open to the pod network): one series, the sum, absent
+    until the kubelet has been read once."""
+    plain = Metrics(RESOURCE, "node-1")
+    assert "\npatchbay_agent_allocated_devices " not in plain.registry.render().decode()
+    kubelet = FakeKubelet()
+    holders = PodHolders("/nope.sock", RESOURCE, plain, list_pods=kubelet.list_pods)
+    kubelet.pods = [_pod("ml", "trainer", main=("tty0::0", "tty0::1")), _pod("ml", "eval", main=("tty1::0",))]
+    assert await holders.read()
+    assert _allocations(plain) == {(): 3}
+    text = plain.registry.render().decode()
+    assert "\npatchbay_agent_allocated_devices 3.0\n" in text and "trainer" not in text
+    kubelet.pods = []
+    assert await holders.read()
+    assert _allocations(plain) == {(): 0}
 
 
 async def test_holders_change_only_when_the_kubelet_says_so_and_survive_its_absence(
