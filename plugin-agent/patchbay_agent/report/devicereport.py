@@ -9,7 +9,10 @@ The shape is the CRD's (crds/patchbay.dev_devicereports.yaml), which the API ser
 one object per profile and node named `<profile>.<node>`, owned by the Node (so the garbage
 collector removes it with the node), every PHYSICAL device once (replicas `<id>::<n>` are counted
 as their device), and the capped fields capped here (a message of at most 512 characters, at most
-64 containers per device, at most 4096 devices), so a write is never refused for its size.
+64 containers per device, at most 2,048 devices, at most 512 holders and 65,536 characters of
+messages in all), so a write is never refused for its size. The CRD's bounds keep the largest
+report it admits under the 1.5 MiB etcd takes in one request (docs/security.md#report-size): a
+report that passed admission is never refused by storage.
 `observedAt` is added at write time: two reports are compared without it.
 
 In DRA mode the report also says what the API server does with ResourceSlice device taints
@@ -43,8 +46,12 @@ from patchbay_agent.kubeobjects import owner_reference
 #: The CRD's limits.
 MAX_MESSAGE_LENGTH = 512
 MAX_REASON_LENGTH = 64
-MAX_DEVICES = 4096
+MAX_DEVICES = 2048
 MAX_PODS_PER_DEVICE = 64
+#: Holders (devices[].pods entries) in one report, all devices together.
+MAX_HOLDERS = 512
+#: Characters of devices[].message in one report, all devices together.
+MAX_MESSAGE_TOTAL = 65536
 MAX_NAME_LENGTH = 253
 
 _REPLICA_SUFFIX = re.compile(r"::\d+$")
@@ -172,6 +179,7 @@ def build_report(
         )
         keep = sorted(order[:MAX_DEVICES])
         devices = [devices[i] for i in keep]
+    _within_report_budgets(devices)
     metadata: dict[str, Any] = {
         "name": target.name,
         "namespace": target.namespace,
@@ -194,6 +202,30 @@ def build_report(
     report["summary"] = summary
     report["devices"] = devices
     return report
+
+
+def _within_report_budgets(devices: list[dict[str, Any]]) -> None:
+    """Cut holders and messages, in place, to the report-wide budgets the CRD enforces: Unhealthy
+    devices first (their message says why), then the list's order. A cut message ends in "...";
+    past the budget a device keeps its reason and loses its message; holders past it are left out
+    (`summary.allocated` still counts the device as held)."""
+    order = sorted(
+        range(len(devices)), key=lambda i: (devices[i]["health"] != DeviceHealth.UNHEALTHY.value, i)
+    )
+    holders, chars = MAX_HOLDERS, MAX_MESSAGE_TOTAL
+    for i in order:
+        entry = devices[i]
+        if "pods" in entry:
+            entry["pods"] = entry["pods"][:holders]
+            holders -= len(entry["pods"])
+            if not entry["pods"]:
+                del entry["pods"]
+        if "message" in entry:
+            if chars <= len(_ELLIPSIS):
+                del entry["message"]
+            else:
+                entry["message"] = cap(entry["message"], chars)
+                chars -= len(entry["message"])
 
 
 def with_observed_at(report: Mapping[str, Any], seconds: float) -> dict[str, Any]:

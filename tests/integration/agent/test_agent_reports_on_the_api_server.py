@@ -304,3 +304,89 @@ def test_the_agent_publishes_its_device_report(
     wait_for(
         "the garbage collector to delete the report with its node", lambda: report() is None, timeout=120
     )
+
+
+def _largest_report(namespace: str, node_name: str) -> dict[str, Any]:
+    """The largest DeviceReport the CRD admits, every bound at its maximum: 2,048 devices with
+    63-character IDs, 64-character reasons, a since time and `withheld`; 65,536 characters of
+    messages (128 messages of 512); 512 holders (8 devices with 64 each) with the longest names;
+    the longest resource and agent names."""
+    devices: list[dict[str, Any]] = []
+    for i in range(2048):
+        entry: dict[str, Any] = {
+            "id": f"{i:04d}" + "d" * 59,
+            "health": "Unhealthy",
+            "reason": "R" * 64,
+            "since": "2026-11-25T12:00:00Z",
+            "withheld": True,
+        }
+        if i < 128:
+            entry["message"] = "m" * 512
+        if i < 8:
+            entry["pods"] = [
+                {"namespace": "n" * 63, "name": f"{i}-{j:02d}" + "p" * 248, "container": "c" * 63}
+                for j in range(64)
+            ]
+        devices.append(entry)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DeviceReport",
+        "metadata": {"name": f"{PROFILE}.{node_name}", "namespace": namespace},
+        "profile": PROFILE,
+        "nodeName": node_name,
+        "resourceName": "example.com/" + "r" * 241,
+        "agent": "a" * 253,
+        "summary": {"total": 2048, "healthy": 0, "unhealthy": 2048, "allocated": 8},
+        "devices": devices,
+    }
+
+
+def test_the_largest_report_the_crd_admits_is_stored_and_one_more_of_anything_is_refused(
+    api: client.ApiClient, report_crd: None, namespace: str, node: tuple[str, str]
+) -> None:
+    """Written the agent's way (server-side apply, its field manager, so managedFields lists every
+    device too): the report at every bound of the schema is stored, not refused by etcd's request
+    size limit after admission; one device, one holder or one character of message more is
+    refused at admission with the field named."""
+    import json
+
+    node_name, _uid = node
+    custom = client.CustomObjectsApi(api)
+    largest = _largest_report(namespace, node_name)
+    size = len(json.dumps(largest))
+
+    def apply(body: dict[str, Any]) -> dict[str, Any]:
+        return custom.patch_namespaced_custom_object(  # type: ignore[no-any-return]
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            body["metadata"]["name"],
+            body,
+            field_manager="patchbay-agent",
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
+    stored = apply(largest)
+    assert len(stored["devices"]) == 2048, size
+    got = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, largest["metadata"]["name"])
+    assert sum(len(d.get("pods", ())) for d in got["devices"]) == 512
+    print(f"largest admitted report: {size:,} bytes of JSON as sent, {len(json.dumps(got)):,} as stored")
+
+    too_many = _largest_report(namespace, node_name)
+    too_many["devices"].append({**too_many["devices"][-1], "id": "x" * 63})
+    holder = _largest_report(namespace, node_name)
+    holder["devices"][8]["pods"] = [{"namespace": "n", "name": "one-more", "container": "c"}]
+    text = _largest_report(namespace, node_name)
+    text["devices"][128]["message"] = "m"
+    for body, field, words in (
+        (too_many, "devices", "must have at most 2048 items"),
+        (holder, "devices", "at most 512 holders"),
+        (text, "devices", "at most 65536 characters of message"),
+    ):
+        with pytest.raises(ApiException) as refused:
+            apply(body)
+        assert refused.value.status == 422, refused.value.body[:500]
+        said = str(refused.value.body)
+        assert field in said and words in said, said[:800]

@@ -16,7 +16,9 @@ from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.discovery import HostRoot, PhysicalDevice
 from patchbay_agent.report.devicereport import (
     MAX_DEVICES,
+    MAX_HOLDERS,
     MAX_MESSAGE_LENGTH,
+    MAX_MESSAGE_TOTAL,
     MAX_PODS_PER_DEVICE,
     PodRef,
     ReportTarget,
@@ -202,6 +204,29 @@ def test_over_the_crd_limit_unhealthy_and_held_devices_are_kept_and_summary_coun
     assert ids[-2:] == [f"v{n - 2}", f"v{n - 1}"]
     assert ids[:3] == ["v0", "v1", "v2"]
     assert report["summary"] == {"total": n, "healthy": n - 1, "unhealthy": 1, "allocated": 1}
+
+
+def test_holders_and_messages_stay_within_the_report_wide_budgets() -> None:
+    """600 held devices (one holder each, 612 holders) and 300 unhealthy ones with 500-character
+    messages (150,000 characters): the report keeps 512 holders and 65,536 characters, the
+    unhealthy devices' messages first, and every device's reason; summary counts everything."""
+    n = 900
+    devices = [PhysicalDevice(f"v{i:03d}") for i in range(n)]
+    tracker = DeviceHealthTracker(1, 1)
+    tracker.observe(
+        {d.id: CheckResult(i < 600, "m" * 500, code="ProbeFailed") for i, d in enumerate(devices)}
+    )
+    snap = _snapshot(devices, tracker)
+    containers = {PodRef("ns", f"p{i:03d}", "c"): (f"v{i:03d}",) for i in range(600)}
+    containers[PodRef("ns", "many", "c")] = tuple(f"v{i:03d}" for i in range(12))
+    report = build_report(TARGET, snap, containers)
+    entries = report["devices"]
+    assert sum(len(e.get("pods", ())) for e in entries) == MAX_HOLDERS
+    assert sum(len(e.get("message", "")) for e in entries) <= MAX_MESSAGE_TOTAL
+    unhealthy = [e for e in entries if e["health"] == "Unhealthy"]
+    assert len(unhealthy) == 300 and all(e["reason"] == "ProbeFailed" for e in unhealthy)
+    assert sum(1 for e in unhealthy if "message" in e) == MAX_MESSAGE_TOTAL // 500 + 1  # the last one cut
+    assert report["summary"] == {"total": n, "healthy": 600, "unhealthy": 300, "allocated": 600}
 
 
 def test_holders_fold_by_the_snapshot_then_by_the_suffix() -> None:
