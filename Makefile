@@ -99,7 +99,11 @@ test-unit: venv ## Unit tests only: pure code, no process of a cluster (marker: 
 
 .PHONY: test-agent
 test-agent: venv ## The agent: unit tests, then on real Unix sockets with a Python kubelet peer (no cluster)
-	$(PY) -m pytest tests/unit/agent tests/sockets $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit/agent tests/sockets tests/fuzz $(PYTEST_ARGS)
+
+.PHONY: test-fuzz
+test-fuzz: venv ## Bad input, tried: the agent's HTTP, device plugin and DRA services, its config files
+	$(PY) -m pytest tests/fuzz $(PYTEST_ARGS)
 
 .PHONY: test-release
 test-release: setup ## e2e + integration on K8S_VERSION only (what the matrix runs per release)

@@ -136,7 +136,7 @@ def test_allocate_response_and_refusals(plugin_dir: Path, hw: FakeHardware) -> N
                     )
                 )
             assert unknown.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-            assert "unknown device IDs: nope" in (unknown.value.details() or "")
+            assert "unknown device IDs: 'nope'" in (unknown.value.details() or "")
 
             # The group's files do not exist: it is listed, and Unhealthy from its first check.
             with pytest.raises(grpc.aio.AioRpcError) as unhealthy:
@@ -146,7 +146,7 @@ def test_allocate_response_and_refusals(plugin_dir: Path, hw: FakeHardware) -> N
                     )
                 )
             assert unhealthy.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-            assert "unhealthy device IDs: pair::0" in (unhealthy.value.details() or "")
+            assert "unhealthy device IDs: 'pair::0'" in (unhealthy.value.details() or "")
 
     asyncio.run(scenario())
 

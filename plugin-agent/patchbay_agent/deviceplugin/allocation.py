@@ -28,15 +28,32 @@ class AllocationError(Exception):
         self.message = message
 
 
+#: IDs an error message names at most, and characters of each: gRPC carries the message in a
+#: header the client refuses past 16 KiB ("metadata size exceeds hard limit"), which would leave
+#: the kubelet with no reason at all (found by tests/fuzz/test_fuzz_deviceplugin.py).
+NAMED_IDS = 8
+NAMED_ID_LENGTH = 80
+
+
+def name_ids(ids: Sequence[str]) -> str:
+    """`'a', 'b', ... and 12 more`: quoted (a newline or a control character in an ID stays
+    visible and cannot forge a log line), each cut to `NAMED_ID_LENGTH`, at most `NAMED_IDS`."""
+    shown = ", ".join(
+        repr(i if len(i) <= NAMED_ID_LENGTH else i[:NAMED_ID_LENGTH] + "...") for i in ids[:NAMED_IDS]
+    )
+    more = len(ids) - NAMED_IDS
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
 def _physical_ids(ids: Sequence[str], snap: Snapshot) -> list[str]:
     """Map advertised IDs to physical IDs (first-seen order, no duplicates) or refuse."""
     unknown = [i for i in ids if i not in snap.replica_of]
     if unknown:
-        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown device IDs: {', '.join(unknown)}")
+        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown device IDs: {name_ids(unknown)}")
     unhealthy = [i for i in ids if i not in snap.healthy]
     if unhealthy:
         raise AllocationError(
-            grpc.StatusCode.FAILED_PRECONDITION, f"unhealthy device IDs: {', '.join(unhealthy)}"
+            grpc.StatusCode.FAILED_PRECONDITION, f"unhealthy device IDs: {name_ids(unhealthy)}"
         )
     return list(dict.fromkeys(snap.replica_of[i] for i in ids))
 
