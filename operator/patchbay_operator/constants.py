@@ -59,6 +59,9 @@ DEVICE_CLASS_RECHECK_SECONDS = 600.0
 """Where the API server dropped a DeviceClass's extendedResourceName, how often the operator applies
 it again (a control plane upgraded since then keeps it)."""
 
+ORPHAN_GRACE_SECONDS = 5.0
+"""How long a DeviceReport of an unknown profile may stay before the operator deletes it."""
+
 MAX_PROBLEMS = 10
 """Status lists at most this many problem nodes; `problemCount` has the full count."""
 

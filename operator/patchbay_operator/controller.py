@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from patchbay_operator import agents, evaluation, informer, nodes, render
 from patchbay_operator.agents import Agents
 from patchbay_operator.config import Settings
-from patchbay_operator.constants import DEVICE_CLASS_RECHECK_SECONDS, SHARED_KEY, Mode
+from patchbay_operator.constants import DEVICE_CLASS_RECHECK_SECONDS, ORPHAN_GRACE_SECONDS, SHARED_KEY, Mode
 from patchbay_operator.events import EventRecorder
 from patchbay_operator.informer import Informer, Source
 from patchbay_operator.kube import KubeAPI, KubeError
@@ -63,6 +63,7 @@ class Controller:
         self._problems: dict[str, list[Problem]] = {}
         self._rechecks: dict[str, asyncio.TimerHandle] = {}
         self._class_checks: dict[str, asyncio.TimerHandle] = {}
+        self._orphan_checks: dict[str, asyncio.TimerHandle] = {}  # by profile name
         self.gate: Gate | None = None
         if peer is not None:
             read = lambda: self.call(kube.get_cluster_peering, peer.name)  # noqa: E731
@@ -95,6 +96,8 @@ class Controller:
             len(a.pods.items),
             len(a.reports.items),
         )
+        known = {p.name for p in self.registry}
+        self._prune_orphans_later({r.profile for r in a.reports.items.values()} - known)
         for _ in range(self.settings.concurrency):
             self._spawn(self.nodes.run_worker())
         self._spawn(self.status.run())
@@ -133,9 +136,10 @@ class Controller:
         self._tasks.append(asyncio.create_task(coro))
 
     async def stop(self) -> None:
-        for timer in self._class_checks.values():
+        for timer in [*self._class_checks.values(), *self._orphan_checks.values()]:
             timer.cancel()
         self._class_checks.clear()
+        self._orphan_checks.clear()
         loop = asyncio.get_running_loop()
         for watcher in self._informers:
             await loop.run_in_executor(None, watcher.stop)
@@ -212,8 +216,33 @@ class Controller:
         shared node agent's objects (no profile)."""
         if profile == SHARED_KEY:
             self.status.mark(p.name for p in self._shared_profiles())
+        elif self.registry.get(profile) is None:
+            self._prune_orphans_later([profile])
         else:
             self.status.mark([profile])
+
+    def _prune_orphans_later(self, profiles: Iterable[str]) -> None:
+        """DeviceReports of profiles that do not exist (an agent's of a profile deleted while the
+        operator was down, or a report no agent of ours should have written) are deleted after
+        `ORPHAN_GRACE_SECONDS`, when the profile is still unknown: nothing reads them, and a
+        misbehaving agent must not be able to fill etcd and the operator's memory with them."""
+        loop = asyncio.get_running_loop()
+        for profile in profiles:
+            if profile and profile not in self._orphan_checks:
+                self._orphan_checks[profile] = loop.call_later(
+                    ORPHAN_GRACE_SECONDS, self._spawn_prune_orphan, profile
+                )
+
+    def _spawn_prune_orphan(self, profile: str) -> None:
+        self._spawn(self._prune_orphan(profile))
+
+    async def _prune_orphan(self, profile: str) -> None:
+        self._orphan_checks.pop(profile, None)
+        if self.registry.get(profile) is not None or self.status.paused:
+            return  # known meanwhile, or a standby replica (the active one prunes)
+        if any(r.profile == profile for r in self.agents.reports.items.values()):
+            log.info("Deleting the DeviceReports of %s: no such DevicePluginProfile", profile)
+            await self.agents.prune_reports(profile, keep=())
 
     def _check_device_class_later(self, name: str) -> None:
         """Where the API server dropped the profile's DeviceClass's extendedResourceName, apply the

@@ -151,3 +151,44 @@ def test_mode_change_to_static_removes_the_agents(cluster: Cluster, operator: Op
     )
     wait_for("agents removed", lambda: daemonset(cluster, name) is None and configmap(cluster, name) is None)
     wait_for("static value", lambda: cluster.values(nodes[0], R) == ("2", "2"))
+
+
+def test_reports_of_profiles_that_do_not_exist_are_deleted(cluster: Cluster, operator: Operator) -> None:
+    """A DeviceReport no profile owns (a misbehaving agent's, or one left from a profile deleted
+    while the operator was down) is deleted within seconds; a known profile's report stays."""
+    (node,) = cluster.add_nodes(1)
+    name = f"{cluster.prefix}kept"
+    cluster.create_profile(name, spec(cluster.tag))
+    wait_for("DaemonSet", lambda: daemonset(cluster, name))
+
+    def report(profile: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "patchbay.dev/v1alpha1",
+            "kind": "DeviceReport",
+            "metadata": {"name": f"{profile}.{node}", "namespace": NAMESPACE},
+            "profile": profile,
+            "nodeName": node,
+            "resourceName": R,
+            "summary": {"total": 0, "healthy": 0, "unhealthy": 0, "allocated": 0},
+            "devices": [],
+        }
+
+    def exists(profile: str) -> bool:
+        try:
+            cluster.custom.get_namespaced_custom_object(
+                "patchbay.dev", "v1alpha1", NAMESPACE, "devicereports", f"{profile}.{node}"
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    ghost = f"{cluster.prefix}ghost"
+    for profile in (name, ghost):
+        cluster.custom.create_namespaced_custom_object(
+            "patchbay.dev", "v1alpha1", NAMESPACE, "devicereports", report(profile)
+        )
+    wait_for("the unknown profile's report deleted", lambda: not exists(ghost), 60)
+    assert exists(name)
+    assert "no such DevicePluginProfile" in operator.log()
