@@ -113,7 +113,10 @@ class Flood:
         self._thread.join()
 
     def _open(self, sel: selectors.DefaultSelector, i: int) -> None:
-        s = socket.socket()
+        try:
+            s = socket.socket()
+        except OSError:  # out of file descriptors: hold what is open
+            return
         s.setblocking(False)
         try:
             s.bind((SOURCES[i % len(SOURCES)], 0))
@@ -195,9 +198,13 @@ def main() -> None:
     p.add_argument("--hold", type=float, default=20.0, help="seconds the flood is held (default 20)")
     args = p.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = min(hard, max(args.connections) * 2 + 1024)
+    want = max(args.connections) * 2 + 1024
     if soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # the agent inherits it too
+        try:  # root may raise the hard limit too; the agent inherits both
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want)))
+        except (ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            print(f"open files limited to {hard} here: floods above {hard - 1024} connections are cut to it")
     print(
         "agent pid RSS (MiB), /healthz from another address every 200 ms; "
         f"hold {args.hold:g} s; cpus {os.cpu_count()}"
@@ -207,7 +214,8 @@ def main() -> None:
         f"{'healthz p50':>12} {'max':>7} alive"
     )
     with tempfile.TemporaryDirectory(prefix="pbflood") as tmp:
-        for n in args.connections:
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1024
+        for n in (min(c, limit) for c in args.connections):
             for cap in (128, 1_000_000):
                 r = run(Path(tmp), n, cap, args.hold)
                 print(

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from patchbay_agent.constants import DEFAULT_HTTP_MAX_CONNECTIONS
-from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import CONTENT_TYPE, Counter, Gauge, Registry, process_metrics
 
 log = logging.getLogger(__name__)
@@ -107,8 +106,6 @@ class HttpEndpoint:
         #: open connections, oldest first (eviction takes the oldest that is still sending)
         self._conns: dict[_Connection, None] = {}
         self._per_address: Tally[str] = Tally()
-        #: a flood was seen (half the cap open at once): settle memory when it is over
-        self._flooded = False
         # The endpoint's own figures: process-wide, like process_metrics(), never per profile.
         self.registry = Registry()
         self._open_gauge = Gauge(
@@ -183,7 +180,6 @@ class HttpEndpoint:
         self._conns[conn] = None
         self._per_address[conn.address] += 1
         self._open_gauge.set(len(self._conns))
-        self._flooded = self._flooded or len(self._conns) >= self.max_per_address
         return True
 
     def _busiest_address(self) -> str | None:
@@ -206,11 +202,6 @@ class HttpEndpoint:
             if self._per_address[conn.address] <= 0:
                 del self._per_address[conn.address]
             self._open_gauge.set(len(self._conns))
-            if self._flooded and not self._conns:
-                # The flood is over: hand its buffers back (glibc keeps freed heap mapped), so
-                # the agent's RSS returns to its idle level instead of keeping the peak.
-                self._flooded = False
-                settle_memory()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
