@@ -179,3 +179,16 @@ async def until(check: Any, within: float = 5.0) -> Any:
             return result
         await asyncio.sleep(0.01)
     raise AssertionError("did not converge")
+
+
+def test_the_profiles_events_say_the_refusal_and_its_recovery_without_a_node() -> None:
+    from patchbay_operator.events import transitions
+    from patchbay_operator.status import Problem
+
+    msg = f"DaemonSet {DS} cannot create its agent pods: {PSA}"
+    p = Problem("", "", "FailedCreate", msg, stalled=True)
+    (warning,) = transitions({}, [p])
+    assert (warning.type, warning.reason, warning.message) == ("Warning", "FailedCreate", msg)
+    (recovered,) = transitions({p.key: p}, [])
+    assert (recovered.type, recovered.reason) == ("Normal", "Recovered")
+    assert recovered.message == "agent DaemonSet: FailedCreate resolved"
