@@ -12,6 +12,12 @@ of that namespace; each pod is kept as a small ``AgentPod`` and each pod's lates
 - ``stalled=False``: it may still sort itself out (a first pull, a sandbox retry); ``recheck_at``
   says when it would count as stalled, so the status is recomputed then even if nothing else
   happens.
+
+A pod that was never CREATED has no pod to look at: Pod Security admission, a ResourceQuota, a
+missing ServiceAccount or a ValidatingAdmissionPolicy refuses it, and only the DaemonSet
+controller tells, with a Warning ``FailedCreate`` event about the DaemonSet that quotes the
+API server's answer. ``refusal`` turns the latest such event into the DaemonSet's trouble while
+its pods are still missing.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ PERMANENT = {
     "CrashLoopBackOff": "the agent keeps exiting",
 }
 """Waiting reasons that need a change to go away."""
+
+FAILED_CREATE = "FailedCreate"
+"""The DaemonSet controller's Warning reason when the API server refuses one of its pods; its
+message is the refusal as the API server wrote it (``Error creating: pods "x" is forbidden: ...``)."""
 
 SANDBOX_REASONS = {"FailedCreatePodSandBox", "FailedMount", "FailedScheduling", "FailedKillPod"}
 """Warning event reasons that explain a pod stuck before its container starts."""
@@ -113,22 +123,47 @@ def pinned_node(spec: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Warning:
-    """The latest Warning event about one pod."""
+    """The latest Warning event about one agent pod, or the latest ``FailedCreate`` about one
+    agent DaemonSet (``daemonset`` set, ``pod`` empty)."""
 
     pod: str
     reason: str
     message: str
     count: int = 1
+    daemonset: str = ""
+    uid: str = ""  # the involved object's uid: a DaemonSet re-created under the same name is another
+    since: str = ""  # RFC 3339: when the event was first seen (firstTimestamp, else eventTime)
+
+    @property
+    def key(self) -> str:
+        """How the store keeps it: the pod's name, ``DaemonSet/<name>``, or "" (not kept: events
+        about any other object, and a DaemonSet's other warnings, which do not say why pods are
+        missing and would hide the FailedCreate that does)."""
+        if self.pod:
+            return self.pod
+        return f"DaemonSet/{self.daemonset}" if self.daemonset else ""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Warning:
         involved = obj.get("involvedObject") or {}
-        pod = str(involved.get("name", "")) if involved.get("kind") == "Pod" else ""
+        kind, name = involved.get("kind"), str(involved.get("name", ""))
+        reason = str(obj.get("reason") or "")
+        refused = kind == "DaemonSet" and reason == FAILED_CREATE
         return cls(
-            pod=pod,
-            reason=str(obj.get("reason") or ""),
-            message=str(obj.get("message") or "").strip()[:300],
+            pod=name if kind == "Pod" else "",
+            reason=reason,
+            # A refusal quotes the admission's whole answer (Pod Security lists every check that
+            # failed): keep more of it than of a pod's warning, still bounded.
+            message=str(obj.get("message") or "").strip()[: 600 if refused else 300],
             count=int(obj.get("count") or 1),
+            daemonset=name if refused else "",
+            uid=str(involved.get("uid") or ""),
+            since=str(
+                obj.get("firstTimestamp")
+                or obj.get("eventTime")
+                or (obj.get("metadata") or {}).get("creationTimestamp")
+                or ""
+            ),
         )
 
 
@@ -165,3 +200,37 @@ def trouble(pod: AgentPod, warning: Warning | None, now: datetime) -> Trouble | 
     if pod.phase == "Running":
         return found("AgentNotReady", "the agent runs but has not registered with the kubelet")
     return found("AgentStarting", f"the agent pod is {pod.phase or 'Pending'}, not Ready yet")
+
+
+def refusal(
+    daemonset: str, uid: str, rollout: Mapping[str, Any], warning: Warning | None, now: datetime
+) -> Trouble | None:
+    """Why the agent DaemonSet ``daemonset`` (``uid``, its ``status`` as ``rollout``) has pods
+    missing that the API server refused to create, or None.
+
+    The FailedCreate event outlives its cause (events live an hour), so it counts only while the
+    DaemonSet's own status says pods are missing: fewer nodes run an up-to-date pod than should
+    (``updatedNumberScheduled`` counts pods that exist, Ready or not, so a refusal during a rollout
+    counts as well as one of the first pods). Once the pods are created the status catches up and
+    the refusal is gone, whatever the event says. An event about an earlier DaemonSet of the
+    same name (another uid) is not this one's.
+
+    A refusal is not tied to a node (the controller stops at the first refused pod), so the
+    trouble's node is "". It counts as stalled once it has lasted ``STALL_AFTER`` since the event
+    was first seen: a quota or a ServiceAccount may appear a moment later at install time, Pod
+    Security or a policy need a change. The message names the DaemonSet and quotes the cluster.
+    """
+    if warning is None or warning.reason != FAILED_CREATE or warning.daemonset != daemonset:
+        return None
+    if uid and warning.uid and uid != warning.uid:
+        return None
+    desired = int(rollout.get("desiredNumberScheduled") or 0)
+    created = min(
+        int(rollout.get("updatedNumberScheduled") or 0), int(rollout.get("currentNumberScheduled") or 0)
+    )
+    if created >= desired:
+        return None
+    since = parse_rfc3339(warning.since) or now
+    stalled = now - since >= STALL_AFTER
+    message = f"DaemonSet {daemonset} cannot create its agent pods: {warning.message}"
+    return Trouble("", FAILED_CREATE, message, stalled, None if stalled else since + STALL_AFTER)

@@ -11,7 +11,8 @@ says when the API server dropped ``extendedResourceName`` (docs/facts.md#dra-dro
 
 What the agents tell reaches the controller through four informers in the operator's own
 namespace (the chart's namespaced Role allows them; no polling): the agent DaemonSets (rollout),
-the agent pods and the namespace's Warning events (why a pod does not work: agentpods.py), and
+the agent pods and the namespace's Warning events (why a pod does not work, or why the API
+server refuses to create it: agentpods.py), and
 the agents' DeviceReports (each device's health and holders: devicereports.py). Reports of nodes
 a profile no longer selects, and of deleted profiles, are deleted here.
 """
@@ -31,6 +32,7 @@ from patchbay_operator.constants import (
     API_VERSION,
     DEVICE_CLASS_API_VERSION,
     LABEL_NAME,
+    RETRY_CREATE_ANNOTATION,
     SHARED_KEY,
     Mode,
 )
@@ -89,7 +91,7 @@ class Agents:
 
         self.daemonsets: Store[AgentDaemonSet] = Store(lambda d: d.profile, by_profile)
         self.pods: Store[AgentPod] = Store(lambda p: p.name, by_profile)
-        self.warnings: Store[Warning] = Store(lambda w: w.pod, self._warned)
+        self.warnings: Store[Warning] = Store(lambda w: w.key, self._warned)
         self.reports: Store[Report] = Store(lambda r: r.name, by_profile)
         # Reports with a DELETE in flight: status computations meanwhile must not send another.
         self._pruning: set[str] = set()
@@ -97,11 +99,37 @@ class Agents:
         self.device_classes: dict[str, StoredDeviceClass] = {}
 
     def _warned(self, old: Warning | None, new: Warning | None) -> None:
-        """A Warning about one of our pods changes that pod's profile's status."""
+        """A Warning about one of our pods, or a FailedCreate about one of our DaemonSets,
+        changes that pod's or DaemonSet's profile's status."""
         warning = new or old
-        pod = self.pods.items.get(warning.pod) if warning is not None else None
+        if warning is None:
+            return
+        if warning.daemonset:
+            for ds in self.daemonsets.items.values():
+                if ds.name == warning.daemonset:
+                    self._changed(ds.profile)
+            return
+        pod = self.pods.items.get(warning.pod)
         if pod is not None:
             self._changed(pod.profile)
+
+    def create_warning(self, daemonset: AgentDaemonSet | None) -> Warning | None:
+        """The latest FailedCreate event about ``daemonset`` (agentpods.refusal decides whether
+        it still holds)."""
+        return None if daemonset is None else self.warnings.items.get(f"DaemonSet/{daemonset.name}")
+
+    async def retry_create(self, daemonset: str, now: str) -> None:
+        """Make the DaemonSet controller try to create ``daemonset``'s pods again now: any update
+        of the DaemonSet enqueues it at once, where after refused creates it would wait out its
+        own rate limiter (exponential, up to minutes). The annotation changes nothing else; a
+        failure is only logged (the next status computation asks again)."""
+        ref = Ref(collection("apps/v1", "DaemonSet", self._settings.namespace), daemonset)
+        try:
+            await self._call(self._kube.annotate, ref, {RETRY_CREATE_ANNOTATION: now})
+        except (KubeError, OSError) as e:
+            log.warning("Asking DaemonSet %s to create its pods again failed: %s", daemonset, e)
+        else:
+            log.debug("Asked DaemonSet %s to create its refused pods again", daemonset)
 
     async def apply(self, profile: Profile, exclude: Selector | None = None) -> None:
         """Apply the profile's agent objects (`exclude`: see `render.agent_objects`); a

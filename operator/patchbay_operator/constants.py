@@ -62,6 +62,17 @@ it again (a control plane upgraded since then keeps it)."""
 ORPHAN_GRACE_SECONDS = 5.0
 """How long a DeviceReport of an unknown profile may stay before the operator deletes it."""
 
+RETRY_CREATE_ANNOTATION = "patchbay.dev/retry-create"
+"""Set (to the time) on an agent DaemonSet whose pods the API server refuses: any change to the
+DaemonSet makes its controller sync it at once, instead of after its own backoff for failed
+creates, which grows to minutes (docs/security.md#pod-security)."""
+
+RETRY_CREATE_SECONDS = 5.0
+"""How often the operator nudges a refused DaemonSet (RETRY_CREATE_ANNOTATION): the operator
+cannot watch what lifts a refusal (namespace labels, quotas, ServiceAccounts, admission
+policies: other RBAC than it has), so it asks the controller to try again. One PATCH and one
+refused create per period per refused DaemonSet; recovery follows within this period."""
+
 MAX_PROBLEMS = 10
 """Status lists at most this many problem nodes; `problemCount` has the full count."""
 

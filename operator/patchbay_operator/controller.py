@@ -29,7 +29,13 @@ from typing import Any, TypeVar
 from patchbay_operator import agents, evaluation, informer, nodes, render
 from patchbay_operator.agents import Agents
 from patchbay_operator.config import Settings
-from patchbay_operator.constants import DEVICE_CLASS_RECHECK_SECONDS, ORPHAN_GRACE_SECONDS, SHARED_KEY, Mode
+from patchbay_operator.constants import (
+    DEVICE_CLASS_RECHECK_SECONDS,
+    ORPHAN_GRACE_SECONDS,
+    RETRY_CREATE_SECONDS,
+    SHARED_KEY,
+    Mode,
+)
 from patchbay_operator.events import EventRecorder
 from patchbay_operator.informer import Informer, Source
 from patchbay_operator.kube import KubeAPI, KubeError
@@ -64,6 +70,9 @@ class Controller:
         self._rechecks: dict[str, asyncio.TimerHandle] = {}
         self._class_checks: dict[str, asyncio.TimerHandle] = {}
         self._orphan_checks: dict[str, asyncio.TimerHandle] = {}  # by profile name
+        #: seconds between nudges of an agent DaemonSet whose pods the API server refuses
+        self.retry_create_every = RETRY_CREATE_SECONDS
+        self._retries: dict[str, asyncio.TimerHandle] = {}  # by DaemonSet name
         self.gate: Gate | None = None
         if peer is not None:
             read = lambda: self.call(kube.get_cluster_peering, peer.name)  # noqa: E731
@@ -136,10 +145,11 @@ class Controller:
         self._tasks.append(asyncio.create_task(coro))
 
     async def stop(self) -> None:
-        for timer in [*self._class_checks.values(), *self._orphan_checks.values()]:
+        for timer in [*self._class_checks.values(), *self._orphan_checks.values(), *self._retries.values()]:
             timer.cancel()
         self._class_checks.clear()
         self._orphan_checks.clear()
+        self._retries.clear()
         loop = asyncio.get_running_loop()
         for watcher in self._informers:
             await loop.run_in_executor(None, watcher.stop)
@@ -345,6 +355,8 @@ class Controller:
         self._recheck(name, result.recheck_at)
         if result.keep_reports is not None:
             self._spawn(self.agents.prune_reports(name, keep=result.keep_reports))
+        if result.retry_create is not None:
+            self._retry_create_later(result.retry_create, name)
         return result.status
 
     def _inputs(self, profile: Profile) -> evaluation.Inputs:
@@ -369,6 +381,7 @@ class Controller:
             daemonset=self.agents.daemonsets.items.get(key),
             troubles=self.agents.troubles(key, datetime.now(UTC)),
             reports=self.agents.profile_reports(name),
+            create_warning=self.agents.create_warning(self.agents.daemonsets.items.get(key)),
             device_class=self.agents.device_classes.get(name),
             shared_pods=self.agents.shared_pods() if shared else None,
             shared_node_selector=self.settings.node_agent_node_selector,
@@ -384,6 +397,26 @@ class Controller:
             delay = max(0.0, (when - datetime.now(UTC)).total_seconds()) + 0.5
             loop = asyncio.get_running_loop()
             self._rechecks[name] = loop.call_later(delay, self.status.mark, [name])
+
+    def _retry_create_later(self, daemonset: str, name: str) -> None:
+        """While the API server refuses ``daemonset``'s pods, nudge it every
+        ``retry_create_every`` seconds (``Agents.retry_create``), then compute ``name``'s status
+        again, which asks for the next nudge only if the refusal still holds. The cause (a
+        namespace label, a quota, a policy) is nothing the operator watches, so this is how a
+        fix shows within seconds instead of after the DaemonSet controller's backoff. One timer
+        per DaemonSet: the profiles sharing the node agent ask for the same one."""
+        if daemonset in self._retries:
+            return
+        loop = asyncio.get_running_loop()
+        self._retries[daemonset] = loop.call_later(
+            self.retry_create_every, lambda: self._spawn(self._retry_create(daemonset, name))
+        )
+
+    async def _retry_create(self, daemonset: str, name: str) -> None:
+        self._retries.pop(daemonset, None)
+        if self.gate is None or self.gate.active:
+            await self.agents.retry_create(daemonset, rfc3339_now())
+        self.status.mark([name])
 
     async def _write_status(self, name: str, new: dict[str, Any]) -> None:
         await self.call(self.kube.patch_profile_status, name, new)

@@ -2,8 +2,9 @@
 
 `evaluate(inputs)` is pure: the status dict (None for a profile being deleted), the problems its
 Events are posted from, when to look again (a pod's trouble that turns stalled later, with no
-other event to say so), and the nodes whose DeviceReports should be pruned (reports of nodes the
-profile no longer selects). The controller gathers the inputs from its caches and performs those
+other event to say so), the nodes whose DeviceReports should be pruned (reports of nodes the
+profile no longer selects), and the agent DaemonSet to nudge while the API server refuses its
+pods (agentpods.refusal). The controller gathers the inputs from its caches and performs those
 effects (`Controller.compute_status`); here nothing reads a clock, writes a field or starts a
 request, so every mode is tested by value.
 """
@@ -16,12 +17,13 @@ from datetime import datetime
 from typing import Any
 
 from patchbay_operator import capacity, status
-from patchbay_operator.agentpods import AgentPod, Trouble
+from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.constants import Mode, Reason
 from patchbay_operator.devicereports import Report
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status import AgentDaemonSet, Problem, StoredDeviceClass
+from patchbay_operator.timestamps import parse_rfc3339
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Inputs:
     daemonset: AgentDaemonSet | None = None
     troubles: Sequence[Trouble] = ()
     reports: Sequence[Report] = ()
+    #: the latest FailedCreate event about that DaemonSet (the API server refused one of its pods)
+    create_warning: Warning | None = None
     #: DRA mode: the profile's DeviceClass as the API server stored it
     device_class: StoredDeviceClass | None = None
     #: the shared node agent's pods when the profile is served by it (None: its own DaemonSet);
@@ -64,6 +68,8 @@ class Evaluation:
     recheck_at: datetime | None = None
     #: prune the profile's DeviceReports of every node but these (None: nothing to prune)
     keep_reports: frozenset[str] | None = None
+    #: the agent DaemonSet whose pods the API server refuses: nudge it to try again soon (None: none)
+    retry_create: str | None = None
 
 
 def evaluate(inputs: Inputs) -> Evaluation:
@@ -81,16 +87,25 @@ def evaluate(inputs: Inputs) -> Evaluation:
         problems = status.static_problems(seen)
         new = status.static_status(profile, seen, previous, now, problems=problems)
         return Evaluation(_no_dra(new, previous), problems)
-    troubles = inputs.troubles
+    troubles = list(inputs.troubles)
+    ds = inputs.daemonset
+    refused = None
+    if ds is not None:
+        when = parse_rfc3339(now)
+        if when is not None:
+            refused = refusal(ds.name, ds.uid, ds.status, inputs.create_warning, when)
+    if refused is not None:
+        troubles.append(refused)
+    retry = ds.name if refused is not None and ds is not None else None
     rechecks = [t.recheck_at for t in troubles if t.recheck_at is not None]
     recheck_at = min(rechecks) if rechecks else None
     matching = [n for n in nodes if profile.selector.matches(n.labels)]
     selected = frozenset(n.name for n in matching)
     reports = inputs.reports
     keep = selected if any(r.node not in selected for r in reports) else None
-    ds = inputs.daemonset
     if inputs.shared_pods is not None:
-        troubles = [t for t in troubles if t.node in selected]
+        # A refusal (node "") is the shared DaemonSet's: every profile it serves is held up.
+        troubles = [t for t in troubles if t.node in selected or not t.node]
         troubles += excluded_by_node_agent(matching, inputs.shared_node_selector)
         ds = shared_view(profile.name, ds, [p for p in inputs.shared_pods if p.node in selected])
     if profile.mode is Mode.DRA:
@@ -113,12 +128,12 @@ def evaluate(inputs: Inputs) -> Evaluation:
             device_class=inputs.device_class,
             problems=problems,
         )
-        return Evaluation(new, problems, recheck_at, keep)
+        return Evaluation(new, problems, recheck_at, keep, retry)
     problems = status.plugin_problems(profile, matching, troubles, reports)
     new = status.plugin_status(
         profile, ds, nodes, previous, now, troubles=troubles, reports=reports, problems=problems
     )
-    return Evaluation(_no_dra(new, previous), problems, recheck_at, keep)
+    return Evaluation(_no_dra(new, previous), problems, recheck_at, keep, retry)
 
 
 def excluded_by_node_agent(nodes: Sequence[NodeState], selector: Sequence[tuple[str, str]]) -> list[Trouble]:
@@ -170,4 +185,6 @@ def shared_view(profile: str, ds: AgentDaemonSet | None, pods: Sequence[AgentPod
             "updatedNumberScheduled": min(desired, int(st.get("updatedNumberScheduled") or 0)),
             "observedGeneration": st.get("observedGeneration") or 0,
         },
+        ds.name,
+        ds.uid,
     )

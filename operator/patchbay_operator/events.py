@@ -38,8 +38,12 @@ class Transition:
     message: str
 
 
-def _where(p: Problem) -> str:
-    return f"node {p.node}" + (f", device {p.device}" if p.device else "")
+def _where(p: Problem, text: str) -> str:
+    """``text`` said of where the problem is; a problem of no node (pods the API server refused
+    to create, agentpods.refusal) names its DaemonSet in its own message."""
+    if not p.node:
+        return f"agent DaemonSet: {text}"
+    return f"node {p.node}" + (f", device {p.device}" if p.device else "") + f": {text}"
 
 
 def transitions(before: Mapping[tuple[str, str, str], Problem], after: Iterable[Problem]) -> list[Transition]:
@@ -50,12 +54,12 @@ def transitions(before: Mapping[tuple[str, str, str], Problem], after: Iterable[
     before = {k: p for k, p in before.items() if not p.transient}
     now = {p.key: p for p in after if not p.transient}
     out = [
-        Transition("Warning", p.reason, f"{_where(p)}: {p.message}")
+        Transition("Warning", p.reason, p.message if not p.node else _where(p, p.message))
         for k, p in sorted(now.items())
         if k not in before
     ]
     out += [
-        Transition("Normal", "Recovered", f"{_where(p)}: {p.reason} resolved")
+        Transition("Normal", "Recovered", _where(p, f"{p.reason} resolved"))
         for k, p in sorted(before.items())
         if k not in now
     ]

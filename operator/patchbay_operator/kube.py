@@ -216,6 +216,7 @@ class KubeAPI(Protocol):
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]: ...
     def get(self, ref: Ref) -> dict[str, Any] | None: ...
     def delete(self, ref: Ref, uid: str = "") -> bool: ...
+    def annotate(self, ref: Ref, annotations: dict[str, str]) -> bool: ...
     def get_cluster_peering(self, name: str) -> dict[str, Any] | None: ...
 
 
@@ -415,6 +416,14 @@ class Kube:
         if uid:
             body["preconditions"] = {"uid": uid}
         res = self.request("DELETE", ref.path, body, ok=(404,))
+        return res is not None
+
+    def annotate(self, ref: Ref, annotations: dict[str, str]) -> bool:
+        """Set annotations on an object by a merge patch (no read, no spec or status touched);
+        False when it is gone. Used to make a controller look at its object again."""
+        body = {"metadata": {"annotations": annotations}}
+        query = {"fieldManager": FIELD_MANAGER}
+        res = self.request("PATCH", ref.path, body, content_type=MERGE_PATCH, query=query, ok=(404,))
         return res is not None
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:

@@ -47,6 +47,9 @@ class AgentDaemonSet:
     profile: str
     generation: int
     status: Mapping[str, Any] = field(default_factory=dict)
+    #: its name and uid: which FailedCreate events are about it (agentpods.refusal)
+    name: str = ""
+    uid: str = ""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> AgentDaemonSet:
@@ -55,6 +58,8 @@ class AgentDaemonSet:
             profile=profile_key(meta.get("labels") or {}),
             generation=int(meta.get("generation") or 0),
             status=dict(obj.get("status") or {}),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
         )
 
 
@@ -194,7 +199,11 @@ def _waiting(nodes: Sequence[str], resource: str) -> str:
 
 
 def _first(problems: Sequence[Problem]) -> str:
+    """The first problem, for a condition's message; one of no node (pods the API server refused
+    to create, agentpods.refusal) sorts first and its message names the DaemonSet instead."""
     p = min(problems)
+    if not p.node:
+        return f"first: {p.reason}: {p.message}"
     where = f"node {p.node}" + (f", device {p.device}" if p.device else "")
     return f"first on {where}: {p.reason}: {p.message}"
 

@@ -142,6 +142,14 @@ class FakeKube:
             raise KubeError(409, "DELETE", ref.path, "Precondition failed: UID in precondition")
         return self.objects.pop(ref.path, None) is not None
 
+    def annotate(self, ref: Ref, annotations: dict[str, str]) -> bool:
+        self._call("annotate")
+        obj = self.objects.get(ref.path)
+        if obj is None:
+            return False
+        obj["metadata"]["annotations"] = {**(obj["metadata"].get("annotations") or {}), **annotations}
+        return True
+
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         self._call("create_event")
         self.events.append(copy.deepcopy(body))
