@@ -179,6 +179,12 @@ def cmd_why(k: Kube, args: argparse.Namespace) -> str:
     if views.mode_of(profile) != STATIC:
         sel = f"{views.AGENT_SELECTOR},{views.LABEL_PROFILE}={args.profile}"
         pods = k.list(kube.pods_path(ns), label_selector=sel)
+        if not pods and not (profile.get("spec") or {}).get("agent"):
+            # Served by the shared node agent: its pods on the nodes this profile reports from.
+            reports = k.list(kube.reports_path(ns), label_selector=f"{views.LABEL_PROFILE}={args.profile}")
+            nodes = {str(r.get("nodeName", "")) for r in reports}
+            shared = k.list(kube.pods_path(ns), label_selector=views.SHARED_AGENT_SELECTOR)
+            pods = [p for p in shared if (p.get("spec") or {}).get("nodeName") in nodes]
     events = k.list(
         kube.events_path(EVENT_NAMESPACE),
         field_selector=f"involvedObject.kind=DevicePluginProfile,involvedObject.name={args.profile}",

@@ -28,6 +28,8 @@ Obj = dict[str, Any]
 
 LABEL_PROFILE = "patchbay.dev/profile"
 AGENT_SELECTOR = "app.kubernetes.io/name=patchbay-agent"
+#: The shared node agent's pods (profiles without an agent section of their own).
+SHARED_AGENT_SELECTOR = f"{AGENT_SELECTOR},patchbay.dev/agent=shared"
 DRA_DRIVER_SUFFIX = ".patchbay.dev"
 TAINT_UNHEALTHY = "patchbay.dev/unhealthy"
 ATTR_ID = "patchbay.dev/id"

@@ -51,9 +51,13 @@ class FakeHardware:
         numa_node: int = -1,
         iommu_group: int | None = None,
         vfio_node: bool = True,
+        pcie_root: str = "pci0000:00",
+        bridge: str | None = None,
     ) -> None:
-        """A fake PCI function; with an IOMMU group, also its /dev/vfio/<group> file."""
-        base = self.path(f"/sys/devices/pci0000:00/{address}")
+        """A fake PCI function under `pcie_root` (behind a `bridge` function when given, as a
+        GPU behind a PCIe switch is); with an IOMMU group, also its /dev/vfio/<group> file."""
+        under = f"{pcie_root}/{bridge}" if bridge else pcie_root
+        base = self.path(f"/sys/devices/{under}/{address}")
         base.mkdir(parents=True, exist_ok=True)
         (base / "vendor").write_text(f"0x{vendor}\n")
         (base / "device").write_text(f"0x{device}\n")
@@ -81,9 +85,12 @@ class FakeHardware:
         devnum: int,
         serial: str | None = None,
         with_interface: bool = True,
+        pcie_root: str = "pci0000:00",
     ) -> str:
-        """A fake USB device (and one interface, which discovery must ignore); returns /dev path."""
-        base = self.path(f"/sys/devices/pci0000:00/0000:00:14.0/usb{bus}/{name}")
+        """A fake USB device behind a PCI USB controller under `pcie_root` (and one interface,
+        which discovery must ignore); returns /dev path."""
+        controller = f"{pcie_root[3:]}:14.0"
+        base = self.path(f"/sys/devices/{pcie_root}/{controller}/usb{bus}/{name}")
         base.mkdir(parents=True, exist_ok=True)
         (base / "idVendor").write_text(f"{vendor}\n")
         (base / "idProduct").write_text(f"{product}\n")

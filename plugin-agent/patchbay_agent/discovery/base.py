@@ -72,19 +72,34 @@ class HostRoot:
         /dev/serial/by-id/* are absolute or relative symlinks to /dev/ttyUSB*; resolving them
         with the agent's own / would look in the container's /dev instead.
         """
+        return self.path(self.host_target(host_path, max_hops))
+
+    def pcie_root(self, sysfs_device: str) -> str | None:
+        """The PCIe root complex a sysfs device hangs under, `pci<domain>:<bus>`, the first
+        directory of its real path below /sys/devices (/sys/bus/*/devices/* link there); None
+        for a device not under a PCI root (platform, virtual). The standard DRA attribute
+        `resource.kubernetes.io/pcieRoot` (docs/dra.md#resourceslices)."""
+        target = self.host_target(sysfs_device)
+        parts = target.split("/")
+        if len(parts) > 3 and parts[:3] == ["", "sys", "devices"] and _PCIE_ROOT.fullmatch(parts[3]):
+            return parts[3]
+        return None
+
+    def host_target(self, host_path: str, max_hops: int = 16) -> str:
+        """The host path `host_path` names once its symlinks are followed as the host would."""
         current = host_path
         for _ in range(max_hops):
             p = self.path(current)
             try:
                 target = os.readlink(p)
             except OSError:
-                return p
+                return current
             current = (
                 target
                 if target.startswith("/")
                 else os.path.normpath(os.path.join(os.path.dirname(current), target))
             )
-        return self.path(current)
+        return current
 
     def read(self, host_path: str) -> str | None:
         """A small sysfs attribute, stripped; None when it is missing or unreadable."""
@@ -95,6 +110,7 @@ class HostRoot:
 
 
 _ID_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
 
 
 def make_device_id(raw: str, max_len: int = MAX_DEVICE_ID_LENGTH) -> str:

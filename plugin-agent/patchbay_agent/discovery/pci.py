@@ -54,6 +54,8 @@ class PciBackend:
     def _attributes(self, base: str) -> tuple[tuple[str, str], ...]:
         """Vendor, device and class as lspci shows them, and the address (DRA attributes)."""
         out = [("pciAddress", os.path.basename(base))]
+        if root := self._root.pcie_root(base):
+            out.append(("pcieRoot", root))
         for name, attr in (("pciVendor", "vendor"), ("pciDevice", "device"), ("pciClass", "class")):
             value = _hex(self._root.read(f"{base}/{attr}"))
             if value:

@@ -45,6 +45,8 @@ class UsbBackend:
                 continue  # half-enumerated: the next scan will see it whole
             node = f"/dev/bus/usb/{bus:03d}/{dev:03d}"
             attributes = [("usbVendor", vendor.lower())]
+            if root := self._root.pcie_root(base):
+                attributes.append(("pcieRoot", root))  # the USB controller's
             for attr, key in (("idProduct", "usbProduct"), ("serial", "usbSerial")):
                 value = self._root.read(f"{base}/{attr}")
                 if value:

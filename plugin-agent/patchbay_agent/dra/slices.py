@@ -55,6 +55,16 @@ MAX_LABEL_VALUE_LENGTH = 63
 #: The attribute domain of what discovery knows, and the standard NUMA attribute.
 ATTRIBUTE_DOMAIN = "patchbay.dev"
 NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+#: Discovery's attributes that have a standard name the scheduler and other drivers match on
+#: (k8s.io/dynamic-resource-allocation deviceattribute, docs/dra.md#resourceslices): published
+#: under it, besides `patchbay.dev/<attribute>`, when the value has the standard's form.
+STANDARD_ATTRIBUTES = {
+    "pciAddress": (
+        "resource.kubernetes.io/pciBusID",
+        re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"),
+    ),
+    "pcieRoot": ("resource.kubernetes.io/pcieRoot", re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")),
+}
 TAINT_KEY = "patchbay.dev/unhealthy"
 #: A device a running pod still holds through the DEVICE PLUGIN of the same resource (a node being
 #: migrated to DRA): DRA must not hand it out a second time (docs/dra.md#migration).
@@ -191,6 +201,9 @@ def slice_devices(snap: Snapshot, plugin_held: Collection[str] = ()) -> list[Sli
         for key, value in dev.attributes:
             if _C_IDENTIFIER.fullmatch(key) and key not in ("id", "path"):
                 attributes[f"{ATTRIBUTE_DOMAIN}/{key}"] = _string_attribute(value)
+            standard = STANDARD_ATTRIBUTES.get(key)
+            if standard is not None and standard[1].fullmatch(value):
+                attributes[standard[0]] = _string_attribute(value)
         if dev.numa_nodes:
             attributes[NUMA_ATTRIBUTE] = {"int": dev.numa_nodes[0]}
         reason: str | None = None

@@ -77,7 +77,9 @@ def test_pci_filters_numa_and_vfio(hw: FakeHardware) -> None:
     hw.add_pci(
         "0000:af:00.0", vendor="10de", device="2330", device_class="0x030000", numa_node=-1, iommu_group=18
     )
-    hw.add_pci("0000:5e:00.0", vendor="10de", device="1eb8", numa_node=0, iommu_group=19)
+    hw.add_pci(
+        "0000:5e:00.0", vendor="10de", device="1eb8", numa_node=0, iommu_group=19, pcie_root="pci0000:5d"
+    )
     hw.add_pci("0000:00:1f.6", vendor="8086", device="15bb")
     root = HostRoot(hw.root)
 
@@ -90,6 +92,8 @@ def test_pci_filters_numa_and_vfio(hw: FakeHardware) -> None:
 
     by_class = make_backend(PciDiscovery(vendor="10de", device_class="0x0302"), root).scan()
     assert [d.id for d in by_class] == ["0000:3b:00.0", "0000:5e:00.0"]
+    # The root complex each hangs under (its real sysfs path), for resource.kubernetes.io/pcieRoot.
+    assert [dict(d.attributes)["pcieRoot"] for d in by_class] == ["pci0000:00", "pci0000:5d"]
 
     vfio = make_backend(PciDiscovery(vendor="10de", device="2330", vfio=True), root)
     (first, second) = vfio.scan()
@@ -97,6 +101,16 @@ def test_pci_filters_numa_and_vfio(hw: FakeHardware) -> None:
     assert first.check_paths == ("/sys/bus/pci/devices/0000:3b:00.0", "/dev/vfio/17")
     assert second.dev_paths == ("/dev/vfio/vfio", "/dev/vfio/18")
     assert vfio.watch_dirs() == [hw.path("/dev/vfio")]
+
+
+def test_pcie_root_behind_a_bridge_and_none_outside_pci(hw: FakeHardware) -> None:
+    hw.add_pci("0000:3c:00.0", vendor="10de", device="2330", pcie_root="pci0000:3a", bridge="0000:3a:00.0")
+    root = HostRoot(hw.root)
+    (gpu,) = make_backend(PciDiscovery(vendor="10de"), root).scan()
+    assert dict(gpu.attributes)["pcieRoot"] == "pci0000:3a"
+    hw.add_symlink("/sys/bus/platform/devices/serial8250", "../../../devices/platform/serial8250")
+    assert root.pcie_root("/sys/bus/platform/devices/serial8250") is None
+    assert root.pcie_root("/sys/bus/pci/devices/nope") is None
 
 
 def test_pci_vfio_without_iommu_group_is_skipped(hw: FakeHardware) -> None:
@@ -113,6 +127,8 @@ def test_usb_by_vendor_product_serial(hw: FakeHardware) -> None:
 
     by_vendor = make_backend(UsbDiscovery(vendor="1234"), root).scan()
     assert [d.id for d in by_vendor] == ["usb-1-1.2", "usb-1-1.3", "usb-2-1"]
+    # The USB controller's root complex.
+    assert {dict(d.attributes)["pcieRoot"] for d in by_vendor} == {"pci0000:00"}
     by_product = make_backend(UsbDiscovery(vendor="1234", product="5678"), root).scan()
     assert [d.dev_paths for d in by_product] == [("/dev/bus/usb/001/007",), ("/dev/bus/usb/001/009",)]
     (only,) = make_backend(UsbDiscovery(vendor="1234", product="5678", serial="A1B2"), root).scan()

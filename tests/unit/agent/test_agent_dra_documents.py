@@ -167,7 +167,12 @@ def test_slice_devices_carry_attributes_numa_and_health() -> None:
         "0000:3b:00.0",
         ("/dev/vfio/vfio", "/dev/vfio/12"),
         numa_nodes=(1,),
-        attributes=(("pciVendor", "10de"), ("pciAddress", "0000:3b:00.0"), ("bad-key", "x")),
+        attributes=(
+            ("pciVendor", "10de"),
+            ("pciAddress", "0000:3b:00.0"),
+            ("pcieRoot", "pci0000:3a"),
+            ("bad-key", "x"),
+        ),
     )
     tty = PhysicalDevice("ttyUSB0", ("/dev/ttyUSB0",))
     from patchbay_agent.core.health import CheckResult
@@ -184,11 +189,21 @@ def test_slice_devices_carry_attributes_numa_and_health() -> None:
         "patchbay.dev/path": {"string": "/dev/vfio/vfio"},
         "patchbay.dev/pciVendor": {"string": "10de"},
         "patchbay.dev/pciAddress": {"string": "0000:3b:00.0"},
+        "patchbay.dev/pcieRoot": {"string": "pci0000:3a"},
+        # The standard names the scheduler and other drivers match on.
+        "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:3a"},
         "resource.kubernetes.io/numaNode": {"int": 1},
     }
     assert by_id[pci.id].unhealthy is None
     assert by_id[tty.id].unhealthy == "Vanished"
     assert device_names(inv.current) == {device_name(pci.id): pci.id, device_name(tty.id): tty.id}
+    # A value not in the standard's form gets no standard attribute.
+    odd = PhysicalDevice("odd", attributes=(("pciAddress", "3b:00.0"), ("pcieRoot", "root0")))
+    other = Inventory(1, "rw")
+    other.update([odd], tracker)
+    (only,) = slice_devices(other.current)
+    assert not [k for k in only.attributes if k.startswith("resource.kubernetes.io/")]
 
 
 def test_devices_held_through_the_device_plugin_are_tainted_and_cut_the_pool_to_64() -> None:
