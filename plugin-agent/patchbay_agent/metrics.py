@@ -36,6 +36,8 @@ _RESERVED_LABELS = frozenset({"le", "quantile"})
 # Allocate sits on pod admission; buckets resolve the sub-millisecond range it should live in.
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 _ROUND_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0)
+# DRA prepare reads each claim from the API server (milliseconds) and writes a CDI spec.
+_DRA_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
 def _fmt(value: float) -> str:
@@ -391,6 +393,18 @@ class Metrics:
             "DRA mode: claims a NodePrepareResources or NodeUnprepareResources call answered with an "
             "error, by method.",
             ["method"],
+        )
+        self.dra_prepare_seconds = Histogram(
+            r,
+            "patchbay_agent_dra_prepare_seconds",
+            "DRA mode: NodePrepareResources handling time per call (all its claims, read in parallel).",
+            _DRA_BUCKETS,
+        )
+        self.dra_unprepare_seconds = Histogram(
+            r,
+            "patchbay_agent_dra_unprepare_seconds",
+            "DRA mode: NodeUnprepareResources handling time per call.",
+            _DRA_BUCKETS,
         )
         self.report_unchanged = Counter(
             r,

@@ -199,6 +199,10 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
             )
             assert {uid: r.error for uid, r in un.claims.items()} == {"uid-1": "", "uid-9": ""}
             assert not spec_path.exists()
+            # Each call timed once, whatever its claims (v1 twice, v1beta1 once; one unprepare).
+            prepared = agent.metrics.dra_prepare_seconds
+            assert sum(prepared.counts) == 3 and prepared.sum > 0
+            assert sum(agent.metrics.dra_unprepare_seconds.counts) == 1
 
             # A device that turns unhealthy cannot be prepared.
             api.claims["ns", "c5"] = _claim("uid-5", [tty2])

@@ -52,6 +52,8 @@ FAMILIES = {
     "patchbay_agent_resource_slice_writes": "counter",
     "patchbay_agent_dra_claim_errors": "counter",
     "patchbay_agent_report_unchanged": "counter",
+    "patchbay_agent_dra_prepare_seconds": "histogram",
+    "patchbay_agent_dra_unprepare_seconds": "histogram",
     # the HTTP endpoint's own, once per process (httpserver.HttpEndpoint)
     "patchbay_agent_http_connections_open": "gauge",
     "patchbay_agent_http_connections_evicted": "counter",

@@ -331,11 +331,15 @@ class _DraCalls:
         if failed:
             self._metrics.claim_errors.labels("NodePrepareResources").inc(len(failed))
         self._metrics.rpcs.labels("NodePrepareResources", "OK").inc()
-        log.debug("NodePrepareResources took %.3fs", time.perf_counter() - started)
+        took = time.perf_counter() - started
+        self._metrics.dra_prepare_seconds.observe(took)
+        log.debug("NodePrepareResources took %.3fs", took)
         return _prepare_response(self._pb2, results)
 
     async def unprepare(self, request: Any) -> Any:
+        started = time.perf_counter()
         errors = await self._preparer.unprepare(_refs(request.claims))
+        self._metrics.dra_unprepare_seconds.observe(time.perf_counter() - started)
         if any(errors.values()):
             self._metrics.claim_errors.labels("NodeUnprepareResources").inc(
                 sum(1 for e in errors.values() if e)
