@@ -108,6 +108,7 @@ class Reason(StrEnum):
     UP_TO_DATE = "UpToDate"
     AS_EXPECTED = "AsExpected"
     RESOURCE_NAME_CONFLICT = "ResourceNameConflict"
+    CDI_KIND_CONFLICT = "CDIKindConflict"
     NOT_ADVERTISED = "NotAdvertised"
     VALUE_MISMATCH = "ValueMismatch"
     INVALID_CAPACITY_LABEL = "InvalidCapacityLabel"

@@ -325,7 +325,22 @@ class Controller:
             log.info("DevicePluginProfile %s now provides %s", promoted.name, promoted.resource)
             if promoted.mode.runs_agents:
                 await self._apply_agents(promoted)
+        await self._promote_cdi_kind(profile)
         await self._reapply_dra_twin(profile)
+
+    async def _promote_cdi_kind(self, gone: Profile) -> None:
+        """The profiles that waited for ``gone``'s CDI kind: the next in line is applied now."""
+        if gone.cdi_kind is None:
+            return
+        waiting = sorted(
+            (p for p in self.registry if p.cdi_kind == gone.cdi_kind and not p.deleting),
+            key=lambda p: p.sort_key,
+        )
+        self.status.mark(p.name for p in waiting)
+        for p in waiting:
+            if self.registry.conflict(p) is None and p.mode.runs_agents:
+                log.info("DevicePluginProfile %s now has CDI kind %s", p.name, p.cdi_kind)
+                await self._apply_agents(p)
 
     async def refresh_profiles(self) -> None:
         """The registry becomes the profiles as they are now (with their status): at start, and
@@ -368,6 +383,9 @@ class Controller:
             rfc3339_now(),
             list(self.nodes.states.values()),
             winner=w.name if (w := self.registry.conflict(profile)) is not None else None,
+            conflict_on=(
+                f"CDI kind {profile.cdi_kind}" if w is not None and w.resource != profile.resource else ""
+            ),
         )
         if base.winner is not None:
             return base

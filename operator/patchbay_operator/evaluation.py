@@ -39,6 +39,8 @@ class Inputs:
     nodes: Sequence[NodeState]
     #: the profile that holds the resource name when this one lost the conflict; None: no conflict
     winner: str | None = None
+    #: what the winner holds, when not the resource name ("CDI kind <kind>")
+    conflict_on: str = ""
     #: the profile that serves the same resource the other way (node capacity vs DRA)
     twin: Profile | None = None
     #: static mode: the last patch failure per node
@@ -78,7 +80,8 @@ def evaluate(inputs: Inputs) -> Evaluation:
     if profile.deleting:
         return Evaluation(None)
     if inputs.winner is not None:
-        return Evaluation(_no_dra(status.conflict_status(profile, inputs.winner, previous, now), previous))
+        lost = status.conflict_status(profile, inputs.winner, previous, now, inputs.conflict_on)
+        return Evaluation(_no_dra(lost, previous))
     nodes = inputs.nodes
     if profile.mode is Mode.STATIC:
         seen = [

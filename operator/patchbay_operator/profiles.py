@@ -149,6 +149,15 @@ class Profile:
         """Served through DRA (ResourceSlices + a DeviceClass), not through node capacity."""
         return self.mode is Mode.DRA
 
+    @property
+    def cdi_kind(self) -> str | None:
+        """``spec.plugin.allocation.cdi.kind`` (a DevicePlugin profile's CDI names), or None."""
+        plugin: Mapping[str, Any] = self.spec.get("plugin") or {}
+        allocation: Mapping[str, Any] = plugin.get("allocation") or {}
+        cdi: Mapping[str, Any] = allocation.get("cdi") or {}
+        kind = cdi.get("kind")
+        return str(kind) if kind else None
+
 
 def _plain(value: Any) -> Any:
     """A deep copy into plain dicts and lists (kopf hands over read-only views)."""
@@ -211,10 +220,28 @@ class Registry:
         return w is not None and w.name == profile.name
 
     def conflict(self, profile: Profile) -> Profile | None:
-        """The profile that holds ``profile``'s resource name (the same way of serving) instead
-        of it, if any."""
+        """The profile that holds ``profile``'s resource name (the same way of serving) or its
+        CDI kind instead of it, if any: two agents writing one CDI kind's spec would hand out each
+        other's devices under the same CDI names."""
         w = self.winner(profile.resource, dra=profile.dra)
-        return None if w is None or w.name == profile.name else w
+        if w is not None and w.name != profile.name:
+            return w
+        return self.cdi_kind_holder(profile)
+
+    def cdi_kind_holder(self, profile: Profile) -> Profile | None:
+        """The oldest other live profile with ``profile``'s CDI kind, when it is older."""
+        kind = profile.cdi_kind
+        if kind is None:
+            return None
+        older = [
+            p
+            for p in self._by_name.values()
+            if p.name != profile.name
+            and not p.deleting
+            and p.cdi_kind == kind
+            and p.sort_key < profile.sort_key
+        ]
+        return min(older, key=lambda p: p.sort_key) if older else None
 
     def other_way(self, profile: Profile) -> Profile | None:
         """The applied profile that serves ``profile``'s resource name the other way (a DRA

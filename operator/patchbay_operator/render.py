@@ -109,11 +109,7 @@ def kubelet_plugins_dir(kubelet_root_dir: str) -> str:
 def plugin_cdi_kind(profile: Profile) -> str | None:
     """``spec.plugin.allocation.cdi.kind``: the agent then writes a CDI spec, and needs the
     runtime's spec directory mounted; None without it (no mount: least privilege)."""
-    plugin: Mapping[str, Any] = profile.spec.get("plugin") or {}
-    allocation: Mapping[str, Any] = plugin.get("allocation") or {}
-    cdi: Mapping[str, Any] = allocation.get("cdi") or {}
-    kind = cdi.get("kind")
-    return str(kind) if kind else None
+    return profile.cdi_kind
 
 
 AGENT_NAME = "patchbay-agent"

@@ -211,10 +211,13 @@ def _first(problems: Sequence[Problem]) -> str:
 # --- name conflict ---------------------------------------------------------------------------
 
 
-def conflict_status(profile: Profile, winner: str, previous: Mapping[str, Any], now: str) -> dict[str, Any]:
-    """The newer of two profiles for one resource name is not applied and says so."""
-    msg = f"{profile.resource} is already provided by DevicePluginProfile {winner}; not applied"
-    r = Reason.RESOURCE_NAME_CONFLICT
+def conflict_status(
+    profile: Profile, winner: str, previous: Mapping[str, Any], now: str, what: str = ""
+) -> dict[str, Any]:
+    """The newer of two profiles for one resource name (or one CDI kind: `what`) is not applied
+    and says so."""
+    msg = f"{what or profile.resource} is already provided by DevicePluginProfile {winner}; not applied"
+    r = Reason.CDI_KIND_CONFLICT if what else Reason.RESOURCE_NAME_CONFLICT
     conds = _conds((False, r, msg), (False, r, msg), (True, r, msg), (True, r, msg))
     empty = {"capacity": 0, "allocatable": 0}
     return assemble(

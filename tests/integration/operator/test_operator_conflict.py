@@ -87,3 +87,38 @@ def test_device_plugin_conflict_gets_its_agents_when_promoted(cluster: Cluster, 
 def _ds_exists(cluster: Cluster, profile: str) -> bool:
     names = {d.metadata.name for d in cluster.apps.list_namespaced_daemon_set(NAMESPACE).items}
     return f"patchbay-{profile}" in names
+
+
+def test_two_profiles_with_one_cdi_kind_the_newer_is_not_applied(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """Two DevicePlugin profiles, two resource names, ONE CDI kind: both agents would write the
+    kind's spec and hand out each other's devices under the same CDI names. The older is applied;
+    the newer is Stalled with CDIKindConflict, no agent of its own, until the older goes."""
+    cluster.add_nodes(1)
+    first, second = f"{cluster.prefix}cdi-a", f"{cluster.prefix}cdi-b"
+    kind = f"example.com/{cluster.prefix}cdi"
+
+    def spec(resource: str) -> dict[str, Any]:
+        body = plugin(cluster.tag)
+        body["resourceName"] = resource
+        body["plugin"]["allocation"] = {"cdi": {"kind": kind}}
+        return body
+
+    cluster.create_profile(first, spec("example.com/cdi-a"))
+    time.sleep(1.1)  # creation timestamps have one-second resolution
+    cluster.create_profile(second, spec("example.com/cdi-b"))
+    cond = wait_for(
+        "the CDI kind conflict reported",
+        lambda: (c := ready(cluster, second)) and c["reason"] == "CDIKindConflict" and c,
+    )
+    assert cond["status"] == "False" and f"CDI kind {kind}" in cond["message"] and first in cond["message"]
+    stalled = cluster.condition(second, "Stalled") or {}
+    assert stalled.get("status") == "True", stalled
+    assert (ready(cluster, first) or {}).get("reason") != "CDIKindConflict"
+
+    cluster.delete_profile(first)
+    wait_for(
+        "the newer one applied once the older is gone",
+        lambda: (c := ready(cluster, second)) and c["reason"] != "CDIKindConflict",
+    )
