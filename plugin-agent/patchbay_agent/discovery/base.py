@@ -35,6 +35,9 @@ class PhysicalDevice:
     #: `patchbay.dev/<attribute>` (docs/dra.md#resourceslices); the device plugin API has no place
     #: for them. Not compared: a device is the same device whatever was read about it.
     attributes: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    #: What the device has a measurable amount of, as (name, integer amount), e.g. ("memory",
+    #: 85899345920) for a GPU's bytes; DRA mode publishes it as the device's capacity.
+    capacity: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
 
 class Backend(Protocol):

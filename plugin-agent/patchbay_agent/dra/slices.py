@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from patchbay_agent.core.inventory import Snapshot
@@ -162,6 +162,8 @@ class SliceDevice:
     unhealthy: str | None = None
     #: a pod holds it through the device plugin of the same resource
     plugin_held: bool = False
+    #: capacity name -> integer amount (a GPU's memory in bytes)
+    capacity: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def tainted(self) -> bool:
@@ -172,6 +174,10 @@ class SliceDevice:
             "name": self.name,
             "attributes": {k: dict(v) for k, v in sorted(self.attributes.items())},
         }
+        if self.capacity:
+            doc["capacity"] = {
+                f"{ATTRIBUTE_DOMAIN}/{k}": {"value": str(v)} for k, v in sorted(self.capacity.items())
+            }
         taints = []
         if self.unhealthy is not None:
             taints.append({"key": TAINT_KEY, "value": self.unhealthy, "effect": TAINT_EFFECT})
@@ -210,7 +216,8 @@ def slice_devices(snap: Snapshot, plugin_held: Collection[str] = ()) -> list[Sli
         if pid not in healthy:
             st = snap.status_of(pid)
             reason = label_value(st.reason if st is not None and st.reason else "") or "Unhealthy"
-        out.append(SliceDevice(device_name(pid), pid, attributes, reason, pid in plugin_held))
+        capacity = {k: v for k, v in dev.capacity if _C_IDENTIFIER.fullmatch(k) and v >= 0}
+        out.append(SliceDevice(device_name(pid), pid, attributes, reason, pid in plugin_held, capacity))
     return out
 
 

@@ -524,3 +524,43 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
                 proc.wait(10)
             with contextlib.suppress(ApiException):
                 custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
+
+
+def test_the_api_server_keeps_a_gpus_standard_attributes_and_memory_capacity(
+    api: client.ApiClient, node: tuple[str, str], name_prefix: str
+) -> None:
+    """What the agent publishes for an NVML GPU (its discovery is unit-tested with a fake NVML:
+    no GPU here) is a slice the real API server accepts and stores as written: the standard
+    `pciBusID`/`pcieRoot`/`numaNode` attributes and memory as the device's capacity."""
+    from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
+    from patchbay_agent.core.inventory import Inventory
+    from patchbay_agent.discovery import PhysicalDevice
+    from patchbay_agent.dra.slices import slice_devices, slice_documents
+
+    node_name, _uid = node
+    driver = f"{name_prefix}gpu.patchbay.dev"
+    gpu = PhysicalDevice(
+        "GPU-8d0a1c2e-1111-2222-3333-444455556666",
+        ("/dev/nvidia0",),
+        numa_nodes=(1,),
+        attributes=(
+            ("uuid", "GPU-8d0a1c2e-1111-2222-3333-444455556666"),
+            ("productName", "NVIDIA H100 80GB HBM3"),
+            ("pciAddress", "0000:3b:00.0"),
+            ("pcieRoot", "pci0000:3a"),
+        ),
+        capacity=(("memory", 85_520_809_984),),
+    )
+    inventory = Inventory(1, "rw")
+    tracker = DeviceHealthTracker(1, 1)
+    tracker.observe({gpu.id: CheckResult(True)})
+    inventory.update([gpu], tracker)
+    (doc,) = slice_documents(driver, node_name, slice_devices(inventory.current))
+    custom = client.CustomObjectsApi(api)
+    stored = custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", doc, dry_run="All")
+    (device,) = stored["spec"]["devices"]
+    attributes = device["attributes"]
+    assert attributes["resource.kubernetes.io/pciBusID"] == {"string": "0000:3b:00.0"}
+    assert attributes["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:3a"}
+    assert attributes["resource.kubernetes.io/numaNode"] == {"int": 1}
+    assert device["capacity"] == {"patchbay.dev/memory": {"value": "85520809984"}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.fakehw import FakeHardware
@@ -156,3 +157,100 @@ def test_nvml_without_driver_or_package_is_a_clear_error(hw: FakeHardware) -> No
     """
     with pytest.raises(DiscoveryError, match=r"nvidia-ml-py|NVIDIA driver"):
         make_backend(NvmlDiscovery(), HostRoot(hw.root))
+
+
+class _FakeNvml:
+    """A FAKE of nvidia-ml-py's `pynvml` (no NVIDIA GPU or driver exists on these machines): two
+    GPUs with the calls the backend makes; the second will not tell its name or its memory."""
+
+    class NVMLError(Exception):
+        pass
+
+    class _Pci:
+        def __init__(self, bus_id: bytes) -> None:
+            self.busId = bus_id
+
+    class _Memory:
+        total = 85_520_809_984
+
+    GPUS = [
+        ("GPU-8d0a1c2e-1111-2222-3333-444455556666", 0, b"00000000:3B:00.0", "NVIDIA H100 80GB HBM3"),
+        ("GPU-0b1c2d3e-7777-8888-9999-aaaabbbbcccc", 1, b"00000000:AF:00.0", None),
+    ]
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.GPUS)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self.GPUS[h][0]
+
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        return self.GPUS[h][1]
+
+    def nvmlDeviceGetNumaNodeId(self, h: int) -> int:
+        return h
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        name = self.GPUS[h][3]
+        if name is None:
+            raise self.NVMLError("Not Supported")
+        return name
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        return self._Pci(self.GPUS[h][2])
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        if h == 1:
+            raise self.NVMLError("Not Supported")
+        return self._Memory()
+
+
+def test_nvml_gpus_carry_uuid_name_pci_root_and_memory(
+    hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a FAKE `pynvml` (above) and a fake sysfs tree: each GPU's UUID, product name, PCI
+    address as sysfs writes it, its root complex, and memory as capacity, each read on its own;
+    in a ResourceSlice also under the standard names."""
+    import sys
+
+    from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
+    from patchbay_agent.core.inventory import Inventory
+    from patchbay_agent.discovery.nvml import pci_address
+    from patchbay_agent.dra.slices import slice_devices
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    hw.add_pci("0000:3b:00.0", vendor="10de", device="2330", pcie_root="pci0000:3a", bridge="0000:3a:00.0")
+    hw.add_pci("0000:af:00.0", vendor="10de", device="2330", pcie_root="pci0000:ae")
+    second, first = make_backend(NvmlDiscovery(), HostRoot(hw.root)).scan()  # sorted by UUID
+    assert dict(first.attributes) == {
+        "uuid": "GPU-8d0a1c2e-1111-2222-3333-444455556666",
+        "productName": "NVIDIA H100 80GB HBM3",
+        "pciAddress": "0000:3b:00.0",
+        "pcieRoot": "pci0000:3a",
+    }
+    assert first.capacity == (("memory", 85_520_809_984),)
+    assert dict(second.attributes) == {
+        "uuid": "GPU-0b1c2d3e-7777-8888-9999-aaaabbbbcccc",
+        "pciAddress": "0000:af:00.0",
+        "pcieRoot": "pci0000:ae",
+    }
+    assert second.capacity == ()
+
+    inventory = Inventory(1, "rw")
+    tracker = DeviceHealthTracker(1, 1)
+    tracker.observe({d.id: CheckResult(True) for d in (first, second)})
+    inventory.update([first, second], tracker)
+    doc = next(d for d in slice_devices(inventory.current) if d.physical_id == first.id).document()
+    assert doc["capacity"] == {"patchbay.dev/memory": {"value": "85520809984"}}
+    assert doc["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:3b:00.0"}
+    assert doc["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:3a"}
+    assert doc["attributes"]["patchbay.dev/productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert pci_address("00000000:3B:00.0") == "0000:3b:00.0"
+    assert pci_address("0001:02:1f.7") == "0001:02:1f.7"
+    assert pci_address("100000000:3B:00.0") is None and pci_address("3B:00.0") is None
