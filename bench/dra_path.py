@@ -219,7 +219,7 @@ class Bench:
             if not devices:
                 return False
             dev = devices.get(name_of[dev_id])
-            return dev is None or any(t["key"] == "patchbay.dev/unhealthy" for t in dev.get("taints") or [])
+            return dev is None or any(t["key"] == "patchbay.dev/vanished" for t in dev.get("taints") or [])
 
         def report_unhealthy() -> bool:
             rep = self.custom.get_namespaced_custom_object(

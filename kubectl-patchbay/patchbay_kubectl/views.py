@@ -2,7 +2,7 @@
 
 ``devices``: one row per device across every profile and mode: a DevicePlugin profile's devices
 from its agents' DeviceReports; a DRA profile's from its driver's ResourceSlices (a taint
-``patchbay.dev/unhealthy=<reason>`` is an unhealthy device), holders from the ResourceClaims
+``patchbay.dev/<kind of fault>=<reason>`` is an unhealthy device), holders from the ResourceClaims
 allocated to them, reasons and since-when from the DeviceReports the DRA agents write too; a
 Static profile's as one row per selected node, healthy when the node's allocatable holds the
 count the profile asks for (the operator's own check).
@@ -31,12 +31,22 @@ AGENT_SELECTOR = "app.kubernetes.io/name=patchbay-agent"
 #: The shared node agent's pods (profiles without an agent section of their own).
 SHARED_AGENT_SELECTOR = f"{AGENT_SELECTOR},patchbay.dev/agent=shared"
 DRA_DRIVER_SUFFIX = ".patchbay.dev"
-TAINT_UNHEALTHY = "patchbay.dev/unhealthy"
+TAINT_DOMAIN = "patchbay.dev/"
+#: The taint of a device a pod still holds through the device plugin: not a fault.
+TAINT_PLUGIN_HELD = "patchbay.dev/held-by-device-plugin"
 ATTR_ID = "patchbay.dev/id"
 STATIC, DEVICE_PLUGIN, DRA = "Static", "DevicePlugin", "DRA"
 
 
 # --- small readers -----------------------------------------------------------------------------
+
+
+def is_fault_taint(taint: Obj) -> bool:
+    """A taint the agent puts on an unhealthy device: one key per kind of fault under
+    patchbay.dev/ (`patchbay.dev/vanished`, older agents `patchbay.dev/unhealthy`), the reason as
+    its value; not the device-plugin hand-over taint."""
+    key = str(taint.get("key", ""))
+    return key.startswith(TAINT_DOMAIN) and key != TAINT_PLUGIN_HELD
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -257,7 +267,7 @@ def _slice_rows(
         for dev in sp.get("devices") or []:
             dname = str(dev.get("name", ""))
             physical = str(((dev.get("attributes") or {}).get(ATTR_ID) or {}).get("string") or dname)
-            taint = next((t for t in dev.get("taints") or [] if t.get("key") == TAINT_UNHEALTHY), None)
+            taint = next((t for t in dev.get("taints") or [] if is_fault_taint(t)), None)
             reported = by_id.get(physical) or {}
             report_sick = reported.get("health") not in (None, "Healthy")
             seen.add((node, physical))

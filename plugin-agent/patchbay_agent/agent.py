@@ -180,7 +180,9 @@ class Agent:
             self.options.node_name,
             client,
             lambda: slice_devices(
-                self.inventory.current, self.holders.plugin_held if self.holders is not None else ()
+                self.inventory.current,
+                self.holders.plugin_held if self.holders is not None else (),
+                self.config.health.taint_effect,
             ),
             self.metrics,
         )
@@ -282,6 +284,8 @@ class Agent:
             self.backend = backend
         self.servicer.reconfigure(config)
         self.monitor.reconfigure(backend, config.health)
+        if self.publisher is not None:
+            self.publisher.notify()  # a new taint effect reaches the slices at once
         log.info(
             "Applied the profile change for %s in place (registration and stream kept%s)",
             config.resource_name,

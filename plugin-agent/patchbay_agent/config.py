@@ -119,6 +119,8 @@ class Health:
     failure_threshold: int = 3
     success_threshold: int = 1
     exec: ExecProbe | None = None
+    #: DRA mode: the effect of an unhealthy device's taint in the ResourceSlice
+    taint_effect: str = "NoSchedule"
 
 
 @dataclass(frozen=True)
@@ -325,7 +327,7 @@ def _parse_discovery(raw: Any, path: str) -> Discovery:
 
 
 def _parse_health(raw: Any, path: str) -> Health:
-    m = _mapping(raw, path, {"periodSeconds", "failureThreshold", "successThreshold", "exec"})
+    m = _mapping(raw, path, {"periodSeconds", "failureThreshold", "successThreshold", "exec", "taintEffect"})
     probe = None
     if m.get("exec") is not None:
         e = _mapping(m["exec"], f"{path}.exec", {"command", "timeoutSeconds"})
@@ -338,7 +340,18 @@ def _parse_health(raw: Any, path: str) -> Health:
         failure_threshold=_int(m.get("failureThreshold", 3), f"{path}.failureThreshold", minimum=1),
         success_threshold=_int(m.get("successThreshold", 1), f"{path}.successThreshold", minimum=1),
         exec=probe,
+        taint_effect=_taint_effect(m.get("taintEffect", "NoSchedule"), f"{path}.taintEffect"),
     )
+
+
+#: A device taint's effects (resource.k8s.io/v1 DeviceTaintEffect): None is informational only.
+TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
+
+
+def _taint_effect(value: Any, path: str) -> str:
+    if value not in TAINT_EFFECTS:
+        raise ConfigError(path, f"{value!r} must be one of {list(TAINT_EFFECTS)}")
+    return str(value)
 
 
 def _parse_allocation(raw: Any, path: str) -> Allocation:

@@ -404,7 +404,7 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
 
         def tainted() -> list[dict[str, Any]] | None:
             dev = slice_devices(cluster, driver, real_node).get(ids[gone_id]) or {}
-            return [t for t in dev.get("taints") or [] if t["key"] == "patchbay.dev/unhealthy"] or None
+            return [t for t in dev.get("taints") or [] if t["key"] == "patchbay.dev/vanished"] or None
 
         def left_out() -> bool:
             devs = slice_devices(cluster, driver, real_node)

@@ -13,8 +13,11 @@ The shape follows the API server's validation of resource.k8s.io/v1 (docs/dra.md
   with a tainted device is cut into 64-device chunks; `pool.resourceSliceCount` says how many;
 * a device name is a DNS label (at most 63, lowercase); attributes are `<domain>/<C identifier
   of at most 32>` with exactly one of string/int/bool/version, strings at most 64 characters;
-* an unhealthy device carries the taint `patchbay.dev/unhealthy=<reason>:NoSchedule`, so new claims
-  avoid it while claims that already have it keep it (NoSchedule evicts nobody).
+* an unhealthy device carries one taint whose key names the kind of fault
+  (`patchbay.dev/vanished=Vanished`, `patchbay.dev/probe-failed=ProbeFailed`: `fault_taint_key`)
+  with the profile's effect (`health.taintEffect`): NoSchedule (the default: new claims avoid it,
+  claims that have it keep it), NoExecute (pods using it are evicted) or None (informational);
+  healthy again, the taint goes.
 
 An API server whose DRADeviceTaints gate is off (before 1.36) drops device taints on write,
 silently (docs/facts.md#dra-dropped-fields). Whether this one keeps them is read back, never
@@ -164,10 +167,15 @@ class SliceDevice:
     plugin_held: bool = False
     #: capacity name -> integer amount (a GPU's memory in bytes)
     capacity: Mapping[str, int] = field(default_factory=dict)
+    #: the effect of the unhealthy taint (the profile's `health.taintEffect`)
+    effect: str = TAINT_EFFECT
 
     @property
     def tainted(self) -> bool:
-        return self.unhealthy is not None or self.plugin_held
+        """Whether the device carries a taint that keeps claims off it: where the API server
+        drops taints such a device is left out of the slice. An informational taint (effect
+        None) keeps nobody off, so its device stays published either way."""
+        return (self.unhealthy is not None and self.effect != "None") or self.plugin_held
 
     def document(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -180,7 +188,9 @@ class SliceDevice:
             }
         taints = []
         if self.unhealthy is not None:
-            taints.append({"key": TAINT_KEY, "value": self.unhealthy, "effect": TAINT_EFFECT})
+            taints.append(
+                {"key": fault_taint_key(self.unhealthy), "value": self.unhealthy, "effect": self.effect}
+            )
         if self.plugin_held:
             taints.append({"key": PLUGIN_HELD_TAINT_KEY, "value": "in-use", "effect": TAINT_EFFECT})
         if taints:
@@ -193,7 +203,18 @@ def device_names(snap: Snapshot) -> dict[str, str]:
     return {device_name(pid): pid for pid in snap.physical}
 
 
-def slice_devices(snap: Snapshot, plugin_held: Collection[str] = ()) -> list[SliceDevice]:
+def fault_taint_key(reason: str) -> str:
+    """One taint key per kind of fault: `patchbay.dev/<reason in kebab case>`
+    (`patchbay.dev/vanished`, `patchbay.dev/probe-failed`), so a toleration or a DeviceTaintRule
+    can name the faults it accepts; `patchbay.dev/unhealthy` for a reason that is no name."""
+    kebab = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", reason).lower()
+    kebab = re.sub(r"[^a-z0-9-]+", "-", kebab).strip("-")[:63].strip("-")
+    return f"{ATTRIBUTE_DOMAIN}/{kebab}" if kebab else TAINT_KEY
+
+
+def slice_devices(
+    snap: Snapshot, plugin_held: Collection[str] = (), effect: str = TAINT_EFFECT
+) -> list[SliceDevice]:
     """Every physical device of the snapshot, in the snapshot's order, with its attributes and,
     when it is unhealthy (as the snapshot says: what the device plugin would tell the kubelet),
     its reason; `plugin_held`: physical IDs that running pods hold through the device plugin of
@@ -217,7 +238,9 @@ def slice_devices(snap: Snapshot, plugin_held: Collection[str] = ()) -> list[Sli
             st = snap.status_of(pid)
             reason = label_value(st.reason if st is not None and st.reason else "") or "Unhealthy"
         capacity = {k: v for k, v in dev.capacity if _C_IDENTIFIER.fullmatch(k) and v >= 0}
-        out.append(SliceDevice(device_name(pid), pid, attributes, reason, pid in plugin_held, capacity))
+        out.append(
+            SliceDevice(device_name(pid), pid, attributes, reason, pid in plugin_held, capacity, effect)
+        )
     return out
 
 

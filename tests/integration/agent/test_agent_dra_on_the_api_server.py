@@ -7,7 +7,7 @@ resource.k8s.io/v1 schema) owned by a real (kwok) Node, with one device per devi
 driver, the node's pool and the attributes; a ResourceClaim the test creates and allocates (as
 admin, through the status subresource) to two of those devices is prepared: the answer names the
 CDI IDs and the claim's CDI spec file resolves them; after the claim is deleted, unprepare removes
-the file; a device file removed from the tree gets its slice device the `patchbay.dev/unhealthy`
+the file; a device file removed from the tree gets its slice device the `patchbay.dev/vanished`
 taint with a higher pool generation where the API server keeps device taints, and leaves the slice
 where it drops them (before 1.36: DRADeviceTaints off).
 
@@ -331,7 +331,7 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
             second = wait_for("the unhealthy device's taint", tainted, timeout=60)
             (taint,) = next(d for d in second["spec"]["devices"] if d["name"] == names[1])["taints"]
             assert (taint["key"], taint["value"], taint["effect"]) == (
-                "patchbay.dev/unhealthy",
+                "patchbay.dev/vanished",
                 "Vanished",
                 "NoSchedule",
             )
@@ -486,7 +486,7 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
                     lambda: (d := slice_devices()) and taint_keys(d, "ttyUSB1") and d,
                     timeout=60,
                 )
-                assert taint_keys(devices, "ttyUSB1") == {"patchbay.dev/unhealthy"}
+                assert taint_keys(devices, "ttyUSB1") == {"patchbay.dev/vanished"}
                 assert withheld() == set()
             else:
                 wait_for(

@@ -202,3 +202,14 @@ def test_contract_document_example_is_accepted() -> None:
     cfg = parse({"resourceName": "example.com/serial", "plugin": plugin})
     assert isinstance(cfg.discovery, PathsDiscovery)
     assert cfg.preferred_policy is PreferredPolicy.NONE
+
+
+def test_the_taint_effect_is_one_of_the_apis_and_named_when_not() -> None:
+    base = {"resourceName": "example.com/x", "plugin": {"discovery": {"virtual": {"count": 1}}}}
+    assert parse(base).health.taint_effect == "NoSchedule"
+    for effect in ("None", "NoSchedule", "NoExecute"):
+        doc = {**base, "plugin": {**base["plugin"], "health": {"taintEffect": effect}}}
+        assert parse(doc).health.taint_effect == effect
+    bad = {**base, "plugin": {**base["plugin"], "health": {"taintEffect": "Evict"}}}
+    with pytest.raises(ConfigError, match=r"plugin\.health\.taintEffect: 'Evict' must be one of"):
+        parse(bad)

@@ -25,6 +25,7 @@ from patchbay_agent.dra.slices import (
     SliceDevice,
     device_name,
     device_names,
+    fault_taint_key,
     is_dns_subdomain,
     label_value,
     lost_taints,
@@ -100,7 +101,7 @@ def test_a_tainted_pool_is_cut_into_64_device_slices() -> None:
         {
             "name": "d70",
             "attributes": {"patchbay.dev/id": {"string": "D70"}},
-            "taints": [{"key": "patchbay.dev/unhealthy", "value": "Vanished", "effect": "NoSchedule"}],
+            "taints": [{"key": "patchbay.dev/vanished", "value": "Vanished", "effect": "NoSchedule"}],
         }
     ]
 
@@ -322,3 +323,22 @@ def test_socket_names_fit_sockaddr_un(tmp_path: Any) -> None:
     name = registry_socket_name(long, "0123456789abcdef", root / "plugins_registry")
     assert len(str(root / "plugins_registry" / name)) <= 107 and name.endswith("-0123456789abcdef.sock")
     assert len(str(service_dir(root, long) / "dra-0123456789abcdef.sock")) <= 107
+
+
+def test_one_taint_key_per_kind_of_fault_with_the_profiles_effect() -> None:
+    assert fault_taint_key("Vanished") == "patchbay.dev/vanished"
+    assert fault_taint_key("ProbeFailed") == "patchbay.dev/probe-failed"
+    assert fault_taint_key("OpenFailed") == "patchbay.dev/open-failed"
+    assert fault_taint_key("--") == "patchbay.dev/unhealthy"
+    for effect in ("NoSchedule", "NoExecute", "None"):
+        dev = SliceDevice("d0", "D0", {}, "ProbeFailed", effect=effect)
+        assert dev.document()["taints"] == [
+            {"key": "patchbay.dev/probe-failed", "value": "ProbeFailed", "effect": effect}
+        ]
+    # Where the API server drops taints, a device whose taint would keep claims off is left out;
+    # an informational one (None) stays: it never kept anybody off.
+    keep_off = SliceDevice("a", "A", {}, "Vanished")
+    informs = SliceDevice("b", "B", {}, "Vanished", effect="None")
+    healthy = SliceDevice("c", "C", {})
+    assert published([keep_off, informs, healthy], taints=False) == ([informs, healthy], ["A"])
+    assert published([keep_off, informs, healthy], taints=True) == ([keep_off, informs, healthy], [])
