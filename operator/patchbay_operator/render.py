@@ -98,6 +98,23 @@ def plugins_registry_dir(kubelet_root_dir: str) -> str:
     return f"{kubelet_root_dir.rstrip('/')}/plugins_registry"
 
 
+#: sockaddr_un's path limit as the agent counts it (bytes, without the NUL).
+_MAX_UNIX_SOCKET_PATH = 107
+
+
+def dra_service_dir(kubelet_root_dir: str, driver: str) -> str:
+    """The one directory under the kubelet's plugins directory that an agent of `driver` makes
+    its endpoint socket in: `<plugins>/<driver>`, or `<plugins>/patchbay-<hash>` when a socket
+    there would not fit sockaddr_un. The agent's own rule (`patchbay_agent.dra.plugin.service_dir`,
+    kept equal by tests/unit/operator/test_operator_render_dra_dir.py): an agent of its own
+    mounts only this directory, not every other driver's sockets."""
+    plugins = kubelet_plugins_dir(kubelet_root_dir)
+    plain = f"{plugins}/{driver}"
+    if len(f"{plain}/dra-0123456789abcdef.sock".encode()) <= _MAX_UNIX_SOCKET_PATH:
+        return plain
+    return f"{plugins}/patchbay-{hashlib.sha256(driver.encode()).hexdigest()[:12]}"
+
+
 def kubelet_plugins_dir(kubelet_root_dir: str) -> str:
     """The kubelet's plugins directory, in which the agent makes its driver's directory for its
     endpoint socket: ``<driver>``, or ``patchbay-<hash>`` when a long driver name would not fit a
@@ -240,7 +257,11 @@ def agent_objects(
         dra_mounts=dra,
         device_plugin_mounts=not dra,
         plugins_registry_dir=plugins_registry_dir(settings.kubelet_root_dir),
-        kubelet_plugins_dir=kubelet_plugins_dir(settings.kubelet_root_dir),
+        # Its own driver's directory only (the shared node agent, serving several drivers from a
+        # template that depends on no profile, mounts the whole plugins directory).
+        kubelet_plugins_dir=dra_service_dir(settings.kubelet_root_dir, driver)
+        if dra
+        else kubelet_plugins_dir(settings.kubelet_root_dir),
     )
     if dra:
         return [configmap, daemonset, device_class(profile)]

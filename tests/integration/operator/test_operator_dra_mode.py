@@ -77,7 +77,8 @@ def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_
     root = cmd[cmd.index("--kubelet-root-dir") + 1]
     mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
     assert mounts["plugins-registry"] == f"{root}/plugins_registry"
-    assert mounts["kubelet-plugins"] == f"{root}/plugins"
+    # Its own driver's directory only, the one the agent makes its socket in.
+    assert mounts["kubelet-plugins"] == f"{root}/plugins/{driver}"
 
     dc = wait_for("the DeviceClass", lambda: device_class(cluster, driver))
     assert dc["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{driver}"'}}]

@@ -77,10 +77,11 @@ def test_the_dra_agent_is_the_plugin_agent_with_the_kubelet_plugin_directories()
     pod = ds["spec"]["template"]["spec"]
     mounts = {m["name"]: m["mountPath"] for m in container(ds)["volumeMounts"]}
     host = {v["name"]: v.get("hostPath") for v in pod["volumes"]}
-    # The kubelet dials the endpoint the agent announces: container path == node path.
+    # The kubelet dials the endpoint the agent announces: container path == node path. Of the
+    # plugins directory, only its own driver's (least host access).
     for name, path in (
         ("plugins-registry", f"{KUBELET}/plugins_registry"),
-        ("kubelet-plugins", f"{KUBELET}/plugins"),
+        ("kubelet-plugins", f"{KUBELET}/plugins/serial.patchbay.dev"),
     ):
         assert mounts[name] == path
         assert host[name] == {"path": path, "type": "DirectoryOrCreate"}
