@@ -115,11 +115,16 @@ def test_reregisters_after_a_kubelet_restart_through_inotify(plugin_dir: Path, h
             async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
                 await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
                 first_identity = agent.registrar.server.identity if agent.registrar.server else None
-                for n in (2, 3):
+                for _ in range(2):
                     # Stop, delete every socket (ours too), listen again: what a new kubelet does.
+                    # At least one new registration each time (under load the stream's end may be
+                    # taken for a drop before the old kubelet's sockets go: one more, harmless).
+                    before = len(kubelet.registrations)
                     await kubelet.restart()
                     await kubelet.wait_for(
-                        lambda n=n: len(kubelet.registrations) == n and RESOURCE in kubelet.devices
+                        lambda before=before: (
+                            len(kubelet.registrations) > before and RESOURCE in kubelet.devices
+                        )
                     )
                     assert kubelet.registrations[-1].plugin_was_serving
                 assert agent.registrar.server is not None
