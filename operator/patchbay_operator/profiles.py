@@ -151,7 +151,9 @@ class Profile:
 
     @property
     def cdi_kind(self) -> str | None:
-        """``spec.plugin.allocation.cdi.kind`` (a DevicePlugin profile's CDI names), or None."""
+        """``spec.plugin.allocation.cdi.kind`` (a DevicePlugin profile's CDI names), or None: the
+        agent then writes a CDI spec and needs the runtime's spec directory mounted (only then:
+        least privilege), and no other profile may have the same kind."""
         plugin: Mapping[str, Any] = self.spec.get("plugin") or {}
         allocation: Mapping[str, Any] = plugin.get("allocation") or {}
         cdi: Mapping[str, Any] = allocation.get("cdi") or {}

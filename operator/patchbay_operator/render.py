@@ -106,7 +106,7 @@ def dra_service_dir(kubelet_root_dir: str, driver: str) -> str:
     """The one directory under the kubelet's plugins directory that an agent of `driver` makes
     its endpoint socket in: `<plugins>/<driver>`, or `<plugins>/patchbay-<hash>` when a socket
     there would not fit sockaddr_un. The agent's own rule (`patchbay_agent.dra.plugin.service_dir`,
-    kept equal by tests/unit/operator/test_operator_render_dra_dir.py): an agent of its own
+    kept equal by tests/unit/operator/test_operator_dra.py): an agent of its own
     mounts only this directory, not every other driver's sockets."""
     plugins = kubelet_plugins_dir(kubelet_root_dir)
     plain = f"{plugins}/{driver}"
@@ -118,15 +118,10 @@ def dra_service_dir(kubelet_root_dir: str, driver: str) -> str:
 def kubelet_plugins_dir(kubelet_root_dir: str) -> str:
     """The kubelet's plugins directory, in which the agent makes its driver's directory for its
     endpoint socket: ``<driver>``, or ``patchbay-<hash>`` when a long driver name would not fit a
-    Unix socket path (docs/dra.md), so the whole directory is mounted, as upstream DRA drivers do.
-    The kubelet dials the path the agent announces, so the container sees it at this same path."""
+    Unix socket path (docs/dra.md). The shared node agent mounts it whole (it serves several
+    drivers); an agent of its own only its driver's (`dra_service_dir`). The kubelet dials the
+    path the agent announces, so the container sees it at this same path."""
     return f"{kubelet_root_dir.rstrip('/')}/plugins"
-
-
-def plugin_cdi_kind(profile: Profile) -> str | None:
-    """``spec.plugin.allocation.cdi.kind``: the agent then writes a CDI spec, and needs the
-    runtime's spec directory mounted; None without it (no mount: least privilege)."""
-    return profile.cdi_kind
 
 
 AGENT_NAME = "patchbay-agent"
@@ -249,7 +244,7 @@ def agent_objects(
         api_server=list(settings.agent_api_server) if settings.agent_api_server else None,
         kubelet_root_dir=settings.kubelet_root_dir,
         holder_labels=settings.agent_metrics_holder_labels,
-        cdi_spec_dir=settings.cdi_spec_dir if dra or plugin_cdi_kind(profile) else "",
+        cdi_spec_dir=settings.cdi_spec_dir if dra or profile.cdi_kind else "",  # only where specs are written
         cdi_mount=CDI_SPEC_MOUNT,
         pod_resources_mount=POD_RESOURCES_MOUNT,
         dra_driver=driver if dra else "",

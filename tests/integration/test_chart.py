@@ -760,27 +760,32 @@ def test_gitops_apply_twice_changes_nothing_and_reports_kstatus(
     assert lic["spec"]["static"]["capacity"] == 4  # the production overlay's patch
 
 
+def _rendered_profile(name: str, *, own_agent: bool) -> Any:
+    """A one-token DevicePlugin profile as the operator parses it: with agent settings of its own
+    (its own DaemonSet) or without (the shared node agent serves it)."""
+    from patchbay_operator.profiles import Profile
+
+    spec: dict[str, Any] = {
+        "resourceName": f"example.com/{name}",
+        "mode": "DevicePlugin",
+        "plugin": {"discovery": {"virtual": {"count": 1}}},
+    }
+    if own_agent:
+        spec["agent"] = {"resources": {"limits": {"memory": "64Mi"}}}
+    body = {"metadata": {"name": name, "uid": f"uid-{name}", "generation": 1}, "spec": spec}
+    return Profile.from_body(body)
+
+
 def test_pod_monitor_selects_the_agent_pods_the_operator_renders(tools: Tools) -> None:
     """Off by default; when on, its selector and port match the DaemonSet the operator renders."""
     from patchbay_operator import render
     from patchbay_operator.config import Settings
-    from patchbay_operator.profiles import Profile
 
     default = tools.helm("template", "p", str(CHART)).stdout
     assert "PodMonitor" not in default
     rendered = tools.helm("template", "p", str(CHART), "--set", "metrics.podMonitor.enabled=true").stdout
     monitor = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "PodMonitor")
-    profile = {
-        "apiVersion": "patchbay.dev/v1alpha1",
-        "kind": "DevicePluginProfile",
-        "metadata": {"name": "m", "uid": "u", "generation": 1},
-        "spec": {
-            "resourceName": "example.com/m",
-            "mode": "DevicePlugin",
-            "plugin": {"discovery": {"virtual": {"count": 1}}},
-        },
-    }
-    _, ds = render.agent_objects(Profile.from_body(profile), Settings())
+    _, ds = render.agent_objects(_rendered_profile("m", own_agent=False), Settings())
     pod_labels = ds["spec"]["template"]["metadata"]["labels"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     ports = {p["name"] for p in ds["spec"]["template"]["spec"]["containers"][0]["ports"]}
@@ -794,7 +799,6 @@ def test_the_agents_network_policy_and_holder_labels_follow_the_values(tools: To
     --metrics-holder-labels to every agent it renders."""
     from patchbay_operator import render
     from patchbay_operator.config import Settings, load
-    from patchbay_operator.profiles import Profile
 
     default = [d for d in yaml.safe_load_all(tools.helm("template", "p", str(CHART)).stdout) if d]
     assert "NetworkPolicy" not in {d["kind"] for d in default}
@@ -822,28 +826,15 @@ def test_the_agents_network_policy_and_holder_labels_follow_the_values(tools: To
     }
     assert policy["spec"]["policyTypes"] == ["Ingress"]
 
-    profile = {
-        "apiVersion": "patchbay.dev/v1alpha1",
-        "kind": "DevicePluginProfile",
-        "metadata": {"name": "m", "uid": "u", "generation": 1},
-        "spec": {
-            "resourceName": "example.com/m",
-            "mode": "DevicePlugin",
-            "plugin": {"discovery": {"virtual": {"count": 1}}},
-            "agent": {"resources": {"limits": {"memory": "64Mi"}}},
-        },
-    }
-    own = render.agent_objects(Profile.from_body(profile), settings)[1]
-    shared_profile = {**profile, "metadata": {"name": "s", "uid": "v", "generation": 1}}
-    shared_profile["spec"] = {k: v for k, v in profile["spec"].items() if k != "agent"}
-    shared = render.shared_agent_objects([(Profile.from_body(shared_profile), None)], settings)[1]
+    own = render.agent_objects(_rendered_profile("m", own_agent=True), settings)[1]
+    shared = render.shared_agent_objects([(_rendered_profile("s", own_agent=False), None)], settings)[1]
     for ds in (own, shared):
         pod = ds["spec"]["template"]
         assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         (container,) = pod["spec"]["containers"]
         assert 9464 in {p["containerPort"] for p in container["ports"]}
         assert "--metrics-holder-labels" in container["command"]
-    plain = render.agent_objects(Profile.from_body(profile), Settings())[1]
+    plain = render.agent_objects(_rendered_profile("m", own_agent=True), Settings())[1]
     assert "--metrics-holder-labels" not in plain["spec"]["template"]["spec"]["containers"][0]["command"]
 
     closed = tools.helm("template", "p", str(CHART), "--set", "agent.networkPolicy.enabled=true").stdout

@@ -7,6 +7,7 @@ stored). The real API servers of both kinds are in tests/integration/operator/te
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from fakekube import FakeKube
 from support.agentrun import until
 from support.clusters import kstatus
 
+from patchbay_agent.dra.plugin import service_dir
 from patchbay_operator import render
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.config import Settings
@@ -469,3 +471,30 @@ async def test_the_controller_reads_back_the_device_class_and_applies_it_again_w
         await until(lambda: any("dra" in w and w["dra"] is None for _, w in kube.status_writes[before:]))
     finally:
         await c.stop()
+
+
+# --- least host access: only the driver's own directory of the kubelet's plugins ---------------
+
+
+@pytest.mark.parametrize("root", ["/var/lib/kubelet", "/var/lib/" + "k" * 40, "/x"])
+@pytest.mark.parametrize(
+    "driver", ["dra.patchbay.dev", "a-rather-long-profile-name-of-fifty-characters-xx.patchbay.dev"]
+)
+def test_the_operator_mounts_the_directory_the_agent_uses(root: str, driver: str) -> None:
+    """The operator and the agent compute the driver's directory each on its own side (short and
+    long driver names, short and long kubelet roots): they must agree."""
+    assert render.dra_service_dir(root, driver) == str(service_dir(Path(root), driver))
+
+
+def test_an_own_dra_agent_mounts_its_driver_directory_and_the_shared_one_all() -> None:
+    own_body = body()
+    own_body["spec"]["agent"] = {"resources": {"limits": {"memory": "64Mi"}}}
+    own = render.agent_objects(Profile.from_body(own_body), SETTINGS)[1]
+    shared = render.shared_agent_objects([(prof(), None)], SETTINGS)[1]
+
+    def plugins_mount(ds: dict[str, Any]) -> str:
+        volumes = ds["spec"]["template"]["spec"]["volumes"]
+        return str(next(v["hostPath"]["path"] for v in volumes if v["name"] == "kubelet-plugins"))
+
+    assert plugins_mount(own) == f"{KUBELET}/plugins/serial.patchbay.dev"
+    assert plugins_mount(shared) == f"{KUBELET}/plugins"
