@@ -232,8 +232,20 @@ class Bench:
 
     def rollout(self, name: str, n: int, overlap: threading.Event) -> tuple[float, float]:
         """One profile change -> the DaemonSet rolled; returns (started, completed) monotonic.
-        ``overlap`` is set once the new agent pod exists beside the old one."""
-        (old,) = self.agent_pods(name)
+        ``overlap`` is set once the new agent pod exists beside the old one. Starts only once the
+        agent pod is Ready: the DaemonSet controller replaces a pod that is not yet available
+        WITHOUT a surge (deletes it at once), which measures a pod start, not a rollout."""
+
+        def ready_agent() -> list[client.V1Pod]:
+            pods = self.agent_pods(name)
+            return [
+                p
+                for p in pods
+                if len(pods) == 1
+                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+            ]
+
+        (old,) = wait("the agent pod Ready", ready_agent, 60, 0.1)
         started = time.monotonic()
         self.custom.patch_cluster_custom_object(
             GROUP, VERSION, PLURAL, name, {"spec": {"plugin": {"allocation": {"envs": {"ROLLOUT": str(n)}}}}}

@@ -338,13 +338,15 @@ class Agent:
 
     @property
     def ready(self) -> bool:
-        """Registered with the kubelet (as a device plugin or a DRA driver)."""
+        """Registered with the kubelet as a DRA driver, or as a device plugin whose newest
+        registration's ListAndWatch stream the kubelet holds (only then does it count our
+        devices; a rollout removes the previous agent only after this one is Ready)."""
         return self._ready()
 
     def _ready(self) -> bool:
         if self.dra is not None:
             return self.dra.registered
-        return self.registrar.registered
+        return self.registrar.streaming
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set, then shut down gracefully (socket removed, streams ended).

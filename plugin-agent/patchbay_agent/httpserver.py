@@ -2,7 +2,8 @@
 
 asyncio on the agent's own loop: no thread, no http.server (docs/facts.md#client-memory). It binds
 to 127.0.0.1 unless told otherwise. /metrics: the Prometheus text format (`metrics.py`).
-/healthz: the gRPC server is serving. /readyz: registered with the kubelet.
+/healthz: the gRPC server is serving. /readyz: registered with the kubelet (a device plugin: and
+the kubelet holds the stream of its newest registration, so its devices count).
 
 In a pod the port is open to everything on the pod network, so nothing a client does may cost the
 agent more than a bounded amount of memory or time (docs/security.md#the-agents-http-port):

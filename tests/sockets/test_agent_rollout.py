@@ -187,3 +187,67 @@ def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_regis
             await kubelet.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_registration_dropped_before_its_stream_opened_is_made_again_and_never_ready_meanwhile(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """A kubelet before v1.37 can close a new client before its ListAndWatch opens (an older
+    client's stream ended in that window): nothing of the agent ends, so only the agent's own
+    check that every registration is followed by its stream brings the devices back. Until the
+    kubelet holds that stream the agent is not Ready (a rollout would otherwise remove the
+    previous agent while the kubelet counts none of the new one's devices)."""
+    hw.add_dev("/dev/ttyUSB0")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True, drop_before_stream=1)
+        await kubelet.start()
+        try:
+            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
+                await kubelet.wait_for(lambda: kubelet.dropped_before_stream == 1)
+                await until(lambda: agent.registrar.registered)
+                assert len(kubelet.registrations) == 1
+                assert not agent.ready  # registered, but the kubelet holds no stream of it
+                await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 1)
+                assert len(kubelet.registrations) == 2
+                assert agent.registrar.unopened == 1
+                assert agent.registrar.drops == 0
+                await until(lambda: agent.ready)
+        finally:
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """The rollout on a kubelet before v1.37 where the agent's re-registration after the drop is
+    itself dropped before its stream opened (the dropped client's own runClient ended after it):
+    the agent registers a third time and the kubelet has every device healthy again."""
+    hw.add_dev("/dev/ttyUSB0")
+    hw.add_dev("/dev/ttyUSB1")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+        await kubelet.start()
+        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
+        try:
+            await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
+            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+            b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
+            await until(lambda: b.ready)
+            kubelet.drop_before_stream = 1
+            await old.aclose()
+            await kubelet.wait_for(
+                lambda: kubelet.dropped == [RESOURCE] and kubelet.dropped_before_stream == 1
+            )
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 4 and kubelet.healthy(RESOURCE) == 2)
+            assert (b.registrar.drops, b.registrar.unopened, b.registrar.registration_count) == (1, 1, 3)
+            await until(lambda: b.ready)
+        finally:
+            await new.aclose()
+            await old.aclose()
+            await kubelet.stop()
+
+    asyncio.run(scenario())

@@ -39,12 +39,18 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         refuse_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
         refuse_details: str = "not ready yet",
         one_client_per_resource: bool = False,
+        drop_before_stream: int = 0,
     ) -> None:
         """``one_client_per_resource`` plays the device manager of kubelets BEFORE v1.37
         (``plugin/v1beta1/handler.go``: one client per resource name): when ANY stream of a
         resource ends, the client registered for that resource NOW is dropped (its channel
         closed) and the resource's devices count as unhealthy until a plugin sends a list again
         (docs/facts.md#kubelet-endpoints)."""
+        #: close the client of this many accepted registrations right after Register returns,
+        #: before its ListAndWatch opens (what kubelets before v1.37 do when an older client's
+        #: stream ends in that window; docs/facts.md#kubelet-endpoints). Settable while running.
+        self.drop_before_stream = drop_before_stream
+        self.dropped_before_stream = 0
         self.plugin_dir = plugin_dir
         self.one_client_per_resource = one_client_per_resource
         #: the current client per resource (one_client_per_resource): its channel
@@ -90,11 +96,26 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         except grpc.aio.AioRpcError:
             options, serving = None, False
         self.registrations.append(Registration(request, options, serving))
-        if serving:
+        if serving and self.drop_before_stream > 0:
+            self.drop_before_stream -= 1
+            self.dropped_before_stream += 1
+            self.clients.pop(request.resource_name, None)
+            # The Go kubelet closes the connection after Register has answered: do it next turn.
+            self._streams.append(asyncio.create_task(self._close_soon(channel, request.resource_name)))
+        elif serving:
             self.clients[request.resource_name] = channel
             self._streams.append(asyncio.create_task(self._watch(request.resource_name, stub)))
         self._notify()
         return api_pb2.Empty()
+
+    async def _close_soon(self, channel: grpc.aio.Channel, resource: str) -> None:
+        await asyncio.sleep(0)
+        await channel.close()
+        self.devices[resource] = [
+            api_pb2.Device(ID=d.ID, health="Unhealthy", topology=d.topology)
+            for d in self.devices.get(resource, [])
+        ]
+        self._notify()
 
     async def _watch(self, resource: str, stub: api_pb2_grpc.DevicePluginStub) -> None:
         try:

@@ -25,6 +25,13 @@ Rules this module keeps:
   registering after a drop, wait (briefly, bounded) until the kubelet's PodResources shows that
   it has finished dropping us, so the drop cannot land on the new registration
   (docs/facts.md#kubelet-endpoints);
+* every registration must be followed by its stream: those kubelets can also drop a client
+  BEFORE its stream opens (the previous client's stream ends between our Register and the
+  kubelet's ListAndWatch), and then nothing of ours ends to tell us. So a registration whose
+  stream has not opened within a grace (1 s; 100 ms, doubling, once this kubelet has dropped us)
+  is made again; and the agent counts as ready only once the kubelet holds the stream of its
+  newest registration, so a rollout removes the previous agent only after the kubelet is really
+  connected to the new one;
 * the kubelet keeps one endpoint per socket PATH. When it refuses Register with "device plugin
   already connected", it has just dropped its client for that path but may keep the endpoint,
   which then blocks the path until it restarts: serve on a NEW socket name and register that
@@ -56,6 +63,11 @@ log = logging.getLogger(__name__)
 #: stream that ended (an older one) counts as lost. Streams of a registration the kubelet had
 #: already opened count as lost at once.
 STREAM_OPEN_GRACE = 1.0
+#: The same grace on a kubelet that has dropped us before (one client per resource), where a
+#: registration without a stream is most likely a registration dropped before its stream opened:
+#: it starts short and doubles per registration in a row whose stream never came (up to
+#: STREAM_OPEN_GRACE), so a kubelet that is merely slow is not flooded with registrations.
+DROPPING_KUBELET_STREAM_GRACE = 0.1
 #: After the kubelet dropped us, how long to wait at most for its PodResources to show none of
 #: our devices allocatable (it has run its disconnect) before registering again, and how often to
 #: look. The kubelet's disconnect follows the connection close within microseconds; the bound only
@@ -120,6 +132,9 @@ class Registrar:
         self._kubelet_allocatable = kubelet_allocatable
         self._registered_at = 0.0
         self._drop_backoff = Backoff(initial=0.01, maximum=1.0, factor=4.0)
+        #: registrations made again because their stream never opened, and how many in a row
+        self.unopened = 0
+        self._unopened_in_a_row = 0
         servicer.on_stream_closed = self._stream_closed
 
     @property
@@ -129,6 +144,22 @@ class Registrar:
     @property
     def registered(self) -> bool:
         return self._registered_kubelet is not None
+
+    @property
+    def streaming(self) -> bool:
+        """Registered, and the kubelet holds the stream of our newest registration: only then
+        does it count our devices (what readiness means for a device plugin)."""
+        return self.registered and self._stream_of_newest_open()
+
+    def _stream_of_newest_open(self) -> bool:
+        return (
+            self._servicer.open_streams > 0 and self._servicer.streams_opened > self._streams_at_registration
+        )
+
+    def _stream_grace(self) -> float:
+        if self.drops == 0:
+            return STREAM_OPEN_GRACE
+        return min(STREAM_OPEN_GRACE, DROPPING_KUBELET_STREAM_GRACE * float(2**self._unopened_in_a_row))
 
     def _set_registered(self, kubelet: tuple[int, int] | None) -> None:
         """Registered with the kubelet whose socket has this identity, or (None) not registered."""
@@ -152,8 +183,10 @@ class Registrar:
             # The stream of our newest registration was open and is gone: the kubelet dropped us.
             self._dropped = True
             self._stream_check_at = time.monotonic()
-        else:
-            self._stream_check_at = time.monotonic() + STREAM_OPEN_GRACE
+        elif self._stream_check_at is None:
+            # An older registration's stream ended and the newest one's has not opened (yet): the
+            # check set at registration decides; this only covers a check already passed.
+            self._stream_check_at = time.monotonic() + self._stream_grace()
         self._kick.set()
 
     async def _kubelet_let_go(self) -> None:
@@ -193,7 +226,8 @@ class Registrar:
             await stub.Register(request, timeout=self._register_timeout)
 
     async def _reconcile(self) -> float | None:
-        """Bring reality in line; returns the retry delay after a failure, else None."""
+        """Bring reality in line; returns when to look again (after a failure, or to check that
+        a registration's stream came), else None."""
         if self.server is None or not self.server.socket_intact():
             if self.server is not None:
                 log.info("Plugin socket %s was removed (kubelet restart?): serving again", self.socket_path)
@@ -222,10 +256,25 @@ class Registrar:
                 return check_at - time.monotonic()
             self._stream_check_at = None
             dropped, self._dropped = self._dropped, False
-            if self._servicer.open_streams > 0:
+            if self._stream_of_newest_open():
+                self._unopened_in_a_row = 0
                 return None
+            if not dropped and self._servicer.open_streams > 0:
+                # Streams of an earlier registration of ours are still held; the newest
+                # registration's stream never came. Kubelets before v1.37 keep the older client.
+                # Look again a grace later; a registration is made again only once none is held.
+                self._stream_check_at = time.monotonic() + self._stream_grace()
+                return self._stream_grace()
             self._set_registered(None)
-            if dropped:
+            if not dropped and self._servicer.streams_opened == self._streams_at_registration:
+                self.unopened += 1
+                self._unopened_in_a_row += 1
+                log.warning(
+                    "The kubelet opened no ListAndWatch stream within %.0f ms of our registration "
+                    "(dropped before it opened: kubelets before v1.37 can): registering again",
+                    (time.monotonic() - self._registered_at) * 1000,
+                )
+            elif dropped:
                 self.drops += 1
                 if time.monotonic() - self._registered_at < QUICK_DROP:
                     delay = self._drop_backoff.next()
@@ -265,15 +314,16 @@ class Registrar:
                 await self._move_to_new_socket()
             return delay
         self._backoff.reset()
-        # A fresh registration supersedes streams that ended before it.
-        self._stream_check_at = None
+        # A fresh registration supersedes streams that ended before it; its own stream is
+        # checked for a grace from now.
         self._dropped = False
         self._registered_at = time.monotonic()
+        self._stream_check_at = self._registered_at + self._stream_grace()
         self._set_registered(kubelet_id)
         self.registration_count += 1
         self._metrics.registrations.labels("success").inc()
         log.info("Registered %s with the kubelet at %s", self._resource_name, self.kubelet_socket)
-        return None
+        return self._stream_check_at - self._registered_at  # look whether its stream came
 
     async def _move_to_new_socket(self) -> None:
         """Give up our socket path for good (the kubelet may hold a stale endpoint for it): stop
