@@ -56,6 +56,7 @@ from patchbay_agent.wakeup import wait_any
 
 if TYPE_CHECKING:
     from patchbay_agent.core.holders import PodHolders
+    from patchbay_agent.dra.claimstatus import ClaimStatusWriter
     from patchbay_agent.dra.plugin import DraClient, DraPlugin
     from patchbay_agent.kubelet.podresources import Container
     from patchbay_agent.report.reporter import ReportClient, Reporter
@@ -115,6 +116,7 @@ class Agent:
         self.reporter: Reporter | None = None
         self.dra: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
+        self.claim_status: ClaimStatusWriter | None = None
         if options.report is not None:
             self._set_up_report(options.report, report_client)
         if options.dra is not None:
@@ -130,6 +132,7 @@ class Agent:
 
     def _set_up_dra(self, dra: DraOptions, client: DraClient | None) -> None:
         # Imported only here: a device-plugin agent never loads the DRA stubs.
+        from patchbay_agent.dra.claimstatus import ClaimStatusWriter
         from patchbay_agent.dra.health import DraHealthServicer, HealthReports
         from patchbay_agent.dra.plugin import (
             LOCK_FILE_NAME,
@@ -162,6 +165,9 @@ class Agent:
             allocation=self.config.allocation,
             cdi_spec_dir=self.options.cdi_spec_dir,
             lock_path=services / LOCK_FILE_NAME,
+        )
+        preparer.status = self.claim_status = ClaimStatusWriter(
+            dra.driver, self.options.node_name, client, self.inventory, self.metrics, state_dir=services
         )
         plugin = self.dra = DraPlugin(
             dra.driver,
@@ -383,6 +389,8 @@ class Agent:
             await self.dra.start()
             tasks.append(asyncio.create_task(self.dra.run(stop), name="dra-plugin"))
             report_tasks.append(asyncio.create_task(self.publisher.run(stop), name="resource-slices"))
+            if self.claim_status is not None:
+                report_tasks.append(asyncio.create_task(self.claim_status.run(stop), name="claim-status"))
             tasks += report_tasks
         else:
             tasks.append(asyncio.create_task(self.registrar.run(stop), name="registrar"))

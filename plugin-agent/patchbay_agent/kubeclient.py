@@ -292,6 +292,20 @@ class KubeClient:
         body: dict[str, Any] = response.json()
         return body
 
+    def apply_claim_status(self, doc: Mapping[str, Any], field_manager: str) -> None:
+        """Server-side apply to a ResourceClaim's `status` (`dra/claimstatus.py`); the UID in
+        `doc` makes it a precondition (409 when the claim was replaced); ApiError on failure."""
+        meta = doc["metadata"]
+        self._send(
+            "PATCH",
+            version=DRA_GROUP_VERSION,
+            namespace=meta["namespace"],
+            url=f"resourceclaims/{meta['name']}/status",
+            params={"fieldManager": field_manager, "force": "true"},
+            data=json.dumps(doc, separators=(",", ":")),
+            headers=self._headers({"Content-Type": APPLY_CONTENT_TYPE}),
+        )
+
     def apply_slice(self, doc: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply of a whole ResourceSlice (cluster-scoped); the slice as the API server
         stored it (which may lack fields it dropped); ApiError on failure."""

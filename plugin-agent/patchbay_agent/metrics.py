@@ -394,6 +394,13 @@ class Metrics:
             "error, by method.",
             ["method"],
         )
+        self.claim_status_writes = Counter(
+            r,
+            "patchbay_agent_dra_claim_status_writes_total",
+            "DRA mode: writes of prepared devices into ResourceClaims' status.devices, by result "
+            "(success, gone, refused, error).",
+            ["result"],
+        )
         self.dra_prepare_seconds = Histogram(
             r,
             "patchbay_agent_dra_prepare_seconds",

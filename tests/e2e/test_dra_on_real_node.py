@@ -289,7 +289,8 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
     shows device health in pod status (1.36 on: over v1alpha1.DRAResourceHealth before 1.37, v1
     from 1.37), the pod's allocatedResourcesStatus too. A device that vanishes is tainted in the
     ResourceSlice, or, where the API server drops device taints (before 1.36), left out of it
-    (the profile says so); either way a claim for it stays unschedulable until it is back."""
+    (the profile says so); either way a claim for it stays unschedulable until it is back. The
+    claim's own status.devices names the prepared device and follows its health (KEP-4817)."""
     name, _resource, driver = dra_profile(cluster, fake_dev, real_node)
     core, custom = cluster.core, cluster.custom
     cdi_dir = e2e_cluster.real_node().paths.cdi_spec_dir
@@ -363,10 +364,33 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
             return reported and (not health_in_pod_status or pod_health() == {health})
 
         wait_for("the held device Healthy", lambda: health_is("Healthy"), 60)
+        # The claim's own status says what the pod got (KEP-4817; every release of the matrix).
+        pod_raw = cluster.api.sanitize_for_serialization(core.read_namespaced_pod("dra-held", namespace))
+        (claim_name,) = [c["resourceClaimName"] for c in pod_raw["status"]["resourceClaimStatuses"]]
+
+        def claim_device() -> dict[str, Any]:
+            claim = custom.get_namespaced_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", claim_name
+            )
+            entries = [e for e in claim.get("status", {}).get("devices") or [] if e["driver"] == driver]
+            return entries[0] if len(entries) == 1 else {}
+
+        def claim_health() -> tuple[str, str] | None:
+            conditions = {c["type"]: c for c in claim_device().get("conditions") or []}
+            if "Healthy" not in conditions:
+                return None
+            return conditions["Healthy"]["status"], conditions["Healthy"]["reason"]
+
+        entry = wait_for("the claim's status naming its device", claim_device, 60)
+        assert (entry["pool"], entry["device"]) == (real_node, held_name), entry
+        assert {c["type"]: c["status"] for c in entry["conditions"]} == {"Ready": "True", "Healthy": "True"}
+        assert entry["data"]["id"] == held, entry
+        assert entry["data"]["cdiDevice"].startswith(f"{driver}/device="), entry
         held_file = fake_dev / held.rsplit("_", 1)[-1]
         rdev = held_file.stat().st_rdev
         held_file.unlink()
         wait_for("the held device Unhealthy", lambda: health_is("Unhealthy"), 60)
+        wait_for("the claim's status saying so", lambda: claim_health() == ("False", "Vanished"), 60)
         if not taints_kept:
             # Its taint would be dropped: left out of the slice while it is gone (the running pod
             # keeps its claim), and the profile says why.
@@ -382,6 +406,7 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
             )
         os.mknod(held_file, 0o666 | 0o020000, rdev)
         wait_for("Healthy again", lambda: health_is("Healthy"), 60)
+        wait_for("the claim's status Healthy again", lambda: claim_health() == ("True", "Healthy"), 60)
         if not health_in_pod_status:
             # This kubelet shows no device health in pod status (ResourceHealthStatus off before
             # 1.36): the report and the profile are where it is seen.

@@ -412,6 +412,202 @@ def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, ins
     ]
     assert [a for a in allowed if not can(*a)] == []
     assert [d for d in denied if can(*d)] == []
+    # Claim status: patch (server-side apply) only, on the status subresource only.
+    status = ["auth", "can-i", "--subresource=status", f"--as={agent}", "-n", "default"]
+    assert (
+        tools.kubectl(*status, "patch", "resourceclaims.resource.k8s.io", check=False).stdout.strip() == "yes"
+    )
+    assert (
+        tools.kubectl(*status, "update", "resourceclaims.resource.k8s.io", check=False).stdout.strip() == "no"
+    )
+
+
+def _claim(name: str, node: str) -> dict[str, Any]:
+    """A ResourceClaim allocated (as the scheduler would write it) on `node`: one device of a
+    Patchbay driver and one of another driver."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "serial", "exactly": {"deviceClassName": "p.patchbay.dev"}},
+                    {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}},
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "serial", "driver": "p.patchbay.dev", "pool": node, "device": "ttyusb0"},
+                        {"request": "gpu", "driver": "gpu.example.com", "pool": node, "device": "gpu0"},
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
+                },
+            }
+        },
+    }
+
+
+def _device_status(claim: str, uid: str, driver: str, node: str, device: str, **extra: Any) -> str:
+    """What an agent applies to a claim's status (dra/claimstatus.py's shape)."""
+    entry = {
+        "driver": driver,
+        "pool": node,
+        "device": device,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Prepared",
+                "message": "prepared",
+                "lastTransitionTime": "2026-11-25T00:00:00Z",
+            }
+        ],
+        "data": {"id": device},
+    }
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim, "namespace": "default", "uid": uid},
+        "status": {"devices": [entry] if device else [], **extra},
+    }
+    return json.dumps(body)
+
+
+def test_an_agent_writes_only_its_own_nodes_claims_device_status(tools: Tools, installed: str) -> None:
+    """The chart's claim-status policy (and, from 1.36, the API server's own per-driver check,
+    which the chart's RBAC answers with associated-node:patch), by impersonation: an agent writes
+    status.devices entries of a Patchbay driver into claims allocated on its node, removes them
+    again, and nothing else: not another node's claim, not another driver's entry, not the
+    allocation."""
+    ns = installed
+    agent = f"system:serviceaccount:{ns}:patchbay-agent"
+    node_claim = "authentication.kubernetes.io/node-name"
+    apply = (
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--subresource=status",
+        "--field-manager=patchbay-p.patchbay.dev",
+    )
+
+    def as_agent(node: str, body: str, *flags: str) -> subprocess.CompletedProcess[str]:
+        who = tools.impersonating(agent, {node_claim: node})
+        return who.kubectl(*apply, *flags, "-f", "-", stdin=body, check=False)
+
+    def said(res: subprocess.CompletedProcess[str]) -> str:
+        return " ".join(res.stderr.split())
+
+    created = []
+    try:
+        for name, node in (("on-a", "node-a"), ("on-b", "node-b")):
+            doc = _claim(name, node)
+            allocation = doc.pop("status")
+            tools.kubectl("create", "-f", "-", stdin=json.dumps(doc))
+            created.append(name)
+            patch = json.dumps({"status": allocation})
+            tools.kubectl(
+                "patch",
+                "resourceclaim",
+                name,
+                "-n",
+                "default",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                patch,
+            )
+        uid = tools.kubectl(
+            "get", "resourceclaim", "on-a", "-n", "default", "-o", "jsonpath={.metadata.uid}"
+        ).stdout
+        uid_b = tools.kubectl(
+            "get", "resourceclaim", "on-b", "-n", "default", "-o", "jsonpath={.metadata.uid}"
+        ).stdout
+        ours = _device_status("on-a", uid, "p.patchbay.dev", "node-a", "ttyusb0")
+        wait_for(
+            "the claim-status policy in force",
+            # A server-side dry run: before the policy is in force such a write would land (and
+            # then pass the policy as unchanged).
+            lambda: (
+                "Patchbay driver"
+                in said(
+                    as_agent(
+                        "node-a",
+                        _device_status("on-a", uid, "gpu.example.com", "node-a", "gpu0"),
+                        "--dry-run=server",
+                    )
+                )
+            ),
+            60,
+            0.5,
+        )
+        mine = as_agent("node-a", ours)
+        assert mine.returncode == 0, mine.stderr
+        stored = json.loads(
+            tools.kubectl("get", "resourceclaim", "on-a", "-n", "default", "-o", "json").stdout
+        )
+        (entry,) = stored["status"]["devices"]
+        assert (entry["driver"], entry["device"], entry["data"]) == (
+            "p.patchbay.dev",
+            "ttyusb0",
+            {"id": "ttyusb0"},
+        )
+
+        # Another node's claim: refused (by the policy; from 1.36 by the API server's own check
+        # of resourceclaims/driver first).
+        theirs = as_agent("node-a", _device_status("on-b", uid_b, "p.patchbay.dev", "node-b", "ttyusb0"))
+        assert theirs.returncode != 0
+        assert "may write the status of only the claims allocated on its node" in said(
+            theirs
+        ) or 'requires resource="resourceclaims/driver"' in said(theirs), theirs.stderr
+        # Another driver's entry, even on its own node's claim: refused.
+        foreign = as_agent("node-a", _device_status("on-a", uid, "gpu.example.com", "node-a", "gpu0"))
+        assert foreign.returncode != 0 and "only status.devices entries of a Patchbay driver" in said(
+            foreign
+        ), foreign.stderr
+        # The reservations: never (the allocation is immutable for everyone once set).
+        reserving = json.loads(ours)
+        reserving["status"]["reservedFor"] = [
+            {"resource": "pods", "name": "someone", "uid": "6a9e6a0e-0000-4000-8000-00000000000a"}
+        ]
+        reserve = as_agent("node-a", json.dumps(reserving))
+        assert reserve.returncode != 0 and "status.allocation or status.reservedFor" in said(reserve), (
+            reserve.stderr
+        )
+        # Another driver's entry, written by its own driver (an admin here), stays when ours goes.
+        admin_apply = (
+            "apply",
+            "--server-side",
+            "--subresource=status",
+            "--field-manager=gpu-driver",
+            "-f",
+            "-",
+        )
+        tools.kubectl(*admin_apply, stdin=_device_status("on-a", uid, "gpu.example.com", "node-a", "gpu0"))
+        gone = as_agent("node-a", _device_status("on-a", uid, "p.patchbay.dev", "node-a", ""))
+        assert gone.returncode == 0, gone.stderr
+        stored = json.loads(
+            tools.kubectl("get", "resourceclaim", "on-a", "-n", "default", "-o", "json").stdout
+        )
+        assert [e["driver"] for e in stored["status"]["devices"]] == ["gpu.example.com"]
+        # A claim replaced under the same name: the old UID makes the write fail, not land.
+        stale = as_agent(
+            "node-a",
+            _device_status(
+                "on-a", "00000000-0000-4000-8000-000000000000", "p.patchbay.dev", "node-a", "ttyusb0"
+            ),
+        )
+        assert stale.returncode != 0 and "metadata.uid" in stale.stderr, stale.stderr
+    finally:
+        for name in created:
+            tools.kubectl("delete", "resourceclaim", name, "-n", "default", "--wait=false", check=False)
 
 
 def test_an_agent_writes_only_its_own_nodes_resource_slices(tools: Tools, installed: str) -> None:

@@ -65,6 +65,7 @@ from patchbay_agent.dra.claims import (
     claim_spec_document,
     spec_file_name,
 )
+from patchbay_agent.dra.claimstatus import ClaimStatusClient, ClaimStatusWriter
 from patchbay_agent.dra.health import DraHealthServicer
 from patchbay_agent.dra.slices import SliceClient, device_names
 from patchbay_agent.kubelet.pluginserver import PluginServer
@@ -143,8 +144,9 @@ class ClaimReader(Protocol):
         """The ResourceClaim object; raise when it cannot be read."""
 
 
-class DraClient(ClaimReader, SliceClient, Protocol):
-    """Everything DRA mode needs of the API: claims to read, slices to write."""
+class DraClient(ClaimReader, ClaimStatusClient, SliceClient, Protocol):
+    """Everything DRA mode needs of the API: claims to read and their status to write, slices
+    to write."""
 
 
 @contextlib.asynccontextmanager
@@ -198,6 +200,8 @@ class ClaimPreparer:
         self._names: tuple[int, dict[str, str]] = (-1, {})
         #: called after claims were prepared or unprepared (the holders read PodResources again)
         self.on_change: Callable[[], None] | None = None
+        #: told of every claim prepared or unprepared (writes the claims' status.devices)
+        self.status: ClaimStatusWriter | None = None
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_spec_dir / spec_file_name(self.driver, claim_uid)
@@ -246,14 +250,20 @@ class ClaimPreparer:
         except OSError as e:
             return ClaimResult(error=f"{where}: cannot write the CDI spec {path}: {e}")
         log.info("Prepared %s (%s): %d device(s), CDI spec %s", where, claim.uid, len(devices), path)
-        return ClaimResult(
-            tuple(
-                PreparedDevice(
-                    d.request, self.pool, d.device_name, cdi_device_id(self.driver, claim.uid, d.device_name)
-                )
-                for d in devices
+        prepared = tuple(
+            PreparedDevice(
+                d.request, self.pool, d.device_name, cdi_device_id(self.driver, claim.uid, d.device_name)
             )
+            for d in devices
         )
+        if self.status is not None:
+            self.status.prepared(
+                claim.namespace,
+                claim.name,
+                claim.uid,
+                [(d.device_name, d.physical_id, p.cdi_id) for d, p in zip(devices, prepared, strict=True)],
+            )
+        return ClaimResult(prepared)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Every claim's error ("" when done) by UID: its spec file deleted (absent is fine)."""
@@ -271,6 +281,8 @@ class ClaimPreparer:
                     continue
                 out[claim.uid] = ""
                 log.info("Unprepared ResourceClaim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
+                if self.status is not None:
+                    self.status.unprepared(claim.namespace, claim.name, claim.uid)
         if self.on_change is not None:
             self.on_change()
         return out
