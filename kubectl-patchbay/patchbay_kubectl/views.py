@@ -453,6 +453,8 @@ HINTS: dict[str, str] = {
     "OpenFailed": "the hardware or its permissions: the message says what open() answered",
     "ProbeFailed": "the profile's plugin.health.exec probe failed: its message has the probe's stderr",
     "ProbeTimedOut": "the probe outlived plugin.health.exec.timeoutSeconds: the device or the timeout",
+    "Flapping": "the device keeps coming and going (a loose connector, a reset loop): the hardware; "
+    "it recovers after 30 s without a change",
     "DevicesUnhealthy": "`kubectl patchbay devices --unhealthy` lists them; then the hardware",
     "NoDevices": "the agent found nothing: the profile's plugin.discovery against the node; the agent's log",
     "WaitingForKubelet": "transient (the kubelet's node status sync, ~10 s); if it lasts, the kubelet's log",

@@ -51,6 +51,7 @@ FAMILIES = {
     "patchbay_agent_report_writes": "counter",
     "patchbay_agent_resource_slice_writes": "counter",
     "patchbay_agent_dra_claim_errors": "counter",
+    "patchbay_agent_dra_claim_status_writes": "counter",
     "patchbay_agent_report_unchanged": "counter",
     "patchbay_agent_dra_prepare_seconds": "histogram",
     "patchbay_agent_dra_unprepare_seconds": "histogram",

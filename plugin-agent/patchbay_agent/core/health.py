@@ -33,6 +33,7 @@ into an API write.
 
 from __future__ import annotations
 
+import collections
 import enum
 import errno
 import logging
@@ -71,6 +72,17 @@ class Reason(enum.StrEnum):
     PROBE_NOT_RUN = "ProbeNotRun"
     #: a failed check that named no reason
     CHECK_FAILED = "CheckFailed"
+    #: its health changed FLAP_CHANGES times within FLAP_WINDOW: held Unhealthy until it is quiet
+    FLAPPING = "Flapping"
+
+
+#: A device whose health changes this many times within FLAP_WINDOW seconds is flapping (a loose
+#: connector, a device that resets in a loop): it is held Unhealthy, reason Flapping, until its
+#: health has not changed for FLAP_WINDOW and it is Healthy, then it recovers once. So 10 changes in
+#: 30 s reach the kubelet, the slices and the pods as 3 (Unhealthy, Healthy, Unhealthy) and one
+#: recovery, not 10; an ordinary failure and recovery (2 changes) is never held.
+FLAP_CHANGES = 3
+FLAP_WINDOW = 30.0
 
 
 _PROBE_REASONS = {
@@ -214,6 +226,10 @@ class DeviceHealthTracker:
         self._machines: dict[str, HealthMachine] = {}
         self._reasons: dict[str, str] = {}
         self._status: dict[str, DeviceStatus] = {}
+        #: per device: when its machine's state changed, within the last FLAP_WINDOW
+        self._changes: dict[str, collections.deque[float]] = {}
+        #: devices held Unhealthy as flapping
+        self._flapping: set[str] = set()
 
     def observe(self, results: Mapping[str, CheckResult]) -> bool:
         """Feed one round's results; forget devices no longer present. True when anything flipped."""
@@ -223,6 +239,8 @@ class DeviceHealthTracker:
             del self._machines[gone]
             self._reasons.pop(gone, None)
             self._status.pop(gone, None)
+            self._changes.pop(gone, None)
+            self._flapping.discard(gone)
             changed = True
         for dev_id, result in results.items():
             machine = self._machines.get(dev_id)
@@ -231,7 +249,14 @@ class DeviceHealthTracker:
                     self._failure_threshold, self._success_threshold
                 )
             before = machine.state
-            if machine.observe(result.ok, result.definite):
+            flipped = machine.observe(result.ok, result.definite)
+            if flipped and before is not None:
+                self._changes.setdefault(dev_id, collections.deque()).append(now)
+            if self._damp(dev_id, machine, now, result):
+                changed = True
+            elif dev_id in self._flapping:
+                pass  # held Unhealthy: the machine's flips do not reach the status
+            elif flipped:
                 changed = True
                 if before is None:
                     if not result.ok:
@@ -255,6 +280,32 @@ class DeviceHealthTracker:
                 self._reasons[dev_id] = result.reason
         return changed
 
+    def _damp(self, dev_id: str, machine: HealthMachine, now: float, result: CheckResult) -> bool:
+        """Enter or leave the flapping hold (see FLAP_CHANGES); True when the published health
+        changed by it."""
+        changes = self._changes.get(dev_id)
+        while changes and now - changes[0] >= FLAP_WINDOW:
+            changes.popleft()
+        count = len(changes) if changes else 0
+        if dev_id not in self._flapping:
+            if count < FLAP_CHANGES:
+                return False
+            self._flapping.add(dev_id)
+            current = self._status.get(dev_id)
+            was_healthy = current is None or current.healthy
+            since = now if was_healthy else current.since  # type: ignore[union-attr]
+            last = self._reasons.get(dev_id) or result.reason
+            message = f"its health changed {count} times in {FLAP_WINDOW:g} s (last failure: {last})"
+            log.warning("Device %s is flapping: %s; held Unhealthy until it is stable", dev_id, message)
+            self._status[dev_id] = DeviceStatus(False, since, Reason.FLAPPING, message)
+            return was_healthy
+        if count == 0 and machine.healthy:
+            self._flapping.discard(dev_id)
+            log.info("Device %s is stable again (no change for %g s): Healthy", dev_id, FLAP_WINDOW)
+            self._status[dev_id] = DeviceStatus(True, now)
+            return True
+        return False
+
     def set_thresholds(self, failure_threshold: int, success_threshold: int) -> None:
         """New thresholds for every device (a profile changed in place): each keeps its health,
         its `since` and its streak, judged by the new thresholds from the next round on."""
@@ -265,7 +316,7 @@ class DeviceHealthTracker:
 
     def healthy(self, dev_id: str) -> bool:
         machine = self._machines.get(dev_id)
-        return machine is not None and machine.healthy
+        return machine is not None and machine.healthy and dev_id not in self._flapping
 
     def reason(self, dev_id: str) -> str:
         """The message of the device's latest failed check (even while still Healthy)."""

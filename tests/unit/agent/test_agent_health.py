@@ -143,3 +143,39 @@ def test_a_definite_failure_skips_the_failure_threshold_but_not_recovery() -> No
     assert m.observe(True)
     assert m.healthy
     assert not m.observe(False)  # an ordinary failure still needs 3
+
+
+def test_a_device_that_flaps_is_held_unhealthy_until_it_is_quiet() -> None:
+    """Ten changes in 30 s (a device that vanishes and returns every 3 s, successThreshold 1) reach
+    the status as three (Unhealthy, Healthy, Unhealthy: then reason Flapping) and, once it stayed
+    Healthy 30 s with no change, one recovery; an ordinary failure and recovery is never held."""
+    now = [1000.0]
+    tracker = DeviceHealthTracker(1, 1, clock=lambda: now[0])
+    ok, gone = CheckResult(True), CheckResult(False, "no longer discovered", True, "Vanished")
+    tracker.observe({"d": ok, "e": ok})
+    published: list[bool] = []
+    for i in range(10):
+        now[0] += 3.0
+        tracker.observe({"d": gone if i % 2 == 0 else ok, "e": ok})
+        if not published or published[-1] != tracker.healthy("d"):
+            published.append(tracker.healthy("d"))
+    assert published == [False, True, False]
+    st = tracker.status("d")
+    assert st is not None and (st.healthy, st.reason) == (False, "Flapping")
+    assert "changed 3 times in 30 s" in st.message
+    # Healthy now but changed within 30 s: still held.
+    now[0] += 29.0
+    tracker.observe({"d": ok, "e": ok})
+    assert not tracker.healthy("d")
+    now[0] += 2.0
+    tracker.observe({"d": ok, "e": ok})
+    assert tracker.healthy("d")
+    st = tracker.status("d")
+    assert st is not None and st.healthy and st.since == now[0]
+    # An ordinary failure and recovery: published at once, both ways.
+    now[0] += 100.0
+    tracker.observe({"d": gone, "e": ok})
+    assert not tracker.healthy("d")
+    now[0] += 1.0
+    tracker.observe({"d": ok, "e": ok})
+    assert tracker.healthy("d")
