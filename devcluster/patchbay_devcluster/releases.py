@@ -70,8 +70,9 @@ CAPABILITIES: dict[str, Capability] = {
             "v1.37",
             "the kubelet keeps one device-plugin endpoint per socket path, so a second agent "
             "instance of a resource (a maxSurge rollout) never disturbs the first",
-            "one client per resource: when the old agent's stream ends the kubelet drops the new "
-            "one; the agent re-registers at once (a dip of milliseconds per rollout)",
+            "one client per resource: when the old agent's stream ends the kubelet would drop the "
+            "new one; the new agent hands over first (a registration the kubelet fails to connect "
+            "leaves it no client to close), so nothing dips",
         ),
         Capability(
             "dra-extended-resource",

@@ -35,6 +35,7 @@ import asyncio
 import gc
 import logging
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from patchbay_agent.backoff import Backoff
@@ -117,10 +118,35 @@ class Agent:
         self.dra: DraPlugin | None = None
         self.publisher: SlicePublisher | None = None
         self.claim_status: ClaimStatusWriter | None = None
+        #: the API client (reports, DRA), when the agent has one
+        self._api: object | None = None
         if options.report is not None:
             self._set_up_report(options.report, report_client)
         if options.dra is not None:
             self._set_up_dra(options.dra, dra_client)
+
+    async def _kubelet_keeps_one_client(self) -> bool | None:
+        """Whether this node's kubelet keeps one device-plugin client per resource (before v1.37,
+        docs/facts.md#kubelet-endpoints), from its Node's `status.nodeInfo.kubeletVersion`; None
+        when that cannot be read (no API client, no answer within 5 s, an unknown form)."""
+        getter = getattr(self._api, "kubelet_version", None)
+        if getter is None:
+            return None
+        try:
+            version = await asyncio.wait_for(asyncio.to_thread(getter, self.options.node_name), 5.0)
+        except Exception as e:
+            log.warning("Cannot read the kubelet's version from Node %s: %s", self.options.node_name, e)
+            return None
+        parsed = re.match(r"v?(\d+)\.(\d+)", str(version))
+        if parsed is None:
+            return None
+        one_client = (int(parsed.group(1)), int(parsed.group(2))) < (1, 37)
+        log.info(
+            "The kubelet is %s: %s",
+            version,
+            "one client per resource (hand-overs in rollouts)" if one_client else "one endpoint per socket",
+        )
+        return one_client
 
     async def _kubelet_allocatable(self) -> int:
         """How many of our devices the kubelet counts allocatable now (PodResources)."""
@@ -213,6 +239,7 @@ class Agent:
             from patchbay_agent.kubeclient import KubeClient
 
             client = KubeClient(report.kubeconfig)
+        self._api = client
         held = None
         if self.options.dra is not None:
             # DRA: what the kubelet's PodResources lists under the containers' claims, for our
@@ -393,6 +420,7 @@ class Agent:
                 report_tasks.append(asyncio.create_task(self.claim_status.run(stop), name="claim-status"))
             tasks += report_tasks
         else:
+            self.registrar.one_client_per_resource = await self._kubelet_keeps_one_client()
             tasks.append(asyncio.create_task(self.registrar.run(stop), name="registrar"))
         if self.holders is not None and self.reporter is not None:
             more = [

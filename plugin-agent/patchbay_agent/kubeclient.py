@@ -222,6 +222,12 @@ class KubeClient:
             raise ApiError(response.status_code, f"node {node_name} has no metadata.uid")
         return uid
 
+    def kubelet_version(self, node_name: str) -> str:
+        """The Node's `status.nodeInfo.kubeletVersion` (e.g. "v1.34.4"); ApiError on failure."""
+        response = self._send("GET", version="v1", url=f"nodes/{node_name}", headers=self._headers())
+        info = (response.json().get("status") or {}).get("nodeInfo") or {}
+        return str(info.get("kubeletVersion") or "")
+
     def get_object(
         self, version: str, plural: str, name: str, namespace: str | None = None
     ) -> dict[str, Any]:

@@ -251,3 +251,81 @@ def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
             await kubelet.stop()
 
     asyncio.run(scenario())
+
+
+def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_nothing_drops(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """Knowing its kubelet keeps one client per resource (a v1.34 Node), the new agent of a rollout
+    registers a socket that refuses the kubelet's dial-back once its own stream is open: the
+    kubelet's failed connect deletes the resource's client entry, so the old agent's exit closes
+    nothing and no device is ever marked unhealthy. The agent is Ready only after that. When the
+    last agent goes, it registers again first, so the kubelet still sees the resource go."""
+    hw.add_dev("/dev/ttyUSB0")
+    hw.add_dev("/dev/ttyUSB1")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+        await kubelet.start()
+        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
+        try:
+            a = await old.enter_async_context(
+                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version="v1.34.4")
+            )
+            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+            await until(lambda: a.ready)
+            assert a.registrar.handovers == 0  # alone: nothing to hand over from
+            b = await new.enter_async_context(
+                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version="v1.34.4")
+            )
+            await until(lambda: b.ready)
+            assert b.registrar.handovers == 1
+            (handover,) = kubelet.failed_connects
+            assert handover == b.registrar.endpoint.removesuffix(".sock") + "-handover.sock"
+            assert not (plugin_dir / handover).exists()  # the throw-away socket is gone
+            assert RESOURCE not in kubelet.clients  # the kubelet holds no client to close
+            await old.aclose()  # SIGTERM to the old pod
+            await asyncio.sleep(0.3)
+            assert kubelet.dropped == []
+            assert kubelet.healthy(RESOURCE) == 2
+            assert b.registrar.registration_count == 1 and b.registrar.drops == 0
+            assert b.servicer.open_streams == 1
+            # The last agent leaves: it registers again, so its exit makes the kubelet drop the
+            # resource (nothing may keep advertising devices nobody serves).
+            await new.aclose()
+            await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
+            assert kubelet.healthy(RESOURCE) == 0
+        finally:
+            await new.aclose()
+            await old.aclose()
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """A v1.37 Node: the kubelet keeps both agents' endpoints, so no hand-over registration."""
+    hw.add_dev("/dev/ttyUSB0")
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir)
+        await kubelet.start()
+        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
+        try:
+            await old.enter_async_context(
+                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version="v1.37.1")
+            )
+            b = await new.enter_async_context(
+                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version="v1.37.1")
+            )
+            await until(lambda: b.ready)
+            assert b.registrar.handovers == 0
+            assert kubelet.attempts == [r.request.endpoint for r in kubelet.registrations]
+        finally:
+            await new.aclose()
+            await old.aclose()
+            await kubelet.stop()
+
+    asyncio.run(scenario())

@@ -39,10 +39,13 @@ async def running_agent(
     backoff: tuple[float, float] = (0.05, 0.5),
     instance: str | None = None,
     cdi_spec_dir: Path | None = None,
+    kubelet_version: str | None = None,
 ) -> AsyncIterator[Agent]:
     """Start the agent (first round, serving, registering), yield it, then stop it for real.
 
-    CDI specs go to `cdi_spec_dir`, default `<host_root>/var/run/cdi` (never the machine's own)."""
+    CDI specs go to `cdi_spec_dir`, default `<host_root>/var/run/cdi` (never the machine's own).
+    `kubelet_version`: what the agent reads as its Node's kubeletVersion (these agents have no
+    API server; the read itself is tested against a real one in tests/integration)."""
     agent = Agent(
         make_config(plugin, resource),
         AgentOptions(
@@ -58,6 +61,8 @@ async def running_agent(
             cdi_spec_dir=cdi_spec_dir or host_root / "var" / "run" / "cdi",
         ),
     )
+    if kubelet_version is not None:
+        agent._api = _NodeInfo(kubelet_version)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:
@@ -68,6 +73,16 @@ async def running_agent(
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=15)
+
+
+class _NodeInfo:
+    """Answers the one API read the device-plugin agent makes without reports: its kubelet's version."""
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+
+    def kubelet_version(self, node_name: str) -> str:
+        return self.version
 
 
 @contextlib.asynccontextmanager

@@ -51,6 +51,8 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         #: stream ends in that window; docs/facts.md#kubelet-endpoints). Settable while running.
         self.drop_before_stream = drop_before_stream
         self.dropped_before_stream = 0
+        #: endpoints whose dial-back failed (one_client_per_resource): Register answered an error
+        self.failed_connects: list[str] = []
         self.plugin_dir = plugin_dir
         self.one_client_per_resource = one_client_per_resource
         #: the current client per resource (one_client_per_resource): its channel
@@ -90,11 +92,23 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         )
         self._channels.append(channel)
         stub = api_pb2_grpc.DevicePluginStub(channel)
+        if self.one_client_per_resource:
+            # registerClient BEFORE Connect: the new client replaces the current one at once.
+            self.clients[request.resource_name] = channel
         try:
             options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=2)
             serving = True
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as e:
             options, serving = None, False
+            if self.one_client_per_resource:
+                # Connect failed: deregisterClient deletes the resource's entry (whoever's it
+                # was by then) and Register answers the error.
+                self.clients.pop(request.resource_name, None)
+                self.failed_connects.append(request.endpoint)
+                self._notify()
+                await context.abort(
+                    grpc.StatusCode.UNKNOWN, f"failed to get device plugin options: {e.details()}"
+                )
         self.registrations.append(Registration(request, options, serving))
         if serving and self.drop_before_stream > 0:
             self.drop_before_stream -= 1

@@ -32,6 +32,15 @@ Rules this module keeps:
   is made again; and the agent counts as ready only once the kubelet holds the stream of its
   newest registration, so a rollout removes the previous agent only after the kubelet is really
   connected to the new one;
+* on a kubelet that keeps ONE client per resource (before 1.37: learned from the Node's
+  kubeletVersion, or from a drop), a new agent that finds another agent of its resource serving
+  HANDS OVER once the kubelet holds its stream, before it counts as ready: it registers a
+  throw-away socket that refuses the kubelet's dial-back. The kubelet registers that client in
+  place of ours, fails to connect it and deletes its client entry, while our stream (and the
+  device manager's endpoint for it) stays. When the previous agent then exits, the kubelet finds
+  no client of the resource to close: no drop, no dip. An agent that goes with no successor
+  registers its own socket again first, so that its exit makes the kubelet mark the resource
+  unhealthy as before (docs/facts.md#kubelet-endpoints);
 * the kubelet keeps one endpoint per socket PATH. When it refuses Register with "device plugin
   already connected", it has just dropped its client for that path but may keep the endpoint,
   which then blocks the path until it restarts: serve on a NEW socket name and register that
@@ -42,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -51,9 +61,10 @@ import grpc
 from patchbay_agent.api import api_pb2, api_pb2_grpc
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.constants import API_VERSION, KUBELET_SOCKET
-from patchbay_agent.deviceplugin.server import DevicePluginServicer, device_plugin_server
+from patchbay_agent.deviceplugin.server import DevicePluginServicer, detach_server, device_plugin_server
 from patchbay_agent.fswatch import DirWatcher
 from patchbay_agent.kubelet.pluginserver import PluginServer, file_identity
+from patchbay_agent.kubelet.sockets import is_same_resource, probe
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.wakeup import wait_any
 
@@ -80,6 +91,8 @@ DROP_SETTLE_EVERY = 0.002
 QUICK_DROP = 1.0
 #: What the kubelet's device manager answers a Register for a socket path it still holds.
 ALREADY_CONNECTED = "device plugin already connected"
+#: How long a hand-over registration (and the re-registration before a last exit) may take.
+HANDOVER_TIMEOUT = 2.0
 
 
 class Registrar:
@@ -132,10 +145,17 @@ class Registrar:
         self._kubelet_allocatable = kubelet_allocatable
         self._registered_at = 0.0
         self._drop_backoff = Backoff(initial=0.01, maximum=1.0, factor=4.0)
+        #: the kubelet keeps one client per resource (before 1.37); None: not known (the agent
+        #: sets it from the Node's kubeletVersion; a drop proves it too)
+        self.one_client_per_resource: bool | None = None
+        #: our newest registration was handed over (see the module doc); hand-overs done
+        self._handed_over = False
+        self.handovers = 0
         #: registrations made again because their stream never opened, and how many in a row
         self.unopened = 0
         self._unopened_in_a_row = 0
         servicer.on_stream_closed = self._stream_closed
+        servicer.on_stream_opened = self._kick.set
 
     @property
     def socket_path(self) -> Path:
@@ -147,9 +167,56 @@ class Registrar:
 
     @property
     def streaming(self) -> bool:
-        """Registered, and the kubelet holds the stream of our newest registration: only then
-        does it count our devices (what readiness means for a device plugin)."""
-        return self.registered and self._stream_of_newest_open()
+        """Registered, the kubelet holds the stream of our newest registration (only then does it
+        count our devices), and, where a hand-over is due, it is done: what readiness means for a
+        device plugin (a rollout removes the previous agent only then)."""
+        return self.registered and self._stream_of_newest_open() and not self._handover_due()
+
+    @property
+    def _one_client(self) -> bool:
+        return bool(self.one_client_per_resource) or self.drops > 0
+
+    def _handover_due(self) -> bool:
+        return self._one_client and not self._handed_over and self._others_serving()
+
+    def _others_serving(self) -> bool:
+        """Another agent of our resource serves a socket in the directory (a rollout's other half)."""
+        try:
+            names = os.listdir(self.plugin_dir)
+        except OSError:
+            return False
+        return any(
+            n != self.endpoint
+            and is_same_resource(n, self._resource_name)
+            and probe(self.plugin_dir / n) == 0
+            for n in names
+        )
+
+    async def _hand_over(self) -> None:
+        """Register a socket that refuses the kubelet (see the module doc), then remove it. Done
+        at most once per registration: whatever the kubelet answered, readiness is not held back
+        again (at worst the previous agent's exit costs a drop, as without a hand-over)."""
+        self._handed_over = True
+        name = self.endpoint.removesuffix(".sock") + "-handover.sock"
+        server = detach_server(self.plugin_dir / name)
+        try:
+            await server.start()
+            await self.register(endpoint=name, deadline=HANDOVER_TIMEOUT)
+            log.warning("The kubelet accepted a hand-over registration it should have refused")
+        except grpc.aio.AioRpcError as e:
+            if "hand-over" in (e.details() or ""):
+                self.handovers += 1
+                log.info(
+                    "Handed over %s: the kubelet keeps our stream and holds no client that the other "
+                    "agent's exit would close (kubelets before v1.37)",
+                    self._resource_name,
+                )
+            else:
+                log.warning("Hand-over registration failed otherwise (%s: %s)", e.code().name, e.details())
+        except (OSError, RuntimeError) as e:
+            log.warning("Cannot serve the hand-over socket %s: %s", name, e)
+        finally:
+            await server.stop(0, remove_socket=True)
 
     def _stream_of_newest_open(self) -> bool:
         return (
@@ -207,11 +274,12 @@ class Registrar:
         if name in (KUBELET_SOCKET, self.endpoint) or not name:
             self._kick.set()
 
-    async def register(self) -> None:
-        """One Register call; raises grpc.aio.AioRpcError when the kubelet refuses or is absent."""
+    async def register(self, *, endpoint: str | None = None, deadline: float | None = None) -> None:
+        """One Register call (of our socket, or of `endpoint`); raises grpc.aio.AioRpcError when
+        the kubelet refuses or is absent."""
         request = api_pb2.RegisterRequest(
             version=API_VERSION,
-            endpoint=self.endpoint,
+            endpoint=endpoint or self.endpoint,
             resource_name=self._resource_name,
             options=self._servicer.options,
         )
@@ -223,7 +291,7 @@ class Registrar:
             f"unix://{self.kubelet_socket}", options=[("grpc.use_local_subchannel_pool", 1)]
         ) as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
-            await stub.Register(request, timeout=self._register_timeout)
+            await stub.Register(request, timeout=deadline or self._register_timeout)
 
     async def _reconcile(self) -> float | None:
         """Bring reality in line; returns when to look again (after a failure, or to check that
@@ -249,6 +317,8 @@ class Registrar:
             self._set_registered(None)
             return None
         if kubelet_id == self._registered_kubelet:
+            if self._stream_of_newest_open() and self._handover_due():
+                await self._hand_over()
             check_at = self._stream_check_at
             if check_at is None:
                 return None
@@ -317,6 +387,7 @@ class Registrar:
         # A fresh registration supersedes streams that ended before it; its own stream is
         # checked for a grace from now.
         self._dropped = False
+        self._handed_over = False
         self._registered_at = time.monotonic()
         self._stream_check_at = self._registered_at + self._stream_grace()
         self._set_registered(kubelet_id)
@@ -357,7 +428,19 @@ class Registrar:
             watcher.close()
 
     async def shutdown(self, grace: float) -> None:
-        """Stop serving and remove our socket (only if it is still ours)."""
+        """Stop serving and remove our socket (only if it is still ours). Handed over and with no
+        other agent of the resource left, register our socket again first: the kubelet then holds
+        a client that our exit closes, and marks the resource unhealthy (capacity nobody serves
+        must not stay)."""
+        if self._handed_over and self.registered and not self._others_serving():
+            try:
+                await self.register(deadline=HANDOVER_TIMEOUT)
+                log.info(
+                    "No other agent of %s: registered again so that the kubelet sees us go",
+                    self._resource_name,
+                )
+            except grpc.aio.AioRpcError as e:
+                log.warning("Could not register again before leaving (%s: %s)", e.code().name, e.details())
         self._set_registered(None)
         if self.server is not None:
             await self.server.stop(grace, remove_socket=True)

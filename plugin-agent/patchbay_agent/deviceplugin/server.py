@@ -52,6 +52,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.streams_opened = 0
         #: called when a stream ends; the registrar uses it to notice a kubelet that dropped us
         self.on_stream_closed: Callable[[], None] | None = None
+        #: called when a stream opens (the registrar then completes a hand-over)
+        self.on_stream_opened: Callable[[], None] | None = None
         #: called after every Allocate answered OK (must not block: it runs before the answer goes)
         self.on_allocated: Callable[[], None] | None = None
         self._options = api_pb2.DevicePluginOptions(
@@ -89,6 +91,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.streams_opened += 1
         self._metrics.rpcs.labels("ListAndWatch", "OK").inc()
         log.info("ListAndWatch stream opened (%d devices)", self._inventory.current.advertised)
+        if self.on_stream_opened is not None:
+            self.on_stream_opened()
         try:
             snap = self._inventory.current
             sent = self.encoder.response_for(snap)
@@ -196,6 +200,30 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             await context.abort(code, message)
         log.info("PreStartContainer ran for %s", ids)
         return api_pb2.PreStartContainerResponse()
+
+
+class DetachServicer(api_pb2_grpc.DevicePluginServicer):
+    """Refuses the kubelet's dial-back: served on a throw-away socket whose registration must fail
+    (see `Registrar`'s hand-over, docs/facts.md#kubelet-endpoints)."""
+
+    async def GetDevicePluginOptions(  # noqa: N802 - the gRPC method name
+        self,
+        request: api_pb2.Empty,
+        context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.DevicePluginOptions],
+    ) -> api_pb2.DevicePluginOptions:
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE, "patchbay: a hand-over registration, refused on purpose"
+        )
+        raise AssertionError("unreachable")  # abort raises
+
+
+def detach_server(socket_path: Path) -> PluginServer:
+    """A DevicePlugin service that refuses every kubelet on `socket_path`."""
+
+    def add(server: grpc.aio.Server) -> None:
+        api_pb2_grpc.add_DevicePluginServicer_to_server(DetachServicer(), server)  # type: ignore[no-untyped-call]
+
+    return PluginServer(socket_path, add, "hand-over")
 
 
 def device_plugin_server(servicer: DevicePluginServicer, socket_path: Path) -> PluginServer:

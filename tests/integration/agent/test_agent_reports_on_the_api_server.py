@@ -390,3 +390,26 @@ def test_the_largest_report_the_crd_admits_is_stored_and_one_more_of_anything_is
         assert refused.value.status == 422, refused.value.body[:500]
         said = str(refused.value.body)
         assert field in said and words in said, said[:800]
+
+
+def test_the_agent_reads_its_kubelets_version_from_the_node(
+    devcluster: DevCluster, api: client.ApiClient, node: tuple[str, str]
+) -> None:
+    """What decides whether a rollout hands over (docs/facts.md#kubelet-endpoints): the Node's
+    status.nodeInfo.kubeletVersion, read with the agent's own client, as kwok reports it and as a
+    kubelet of 1.34 would."""
+    from patchbay_agent.kubeclient import KubeClient
+
+    name, _uid = node
+    agent_client = KubeClient(devcluster.kubeconfig)
+    core = client.CoreV1Api(api)
+    wait_for(
+        "kwok to report the node's kubelet", lambda: core.read_node(name).status.node_info.kubelet_version
+    )
+    assert agent_client.kubelet_version(name) == core.read_node(name).status.node_info.kubelet_version
+    info = core.read_node(name).status.node_info
+    info.kubelet_version = "v1.34.4"
+    core.patch_node_status(
+        name, {"status": {"nodeInfo": client.ApiClient().sanitize_for_serialization(info)}}
+    )
+    wait_for("the version as set", lambda: agent_client.kubelet_version(name) == "v1.34.4", 10)
