@@ -132,12 +132,14 @@ def _served(custom: client.CustomObjectsApi) -> bool:
 
 @pytest.fixture(scope="session")
 def operator_namespace(api: client.ApiClient) -> str:
-    """The operator's namespace with the agents' ServiceAccount in it (the chart makes both)."""
+    """The operator's namespace with the agents' ServiceAccounts in it (the chart makes them)."""
     core = client.CoreV1Api(api)
-    account = {"metadata": {"name": "patchbay-agent"}}
     for create in (
         lambda: core.create_namespace({"metadata": {"name": NAMESPACE}}),
-        lambda: core.create_namespaced_service_account(NAMESPACE, account),
+        lambda: core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "patchbay-agent"}}),
+        lambda: core.create_namespaced_service_account(
+            NAMESPACE, {"metadata": {"name": "patchbay-agent-dra"}}
+        ),
     ):
         try:
             create()

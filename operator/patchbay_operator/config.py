@@ -60,6 +60,8 @@ class Settings:
     """Where to serve Prometheus /metrics (host, port); absent: not served."""
 
     agent_service_account: str = "patchbay-agent"
+    #: DRA profiles' agents: their own ServiceAccount, the only one bound to the DRA ClusterRole
+    agent_dra_service_account: str = "patchbay-agent-dra"
     """The agents' ServiceAccount in ``namespace``: its pod-bound token names the agent's node,
     which the chart's admission policy checks on every DeviceReport write."""
 
@@ -243,6 +245,12 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         d.agent_service_account,
     )
     flag(
+        "agent-dra-service-account",
+        "DRA profiles' agents' ServiceAccount in --namespace, the only one that may read claims "
+        f"and write ResourceSlices (default {d.agent_dra_service_account})",
+        d.agent_dra_service_account,
+    )
+    flag(
         "agent-api-server",
         "HOST:PORT the agents dial instead of the kubernetes Service, for clusters without "
         "kube-proxy (default: the Service)",
@@ -303,6 +311,7 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         liveness=args.liveness or None,
         metrics_address=args.metrics_address,
         agent_service_account=args.agent_service_account,
+        agent_dra_service_account=args.agent_dra_service_account,
         agent_api_server=args.agent_api_server,
         kubelet_root_dir=args.kubelet_root_dir,
         cdi_spec_dir=args.cdi_spec_dir,

@@ -240,7 +240,7 @@ def agent_objects(
         resources=agent.get("resources") or DEFAULT_RESOURCES,
         container_security=security,
         profile=profile.name,
-        service_account=settings.agent_service_account,
+        service_account=settings.agent_dra_service_account if dra else settings.agent_service_account,
         api_server=list(settings.agent_api_server) if settings.agent_api_server else None,
         kubelet_root_dir=settings.kubelet_root_dir,
         holder_labels=settings.agent_metrics_holder_labels,

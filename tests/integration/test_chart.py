@@ -363,6 +363,14 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     ):
         res = as_agent("node-a", *args, stdin=stdin)
         assert res.returncode != 0 and "forbidden" in res.stderr.lower(), (args, res.stderr)
+    # DRA agents (their own ServiceAccount) are bound by the same policy.
+    dra = tools.impersonating(f"system:serviceaccount:{ns}:patchbay-agent-dra", {claim: "node-a"})
+    dra_own = dra.kubectl(*apply, "-n", ns, stdin=_report("node-a", "d"), check=False)
+    assert dra_own.returncode == 0, dra_own.stderr
+    dra_other = dra.kubectl(*apply, "-n", ns, stdin=_report("node-b", "d"), check=False)
+    assert dra_other.returncode != 0 and "may write only its own node's DeviceReport" in " ".join(
+        dra_other.stderr.split()
+    ), dra_other.stderr
     # The policy binds the agents only: the operator (or an admin) is not node-scoped.
     assert tools.kubectl(*apply, "-n", ns, stdin=_report("node-b")).returncode == 0
     tools.kubectl("delete", "devicereports", "--all", "-n", ns)
@@ -385,11 +393,14 @@ def _slice(node: str, name: str = "", driver: str = "p.patchbay.dev", **spec: An
 
 
 def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, installed: str) -> None:
+    """DRA agents (their own ServiceAccount) publish devices and nothing more; device-plugin
+    agents (the other one, the shared node agent's) cannot even do that."""
     ns = installed
-    agent = f"system:serviceaccount:{ns}:patchbay-agent"
+    agent = f"system:serviceaccount:{ns}:patchbay-agent-dra"
+    plugin_agent = f"system:serviceaccount:{ns}:patchbay-agent"
 
-    def can(verb: str, resource: str, namespace: str | None = None) -> bool:
-        args = ["auth", "can-i", verb, resource, f"--as={agent}"] + (["-n", namespace] if namespace else [])
+    def can(verb: str, resource: str, namespace: str | None = None, who: str = agent) -> bool:
+        args = ["auth", "can-i", verb, resource, f"--as={who}"] + (["-n", namespace] if namespace else [])
         res = tools.kubectl(*args, check=False)
         assert res.stdout.strip() in ("yes", "no"), res.stderr
         return res.stdout.strip() == "yes"
@@ -412,6 +423,11 @@ def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, ins
     ]
     assert [a for a in allowed if not can(*a)] == []
     assert [d for d in denied if can(*d)] == []
+    assert [a for a in allowed if can(*a, who=plugin_agent)] == []
+    # Both write their node's DeviceReport.
+    assert can("patch", "devicereports.patchbay.dev", ns) and can(
+        "patch", "devicereports.patchbay.dev", ns, plugin_agent
+    )
     # Claim status: patch (server-side apply) only, on the status subresource only.
     status = ["auth", "can-i", "--subresource=status", f"--as={agent}", "-n", "default"]
     assert (
@@ -488,7 +504,7 @@ def test_an_agent_writes_only_its_own_nodes_claims_device_status(tools: Tools, i
     again, and nothing else: not another node's claim, not another driver's entry, not the
     allocation."""
     ns = installed
-    agent = f"system:serviceaccount:{ns}:patchbay-agent"
+    agent = f"system:serviceaccount:{ns}:patchbay-agent-dra"
     node_claim = "authentication.kubernetes.io/node-name"
     apply = (
         "apply",
@@ -615,7 +631,7 @@ def test_an_agent_writes_only_its_own_nodes_resource_slices(tools: Tools, instal
     its node's slices only (CREATE, UPDATE and, checked on the old object, DELETE), always with
     spec.nodeName, and only of a Patchbay driver."""
     ns = installed
-    agent = f"system:serviceaccount:{ns}:patchbay-agent"
+    agent = f"system:serviceaccount:{ns}:patchbay-agent-dra"
     claim = "authentication.kubernetes.io/node-name"
 
     def as_agent(node: str | None, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -687,7 +703,7 @@ def test_only_the_operator_writes_the_static_ledger(tools: Tools, installed: str
     refused with the key named; other annotations are not the policy's business."""
     ns = installed
     accounts = tools.kubectl("-n", ns, "get", "sa", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
-    (operator_sa,) = [a for a in accounts if a not in ("default", "patchbay-agent")]
+    (operator_sa,) = [a for a in accounts if a not in ("default", "patchbay-agent", "patchbay-agent-dra")]
     operator_user = f"system:serviceaccount:{ns}:{operator_sa}"
     node = json.dumps(
         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ledger-node", "labels": {"t": "ledger"}}}

@@ -91,9 +91,11 @@ def test_the_dra_agent_is_the_plugin_agent_with_the_kubelet_plugin_directories()
     assert host["cdi-specs"] == {"path": SETTINGS.cdi_spec_dir, "type": "DirectoryOrCreate"}
     assert host["pod-resources"]["path"] == f"{KUBELET}/pod-resources"
     assert "device-plugins" not in mounts and "device-plugins" not in host
-    # Everything else is the DevicePlugin agent's: account, hardening, probe.
+    # Its own ServiceAccount (the only one bound to the DRA ClusterRole); everything else is the
+    # DevicePlugin agent's: hardening, probe.
     plugin_pod = plugin_ds["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == plugin_pod["serviceAccountName"]
+    assert pod["serviceAccountName"] == SETTINGS.agent_dra_service_account == "patchbay-agent-dra"
+    assert plugin_pod["serviceAccountName"] == SETTINGS.agent_service_account == "patchbay-agent"
     assert container(ds)["securityContext"] == container(plugin_ds)["securityContext"]
     assert container(ds)["readinessProbe"] == container(plugin_ds)["readinessProbe"]
     assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == "dra-driver"
