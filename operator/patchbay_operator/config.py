@@ -60,10 +60,11 @@ class Settings:
     """Where to serve Prometheus /metrics (host, port); absent: not served."""
 
     agent_service_account: str = "patchbay-agent"
-    #: DRA profiles' agents: their own ServiceAccount, the only one bound to the DRA ClusterRole
-    agent_dra_service_account: str = "patchbay-agent-dra"
     """The agents' ServiceAccount in ``namespace``: its pod-bound token names the agent's node,
     which the chart's admission policy checks on every DeviceReport write."""
+    agent_dra_service_account: str = "patchbay-agent-dra"
+    """The ServiceAccount of DRA profiles' agents and of the shared node agent (it may serve DRA
+    profiles): the only one bound to the DRA ClusterRole."""
 
     agent_api_server: tuple[str, int] | None = None
     """API server (host, port) the agents dial instead of the ``kubernetes`` Service (clusters
@@ -246,8 +247,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     )
     flag(
         "agent-dra-service-account",
-        "DRA profiles' agents' ServiceAccount in --namespace, the only one that may read claims "
-        f"and write ResourceSlices (default {d.agent_dra_service_account})",
+        "ServiceAccount in --namespace of DRA profiles' agents and of the shared node agent, the "
+        f"only one that may read claims and write ResourceSlices (default {d.agent_dra_service_account})",
         d.agent_dra_service_account,
     )
     flag(

@@ -362,7 +362,9 @@ def shared_agent_objects(
         resources=DEFAULT_RESOURCES,
         container_security=HARDENED,
         profile="",
-        service_account=settings.agent_service_account,
+        # The shared node agent may serve DRA profiles (its pod template must not depend on which
+        # profiles it serves): it runs as the account with the DRA rights.
+        service_account=settings.agent_dra_service_account,
         api_server=list(settings.agent_api_server) if settings.agent_api_server else None,
         kubelet_root_dir=settings.kubelet_root_dir,
         holder_labels=settings.agent_metrics_holder_labels,

@@ -28,7 +28,16 @@ from typing import Any
 
 from kubernetes import client
 from support.clusters import Cluster
-from support.realnode import DEVICES, OWN_AGENT, Installed, add_fake_device, busybox_pod, limits, wait_for
+from support.realnode import (
+    DEVICES,
+    OWN_AGENT,
+    SHARED_SELECTOR,
+    Installed,
+    add_fake_device,
+    busybox_pod,
+    limits,
+    wait_for,
+)
 from support.releases import has
 
 from patchbay_devcluster import DevCluster
@@ -36,8 +45,11 @@ from patchbay_devcluster import DevCluster
 RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
 
 
-def dra_profile(cluster: Cluster, fake_dev: Path, node: str) -> tuple[str, str, str]:
-    """A DRA profile over ``fake_dev``'s devices on ``node``: (name, resource, driver)."""
+def dra_profile(
+    cluster: Cluster, fake_dev: Path, node: str, *, own_agent: bool = True
+) -> tuple[str, str, str]:
+    """A DRA profile over ``fake_dev``'s devices on ``node``: (name, resource, driver). Without
+    ``own_agent`` the shared node agent serves it."""
     name, resource = f"{cluster.prefix}dra", f"e2e.patchbay.dev/{cluster.tag}-dra"
     for i in range(DEVICES):
         add_fake_device(fake_dev, f"ttyDRA{i}")
@@ -53,7 +65,7 @@ def dra_profile(cluster: Cluster, fake_dev: Path, node: str) -> tuple[str, str, 
                 "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
                 "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "dra"}},
             },
-            "agent": OWN_AGENT,
+            **({"agent": OWN_AGENT} if own_agent else {}),
         },
     )
     return name, resource, f"{name}.patchbay.dev"
@@ -263,6 +275,52 @@ def claim_pod(name: str, node: str, template: str, fake_dev: Path) -> dict[str, 
     pod["spec"]["resourceClaims"] = [{"name": "serial", "resourceClaimTemplateName": template}]
     pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "serial"}]}
     return pod
+
+
+def test_the_shared_node_agent_serves_a_dra_profile(
+    patchbay: Installed, cluster: Cluster, real_node: str, namespace: str, fake_dev: Path
+) -> None:
+    """A DRA profile without agent settings: the shared node agent (the same pod that serves
+    device-plugin profiles, as the demo shows) publishes its ResourceSlice, prepares a claim and
+    writes the claim's status, all with the account the chart gives it (the ServiceAccount with
+    the DRA rights; a profile's own device-plugin agent has none)."""
+    name, _resource, driver = dra_profile(cluster, fake_dev, real_node, own_agent=False)
+    core, custom = cluster.core, cluster.custom
+    try:
+        wait_for(
+            "the node's devices in a ResourceSlice",
+            lambda: len(slice_devices(cluster, driver, real_node)) == DEVICES,
+            120,
+        )
+        claim_template(custom, namespace, "shared-serial", driver)
+        core.create_namespaced_pod(namespace, claim_pod("dra-shared", real_node, "shared-serial", fake_dev))
+        logs = wait_for("the pod running", lambda: pod_log(core, namespace, "dra-shared", "SERIALS="), 120)
+        (held,) = logs.splitlines()[0].removeprefix("SERIALS=").split(",")
+        pod_raw = cluster.api.sanitize_for_serialization(core.read_namespaced_pod("dra-shared", namespace))
+        (claim_name,) = [c["resourceClaimName"] for c in pod_raw["status"]["resourceClaimStatuses"]]
+
+        def entry() -> dict[str, Any] | None:
+            claim = custom.get_namespaced_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", claim_name
+            )
+            mine = [e for e in claim.get("status", {}).get("devices") or [] if e["driver"] == driver]
+            return mine[0] if mine else None
+
+        got = wait_for("the claim's status written by the node agent", entry, 60)
+        assert got["data"]["id"] == held, got
+        # The pod serving it is the shared node agent's, running as the account with DRA rights.
+        agents = core.list_namespaced_pod(patchbay.namespace, label_selector=SHARED_SELECTOR).items
+        accounts = {p.spec.service_account_name for p in agents if p.spec.node_name == real_node}
+        assert accounts == {"patchbay-agent-dra"}, accounts
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_namespaced_pod("dra-shared", namespace, grace_period_seconds=0)
+        with contextlib.suppress(client.ApiException):
+            custom.delete_namespaced_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaimtemplates", "shared-serial"
+            )
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-dra": None})
 
 
 def unschedulable(core: client.CoreV1Api, ns: str, name: str) -> str | None:

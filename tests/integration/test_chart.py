@@ -393,8 +393,8 @@ def _slice(node: str, name: str = "", driver: str = "p.patchbay.dev", **spec: An
 
 
 def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, installed: str) -> None:
-    """DRA agents (their own ServiceAccount) publish devices and nothing more; device-plugin
-    agents (the other one, the shared node agent's) cannot even do that."""
+    """DRA agents and the shared node agent (their own ServiceAccount) publish devices and nothing
+    more; profiles' own device-plugin agents (the other one) cannot even do that."""
     ns = installed
     agent = f"system:serviceaccount:{ns}:patchbay-agent-dra"
     plugin_agent = f"system:serviceaccount:{ns}:patchbay-agent"
@@ -424,6 +424,8 @@ def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, ins
     assert [a for a in allowed if not can(*a)] == []
     assert [d for d in denied if can(*d)] == []
     assert [a for a in allowed if can(*a, who=plugin_agent)] == []
+    # Both read nodes (the node agent its labels, every agent its kubelet's version).
+    assert can("get", "nodes") and can("get", "nodes", None, plugin_agent)
     # Both write their node's DeviceReport.
     assert can("patch", "devicereports.patchbay.dev", ns) and can(
         "patch", "devicereports.patchbay.dev", ns, plugin_agent

@@ -56,6 +56,8 @@ def test_one_daemonset_serves_both_modes_and_every_profile_owns_it() -> None:
     pod = ds["spec"]["template"]["spec"]
     mounts = {m["name"] for m in pod["containers"][0]["volumeMounts"]}
     assert {"device-plugins", "plugins-registry", "kubelet-plugins", "cdi-specs"} <= mounts
+    # It may serve DRA profiles: the account with the DRA rights, whatever it serves now.
+    assert pod["serviceAccountName"] == SETTINGS.agent_dra_service_account
     # The pod template depends on no profile: every node, every mount (only the image rolls it).
     assert "affinity" not in pod
     _, alone = render.shared_agent_objects([(SERIAL, None)], SETTINGS)
