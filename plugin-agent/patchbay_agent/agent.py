@@ -46,7 +46,7 @@ from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions
 __all__ = ["Agent", "AgentOptions", "DraOptions", "ReportOptions"]
 from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.core.monitor import Monitor
-from patchbay_agent.deviceplugin.registration import Registrar
+from patchbay_agent.deviceplugin.registration import ENDPOINT_PER_SOCKET_SINCE, Registrar
 from patchbay_agent.deviceplugin.server import DevicePluginServicer
 from patchbay_agent.discovery import HostRoot, make_backend
 from patchbay_agent.httpserver import HttpEndpoint
@@ -140,7 +140,7 @@ class Agent:
         parsed = re.match(r"v?(\d+)\.(\d+)", str(version))
         if parsed is None:
             return None
-        one_client = (int(parsed.group(1)), int(parsed.group(2))) < (1, 37)
+        one_client = (int(parsed.group(1)), int(parsed.group(2))) < ENDPOINT_PER_SOCKET_SINCE
         log.info(
             "The kubelet is %s: %s",
             version,

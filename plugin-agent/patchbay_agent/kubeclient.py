@@ -216,16 +216,21 @@ class KubeClient:
                     named[0],
                     node_name,
                 )
-        response = self._send("GET", version="v1", url=f"nodes/{node_name}", headers=self._headers())
-        uid = (response.json().get("metadata") or {}).get("uid")
+        uid = (self._node(node_name).get("metadata") or {}).get("uid")
         if not isinstance(uid, str) or not uid:
-            raise ApiError(response.status_code, f"node {node_name} has no metadata.uid")
+            raise ApiError(200, f"node {node_name} has no metadata.uid")
         return uid
+
+    def _node(self, node_name: str) -> dict[str, Any]:
+        """GET the Node (its uid, labels, kubelet version); ApiError on failure."""
+        body: dict[str, Any] = self._send(
+            "GET", version="v1", url=f"nodes/{node_name}", headers=self._headers()
+        ).json()
+        return body
 
     def kubelet_version(self, node_name: str) -> str:
         """The Node's `status.nodeInfo.kubeletVersion` (e.g. "v1.34.4"); ApiError on failure."""
-        response = self._send("GET", version="v1", url=f"nodes/{node_name}", headers=self._headers())
-        info = (response.json().get("status") or {}).get("nodeInfo") or {}
+        info = (self._node(node_name).get("status") or {}).get("nodeInfo") or {}
         return str(info.get("kubeletVersion") or "")
 
     def get_object(
@@ -279,8 +284,7 @@ class KubeClient:
 
     def node_labels(self, node_name: str) -> dict[str, str]:
         """The Node's labels (GET; the node agent decides from them which profiles select it)."""
-        response = self._send("GET", version="v1", url=f"nodes/{node_name}", headers=self._headers())
-        labels = (response.json().get("metadata") or {}).get("labels") or {}
+        labels = (self._node(node_name).get("metadata") or {}).get("labels") or {}
         return {str(k): str(v) for k, v in labels.items()}
 
     def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:

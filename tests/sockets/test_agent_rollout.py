@@ -15,12 +15,18 @@ import pytest
 from support.agentrun import plugin_client, running_agent, until
 from support.fakehw import FakeHardware, live_socket, stale_socket
 from support.pykubelet import PyKubelet
+from support.releases import has
 
 from patchbay_agent.api import api_pb2
 from patchbay_agent.kubelet.sockets import legacy_socket_name, socket_name
+from patchbay_devcluster.releases import matrix
 
 SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 60}}
 RESOURCE = "example.com/serial"
+#: Releases of the matrix (hack/kube-releases) as the agent reads them from its Node: the newest,
+#: and the oldest whose kubelet keeps one device-plugin client per resource (None: none does).
+NEWEST = matrix()[-1]
+ONE_CLIENT_RELEASE = next((r for r in matrix() if not has("device-plugin-endpoint-per-socket", r)), None)
 NAME = re.compile(r"patchbay-example\.com_serial-[0-9a-f]{8}\.sock")
 
 
@@ -256,11 +262,14 @@ def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
 def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_nothing_drops(
     plugin_dir: Path, hw: FakeHardware
 ) -> None:
-    """Knowing its kubelet keeps one client per resource (a v1.34 Node), the new agent of a rollout
-    registers a socket that refuses the kubelet's dial-back once its own stream is open: the
-    kubelet's failed connect deletes the resource's client entry, so the old agent's exit closes
-    nothing and no device is ever marked unhealthy. The agent is Ready only after that. When the
-    last agent goes, it registers again first, so the kubelet still sees the resource go."""
+    """Knowing its kubelet keeps one client per resource (its Node's release is before 1.37), the
+    new agent of a rollout registers a socket that refuses the kubelet's dial-back once its own
+    stream is open: the kubelet's failed connect deletes the resource's client entry, so the old
+    agent's exit closes nothing and no device is ever marked unhealthy. The agent is Ready only
+    after that. When the last agent goes, it registers again first, so the kubelet still sees the
+    resource go."""
+    if ONE_CLIENT_RELEASE is None:
+        pytest.skip("no release of the matrix (hack/kube-releases) keeps one client per resource")
     hw.add_dev("/dev/ttyUSB0")
     hw.add_dev("/dev/ttyUSB1")
 
@@ -270,13 +279,17 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
         old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
         try:
             a = await old.enter_async_context(
-                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version="v1.34.4")
+                running_agent(
+                    SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
+                )
             )
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             await until(lambda: a.ready)
             assert a.registrar.handovers == 0  # alone: nothing to hand over from
             b = await new.enter_async_context(
-                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version="v1.34.4")
+                running_agent(
+                    SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
+                )
             )
             await until(lambda: b.ready)
             assert b.registrar.handovers == 1
@@ -306,7 +319,7 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
 def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
     plugin_dir: Path, hw: FakeHardware
 ) -> None:
-    """A v1.37 Node: the kubelet keeps both agents' endpoints, so no hand-over registration."""
+    """The newest release's Node: its kubelet keeps both agents' endpoints, so no hand-over."""
     hw.add_dev("/dev/ttyUSB0")
 
     async def scenario() -> None:
@@ -314,11 +327,12 @@ def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
         await kubelet.start()
         old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
         try:
-            await old.enter_async_context(
-                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version="v1.37.1")
+            a = await old.enter_async_context(
+                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=NEWEST)
             )
+            await until(lambda: a.ready)
             b = await new.enter_async_context(
-                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version="v1.37.1")
+                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=NEWEST)
             )
             await until(lambda: b.ready)
             assert b.registrar.handovers == 0

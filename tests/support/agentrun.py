@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from support.converge import until as converge
 
 from patchbay_agent.agent import Agent, AgentOptions
 from patchbay_agent.api import api_pb2_grpc
@@ -17,11 +18,7 @@ from patchbay_agent.config import parse
 
 async def until(predicate: Callable[[], object], within: float = 10.0) -> None:
     """Poll `predicate` on the event loop until it is true; AssertionError after `within` s."""
-    for _ in range(int(within / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
+    await converge(predicate, within)
 
 
 def make_config(plugin: dict[str, Any], resource: str = "example.com/serial") -> Any:

@@ -125,10 +125,7 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
     async def _close_soon(self, channel: grpc.aio.Channel, resource: str) -> None:
         await asyncio.sleep(0)
         await channel.close()
-        self.devices[resource] = [
-            api_pb2.Device(ID=d.ID, health="Unhealthy", topology=d.topology)
-            for d in self.devices.get(resource, [])
-        ]
+        self._mark_unhealthy(resource)
         self._notify()
 
     async def _watch(self, resource: str, stub: api_pb2_grpc.DevicePluginStub) -> None:
@@ -151,12 +148,16 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         if channel is None:
             return
         await channel.close()
+        self._mark_unhealthy(resource)
+        self.dropped.append(resource)
+        self._notify()
+
+    def _mark_unhealthy(self, resource: str) -> None:
+        """PluginDisconnected: every device of the resource counts as unhealthy."""
         self.devices[resource] = [
             api_pb2.Device(ID=d.ID, health="Unhealthy", topology=d.topology)
             for d in self.devices.get(resource, [])
         ]
-        self.dropped.append(resource)
-        self._notify()
 
     def healthy(self, resource: str) -> int:
         """Devices of the resource the kubelet would count allocatable now."""

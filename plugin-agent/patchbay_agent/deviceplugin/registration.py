@@ -91,6 +91,10 @@ DROP_SETTLE_EVERY = 0.002
 QUICK_DROP = 1.0
 #: What the kubelet's device manager answers a Register for a socket path it still holds.
 ALREADY_CONNECTED = "device plugin already connected"
+#: The first kubelet minor that keeps one device-plugin endpoint per socket path; before it, one
+#: client per resource, and a rollout hands over (docs/facts.md#kubelet-endpoints). The test
+#: matrix's capability `device-plugin-endpoint-per-socket` names the same release.
+ENDPOINT_PER_SOCKET_SINCE = (1, 37)
 #: How long a hand-over registration (and the re-registration before a last exit) may take.
 HANDOVER_TIMEOUT = 2.0
 

@@ -36,6 +36,7 @@ from support.promtext import parse, value
 from support.pykubelet import PyKubelet
 
 from patchbay_devcluster import DevCluster
+from patchbay_devcluster.releases import matrix
 
 CRD_FILE = REPO / "crds" / "patchbay.dev_devicereports.yaml"
 GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicereports"
@@ -397,7 +398,7 @@ def test_the_agent_reads_its_kubelets_version_from_the_node(
 ) -> None:
     """What decides whether a rollout hands over (docs/facts.md#kubelet-endpoints): the Node's
     status.nodeInfo.kubeletVersion, read with the agent's own client, as kwok reports it and as a
-    kubelet of 1.34 would."""
+    kubelet of the matrix's oldest release would."""
     from patchbay_agent.kubeclient import KubeClient
 
     name, _uid = node
@@ -408,8 +409,9 @@ def test_the_agent_reads_its_kubelets_version_from_the_node(
     )
     assert agent_client.kubelet_version(name) == core.read_node(name).status.node_info.kubelet_version
     info = core.read_node(name).status.node_info
-    info.kubelet_version = "v1.34.4"
+    oldest = matrix()[0]
+    info.kubelet_version = oldest
     core.patch_node_status(
         name, {"status": {"nodeInfo": client.ApiClient().sanitize_for_serialization(info)}}
     )
-    wait_for("the version as set", lambda: agent_client.kubelet_version(name) == "v1.34.4", 10)
+    wait_for("the version as set", lambda: agent_client.kubelet_version(name) == oldest, 10)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fakekube import FakeKube, profile
+from support.converge import until
 
 from patchbay_operator import nodes
 from patchbay_operator.capacity import NodeState
@@ -24,16 +25,6 @@ RESOURCE = "example.com/dongle"
 
 def state(name: str, rv: str, **labels: str) -> NodeState:
     return NodeState.from_node({"metadata": {"name": name, "resourceVersion": rv, "labels": labels}})
-
-
-async def until(check: Callable[[], Any], within: float = 5.0) -> Any:
-    """Wait (on the event loop) for the controller to converge, at most ``within`` seconds."""
-    deadline = asyncio.get_running_loop().time() + within
-    while asyncio.get_running_loop().time() < deadline:
-        if result := check():
-            return result
-        await asyncio.sleep(0.01)
-    raise AssertionError("did not converge")
 
 
 def value(kube: FakeKube, node: str) -> tuple[str | None, str | None]:

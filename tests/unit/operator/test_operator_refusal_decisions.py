@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fakekube import FakeKube
+from support.converge import until
 
 from patchbay_operator.agentpods import STALL_AFTER, Warning, refusal
 from patchbay_operator.capacity import NodeState
@@ -170,15 +171,6 @@ async def test_the_controller_nudges_a_refused_daemonset_until_its_pods_exist() 
         assert kube.calls.count("annotate") == count
     finally:
         await ctl.stop()
-
-
-async def until(check: Any, within: float = 5.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + within
-    while asyncio.get_running_loop().time() < deadline:
-        if result := check():
-            return result
-        await asyncio.sleep(0.01)
-    raise AssertionError("did not converge")
 
 
 def test_the_profiles_events_say_the_refusal_and_its_recovery_without_a_node() -> None:
