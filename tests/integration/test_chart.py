@@ -197,6 +197,14 @@ def test_a_crd_change_changes_the_operator_pod_template(tools: Tools, tmp_path: 
     assert deploy["spec"]["template"]["metadata"]["annotations"]["patchbay.dev/crds-checksum"] != before
 
 
+def _chart_crds(tools: Tools) -> list[str]:
+    """The chart's CRDs still on the API server (a CRD whose release went is finalized in the
+    background, each on its own: the next install must wait for all of them, or it finds one that
+    another release still owns)."""
+    res = tools.kubectl("get", "crd", "-o", "name", check=False)
+    return [line for line in res.stdout.split() if line.endswith(".patchbay.dev")]
+
+
 def _crd(tools: Tools) -> dict[str, object] | None:
     res = tools.kubectl("get", "crd", CRD_NAME, "-o", "json", check=False)
     return json.loads(res.stdout) if res.returncode == 0 else None
@@ -248,7 +256,7 @@ def test_install_upgrade_with_changed_crd_and_uninstall(tools: Tools, tmp_path: 
     assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})  # type: ignore[union-attr]
     tools.helm("uninstall", "patchbay", "-n", ns, "--wait=false")
     # The API server finalizes a CRD (deleting its objects) in the background: give it time.
-    wait_for("the CRD to go with the release", lambda: _crd(tools) is None, 180)
+    wait_for("the CRDs to go with the release", lambda: _chart_crds(tools) == [], 180)
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +266,7 @@ def installed(tools: Tools) -> Iterator[str]:
     tools.helm("install", "rbac", str(CHART), "-n", ns, "--create-namespace", "--set", "crds.keep=false")
     yield ns
     tools.helm("uninstall", "rbac", "-n", ns, "--wait=false")
-    wait_for("the CRD to go with the release", lambda: _crd(tools) is None, 180)
+    wait_for("the CRDs to go with the release", lambda: _chart_crds(tools) == [], 180)
 
 
 def _can(tools: Tools, ns: str, verb: str, resource: str, namespace: str | None = None) -> bool:
