@@ -89,12 +89,22 @@ class Agents:
                     log.debug("%s of DevicePluginProfile %s changed", type(obj).__name__, obj.profile)
                     on_change(obj.profile)
 
+        # Reports not believed (name -> the agent they named), so each is logged once; bounded
+        # by the reports kept (an entry goes when its report is believed or deleted).
+        self._distrusted: dict[str, str] = {}
         self.daemonsets: Store[AgentDaemonSet] = Store(lambda d: d.profile, by_profile)
         self.pods: Store[AgentPod] = Store(lambda p: p.name, by_profile)
         self.warnings: Store[Warning] = Store(lambda w: w.key, self._warned)
-        self.reports: Store[Report] = Store(lambda r: r.name, by_profile)
+
+        def report_changed(old: Report | None, new: Report | None) -> None:
+            if new is None and old is not None:
+                self._distrusted.pop(old.name, None)
+            by_profile(old, new)
+
+        self.reports: Store[Report] = Store(lambda r: r.name, report_changed)
         # Reports with a DELETE in flight: status computations meanwhile must not send another.
         self._pruning: set[str] = set()
+
         #: each DRA profile's DeviceClass as the API server stored it at the last apply
         self.device_classes: dict[str, StoredDeviceClass] = {}
 
@@ -282,8 +292,32 @@ class Agents:
                 out.append(t)
         return out
 
-    def profile_reports(self, profile: str) -> list[Report]:
-        return [r for r in self.reports.items.values() if r.profile == profile]
+    def profile_reports(self, profile: str, served_by: str) -> list[Report]:
+        """``profile``'s reports that its own agents wrote: each names (``agent``) a pod of the
+        DaemonSet that serves it (``served_by``: the profile, or SHARED_KEY for the shared node
+        agent) on the report's node. The admission policy makes every report name the pod whose
+        token wrote it, so a report written by any other agent on that node (another profile's,
+        compromised) is not believed: the node then counts as not reported, and the profile's
+        own agent writes its report again within its resync (docs/security.md#reports)."""
+        out = []
+        for r in self.reports.items.values():
+            if r.profile != profile:
+                continue
+            pod = self.pods.items.get(r.agent)
+            if pod is not None and pod.profile == served_by and pod.node == r.node:
+                self._distrusted.pop(r.name, None)
+                out.append(r)
+            elif self._distrusted.get(r.name) != r.agent:
+                self._distrusted[r.name] = r.agent
+                log.warning(
+                    "Ignoring DeviceReport %s: its writer %s is not an agent pod of "
+                    "DevicePluginProfile %s on node %s",
+                    r.name,
+                    f"pod {r.agent}" if r.agent else "(no agent named)",
+                    profile,
+                    r.node,
+                )
+        return out
 
 
 def _controlled_by(obj: dict[str, Any], uid: str) -> bool:

@@ -398,7 +398,7 @@ class Controller:
             twin=self.registry.other_way(profile) if profile.mode is Mode.DRA else None,
             daemonset=self.agents.daemonsets.items.get(key),
             troubles=self.agents.troubles(key, datetime.now(UTC)),
-            reports=self.agents.profile_reports(name),
+            reports=self.agents.profile_reports(name, served_by=key),
             create_warning=self.agents.create_warning(self.agents.daemonsets.items.get(key)),
             device_class=self.agents.device_classes.get(name),
             shared_pods=self.agents.shared_pods() if shared else None,

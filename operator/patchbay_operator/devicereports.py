@@ -46,6 +46,8 @@ class Report:
     profile: str
     node: str
     devices: tuple[Device, ...] = ()
+    #: the agent pod that wrote it (the admission policy binds it to the writer's token)
+    agent: str = ""
     #: DRA: Kept, Dropped or Unknown; "" when the report does not say (DevicePlugin mode)
     device_taints: str = ""
     error: AgentError | None = None
@@ -97,6 +99,7 @@ class Report:
             profile=str(obj.get("profile") or ""),
             node=str(obj.get("nodeName") or ""),
             devices=tuple(devices),
+            agent=str(obj.get("agent") or ""),
             device_taints=str(obj.get("deviceTaints") or ""),
             error=error,
         )

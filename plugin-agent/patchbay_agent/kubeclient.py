@@ -187,10 +187,11 @@ class KubeClient:
             raise ApiError(response.status_code, _error_text(response))
         return response
 
-    def apply(self, report: Mapping[str, Any]) -> None:
-        """Server-side apply of a whole DeviceReport (creates or updates it); ApiError on failure."""
+    def apply(self, report: Mapping[str, Any]) -> str:
+        """Server-side apply of a whole DeviceReport (creates or updates it); the stored report's
+        resourceVersion; ApiError on failure."""
         meta = report["metadata"]
-        self._send(
+        response = self._send(
             "PATCH",
             version=f"{REPORT_GROUP}/{REPORT_VERSION}",
             namespace=meta["namespace"],
@@ -199,6 +200,37 @@ class KubeClient:
             data=json.dumps(report, separators=(",", ":")),
             headers=self._headers({"Content-Type": APPLY_CONTENT_TYPE}),
         )
+        return str((response.json().get("metadata") or {}).get("resourceVersion") or "")
+
+    def read_report(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored DeviceReport, None when there is none; ApiError else."""
+        try:
+            return self.get_object(f"{REPORT_GROUP}/{REPORT_VERSION}", REPORT_PLURAL, name, namespace)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def delete_report(self, namespace: str, name: str, resource_version: str) -> None:
+        """Delete the DeviceReport if it is still at ``resource_version`` (a precondition: a
+        report written again meanwhile stays); a report already gone is fine; ApiError else."""
+        body = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "preconditions": {"resourceVersion": resource_version},
+        }
+        try:
+            self._send(
+                "DELETE",
+                version=f"{REPORT_GROUP}/{REPORT_VERSION}",
+                namespace=namespace,
+                url=f"{REPORT_PLURAL}/{name}",
+                data=json.dumps(body),
+                headers=self._headers({"Content-Type": "application/json"}),
+            )
+        except ApiError as e:
+            if e.status != 404:
+                raise
 
     def node_uid(self, node_name: str) -> str:
         """The Node's UID: from the token's claims when it is pod-bound to that node, else GET."""

@@ -381,6 +381,11 @@ class Metrics:
             "DeviceReport writes (server-side apply) by result.",
             ["result"],
         )
+        self.report_restores = Counter(
+            r,
+            "patchbay_agent_report_restores_total",
+            "Times the agent found its DeviceReport deleted or written by someone else, and wrote it again.",
+        )
         self.slice_writes = Counter(
             r,
             "patchbay_agent_resource_slice_writes_total",

@@ -326,7 +326,9 @@ def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str) -> No
     assert not denied
 
 
-def _report(node: str, profile: str = "p", name: str = "") -> str:
+def _report(node: str, profile: str = "p", name: str = "", agent: str | None = None) -> str:
+    """A DeviceReport as the agent on ``node`` writes it; ``agent`` (its pod) defaults to
+    ``agent-<node>``, the pod name the impersonated tokens below carry."""
     return json.dumps(
         {
             "apiVersion": "patchbay.dev/v1alpha1",
@@ -334,6 +336,7 @@ def _report(node: str, profile: str = "p", name: str = "") -> str:
             "metadata": {"name": name or f"{profile}.{node}"},
             "profile": profile,
             "nodeName": node,
+            "agent": f"agent-{node}" if agent is None else agent,
             "resourceName": "example.com/serial",
             "summary": {"total": 1, "healthy": 1, "unhealthy": 0, "allocated": 0},
             "devices": [{"id": "ttyUSB0", "health": "Healthy"}],
@@ -346,10 +349,13 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     impersonation: the agents' ServiceAccount with the user extra a pod-bound token carries."""
     ns = installed
     agent = f"system:serviceaccount:{ns}:patchbay-agent"
-    claim = "authentication.kubernetes.io/node-name"
+    claim, pod_claim = "authentication.kubernetes.io/node-name", "authentication.kubernetes.io/pod-name"
 
-    def as_agent(node: str | None, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        who = tools.impersonating(agent, {claim: node} if node else None)
+    def as_agent(
+        node: str | None, *args: str, stdin: str | None = None, pod: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        extra = {claim: node, pod_claim: pod or f"agent-{node}"} if node else None
+        who = tools.impersonating(agent, extra)
         return who.kubectl(*args, "-n", ns, stdin=stdin, check=False)
 
     apply = ("apply", "--server-side", "--field-manager=patchbay-agent", "-f", "-")
@@ -357,13 +363,26 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     assert own.returncode == 0, own.stderr
     again = as_agent("node-a", *apply, stdin=_report("node-a").replace("Healthy", "Unhealthy"))
     assert again.returncode == 0, again.stderr  # updating its own: allowed
-    other = as_agent("node-a", *apply, stdin=_report("node-b"))
+    other = as_agent("node-a", *apply, stdin=_report("node-b", agent="agent-node-a"))
     assert other.returncode != 0
     assert "an agent on node node-a may write only its own node's DeviceReport, not one for node node-b" in (
         " ".join(other.stderr.split())
     ), other.stderr
     unbound = as_agent(None, *apply, stdin=_report("node-c"))
     assert unbound.returncode != 0 and "names no node" in unbound.stderr, unbound.stderr
+    # The report names the pod that writes it: not another pod (the operator believes a report
+    # only from an agent pod of its profile on its node), not none.
+    for forged in ("agent-of-another-profile", ""):
+        res = as_agent("node-a", *apply, stdin=_report("node-a", agent=forged))
+        assert res.returncode != 0
+        assert "must name the pod that writes it: agent: agent-node-a" in " ".join(res.stderr.split()), (
+            res.stderr
+        )
+    # A rollout's new pod takes over its node's report (the report now names it).
+    successor = as_agent(
+        "node-a", *apply, stdin=_report("node-a", agent="agent-node-a-2"), pod="agent-node-a-2"
+    )
+    assert successor.returncode == 0, successor.stderr
     # The name is <profile>.<nodeName>, from the report's own fields (the CRD's own rule).
     misnamed = as_agent("node-a", *apply, stdin=_report("node-a", name="q.node-a"))
     assert misnamed.returncode != 0 and "metadata.name must be <profile>.<nodeName>" in misnamed.stderr
@@ -375,11 +394,19 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     assert "may not take over the DeviceReport of node q.r" in " ".join(takeover.stderr.split()), (
         takeover.stderr
     )
-    # And nothing else: not another kind, not its own report's deletion, not listing the others.
+    # Deleting: its own node's report only (to replace one someone else wrote over it).
+    assert tools.kubectl(*apply, "-n", ns, stdin=_report("node-b")).returncode == 0
+    other_delete = as_agent("node-a", "delete", "devicereport", "p.node-b")
+    assert other_delete.returncode != 0
+    assert "may delete only its own node's DeviceReport, not the one of node node-b" in " ".join(
+        other_delete.stderr.split()
+    ), other_delete.stderr
+    own_delete = as_agent("node-a", "delete", "devicereport", "p.node-a")
+    assert own_delete.returncode == 0, own_delete.stderr
+    # And nothing else: not another kind, not listing the others.
     cm = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})
     for args, stdin in (
         (apply, cm),
-        (("delete", "devicereport", "p.node-a"), None),
         (("get", "devicereports"), None),
         (
             ("apply", "--server-side", "-f", "-"),
@@ -389,10 +416,12 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
         res = as_agent("node-a", *args, stdin=stdin)
         assert res.returncode != 0 and "forbidden" in res.stderr.lower(), (args, res.stderr)
     # DRA agents (their own ServiceAccount) are bound by the same policy.
-    dra = tools.impersonating(f"system:serviceaccount:{ns}:patchbay-agent-dra", {claim: "node-a"})
+    dra = tools.impersonating(
+        f"system:serviceaccount:{ns}:patchbay-agent-dra", {claim: "node-a", pod_claim: "agent-node-a"}
+    )
     dra_own = dra.kubectl(*apply, "-n", ns, stdin=_report("node-a", "d"), check=False)
     assert dra_own.returncode == 0, dra_own.stderr
-    dra_other = dra.kubectl(*apply, "-n", ns, stdin=_report("node-b", "d"), check=False)
+    dra_other = dra.kubectl(*apply, "-n", ns, stdin=_report("node-b", "d", agent="agent-node-a"), check=False)
     assert dra_other.returncode != 0 and "may write only its own node's DeviceReport" in " ".join(
         dra_other.stderr.split()
     ), dra_other.stderr
@@ -451,10 +480,11 @@ def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, ins
     assert [a for a in allowed if can(*a, who=plugin_agent)] == []
     # Both read nodes (the node agent its labels, every agent its kubelet's version).
     assert can("get", "nodes") and can("get", "nodes", None, plugin_agent)
-    # Both write their node's DeviceReport.
-    assert can("patch", "devicereports.patchbay.dev", ns) and can(
-        "patch", "devicereports.patchbay.dev", ns, plugin_agent
-    )
+    # Both write their node's DeviceReport (and may delete it, to replace one someone else wrote).
+    for verb in ("patch", "delete"):
+        assert can(verb, "devicereports.patchbay.dev", ns) and can(
+            verb, "devicereports.patchbay.dev", ns, plugin_agent
+        )
     # Claim status: patch (server-side apply) only, on the status subresource only.
     status = ["auth", "can-i", "--subresource=status", f"--as={agent}", "-n", "default"]
     assert (

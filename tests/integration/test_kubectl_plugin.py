@@ -65,8 +65,14 @@ def agent_spec(cluster: Cluster, resource: str, mode: str) -> dict[str, Any]:
 def write_report(
     cluster: Cluster, profile: str, node: str, resource: str, devices: list[dict[str, Any]]
 ) -> None:
-    """The DeviceReport the agent on ``node`` would write (server-side apply, as it does)."""
+    """The DeviceReport the agent on ``node`` would write (server-side apply, as it does), naming
+    the profile's agent pod there (kwok's), as the admission policy makes every agent do: the
+    operator believes a report only from an agent pod of its profile on its node."""
     healthy = sum(1 for d in devices if d["health"] == "Healthy")
+    pods = cluster.core.list_namespaced_pod(
+        NAMESPACE, label_selector=f"patchbay.dev/profile={profile}", field_selector=f"spec.nodeName={node}"
+    ).items
+    assert len(pods) == 1, [p.metadata.name for p in pods]
     body = {
         "apiVersion": "patchbay.dev/v1alpha1",
         "kind": "DeviceReport",
@@ -77,6 +83,7 @@ def write_report(
         },
         "profile": profile,
         "nodeName": node,
+        "agent": pods[0].metadata.name,
         "resourceName": resource,
         "observedAt": _ts(datetime.now(UTC)),
         "summary": {

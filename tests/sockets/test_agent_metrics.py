@@ -53,6 +53,7 @@ FAMILIES = {
     "patchbay_agent_dra_claim_errors": "counter",
     "patchbay_agent_dra_claim_status_writes": "counter",
     "patchbay_agent_report_unchanged": "counter",
+    "patchbay_agent_report_restores": "counter",
     "patchbay_agent_dra_prepare_seconds": "histogram",
     "patchbay_agent_dra_unprepare_seconds": "histogram",
     # the HTTP endpoint's own, once per process (httpserver.HttpEndpoint)
@@ -160,6 +161,7 @@ def test_the_registry_text_parses_with_the_values_that_were_caused() -> None:
     # Families of reports off: declared, without series.
     assert families["patchbay_agent_allocated_devices"].samples == []
     assert families["patchbay_agent_report_writes"].samples == []
+    assert value(families, "patchbay_agent_report_restores_total") == 0
     assert value(families, "patchbay_agent_report_unchanged_total") == 0
 
     buckets, total, count = histogram_parts(families["patchbay_agent_allocate_seconds"])

@@ -1,4 +1,5 @@
-"""Writing the DeviceReport: only when it changed, coalesced, never on a timer, never in the way.
+"""Writing the DeviceReport: only when it changed (or someone else changed it), coalesced, never in
+the way.
 
 The loop is the one change-writer (`writer.ChangeWriter`): it is notified of every new device
 snapshot and every change of the holders, waits `coalesce` seconds, and `sync()` builds the
@@ -12,6 +13,18 @@ policy's 403, a 404 while the CRD is not installed, an API server that does not 
 with the API server's message and retried with the agent's one backoff rhythm
 (`registration.Backoff`); changes that arrive meanwhile go into that retry. Nothing here raises
 into the agent.
+
+What was written must stay there: every `resync` seconds (`REPORT_RESYNC_SECONDS`, one GET) the
+reporter reads its report's resourceVersion back. When the report is gone (someone deleted it), it
+is written again at once, whether or not a device changed. When it has another version than the
+agent's own last write returned, someone else wrote it (only this agent writes its report, so any
+other writer is a mistake or an attack, docs/security.md#reports): the agent deletes that report
+(only if still at that version) and writes its own afresh. Applying over it would not do: server-
+side apply keeps the fields another field manager set (a forged device entry would stay). Two other
+writers are expected and left alone: the same pod's other reporter (the node agent writes a
+profile's failure report while that profile's agent is down), and a newer pod of the agent's own
+DaemonSet (a rollout, while both run), whose name differs from the agent's only in the 5
+characters the API server appended.
 
 The owner reference needs the Node's UID (`ReportClient.node_uid`): looked up just before the
 first write, and again before later writes while it is unknown, so the lookup costs no request of
@@ -37,11 +50,23 @@ log = logging.getLogger(__name__)
 __all__ = ["BACKOFF_INITIAL", "BACKOFF_MAX", "COALESCE_SECONDS", "ReportClient", "Reporter"]
 
 
+#: How often the reporter checks that its report is still the one it wrote: one GET per
+#: profile and node every 5 minutes (5,000 nodes: about 17 requests a second cluster-wide).
+REPORT_RESYNC_SECONDS = 300.0
+
+
 class ReportClient(Protocol):
     """What the reporter needs of the API (synchronous; `kubeclient.KubeClient` in the agent)."""
 
-    def apply(self, report: Mapping[str, Any]) -> None:
-        """Create or update the report; raise on failure."""
+    def apply(self, report: Mapping[str, Any]) -> str | None:
+        """Create or update the report; its resourceVersion as stored (None: not known); raise on
+        failure."""
+
+    def read_report(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored report, None when there is none; raise on failure."""
+
+    def delete_report(self, namespace: str, name: str, resource_version: str) -> None:
+        """Delete the report if it is still at ``resource_version``; raise on failure."""
 
     def node_uid(self, node_name: str) -> str:
         """The Node's UID; raise when it cannot be found."""
@@ -60,8 +85,9 @@ class Reporter(ChangeWriter):
         coalesce: float = COALESCE_SECONDS,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.time,
+        resync: float | None = REPORT_RESYNC_SECONDS,
     ) -> None:
-        super().__init__(coalesce=coalesce, backoff=backoff)
+        super().__init__(coalesce=coalesce, backoff=backoff, resync=resync)
         self.target = target
         self._client = client
         self._build = build
@@ -72,6 +98,10 @@ class Reporter(ChangeWriter):
         self._write_failing = False
         #: the last report written (without observedAt); None before the first write
         self.written: dict[str, Any] | None = None
+        #: the resourceVersion the last write stored; None when not known
+        self.version: str | None = None
+        #: how often the report was found deleted or written by someone else, and written again
+        self.restored = 0
         self.unchanged = 0
         self.what = f"DeviceReport {target.namespace}/{target.name}"
 
@@ -92,7 +122,7 @@ class Reporter(ChangeWriter):
             if self.node_uid is not None:
                 report = self._build(self.node_uid)
         try:
-            await asyncio.to_thread(self._client.apply, with_observed_at(report, self._clock()))
+            version = await asyncio.to_thread(self._client.apply, with_observed_at(report, self._clock()))
         except Exception as e:
             self._metrics.report_writes.labels("error").inc()
             delay = self.failed()
@@ -100,6 +130,7 @@ class Reporter(ChangeWriter):
             log.warning("Writing DeviceReport %s failed (%s); retrying in %.1fs", self._where, e, delay)
             return False
         self.written = report
+        self.version = version or None
         self.writes += 1
         if self.writes == 1:
             # The first write was start-up's last one-off work (TLS setup, the client's first
@@ -119,6 +150,46 @@ class Reporter(ChangeWriter):
         self._write_failing = False
         return True
 
+    async def check(self) -> None:
+        """Is the stored report still the one this agent wrote? If it is gone, write it again
+        now; if someone else wrote it since, delete theirs and write it again. A failed read or
+        delete is only logged: the next resync tries again."""
+        if self.written is None or self.version is None:
+            return
+        ns, name = self.target.namespace, self.target.name
+        try:
+            report = await asyncio.to_thread(self._client.read_report, ns, name)
+            stored = None if report is None else str((report.get("metadata") or {}).get("resourceVersion"))
+            if stored == self.version:
+                return
+            writer = str((report or {}).get("agent") or "")
+            if report is not None and writer and writer == self.target.agent:
+                # This pod's other reporter (the node agent's failure report and the profile's
+                # agent hand over to each other): not someone else.
+                return
+            if report is not None and same_daemonset(writer, self.target.agent):
+                log.info("DeviceReport %s is written by %s now (a rollout)", self._where, writer)
+                return
+            if stored is not None:
+                await asyncio.to_thread(self._client.delete_report, ns, name, stored)
+        except Exception as e:
+            log.warning(
+                "Checking DeviceReport %s failed (%s); trying again in %.0fs",
+                self._where,
+                e,
+                self._resync or 0,
+            )
+            return
+        self.restored += 1
+        self._metrics.report_restores.inc()
+        log.warning(
+            "DeviceReport %s was %s since this agent wrote it: writing it again",
+            self._where,
+            "deleted" if stored is None else "written by someone else (deleted it)",
+        )
+        self.written = self.version = None
+        self.notify()
+
     async def _find_owner(self) -> None:
         node = self.target.node_name
         try:
@@ -136,3 +207,17 @@ class Reporter(ChangeWriter):
         if self._owner_failing:
             log.info("Found node %s's UID: the DeviceReport is owned by the node now", node)
         self._owner_failing = False
+
+
+#: How many random characters the API server appends to a DaemonSet's `<name>-` for its pods
+#: (after cutting the base to 58 characters): pods of one DaemonSet differ only in those.
+POD_NAME_SUFFIX = 5
+
+
+def same_daemonset(pod: str, other: str | None) -> bool:
+    """Whether ``pod`` is another pod of ``other``'s DaemonSet, by name (the same up to the random
+    suffix). Only used to leave a successor's report alone: what the operator believes is decided
+    by the pods' labels, not by names."""
+    if not other or pod == other or len(pod) != len(other) or len(pod) <= POD_NAME_SUFFIX:
+        return False
+    return pod[:-POD_NAME_SUFFIX] == other[:-POD_NAME_SUFFIX]

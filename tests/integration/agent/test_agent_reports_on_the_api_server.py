@@ -415,3 +415,122 @@ def test_the_agent_reads_its_kubelets_version_from_the_node(
         name, {"status": {"nodeInfo": client.ApiClient().sanitize_for_serialization(info)}}
     )
     wait_for("the version as set", lambda: agent_client.kubelet_version(name) == oldest, 10)
+
+
+def test_a_report_deleted_or_written_by_someone_else_is_written_again(
+    devcluster: DevCluster, api: client.ApiClient, report_crd: None, namespace: str, node: tuple[str, str]
+) -> None:
+    """The reporter reads its report back every resync (here 0.2 s, 5 minutes in the agent): when
+    it is gone, the agent writes it again although no device changed; when someone else wrote it
+    (another agent on the node naming itself, a forged device), the agent deletes that one and
+    writes its own afresh, so nothing of the other writer's stays (server-side apply over it would
+    keep the fields another manager set); while it stays as written, the agent only reads."""
+    import asyncio
+
+    from support.converge import until
+
+    from patchbay_agent.kubeclient import KubeClient
+    from patchbay_agent.metrics import Metrics
+    from patchbay_agent.report.devicereport import ReportTarget
+    from patchbay_agent.report.reporter import Reporter
+
+    name, uid = node
+    target = ReportTarget(PROFILE, name, namespace, RESOURCE, "agent-pod-1")  # DaemonSet "agent"
+    custom = client.CustomObjectsApi(api)
+
+    def build(node_uid: str | None) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "DeviceReport",
+            "metadata": {"name": target.name, "namespace": namespace},
+            "profile": PROFILE,
+            "nodeName": name,
+            "resourceName": RESOURCE,
+            "agent": "agent-pod-1",
+            "summary": {"total": 1, "healthy": 1, "unhealthy": 0, "allocated": 0},
+            "devices": [{"id": "ttyUSB0", "health": "Healthy"}],
+        }
+
+    def stored() -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, target.name
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return obj
+
+    async def scenario() -> None:
+        reporter = Reporter(
+            target,
+            KubeClient(devcluster.kubeconfig),
+            build,
+            Metrics(RESOURCE, name),
+            coalesce=0.05,
+            resync=0.2,
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(reporter.run(stop))
+        try:
+            await until(lambda: reporter.writes == 1, 10)
+            assert (await asyncio.to_thread(stored) or {}).get("agent") == "agent-pod-1"
+            await asyncio.sleep(1.0)  # five resyncs: the report is as written, nothing is written
+            assert (reporter.writes, reporter.restored) == (1, 0)
+
+            # Deleted: written again.
+            await asyncio.to_thread(
+                custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, target.name
+            )
+            await until(lambda: reporter.writes == 2, 10)
+            assert reporter.restored == 1
+            assert (await asyncio.to_thread(stored) or {}).get("agent") == "agent-pod-1"
+
+            # Written by someone else (another agent pod names itself, claims the device sick).
+            forged = {**build(uid), "agent": "agent-of-another-profile"}
+            forged["devices"] = [
+                {"id": "ttyUSB0", "health": "Unhealthy", "reason": "Forged"},
+                {"id": "ttyFAKE", "health": "Healthy"},
+            ]
+            await asyncio.to_thread(
+                custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                target.name,
+                forged,
+                field_manager="someone-else",
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+            await until(lambda: reporter.writes == 3, 10)
+            restored = await asyncio.to_thread(stored) or {}
+            assert restored.get("agent") == "agent-pod-1"
+            assert restored["devices"] == [{"id": "ttyUSB0", "health": "Healthy"}]
+            assert reporter.restored == 2
+
+            # A newer pod of the agent's own DaemonSet (a rollout: the name differs only in the
+            # random suffix) writes it: this agent, going away, leaves that report alone.
+            successor = {**build(uid), "agent": "agent-pod-2"}
+            await asyncio.to_thread(
+                custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                target.name,
+                successor,
+                field_manager="patchbay-agent",
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+            await asyncio.sleep(1.0)  # five resyncs
+            assert (await asyncio.to_thread(stored) or {}).get("agent") == "agent-pod-2"
+            assert (reporter.writes, reporter.restored) == (3, 2)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+    asyncio.run(scenario())

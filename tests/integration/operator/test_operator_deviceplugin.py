@@ -192,3 +192,63 @@ def test_reports_of_profiles_that_do_not_exist_are_deleted(cluster: Cluster, ope
     wait_for("the unknown profile's report deleted", lambda: not exists(ghost), 60)
     assert exists(name)
     assert "no such DevicePluginProfile" in operator.log()
+
+
+def test_only_reports_of_the_profiles_own_agent_pod_count(cluster: Cluster, operator: Operator) -> None:
+    """Every report names the pod that wrote it (the chart's admission policy binds that to the
+    writer's token): the operator believes it only when that pod is an agent of the report's
+    profile on the report's node. Another profile's agent on the same node (compromised, say)
+    that writes this profile's report, here one unhealthy device, changes nothing in the status;
+    the same report from the profile's own agent pod (kwok runs it) is counted."""
+    (node,) = cluster.add_nodes(1)
+    name, other = f"{cluster.prefix}trusted", f"{cluster.prefix}other"
+    cluster.create_profile(name, spec(cluster.tag))
+    cluster.create_profile(other, {**spec(cluster.tag), "resourceName": "example.com/other"})
+
+    def agent_pod(profile: str) -> str:
+        pods = cluster.core.list_namespaced_pod(
+            NAMESPACE,
+            label_selector=f"patchbay.dev/profile={profile}",
+            field_selector=f"spec.nodeName={node}",
+        ).items
+        return pods[0].metadata.name if len(pods) == 1 else ""
+
+    own, foreign = wait_for(
+        "the agent pods", lambda: (p, q) if (p := agent_pod(name)) and (q := agent_pod(other)) else None
+    )
+
+    def write(agent: str) -> None:
+        body = {
+            "apiVersion": "patchbay.dev/v1alpha1",
+            "kind": "DeviceReport",
+            "metadata": {"name": f"{name}.{node}", "namespace": NAMESPACE},
+            "profile": name,
+            "nodeName": node,
+            "agent": agent,
+            "resourceName": R,
+            "summary": {"total": 1, "healthy": 0, "unhealthy": 1, "allocated": 0},
+            "devices": [{"id": "ttyUSB0", "health": "Unhealthy", "reason": "Vanished"}],
+        }
+        cluster.custom.patch_namespaced_custom_object(
+            "patchbay.dev",
+            "v1alpha1",
+            NAMESPACE,
+            "devicereports",
+            f"{name}.{node}",
+            body,
+            field_manager="patchbay-agent",
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
+    def devices() -> dict[str, Any]:
+        return dict(((cluster.profile(name) or {}).get("status") or {}).get("devices") or {})
+
+    write(foreign)
+    wait_for(
+        "the operator to see the report", lambda: f"Ignoring DeviceReport {name}.{node}" in operator.log(), 30
+    )
+    assert f"its writer pod {foreign} is not an agent pod of DevicePluginProfile {name}" in operator.log()
+    assert "unhealthy" not in devices(), devices()
+    write(own)
+    wait_for("the own agent's report counted", lambda: devices().get("unhealthy") == 1, 30)

@@ -356,3 +356,17 @@ async def test_dra_holders_are_the_claimed_devices_of_our_driver_and_pool(metric
     kubelet.pods.append(_pod("ml", "legacy", main=("ttyUSB0::1",), side=("ttyUSB2",)))
     assert await holders.read()
     assert holders.plugin_held == frozenset({"ttyUSB0", "ttyUSB2"})
+
+
+def test_pods_of_one_daemonset_differ_only_in_the_random_suffix() -> None:
+    from patchbay_agent.report.reporter import same_daemonset
+
+    assert same_daemonset("patchbay-serial-x7k2p", "patchbay-serial-9qz4m")
+    assert not same_daemonset("patchbay-serial-x7k2p", "patchbay-serial-x7k2p")  # itself
+    assert not same_daemonset("patchbay-sensor-x7k2p", "patchbay-serial-9qz4m")  # another profile's
+    assert not same_daemonset("patchbay-node-agent-x7k2p", "patchbay-serial-9qz4m")
+    assert not same_daemonset("patchbay-serial-x7k2p", None)
+    assert not same_daemonset("", "")
+    # A base cut to 58 characters: still the same DaemonSet.
+    base = "patchbay-" + "a" * 49
+    assert same_daemonset(base + "x7k2p", base + "9qz4m")
