@@ -78,7 +78,7 @@ def wait(check: Any, timeout: float, every: float = 0.05, seen: Any = None) -> A
     raise SystemExit(f"bench: timed out; last seen: {seen() if seen else '-'}")
 
 
-def report(node: str, unhealthy: set[str]) -> dict[str, Any]:
+def report(node: str, unhealthy: set[str], agent: str) -> dict[str, Any]:
     ids = [f"widget{i}" for i in range(DEVICES)]
     devices = [
         {
@@ -99,6 +99,7 @@ def report(node: str, unhealthy: set[str]) -> dict[str, Any]:
         "metadata": {"name": f"{PROFILE}.{node}", "namespace": NS},
         "profile": PROFILE,
         "nodeName": node,
+        "agent": agent,  # the admission policy: the pod the token is bound to
         "resourceName": RESOURCE,
         "summary": {"total": DEVICES, "healthy": DEVICES - bad, "unhealthy": bad, "allocated": 0},
         "devices": devices,
@@ -108,14 +109,14 @@ def report(node: str, unhealthy: set[str]) -> dict[str, Any]:
 class Agents:
     """Plays one agent per node with that agent's pod-bound token: one SSA per write."""
 
-    def __init__(self, server: str, ca: str, tokens: dict[str, str]) -> None:
-        self.server, self.tokens = server, tokens
+    def __init__(self, server: str, ca: str, tokens: dict[str, str], pods: dict[str, str]) -> None:
+        self.server, self.tokens, self.pods = server, tokens, pods
         self.http = urllib3.PoolManager(maxsize=32, ca_certs=ca, cert_reqs="CERT_REQUIRED")
         self.writes = 0
         self._lock = threading.Lock()
 
     def write(self, node: str, unhealthy: set[str]) -> None:
-        body = report(node, unhealthy)
+        body = report(node, unhealthy, self.pods[node])
         url = (
             f"{self.server}/apis/{GROUP}/{VERSION}/namespaces/{NS}/devicereports/{body['metadata']['name']}"
             "?fieldManager=patchbay-agent&force=true"
@@ -230,7 +231,8 @@ def main() -> int:
         with ThreadPoolExecutor(16) as pool:
             tokens = dict(pool.map(token, nodes))
         print(f"{len(tokens)} pod-bound agent tokens in {now() - t:.1f} s", flush=True)
-        agents = Agents(cluster.server, str(cluster.pki_dir / "ca.crt"), tokens)
+        pod_names = {node: p.metadata.name for node, p in by_node.items()}
+        agents = Agents(cluster.server, str(cluster.pki_dir / "ca.crt"), tokens, pod_names)
         reports = Watcher(
             custom.list_namespaced_custom_object,
             group=GROUP,
