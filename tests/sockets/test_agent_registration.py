@@ -187,7 +187,18 @@ def test_poll_backstop_recovers_when_the_directory_itself_is_replaced(
             async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=0.3) as agent:
                 await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
                 await kubelet.stop()
-                await asyncio.to_thread(shutil.rmtree, plugin_dir)
+
+                # The agent may bind its socket again while rmtree empties the directory
+                # ("Directory not empty"): remove until it is gone, as a re-run of rm -rf would.
+                def remove() -> bool:
+                    shutil.rmtree(plugin_dir, ignore_errors=True)
+                    return not plugin_dir.exists()
+
+                for _ in range(50):
+                    if await asyncio.to_thread(remove):
+                        break
+                else:
+                    raise AssertionError(f"{plugin_dir} could not be removed")
                 # While the directory is gone the agent cannot serve; it must keep trying, not die.
                 tried = agent.registrar.serve_failures
                 await until(lambda: agent.registrar.serve_failures >= tried + 2)
