@@ -95,6 +95,14 @@ CAPABILITIES: dict[str, Capability] = {
             "status.containerStatuses[].allocatedResourcesStatus",
             "no health in pod status; DeviceReports and the profile's status still show it",
         ),
+        Capability(
+            "device-taint-rules",
+            "v1.37",
+            "DeviceTaintRules (resource.k8s.io/v1): kubectl patchbay cordon, drain (--preview) and "
+            "uncordon take a DRA profile's devices out of service and back; its status shows them",
+            "no DeviceTaintRules: the plugin says so and changes nothing; take the node out of service "
+            "instead (kubectl cordon / drain)",
+        ),
     )
 }
 

@@ -8,6 +8,9 @@ usage error. Completion follows kubectl's plugin protocol (kubectl >= 1.26): kub
 ``kubectl_complete-patchbay`` with the words typed so far, the last one being completed, and reads
 one candidate per line and a final ``:<directive>`` line (docs/facts.md#kubectl-plugin-completion).
 
+``cordon``, ``drain`` and ``uncordon`` take a DRA profile's devices out of service and back
+through DeviceTaintRules (Kubernetes 1.37 on; maintenance.py): the plugin's only writes.
+
 Agent pods and DeviceReports live in the operator's namespace: ``-n`` names it (default
 ``$PATCHBAY_NAMESPACE``, else ``patchbay-system``, the chart's documented namespace); ``-A``
 reads them in every namespace.
@@ -18,17 +21,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from urllib.parse import quote
 
-from patchbay_kubectl import kube, output, views
+from patchbay_kubectl import kube, maintenance, output, views
 from patchbay_kubectl.kube import Kube, KubeError, Target
 from patchbay_kubectl.views import DRA, STATIC, Inputs, Obj
 
 DEFAULT_NAMESPACE = "patchbay-system"
 EVENT_NAMESPACE = "default"
 """Events about a cluster-scoped profile are in "default", where the operator posts them."""
-COMMANDS = ("devices", "nodes", "why")
+COMMANDS = ("devices", "nodes", "why", "cordon", "drain", "uncordon")
+MAINTENANCE = ("cordon", "drain", "uncordon")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +89,50 @@ def build_parser() -> argparse.ArgumentParser:
         "Events, and what to do next.",
     )
     why.add_argument("profile", help="the DevicePluginProfile")
+    helps = {
+        "cordon": (
+            "keep new claims off a DRA profile's devices on a node (DeviceTaintRule, NoSchedule)",
+            "Taints the devices (all of the node's, or --device) with patchbay.dev/maintenance, effect "
+            "NoSchedule: the scheduler allocates them to no new claim; pods using them keep running.",
+        ),
+        "drain": (
+            "evict the pods using a DRA profile's devices on a node (DeviceTaintRule, NoExecute)",
+            "Taints the devices with patchbay.dev/maintenance, effect NoExecute: no new claims, and the "
+            "pods using them are evicted (a pod that tolerates the taint for N seconds stays that long). "
+            "--preview first: effect None, and the cluster says how many pods WOULD be evicted.",
+        ),
+        "uncordon": (
+            "return a DRA profile's devices on a node to service (deletes the DeviceTaintRule)",
+            "Deletes the DeviceTaintRule that cordon or drain wrote for the same devices.",
+        ),
+    }
+    for command, (short, long) in helps.items():
+        cmd = sub.add_parser(
+            command,
+            parents=[common],
+            help=short,
+            description=long + " Needs Kubernetes 1.37 (DeviceTaintRules) and a DRA profile.",
+        )
+        cmd.add_argument("profile", help="the DevicePluginProfile (mode DRA)")
+        cmd.add_argument("--node", required=True, help="the node whose devices (its agent's pool)")
+        cmd.add_argument("--device", help="one device, as its ResourceSlice names it (default: every device)")
+        if command != "uncordon":
+            cmd.add_argument(
+                "--reason", default="", help="the taint's value: why (a label value, <= 63 chars)"
+            )
+            cmd.add_argument(
+                "--wait",
+                type=float,
+                default=30.0,
+                metavar="SECONDS",
+                help="how long to wait for the cluster's answer about the pods (default 30; 0: do not wait)",
+            )
+        if command == "drain":
+            cmd.add_argument(
+                "--preview",
+                action="store_true",
+                help="effect None: change nothing, print how many pods a drain would evict",
+            )
     return parser
 
 
@@ -195,10 +244,91 @@ def cmd_why(k: Kube, args: argparse.Namespace) -> str:
     return output.why(views.why(profile, pods, events, views.utcnow()), args.output)
 
 
+def _maintenance_target(k: Kube, args: argparse.Namespace) -> tuple[str, str]:
+    """Check the input against the cluster; (the driver, the rule's name)."""
+    if not maintenance.served(k.get(maintenance.RULES_API)):
+        raise KubeError(
+            "this cluster serves no DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37 on): "
+            "device maintenance needs them"
+        )
+    (profile,) = _profiles(k, args.profile)
+    if views.mode_of(profile) != DRA:
+        raise maintenance.InputError(
+            f"DevicePluginProfile {args.profile} is in mode {views.mode_of(profile)}: device maintenance "
+            "works on DRA profiles (their devices are in ResourceSlices); for a node's whole resource "
+            f"use `kubectl cordon {args.node}` / `kubectl drain {args.node}`"
+        )
+    driver = views.driver_of(profile)
+    if args.command != "uncordon":
+        slices = k.list(
+            f"{kube.RESOURCE_API}/resourceslices",
+            field_selector=f"spec.driver={driver},spec.nodeName={args.node}",
+        )
+        if not slices:
+            raise maintenance.InputError(
+                f"--node {args.node}: no ResourceSlice of {driver} on that node (does the profile "
+                f"select it, and is its agent running there? `kubectl patchbay why {args.profile}`)"
+            )
+        maintenance.check_device(args.device, maintenance.slice_devices(slices), args.profile, args.node)
+        maintenance.check_reason(args.reason)
+    return driver, maintenance.rule_name(args.profile, args.node, args.device)
+
+
+def cmd_maintenance(k: Kube, args: argparse.Namespace) -> str:
+    """cordon, drain [--preview], uncordon."""
+    driver, name = _maintenance_target(k, args)
+    path = f"{maintenance.RULES}/{quote(name, safe='')}"
+    existing = k.get(path)
+    preview = bool(getattr(args, "preview", False))
+    effect = maintenance.PREVIEW if preview else maintenance.EFFECTS.get(args.command, "")
+    wanted = maintenance.rule(
+        name, driver, args.node, args.device, effect=effect, reason=getattr(args, "reason", "")
+    )
+    if existing is not None and not maintenance.same_target(existing, wanted):
+        raise maintenance.InputError(
+            f"DeviceTaintRule {name} exists and selects other devices "
+            f"({existing['spec'].get('deviceSelector')}): not touching it"
+        )
+    if args.command == "uncordon":
+        if existing is None or not k.delete(path):
+            print(f"devicetaintrule/{name} not found: nothing to return", file=sys.stderr)
+            return ""
+        what = f"device {args.device}" if args.device else "every device"
+        return (
+            f"devicetaintrule/{name} deleted: {what} of {args.profile} on node {args.node} in service again\n"
+        )
+    if preview and existing is not None:
+        # The controller writes a preview once per spec: a new rule asks for a fresh one.
+        k.delete(path)
+    stored = k.apply(path, wanted, maintenance.FIELD_MANAGER)
+    deadline = time.monotonic() + max(0.0, args.wait)
+    answer = maintenance.eviction(stored)
+    while answer is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        stored = k.get(path) or stored
+        answer = maintenance.eviction(stored)
+    if args.output in ("json", "yaml"):
+        return output.dump(stored, args.output)
+    lines = [maintenance.summary(stored, args.profile, args.node, args.device)]
+    if answer is not None:
+        lines.append(
+            f"{'preview' if preview else 'eviction'}: {answer.get('message') or answer.get('reason')}"
+        )
+    elif args.wait > 0:
+        lines.append(
+            f"no answer about the pods within {args.wait:g}s (the device-taint-eviction controller of "
+            "kube-controller-manager writes it into the rule's status)"
+        )
+    return "\n".join(lines) + "\n"
+
+
 HANDLERS: dict[str, Callable[[Kube, argparse.Namespace], str]] = {
     "devices": cmd_devices,
     "nodes": cmd_nodes,
     "why": cmd_why,
+    "cordon": cmd_maintenance,
+    "drain": cmd_maintenance,
+    "uncordon": cmd_maintenance,
 }
 
 
@@ -210,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             text = HANDLERS[args.command](k, args)
         finally:
             k.close()
-    except KubeError as e:
+    except (KubeError, maintenance.InputError) as e:
         msg = str(e)
         print(msg if msg.startswith("Error from server") else f"error: {msg}", file=sys.stderr)
         return 1
@@ -232,6 +362,9 @@ VALUE_FLAGS = {
     "--node",
     "--profile",
     "--request-timeout",
+    "--device",
+    "--reason",
+    "--wait",
 }
 
 
@@ -264,11 +397,17 @@ def completions(words: Sequence[str], lookup: Callable[[str], list[str]]) -> lis
         ]
         if command in ("devices", "nodes"):
             found += ["--node", "--profile"]
+        if command in MAINTENANCE:
+            found += ["--node", "--device"] + (["--reason", "--wait"] if command != "uncordon" else [])
+        if command == "drain":
+            found.append("--preview")
         if command == "devices":
             found.append("--unhealthy")
     elif command is None:
         found = list(COMMANDS)
-    elif command == "why" and not [w for w in before[before.index("why") + 1 :] if not w.startswith("-")]:
+    elif command in ("why", *MAINTENANCE) and not [
+        w for w in before[before.index(command) + 1 :] if not w.startswith("-")
+    ]:
         found = lookup("profiles")
     else:
         found = []

@@ -42,7 +42,8 @@ class Target:
 
 
 class Kube:
-    """GET and paged LIST of raw JSON against the cluster a kubeconfig names."""
+    """GET, paged LIST, server-side apply and DELETE of raw JSON against the cluster a kubeconfig
+    names (the plugin writes only DeviceTaintRules: cordon, drain, uncordon)."""
 
     def __init__(self, target: Target) -> None:
         cfg = client.Configuration()
@@ -60,22 +61,51 @@ class Kube:
         self._api.close()  # type: ignore[no-untyped-call]
 
     def _get(self, path: str, params: list[tuple[str, str]]) -> Obj:
+        return self._send("GET", path, params)
+
+    def _send(
+        self,
+        verb: str,
+        path: str,
+        params: list[tuple[str, str]],
+        body: Obj | None = None,
+        content_type: str = "",
+    ) -> Obj:
         full = path + ("?" + urlencode(params) if params else "")
+        header_params = {"Accept": "application/json"}
+        if content_type:
+            header_params["Content-Type"] = content_type
         method, url, headers, _, _ = self._api.param_serialize(
-            method="GET",
+            method=verb,
             resource_path=full,
-            header_params={"Accept": "application/json"},
+            header_params=header_params,
             auth_settings=["BearerToken"],
         )
         try:
-            resp = self._api.call_api(method, url, header_params=headers, _request_timeout=self._timeout)
+            # A dict body: the client serializes it as JSON (also for apply-patch+yaml: JSON is YAML).
+            resp = self._api.call_api(
+                method, url, header_params=headers, body=body, _request_timeout=self._timeout
+            )
             raw = resp.read()  # type: ignore[no-untyped-call]
         except urllib3.exceptions.HTTPError as e:
             raise KubeError(f"Unable to connect to the server ({self.host}): {e}") from e
-        if resp.status == 200:
-            body: Obj = json.loads(raw)
-            return body
+        if 200 <= resp.status < 300:
+            answer: Obj = json.loads(raw)
+            return answer
         raise _api_error(resp.status, raw)
+
+    def apply(self, path: str, obj: Obj, field_manager: str) -> Obj:
+        """Server-side apply of ``obj`` at ``path`` (the object's own URL); the stored object."""
+        params = [("fieldManager", field_manager), ("force", "true")]
+        return self._send("PATCH", path, params, obj, "application/apply-patch+yaml")
+
+    def delete(self, path: str) -> bool:
+        """Delete the object at ``path``; False when it was not there."""
+        try:
+            self._send("DELETE", path, [])
+        except NotFoundError:
+            return False
+        return True
 
     def get(self, path: str) -> Obj | None:
         """One object; None when it does not exist (404)."""

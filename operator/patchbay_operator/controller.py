@@ -26,7 +26,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from patchbay_operator import agents, evaluation, informer, nodes, render
+from patchbay_operator import agents, evaluation, informer, maintenance, nodes, render
 from patchbay_operator.agents import Agents
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import (
@@ -37,8 +37,8 @@ from patchbay_operator.constants import (
     Mode,
 )
 from patchbay_operator.events import EventRecorder
-from patchbay_operator.informer import Informer, Source
-from patchbay_operator.kube import KubeAPI, KubeError
+from patchbay_operator.informer import Informer, Source, Store
+from patchbay_operator.kube import KubeAPI, KubeError, Ref
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.peering import Gate, Peering
 from patchbay_operator.profiles import Profile, Registry, Selector
@@ -48,6 +48,9 @@ from patchbay_operator.timestamps import rfc3339_now
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+RULES: Source[maintenance.Rule] = Source(
+    "DeviceTaintRules", maintenance.COLLECTION, maintenance.Rule.from_object
+)
 
 
 class CleanupPendingError(RuntimeError):
@@ -63,6 +66,8 @@ class Controller:
         self.nodes = NodeSync(kube, self.call, self.registry.static_winners, self.mark_all_dirty)
         self.agents = Agents(kube, self.call, settings, self._agents_changed)
         self.events = EventRecorder(lambda ns, body: self.call(kube.create_event, ns, body))
+        #: DeviceTaintRules (device maintenance), where the API server serves them
+        self.rules: Store[maintenance.Rule] = Store(lambda r: r.name, self._rule_changed)
         self.reconciles = 0
         #: seconds between applies of a DeviceClass whose extendedResourceName was dropped
         self.device_class_recheck = DEVICE_CLASS_RECHECK_SECONDS
@@ -99,11 +104,14 @@ class Controller:
         await self._watch(pod_source, a.pods.observe, a.pods.resync)
         await self._watch(warning_source, a.warnings.observe, a.warnings.resync)
         await self._watch(report_source, a.reports.observe, a.reports.resync, required=False)
+        if await self._serves_device_taint_rules():
+            await self._watch(RULES, self.rules.observe, self.rules.resync, required=False)
         log.info(
-            "Listed %d nodes, %d agent pods, %d DeviceReports",
+            "Listed %d nodes, %d agent pods, %d DeviceReports, %d DeviceTaintRules",
             len(self.nodes.states),
             len(a.pods.items),
             len(a.reports.items),
+            len(self.rules.items),
         )
         known = {p.name for p in self.registry}
         self._prune_orphans_later({r.profile for r in a.reports.items.values()} - known)
@@ -220,6 +228,32 @@ class Controller:
     async def _apply_shared(self) -> None:
         """The shared node agent becomes what the shared profiles say now (or goes)."""
         await self.agents.apply_shared([(p, self._exclusion(p)) for p in self._shared_profiles()])
+
+    async def _serves_device_taint_rules(self) -> bool:
+        """Whether this API server serves DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37
+        on): the operator then shows each DRA profile's device maintenance in its status. Asked
+        once at start, from the group version's discovery document."""
+        group, _, version = maintenance.API.rpartition("/")
+        try:
+            doc = await self.call(self.kube.get, Ref(group, version))
+        except (KubeError, OSError) as e:
+            log.warning(
+                "Cannot tell whether DeviceTaintRules are served (%s): device maintenance not shown", e
+            )
+            return False
+        if not maintenance.served(doc):
+            log.info("This API server serves no DeviceTaintRules (1.37 on): device maintenance not shown")
+            return False
+        return True
+
+    def _rule_changed(self, old: maintenance.Rule | None, new: maintenance.Rule | None) -> None:
+        """A DeviceTaintRule changed: the status of every DRA profile whose devices it selects."""
+        rules = [r for r in (old, new) if r is not None]
+        self.status.mark(
+            p.name
+            for p in self.registry
+            if p.mode is Mode.DRA and any(r.applies_to(render.driver_name(p.name)) for r in rules)
+        )
 
     def _agents_changed(self, profile: str) -> None:
         """An agent object changed: its profile's status, or every shared profile's for the
@@ -401,6 +435,7 @@ class Controller:
             reports=self.agents.profile_reports(name, served_by=key),
             create_warning=self.agents.create_warning(self.agents.daemonsets.items.get(key)),
             device_class=self.agents.device_classes.get(name),
+            maintenance=list(self.rules.items.values()) if profile.mode is Mode.DRA else (),
             shared_pods=self.agents.shared_pods() if shared else None,
             shared_node_selector=self.settings.node_agent_node_selector,
         )

@@ -21,6 +21,7 @@ from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.constants import Mode, Reason
 from patchbay_operator.devicereports import Report
+from patchbay_operator.maintenance import Rule
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status import AgentDaemonSet, Problem, StoredDeviceClass
 from patchbay_operator.timestamps import parse_rfc3339
@@ -58,6 +59,8 @@ class Inputs:
     shared_pods: Sequence[AgentPod] | None = None
     #: the labels the shared node agent's nodes must carry (Settings.node_agent_node_selector)
     shared_node_selector: Sequence[tuple[str, str]] = ()
+    #: DRA mode: the cluster's DeviceTaintRules (device maintenance; empty where not served)
+    maintenance: Sequence[Rule] = ()
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
             twice=twice,
             device_class=inputs.device_class,
             problems=problems,
+            maintenance=inputs.maintenance,
         )
         return Evaluation(new, problems, recheck_at, keep, retry)
     problems = status.plugin_problems(profile, matching, troubles, reports)

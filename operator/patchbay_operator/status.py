@@ -34,6 +34,8 @@ from patchbay_operator.agentpods import Trouble, profile_key
 from patchbay_operator.capacity import NodeReport, NodeState, quantity_to_int
 from patchbay_operator.constants import MAX_PROBLEMS, ConditionType, Reason
 from patchbay_operator.devicereports import AgentError, Report
+from patchbay_operator.maintenance import Rule
+from patchbay_operator.maintenance import entries as maintenance_entries
 from patchbay_operator.profiles import Profile
 
 PERSISTENT = {Reason.INVALID_CAPACITY_LABEL, Reason.OWNED_BY_OTHER, Reason.PATCH_FAILED}
@@ -623,6 +625,7 @@ def dra_status(
     twice: Sequence[str] = (),
     device_class: StoredDeviceClass | None = None,
     problems: list[Problem] | None = None,
+    maintenance: Iterable[Rule] = (),
 ) -> dict[str, Any]:
     """DRA mode: the agents' rollout and pods, and the devices their DeviceReports list.
 
@@ -636,7 +639,8 @@ def dra_status(
     What this cluster serves (``status.dra``): ``device_class`` as stored (an extendedResourceName
     that was dropped is Degraded, ExtendedResourceNotServed) and, from the reports, whether device
     taints are kept and how many devices the agents left out of their slices instead (those are
-    not allocatable: ``allocatable`` leaves them out).
+    not allocatable: ``allocatable`` leaves them out), and the DeviceTaintRules that take the
+    profile's devices out of service (``maintenance``, maintenance.py).
     `problems`: `dra_problems(...) + served_twice_problems(...)` when the caller has them already.
     """
     nodes = list(nodes)
@@ -693,5 +697,6 @@ def dra_status(
         "extendedResourceName": device_class.extended_resource_name if device_class is not None else None,
         "deviceTaints": taints or None,
         "withheldDevices": sum(rep.withheld for rep in reports) if taints else None,
+        "maintenance": maintenance_entries(maintenance, profile.name) or None,
     }
     return out

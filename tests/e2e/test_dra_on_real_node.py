@@ -247,11 +247,18 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
 
 
 def claim_template(
-    custom: client.CustomObjectsApi, namespace: str, name: str, driver: str, device_id: str | None = None
+    custom: client.CustomObjectsApi,
+    namespace: str,
+    name: str,
+    driver: str,
+    device_id: str | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
 ) -> None:
     """A ResourceClaimTemplate asking for one device of the class: the one whose `patchbay.dev/id`
-    is ``device_id``, or any."""
+    is ``device_id``, or any; tolerating the device taints ``tolerations`` names."""
     exactly: dict[str, Any] = {"deviceClassName": driver}
+    if tolerations:
+        exactly["tolerations"] = tolerations
     if device_id is not None:
         by_id = f'device.attributes["patchbay.dev"].id == "{device_id}"'
         exactly["selectors"] = [{"cel": {"expression": by_id}}]

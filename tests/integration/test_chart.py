@@ -321,6 +321,7 @@ def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str) -> No
         ("create", "deviceclasses.resource.k8s.io", None),  # DRA profiles' DeviceClasses
         ("patch", "deviceclasses.resource.k8s.io", None),
         ("delete", "deviceclasses.resource.k8s.io", None),
+        ("watch", "devicetaintrules.resource.k8s.io", None),  # device maintenance (1.37 on)
     ]
     denied = [(v, r, n) for v, r, n in needed if not _can(tools, ns, v, r, n)]
     assert not denied

@@ -146,8 +146,12 @@ def test_completion_candidates() -> None:
     def lookup(kind: str) -> list[str]:
         return {"profiles": ["serial", "sensors"], "nodes": ["n1", "n2"]}.get(kind, [])
 
-    assert completions([""], lookup) == ["devices", "nodes", "why"]
-    assert completions(["d"], lookup) == ["devices"]
+    assert completions([""], lookup) == ["cordon", "devices", "drain", "nodes", "uncordon", "why"]
+    assert completions(["d"], lookup) == ["devices", "drain"]
+    assert completions(["drain", "se"], lookup) == ["sensors", "serial"]
+    assert "--preview" in completions(["drain", "serial", "--"], lookup)
+    assert "--device" in completions(["uncordon", "serial", "--"], lookup)
+    assert "--wait" not in completions(["uncordon", "serial", "--"], lookup)
     assert completions(["why", "se"], lookup) == ["sensors", "serial"]
     assert completions(["why", "serial", ""], lookup) == []
     assert completions(["devices", "--node", ""], lookup) == ["n1", "n2"]

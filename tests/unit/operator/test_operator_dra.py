@@ -243,6 +243,7 @@ def test_a_device_class_stored_without_its_extended_resource_name_is_degraded_no
         "extendedResourceName": R,
         "deviceTaints": None,
         "withheldDevices": None,
+        "maintenance": None,
     }
     st = dra_status(prof(), DS_OK, [nodestate("a")], {}, "T", reports=reports, device_class=DROPPED)
     degraded = cond(st, "Degraded")

@@ -1,0 +1,55 @@
+"""The DeviceTaintRules `kubectl patchbay cordon|drain|uncordon` write, and the input checks (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from patchbay_kubectl import maintenance as m
+
+
+def test_the_rule_selects_the_profiles_pool_on_the_node_and_one_device_or_all() -> None:
+    one = m.rule(
+        "serial.node-1.ttyusb0", "serial.patchbay.dev", "node-1", "ttyusb0", effect="NoExecute", reason=""
+    )
+    assert one["spec"] == {
+        "deviceSelector": {"driver": "serial.patchbay.dev", "pool": "node-1", "device": "ttyusb0"},
+        "taint": {"key": "patchbay.dev/maintenance", "effect": "NoExecute"},
+    }
+    every = m.rule("serial.node-1", "serial.patchbay.dev", "node-1", None, effect="None", reason="firmware")
+    assert every["spec"]["deviceSelector"] == {"driver": "serial.patchbay.dev", "pool": "node-1"}
+    assert every["spec"]["taint"]["value"] == "firmware"
+    assert m.same_target(one, one) and not m.same_target(one, every)
+
+
+def test_names_are_readable_and_never_too_long() -> None:
+    assert m.rule_name("serial", "node-1", None) == "serial.node-1"
+    assert m.rule_name("serial", "node-1", "ttyusb0") == "serial.node-1.ttyusb0"
+    long_node = "n" * 250
+    name = m.rule_name("serial", long_node, "ttyusb0")
+    assert len(name) <= 253 and name.startswith("serial.")
+    assert name != m.rule_name("serial", long_node, "ttyusb1")
+
+
+def test_bad_input_names_the_flag() -> None:
+    with pytest.raises(m.InputError, match=r"--device tty9: no such device .* \(its devices: tty0, tty1;"):
+        m.check_device("tty9", ["tty0", "tty1"], "serial", "node-1")
+    m.check_device(None, [], "serial", "node-1")
+    m.check_device("tty0", ["tty0"], "serial", "node-1")
+    with pytest.raises(m.InputError, match="--reason"):
+        m.check_reason("has spaces")
+    with pytest.raises(m.InputError, match="--reason"):
+        m.check_reason("x" * 64)
+    m.check_reason("")
+    m.check_reason("firmware-2.1")
+
+
+def test_the_controllers_answer_counts_only_for_the_current_spec() -> None:
+    obj = {
+        "metadata": {"generation": 2},
+        "status": {"conditions": [{"type": "EvictionInProgress", "observedGeneration": 1, "message": "old"}]},
+    }
+    assert m.eviction(obj) is None
+    obj["status"]["conditions"][0]["observedGeneration"] = 2
+    assert (m.eviction(obj) or {})["message"] == "old"
+    assert m.served({"resources": [{"name": "devicetaintrules"}]})
+    assert not m.served({"resources": [{"name": "resourceslices"}]}) and not m.served(None)
