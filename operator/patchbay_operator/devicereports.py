@@ -9,9 +9,13 @@ profile's status.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+MAX_KEPT_DEVICES = 16
+"""Unhealthy devices kept per report: the status lists 10 problems in all, and a node with more
+sick devices than this gets one problem saying how many more (status.py)."""
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class Device:
     reason: str = ""
     message: str = ""
     since: str = ""
-    holders: tuple[str, ...] = ()  # "namespace/pod/container"
+    holders: tuple[str, ...] = ()  # "namespace/pod/container" (not kept from reports: counted)
     #: DRA: left out of the node's ResourceSlices (the taint it needs would be dropped)
     withheld: bool = False
 
@@ -41,7 +45,41 @@ class AgentError:
 
 
 @dataclass(frozen=True)
+class Counts:
+    """A report's device counts, over every device it lists (kept or not)."""
+
+    total: int = 0
+    healthy: int = 0
+    allocated: int = 0
+    withheld: int = 0
+    withheld_healthy: int = 0
+
+    def plus(self, healthy: bool, held: bool, withheld: bool) -> Counts:
+        return Counts(
+            self.total + 1,
+            self.healthy + healthy,
+            self.allocated + held,
+            self.withheld + withheld,
+            self.withheld_healthy + (withheld and healthy),
+        )
+
+    @classmethod
+    def of(cls, devices: Iterable[Device]) -> Counts:
+        c = cls()
+        for d in devices:
+            c = c.plus(d.healthy, bool(d.holders), d.withheld)
+        return c
+
+
+@dataclass(frozen=True)
 class Report:
+    """One report as the operator keeps it: counts over every device, and the unhealthy devices
+    (the ones the status names), at most ``MAX_KEPT_DEVICES`` of them. A report may list 2,048
+    devices with long messages (about 1 MiB decoded); kept whole, 5,000 such reports would hold
+    gigabytes in the operator, kept like this 80 MiB (docs/benchmarks.md, "Operator memory at the
+    report bounds"). ``devices`` are the kept ones; ``counts`` (counted from ``devices`` when not
+    given) are every device's."""
+
     name: str
     profile: str
     node: str
@@ -51,39 +89,61 @@ class Report:
     #: DRA: Kept, Dropped or Unknown; "" when the report does not say (DevicePlugin mode)
     device_taints: str = ""
     error: AgentError | None = None
+    counts: Counts | None = None
+
+    @property
+    def all(self) -> Counts:
+        return self.counts if self.counts is not None else Counts.of(self.devices)
+
+    @property
+    def total(self) -> int:
+        return self.all.total
 
     @property
     def healthy(self) -> int:
-        return sum(d.healthy for d in self.devices)
+        return self.all.healthy
 
     @property
     def unhealthy(self) -> int:
-        return len(self.devices) - self.healthy
+        c = self.all
+        return c.total - c.healthy
 
     @property
     def allocated(self) -> int:
-        return sum(bool(d.holders) for d in self.devices)
+        return self.all.allocated
 
     @property
     def withheld(self) -> int:
-        return sum(d.withheld for d in self.devices)
+        return self.all.withheld
+
+    @property
+    def withheld_healthy(self) -> int:
+        return self.all.withheld_healthy
+
+    @property
+    def unlisted_unhealthy(self) -> int:
+        """Unhealthy devices the operator did not keep (past ``MAX_KEPT_DEVICES``)."""
+        return self.unhealthy - sum(not d.healthy for d in self.devices)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Report:
-        devices = []
+        devices: list[Device] = []
+        counts = Counts()
         for d in obj.get("devices") or []:
-            holders = tuple(
-                f"{p.get('namespace')}/{p.get('name')}/{p.get('container')}" for p in d.get("pods") or []
-            )
+            healthy, withheld = d.get("health") == "Healthy", d.get("withheld") is True
+            # Holders are counted, not kept: the status says how many devices are held, not by whom
+            # (kubectl patchbay devices reads them from the report itself).
+            counts = counts.plus(healthy, bool(d.get("pods")), withheld)
+            if healthy or len(devices) >= MAX_KEPT_DEVICES:
+                continue
             devices.append(
                 Device(
                     id=str(d.get("id", "")),
-                    healthy=d.get("health") == "Healthy",
+                    healthy=False,
                     reason=str(d.get("reason") or ""),
                     message=str(d.get("message") or ""),
                     since=str(d.get("since") or ""),
-                    holders=holders,
-                    withheld=d.get("withheld") is True,
+                    withheld=withheld,
                 )
             )
         raw_error = obj.get("agentError")
@@ -99,6 +159,7 @@ class Report:
             profile=str(obj.get("profile") or ""),
             node=str(obj.get("nodeName") or ""),
             devices=tuple(devices),
+            counts=counts,
             agent=str(obj.get("agent") or ""),
             device_taints=str(obj.get("deviceTaints") or ""),
             error=error,

@@ -336,6 +336,7 @@ def plugin_problems(
                 for d in report.devices
                 if not d.healthy
             ]
+            problems += unlisted_problem(node.name, report)
         elif quantity_to_int(alloc) < quantity_to_int(cap):
             bad = quantity_to_int(cap) - quantity_to_int(alloc)
             problems.append(
@@ -361,7 +362,23 @@ def publishing(report: Report | None) -> bool:
     """The node's agent has devices to offer but the kubelet has not put them in the node's
     status yet: it does so on its node status sync (about 10 s, docs/facts.md#kubelet-endpoints), so this is
     a wait that ends by itself, not a problem."""
-    return report is not None and bool(report.devices)
+    return report is not None and report.total > 0
+
+
+def unlisted_problem(node: str, report: Report) -> list[Problem]:
+    """One problem for the unhealthy devices of a report past the ones the operator keeps
+    (devicereports.MAX_KEPT_DEVICES): how many, so the count of sick devices stays true."""
+    more = report.unlisted_unhealthy
+    if more <= 0:
+        return []
+    return [
+        Problem(
+            node,
+            "",
+            Reason.DEVICES_UNHEALTHY.value,
+            f"{more} more unhealthy devices (the agent's DeviceReport {report.name} lists them all)",
+        )
+    ]
 
 
 def plugin_status(
@@ -556,7 +573,7 @@ def dra_problems(
         if report is not None and report.error is not None:
             problems.append(agent_error_problem(node.name, report.error))
             continue
-        if report is None or not report.devices:
+        if report is None or report.total == 0:
             if node.name not in troubled:
                 msg = (
                     "no DeviceReport from the agent yet"
@@ -578,6 +595,7 @@ def dra_problems(
             for d in report.devices
             if not d.healthy
         ]
+        problems += unlisted_problem(node.name, report)
     return problems
 
 
@@ -649,7 +667,7 @@ def dra_status(
     reports = [rep for rep in reports if rep.node in names]
     healthy = sum(rep.healthy for rep in reports)
     unhealthy_count = sum(rep.unhealthy for rep in reports)
-    withheld_healthy = sum(1 for rep in reports for d in rep.devices if d.healthy and d.withheld)
+    withheld_healthy = sum(rep.withheld_healthy for rep in reports)
     devices = {
         "capacity": healthy + unhealthy_count,
         "allocatable": healthy - withheld_healthy,

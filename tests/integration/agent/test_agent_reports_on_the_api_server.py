@@ -34,6 +34,7 @@ from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer, ThreadedPeers
 from support.promtext import parse, value
 from support.pykubelet import PyKubelet
+from support.reports import largest_report
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.releases import matrix
@@ -308,38 +309,7 @@ def test_the_agent_publishes_its_device_report(
 
 
 def _largest_report(namespace: str, node_name: str) -> dict[str, Any]:
-    """The largest DeviceReport the CRD admits, every bound at its maximum: 2,048 devices with
-    63-character IDs, 64-character reasons, a since time and `withheld`; 65,536 characters of
-    messages (128 messages of 512); 512 holders (8 devices with 64 each) with the longest names;
-    the longest resource and agent names."""
-    devices: list[dict[str, Any]] = []
-    for i in range(2048):
-        entry: dict[str, Any] = {
-            "id": f"{i:04d}" + "d" * 59,
-            "health": "Unhealthy",
-            "reason": "R" * 64,
-            "since": "2026-11-25T12:00:00Z",
-            "withheld": True,
-        }
-        if i < 128:
-            entry["message"] = "m" * 512
-        if i < 8:
-            entry["pods"] = [
-                {"namespace": "n" * 63, "name": f"{i}-{j:02d}" + "p" * 248, "container": "c" * 63}
-                for j in range(64)
-            ]
-        devices.append(entry)
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "DeviceReport",
-        "metadata": {"name": f"{PROFILE}.{node_name}", "namespace": namespace},
-        "profile": PROFILE,
-        "nodeName": node_name,
-        "resourceName": "example.com/" + "r" * 241,
-        "agent": "a" * 253,
-        "summary": {"total": 2048, "healthy": 0, "unhealthy": 2048, "allocated": 8},
-        "devices": devices,
-    }
+    return largest_report(namespace, node_name, PROFILE)
 
 
 def test_the_largest_report_the_crd_admits_is_stored_and_one_more_of_anything_is_refused(

@@ -306,11 +306,13 @@ def test_a_report_says_taints_and_withheld_devices() -> None:
         "devices": [{"id": "d0", "health": "Healthy"}, {"id": "d1", "health": "Unhealthy", "withheld": True}],
     }
     rep = Report.from_object(obj)
-    assert (rep.device_taints, rep.withheld, [d.withheld for d in rep.devices]) == (
+    # Kept: the unhealthy device (the status names it); counted: both.
+    assert (rep.device_taints, rep.withheld, [(d.id, d.withheld) for d in rep.devices]) == (
         "Dropped",
         1,
-        [False, True],
+        [("d1", True)],
     )
+    assert (rep.total, rep.healthy, rep.unhealthy, rep.unlisted_unhealthy) == (2, 1, 1, 0)
     assert Report.from_object({**obj, "deviceTaints": None}).device_taints == ""
 
 

@@ -256,3 +256,29 @@ def test_no_devices_is_an_event_only_once_the_agent_has_reported_none() -> None:
     assert waiting.reason == "NoDevices" and waiting.transient
     (real,) = plugin_problems(prof("DevicePlugin"), st_nodes, [], [Report("p.node-a", "p", "node-a", ())])
     assert real.reason == "NoDevices" and not real.transient
+
+
+def test_a_report_at_its_bounds_is_kept_small_and_its_counts_stay_true() -> None:
+    """A report may list 2,048 devices: the operator keeps their counts and at most
+    MAX_KEPT_DEVICES unhealthy ones; the rest become one problem saying how many."""
+    from patchbay_operator.devicereports import MAX_KEPT_DEVICES, Report
+    from patchbay_operator.status import unlisted_problem
+
+    devices = [
+        {"id": f"d{i}", "health": "Unhealthy", "reason": "Vanished", "message": "m" * 512}
+        for i in range(2000)
+    ] + [
+        {"id": f"h{i}", "health": "Healthy", "pods": [{"namespace": "a", "name": "p", "container": "c"}]}
+        for i in range(48)
+    ]
+    rep = Report.from_object(
+        {"metadata": {"name": "p.n1"}, "profile": "p", "nodeName": "n1", "devices": devices}
+    )
+    assert len(rep.devices) == MAX_KEPT_DEVICES and all(not d.healthy for d in rep.devices)
+    assert (rep.total, rep.healthy, rep.unhealthy, rep.allocated) == (2048, 48, 2000, 48)
+    (more,) = unlisted_problem("n1", rep)
+    assert more.message.startswith(f"{2000 - MAX_KEPT_DEVICES} more unhealthy devices")
+    small = Report.from_object(
+        {"metadata": {"name": "p.n2"}, "profile": "p", "nodeName": "n2", "devices": devices[:3]}
+    )
+    assert unlisted_problem("n2", small) == []
