@@ -190,6 +190,10 @@ def gather_devices(k: Kube, args: argparse.Namespace) -> Inputs:
             fields.append(f"spec.driver={views.driver_of(dra[0])}")
         data.slices = k.list(f"{kube.RESOURCE_API}/resourceslices", field_selector=",".join(fields))
         data.claims = k.list(f"{kube.RESOURCE_API}/resourceclaims")
+        try:
+            data.rules = k.list(maintenance.RULES)  # [] where not served (before 1.37)
+        except KubeError as e:
+            print(f"note: cannot read DeviceTaintRules, maintenance not shown ({e})", file=sys.stderr)
     return data
 
 

@@ -187,6 +187,8 @@ class Inputs:
     pods: list[Obj] = field(default_factory=list)
     slices: list[Obj] = field(default_factory=list)
     claims: list[Obj] = field(default_factory=list)
+    #: DeviceTaintRules (device maintenance, Kubernetes 1.37 on; empty where not served)
+    rules: list[Obj] = field(default_factory=list)
 
 
 def _report_index(reports: Iterable[Obj]) -> dict[tuple[str, str], Obj]:
@@ -242,18 +244,39 @@ def _claim_holders(claims: Iterable[Obj]) -> dict[tuple[str, str, str], list[str
     return {k: sorted(v) for k, v in held.items()}
 
 
+MAINTENANCE = "Maintenance"
+"""The health shown for a device a DeviceTaintRule takes out of service (cordon or drain)."""
+
+
+def maintenance_rule(rules: Iterable[Obj], driver: str, pool: str, device: str) -> Obj | None:
+    """The first DeviceTaintRule (by name) that takes the device out of service: it selects the
+    device (each selector field it sets matches) with effect NoSchedule or NoExecute. A rule
+    without a selector selects nothing; effect None is a preview and changes nothing."""
+    for rule in sorted(rules, key=name_of):
+        spec = rule.get("spec") or {}
+        sel = spec.get("deviceSelector")
+        if sel is None or (spec.get("taint") or {}).get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        wanted = {"driver": driver, "pool": pool, "device": device}
+        if all(not sel.get(k) or sel.get(k) == v for k, v in wanted.items()):
+            return rule
+    return None
+
+
 def _slice_rows(
     profile: Obj,
     slices: Iterable[Obj],
     reports: Mapping[tuple[str, str], Obj],
     held: Mapping[tuple[str, str, str], list[str]],
+    rules: Sequence[Obj] = (),
 ) -> list[DeviceRow]:
     """A DRA profile's devices from its driver's ResourceSlices; each device's reason, message and
     since come from the node's DeviceReport when it names the device (by its ``patchbay.dev/id``
     attribute), the holders from the claims allocated to it. A device is unhealthy when its slice
     taints it OR its report says so: API servers before 1.36 drop slice taints, and there the
     agent leaves an unhealthy device out of the slice (its report says ``withheld``), so such a
-    device is listed from the report alone."""
+    device is listed from the report alone. A healthy device that a DeviceTaintRule cordons or
+    drains shows as Maintenance, the effect as its reason, the rule in its message."""
     driver, rows = driver_of(profile), []
     seen: set[tuple[str, str]] = set()
     for s in slices:
@@ -271,6 +294,20 @@ def _slice_rows(
             reported = by_id.get(physical) or {}
             report_sick = reported.get("health") not in (None, "Healthy")
             seen.add((node, physical))
+            sick = bool(taint or report_sick)
+            rule = None if sick else maintenance_rule(rules, driver, pool, dname)
+            if rule is not None:
+                health, source = MAINTENANCE, "DeviceTaintRule"
+                reason = str(((rule.get("spec") or {}).get("taint") or {}).get("effect", ""))
+                message = f"DeviceTaintRule {name_of(rule)}"
+                since = str((rule.get("metadata") or {}).get("creationTimestamp") or "") or None
+            else:
+                health, source = ("Unhealthy" if sick else "Healthy"), "ResourceSlice"
+                reason = (
+                    str(taint.get("value", "")) if taint else str(reported.get("reason", "")) if sick else ""
+                )
+                message = str(reported.get("message", "")) if sick else ""
+                since = reported.get("since")
             rows.append(
                 DeviceRow(
                     node=node,
@@ -278,16 +315,12 @@ def _slice_rows(
                     mode=DRA,
                     resource=resource_of(profile),
                     device=physical,
-                    health="Unhealthy" if taint or report_sick else "Healthy",
-                    reason=str(taint.get("value", ""))
-                    if taint
-                    else str(reported.get("reason", ""))
-                    if report_sick
-                    else "",
-                    message=str(reported.get("message", "")) if taint or report_sick else "",
-                    since=reported.get("since"),
+                    health=health,
+                    reason=reason,
+                    message=message,
+                    since=since,
                     holders=held.get((driver, pool, dname), []),
-                    source="ResourceSlice",
+                    source=source,
                 )
             )
     for (pname, node), report in reports.items():
@@ -362,7 +395,7 @@ def device_rows(
         if mode == STATIC:
             rows += _static_rows(p, data.nodes)
         elif mode == DRA:
-            from_slices = _slice_rows(p, data.slices, reports, held)
+            from_slices = _slice_rows(p, data.slices, reports, held, data.rules)
             rows += from_slices
             seen = {(r.node, r.device) for r in from_slices}
             # A report of a node whose slice is not there (not written yet, or the API server

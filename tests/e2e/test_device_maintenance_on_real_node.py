@@ -11,6 +11,7 @@ changes nothing, and the profile's status shows no maintenance.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -131,6 +132,13 @@ def test_a_device_is_previewed_drained_and_returned(
             lambda: [m for m in maintenance(cluster, name) if m["effect"] == "NoExecute"],
             60,
         )
+        # `kubectl patchbay devices` says which devices are out of service, and why.
+        listed = plugin(
+            e2e_cluster, patchbay, "devices", "--profile", name, "--node", real_node, "-o", "json"
+        )
+        assert listed.returncode == 0, listed.stderr
+        health = {d["device"]: (d["health"], d["reason"]) for d in json.loads(listed.stdout)["items"]}
+        assert health[first] == health[second] == ("Maintenance", "NoExecute"), health
         claim_template(custom, namespace, "maint-any", driver)
         core.create_namespaced_pod(namespace, claim_pod("maint-c", real_node, "maint-any", fake_dev))
         time.sleep(5)  # a scheduling attempt or two: the only devices are tainted

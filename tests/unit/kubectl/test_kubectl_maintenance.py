@@ -53,3 +53,41 @@ def test_the_controllers_answer_counts_only_for_the_current_spec() -> None:
     assert (m.eviction(obj) or {})["message"] == "old"
     assert m.served({"resources": [{"name": "devicetaintrules"}]})
     assert not m.served({"resources": [{"name": "resourceslices"}]}) and not m.served(None)
+
+
+def test_a_cordoned_or_drained_device_shows_as_maintenance_in_devices() -> None:
+    from patchbay_kubectl import views
+
+    profile = {"metadata": {"name": "serial"}, "spec": {"mode": "DRA", "resourceName": "example.com/serial"}}
+    slc = {
+        "spec": {
+            "driver": "serial.patchbay.dev",
+            "nodeName": "n1",
+            "pool": {"name": "n1"},
+            "devices": [
+                {"name": "tty0", "attributes": {"patchbay.dev/id": {"string": "ttyUSB0"}}},
+                {"name": "tty1", "attributes": {"patchbay.dev/id": {"string": "ttyUSB1"}}},
+                {
+                    "name": "tty2",
+                    "attributes": {"patchbay.dev/id": {"string": "ttyUSB2"}},
+                    "taints": [{"key": "patchbay.dev/vanished", "value": "Vanished", "effect": "NoSchedule"}],
+                },
+            ],
+        }
+    }
+    drain = m.rule("serial.n1", "serial.patchbay.dev", "n1", None, effect="NoExecute", reason="")
+    preview = m.rule("serial.n1.tty1", "serial.patchbay.dev", "n1", "tty1", effect="None", reason="")
+    other = m.rule("gpu.n1", "gpu.example.com", "n1", None, effect="NoExecute", reason="")
+    rows = views.device_rows(views.Inputs(profiles=[profile], slices=[slc], rules=[preview, other]))
+    assert [r.health for r in rows] == ["Healthy", "Healthy", "Unhealthy"]  # a preview changes nothing
+    rows = views.device_rows(views.Inputs(profiles=[profile], slices=[slc], rules=[drain, preview]))
+    assert [(r.device, r.health, r.reason) for r in rows] == [
+        ("ttyUSB0", "Maintenance", "NoExecute"),
+        ("ttyUSB1", "Maintenance", "NoExecute"),
+        ("ttyUSB2", "Unhealthy", "Vanished"),  # sick first: its fault is what matters
+    ]
+    assert rows[0].message == "DeviceTaintRule serial.n1" and rows[0].source == "DeviceTaintRule"
+    unhealthy = views.device_rows(
+        views.Inputs(profiles=[profile], slices=[slc], rules=[drain]), unhealthy=True
+    )
+    assert len(unhealthy) == 3
