@@ -115,7 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         cmd.add_argument("profile", help="the DevicePluginProfile (mode DRA)")
         cmd.add_argument("--node", required=True, help="the node whose devices (its agent's pool)")
-        cmd.add_argument("--device", help="one device, as its ResourceSlice names it (default: every device)")
+        cmd.add_argument(
+            "--device",
+            help="one device: its ID as `kubectl patchbay devices` shows it, or its ResourceSlice name "
+            "(default: every device)",
+        )
         if command != "uncordon":
             cmd.add_argument(
                 "--reason", default="", help="the taint's value: why (a label value, <= 63 chars)"
@@ -263,17 +267,22 @@ def _maintenance_target(k: Kube, args: argparse.Namespace) -> tuple[str, str]:
             f"use `kubectl cordon {args.node}` / `kubectl drain {args.node}`"
         )
     driver = views.driver_of(profile)
-    if args.command != "uncordon":
-        slices = k.list(
-            f"{kube.RESOURCE_API}/resourceslices",
-            field_selector=f"spec.driver={driver},spec.nodeName={args.node}",
-        )
+    slices = k.list(
+        f"{kube.RESOURCE_API}/resourceslices",
+        field_selector=f"spec.driver={driver},spec.nodeName={args.node}",
+    )
+    known = maintenance.slice_devices(slices)
+    if args.command == "uncordon":
+        # The device may have gone from the slice since: its name as given, or its ID's name.
+        if args.device not in known:
+            args.device = {i: n for n, i in known.items()}.get(args.device, args.device)
+    else:
         if not slices:
             raise maintenance.InputError(
                 f"--node {args.node}: no ResourceSlice of {driver} on that node (does the profile "
                 f"select it, and is its agent running there? `kubectl patchbay why {args.profile}`)"
             )
-        maintenance.check_device(args.device, maintenance.slice_devices(slices), args.profile, args.node)
+        args.device = maintenance.resolve_device(args.device, known, args.profile, args.node)
         maintenance.check_reason(args.reason)
     return driver, maintenance.rule_name(args.profile, args.node, args.device)
 

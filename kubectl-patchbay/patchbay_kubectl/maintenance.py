@@ -83,19 +83,33 @@ def served(resources: Mapping[str, Any] | None) -> bool:
     return any(r.get("name") == "devicetaintrules" for r in (resources or {}).get("resources") or [])
 
 
-def slice_devices(slices: Iterable[Obj]) -> list[str]:
-    """The device names of a pool's ResourceSlices, sorted."""
-    return sorted({str(d.get("name")) for s in slices for d in (s.get("spec") or {}).get("devices") or []})
+def slice_devices(slices: Iterable[Obj]) -> dict[str, str]:
+    """A pool's devices: their ResourceSlice name -> their ``patchbay.dev/id`` (the physical ID
+    ``kubectl patchbay devices`` shows; the name itself where there is none)."""
+    found: dict[str, str] = {}
+    for s in slices:
+        for d in (s.get("spec") or {}).get("devices") or []:
+            name = str(d.get("name"))
+            found[name] = str(
+                (((d.get("attributes") or {}).get("patchbay.dev/id") or {}).get("string")) or name
+            )
+    return found
 
 
-def check_device(device: str | None, known: list[str], profile: str, node: str) -> None:
-    """``--device`` must be one of the node's published devices (their ResourceSlice names)."""
-    if device is not None and device not in known:
-        shown = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
-        raise InputError(
-            f"--device {device}: no such device of DevicePluginProfile {profile} on node {node} "
-            f"(its devices: {shown or 'none'}; `kubectl patchbay devices --profile {profile} --node {node}`)"
-        )
+def resolve_device(device: str | None, known: Mapping[str, str], profile: str, node: str) -> str | None:
+    """``--device`` as the rule names it (the ResourceSlice's name): given as that name, or as the
+    ID ``kubectl patchbay devices`` shows. Anything else is refused with the node's devices."""
+    if device is None or device in known:
+        return device
+    by_id = {physical: name for name, physical in known.items()}
+    if device in by_id:
+        return by_id[device]
+    ids = sorted(by_id)
+    shown = ", ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+    raise InputError(
+        f"--device {device}: no such device of DevicePluginProfile {profile} on node {node} "
+        f"(its devices: {shown or 'none'}; `kubectl patchbay devices --profile {profile} --node {node}`)"
+    )
 
 
 def same_target(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:

@@ -102,7 +102,7 @@ def test_a_device_is_previewed_drained_and_returned(
         # Bad input: named, nothing written.
         bad = plugin(e2e_cluster, patchbay, "drain", name, "--node", real_node, "--device", "nosuch")
         assert bad.returncode == 1 and "--device nosuch: no such device" in bad.stderr, bad.stderr
-        assert ids[first] in bad.stderr, bad.stderr
+        assert first in bad.stderr, bad.stderr  # the IDs, as `kubectl patchbay devices` shows them
 
         # 1. Preview: nothing changes; the cluster says what a drain would do.
         res = plugin(e2e_cluster, patchbay, "drain", name, "--node", real_node, "--preview")
@@ -118,6 +118,19 @@ def test_a_device_is_previewed_drained_and_returned(
         assert shown[0]["node"] == real_node and shown[0]["device"] == "", shown
         assert "would be evicted" in shown[0]["message"], shown
         assert {pod_phase(core, namespace, p) for p in ("maint-a", "maint-b")} == {"Running"}
+
+        # One device, named by the ID `kubectl patchbay devices` shows: cordoned, then returned.
+        res = plugin(
+            e2e_cluster, patchbay, "cordon", name, "--node", real_node, "--device", first, "--wait", "0"
+        )
+        assert res.returncode == 0 and f"devicetaintrule/{name}.{real_node}.{ids[first]}:" in res.stdout, res
+        listed = plugin(
+            e2e_cluster, patchbay, "devices", "--profile", name, "--node", real_node, "-o", "json"
+        )
+        health = {d["device"]: (d["health"], d["reason"]) for d in json.loads(listed.stdout)["items"]}
+        assert health[first] == ("Maintenance", "NoSchedule") and health[second][0] == "Healthy", health
+        res = plugin(e2e_cluster, patchbay, "uncordon", name, "--node", real_node, "--device", first)
+        assert res.returncode == 0 and "in service again" in res.stdout, res
 
         # 2. Drain: a is evicted, b (300 s toleration) stays, a new claim waits.
         started = time.monotonic()

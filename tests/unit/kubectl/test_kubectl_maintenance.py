@@ -31,10 +31,26 @@ def test_names_are_readable_and_never_too_long() -> None:
 
 
 def test_bad_input_names_the_flag() -> None:
-    with pytest.raises(m.InputError, match=r"--device tty9: no such device .* \(its devices: tty0, tty1;"):
-        m.check_device("tty9", ["tty0", "tty1"], "serial", "node-1")
-    m.check_device(None, [], "serial", "node-1")
-    m.check_device("tty0", ["tty0"], "serial", "node-1")
+    slices = [
+        {
+            "spec": {
+                "devices": [
+                    {"name": "ttyusb0-1a2b", "attributes": {"patchbay.dev/id": {"string": "ttyUSB0"}}},
+                    {"name": "ttyusb1-3c4d", "attributes": {"patchbay.dev/id": {"string": "ttyUSB1"}}},
+                ]
+            }
+        }
+    ]
+    known = m.slice_devices(slices)
+    assert known == {"ttyusb0-1a2b": "ttyUSB0", "ttyusb1-3c4d": "ttyUSB1"}
+    # The ID `kubectl patchbay devices` shows, or the slice's name: both name the device.
+    assert m.resolve_device("ttyUSB1", known, "serial", "node-1") == "ttyusb1-3c4d"
+    assert m.resolve_device("ttyusb0-1a2b", known, "serial", "node-1") == "ttyusb0-1a2b"
+    assert m.resolve_device(None, known, "serial", "node-1") is None
+    with pytest.raises(
+        m.InputError, match=r"--device tty9: no such device .* \(its devices: ttyUSB0, ttyUSB1;"
+    ):
+        m.resolve_device("tty9", known, "serial", "node-1")
     with pytest.raises(m.InputError, match="--reason"):
         m.check_reason("has spaces")
     with pytest.raises(m.InputError, match="--reason"):
