@@ -184,14 +184,26 @@ class Registrar:
         return self._one_client and not self._handed_over and self._others_serving()
 
     def _others_serving(self) -> bool:
-        """Another agent of our resource serves a socket in the directory (a rollout's other half)."""
+        """An OLDER agent of our resource serves a socket in the directory (a rollout: we are the
+        new half). Only the newcomer hands over: the agent it replaces, which may have registered
+        again meanwhile, must not hand over too (harmless, but a registration nobody needs). Older
+        is by the sockets' modification times: each agent creates its socket when it serves."""
         try:
             names = os.listdir(self.plugin_dir)
+            ours = os.stat(self.socket_path).st_mtime_ns
         except OSError:
             return False
+
+        def older(name: str) -> bool:
+            try:
+                return os.stat(self.plugin_dir / name).st_mtime_ns <= ours
+            except OSError:
+                return False
+
         return any(
             n != self.endpoint
             and is_same_resource(n, self._resource_name)
+            and older(n)
             and probe(self.plugin_dir / n) == 0
             for n in names
         )
