@@ -432,6 +432,20 @@ def test_a_report_deleted_or_written_by_someone_else_is_written_again(
             raise
         return obj
 
+    def write(body: dict[str, Any], manager: str) -> None:
+        """Another writer's server-side apply of the report."""
+        custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            target.name,
+            body,
+            field_manager=manager,
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
     async def scenario() -> None:
         reporter = Reporter(
             target,
@@ -463,18 +477,7 @@ def test_a_report_deleted_or_written_by_someone_else_is_written_again(
                 {"id": "ttyUSB0", "health": "Unhealthy", "reason": "Forged"},
                 {"id": "ttyFAKE", "health": "Healthy"},
             ]
-            await asyncio.to_thread(
-                custom.patch_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                target.name,
-                forged,
-                field_manager="someone-else",
-                force=True,
-                _content_type="application/apply-patch+yaml",
-            )
+            await asyncio.to_thread(write, forged, "someone-else")
             await until(lambda: reporter.writes == 3, 10)
             restored = await asyncio.to_thread(stored) or {}
             assert restored.get("agent") == "agent-pod-1"
@@ -484,18 +487,7 @@ def test_a_report_deleted_or_written_by_someone_else_is_written_again(
             # A newer pod of the agent's own DaemonSet (a rollout: the name differs only in the
             # random suffix) writes it: this agent, going away, leaves that report alone.
             successor = {**build(uid), "agent": "agent-pod-2"}
-            await asyncio.to_thread(
-                custom.patch_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                target.name,
-                successor,
-                field_manager="patchbay-agent",
-                force=True,
-                _content_type="application/apply-patch+yaml",
-            )
+            await asyncio.to_thread(write, successor, "patchbay-agent")
             await asyncio.sleep(1.0)  # five resyncs
             assert (await asyncio.to_thread(stored) or {}).get("agent") == "agent-pod-2"
             assert (reporter.writes, reporter.restored) == (3, 2)
