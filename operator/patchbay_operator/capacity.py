@@ -216,8 +216,15 @@ def plan(node: NodeState, winners: Mapping[str, Profile]) -> JsonPatch:
     - a resource we own that no Static winner wants here any more (node unselected, profile
       deleting or gone, mode changed, label invalid): remove it;
     - a resource we own for another profile that is now the winner's: taken over in place.
+
+    A resource the cache says is free is taken only if the node is still the version the cache
+    holds: the patch starts with a JSON-patch ``test`` of ``metadata.resourceVersion``. Without
+    it, a cache a watch event behind (another writer set the resource a moment ago) would make the
+    ``add`` overwrite that writer's value and record it as ours. A stale cache makes the server
+    refuse the whole patch; the worker reads the node again and plans anew (nodes.py).
     """
     ops: JsonPatch = []
+    takes_free = False
     maps = {
         "annotations": node.has_annotations,
         "capacity": node.has_capacity,
@@ -237,12 +244,15 @@ def plan(node: NodeState, winners: Mapping[str, Profile]) -> JsonPatch:
             and node.allocatable.get(resource) == str(want.value)
         ):
             continue
+        takes_free = takes_free or owner is None
         ops.extend(_set_ops(node, resource, want.value, profile.name, maps))
     for resource, owner in node.owners.items():
         wanted_by = winners.get(resource)
         if wanted_by is not None and desired(wanted_by, node).value is not None:
             continue
         ops.extend(_remove_ops(node, owner))
+    if takes_free and node.resource_version:
+        ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": node.resource_version})
     return ops
 
 

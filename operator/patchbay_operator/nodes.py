@@ -5,8 +5,9 @@ a burst of events costs one patch; capacity.plan), sends it, and folds the serve
 into the cache, so the watch event of its own write is recognised as "nothing to do": one write
 per node per change. Failures:
 
-- 409/422 (the patch was planned from a stale cache, e.g. a path we remove is already gone):
-  read the node once, re-plan, at most ``MAX_STALE_RETRIES`` times in a row;
+- 409/422 (the patch was planned from a stale cache: a path we remove is already gone, or the
+  node is no longer the version a patch that takes a free resource tests for): read the node
+  once, re-plan, at most ``MAX_STALE_RETRIES`` times in a row;
 - 404: the node is gone; forget it;
 - anything else (or too many stale retries): remember the failure (the status reports it) and
   try again after a per-node backoff.

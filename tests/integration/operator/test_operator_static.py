@@ -243,3 +243,49 @@ def test_problem_list_is_capped_and_deleted_nodes_leave_the_counts(
     assert st["devices"] == {"capacity": 10, "allocatable": 10}
     assert st["problemCount"] == 0 and st["problems"] == []
     assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "True"
+
+
+def test_a_patch_planned_from_a_stale_cache_never_takes_a_value_set_meanwhile(cluster: Cluster) -> None:
+    """The race behind a flake of the test above: the operator's node cache is one watch event
+    behind, another writer has just set the resource, and the plan (from the cache) says the node
+    is free. The patch's resourceVersion test makes the API server refuse it (422); the worker
+    reads the node again and, re-planning, leaves the foreign value alone. No operator process:
+    the node worker itself, on a real API server, with its cache made stale on purpose."""
+    import asyncio
+
+    from patchbay_operator.capacity import NodeState
+    from patchbay_operator.kube import Kube, load_configuration
+    from patchbay_operator.nodes import NodeSync
+    from patchbay_operator.profiles import Profile
+
+    p = cluster.prefix
+    name = cluster.add_nodes(1, labels={"dongle": "yes"})[0]
+    profile = Profile.from_body(
+        {
+            "metadata": {
+                "name": f"{p}stale",
+                "uid": "u1",
+                "generation": 1,
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": spec(p, capacity=3),
+        }
+    )
+    kube = Kube(load_configuration(str(cluster.devcluster.kubeconfig), 4))
+    try:
+        stale = NodeState.from_node(kube.get_node(name) or {})
+        cluster.set_status_value(name, R, "7")  # after the cache's copy: the cache never saw it
+        sync = NodeSync(kube, asyncio.to_thread, lambda: {R: profile}, lambda: None)
+        sync.states[name] = stale
+        asyncio.run(sync.sync(name))
+        assert cluster.values(name, R) == ("7", "7")
+        assert OWNER_KEY not in cluster.annotations(name)
+        assert (sync.patches, sync.patch_failures, sync.failures) == (0, 1, {})
+        # The worker re-read the node: its cache now holds the foreign value, and the next run
+        # (queued by the re-read) has nothing to do.
+        assert sync.states[name].capacity.get(R) == "7"
+        asyncio.run(sync.sync(name))
+        assert (sync.patches, sync.patch_failures) == (0, 1)
+        assert cluster.values(name, R) == ("7", "7")
+    finally:
+        kube.close()

@@ -76,6 +76,7 @@ def test_owner_key_is_valid_annotation_name_even_for_long_resources() -> None:
 def test_fresh_node_gets_one_patch_with_capacity_allocatable_and_ownership() -> None:
     ops = plan(node(), {R: profile()})
     assert ops == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "10"},
         {
             "op": "add",
             "path": "/metadata/annotations/static.patchbay.dev~1example.com_dongle",
@@ -84,7 +85,23 @@ def test_fresh_node_gets_one_patch_with_capacity_allocatable_and_ownership() -> 
         {"op": "add", "path": "/status/capacity/example.com~1dongle", "value": "4"},
         {"op": "add", "path": "/status/allocatable/example.com~1dongle", "value": "4"},
     ]
-    assert json.loads(ops[0]["value"]) == {"profile": "dongles", "resource": R}
+    assert json.loads(ops[1]["value"]) == {"profile": "dongles", "resource": R}
+
+
+def test_only_a_free_resource_is_taken_on_condition_of_the_cached_version() -> None:
+    """Taking a resource the cache calls free depends on the cache being current (the first op
+    tests metadata.resourceVersion); changing a value we own does not: it is ours either way."""
+    assert plan(node(rv="42"), {R: profile()})[0] == {
+        "op": "test",
+        "path": "/metadata/resourceVersion",
+        "value": "42",
+    }
+    for owned_node in (
+        node(capacity={R: "1"}, annotations=owned()),  # drifted
+        node(capacity={R: "4"}, annotations=owned("old")),  # taken over from our other profile
+    ):
+        ops = plan(owned_node, {R: profile()})
+        assert ops and all(o["op"] != "test" for o in ops)
 
 
 def test_node_already_right_needs_nothing() -> None:
