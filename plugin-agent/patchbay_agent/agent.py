@@ -192,6 +192,7 @@ class Agent:
             cdi_spec_dir=self.options.cdi_spec_dir,
             lock_path=services / LOCK_FILE_NAME,
         )
+        preparer.metrics = self.metrics
         preparer.status = self.claim_status = ClaimStatusWriter(
             dra.driver, self.options.node_name, client, self.inventory, self.metrics, state_dir=services
         )

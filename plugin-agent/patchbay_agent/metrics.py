@@ -412,6 +412,19 @@ class Metrics:
             "DRA mode: NodePrepareResources handling time per call (all its claims, read in parallel).",
             _DRA_BUCKETS,
         )
+        self.dra_claim_read_seconds = Histogram(
+            r,
+            "patchbay_agent_dra_claim_read_seconds",
+            "DRA mode: the GET of one ResourceClaim during NodePrepareResources, as prepare waits for "
+            "it (the API server's answer and the hop to the worker thread).",
+            _DRA_BUCKETS,
+        )
+        self.dra_cdi_write_seconds = Histogram(
+            r,
+            "patchbay_agent_dra_cdi_write_seconds",
+            "DRA mode: writing one claim's CDI spec file during NodePrepareResources.",
+            _DRA_BUCKETS,
+        )
         self.dra_unprepare_seconds = Histogram(
             r,
             "patchbay_agent_dra_unprepare_seconds",

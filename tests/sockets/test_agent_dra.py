@@ -203,6 +203,10 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
             prepared = agent.metrics.dra_prepare_seconds
             assert sum(prepared.counts) == 3 and prepared.sum > 0
             assert sum(agent.metrics.dra_unprepare_seconds.counts) == 1
+            # Inside them, per claim: each GET answered (3 of 4 claims in each v1 call, c1 in the
+            # v1beta1 one; the 404 is no read) and each CDI spec written (c1, three times).
+            assert sum(agent.metrics.dra_claim_read_seconds.counts) == 7
+            assert sum(agent.metrics.dra_cdi_write_seconds.counts) == 3
 
             # A device that turns unhealthy cannot be prepared.
             api.claims["ns", "c5"] = _claim("uid-5", [tty2])

@@ -56,6 +56,8 @@ FAMILIES = {
     "patchbay_agent_report_restores": "counter",
     "patchbay_agent_dra_prepare_seconds": "histogram",
     "patchbay_agent_dra_unprepare_seconds": "histogram",
+    "patchbay_agent_dra_claim_read_seconds": "histogram",
+    "patchbay_agent_dra_cdi_write_seconds": "histogram",
     # the HTTP endpoint's own, once per process (httpserver.HttpEndpoint)
     "patchbay_agent_http_connections_open": "gauge",
     "patchbay_agent_http_connections_evicted": "counter",
