@@ -37,14 +37,18 @@ import statistics
 import subprocess
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 from kubernetes import client, config
 
 from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
+from patchbay_agent.core.health import FLAP_WINDOW
+from patchbay_agent.kubeclient import KubeClient
 from patchbay_devcluster import DevCluster, find_bin_dir
 from patchbay_devcluster.imagebuild import build_all, find_repo
 from patchbay_devcluster.install import helm_install
@@ -74,7 +78,10 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def ms(xs: list[float]) -> str:
-    return f"p50 {pct(xs, 0.5) * 1000:6.2f} ms  p99 {pct(xs, 0.99) * 1000:6.2f} ms"
+    return (
+        f"p50 {pct(xs, 0.5) * 1000:6.2f} ms  p99 {pct(xs, 0.99) * 1000:6.2f} ms"
+        f"  mean {statistics.mean(xs) * 1000:6.2f} ms"
+    )
 
 
 class Bench:
@@ -105,13 +112,20 @@ class Bench:
         }
         obj = self.custom.create_namespaced_custom_object(RG, RV, NAMESPACE, "resourceclaims", body)
         result = {"request": "serial", "driver": driver, "pool": NODE_NAME, "device": device}
+        # The node, as the scheduler writes it for a node-local device: the agent may then write
+        # the claim's status.devices (the API server checks associated-node:patch against it).
+        on_node = {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE_NAME]}]}
+            ]
+        }
         self.custom.patch_namespaced_custom_object_status(
             RG,
             RV,
             NAMESPACE,
             "resourceclaims",
             name,
-            {"status": {"allocation": {"devices": {"results": [result]}}}},
+            {"status": {"allocation": {"devices": {"results": [result]}, "nodeSelector": on_node}}},
         )
         return str(obj["metadata"]["uid"])
 
@@ -166,10 +180,103 @@ class Bench:
             self.custom.delete_namespaced_custom_object(RG, RV, NAMESPACE, "resourceclaims", name)
         return prep, unprep, get
 
+    def relay_kubeconfig(self, tmp: Path) -> Path:
+        """The admin kubeconfig with the API server at the relay's address on the pod network's
+        bridge: the way the agent pod reaches it (the certificate names that address too)."""
+        host, port = self.cluster.pod_api_server
+        doc = yaml.safe_load(self.cluster.kubeconfig.read_text())
+        for c in doc["clusters"]:
+            c["cluster"]["server"] = f"https://{host}:{port}"
+        path = tmp / "relay.kubeconfig"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    def claim_gets(self, kubeconfig: Path, names: list[str]) -> list[float]:
+        """A GET of each claim from this process with the official client, over ``kubeconfig``'s
+        way to the API server (one warm-up call first: the connection is set up once)."""
+        custom = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
+        custom.get_namespaced_custom_object(RG, RV, NAMESPACE, "resourceclaims", names[0])
+        out = []
+        for name in names:
+            t0 = time.perf_counter()
+            custom.get_namespaced_custom_object(RG, RV, NAMESPACE, "resourceclaims", name)
+            out.append(time.perf_counter() - t0)
+        return out
+
+    def agent_client_gets(self, kubeconfig: Path, names: list[str]) -> dict[str, list[float]]:
+        """The agent's own API client (patchbay_agent.kubeclient, pykube-ng over requests) in this
+        process, GETting each claim: called directly, and from an event loop through a worker
+        thread as the agent's prepare calls it."""
+        kube = KubeClient(kubeconfig)
+        kube.resource_claim(NAMESPACE, names[0])
+        direct = []
+        for name in names:
+            t0 = time.perf_counter()
+            kube.resource_claim(NAMESPACE, name)
+            direct.append(time.perf_counter() - t0)
+
+        async def hopped() -> list[float]:
+            out = []
+            for name in names:
+                t0 = time.perf_counter()
+                await asyncio.to_thread(kube.resource_claim, NAMESPACE, name)
+                out.append(time.perf_counter() - t0)
+            return out
+
+        return {"direct": direct, "thread": asyncio.run(hopped())}
+
+    def set_agent_cpu(self, profile: str, cpu: str) -> None:
+        """Give the profile's agent pod a CPU request of ``cpu`` and wait until the new pod alone
+        serves the driver (the spec change rolls the profile's DaemonSet)."""
+        resources = {"requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+        self.custom.patch_cluster_custom_object(
+            GROUP, VERSION, PLURAL, profile, {"spec": {"agent": {"resources": resources}}}
+        )
+
+        def rolled() -> bool:
+            pods = self.core.list_namespaced_pod(
+                "patchbay-system", label_selector=f"patchbay.dev/profile={profile}"
+            ).items
+            if len(pods) != 1 or pods[0].metadata.deletion_timestamp:
+                return False
+            pod = pods[0]
+            requests = (pod.spec.containers[0].resources.requests or {}).get("cpu")
+            ready = [c for c in pod.status.conditions or [] if c.type == "Ready" and c.status == "True"]
+            root = self.cluster.real_node().paths.kubelet_root / "plugins"
+            return requests == cpu and bool(ready) and len(list(root.glob("*/dra-*.sock"))) == 1
+
+        wait(rolled, 180, 0.5)
+        wait(lambda: len(self.slice_devices()) == DEVICES)
+
+    def agent_phase_sums(self, profile: str) -> dict[str, tuple[float, int]]:
+        """(sum in seconds, count) of the agent pod's prepare histograms, from its /metrics on the
+        pod network (the node reaches its pods)."""
+        (pod,) = self.core.list_namespaced_pod(
+            "patchbay-system", label_selector=f"patchbay.dev/profile={profile}"
+        ).items
+        with urllib.request.urlopen(f"http://{pod.status.pod_ip}:9464/metrics", timeout=5) as r:
+            text = r.read().decode()
+        out: dict[str, tuple[float, int]] = {}
+        for phase in ("prepare", "claim_read", "cdi_write"):
+            family = f"patchbay_agent_dra_{phase}_seconds"
+            values = dict(
+                line.split(" ", 1)
+                for line in text.splitlines()
+                if line.startswith((f"{family}_sum", f"{family}_count"))
+            )
+            out[phase] = (float(values[f"{family}_sum"]), int(float(values[f"{family}_count"])))
+        written = 0.0
+        for line in text.splitlines():
+            if line.startswith('patchbay_agent_dra_claim_status_writes_total{result="success"}'):
+                written = float(line.rsplit(" ", 1)[1])
+        out["status_writes"] = (written, 0)
+        return out
+
     @contextlib.contextmanager
-    def go_peer(self, tmp: Path) -> Iterator[Path]:
-        """bench/drapeer (the upstream kubeletplugin helper) as a process on the node, with the
-        admin kubeconfig; never registered with the kubelet. Yields its DRA socket."""
+    def go_peer(self, tmp: Path, kubeconfig: Path) -> Iterator[Path]:
+        """bench/drapeer (the upstream kubeletplugin helper) as a process on the node, talking to
+        the API server through ``kubeconfig`` (admin); never registered with the kubelet. Yields
+        its DRA socket."""
         binary = subprocess.run(
             [str(find_repo() / "bench" / "drapeer" / "build.sh")], check=True, capture_output=True, text=True
         ).stdout.strip()
@@ -177,13 +284,13 @@ class Bench:
             [
                 binary,
                 "--kubeconfig",
-                str(self.cluster.kubeconfig),
+                str(kubeconfig),
                 "--driver",
                 PEER_DRIVER,
                 "--node",
                 NODE_NAME,
                 "--dir",
-                str(tmp / "peer"),
+                str(tmp / f"peer-{kubeconfig.stem}"),
                 "--cdi-dir",
                 str(tmp / "peer-cdi"),
                 "--dev-dir",
@@ -239,7 +346,14 @@ class Bench:
                     del pending[key]
             time.sleep(0.02)
         if pending:
-            raise SystemExit(f"bench: timed out waiting for {sorted(pending)}")
+            (pod,) = self.core.list_namespaced_pod(
+                "patchbay-system", label_selector=f"patchbay.dev/profile={profile}"
+            ).items
+            logs = self.core.read_namespaced_pod_log(pod.metadata.name, "patchbay-system", tail_lines=30)
+            raise SystemExit(
+                f"bench: timed out waiting for {sorted(pending)}; the device in the slice: "
+                f"{self.slice_devices().get(name_of[dev_id])}\nthe agent's last log lines:\n{logs}"
+            )
         os.mknod(device, 0o666 | 0o020000, rdev)
         wait(lambda: not tainted() and not report_unhealthy())
         return out
@@ -268,6 +382,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5, help="device removals (default: %(default)s)")
     ap.add_argument("--claims", type=int, default=100, help="claims prepared (default: %(default)s)")
+    ap.add_argument(
+        "--agent-cpu",
+        default="",
+        help="then measure prepare again with the agent pod requesting this much CPU, e.g. 250m "
+        "(default: not measured; the agent asks for 10m)",
+    )
     args = ap.parse_args()
     repo = find_repo()
     images = build_all(repo)
@@ -302,6 +422,9 @@ def main() -> None:
                             "discovery": {"paths": {"globs": [f"{FAKE_DEV}/dra*"]}},
                             "health": {"periodSeconds": 1, "failureThreshold": 1},
                         },
+                        # Agent settings of its own: a DaemonSet of its own (one agent pod to
+                        # measure), as before profiles without them shared the node agent.
+                        "agent": {"updateStrategy": {"maxSurge": 1, "maxUnavailable": 0}},
                     },
                 },
             )
@@ -312,20 +435,82 @@ def main() -> None:
 
             print(f"\n== NodePrepareResources, one claim per call, {args.claims} claims ==")
             names = sorted(b.slice_devices())
-            prep, unprep, get = b.prepare_figures("agent", driver, b.service_socket(), names, args.claims)
-            with b.go_peer(Path(tmp)) as peer_socket:
-                files = sorted(p.name for p in FAKE_DEV.iterdir())
-                gprep, gunprep, gget = b.prepare_figures("peer", PEER_DRIVER, peer_socket, files, args.claims)
-            print(f"Patchbay agent pod: prepare (GET + CDI spec)  {ms(prep)}")
-            print(f"Go peer (kubeletplugin), same work            {ms(gprep)}")
-            p50, p99 = (pct(prep, q) / pct(gprep, q) for q in (0.5, 0.99))
-            print(f"ratio agent / Go peer: p50 {p50:.2f}, p99 {p99:.2f}")
-            print(f"a GET of the claim from this process          {ms(get + gget)}")
-            print(f"Patchbay agent pod: unprepare                 {ms(unprep)}")
-            print(f"Go peer: unprepare                            {ms(gunprep)}")
+            before = b.agent_phase_sums(profile)
+            prep, unprep, _ = b.prepare_figures("agent", driver, b.service_socket(), names, args.claims)
+            after = b.agent_phase_sums(profile)
+            files = sorted(p.name for p in FAKE_DEV.iterdir())
+            relay = b.relay_kubeconfig(Path(tmp))
+            peers: dict[str, tuple[list[float], list[float], list[float]]] = {}
+            for way, kubeconfig in (("loopback", cluster.kubeconfig), ("relay", relay)):
+                with b.go_peer(Path(tmp), kubeconfig) as peer_socket:
+                    peers[way] = b.prepare_figures(
+                        f"peer-{way}", PEER_DRIVER, peer_socket, files, args.claims
+                    )
+            claim_names = [f"bench-gets-{i}" for i in range(args.claims)]
+            for i, name in enumerate(claim_names):
+                b.allocated_claim(name, driver, names[i % len(names)])
+            gets = {
+                way: b.claim_gets(k, claim_names)
+                for way, k in (("loopback", cluster.kubeconfig), ("relay", relay))
+            }
+            agent_client = b.agent_client_gets(relay, claim_names)
+            for name in claim_names:
+                b.custom.delete_namespaced_custom_object(RG, RV, NAMESPACE, "resourceclaims", name)
+
+            print(f"Patchbay agent pod (API server via the relay)      {ms(prep)}")
+            for way in ("relay", "loopback"):
+                print(f"Go peer (kubeletplugin), same work, via {way:<9}  {ms(peers[way][0])}")
+            for way in ("relay", "loopback"):
+                p50, p99 = (pct(prep, q) / pct(peers[way][0], q) for q in (0.5, 0.99))
+                print(f"ratio agent / Go peer via {way:<9}: p50 {p50:.2f}, p99 {p99:.2f}")
+            for way in ("loopback", "relay"):
+                print(f"a GET of a claim from this process via {way:<9}  {ms(gets[way])}")
+            print(f"the agent's client from this process via relay    {ms(agent_client['direct'])}")
+            print(f"  the same, called through a worker thread         {ms(agent_client['thread'])}")
+            print(f"Patchbay agent pod: unprepare                      {ms(unprep)}")
+            for way in ("relay", "loopback"):
+                print(f"Go peer via {way:<9}: unprepare                  {ms(peers[way][1])}")
+
+            print("\n== Where the agent's prepare time goes (its own histograms, means per call) ==")
+            writes = after.pop("status_writes")[0] - before.pop("status_writes")[0]
+            print(f"(claims' status.devices written meanwhile, in the background: {writes:.0f})")
+            means = {
+                phase: (after[phase][0] - before[phase][0]) / max(1, after[phase][1] - before[phase][1])
+                for phase in after
+            }
+            rpc = statistics.mean(prep)
+            parts = [
+                ("the claim's GET, as prepare waits for it (thread hop included)", means["claim_read"]),
+                ("the CDI spec write", means["cdi_write"]),
+                (
+                    "the rest of the handler (lock, decode, checks, answer)",
+                    means["prepare"] - means["claim_read"] - means["cdi_write"],
+                ),
+                ("gRPC and the Unix socket, both ends (the call minus the handler)", rpc - means["prepare"]),
+            ]
+            for what, value in parts:
+                print(f"{what:<66} {value * 1000:6.2f} ms  {value / rpc:6.1%}")
+            print(f"{'the call as this process times it (mean)':<66} {rpc * 1000:6.2f} ms")
+
+            if args.agent_cpu:
+                print(f"\n== The same, the agent pod requesting cpu {args.agent_cpu} (default 10m) ==")
+                b.set_agent_cpu(profile, args.agent_cpu)
+                cprep, cunprep, _ = b.prepare_figures(
+                    "agent-cpu", driver, b.service_socket(), names, args.claims
+                )
+                print(f"Patchbay agent pod, cpu {args.agent_cpu:<6} prepare      {ms(cprep)}")
+                p50, p99 = (pct(cprep, q) / pct(peers["relay"][0], q) for q in (0.5, 0.99))
+                print(f"ratio agent / Go peer via relay (its run above): p50 {p50:.2f}, p99 {p99:.2f}")
+                print(f"Patchbay agent pod, cpu {args.agent_cpu:<6} unprepare    {ms(cunprep)}")
 
             print(f"\n== A device vanishes -> its taint in the API (median of {args.runs}) ==")
-            runs = [b.vanish_to_taint(profile, FAKE_DEV / "dra1") for _ in range(args.runs)]
+            runs = []
+            for i in range(args.runs):
+                if i:
+                    # Quiet for the flap window first: removals closer together are a flapping
+                    # device, held Unhealthy with the patchbay.dev/flapping taint (by design).
+                    time.sleep(FLAP_WINDOW + 1)
+                runs.append(b.vanish_to_taint(profile, FAKE_DEV / "dra1"))
             for key, what in (
                 ("taint", "ResourceSlice device tainted (or left out)"),
                 ("report", "baseline: the DeviceReport says unhealthy"),

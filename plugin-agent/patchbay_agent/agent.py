@@ -196,6 +196,7 @@ class Agent:
         preparer.status = self.claim_status = ClaimStatusWriter(
             dra.driver, self.options.node_name, client, self.inventory, self.metrics, state_dir=services
         )
+        self.claim_status.before_writing = preparer.quiet
         plugin = self.dra = DraPlugin(
             dra.driver,
             dra.kubelet_root_dir,

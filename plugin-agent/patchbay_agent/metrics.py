@@ -422,7 +422,7 @@ class Metrics:
         self.dra_cdi_write_seconds = Histogram(
             r,
             "patchbay_agent_dra_cdi_write_seconds",
-            "DRA mode: writing one claim's CDI spec file during NodePrepareResources.",
+            "DRA mode: writing one claim's CDI spec file during NodePrepareResources (on the event loop).",
             _DRA_BUCKETS,
         )
         self.dra_unprepare_seconds = Histogram(

@@ -14,7 +14,9 @@ allocated device:
 Rules this module keeps:
 
 * never on the prepare path: the kubelet's NodePrepareResources is answered first; the status is
-  written by a background task (a claim whose status cannot be written is still prepared);
+  written by a background task (a claim whose status cannot be written is still prepared), and
+  only once prepare calls have been quiet for a moment (`ClaimPreparer.quiet`: a burst of pod
+  starts is not slowed by its own status writes);
 * server-side apply on the `status` subresource with a field manager of our driver, so entries of
   other drivers in the same claim are never touched, and applying no entry (after unprepare)
   removes exactly ours; the claim's UID is in the applied object, so a claim deleted and
@@ -37,7 +39,7 @@ import datetime
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -191,6 +193,8 @@ class ClaimStatusWriter:
         self._wake = asyncio.Event()
         #: claim UIDs whose refusal was logged (a warning once per claim, not per retry)
         self._refused: set[str] = set()
+        #: awaited before each round of writes (the preparer's `quiet`: prepare calls first)
+        self.before_writing: Callable[[], Awaitable[None]] | None = None
         inventory.subscribe(self._on_snapshot)
 
     def prepared(self, namespace: str, name: str, uid: str, devices: Sequence[tuple[str, str, str]]) -> None:
@@ -268,6 +272,8 @@ class ClaimStatusWriter:
         if loaded:
             log.info("%d claim(s) prepared by an earlier agent: keeping their status", loaded)
         while not stop.is_set():
+            if self.before_writing is not None:
+                await self.before_writing()
             self._wake.clear()
             retry = False
             for uid, ref in list(self._dirty.items()):
