@@ -286,11 +286,17 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             await until(lambda: a.ready)
             assert a.registrar.handovers == 0  # alone: nothing to hand over from
+            # A slow kubelet: the new agent is not Ready while its hand-over is unanswered (a
+            # rollout would remove the old agent, whose exit closes the new one's stream).
+            kubelet.dial_delay = 0.5
             b = await new.enter_async_context(
                 running_agent(
                     SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
                 )
             )
+            await until(lambda: any(e.endswith("-handover.sock") for e in kubelet.attempts))
+            assert not b.ready
+            kubelet.dial_delay = 0.0
             await until(lambda: b.ready)
             assert b.registrar.handovers == 1
             (handover,) = kubelet.failed_connects

@@ -53,6 +53,9 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         self.dropped_before_stream = 0
         #: endpoints whose dial-back failed (one_client_per_resource): Register answered an error
         self.failed_connects: list[str] = []
+        #: seconds Register waits before dialing the plugin back (a slow or busy kubelet).
+        #: Settable while running.
+        self.dial_delay = 0.0
         self.plugin_dir = plugin_dir
         self.one_client_per_resource = one_client_per_resource
         #: the current client per resource (one_client_per_resource): its channel
@@ -85,6 +88,8 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
             self.refused += 1
             details = self._refuse_details.replace("{path}", str(self.plugin_dir / request.endpoint))
             await context.abort(self._refuse_code, details)
+        if self.dial_delay > 0:
+            await asyncio.sleep(self.dial_delay)
         # Dial fresh, as the Go kubelet does: a shared subchannel to the same path may still be
         # backing off from the plugin's previous (deleted) socket.
         channel = grpc.aio.insecure_channel(

@@ -154,6 +154,9 @@ class Registrar:
         self.one_client_per_resource: bool | None = None
         #: our newest registration was handed over (see the module doc); hand-overs done
         self._handed_over = False
+        #: a hand-over registration is in flight: not Ready until the kubelet has answered it (else
+        #: a rollout may remove the previous agent first, and its exit closes our stream)
+        self._handing_over = False
         self.handovers = 0
         #: registrations made again because their stream never opened, and how many in a row
         self.unopened = 0
@@ -174,7 +177,12 @@ class Registrar:
         """Registered, the kubelet holds the stream of our newest registration (only then does it
         count our devices), and, where a hand-over is due, it is done: what readiness means for a
         device plugin (a rollout removes the previous agent only then)."""
-        return self.registered and self._stream_of_newest_open() and not self._handover_due()
+        return (
+            self.registered
+            and self._stream_of_newest_open()
+            and not self._handing_over
+            and not self._handover_due()
+        )
 
     @property
     def _one_client(self) -> bool:
@@ -213,6 +221,7 @@ class Registrar:
         at most once per registration: whatever the kubelet answered, readiness is not held back
         again (at worst the previous agent's exit costs a drop, as without a hand-over)."""
         self._handed_over = True
+        self._handing_over = True
         name = self.endpoint.removesuffix(".sock") + "-handover.sock"
         server = detach_server(self.plugin_dir / name)
         try:
@@ -232,6 +241,7 @@ class Registrar:
         except (OSError, RuntimeError) as e:
             log.warning("Cannot serve the hand-over socket %s: %s", name, e)
         finally:
+            self._handing_over = False
             await server.stop(0, remove_socket=True)
 
     def _stream_of_newest_open(self) -> bool:
