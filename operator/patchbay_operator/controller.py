@@ -51,6 +51,10 @@ T = TypeVar("T")
 RULES: Source[maintenance.Rule] = Source(
     "DeviceTaintRules", maintenance.COLLECTION, maintenance.Rule.from_object
 )
+RULES_RECHECK_SECONDS = 300.0
+"""Where DeviceTaintRules are not served at start, how often the operator asks again: a control
+plane upgraded to 1.37 while the operator runs starts serving them, and its pods are not restarted
+for it."""
 
 
 class CleanupPendingError(RuntimeError):
@@ -106,6 +110,8 @@ class Controller:
         await self._watch(report_source, a.reports.observe, a.reports.resync, required=False)
         if await self._serves_device_taint_rules():
             await self._watch(RULES, self.rules.observe, self.rules.resync, required=False)
+        else:
+            self._spawn(self._watch_rules_once_served())
         log.info(
             "Listed %d nodes, %d agent pods, %d DeviceReports, %d DeviceTaintRules",
             len(self.nodes.states),
@@ -229,22 +235,39 @@ class Controller:
         """The shared node agent becomes what the shared profiles say now (or goes)."""
         await self.agents.apply_shared([(p, self._exclusion(p)) for p in self._shared_profiles()])
 
-    async def _serves_device_taint_rules(self) -> bool:
+    async def _serves_device_taint_rules(self, *, quiet: bool = False) -> bool:
         """Whether this API server serves DeviceTaintRules (resource.k8s.io/v1, Kubernetes 1.37
         on): the operator then shows each DRA profile's device maintenance in its status. Asked
-        once at start, from the group version's discovery document."""
+        at start, from the group version's discovery document, and then every
+        ``RULES_RECHECK_SECONDS`` while the answer is no (``quiet``: those logged at debug)."""
         group, _, version = maintenance.API.rpartition("/")
+        level = logging.DEBUG if quiet else logging.INFO
         try:
             doc = await self.call(self.kube.get, Ref(group, version))
         except (KubeError, OSError) as e:
-            log.warning(
-                "Cannot tell whether DeviceTaintRules are served (%s): device maintenance not shown", e
+            log.log(
+                logging.DEBUG if quiet else logging.WARNING,
+                "Cannot tell whether DeviceTaintRules are served (%s): device maintenance not shown",
+                e,
             )
             return False
         if not maintenance.served(doc):
-            log.info("This API server serves no DeviceTaintRules (1.37 on): device maintenance not shown")
+            log.log(
+                level, "This API server serves no DeviceTaintRules (1.37 on): device maintenance not shown"
+            )
             return False
         return True
+
+    async def _watch_rules_once_served(self) -> None:
+        """Ask again every ``RULES_RECHECK_SECONDS``; once DeviceTaintRules are served, list and
+        watch them, and recompute the DRA profiles' status (their maintenance)."""
+        while True:
+            await asyncio.sleep(RULES_RECHECK_SECONDS)
+            if await self._serves_device_taint_rules(quiet=True):
+                log.info("DeviceTaintRules are served now: device maintenance shown from now on")
+                await self._watch(RULES, self.rules.observe, self.rules.resync, required=False)
+                self.status.mark(p.name for p in self.registry if p.mode is Mode.DRA)
+                return
 
     def _rule_changed(self, old: maintenance.Rule | None, new: maintenance.Rule | None) -> None:
         """A DeviceTaintRule changed: the status of every DRA profile whose devices it selects."""

@@ -198,3 +198,25 @@ async def test_a_pruned_report_is_deleted_once_however_often_the_status_is_compu
     await agents.prune_reports("p", keep={"kept"})
     assert [ref.name for ref in kube.deleted] == ["p.gone"]
     assert set(agents.reports.items) == {"p.kept"}
+
+
+async def test_device_taint_rules_served_later_are_watched_from_then_on(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A control plane upgraded to 1.37 while the operator runs: not served at start, so asked
+    again; once the discovery document lists them, they are listed and watched."""
+    from patchbay_operator import controller as module
+
+    monkeypatch.setattr(module, "RULES_RECHECK_SECONDS", 0.02)
+    c = Controller(Settings(concurrency=1, status_debounce=0.02), kube)  # type: ignore[arg-type]
+    await c.start()
+    try:
+        watched = len(c._informers)
+        await asyncio.sleep(0.1)
+        assert len(c._informers) == watched  # asked again, still not served
+        kube.objects["/apis/resource.k8s.io/v1"] = {"resources": [{"name": "devicetaintrules"}]}
+        await until(lambda: len(c._informers) == watched + 1)
+        await asyncio.sleep(0.1)
+        assert len(c._informers) == watched + 1  # watched once, the asking ends
+    finally:
+        await c.stop()
