@@ -1,0 +1,94 @@
+"""What an agent process may do on the REAL node, read from the kernel, not from the pod spec.
+
+The agents run as uid 0 because the kubelet's directories they create sockets in
+(`device-plugins`, `plugins`, `plugins_registry`) and the CDI spec directory are root's, mode 0755:
+only their owner may create files there, and a non-root uid could do so only with
+CAP_DAC_OVERRIDE, which Kubernetes cannot give a non-root process (it sets no ambient
+capabilities). So the least an agent can run with is uid 0 WITHOUT capabilities: owner
+permissions on root's files in the host paths it mounts, nothing more (docs/security.md#host-access).
+
+Checked on the processes of a profile's own agent pod and of the shared node agent pod (the
+kernel's /proc/<pid>/status for every process in the pod's cgroup, the pause process aside):
+uid 0, no effective, permitted, inheritable or ambient capability, and an empty bounding set
+(nothing regained through exec), no_new_privs, a seccomp filter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kubernetes import client
+from support.clusters import Cluster
+from support.realnode import OWN_AGENT, SHARED_SELECTOR, Installed, wait_for
+
+from patchbay_devcluster import DevCluster
+
+CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+def pod_processes(e2e_cluster: DevCluster, pod: client.V1Pod) -> dict[int, dict[str, str]]:
+    """PID -> the fields of /proc/<pid>/status of every process of ``pod`` but its pause."""
+    root = CGROUP_MEMORY / e2e_cluster.real_node().cgroup_root.lstrip("/")
+    dirs = [d for d in root.rglob(f"pod{pod.metadata.uid}") if d.is_dir()]
+    assert len(dirs) == 1, f"the cgroup of pod {pod.metadata.name}: {dirs}"
+    out: dict[int, dict[str, str]] = {}
+    for procs in dirs[0].rglob("cgroup.procs"):
+        for pid in map(int, procs.read_text().split()):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except FileNotFoundError:
+                continue  # ended meanwhile
+            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+            if fields.get("Name", "").strip() != "pause":
+                out[pid] = {k: v.strip() for k, v in fields.items()}
+    return out
+
+
+def test_agents_run_as_uid_0_with_no_capability_no_new_privileges_and_seccomp(
+    patchbay: Installed, cluster: Cluster, e2e_cluster: DevCluster, real_node: str
+) -> None:
+    label = "patchbay.dev/e2e-privileges"
+    own, shared = f"{cluster.prefix}own", f"{cluster.prefix}shared"
+
+    def spec(suffix: str, **extra: object) -> dict[str, object]:
+        return {
+            "resourceName": f"e2e.patchbay.dev/{cluster.tag}-{suffix}",
+            "mode": "DevicePlugin",
+            "nodeSelector": {"matchLabels": {label: cluster.tag}},
+            "plugin": {"discovery": {"virtual": {"count": 1}}},
+            **extra,
+        }
+
+    cluster.set_labels(real_node, {label: cluster.tag})
+    try:
+        cluster.create_profile(own, spec("own", agent=OWN_AGENT))
+        cluster.create_profile(shared, spec("shared"))
+        pods = [
+            wait_for("the profile's own agent pod Ready", lambda: patchbay.ready_agents(own), 120)[0],
+            wait_for(
+                "the shared node agent pod running",
+                lambda: [
+                    p
+                    for p in patchbay.core.list_namespaced_pod(
+                        patchbay.namespace, label_selector=SHARED_SELECTOR
+                    ).items
+                    if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+                ],
+                120,
+            )[0],
+        ]
+        for pod in pods:
+            processes = pod_processes(e2e_cluster, pod)
+            assert processes, f"no agent process found in pod {pod.metadata.name}"
+            for pid, st in processes.items():
+                where = f"pod {pod.metadata.name}, pid {pid} ({st.get('Name')})"
+                assert st["Uid"].split() == ["0"] * 4, (where, st["Uid"])
+                for caps in ("CapEff", "CapPrm", "CapInh", "CapAmb", "CapBnd"):
+                    assert int(st[caps], 16) == 0, (where, caps, st[caps])
+                assert st["NoNewPrivs"] == "1", (where, st["NoNewPrivs"])
+                assert st["Seccomp"] == "2", (where, "seccomp mode", st["Seccomp"])
+        print(f"agent privileges: {len(pods)} agent pods, uid 0, no capabilities, no_new_privs, seccomp")
+    finally:
+        for name in (own, shared):
+            cluster.delete_profile(name)
+        cluster.set_labels(real_node, {label: None})
