@@ -96,6 +96,14 @@ CAPABILITIES: dict[str, Capability] = {
             "no health in pod status; DeviceReports and the profile's status still show it",
         ),
         Capability(
+            "dra-consumable-capacity",
+            "v1.36",
+            "DRAConsumableCapacity: a DRA profile's sharing.replicas lets that many claims share a "
+            "device (allowMultipleAllocations, patchbay.dev/shares)",
+            "the API server drops those fields; the agent publishes the devices unshared and the "
+            "profile is Degraded (SharingNotServed)",
+        ),
+        Capability(
             "device-taint-rules",
             "v1.37",
             "DeviceTaintRules (resource.k8s.io/v1): kubectl patchbay cordon, drain (--preview) and "

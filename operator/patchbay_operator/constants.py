@@ -121,6 +121,8 @@ class Reason(StrEnum):
     RESOURCE_SERVED_TWICE = "ResourceServedTwice"
     #: DRA: the API server stored the DeviceClass without extendedResourceName (docs/dra.md#releases)
     EXTENDED_RESOURCE_NOT_SERVED = "ExtendedResourceNotServed"
+    #: DRA: the API server drops a shared device's consumable capacity (docs/dra.md#sharing)
+    SHARING_NOT_SERVED = "SharingNotServed"
     STALLED = "WaitingForChange"
     #: a node the profile selects where the shared node agent does not run (its node selector)
     NODE_AGENT_EXCLUDED = "NodeAgentExcluded"

@@ -90,6 +90,8 @@ class Report:
     device_taints: str = ""
     error: AgentError | None = None
     counts: Counts | None = None
+    #: DRA, shared devices: Kept, Dropped or Unknown (consumable capacity); "" when not said
+    consumable_capacity: str = ""
 
     @property
     def all(self) -> Counts:
@@ -163,4 +165,5 @@ class Report:
             agent=str(obj.get("agent") or ""),
             device_taints=str(obj.get("deviceTaints") or ""),
             error=error,
+            consumable_capacity=str(obj.get("consumableCapacity") or ""),
         )

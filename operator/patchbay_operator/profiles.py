@@ -145,6 +145,12 @@ class Profile:
         return (self.created, self.name)
 
     @property
+    def shares(self) -> int:
+        """`plugin.sharing.replicas`: in DRA mode, how many claims may hold a device at once."""
+        sharing: Mapping[str, Any] = (self.spec.get("plugin") or {}).get("sharing") or {}
+        return int(sharing.get("replicas") or 1)
+
+    @property
     def dra(self) -> bool:
         """Served through DRA (ResourceSlices + a DeviceClass), not through node capacity."""
         return self.mode is Mode.DRA

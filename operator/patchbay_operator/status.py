@@ -603,16 +603,41 @@ WITHHELD = "; left out of the node's ResourceSlice (this cluster's API server dr
 """Said of an unhealthy device the DRA agent left out of its slice (docs/dra.md#releases)."""
 
 
-def device_taints(reports: Iterable[Report]) -> str:
-    """What the agents found the API server does with ResourceSlice device taints: Dropped when any
-    agent saw them dropped (its devices that need one are left out), Kept when every agent that
-    says saw them kept, Unknown otherwise; "" when no report says."""
-    seen = {r.device_taints for r in reports if r.device_taints}
+def _what_agents_found(said: Iterable[str]) -> str:
+    """What the agents found the API server does with a field: Dropped when any agent saw it
+    dropped, Kept when every agent that says saw it kept, Unknown otherwise; "" when none says."""
+    seen = {s for s in said if s}
     if not seen:
         return ""
     if "Dropped" in seen:
         return "Dropped"
     return "Kept" if seen == {"Kept"} else "Unknown"
+
+
+def device_taints(reports: Iterable[Report]) -> str:
+    """ResourceSlice device taints, as the agents found (`_what_agents_found`); where Dropped an
+    agent leaves the devices that need one out of its slices."""
+    return _what_agents_found(r.device_taints for r in reports)
+
+
+def consumable_capacity(reports: Iterable[Report]) -> str:
+    """A shared device's consumable capacity, as the agents of a shared DRA profile found
+    (`_what_agents_found`); where Dropped they publish the devices unshared."""
+    return _what_agents_found(r.consumable_capacity for r in reports)
+
+
+def sharing_verdict(profile: Profile, sharing: str) -> Verdict | None:
+    """Degraded for a shared profile whose agents found the API server drops consumable capacity
+    (they publish the devices unshared); None otherwise."""
+    if profile.shares <= 1 or sharing != "Dropped":
+        return None
+    return (
+        True,
+        Reason.SHARING_NOT_SERVED,
+        f"devices are not shared: the API server drops a ResourceSlice device's allowMultipleAllocations "
+        f"and consumable capacity (the DRAConsumableCapacity feature is off, as before Kubernetes 1.36), "
+        f"so each device goes to one claim at a time, not {profile.shares}",
+    )
 
 
 def not_served_verdict(profile: Profile, device_class: StoredDeviceClass | None) -> Verdict | None:
@@ -689,7 +714,8 @@ def dra_status(
             f"them (one way per node): {shown}; move those nodes' label from {twin}'s selector "
             "to this profile's",
         )
-    not_served = not_served_verdict(profile, device_class)
+    sharing = consumable_capacity(reports) if profile.shares > 1 else ""
+    not_served = sharing_verdict(profile, sharing) or not_served_verdict(profile, device_class)
     out = _agents_status(
         profile,
         daemonset,
@@ -703,7 +729,7 @@ def dra_status(
         ready_note=(
             f"ResourceClaims only: pods that ask for {profile.resource} in their limits are not served "
             "by DRA on this cluster (see Degraded)"
-            if not_served is not None
+            if not_served is not None and not_served[1] is Reason.EXTENDED_RESOURCE_NOT_SERVED
             else ""
         ),
     )
@@ -714,6 +740,7 @@ def dra_status(
         "deviceClassName": device_class.name if device_class is not None else None,
         "extendedResourceName": device_class.extended_resource_name if device_class is not None else None,
         "deviceTaints": taints or None,
+        "consumableCapacity": sharing or None,
         "withheldDevices": sum(rep.withheld for rep in reports) if taints else None,
         "maintenance": maintenance_entries(maintenance, profile.name) or None,
     }

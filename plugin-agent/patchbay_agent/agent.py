@@ -217,6 +217,7 @@ class Agent:
                 self.inventory.current,
                 self.holders.plugin_held if self.holders is not None else (),
                 self.config.health.taint_effect,
+                self.config.replicas,
             ),
             self.metrics,
         )
@@ -275,7 +276,11 @@ class Agent:
         def build(node_uid: str | None) -> dict[str, Any]:
             slices = None
             if self.publisher is not None:  # DRA: what the API server does with taints, what is left out
-                slices = SliceState(self.publisher.taints.value, frozenset(self.publisher.withheld))
+                slices = SliceState(
+                    self.publisher.taints.value,
+                    frozenset(self.publisher.withheld),
+                    self.publisher.sharing.value if self.config.replicas > 1 else "",
+                )
             return build_report(target, self.inventory.current, holders.containers, node_uid, slices=slices)
 
         reporter = self.reporter = Reporter(target, client, build, self.metrics)

@@ -37,6 +37,8 @@ class AllocatedDevice:
     request: str
     device_name: str
     physical_id: str
+    #: which share of a device that allows multiple allocations (consumable capacity); "" else
+    share_id: str = ""
 
 
 #: What a claim UID may look like: Kubernetes UIDs are RFC 4122 strings; this admits any
@@ -100,7 +102,10 @@ def allocated_devices(
         physical = names.get(name)
         if physical is None:
             raise ClaimError(f"device {name!r} of pool {pool} is not a device of this node")
-        out.append(AllocatedDevice(str(result.get("request", "")), name, physical))
+        share = result.get("shareID")
+        out.append(
+            AllocatedDevice(str(result.get("request", "")), name, physical, str(share) if share else "")
+        )
     return out
 
 

@@ -72,8 +72,9 @@ class PreparedClaim:
     namespace: str
     name: str
     uid: str
-    #: (slice device name, physical device ID, CDI device name) per allocated device of ours
-    devices: tuple[tuple[str, str, str], ...]
+    #: (slice device name, physical device ID, CDI device name, share ID or "") per allocated
+    #: device of ours
+    devices: tuple[tuple[str, str, str, str], ...]
     #: RFC 3339 time of the (first) prepare: the Ready condition's lastTransitionTime
     prepared_at: str
 
@@ -104,9 +105,9 @@ def status_document(
 
 
 def _entry(
-    driver: str, pool: str, claim: PreparedClaim, device: tuple[str, str, str], snap: Snapshot
+    driver: str, pool: str, claim: PreparedClaim, device: tuple[str, str, str, str], snap: Snapshot
 ) -> dict[str, Any]:
-    name, physical, cdi = device
+    name, physical, cdi, share = device
     st = snap.status_of(physical)
     if physical not in snap.physical:
         health = ("False", "Vanished", "the device is gone from the node")
@@ -116,7 +117,7 @@ def _entry(
         reason = (st.reason if st is not None else "") or "Unhealthy"
         health = ("False", reason, (st.message if st is not None else "") or reason)
     since = rfc3339(st.since) if st is not None and st.since > 0 else claim.prepared_at
-    return {
+    entry: dict[str, Any] = {
         "driver": driver,
         "pool": pool,
         "device": name,
@@ -144,12 +145,17 @@ def _entry(
             ],
         },
     }
+    if share:
+        # A shared device's entry names its share: the API server matches it to the allocation
+        # result by driver, pool, device AND shareID.
+        entry["shareID"] = share
+    return entry
 
 
 def _health_key(claim: PreparedClaim, snap: Snapshot) -> tuple[Any, ...]:
     """What of a snapshot shows in a claim's status (written again when it changes)."""
     out: list[Any] = []
-    for _device, physical, _cdi in claim.devices:
+    for _device, physical, _cdi, _share in claim.devices:
         st = snap.status_of(physical)
         out.append(
             (
@@ -197,11 +203,13 @@ class ClaimStatusWriter:
         self.before_writing: Callable[[], Awaitable[None]] | None = None
         inventory.subscribe(self._on_snapshot)
 
-    def prepared(self, namespace: str, name: str, uid: str, devices: Sequence[tuple[str, str, str]]) -> None:
-        """A claim was prepared (again: the first time's Ready time is kept)."""
+    def prepared(self, namespace: str, name: str, uid: str, devices: Sequence[tuple[str, ...]]) -> None:
+        """A claim was prepared (again: the first time's Ready time is kept). `devices`: (slice
+        device name, physical ID, CDI device name[, share ID])."""
         old = self.claims.get(uid)
         at = old.prepared_at if old is not None else rfc3339(datetime.datetime.now(datetime.UTC).timestamp())
-        claim = PreparedClaim(namespace, name, uid, tuple(devices), at)
+        entries = tuple((d[0], d[1], d[2], d[3] if len(d) > 3 else "") for d in devices)
+        claim = PreparedClaim(namespace, name, uid, entries, at)
         if old == claim and uid not in self._dirty and uid in self._written:
             return
         self.claims[uid] = claim
@@ -250,7 +258,11 @@ class ClaimStatusWriter:
                     str(raw["namespace"]),
                     str(raw["name"]),
                     str(raw["uid"]),
-                    tuple((str(a), str(b), str(c)) for a, b, c in raw["devices"]),
+                    # Records of agents before shares have three fields per device.
+                    tuple(
+                        (str(a), str(b), str(c), str(rest[0]) if rest else "")
+                        for a, b, c, *rest in raw["devices"]
+                    ),
                     str(raw["prepared_at"]),
                 )
                 if check_claim_uid(claim.uid) is not None or path.name != f"claim-{claim.uid}.json":

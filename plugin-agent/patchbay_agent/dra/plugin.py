@@ -132,6 +132,8 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_id: str
+    #: the allocation's share of a shared device (consumable capacity); "" else
+    share_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -299,7 +301,11 @@ class ClaimPreparer:
         log.info("Prepared %s (%s): %d device(s), CDI spec %s", where, claim.uid, len(devices), path)
         prepared = tuple(
             PreparedDevice(
-                d.request, self.pool, d.device_name, cdi_device_id(self.driver, claim.uid, d.device_name)
+                d.request,
+                self.pool,
+                d.device_name,
+                cdi_device_id(self.driver, claim.uid, d.device_name),
+                d.share_id,
             )
             for d in devices
         )
@@ -308,7 +314,10 @@ class ClaimPreparer:
                 claim.namespace,
                 claim.name,
                 claim.uid,
-                [(d.device_name, d.physical_id, p.cdi_id) for d, p in zip(devices, prepared, strict=True)],
+                [
+                    (d.device_name, d.physical_id, p.cdi_id, d.share_id)
+                    for d, p in zip(devices, prepared, strict=True)
+                ],
             )
         return ClaimResult(prepared)
 
@@ -351,12 +360,14 @@ def _prepare_response(pb2: Any, results: Mapping[str, ClaimResult]) -> Any:
             entry.error = result.error
             continue
         for d in result.devices:
-            entry.devices.add(
+            device = entry.devices.add(
                 request_names=[d.request] if d.request else [],
                 pool_name=d.pool,
                 device_name=d.device,
                 cdi_device_ids=[d.cdi_id],
             )
+            if d.share_id and "share_id" in device.DESCRIPTOR.fields_by_name:
+                device.share_id = d.share_id  # v1 only: v1beta1 has no shares
     return response
 
 

@@ -26,6 +26,13 @@ with `dryRun=All` (nothing is stored), `taints_kept` reads the answer, and `lost
 what a real write stored. Where taints are dropped, `published` leaves every device that would
 carry one out of the slice, so an unhealthy device is never allocatable there either.
 
+A shared device (`plugin.sharing.replicas` > 1) allows multiple allocations and has a
+consumable capacity `patchbay.dev/shares` of that many whole shares (KEP-5075, beta and on from
+1.36): each claim takes one unless it asks for more. An API server whose DRAConsumableCapacity gate
+is off drops both fields, silently, which would make the device exclusive without a word; the
+same dry-run probe carries them and `sharing_kept` reads whether they were kept (the publisher
+then publishes the devices unshared and says so).
+
 `pool.generation` is not part of what `slice_documents` compares: the publisher sets it when the
 content changed.
 """
@@ -69,6 +76,9 @@ STANDARD_ATTRIBUTES = {
     "pcieRoot": ("resource.kubernetes.io/pcieRoot", re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")),
 }
 TAINT_KEY = "patchbay.dev/unhealthy"
+#: The consumable capacity of a shared device (`plugin.sharing.replicas` > 1, KEP-5075): a claim
+#: takes one share unless its request asks for more (`capacity.requests`), never more than all.
+SHARES_CAPACITY = "patchbay.dev/shares"
 #: A device a running pod still holds through the DEVICE PLUGIN of the same resource (a node being
 #: migrated to DRA): DRA must not hand it out a second time (docs/dra.md#migration).
 PLUGIN_HELD_TAINT_KEY = "patchbay.dev/held-by-device-plugin"
@@ -169,6 +179,9 @@ class SliceDevice:
     capacity: Mapping[str, int] = field(default_factory=dict)
     #: the effect of the unhealthy taint (the profile's `health.taintEffect`)
     effect: str = TAINT_EFFECT
+    #: how many claims may hold the device at once (`plugin.sharing.replicas`); above 1 the
+    #: device allows multiple allocations and has that many `patchbay.dev/shares` to consume
+    shares: int = 1
 
     @property
     def tainted(self) -> bool:
@@ -182,10 +195,14 @@ class SliceDevice:
             "name": self.name,
             "attributes": {k: dict(v) for k, v in sorted(self.attributes.items())},
         }
-        if self.capacity:
-            doc["capacity"] = {
-                f"{ATTRIBUTE_DOMAIN}/{k}": {"value": str(v)} for k, v in sorted(self.capacity.items())
-            }
+        capacity: dict[str, Any] = {
+            f"{ATTRIBUTE_DOMAIN}/{k}": {"value": str(v)} for k, v in sorted(self.capacity.items())
+        }
+        if self.shares > 1:
+            doc["allowMultipleAllocations"] = True
+            capacity[SHARES_CAPACITY] = shares_capacity(self.shares)
+        if capacity:
+            doc["capacity"] = capacity
         taints = []
         if self.unhealthy is not None:
             taints.append(
@@ -196,6 +213,15 @@ class SliceDevice:
         if taints:
             doc["taints"] = taints
         return doc
+
+
+def shares_capacity(shares: int) -> dict[str, Any]:
+    """The `patchbay.dev/shares` capacity of a device `shares` claims may hold at once: whole
+    shares, one by default, from 1 to all of them."""
+    return {
+        "value": str(shares),
+        "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(shares), "step": "1"}},
+    }
 
 
 def device_names(snap: Snapshot) -> dict[str, str]:
@@ -213,12 +239,13 @@ def fault_taint_key(reason: str) -> str:
 
 
 def slice_devices(
-    snap: Snapshot, plugin_held: Collection[str] = (), effect: str = TAINT_EFFECT
+    snap: Snapshot, plugin_held: Collection[str] = (), effect: str = TAINT_EFFECT, shares: int = 1
 ) -> list[SliceDevice]:
     """Every physical device of the snapshot, in the snapshot's order, with its attributes and,
     when it is unhealthy (as the snapshot says: what the device plugin would tell the kubelet),
     its reason; `plugin_held`: physical IDs that running pods hold through the device plugin of
-    the same resource (tainted so that DRA does not hand them out again)."""
+    the same resource (tainted so that DRA does not hand them out again); `shares`: how many
+    claims may hold each device at once."""
     healthy = snap.healthy_physical
     out = []
     for pid, dev in snap.physical.items():
@@ -239,7 +266,9 @@ def slice_devices(
             reason = label_value(st.reason if st is not None and st.reason else "") or "Unhealthy"
         capacity = {k: v for k, v in dev.capacity if _C_IDENTIFIER.fullmatch(k) and v >= 0}
         out.append(
-            SliceDevice(device_name(pid), pid, attributes, reason, pid in plugin_held, capacity, effect)
+            SliceDevice(
+                device_name(pid), pid, attributes, reason, pid in plugin_held, capacity, effect, shares
+            )
         )
     return out
 
@@ -297,6 +326,9 @@ def taint_probe_document(driver: str, node_name: str) -> dict[str, Any]:
     device = {
         "name": TAINT_PROBE_DEVICE,
         "taints": [{"key": TAINT_PROBE_KEY, "value": "dry-run", "effect": TAINT_EFFECT}],
+        # and a shared device's fields, dropped where DRAConsumableCapacity is off (before 1.36)
+        "allowMultipleAllocations": True,
+        "capacity": {SHARES_CAPACITY: shares_capacity(2)},
     }
     return {
         "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
@@ -320,6 +352,16 @@ def _taint_keys(doc: Mapping[str, Any]) -> dict[str, set[str]]:
 def taints_kept(stored: Mapping[str, Any]) -> bool:
     """Whether the dry-run answer to `taint_probe_document` still has the probe device's taint."""
     return TAINT_PROBE_KEY in _taint_keys(stored).get(TAINT_PROBE_DEVICE, set())
+
+
+def sharing_kept(stored: Mapping[str, Any]) -> bool:
+    """Whether the dry-run answer to `taint_probe_document` still lets the probe device be
+    allocated more than once, with its shares' request policy (consumable capacity)."""
+    for device in (stored.get("spec") or {}).get("devices") or []:
+        if device.get("name") == TAINT_PROBE_DEVICE:
+            policy = ((device.get("capacity") or {}).get(SHARES_CAPACITY) or {}).get("requestPolicy")
+            return device.get("allowMultipleAllocations") is True and bool(policy)
+    return False
 
 
 def lost_taints(written: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:

@@ -119,6 +119,9 @@ class SliceState:
     device_taints: str
     #: physical IDs left out of the slices
     withheld: frozenset[str] = frozenset()
+    #: a shared profile's devices (`sharing.replicas` > 1): whether the API server keeps their
+    #: consumable capacity (Kept, Dropped, Unknown); "" for unshared devices
+    consumable_capacity: str = ""
 
 
 def _device_entry(
@@ -199,6 +202,8 @@ def build_report(
         report["agent"] = target.agent
     if slices is not None:
         report["deviceTaints"] = slices.device_taints
+        if slices.consumable_capacity:
+            report["consumableCapacity"] = slices.consumable_capacity
     report["summary"] = summary
     report["devices"] = devices
     return report

@@ -30,6 +30,12 @@ the API server did not store (an API server of another release behind the same a
 `taints` to Dropped and the slices are written again at once without those devices. Where taints
 are Dropped the dry run is repeated every `PROBE_AGAIN_SECONDS`, so an upgraded control plane is
 noticed. `on_state` hears every change of `taints` or `withheld` (the DeviceReport says both).
+
+The same dry run carries a shared device's fields (`allowMultipleAllocations` and the
+`patchbay.dev/shares` capacity: `plugin.sharing.replicas` > 1), dropped where
+DRAConsumableCapacity is off (before 1.36): `sharing` is Kept, Dropped or Unknown alike, and
+unless Kept the devices are published unshared (one claim each, which is what the scheduler
+would do with them anyway) and the DeviceReport says `consumableCapacity: Dropped`.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from patchbay_agent.backoff import Backoff
@@ -47,6 +54,7 @@ from patchbay_agent.dra.slices import (
     SliceDevice,
     lost_taints,
     published,
+    sharing_kept,
     slice_documents,
     taint_probe_document,
     taints_kept,
@@ -111,6 +119,8 @@ class SlicePublisher(ChangeWriter):
         self._failing = False
         #: whether the API server keeps device taints (see the module doc)
         self.taints = DeviceTaints.UNKNOWN
+        #: whether it keeps a shared device's fields (consumable capacity; same values)
+        self.sharing = DeviceTaints.UNKNOWN
         #: physical IDs left out of the slices because the taint they need would be dropped
         self.withheld: tuple[str, ...] = ()
         #: called when `taints` or `withheld` changed
@@ -130,10 +140,11 @@ class SlicePublisher(ChangeWriter):
         """Every `resync`: the slices still there, and, while taints are not known to be kept,
         the API server asked again (a control plane upgraded meanwhile)."""
         await self._check_present()
-        if self.taints is not DeviceTaints.KEPT and time.monotonic() >= self._probe_at:
-            before = self.taints
+        known = self.taints is DeviceTaints.KEPT and self.sharing is DeviceTaints.KEPT
+        if not known and time.monotonic() >= self._probe_at:
+            before = (self.taints, self.sharing)
             await self.probe_taints()
-            if self.taints is not before:
+            if (self.taints, self.sharing) != before:
                 self.notify()
 
     async def _check_present(self) -> None:
@@ -174,6 +185,20 @@ class SlicePublisher(ChangeWriter):
         found = DeviceTaints.KEPT if taints_kept(stored) else DeviceTaints.DROPPED
         self._probe_at = time.monotonic() + PROBE_AGAIN_SECONDS
         self._set_taints(found, "a dry-run create")
+        sharing = DeviceTaints.KEPT if sharing_kept(stored) else DeviceTaints.DROPPED
+        if sharing is not self.sharing:
+            self.sharing = sharing
+            log.log(
+                logging.INFO if sharing is DeviceTaints.KEPT else logging.WARNING,
+                "The API server %s a shared device's fields (allowMultipleAllocations, consumable "
+                "capacity; seen in a dry-run create)%s",
+                "keeps" if sharing is DeviceTaints.KEPT else "drops",
+                ""
+                if sharing is DeviceTaints.KEPT
+                else f": devices of {self.driver} are published unshared (DRAConsumableCapacity is off)",
+            )
+            if self.on_state is not None:
+                self.on_state()
         return found
 
     def _set_taints(self, found: DeviceTaints, how: str) -> None:
@@ -196,6 +221,8 @@ class SlicePublisher(ChangeWriter):
     def _publish(self) -> list[dict[str, Any]]:
         """The slice documents of the devices to publish now; sets `withheld`."""
         devices, withheld = published(self._devices(), self.taints is DeviceTaints.KEPT)
+        if self.sharing is not DeviceTaints.KEPT:
+            devices = [replace(d, shares=1) if d.shares > 1 else d for d in devices]
         if tuple(withheld) != self.withheld:
             if withheld:
                 log.info(

@@ -50,7 +50,7 @@ from patchbay_agent.api import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from patchbay_agent.dra.slices import device_name, taint_probe_document, taints_kept
+from patchbay_agent.dra.slices import device_name, sharing_kept, taint_probe_document, taints_kept
 from patchbay_devcluster import DevCluster
 
 GROUP, VERSION = "resource.k8s.io", "v1"
@@ -385,6 +385,8 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
         GROUP, VERSION, "resourceslices", taint_probe_document(driver, node_name), dry_run="All"
     )
     assert taints_kept(answer) is keeps, (kube_release, answer["spec"])
+    shares_kept = has("dra-consumable-capacity", kube_release)
+    assert sharing_kept(answer) is shares_kept, (kube_release, answer["spec"])
     assert (
         custom.list_cluster_custom_object(
             GROUP, VERSION, "resourceslices", field_selector=f"spec.driver={driver}"
@@ -403,6 +405,8 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
                 "plugin": {
                     "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
                     "health": {"periodSeconds": 1},
+                    # Shared by two claims each where consumable capacity is kept, else unshared.
+                    "sharing": {"replicas": 2},
                 },
             }
         )
@@ -459,6 +463,19 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
                 lambda: (r := report()) and r.get("deviceTaints") == expected and r,
                 timeout=60,
             )
+            sharing = "Kept" if shares_kept else "Dropped"
+            assert wait_for(
+                f"the DeviceReport saying consumableCapacity {sharing}",
+                lambda: (r := report()) and r.get("consumableCapacity") == sharing,
+                timeout=30,
+            )
+            shared = wait_for("the slice", slice_devices, 60)
+            for dev in shared.values():
+                if shares_kept:
+                    assert dev["allowMultipleAllocations"] is True, dev
+                    assert dev["capacity"]["patchbay.dev/shares"]["value"] == "2", dev
+                else:
+                    assert "allowMultipleAllocations" not in dev and "capacity" not in dev, dev
             if keeps:
                 # Tainted, not left out: the scheduler sees it and does not allocate it.
                 devices = wait_for(
@@ -518,6 +535,7 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
             text = log.read_text(errors="replace")
             assert "Traceback" not in text
             assert ("drops ResourceSlice device taints" in text) is not keeps
+            assert ("drops a shared device's fields" in text) is not shares_kept
         finally:
             if proc.poll() is None:
                 proc.kill()

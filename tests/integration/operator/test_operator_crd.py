@@ -201,7 +201,6 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("DRA without plugin", with_(DRA, "plugin", None), "spec.plugin is required when spec.mode is DRA"),
     ("DRA with static", with_(DRA, "static", {"capacity": 1}), "spec.static must not be set"),
-    ("DRA with replicas", with_(DRA, "plugin.sharing", {"replicas": 2}), "spec.plugin.sharing.replicas"),
     (
         "DRA with preferredAllocation",
         with_(DRA, "plugin.preferredAllocation", {"policy": "Pack"}),
@@ -286,6 +285,9 @@ def test_dra_profile_is_accepted_with_the_plugin_defaults(
     # The defaults the schema fills in (replicas 1, policy None) are what DRA mode allows.
     assert obj["spec"]["plugin"]["sharing"] == {"replicas": 1}
     assert obj["spec"]["plugin"]["preferredAllocation"] == {"policy": "None"}
+    # Sharing in DRA mode is consumable capacity: any count the schema allows.
+    shared = create(api, f"{name_prefix}dra-shared", with_(DRA, "plugin.sharing", {"replicas": 4}))
+    assert shared["spec"]["plugin"]["sharing"] == {"replicas": 4}
 
 
 @pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
@@ -371,7 +373,12 @@ def test_kubectl_explain_teaches_the_api(bin_dir: Path, devcluster: Any, crd: di
         return out.stdout
 
     assert "Static mode: a fixed count per node" in explain("dpp.spec.static")
-    assert "advertised this many times" in explain("devicepluginprofiles.spec.plugin.sharing.replicas")
+    assert "advertised this many times" in " ".join(
+        explain("devicepluginprofiles.spec.plugin.sharing.replicas").split()
+    )
+    assert "consumable capacity" in " ".join(
+        explain("devicepluginprofiles.spec.plugin.sharing.replicas").split()
+    )
     assert "exactly one backend" in explain("dpp.spec.plugin.discovery")
 
 

@@ -6,6 +6,7 @@ tests/integration/test_dra_claim_status_api.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -227,3 +228,32 @@ def test_status_writes_wait_until_prepare_calls_are_quiet(tmp_path: Path) -> Non
             await asyncio.wait_for(task, 5)
 
     asyncio.run(scenario())
+
+
+def test_a_shared_devices_entry_names_its_share_and_old_records_still_load(tmp_path: Path) -> None:
+    """A device that allows multiple allocations appears once per share in a claim's status:
+    the API server matches an entry to its allocation result by driver, pool, device and shareID.
+    A record written by an agent before shares (three fields per device) still loads."""
+    inv, _ = _setup()
+    writer = ClaimStatusWriter(
+        DRIVER, NODE, Recorder(), inv, Metrics("example.com/serial", NODE), state_dir=tmp_path
+    )
+    writer.prepared(
+        *REF, [("dev-a", "ttyUSB0", "cdi-a", "share-1"), ("dev-a", "ttyUSB0", "cdi-a", "share-2")]
+    )
+    entries = status_document(DRIVER, NODE, writer.claims[REF[2]], REF, inv.current)["status"]["devices"]
+    assert [(e["device"], e["shareID"]) for e in entries] == [("dev-a", "share-1"), ("dev-a", "share-2")]
+    old_record = {
+        "namespace": "team-a",
+        "name": "claim-1",
+        "uid": REF[2],
+        "devices": [["dev-a", "ttyUSB0", "cdi-a"]],
+        "prepared_at": "2026-01-01T00:00:00Z",
+    }
+    (tmp_path / f"claim-{REF[2]}.json").write_text(json.dumps(old_record))
+    fresh = ClaimStatusWriter(
+        DRIVER, NODE, Recorder(), inv, Metrics("example.com/serial", NODE), state_dir=tmp_path
+    )
+    assert fresh.load() == 1
+    (entry,) = status_document(DRIVER, NODE, fresh.claims[REF[2]], REF, inv.current)["status"]["devices"]
+    assert "shareID" not in entry and entry["device"] == "dev-a"

@@ -30,6 +30,7 @@ from patchbay_agent.dra.slices import (
     label_value,
     lost_taints,
     published,
+    sharing_kept,
     slice_base_name,
     slice_devices,
     slice_documents,
@@ -129,6 +130,45 @@ def test_the_taint_probe_and_what_its_answer_says() -> None:
     dropped = {**probe, "spec": {**spec, "devices": [{"name": "probe"}]}}
     assert not taints_kept(dropped)
     assert not taints_kept({})
+
+
+def test_a_shared_device_allows_multiple_allocations_of_whole_shares() -> None:
+    """sharing.replicas > 1 in DRA mode: the device may go to several claims, each taking one
+    `patchbay.dev/shares` unless it asks for more, never more than all; the probe carries the
+    same fields, and an API server that drops them (DRAConsumableCapacity off) is told apart."""
+    (shared,) = slice_documents(DRIVER, "node-1", [SliceDevice("d0", "D0", {}, shares=4)])
+    (device,) = shared["spec"]["devices"]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"] == {
+        "patchbay.dev/shares": {
+            "value": "4",
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}},
+        }
+    }
+    # Unshared (the default) and with a capacity of its own (a GPU's memory): no shares.
+    (plain,) = slice_documents(DRIVER, "node-1", [SliceDevice("d0", "D0", {}, capacity={"memory": 8})])
+    (device,) = plain["spec"]["devices"]
+    assert "allowMultipleAllocations" not in device
+    assert device["capacity"] == {"patchbay.dev/memory": {"value": "8"}}
+    probe = taint_probe_document(DRIVER, "node-1")
+    assert sharing_kept(probe)
+    (probe_device,) = probe["spec"]["devices"]
+    dropped = {k: v for k, v in probe_device.items() if k != "allowMultipleAllocations"}
+    dropped["capacity"] = {"patchbay.dev/shares": {"value": "2"}}  # requestPolicy dropped too
+    assert not sharing_kept({"spec": {"devices": [dropped]}})
+    assert not sharing_kept({})
+
+
+def test_allocated_devices_carry_the_share_of_a_shared_device() -> None:
+    claim = _claim(
+        "u1",
+        [
+            {"request": "a", "driver": DRIVER, "pool": "node-1", "device": "tty0", "shareID": "s-1"},
+            {"request": "b", "driver": DRIVER, "pool": "node-1", "device": "tty0"},
+        ],
+    )
+    got = allocated_devices(claim, "u1", DRIVER, "node-1", {"tty0": "ttyUSB0"})
+    assert [(d.request, d.share_id) for d in got] == [("a", "s-1"), ("b", "")]
 
 
 def test_lost_taints_names_the_devices_whose_taints_were_not_stored() -> None:

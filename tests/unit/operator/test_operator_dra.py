@@ -242,6 +242,7 @@ def test_a_device_class_stored_without_its_extended_resource_name_is_degraded_no
         "deviceClassName": "serial.patchbay.dev",
         "extendedResourceName": R,
         "deviceTaints": None,
+        "consumableCapacity": None,
         "withheldDevices": None,
         "maintenance": None,
     }
@@ -295,6 +296,46 @@ def test_where_taints_are_dropped_withheld_devices_are_counted_out_and_said() ->
     kept = [Report("serial.b", "serial", "b", (Device("d0", True),), device_taints="Kept")]
     st = dra_status(prof(), DS_OK, [nodestate("b")], {}, "T", reports=kept)
     assert (st["dra"]["deviceTaints"], st["dra"]["withheldDevices"]) == ("Kept", 0)
+
+
+def test_a_shared_profile_whose_sharing_is_dropped_is_degraded_and_says_so() -> None:
+    """sharing.replicas > 1 in DRA mode is consumable capacity; where the agents found the API
+    server drops it (before 1.36) the devices go unshared: Degraded, SharingNotServed."""
+    b = body()
+    b["spec"]["plugin"]["sharing"] = {"replicas": 3}
+    shared = Profile.from_body(b)
+    assert (shared.shares, prof().shares) == (3, 1)
+
+    def rep(node: str, sharing: str) -> Report:
+        return Report(f"serial.{node}", "serial", node, (Device("d0", True),), consumable_capacity=sharing)
+
+    kept = dra_status(
+        shared, DS_OK, [nodestate("a")], {}, "T", reports=[rep("a", "Kept")], device_class=STORED
+    )
+    assert kept["dra"]["consumableCapacity"] == "Kept"
+    assert cond(kept, "Degraded")["status"] == "False"
+    nodes = [nodestate("a"), nodestate("b")]
+    reports = [rep("a", "Kept"), rep("b", "Dropped")]
+    st = dra_status(shared, DS_OK, nodes, {}, "T", reports=reports, device_class=STORED)
+    assert st["dra"]["consumableCapacity"] == "Dropped"
+    degraded = cond(st, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "SharingNotServed")
+    assert "not 3" in degraded["message"] and "DRAConsumableCapacity" in degraded["message"]
+    # An unshared profile never says anything about sharing, whatever a report claims.
+    st = dra_status(prof(), DS_OK, nodes, {}, "T", reports=reports, device_class=STORED)
+    assert st["dra"]["consumableCapacity"] is None
+    assert cond(st, "Degraded")["status"] == "False"
+    assert (
+        Report.from_object(
+            {
+                "metadata": {"name": "serial.a"},
+                "profile": "serial",
+                "nodeName": "a",
+                "consumableCapacity": "Dropped",
+            }
+        ).consumable_capacity
+        == "Dropped"
+    )
 
 
 def test_a_report_says_taints_and_withheld_devices() -> None:
