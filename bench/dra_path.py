@@ -138,18 +138,11 @@ class Bench:
 
     def prepare_figures(
         self, tag: str, driver: str, socket: Path, devices: list[str], claims: int
-    ) -> tuple[list[float], list[float], list[float]]:
+    ) -> tuple[list[float], list[float]]:
         """NodePrepareResources and NodeUnprepareResources on ``socket`` for ``claims`` fresh
-        claims of ``driver`` (one call per claim, as the kubelet makes one per pod), and a GET of
-        each claim from this process."""
+        claims of ``driver`` (one call per claim, as the kubelet makes one per pod)."""
         made = [(f"bench-{tag}-{i}", devices[i % len(devices)]) for i in range(claims)]
         uids = {name: self.allocated_claim(name, driver, dev) for name, dev in made}
-
-        get: list[float] = []
-        for name, _ in made:
-            t0 = time.perf_counter()
-            self.custom.get_namespaced_custom_object(RG, RV, NAMESPACE, "resourceclaims", name)
-            get.append(time.perf_counter() - t0)
 
         async def calls() -> tuple[list[float], list[float]]:
             prep: list[float] = []
@@ -178,7 +171,7 @@ class Bench:
         prep, unprep = asyncio.run(calls())
         for name, _ in made:
             self.custom.delete_namespaced_custom_object(RG, RV, NAMESPACE, "resourceclaims", name)
-        return prep, unprep, get
+        return prep, unprep
 
     def relay_kubeconfig(self, tmp: Path) -> Path:
         """The admin kubeconfig with the API server at the relay's address on the pod network's
@@ -436,11 +429,11 @@ def main() -> None:
             print(f"\n== NodePrepareResources, one claim per call, {args.claims} claims ==")
             names = sorted(b.slice_devices())
             before = b.agent_phase_sums(profile)
-            prep, unprep, _ = b.prepare_figures("agent", driver, b.service_socket(), names, args.claims)
+            prep, unprep = b.prepare_figures("agent", driver, b.service_socket(), names, args.claims)
             after = b.agent_phase_sums(profile)
             files = sorted(p.name for p in FAKE_DEV.iterdir())
             relay = b.relay_kubeconfig(Path(tmp))
-            peers: dict[str, tuple[list[float], list[float], list[float]]] = {}
+            peers: dict[str, tuple[list[float], list[float]]] = {}
             for way, kubeconfig in (("loopback", cluster.kubeconfig), ("relay", relay)):
                 with b.go_peer(Path(tmp), kubeconfig) as peer_socket:
                     peers[way] = b.prepare_figures(
@@ -495,7 +488,7 @@ def main() -> None:
             if args.agent_cpu:
                 print(f"\n== The same, the agent pod requesting cpu {args.agent_cpu} (default 10m) ==")
                 b.set_agent_cpu(profile, args.agent_cpu)
-                cprep, cunprep, _ = b.prepare_figures(
+                cprep, cunprep = b.prepare_figures(
                     "agent-cpu", driver, b.service_socket(), names, args.claims
                 )
                 print(f"Patchbay agent pod, cpu {args.agent_cpu:<6} prepare      {ms(cprep)}")

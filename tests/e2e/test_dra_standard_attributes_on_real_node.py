@@ -29,6 +29,7 @@ import pytest
 from kubernetes import client
 from support.clusters import Cluster
 from support.realnode import OWN_AGENT, Installed, busybox_pod, wait_for
+from test_dra_on_real_node import slice_devices, unschedulable
 
 RG, RV = "resource.k8s.io", "v1"
 SYSFS_PCI = Path("/sys/bus/pci/devices")
@@ -77,16 +78,6 @@ def pci_profile(cluster: Cluster, label: str, suffix: str, kind: tuple[str, str]
     return name, f"{name}.patchbay.dev"
 
 
-def slice_devices(cluster: Cluster, driver: str, node: str) -> dict[str, dict[str, Any]]:
-    items = cluster.custom.list_cluster_custom_object(RG, RV, "resourceslices")["items"]
-    return {
-        d["name"]: d
-        for s in items
-        if s["spec"]["driver"] == driver and s["spec"].get("nodeName") == node
-        for d in s["spec"].get("devices", [])
-    }
-
-
 def attribute(device: dict[str, Any], name: str) -> str | None:
     value = (device.get("attributes") or {}).get(name) or {}
     return value.get("string")
@@ -116,13 +107,6 @@ def claim_pod(name: str, node: str, template: str) -> dict[str, Any]:
     pod["spec"]["resourceClaims"] = [{"name": "pair", "resourceClaimTemplateName": template}]
     pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "pair"}]}
     return pod
-
-
-def unschedulable(core: client.CoreV1Api, ns: str, name: str) -> str | None:
-    for c in core.read_namespaced_pod(name, ns).status.conditions or []:
-        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
-            return str(c.message)
-    return None
 
 
 def running_log(core: client.CoreV1Api, ns: str, name: str) -> str | None:
