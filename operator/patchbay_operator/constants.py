@@ -44,6 +44,11 @@ AGENT_CONFIG_KEY = "config.yaml"
 AGENT_CONFIG_DIR = "/etc/patchbay"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 HOST_ROOT = "/host"
+#: The shared node agent's one directory under the kubelet's plugins directory, the only part of
+#: it its pod mounts; the agent keeps a directory per DRA driver inside it (the agent's
+#: `constants.NODE_AGENT_PLUGINS_DIR`, the same name). Not a valid DNS subdomain (the underscore),
+#: so never a DRA driver's own `plugins/<driver>` directory.
+NODE_AGENT_PLUGINS_DIR = "patchbay_node-agent"
 
 DRA_DRIVER_SUFFIX = ".patchbay.dev"
 """A DRA profile's driver (and DeviceClass) is ``<profile name>.patchbay.dev``; the CRD caps DRA

@@ -37,6 +37,7 @@ from patchbay_operator.constants import (
     LABEL_NAME,
     LABEL_PROFILE,
     LABEL_SHARED_AGENT,
+    NODE_AGENT_PLUGINS_DIR,
     SHARED_AGENT_VALUE,
     Mode,
 )
@@ -116,12 +117,24 @@ def dra_service_dir(kubelet_root_dir: str, driver: str) -> str:
 
 
 def kubelet_plugins_dir(kubelet_root_dir: str) -> str:
-    """The kubelet's plugins directory, in which the agent makes its driver's directory for its
-    endpoint socket: ``<driver>``, or ``patchbay-<hash>`` when a long driver name would not fit a
-    Unix socket path (docs/dra.md). The shared node agent mounts it whole (it serves several
-    drivers); an agent of its own only its driver's (`dra_service_dir`). The kubelet dials the
-    path the agent announces, so the container sees it at this same path."""
+    """The kubelet's plugins directory, which holds every CSI and DRA driver's directory. No agent
+    mounts it whole: an agent of its own mounts only its driver's directory (`dra_service_dir`),
+    the shared node agent only its own one (`node_agent_plugins_dir`)."""
     return f"{kubelet_root_dir.rstrip('/')}/plugins"
+
+
+def node_agent_plugins_dir(kubelet_root_dir: str) -> str:
+    """``<plugins>/patchbay_node-agent``: the shared node agent's one directory under the kubelet's
+    plugins directory, in which it keeps a directory per DRA driver it serves (its sockets, lock
+    file and claim records). Its pod template must not depend on which profiles it serves (it
+    follows its ConfigMap live), so it cannot mount each driver's ``<plugins>/<driver>``; this one
+    directory of its own keeps the other drivers' sockets out of its pod. The kubelet dials the
+    endpoint the agent announces wherever it lies (docs/facts.md#dra-endpoint-path), and the
+    container sees the directory at this same path. The agent's rule is
+    `patchbay_agent.options.node_agent_plugins_dir` (kept equal by
+    tests/unit/operator/test_operator_dra.py); the name is no DNS subdomain (the underscore), so
+    no driver's own directory can be it."""
+    return f"{kubelet_plugins_dir(kubelet_root_dir)}/{NODE_AGENT_PLUGINS_DIR}"
 
 
 AGENT_NAME = "patchbay-agent"
@@ -204,9 +217,9 @@ def agent_objects(
     leaves those nodes out, so a node matching both runs only the device plugin's agent.
 
     The DRA agent is the DevicePlugin agent with ``--dra-driver``: the same config, hardening,
-    account and report flags, but the kubelet's ``plugins_registry`` and ``plugins``
-    directories instead of ``device-plugins``, and always the CDI spec directory (a DRA driver
-    hands devices to containers through CDI only)."""
+    account and report flags, but the kubelet's ``plugins_registry`` directory and the driver's
+    own directory under ``plugins`` (`dra_service_dir`) instead of ``device-plugins``, and always
+    the CDI spec directory (a DRA driver hands devices to containers through CDI only)."""
     agent: Mapping[str, Any] = profile.spec.get("agent") or {}
     strategy: Mapping[str, Any] = agent.get("updateStrategy") or {}
     text = agent_config(profile)
@@ -253,7 +266,7 @@ def agent_objects(
         device_plugin_mounts=not dra,
         plugins_registry_dir=plugins_registry_dir(settings.kubelet_root_dir),
         # Its own driver's directory only (the shared node agent, serving several drivers from a
-        # template that depends on no profile, mounts the whole plugins directory).
+        # template that depends on no profile, mounts its one directory: node_agent_plugins_dir).
         kubelet_plugins_dir=dra_service_dir(settings.kubelet_root_dir, driver)
         if dra
         else kubelet_plugins_dir(settings.kubelet_root_dir),
@@ -376,6 +389,8 @@ def shared_agent_objects(
         dra_mounts=True,
         device_plugin_mounts=True,
         plugins_registry_dir=plugins_registry_dir(settings.kubelet_root_dir),
-        kubelet_plugins_dir=kubelet_plugins_dir(settings.kubelet_root_dir),
+        # Not the kubelet's whole plugins directory (every other CSI and DRA driver's sockets):
+        # only the node agent's own directory in it, which holds every driver's directory it serves.
+        kubelet_plugins_dir=node_agent_plugins_dir(settings.kubelet_root_dir),
     )
     return [configmap, daemonset]

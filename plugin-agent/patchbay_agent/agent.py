@@ -176,7 +176,7 @@ class Agent:
 
             client = KubeClient(dra.kubeconfig)
         registry_dir = dra.kubelet_root_dir / "plugins_registry"
-        services = service_dir(dra.kubelet_root_dir, dra.driver)
+        services = service_dir(dra.kubelet_root_dir, dra.driver, dra.plugins_dir)
         if self.options.instance is None:
             # A fresh instance whose two socket paths are both free.
             while os.path.lexists(registry_dir / reg_name(dra.driver, self.instance, registry_dir)) or (
@@ -206,6 +206,7 @@ class Agent:
             poll_interval=self.options.poll_interval,
             backoff=Backoff(self.options.backoff_initial, self.options.backoff_max),
             health=DraHealthServicer(HealthReports(self.options.node_name, self.inventory)),
+            plugins_dir=dra.plugins_dir,
         )
         check_path(plugin.registry_socket)
         check_path(plugin.service_socket)

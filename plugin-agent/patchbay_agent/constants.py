@@ -49,6 +49,12 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: DRA mode (docs/dra.md): the API of ResourceSlices and ResourceClaims, and the kubelet's side.
 DRA_GROUP_VERSION = "resource.k8s.io/v1"
 DEFAULT_KUBELET_ROOT_DIR = "/var/lib/kubelet"
+#: The one directory of the shared node agent under the kubelet's `plugins/` directory: each DRA
+#: driver it serves gets a directory inside it (service sockets, `calls.lock`, `claim-<uid>.json`),
+#: so its pod mounts this directory alone, never the other CSI and DRA drivers' sockets beside it
+#: (docs/security.md#host-access). The underscore makes it an invalid DNS subdomain, so it never
+#: is a DRA driver's own `plugins/<driver>` directory.
+NODE_AGENT_PLUGINS_DIR = "patchbay_node-agent"
 #: The plugin type a DRA driver's GetInfo names, and the DRA services the agent serves, best first.
 DRA_PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")

@@ -219,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         "with --dra-driver the agent is a Dynamic Resource Allocation (resource.k8s.io/v1) kubelet "
         "plugin instead of a device plugin: no device-plugin socket, no kubelet.sock registration. "
         "It serves DIR/plugins_registry/<driver>-<instance>.sock (plugin registration) and "
-        "DIR/plugins/<driver>/dra-<instance>.sock (the DRA service), publishes this node's devices "
+        "DIR/plugins/<driver>/dra-<instance>.sock (the DRA service; with --node-config every driver's "
+        "directory is inside DIR/plugins/patchbay_node-agent/ instead), publishes this node's devices "
         "as ResourceSlices <node>-<driver> and prepares claims by writing one CDI spec per claim "
         "into --cdi-spec-dir. Needs API access (--kubeconfig or the in-cluster service account); "
         "see docs/dra.md",

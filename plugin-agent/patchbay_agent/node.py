@@ -37,7 +37,7 @@ from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOU
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.metrics import MergedRegistry, Metrics, Registry
 from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, ProfileEntry, parse_node_config, selected
-from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions
+from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions, node_agent_plugins_dir
 from patchbay_agent.report.devicereport import ReportTarget, failure_report
 from patchbay_agent.report.reporter import ReportClient, Reporter
 
@@ -67,6 +67,8 @@ class NodeOptions:
 
     agent: AgentOptions
     report_namespace: str
+    #: `--kubelet-root-dir`: DRA units register in its `plugins_registry/` and keep their drivers'
+    #: directories in `options.node_agent_plugins_dir` of it
     kubelet_root_dir: Path = Path(DEFAULT_KUBELET_ROOT_DIR)
     kubeconfig: Path | None = None
     restart_initial: float = RESTART_INITIAL
@@ -148,7 +150,14 @@ class NodeAgent:
         )
         dra = None
         if entry.driver and entry.mode == "DRA":
-            dra = DraOptions(entry.driver, node.kubelet_root_dir, node.kubeconfig)
+            # Every driver's directory inside the node agent's one directory under the kubelet's
+            # plugins directory: the only part of it the node agent's pod mounts.
+            dra = DraOptions(
+                entry.driver,
+                node.kubelet_root_dir,
+                node.kubeconfig,
+                plugins_dir=node_agent_plugins_dir(node.kubelet_root_dir),
+            )
         return replace(base, http_address=None, instance=None, report=report, dra=dra)
 
     def _target(self, entry: ProfileEntry) -> ReportTarget:

@@ -12,6 +12,7 @@ from patchbay_agent.constants import (
     DEFAULT_HTTP_MAX_CONNECTIONS,
     DEFAULT_KUBELET_ROOT_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
+    NODE_AGENT_PLUGINS_DIR,
 )
 
 
@@ -29,6 +30,18 @@ class ReportOptions:
     kubeconfig: Path | None = None
 
 
+def node_agent_plugins_dir(kubelet_root_dir: Path) -> Path:
+    """`<kubelet root>/plugins/patchbay_node-agent`: the shared node agent's one directory under
+    the kubelet's plugins directory, the only part of it its pod mounts, in which it keeps a
+    directory per DRA driver it serves (`dra.plugin.service_dir`). Its pod template depends on no
+    profile (the node agent is reconfigured live), so the operator mounts this whole directory
+    (the same rule: `render.node_agent_plugins_dir`, kept equal by
+    tests/unit/operator/test_operator_dra.py) instead of each driver's own `plugins/<driver>`; the
+    kubelet does not care where the DRA socket is (it dials the endpoint GetInfo names:
+    docs/facts.md#dra-endpoint-path)."""
+    return kubelet_root_dir / "plugins" / NODE_AGENT_PLUGINS_DIR
+
+
 @dataclass(frozen=True)
 class DraOptions:
     """DRA mode (the `--dra-driver` flags): be a DRA kubelet plugin for `driver`."""
@@ -37,6 +50,11 @@ class DraOptions:
     kubelet_root_dir: Path = Path(DEFAULT_KUBELET_ROOT_DIR)
     #: None: the in-cluster service account
     kubeconfig: Path | None = None
+    #: Where the driver's directory (its service sockets, lock file and claim records) goes: None
+    #: for an agent of its own, `<kubelet root>/plugins/<driver>` itself (its pod mounts exactly
+    #: that); the shared node agent's units get `node_agent_plugins_dir`, and their directory
+    #: is inside it (`dra.plugin.service_dir`).
+    plugins_dir: Path | None = None
 
 
 @dataclass

@@ -285,12 +285,19 @@ def claim_pod(name: str, node: str, template: str, fake_dev: Path) -> dict[str, 
 
 
 def test_the_shared_node_agent_serves_a_dra_profile(
-    patchbay: Installed, cluster: Cluster, real_node: str, namespace: str, fake_dev: Path
+    patchbay: Installed,
+    cluster: Cluster,
+    e2e_cluster: DevCluster,
+    real_node: str,
+    namespace: str,
+    fake_dev: Path,
 ) -> None:
     """A DRA profile without agent settings: the shared node agent (the same pod that serves
     device-plugin profiles, as the demo shows) publishes its ResourceSlice, prepares a claim and
     writes the claim's status, all with the account the chart gives it (the ServiceAccount with
-    the DRA rights; a profile's own device-plugin agent has none)."""
+    the DRA rights; a profile's own device-plugin agent has none). Its driver's service socket
+    and claim record are in the node agent's own directory under the kubelet's plugins directory
+    (the only part of it the pod mounts), and the kubelet dials it there."""
     name, _resource, driver = dra_profile(cluster, fake_dev, real_node, own_agent=False)
     core, custom = cluster.core, cluster.custom
     try:
@@ -315,6 +322,14 @@ def test_the_shared_node_agent_serves_a_dra_profile(
 
         got = wait_for("the claim's status written by the node agent", entry, 60)
         assert got["data"]["id"] == held, got
+        # Where the kubelet reached it: the node agent's own directory, never plugins/<driver>.
+        plugins = e2e_cluster.real_node().paths.kubelet_root / "plugins"
+        claim_uid = custom.get_namespaced_custom_object(
+            RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", claim_name
+        )["metadata"]["uid"]
+        (record,) = (plugins / "patchbay_node-agent").glob(f"*/claim-{claim_uid}.json")
+        assert list(record.parent.glob("dra-*.sock")) and (record.parent / "calls.lock").exists()
+        assert not (plugins / driver / record.name).exists()
         # The pod serving it is the shared node agent's, running as the account with DRA rights.
         agents = core.list_namespaced_pod(patchbay.namespace, label_selector=SHARED_SELECTOR).items
         accounts = {p.spec.service_account_name for p in agents if p.spec.node_name == real_node}

@@ -14,14 +14,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 from support.agentrun import plugin_client, until
+from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer
 from support.promtext import parse, value
 from support.pykubelet import PyKubelet
 
-from patchbay_agent.agent import AgentOptions, ReportOptions
-from patchbay_agent.api import api_pb2
+from patchbay_agent.agent import Agent, AgentOptions, ReportOptions
+from patchbay_agent.api import (
+    api_pb2,
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from patchbay_agent.dra.slices import device_name
 from patchbay_agent.node import AGENT_FAILED, CONFIG_INVALID, NodeAgent, NodeOptions
 from patchbay_agent.nodeconfig import parse_node_config
 
@@ -429,5 +438,91 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
             await asyncio.wait_for(task, timeout=20)
             await peer.stop()
             await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+class DraRecordingClient(RecordingClient, InMemoryApi):
+    """The node agent's API for a DRA profile: reports recorded, claims and slices in memory,
+    claim status applies recorded."""
+
+    def __init__(self) -> None:
+        RecordingClient.__init__(self)
+        InMemoryApi.__init__(self)
+        self.claim_status: list[dict[str, Any]] = []
+
+    def apply_claim_status(self, doc: Mapping[str, Any], field_manager: str) -> None:
+        self.claim_status.append(dict(doc))
+
+
+def test_a_dra_profile_of_the_node_agent_keeps_its_driver_inside_the_node_agents_own_directory(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """The shared node agent's pod mounts only `<kubelet root>/plugins/patchbay_node-agent`
+    (docs/security.md#host-access): its DRA unit must announce its service socket, take its lock
+    and record its prepared claims in its driver's directory INSIDE that one, never beside the
+    other drivers' in `<kubelet root>/plugins`. Registration still goes to `plugins_registry`."""
+    hw.add_dev("/dev/ttyUSB0")
+    driver, root = "serial.patchbay.dev", short_dir / "k"
+    own = root / "plugins" / "patchbay_node-agent"
+    entry = {
+        "profile": "serial",
+        "mode": "DRA",
+        "driver": driver,
+        "resourceName": "example.com/serial",
+        "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 3600}},
+    }
+
+    async def scenario() -> None:
+        peer = PodResourcesPeer(short_dir / "pr.sock")
+        await peer.start()
+        report = ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600)
+        options = _options(short_dir, plugin_dir, hw, report=report, kubelet_root_dir=root)
+        client = DraRecordingClient()
+        node = NodeAgent(parse_node_config({"profiles": [entry]}), options, client, labels=NODE_LABELS)
+        stop = asyncio.Event()
+        task = asyncio.create_task(node.run(stop))
+        try:
+
+            def dra_agent() -> Agent | None:
+                unit = node.units.get("serial")
+                return unit.agent if unit is not None and unit.agent is not None and unit.agent.dra else None
+
+            await until(dra_agent)
+            agent = dra_agent()
+            assert agent is not None and agent.dra is not None
+            plugin = agent.dra
+            await until(lambda: plugin.registry_socket.exists() and plugin.service_socket.exists())
+            assert plugin.registry_socket.parent == root / "plugins_registry"
+            assert plugin.service_socket == own / driver / f"dra-{agent.instance}.sock"
+            async with grpc.aio.insecure_channel(f"unix://{plugin.registry_socket}") as channel:
+                info = await pluginregistration_pb2_grpc.RegistrationStub(channel).GetInfo(
+                    pluginregistration_pb2.InfoRequest(), timeout=1
+                )
+            assert info.endpoint == str(plugin.service_socket)
+
+            device = device_name("ttyUSB0")
+            results = [{"request": "serial", "driver": driver, "pool": "node-1", "device": device}]
+            client.claims["ns", "c1"] = {
+                "metadata": {"uid": "uid-1"},
+                "status": {"allocation": {"devices": {"results": results}}},
+            }
+            async with grpc.aio.insecure_channel(f"unix://{plugin.service_socket}") as channel:
+                got = await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    dra_v1_pb2.NodePrepareResourcesRequest(
+                        claims=[dra_v1_pb2.Claim(namespace="ns", uid="uid-1", name="c1")]
+                    ),
+                    timeout=45,
+                )
+            assert got.claims["uid-1"].error == ""
+            await until((own / driver / "claim-uid-1.json").exists)
+            assert (own / driver / "calls.lock").exists()
+            # Nothing of this agent's beside the other drivers' directories.
+            assert [p.name for p in (root / "plugins").iterdir()] == ["patchbay_node-agent"]
+            assert [p.name for p in own.iterdir()] == [driver]
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=20)
+            await peer.stop()
 
     asyncio.run(scenario())

@@ -8,7 +8,9 @@ part keeps the old and the new agent of a rollout apart; the kubelet keeps one p
 and refuses a second registration of the same endpoint):
 
 * `<root>/plugins_registry/<driver>-<instance>.sock`: `pluginregistration.Registration`;
-* `<root>/plugins/<driver>/dra-<instance>.sock`: `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and
+* `<root>/plugins/<driver>/dra-<instance>.sock` (the shared node agent:
+  `<root>/plugins/patchbay_node-agent/<driver>/dra-<instance>.sock`, see `service_dir`):
+  `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and
   the same handlers under `...v1beta1.DRAPlugin`, and `v1.DRAResourceHealth` and
   `v1alpha1.DRAResourceHealth` (`dra/health.py`), which GetInfo then lists in supported_versions.
 
@@ -76,8 +78,8 @@ from patchbay_agent.wakeup import wait_any
 log = logging.getLogger(__name__)
 #: How often a call waiting for another instance's call (`node_lock`) tries the lock again.
 LOCK_POLL_SECONDS = 0.005
-#: The lock file in the driver's directory under the kubelet's plugins directory (a hostPath every
-#: instance on the node mounts).
+#: The lock file in the driver's directory (`service_dir`: a hostPath every instance of the same
+#: kind of agent on the node mounts).
 LOCK_FILE_NAME = "calls.lock"
 
 REGISTRY_DIR = "plugins_registry"
@@ -104,13 +106,28 @@ def registry_socket_name(driver: str, instance: str, directory: Path) -> str:
     return f"{driver[: max(room, 1)]}-{digest}-{instance}.sock"
 
 
-def service_dir(root: Path, driver: str) -> Path:
-    """`<root>/plugins/<driver>`, or `<root>/plugins/patchbay-<hash>` when the socket path in it
-    would not fit sockaddr_un (a long driver name under a long root)."""
-    plain = root / PLUGINS_DIR / driver
+def service_dir(root: Path, driver: str, plugins_dir: Path | None = None) -> Path:
+    """The driver's directory: its service sockets, its lock file (`calls.lock`) and its claim
+    records (`claim-<uid>.json`).
+
+    An agent of its own (`plugins_dir` None): `<root>/plugins/<driver>`, or
+    `<root>/plugins/patchbay-<hash>` when the socket path in it would not fit sockaddr_un (a long
+    driver name under a long root); its pod mounts exactly this directory
+    (`render.dra_service_dir` in the operator, the same rule).
+
+    The shared node agent (`plugins_dir` = `options.node_agent_plugins_dir`, the one directory its
+    pod mounts): `<plugins_dir>/<driver>`, or `<plugins_dir>/<hash>` when that would not fit. The
+    hash alone, without the `patchbay-` prefix, is enough there: only this agent's drivers have
+    directories in it, and their names (`<profile>.patchbay.dev`) always have dots; and the 9
+    bytes matter: with the dev cluster's kubelet root (37 bytes) `patchbay-<hash>` would not fit
+    (113 bytes), the hash does (104). The deepest path is then `<root>` plus 67 bytes, so a shared
+    node agent's kubelet root may have at most 40 bytes (an agent of its own: 51)."""
+    parent = root / PLUGINS_DIR if plugins_dir is None else plugins_dir
+    plain = parent / driver
     if len(str(plain / "dra-0123456789abcdef.sock").encode()) <= MAX_UNIX_SOCKET_PATH:
         return plain
-    return root / PLUGINS_DIR / f"patchbay-{hashlib.sha256(driver.encode()).hexdigest()[:12]}"
+    digest = hashlib.sha256(driver.encode()).hexdigest()[:12]
+    return parent / (f"patchbay-{digest}" if plugins_dir is None else digest)
 
 
 def service_socket_name(instance: str) -> str:
@@ -506,12 +523,15 @@ class DraPlugin:
         poll_interval: float = 10.0,
         backoff: Backoff | None = None,
         health: DraHealthServicer | None = None,
+        plugins_dir: Path | None = None,
     ) -> None:
+        """`plugins_dir`: where the driver's directory goes (`service_dir`; None: an agent of its
+        own, `<kubelet_root>/plugins/<driver>`)."""
         self.driver = driver
         self.instance = instance
         self.registry_dir = kubelet_root / REGISTRY_DIR
         self.registry_socket = self.registry_dir / registry_socket_name(driver, instance, self.registry_dir)
-        self.service_socket = service_dir(kubelet_root, driver) / service_socket_name(instance)
+        self.service_socket = service_dir(kubelet_root, driver, plugins_dir) / service_socket_name(instance)
         self._metrics = metrics
         self._poll_interval = poll_interval
         self._backoff = backoff or Backoff()

@@ -365,6 +365,37 @@ def test_socket_names_fit_sockaddr_un(tmp_path: Any) -> None:
     assert len(str(service_dir(root, long) / "dra-0123456789abcdef.sock")) <= 107
 
 
+@pytest.mark.parametrize("root", ["/var/lib/kubelet", "/tmp/patchbay-node-0123456789/kubelet"])
+def test_the_node_agent_keeps_each_drivers_directory_in_its_own_directory(root: str) -> None:
+    """The shared node agent's units: each driver's directory one level inside
+    `<root>/plugins/patchbay_node-agent` (the only part of the kubelet's plugins directory its pod
+    mounts), the driver's name where the socket path fits sockaddr_un, else the driver's hash;
+    never the driver's own `<root>/plugins/<driver>`. The dev cluster's real node has a 37-byte
+    root: there the hash must be short enough (`patchbay-<hash>` would not fit)."""
+    import argparse
+    import hashlib
+    from pathlib import Path
+
+    from patchbay_agent.main import _driver_name
+    from patchbay_agent.options import node_agent_plugins_dir
+
+    base = node_agent_plugins_dir(Path(root))
+    assert base == Path(root) / "plugins" / "patchbay_node-agent"
+    # Not a DNS subdomain: no DRA driver's own directory can ever be the node agent's.
+    with pytest.raises(argparse.ArgumentTypeError):
+        _driver_name(base.name)
+    short, long = "s.patchbay.dev", "a-rather-long-profile-name-of-fifty-characters-xx.patchbay.dev"
+    assert service_dir(Path(root), short, base) == base / short
+    hashed = service_dir(Path(root), long, base)
+    assert hashed == base / hashlib.sha256(long.encode()).hexdigest()[:12]
+    assert len(str(hashed / "dra-0123456789abcdef.sock").encode()) <= 107
+    for driver in (short, long):
+        assert service_dir(Path(root), driver, base).parent == base
+        assert service_dir(Path(root), driver, base) != service_dir(Path(root), driver)
+    # An agent of its own keeps today's layout.
+    assert service_dir(Path(root), short) == Path(root) / "plugins" / short
+
+
 def test_one_taint_key_per_kind_of_fault_with_the_profiles_effect() -> None:
     assert fault_taint_key("Vanished") == "patchbay.dev/vanished"
     assert fault_taint_key("ProbeFailed") == "patchbay.dev/probe-failed"

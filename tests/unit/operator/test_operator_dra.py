@@ -17,6 +17,7 @@ from support.agentrun import until
 from support.clusters import kstatus
 
 from patchbay_agent.dra.plugin import service_dir
+from patchbay_agent.options import node_agent_plugins_dir
 from patchbay_operator import render
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.config import Settings
@@ -532,15 +533,58 @@ def test_the_operator_mounts_the_directory_the_agent_uses(root: str, driver: str
     assert render.dra_service_dir(root, driver) == str(service_dir(Path(root), driver))
 
 
-def test_an_own_dra_agent_mounts_its_driver_directory_and_the_shared_one_all() -> None:
+def host_paths(ds: dict[str, Any]) -> dict[str, str]:
+    """Volume name -> the node's path, for every hostPath volume of the DaemonSet."""
+    volumes = ds["spec"]["template"]["spec"]["volumes"]
+    return {v["name"]: v["hostPath"]["path"] for v in volumes if "hostPath" in v}
+
+
+def test_an_own_dra_agent_mounts_its_driver_directory_and_the_shared_one_its_own_directory() -> None:
     own_body = body()
     own_body["spec"]["agent"] = {"resources": {"limits": {"memory": "64Mi"}}}
     own = render.agent_objects(Profile.from_body(own_body), SETTINGS)[1]
     shared = render.shared_agent_objects([(prof(), None)], SETTINGS)[1]
+    assert host_paths(own)["kubelet-plugins"] == f"{KUBELET}/plugins/serial.patchbay.dev"
+    assert host_paths(shared)["kubelet-plugins"] == f"{KUBELET}/plugins/patchbay_node-agent"
 
-    def plugins_mount(ds: dict[str, Any]) -> str:
-        volumes = ds["spec"]["template"]["spec"]["volumes"]
-        return str(next(v["hostPath"]["path"] for v in volumes if v["name"] == "kubelet-plugins"))
 
-    assert plugins_mount(own) == f"{KUBELET}/plugins/serial.patchbay.dev"
-    assert plugins_mount(shared) == f"{KUBELET}/plugins"
+@pytest.mark.parametrize(
+    "profiles", [[], ["serial"], ["serial", "a-rather-long-profile-name-of-fifty-characters-xx"]]
+)
+def test_the_shared_node_agent_mounts_only_its_own_directory_of_the_kubelets_plugins(
+    profiles: list[str],
+) -> None:
+    """Least host access: of the kubelet's plugins directory (every CSI and DRA driver's sockets)
+    the shared node agent's pod mounts one directory of its own, whichever DRA profiles it serves,
+    at the same path in the container (the kubelet dials the path the agent announces), created
+    when missing."""
+    ds = render.shared_agent_objects([(prof(n), None) for n in profiles], SETTINGS)[1]
+    pod = ds["spec"]["template"]["spec"]
+    own = f"{KUBELET}/plugins/patchbay_node-agent"
+    under_plugins = {
+        name: path
+        for name, path in host_paths(ds).items()
+        if path == f"{KUBELET}/plugins" or path.startswith(f"{KUBELET}/plugins/")
+    }
+    assert under_plugins == {"kubelet-plugins": own}
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "kubelet-plugins"]
+    assert volume["hostPath"] == {"path": own, "type": "DirectoryOrCreate"}
+    mounts = {m["name"]: m["mountPath"] for m in container(ds)["volumeMounts"]}
+    assert mounts["kubelet-plugins"] == own
+    assert not any(p == f"{KUBELET}/plugins" for p in mounts.values())
+    # The pod template still depends on no profile.
+    assert pod == render.shared_agent_objects([], SETTINGS)[1]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    "root", ["/var/lib/kubelet", "/var/lib/kubelet/", "/tmp/patchbay-node-0123456789/kubelet", "/x"]
+)
+def test_the_operator_mounts_the_directory_the_node_agent_keeps_its_drivers_in(root: str) -> None:
+    """The node agent's directory: the operator's rule (what the pod mounts) and the agent's
+    (where its units put their drivers' directories) agree, and every driver's directory, short
+    or hashed, lies inside it, one level down."""
+    assert render.node_agent_plugins_dir(root) == str(node_agent_plugins_dir(Path(root)))
+    base = Path(render.node_agent_plugins_dir(root))
+    assert base.name == "patchbay_node-agent"
+    for driver in ("dra.patchbay.dev", "a-rather-long-profile-name-of-fifty-characters-xx.patchbay.dev"):
+        assert service_dir(Path(root), driver, node_agent_plugins_dir(Path(root))).parent == base
