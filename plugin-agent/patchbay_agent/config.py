@@ -111,6 +111,10 @@ class ExecProbe:
     timeout_seconds: float = 2.0
 
 
+#: `health.recoveryHoldSeconds` when a profile leaves it out (core/health.py says why).
+DEFAULT_RECOVERY_HOLD_SECONDS = 10
+
+
 @dataclass(frozen=True)
 class Health:
     """How often devices are checked and how many results in a row flip their state."""
@@ -118,6 +122,8 @@ class Health:
     period_seconds: float = 5.0
     failure_threshold: int = 3
     success_threshold: int = 1
+    #: seconds an Unhealthy device's checks must pass before it is published Healthy (0: at once)
+    recovery_hold_seconds: float = DEFAULT_RECOVERY_HOLD_SECONDS
     exec: ExecProbe | None = None
     #: DRA mode: the effect of an unhealthy device's taint in the ResourceSlice
     taint_effect: str = "NoSchedule"
@@ -327,7 +333,18 @@ def _parse_discovery(raw: Any, path: str) -> Discovery:
 
 
 def _parse_health(raw: Any, path: str) -> Health:
-    m = _mapping(raw, path, {"periodSeconds", "failureThreshold", "successThreshold", "exec", "taintEffect"})
+    m = _mapping(
+        raw,
+        path,
+        {
+            "periodSeconds",
+            "failureThreshold",
+            "successThreshold",
+            "recoveryHoldSeconds",
+            "exec",
+            "taintEffect",
+        },
+    )
     probe = None
     if m.get("exec") is not None:
         e = _mapping(m["exec"], f"{path}.exec", {"command", "timeoutSeconds"})
@@ -339,6 +356,11 @@ def _parse_health(raw: Any, path: str) -> Health:
         period_seconds=_int(m.get("periodSeconds", 5), f"{path}.periodSeconds", minimum=1),
         failure_threshold=_int(m.get("failureThreshold", 3), f"{path}.failureThreshold", minimum=1),
         success_threshold=_int(m.get("successThreshold", 1), f"{path}.successThreshold", minimum=1),
+        recovery_hold_seconds=_int(
+            m.get("recoveryHoldSeconds", DEFAULT_RECOVERY_HOLD_SECONDS),
+            f"{path}.recoveryHoldSeconds",
+            minimum=0,
+        ),
         exec=probe,
         taint_effect=_taint_effect(m.get("taintEffect", "NoSchedule"), f"{path}.taintEffect"),
     )

@@ -77,6 +77,7 @@ def test_health_goes_unhealthy_after_threshold_and_recovers(harness: Harness) ->
                 "periodSeconds": 1,
                 "failureThreshold": 2,
                 "successThreshold": 2,
+                "recoveryHoldSeconds": 2,  # advertised Healthy 2 s after the 2 good rounds
                 "exec": {"command": [probe], "timeoutSeconds": 5},
             },
         },

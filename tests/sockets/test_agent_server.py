@@ -27,9 +27,12 @@ def test_list_and_watch_full_list_then_every_change(plugin_dir: Path, hw: FakeHa
     hw.add_dev("/dev/ttyUSB0")
     hw.add_dev("/dev/ttyUSB1")
 
+    # Recovery is advertised after a hold (10 s unless set): 1 s here.
+    config = {**SERIAL, "health": {**SERIAL["health"], "recoveryHoldSeconds": 1}}  # type: ignore[dict-item]
+
     async def scenario() -> None:
         async with (
-            running_agent(SERIAL, plugin_dir, hw.root) as agent,
+            running_agent(config, plugin_dir, hw.root) as agent,
             plugin_client(agent.registrar.socket_path) as client,
         ):
             stream = client.ListAndWatch(api_pb2.Empty())
@@ -45,6 +48,7 @@ def test_list_and_watch_full_list_then_every_change(plugin_dir: Path, hw: FakeHa
             third = await asyncio.wait_for(stream.read(), 5)
             assert _ids(third) == [("ttyUSB0", "Unhealthy"), ("ttyUSB1", "Healthy"), ("ttyUSB2", "Healthy")]
             hw.add_dev("/dev/ttyUSB0")
+            # Back: Healthy once the hold is over (the period is 60 s: the agent wakes for it).
             fourth = await asyncio.wait_for(stream.read(), 5)
             assert _ids(fourth)[0] == ("ttyUSB0", "Healthy")
             stream.cancel()

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from patchbay_agent.command import Outcome, run_command
-from patchbay_agent.config import ExecProbe
+from patchbay_agent.config import DEFAULT_RECOVERY_HOLD_SECONDS, ExecProbe
 from patchbay_agent.constants import ENV_PROBE_DEVICE_ID, ENV_PROBE_DEVICE_PATHS, DeviceHealth
 from patchbay_agent.discovery import HostRoot, PhysicalDevice
 
@@ -78,11 +78,15 @@ class Reason(enum.StrEnum):
 
 #: A device whose health changes this many times within FLAP_WINDOW seconds is flapping (a loose
 #: connector, a device that resets in a loop): it is held Unhealthy, reason Flapping, until its
-#: health has not changed for FLAP_WINDOW and it is Healthy, then it recovers once. So 10 changes in
-#: 30 s reach the kubelet, the slices and the pods as 3 (Unhealthy, Healthy, Unhealthy) and one
-#: recovery, not 10; an ordinary failure and recovery (2 changes) is never held.
+#: health has not changed for FLAP_WINDOW and it is Healthy, then it recovers once.
 FLAP_CHANGES = 3
 FLAP_WINDOW = 30.0
+#: An Unhealthy device is published Healthy again only once its checks have passed for this long
+#: (the profile's `health.recoveryHoldSeconds`; 0 turns the hold off). Failing is published at
+#: once, recovering is not: a device that comes back for 3 s and fails again must not put a pod
+#: on it in between. With the flap rule this makes 10 changes in 30 s reach the kubelet, the
+#: slices and the pods as ONE transition (Unhealthy) and, once the device is quiet, one recovery.
+RECOVERY_HOLD_SECONDS = float(DEFAULT_RECOVERY_HOLD_SECONDS)
 
 
 _PROBE_REASONS = {
@@ -218,11 +222,19 @@ class DeviceHealthTracker:
     """The machines of every device present, keyed by physical device ID."""
 
     def __init__(
-        self, failure_threshold: int, success_threshold: int, clock: Callable[[], float] = time.time
+        self,
+        failure_threshold: int,
+        success_threshold: int,
+        clock: Callable[[], float] = time.time,
+        *,
+        recovery_hold: float = RECOVERY_HOLD_SECONDS,
     ) -> None:
         self._failure_threshold = failure_threshold
         self._success_threshold = success_threshold
         self._clock = clock
+        self._recovery_hold = recovery_hold
+        #: per device published Unhealthy whose machine is Healthy again: since when (the hold)
+        self._recovering: dict[str, float] = {}
         self._machines: dict[str, HealthMachine] = {}
         self._reasons: dict[str, str] = {}
         self._status: dict[str, DeviceStatus] = {}
@@ -241,6 +253,7 @@ class DeviceHealthTracker:
             self._status.pop(gone, None)
             self._changes.pop(gone, None)
             self._flapping.discard(gone)
+            self._recovering.pop(gone, None)
             changed = True
         for dev_id, result in results.items():
             machine = self._machines.get(dev_id)
@@ -256,6 +269,8 @@ class DeviceHealthTracker:
                 changed = True
             elif dev_id in self._flapping:
                 pass  # held Unhealthy: the machine's flips do not reach the status
+            elif flipped and self._hold(dev_id, machine, now, result):
+                pass  # published Unhealthy still: the recovery waits (or was called off)
             elif flipped:
                 changed = True
                 if before is None:
@@ -278,7 +293,54 @@ class DeviceHealthTracker:
                     self._status[dev_id] = _status_of(False, current.since, result)
             if not result.ok:
                 self._reasons[dev_id] = result.reason
-        return changed
+        return self._release(now) or changed
+
+    def _hold(self, dev_id: str, machine: HealthMachine, now: float, result: CheckResult) -> bool:
+        """A flip of a device published Unhealthy: its machine turned Healthy (start the recovery
+        hold) or Unhealthy again during the hold (call it off; the reason is updated, `since` is
+        kept). True when the flip is not published."""
+        current = self._status.get(dev_id)
+        if current is None or current.healthy:
+            return False
+        if machine.healthy:
+            if self._recovery_hold <= 0:
+                return False
+            self._recovering[dev_id] = now
+            log.info(
+                "Device %s passes its checks again; Healthy once it has for %g s", dev_id, self._recovery_hold
+            )
+            return True
+        if (
+            self._recovering.pop(dev_id, None) is not None
+            and (result.code or Reason.CHECK_FAILED) != current.reason
+        ):
+            self._status[dev_id] = _status_of(False, current.since, result)
+        return True
+
+    def _release(self, now: float) -> bool:
+        """Publish Healthy the devices whose recovery hold is over; True when any was."""
+        released = False
+        for dev_id, started in list(self._recovering.items()):
+            machine = self._machines.get(dev_id)
+            if machine is None or not machine.healthy or dev_id in self._flapping:
+                del self._recovering[dev_id]
+            elif now - started >= self._recovery_hold:
+                del self._recovering[dev_id]
+                log.info("Device %s is Healthy (its checks passed for %g s)", dev_id, now - started)
+                self._status[dev_id] = DeviceStatus(True, now)
+                released = True
+        return released
+
+    def release_due(self) -> bool:
+        """Publish the recoveries whose hold is over (between rounds); True when any was."""
+        return self._release(self._clock())
+
+    def seconds_to_release(self) -> float | None:
+        """Seconds until the next recovery hold ends (None: no device is held), so the monitor
+        publishes the recovery on time rather than at its next periodic round."""
+        if not self._recovering:
+            return None
+        return max(0.0, min(self._recovering.values()) + self._recovery_hold - self._clock())
 
     def _damp(self, dev_id: str, machine: HealthMachine, now: float, result: CheckResult) -> bool:
         """Enter or leave the flapping hold (see FLAP_CHANGES); True when the published health
@@ -291,6 +353,7 @@ class DeviceHealthTracker:
             if count < FLAP_CHANGES:
                 return False
             self._flapping.add(dev_id)
+            self._recovering.pop(dev_id, None)
             current = self._status.get(dev_id)
             was_healthy = current is None or current.healthy
             since = now if was_healthy else current.since  # type: ignore[union-attr]
@@ -301,22 +364,36 @@ class DeviceHealthTracker:
             return was_healthy
         if count == 0 and machine.healthy:
             self._flapping.discard(dev_id)
+            if self._recovery_hold > FLAP_WINDOW:
+                # Quiet for FLAP_WINDOW, so Healthy at least that long: the rest of the hold.
+                self._recovering[dev_id] = now - FLAP_WINDOW
+                return False
             log.info("Device %s is stable again (no change for %g s): Healthy", dev_id, FLAP_WINDOW)
             self._status[dev_id] = DeviceStatus(True, now)
             return True
         return False
 
-    def set_thresholds(self, failure_threshold: int, success_threshold: int) -> None:
-        """New thresholds for every device (a profile changed in place): each keeps its health,
-        its `since` and its streak, judged by the new thresholds from the next round on."""
+    def set_thresholds(
+        self, failure_threshold: int, success_threshold: int, recovery_hold: float | None = None
+    ) -> None:
+        """New thresholds (and recovery hold) for every device (a profile changed in place): each
+        keeps its health, its `since` and its streak, judged by the new thresholds from the next
+        round on; a recovery hold under way is measured against the new hold."""
         for machine in self._machines.values():
             machine.set_thresholds(failure_threshold, success_threshold)
         self._failure_threshold = failure_threshold
         self._success_threshold = success_threshold
+        if recovery_hold is not None:
+            self._recovery_hold = recovery_hold
 
     def healthy(self, dev_id: str) -> bool:
         machine = self._machines.get(dev_id)
-        return machine is not None and machine.healthy and dev_id not in self._flapping
+        return (
+            machine is not None
+            and machine.healthy
+            and dev_id not in self._flapping
+            and dev_id not in self._recovering
+        )
 
     def reason(self, dev_id: str) -> str:
         """The message of the device's latest failed check (even while still Healthy)."""

@@ -55,7 +55,9 @@ class Monitor:
         self._health = health
         self._inventory = inventory
         self._metrics = metrics
-        self.tracker = DeviceHealthTracker(health.failure_threshold, health.success_threshold)
+        self.tracker = DeviceHealthTracker(
+            health.failure_threshold, health.success_threshold, recovery_hold=health.recovery_hold_seconds
+        )
         self._probe_results: dict[str, CheckResult] = {}
         self._probe_slots = asyncio.Semaphore(MAX_PARALLEL_PROBES)
         self._kick = asyncio.Event()
@@ -141,7 +143,9 @@ class Monitor:
                 self._watcher.ensure(watch_dirs)
         if health.exec != self._health.exec:
             self._probe_results.clear()
-        self.tracker.set_thresholds(health.failure_threshold, health.success_threshold)
+        self.tracker.set_thresholds(
+            health.failure_threshold, health.success_threshold, health.recovery_hold_seconds
+        )
         self._health = health
         self._reperiod = True
         self._kick.set()
@@ -159,10 +163,18 @@ class Monitor:
         next_periodic = time.monotonic() + self._health.period_seconds
         try:
             while not stop.is_set():
-                await wait_any((self._kick, stop), next_periodic - time.monotonic())
+                timeout = next_periodic - time.monotonic()
+                release = self.tracker.seconds_to_release()
+                await wait_any((self._kick, stop), timeout if release is None else min(timeout, release))
                 if stop.is_set():
                     break
                 periodic = self._reperiod or time.monotonic() >= next_periodic
+                if not periodic and not self._kick.is_set():
+                    # Woken for a recovery hold that ended: publish it without a round (a round
+                    # would count towards every device's thresholds).
+                    if self.tracker.release_due():
+                        self._inventory.update(list(self._known.values()), self.tracker)
+                    continue
                 self._reperiod = False
                 self._kick.clear()
                 if periodic:

@@ -213,3 +213,15 @@ def test_the_taint_effect_is_one_of_the_apis_and_named_when_not() -> None:
     bad = {**base, "plugin": {**base["plugin"], "health": {"taintEffect": "Evict"}}}
     with pytest.raises(ConfigError, match=r"plugin\.health\.taintEffect: 'Evict' must be one of"):
         parse(bad)
+
+
+def test_the_recovery_hold_defaults_to_ten_seconds_and_a_bad_one_is_named() -> None:
+    base = {"resourceName": "example.com/x", "plugin": {"discovery": {"virtual": {"count": 1}}}}
+    assert parse(base).health.recovery_hold_seconds == 10
+    for hold in (0, 45):
+        doc = {**base, "plugin": {**base["plugin"], "health": {"recoveryHoldSeconds": hold}}}
+        assert parse(doc).health.recovery_hold_seconds == hold
+    for bad, words in ((-1, "must be >= 0, got -1"), ("10s", "must be an integer, got '10s'")):
+        doc = {**base, "plugin": {**base["plugin"], "health": {"recoveryHoldSeconds": bad}}}
+        with pytest.raises(ConfigError, match=rf"plugin\.health\.recoveryHoldSeconds: {words}"):
+            parse(doc)

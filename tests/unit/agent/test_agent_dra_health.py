@@ -29,7 +29,7 @@ def _states(message: pb.NodeWatchResourcesResponse) -> dict[str, tuple[str, str]
 
 
 def _setup() -> tuple[Inventory, DeviceHealthTracker]:
-    inv, tracker = Inventory(1, "rw"), DeviceHealthTracker(1, 1)
+    inv, tracker = Inventory(1, "rw"), DeviceHealthTracker(1, 1, recovery_hold=0)
     tracker.observe({TTY0.id: CheckResult(True), TTY1.id: CheckResult(True)})
     inv.update([TTY0, TTY1], tracker)
     return inv, tracker

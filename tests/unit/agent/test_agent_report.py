@@ -241,7 +241,7 @@ def test_holders_fold_by_the_snapshot_then_by_the_suffix() -> None:
 
 def test_since_moves_only_when_the_health_flips() -> None:
     clock = Clock()
-    t = DeviceHealthTracker(failure_threshold=2, success_threshold=2, clock=clock)
+    t = DeviceHealthTracker(failure_threshold=2, success_threshold=2, clock=clock, recovery_hold=0)
     t.observe({"a": CheckResult(True)})
     first = t.status("a")
     assert first is not None
