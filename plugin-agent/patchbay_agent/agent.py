@@ -58,7 +58,7 @@ from patchbay_agent.wakeup import wait_any
 if TYPE_CHECKING:
     from patchbay_agent.core.holders import PodHolders
     from patchbay_agent.dra.claimstatus import ClaimStatusWriter
-    from patchbay_agent.dra.plugin import DraClient, DraPlugin
+    from patchbay_agent.dra.plugin import AsyncClaimRead, DraClient, DraPlugin
     from patchbay_agent.kubelet.podresources import Container
     from patchbay_agent.report.reporter import ReportClient, Reporter
     from patchbay_agent.report.slices import SlicePublisher
@@ -156,6 +156,24 @@ class Agent:
         got = await get_allocatable_resources(self.options.report.pod_resources_socket, rpc_timeout=0.05)
         return got.count(self.config.resource_name)
 
+    @staticmethod
+    def _claim_read(client: DraClient) -> AsyncClaimRead | None:
+        """Prepare's claim GET on the event loop where the client can give one (`apiget.py`:
+        the real client with credentials apiget handles); else None, the thread path."""
+        from patchbay_agent.kubeclient import KubeClient
+
+        if not isinstance(client, KubeClient):
+            return None
+        real, getter = client, client.getter()
+        if getter is None:
+            return None
+        log.info("Claims are read on the event loop (keep-alive connections to %s)", getter.server)
+
+        async def read(namespace: str, name: str, seconds: float) -> dict[str, Any]:
+            return await real.resource_claim_async(getter, namespace, name, seconds=seconds)
+
+        return read
+
     def _set_up_dra(self, dra: DraOptions, client: DraClient | None) -> None:
         # Imported only here: a device-plugin agent never loads the DRA stubs.
         from patchbay_agent.dra.claimstatus import ClaimStatusWriter
@@ -191,6 +209,7 @@ class Agent:
             allocation=self.config.allocation,
             cdi_spec_dir=self.options.cdi_spec_dir,
             lock_path=services / LOCK_FILE_NAME,
+            read_async=self._claim_read(client),
         )
         preparer.metrics = self.metrics
         preparer.status = self.claim_status = ClaimStatusWriter(

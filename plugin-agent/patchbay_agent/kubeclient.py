@@ -16,6 +16,9 @@ pykube-ng rather than the official client: the agent runs on every node and pyku
 the memory (docs/facts.md#client-memory; an import-linter contract forbids the official client).
 Its object layer has no server-side apply, so this uses its HTTPClient directly. pykube is
 synchronous: the caller runs these methods off the event loop (`report/reporter.py`, asyncio.to_thread).
+The one read on a pod's start path, the claim NodePrepareResources needs, has a way on the loop:
+`getter()` gives an `apiget.AsyncGetter` with the same server and credentials, and
+`resource_claim_async` uses it (docs/dra.md#prepare).
 
 This module is imported only when reports are on (`--profile`), so an agent without reports never
 loads pykube, requests or urllib3.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import ssl
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
@@ -42,6 +46,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from patchbay_agent.apiget import AsyncGetter, GetError
 from patchbay_agent.constants import (
     DRA_GROUP_VERSION,
     FIELD_MANAGER,
@@ -166,6 +171,7 @@ class KubeClient:
         except Exception as e:
             raise ClientConfigError(f"--kubeconfig {kubeconfig}: cannot use it: {e}") from None
         self._http.session.headers["User-Agent"] = f"{FIELD_MANAGER} (pykube-ng)"
+        self._config = config
         self.server = self._http.url
         log.info("Talking to the API server %s (credentials: %s)", self.server, where)
 
@@ -318,6 +324,53 @@ class KubeClient:
         """The Node's labels (GET; the node agent decides from them which profiles select it)."""
         labels = (self._node(node_name).get("metadata") or {}).get("labels") or {}
         return {str(k): str(v) for k, v in labels.items()}
+
+    def getter(self) -> AsyncGetter | None:
+        """A GET on the event loop with this client's server and credentials (`apiget.py`), or
+        None where the config needs more than apiget does (exec plugins, auth providers, basic
+        auth, `PYKUBE_SSL_CERTIFICATE_AUTHORITY`): those keep the thread path. Call it on the loop
+        that will use it."""
+        cluster, user = self._config.cluster, self._config.user
+        if set(user) - {"token", "client-certificate", "client-key"} or (
+            "PYKUBE_SSL_CERTIFICATE_AUTHORITY" in os.environ
+        ):
+            return None
+        context: ssl.SSLContext | None = None
+        if str(cluster["server"]).startswith("https:"):
+            if "certificate-authority" in cluster:
+                context = ssl.create_default_context(cafile=cluster["certificate-authority"].filename())
+            elif cluster.get("insecure-skip-tls-verify"):
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            else:
+                context = ssl.create_default_context()
+            if "client-certificate" in user:
+                context.load_cert_chain(user["client-certificate"].filename(), user["client-key"].filename())
+            context.set_alpn_protocols(["http/1.1"])
+        static = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
+
+        def headers() -> Mapping[str, str]:
+            return self._headers() if self._token is not None else static
+
+        return AsyncGetter(
+            str(cluster["server"]),
+            ssl_context=context,
+            headers=headers,
+            server_hostname=cluster.get("tls-server-name"),
+            user_agent=f"{FIELD_MANAGER} (apiget)",
+        )
+
+    async def resource_claim_async(
+        self, getter: AsyncGetter, namespace: str, name: str, *, seconds: float
+    ) -> dict[str, Any]:
+        """`resource_claim` through `getter` (from `getter()`), on the loop; ApiError as there."""
+        try:
+            return await getter.get(
+                f"/apis/{DRA_GROUP_VERSION}/namespaces/{namespace}/resourceclaims/{name}", seconds=seconds
+            )
+        except GetError as e:
+            raise ApiError(e.status, e.message) from None
 
     def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         """GET a ResourceClaim; ApiError (404 when it is gone). `timeout` bounds the request (the

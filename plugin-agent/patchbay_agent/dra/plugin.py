@@ -37,7 +37,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -168,6 +168,10 @@ class ClaimReader(Protocol):
         """The ResourceClaim object; raise when it cannot be read."""
 
 
+#: The claim's GET on the event loop: (namespace, name, timeout in seconds) -> the claim.
+AsyncClaimRead = Callable[[str, str, float], Awaitable[dict[str, Any]]]
+
+
 class DraClient(ClaimReader, ClaimStatusClient, SliceClient, Protocol):
     """Everything DRA mode needs of the API: claims to read and their status to write, slices
     to write."""
@@ -210,11 +214,15 @@ class ClaimPreparer:
         cdi_spec_dir: Path,
         read_timeout: float = CLAIM_READ_TIMEOUT,
         lock_path: Path | None = None,
+        read_async: AsyncClaimRead | None = None,
     ) -> None:
-        """`lock_path`: the file whose lock serialises calls across instances (`node_lock`)."""
+        """`lock_path`: the file whose lock serialises calls across instances (`node_lock`).
+        `read_async`: the claim's GET on the event loop (`KubeClient.getter`, `apiget.py`); None:
+        `reader` in a worker thread."""
         self.driver = driver
         self.pool = pool
         self._reader = reader
+        self._read_async = read_async
         self._inventory = inventory
         self._allocation = allocation
         self.cdi_spec_dir = cdi_spec_dir
@@ -282,12 +290,15 @@ class ClaimPreparer:
             return ClaimResult(error=f"{where}: {bad}")
         started = time.perf_counter()
         try:
-            obj = await asyncio.wait_for(
-                asyncio.to_thread(
-                    self._reader.resource_claim, claim.namespace, claim.name, timeout=self._read_timeout
-                ),
-                self._read_timeout + 1.0,
-            )
+            if self._read_async is not None:
+                obj = await self._read_async(claim.namespace, claim.name, self._read_timeout)
+            else:
+                obj = await asyncio.wait_for(
+                    asyncio.to_thread(
+                        self._reader.resource_claim, claim.namespace, claim.name, timeout=self._read_timeout
+                    ),
+                    self._read_timeout + 1.0,
+                )
         except TimeoutError:
             return ClaimResult(error=f"cannot read {where}: no answer within {self._read_timeout:g}s")
         except Exception as e:

@@ -70,18 +70,6 @@ def node(devcluster: DevCluster, api: client.ApiClient, name_prefix: str) -> Ite
 
 
 @pytest.fixture
-def namespace(api: client.ApiClient, name_prefix: str) -> Iterator[str]:
-    core = client.CoreV1Api(api)
-    ns = f"{name_prefix}dra"
-    core.create_namespace({"metadata": {"name": ns}})
-    try:
-        yield ns
-    finally:
-        with contextlib.suppress(ApiException):
-            core.delete_namespace(ns)
-
-
-@pytest.fixture
 def workdir() -> Iterator[Path]:
     """Short (Unix socket paths must stay under 108 bytes)."""
     d = Path(tempfile.mkdtemp(prefix="pbd", dir="/tmp"))

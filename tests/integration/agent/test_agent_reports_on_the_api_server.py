@@ -62,18 +62,6 @@ def report_crd(api: client.ApiClient) -> None:
 
 
 @pytest.fixture
-def namespace(api: client.ApiClient, name_prefix: str) -> Iterator[str]:
-    core = client.CoreV1Api(api)
-    ns = f"{name_prefix}reports"
-    core.create_namespace({"metadata": {"name": ns}})
-    try:
-        yield ns
-    finally:
-        with contextlib.suppress(ApiException):
-            core.delete_namespace(ns)
-
-
-@pytest.fixture
 def node(devcluster: DevCluster, api: client.ApiClient, name_prefix: str) -> Iterator[tuple[str, str]]:
     """A kwok node: (name, uid)."""
     (name,) = devcluster.add_kwok_nodes(1, prefix=f"{name_prefix}n", labels={"patchbay.dev/test": "reports"})
