@@ -359,8 +359,19 @@ class Bench:
                 f"bench: timed out waiting for {sorted(pending)}; the device in the slice: "
                 f"{self.slice_devices().get(name_of[dev_id])}\nthe agent's last log lines:\n{logs}"
             )
+        # Back: the taint goes once the device's checks kept passing for the profile's recovery
+        # hold (recoveryHoldSeconds, 10 s by default: docs/dra.md#resourceslices).
         os.mknod(device, 0o666 | 0o020000, rdev)
-        wait(lambda: not tainted() and not report_unhealthy())
+        t1 = time.monotonic()
+        back = {"untaint": lambda: not tainted(), "report_back": lambda: not report_unhealthy()}
+        while back and time.monotonic() < t1 + 120:
+            for key, check in list(back.items()):
+                if check():
+                    out[key] = time.monotonic() - t1
+                    del back[key]
+            time.sleep(0.02)
+        if back:
+            raise SystemExit(f"bench: timed out waiting for {sorted(back)} after the device came back")
         return out
 
     def agent_memory(self, profile: str) -> tuple[float, float]:
@@ -509,7 +520,7 @@ def main() -> None:
                 print(f"ratio agent / Go peer via relay (its run above): p50 {p50:.2f}, p99 {p99:.2f}")
                 print(f"Patchbay agent pod, cpu {args.agent_cpu:<6} unprepare    {ms(cunprep)}")
 
-            print(f"\n== A device vanishes -> its taint in the API (median of {args.runs}) ==")
+            print(f"\n== A device vanishes -> its taint in the API, and back (median of {args.runs}) ==")
             runs = []
             for i in range(args.runs):
                 if i:
@@ -520,6 +531,8 @@ def main() -> None:
             for key, what in (
                 ("taint", "ResourceSlice device tainted (or left out)"),
                 ("report", "baseline: the DeviceReport says unhealthy"),
+                ("untaint", "back -> the taint gone (10 s recovery hold)"),
+                ("report_back", "back -> the DeviceReport says Healthy"),
             ):
                 xs = [r[key] for r in runs]
                 print(f"{what:<44} {statistics.median(xs):6.2f} s   runs {[round(x, 2) for x in xs]}")
