@@ -25,7 +25,7 @@ from kubernetes.client.rest import ApiException
 from support.clusters import running_devcluster, wait_for
 from support.releases import has
 
-from patchbay_agent.dra.slices import taint_probe_document
+from patchbay_agent.dra.slices import slice_base_name, taint_probe_document
 from patchbay_devcluster import DevCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -739,6 +739,18 @@ def test_an_agent_writes_only_its_own_nodes_resource_slices(tools: Tools, instal
     squat = as_agent("node-a", *apply, stdin=_slice("node-a", name="node-b-p.patchbay.dev"))
     assert squat.returncode != 0 and "names its ResourceSlices node-a-p.patchbay.dev[-<n>]" in said(squat), (
         squat.stderr
+    )
+    # Past 248 characters the agent shortens a name with a hash (which CEL cannot check); its
+    # first 230 characters still are: one long-named node cannot take another's slice name.
+    long_a, long_b = "a" * 245, "b" * 245
+    mine = as_agent(long_a, *apply, stdin=_slice(long_a, name=slice_base_name(long_a, "p.patchbay.dev")))
+    assert mine.returncode == 0, mine.stderr
+    assert (
+        as_agent(long_a, "delete", "resourceslice", slice_base_name(long_a, "p.patchbay.dev")).returncode == 0
+    )
+    taken = as_agent(long_a, *apply, stdin=_slice(long_a, name=slice_base_name(long_b, "p.patchbay.dev")))
+    assert taken.returncode != 0 and "(past 248 characters: its first 230 and a hash)" in said(taken), (
+        taken.stderr
     )
     pool = json.loads(_slice("node-a", name="node-a-p.patchbay.dev-2"))
     pool["spec"]["pool"]["name"] = "node-b"

@@ -134,9 +134,15 @@ def device_name(physical_id: str) -> str:
     return f"{base}-{_digest(physical_id)}"
 
 
+#: A shortened slice name starts with at least this many characters of `<node>-<driver>`: the
+#: chart's slice admission policy checks them (CEL has no hash; charts/patchbay/templates/agents.yaml).
+CHECKED_PREFIX = 230
+
+
 def slice_base_name(node_name: str, driver: str) -> str:
     """`<node>-<driver>`, or, when that is not a valid name with room for a chunk suffix, a
-    trimmed form plus a hash of both (unique per node and driver)."""
+    trimmed form plus a hash of both (unique per node and driver) that keeps the first
+    CHECKED_PREFIX characters (a node name is a DNS subdomain, so nothing in them changes)."""
     name = f"{node_name}-{driver}"
     # Room for "-<chunk>" (up to 4 characters): chunk names must be valid too.
     limit = MAX_NAME_LENGTH - 5

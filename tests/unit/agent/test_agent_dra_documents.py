@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from patchbay_agent.dra.claims import (
 )
 from patchbay_agent.dra.plugin import registry_socket_name, service_dir
 from patchbay_agent.dra.slices import (
+    CHECKED_PREFIX,
     MAX_DEVICES_PER_SLICE,
     MAX_TAINTED_DEVICES_PER_SLICE,
     SliceDevice,
@@ -59,6 +61,11 @@ def test_slice_names_fit_the_api() -> None:
     long = slice_base_name("n" * 250, DRIVER)
     assert len(long) <= 248 and is_dns_subdomain(long)
     assert long != slice_base_name("n" * 249, DRIVER)
+    # What the chart's slice policy checks of a shortened name: its first CHECKED_PREFIX characters.
+    for node in ("n" * 250, "a." * 120 + "b", "x-" * 110 + "y" * 20):
+        assert slice_base_name(node, DRIVER).startswith(f"{node}-{DRIVER}"[:CHECKED_PREFIX])
+    policy = (Path(__file__).parents[3] / "charts/patchbay/templates/agents.yaml").read_text()
+    assert f"substring(0, {CHECKED_PREFIX})" in policy and "> 248" in policy
 
 
 def _devices(n: int, tainted: int = -1) -> list[SliceDevice]:
