@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import logging
 import os
+import random
 import signal
 import socket
 import ssl
@@ -53,10 +54,38 @@ class Proc:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
+#: The lowest port `free_port` picks; it picks below the kernel's ephemeral range (see there).
+PICK_FLOOR = 20000
+#: Ports this process handed out, never handed out twice (a pick is not bound until its process
+#: starts).
+_handed: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of automatic source ports (net.ipv4.ip_local_port_range)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1", preferred: int = 0) -> int:
-    """A port that is free on ``host`` right now: ``preferred`` if it is, else one the kernel picks."""
+    """A port that is free on ``host`` right now: ``preferred`` if it is, else one picked at random
+    BELOW the kernel's ephemeral range. A port from that range (what binding port 0 gives) can be
+    taken by any outgoing connection's automatic source port between the pick and the component's
+    own bind; seen in CI: a kubelet's healthz port taken so, the kubelet never healthy. Falls back
+    to the kernel's pick when the range leaves no room below it."""
     if preferred and _bindable(host, preferred):
         return preferred
+    low, _high = ephemeral_range()
+    if low - PICK_FLOOR >= 1000:
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(PICK_FLOOR, low)
+            if port not in _handed and _bindable(host, port):
+                _handed.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

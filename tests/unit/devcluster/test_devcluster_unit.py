@@ -39,7 +39,7 @@ from patchbay_devcluster.node import (
     cni_conflist,
 )
 from patchbay_devcluster.poll import poll_until
-from patchbay_devcluster.procs import Proc, free_port, pid_runs, spawn
+from patchbay_devcluster.procs import PICK_FLOOR, Proc, ephemeral_range, free_port, pid_runs, spawn
 
 
 def test_ca_signs_server_and_client_certificates(tmp_path: Path) -> None:
@@ -143,6 +143,15 @@ def test_free_port_is_bindable_on_loopback() -> None:
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_never_handed_out_twice() -> None:
+    """An outgoing connection's automatic source port can never take a port picked below the
+    kernel's ephemeral range (CI once lost a kubelet's healthz port that way)."""
+    low, _high = ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(PICK_FLOOR <= p < low for p in ports), ports
 
 
 def test_free_port_prefers_a_port_unless_something_listens_there() -> None:
