@@ -932,6 +932,20 @@ def _ready(obj: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions") or [])
 
 
+def _agents_detail(tools: Tools, profile: str, ns: str, log: Path) -> str:
+    """What explains a profile that does not count its agents: its status, its DaemonSet's
+    status and pods, and the operator's last log lines (seen once on v1.34.4, not explained)."""
+    ds = tools.kubectl("get", "ds", f"patchbay-{profile}", "-n", ns, "-o", "json", check=False)
+    pods = tools.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False)
+    ds_status = json.dumps(json.loads(ds.stdout).get("status")) if ds.returncode == 0 else ds.stderr
+    return (
+        f"profile status: {json.dumps(_dpp(tools, profile).get('status') or {})}\n"
+        f"DaemonSet status: {ds_status}\n"
+        f"pods:\n{pods.stdout}{pods.stderr}\n"
+        f"operator log (tail):\n{log.read_text()[-4000:]}"
+    )
+
+
 def test_the_operator_works_with_only_the_charts_rbac(
     tools: Tools, chart_cluster: DevCluster, operator_as_its_service_account: tuple[str, Path]
 ) -> None:
@@ -990,6 +1004,8 @@ def test_the_operator_works_with_only_the_charts_rbac(
     wait_for(
         "the DRA profile to count its agents",
         lambda: (_dpp(tools, "sa-dra").get("status") or {}).get("nodes", {}).get("ready") == 2,
+        timeout=120,
+        detail=lambda: _agents_detail(tools, "sa-dra", ns, log),
     )
     # Leaving DRA mode removes the DeviceClass (get + delete are in the chart's RBAC).
     tools.kubectl("patch", "dpp", "sa-dra", "--type=merge", "-p", '{"spec": {"mode": "DevicePlugin"}}')

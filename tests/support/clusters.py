@@ -28,11 +28,18 @@ NAMESPACE = "patchbay-it"
 TEST_LABEL = "patchbay.dev/test"
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float = 60.0,
+    every: float = 0.2,
+    detail: Callable[[], str] | None = None,
+) -> Any:
     """Poll ``check`` until it returns something truthy and return that; fail (AssertionError)
-    naming ``what`` and the last value seen. A bounded wait for the cluster to converge, never a
+    naming ``what`` and the last value seen, or ``detail()`` when given (what a reader of a CI
+    log needs to explain the timeout). A bounded wait for the cluster to converge, never a
     timing assertion."""
-    return poll_until(what, check, timeout=timeout, interval=every, error=AssertionError)
+    return poll_until(what, check, timeout=timeout, interval=every, error=AssertionError, detail=detail)
 
 
 def apply_crd(api: client.ApiClient, path: Path) -> dict[str, Any]:
