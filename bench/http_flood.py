@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import os
 import resource
 import selectors
@@ -24,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -95,22 +95,31 @@ def healthz_ms(port: int) -> float:
 
 
 class Flood:
-    """Keeps up to `n` half-sent requests open, reopening those the agent closes."""
+    """Keeps up to `n` half-sent requests open, reopening those the agent closes.
+
+    In a process of its own: in a thread of the bench's process it would hold the GIL the
+    `/healthz` probe needs, and the probe's latency would measure the bench, not the agent."""
 
     def __init__(self, port: int, n: int) -> None:
         self.port, self.n = port, n
-        self.attempts = 0
-        self.held = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._attempts = multiprocessing.Value("q", 0)
+        self._stop = multiprocessing.Event()
+        self._proc = multiprocessing.Process(target=self._run, daemon=True)
+
+    @property
+    def attempts(self) -> int:
+        return int(self._attempts.value)
 
     def __enter__(self) -> Flood:
-        self._thread.start()
+        self._proc.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
 
     def _open(self, sel: selectors.DefaultSelector, i: int) -> None:
         try:
@@ -124,7 +133,8 @@ class Flood:
         except OSError:
             s.close()
             return
-        self.attempts += 1
+        with self._attempts.get_lock():
+            self._attempts.value += 1
         sel.register(s, selectors.EVENT_WRITE, "connecting")
 
     def _run(self) -> None:
@@ -151,7 +161,6 @@ class Flood:
                         s.recv(4096)
                     sel.unregister(s)
                     s.close()
-            self.held = sum(1 for k in sel.get_map().values() if k.data == "held")
         for key in list(sel.get_map().values()):
             sel.unregister(key.fileobj)
             key.fileobj.close()  # type: ignore[union-attr]

@@ -1,7 +1,8 @@
 """The agent's HTTP endpoint: GET /metrics, /healthz, /readyz.
 
-asyncio on the agent's own loop: no thread, no http.server (docs/facts.md#client-memory). It binds
-to 127.0.0.1 unless told otherwise. /metrics: the Prometheus text format (`metrics.py`).
+asyncio on the agent's own loop, one `asyncio.Protocol` per connection: no thread, no http.server
+(docs/facts.md#client-memory). It binds to 127.0.0.1 unless told otherwise. /metrics: the
+Prometheus text format (`metrics.py`).
 /healthz: the gRPC server is serving. /readyz: registered with the kubelet (a device plugin: and
 the kubelet holds the stream of its newest registration, so its devices count).
 
@@ -10,8 +11,8 @@ agent more than a bounded amount of memory or time (docs/security.md#the-agents-
 
 * one overall deadline for the request line and headers (`REQUEST_DEADLINE`; 408 after it), so a
   client that trickles a byte at a time cannot hold a connection open for long;
-* bounded sizes: request line `MAX_REQUEST_LINE` (414), all headers `MAX_HEADER_BYTES` (431), each
-  line read within the stream's `limit`, so no client makes the agent buffer more than that;
+* bounded sizes: request line `MAX_REQUEST_LINE` (414), all headers `MAX_HEADER_BYTES` (431),
+  checked as the bytes arrive, so no client makes the agent buffer more than that;
 * a deadline for the client to take the answer (`WRITE_DEADLINE`), after which the connection is
   aborted (a reader that never reads would otherwise keep a /metrics body in memory);
 * a cap on open connections (`--http-max-connections`, default `DEFAULT_HTTP_MAX_CONNECTIONS`), of
@@ -28,11 +29,9 @@ What was refused is counted on /metrics (`patchbay_agent_http_*`), with the open
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter as Tally
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from patchbay_agent.constants import DEFAULT_HTTP_MAX_CONNECTIONS
@@ -71,16 +70,6 @@ class _RefusedError(Exception):
         super().__init__(status)
         self.status = status
         self.body = body
-
-
-@dataclass(eq=False)
-class _Connection:
-    """One open connection: whose, and whether it is still sending its request (evictable)."""
-
-    address: str
-    writer: asyncio.StreamWriter
-    reading: bool = True
-    evicted: bool = False
 
 
 class HttpEndpoint:
@@ -142,9 +131,8 @@ class HttpEndpoint:
         return len(self._conns)
 
     async def start(self, host: str, port: int) -> None:
-        # `limit`: the most a single readline buffers; a longer line raises instead of growing.
-        limit = max(MAX_REQUEST_LINE, MAX_HEADER_BYTES) + 2
-        self._server = await asyncio.start_server(self._handle, host, port, limit=limit)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info(
             "Serving /metrics, /healthz, /readyz on http://%s:%d (at most %d connections)",
@@ -175,9 +163,8 @@ class HttpEndpoint:
             return False
         if victim is not None:
             self._evicted.labels(reason).inc()
-            victim.evicted = True
             self._release(victim)
-            victim.writer.transport.abort()
+            victim.abort()
         self._conns[conn] = None
         self._per_address[conn.address] += 1
         self._open_gauge.set(len(self._conns))
@@ -203,41 +190,6 @@ class HttpEndpoint:
             if self._per_address[conn.address] <= 0:
                 del self._per_address[conn.address]
             self._open_gauge.set(len(self._conns))
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        conn = _Connection(str(peer[0]) if isinstance(peer, tuple) and peer else "?", writer)
-        if not self._admit(conn):
-            writer.transport.abort()
-            return
-        try:
-            try:
-                async with asyncio.timeout(REQUEST_DEADLINE):
-                    method, path = await _read_request(reader)
-                conn.reading = False
-                status, ctype, body = self._route(method, path)
-            except TimeoutError:
-                status, ctype, body = self._refuse(
-                    _RefusedError("408 Request Timeout", "request not sent in time\n")
-                )
-            except _RefusedError as e:
-                if conn.evicted:
-                    return
-                status, ctype, body = self._refuse(e)
-            conn.reading = False
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await asyncio.wait_for(writer.drain(), timeout=WRITE_DEADLINE)
-        except (ConnectionError, TimeoutError):
-            writer.transport.abort()
-        finally:
-            self._release(conn)
-            writer.close()
-            with contextlib.suppress(ConnectionError, TimeoutError):
-                await asyncio.wait_for(writer.wait_closed(), timeout=WRITE_DEADLINE)
 
     def _refuse(self, refused: _RefusedError) -> tuple[str, str, bytes]:
         self._refused_requests.labels(refused.status.split()[0]).inc()
@@ -267,34 +219,172 @@ class HttpEndpoint:
         return "404 Not Found", _TEXT, b"not found\n"
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
-    """(method, path) of one request, its headers drained (the endpoints take no input). Raises
-    `_RefusedError` for a request that is malformed, too long or cut off; the caller bounds the time."""
-    try:
-        line = await reader.readline()
-    except ValueError:  # over the stream's limit: the line was never buffered whole
-        raise _RefusedError("414 URI Too Long", f"request line over {MAX_REQUEST_LINE} bytes\n") from None
+class _Connection(asyncio.Protocol):
+    """One connection: its request is read, answered, and the connection closed.
+
+    A bare `asyncio.Protocol` rather than streams: per connection the agent keeps the transport,
+    this object, one timer and the request's bytes, no task, reader, writer or futures. Under a
+    flood the connections being set up and torn down at any instant are several times the cap,
+    and with streams each cost about 5 KiB of small objects: the pymalloc arenas that held them
+    stayed resident after the flood (docs/benchmarks.md#the-agents-http-port-under-a-flood-benchhttp_floodpy).
+
+    `reading`: still sending its request, so evictable (`HttpEndpoint._admit`). Every exit goes
+    through `connection_lost`, which releases the slot.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_endpoint",
+        "_header_bytes",
+        "_line",
+        "_pos",
+        "_searched",
+        "_timer",
+        "_transport",
+        "address",
+        "reading",
+    )
+
+    def __init__(self, endpoint: HttpEndpoint) -> None:
+        self._endpoint = endpoint
+        self._transport: asyncio.Transport | None = None
+        self.address = "?"
+        self.reading = True
+        self._buf = bytearray()
+        #: where the next unparsed line starts, and how far a newline was looked for
+        self._pos = 0
+        self._searched = 0
+        #: (method, path) once the request line is parsed
+        self._line: tuple[str, str] | None = None
+        self._header_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if not self._endpoint._admit(self):
+            self.reading = False
+            transport.abort()
+            return
+        self._timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE, self._request_deadline)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.reading:
+            return  # after the request: the endpoints take no input
+        self._buf += data
+        try:
+            request = self._parse()
+        except _RefusedError as e:
+            self._answer(*self._endpoint._refuse(e))
+            return
+        if request is not None:
+            self._answer(*self._endpoint._route(*request))
+
+    def eof_received(self) -> bool:
+        if self.reading:
+            where = "headers" if self._line is not None else "request line"
+            self._answer(
+                *self._endpoint._refuse(
+                    _RefusedError("400 Bad Request", f"connection closed before the {where} ended\n")
+                )
+            )
+        return True  # the answer is still being written; _answer closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        self.reading = False
+        self._endpoint._release(self)
+        self._buf = bytearray()
+        if self._transport is not None:
+            _break_transport_cycle(self._transport)
+            self._transport = None
+
+    def abort(self) -> None:
+        """Close at once, unanswered (an evicted connection)."""
+        self.reading = False
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _request_deadline(self) -> None:
+        self._timer = None
+        if self.reading:
+            self._answer(
+                *self._endpoint._refuse(_RefusedError("408 Request Timeout", "request not sent in time\n"))
+            )
+
+    def _answer(self, status: str, ctype: str, body: bytes) -> None:
+        self.reading = False
+        self._cancel_timer()
+        self._buf = bytearray()
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        head = (
+            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        transport.write(head.encode() + body)
+        if transport.get_write_buffer_size():
+            # A reader that never reads would otherwise keep the body in memory.
+            self._timer = asyncio.get_running_loop().call_later(WRITE_DEADLINE, transport.abort)
+        transport.close()  # after what is buffered is written
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _parse(self) -> tuple[str, str] | None:
+        """(method, path) once the request line and headers are in (the headers are checked for
+        size and form, then dropped); None while incomplete. Raises `_RefusedError` for what is
+        malformed or too long. Each byte is looked at once, so a client that sends one byte at a
+        time costs linear work, and the buffer never holds more than the two limits."""
+        buf = self._buf
+        while True:
+            newline = buf.find(b"\n", max(self._pos, self._searched))
+            if newline < 0:
+                self._searched = len(buf)
+                pending = len(buf) - self._pos
+                if self._line is None and pending > MAX_REQUEST_LINE:
+                    raise _RefusedError("414 URI Too Long", f"request line over {MAX_REQUEST_LINE} bytes\n")
+                if self._line is not None and self._header_bytes + pending > MAX_HEADER_BYTES:
+                    raise _RefusedError(_HEADERS_TOO_LARGE, f"headers over {MAX_HEADER_BYTES} bytes\n")
+                return None
+            line = bytes(buf[self._pos : newline + 1])
+            self._pos = newline + 1
+            if self._line is None:
+                self._line = _request_line(line)
+                continue
+            if line in _END_OF_HEADERS:
+                return self._line
+            self._header_bytes += len(line)
+            if self._header_bytes > MAX_HEADER_BYTES:
+                raise _RefusedError(_HEADERS_TOO_LARGE, f"headers over {MAX_HEADER_BYTES} bytes\n")
+
+
+def _request_line(line: bytes) -> tuple[str, str]:
+    """(method, path) of `METHOD TARGET HTTP/1.x`, the query dropped; `_RefusedError` otherwise."""
     if len(line) > MAX_REQUEST_LINE:
         raise _RefusedError("414 URI Too Long", f"request line over {MAX_REQUEST_LINE} bytes\n")
-    if not line.endswith(b"\n"):
-        raise _RefusedError("400 Bad Request", "connection closed before the request line ended\n")
     parts = line.decode("latin-1").split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise _RefusedError("400 Bad Request", "expected 'METHOD PATH HTTP/1.x'\n")
-    header_bytes = 0
-    while True:
-        try:
-            header = await reader.readline()
-        except ValueError:
-            raise _RefusedError(
-                "431 Request Header Fields Too Large", f"headers over {MAX_HEADER_BYTES} bytes\n"
-            ) from None
-        if header in _END_OF_HEADERS:
-            break
-        if not header.endswith(b"\n"):
-            raise _RefusedError("400 Bad Request", "connection closed before the headers ended\n")
-        header_bytes += len(header)
-        if header_bytes > MAX_HEADER_BYTES:
-            raise _RefusedError(_HEADERS_TOO_LARGE, f"headers over {MAX_HEADER_BYTES} bytes\n")
-    method, target = parts[0], parts[1]
-    return method, target.split("?", 1)[0]
+    return parts[0], parts[1].split("?", 1)[0]
+
+
+def _break_transport_cycle(transport: asyncio.BaseTransport) -> None:
+    """Let a closed connection's transport be freed by reference counting, not by the cyclic GC.
+
+    Python 3.11's selector transport keeps its read callback as a bound method of itself
+    (`_read_ready_cb`), a reference cycle that closing does not break (CPython gh-100348, fixed
+    in 3.12 for close() only; Debian bookworm, the image's base, ships 3.11). Each closed
+    connection then waits for a full collection with its socket objects: under a flood, thousands
+    of transports at once
+    (docs/benchmarks.md#the-agents-http-port-under-a-flood-benchhttp_floodpy). Clearing the
+    attribute once the connection is lost, as CPython's fix does, frees each transport at once.
+    The attribute is private: where it does not exist this does nothing.
+    """
+    if getattr(transport, "_read_ready_cb", None) is not None:
+        transport._read_ready_cb = None  # type: ignore[attr-defined]
