@@ -255,6 +255,10 @@ class Kube:
 
     def __init__(self, cfg: client.Configuration, timeout: float = 30.0) -> None:
         self._api = client.ApiClient(cfg)
+        # The API server names the field manager of an update after the User-Agent's first
+        # word: without this, `kubectl get -o yaml --show-managed-fields` and audit logs credit
+        # the operator's status and node writes to "OpenAPI-Generator".
+        self._api.user_agent = f"{FIELD_MANAGER}/python"
         self._timeout = timeout
         #: requests sent, by verb (WATCH: each watch opened); /metrics reads it
         self.requests: dict[str, int] = {}

@@ -101,6 +101,9 @@ def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_
 
     # kwok "runs" the agent pods: the rollout completes; no report yet, so no device counted.
     st = wait_for("status 2/2", lambda: (s := status(cluster, name)).get("nodesReady") == "2/2" and s)
+    # Who wrote the status, as `--show-managed-fields` and audit logs name it.
+    fields = (cluster.profile(name) or {})["metadata"]["managedFields"]
+    assert {m["manager"] for m in fields if m.get("subresource") == "status"} == {"patchbay-operator"}
     assert st["devices"] == {"capacity": 0, "allocatable": 0, "healthy": 0, "unhealthy": 0, "allocated": 0}
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["Ready"]["status"] == "True"
