@@ -173,11 +173,15 @@ def run(work: Path, n: int, cap: int, hold: float) -> dict[str, float]:
         time.sleep(2)
         idle = rss_mib(agent.pid)
         probes: list[float] = []
+        failed = 0
         peak = idle
         with Flood(port, n) as flood:
             end = time.monotonic() + hold
             while time.monotonic() < end:
-                probes.append(healthz_ms(port))
+                try:
+                    probes.append(healthz_ms(port))
+                except OSError:  # refused, reset or not connected within 10 s
+                    failed += 1
                 peak = max(peak, rss_mib(agent.pid))
                 time.sleep(0.2)
             attempts = flood.attempts
@@ -191,6 +195,7 @@ def run(work: Path, n: int, cap: int, hold: float) -> dict[str, float]:
             "p50": statistics.median(probes),
             "max": max(probes),
             "alive": agent.poll() is None,
+            "failed": failed,
         }
     finally:
         agent.send_signal(signal.SIGTERM)
@@ -220,7 +225,7 @@ def main() -> None:
     )
     print(
         f"{'idle conns':>10} {'cap':>8} {'attempts':>9} {'RSS idle':>9} {'peak':>7} {'after':>7} "
-        f"{'healthz p50':>12} {'max':>7} alive"
+        f"{'healthz p50':>12} {'max':>7} {'failed':>6} alive"
     )
     with tempfile.TemporaryDirectory(prefix="pbflood") as tmp:
         limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1024
@@ -229,7 +234,8 @@ def main() -> None:
                 r = run(Path(tmp), n, cap, args.hold)
                 print(
                     f"{n:>10,} {cap:>8,} {r['attempts']:>9,.0f} {r['idle']:>9.1f} {r['peak']:>7.1f} "
-                    f"{r['after']:>7.1f} {r['p50']:>10.1f}ms {r['max']:>5.0f}ms {bool(r['alive'])}",
+                    f"{r['after']:>7.1f} {r['p50']:>10.1f}ms {r['max']:>5.0f}ms {r['failed']:>6.0f} "
+                    f"{bool(r['alive'])}",
                     flush=True,
                 )
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections import Counter as Tally
 from collections.abc import Callable
 from typing import Protocol
@@ -47,6 +49,8 @@ WRITE_DEADLINE = 10.0
 MAX_REQUEST_LINE = 8192
 #: The most header bytes (all lines together) the endpoint reads.
 MAX_HEADER_BYTES = 16384
+#: Connections the kernel queues for the endpoint to accept (asyncio's default backlog).
+LISTEN_QUEUE = 100
 _TEXT = "text/plain; charset=utf-8"
 _HEADERS_TOO_LARGE = "431 Request Header Fields Too Large"
 _END_OF_HEADERS = (b"\r\n", b"\n")
@@ -132,7 +136,20 @@ class HttpEndpoint:
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        # asyncio accepts at most `backlog` connections per turn of the loop, and a connection's
+        # request is read a turn or two after it is accepted. Were a turn's newcomers from one
+        # address more than half its share, they could evict a connection of that address whose
+        # complete request is already waiting unread (a kubelet probe, when a client on the node
+        # floods: 12 of 27 /healthz from the node were reset with asyncio's default of 100 per
+        # turn, none of 24 with half the share, tests/e2e/test_http_flood_on_real_node.py).
+        per_turn = max(1, min(LISTEN_QUEUE, self.max_per_address // 2))
+        self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=per_turn)
+        # `backlog` is also the kernel's queue of connections waiting to be accepted: that stays
+        # asyncio's default, so a small cap does not make clients' SYNs dropped (and retried after
+        # 1 s). Longer queues made the probe wait longer (docs/benchmarks.md, the flood bench).
+        for listening in self._server.sockets:
+            with socket.socket(fileno=os.dup(listening.fileno())) as same:
+                same.listen(LISTEN_QUEUE)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info(
             "Serving /metrics, /healthz, /readyz on http://%s:%d (at most %d connections)",

@@ -37,6 +37,7 @@ __all__ = [
     "busybox_pod",
     "kstatus",
     "limits",
+    "pod_processes",
     "serial_profile",
     "wait_for",
 ]
@@ -149,3 +150,25 @@ def serial_profile(
         },
     )
     return name, resource
+
+
+#: cgroup v1 memory controller, where the real node's pods have their cgroups (one per pod UID)
+CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+def pod_processes(e2e_cluster: DevCluster, pod: client.V1Pod) -> dict[int, dict[str, str]]:
+    """PID -> the fields of /proc/<pid>/status of every process of ``pod`` but its pause."""
+    root = CGROUP_MEMORY / e2e_cluster.real_node().cgroup_root.lstrip("/")
+    dirs = [d for d in root.rglob(f"pod{pod.metadata.uid}") if d.is_dir()]
+    assert len(dirs) == 1, f"the cgroup of pod {pod.metadata.name}: {dirs}"
+    out: dict[int, dict[str, str]] = {}
+    for procs in dirs[0].rglob("cgroup.procs"):
+        for pid in map(int, procs.read_text().split()):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except FileNotFoundError:
+                continue  # ended meanwhile
+            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+            if fields.get("Name", "").strip() != "pause":
+                out[pid] = {k: v.strip() for k, v in fields.items()}
+    return out
