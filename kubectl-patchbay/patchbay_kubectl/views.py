@@ -490,6 +490,8 @@ HINTS: dict[str, str] = {
     "it recovers after 30 s without a change",
     "DevicesUnhealthy": "`kubectl patchbay devices --unhealthy` lists them; then the hardware",
     "NoDevices": "the agent found nothing: the profile's plugin.discovery against the node; the agent's log",
+    "DevicesNotAllocatable": "the kubelet lost the agent's devices (kubelets before 1.37, after an agent "
+    "left): delete the agent pod on that node so its successor registers; then the kubelet's log",
     "WaitingForKubelet": "transient (the kubelet's node status sync, ~10 s); if it lasts, the kubelet's log",
     "NoMatchingNodes": "check spec.nodeSelector against `kubectl get nodes --show-labels`",
     "ResourceNameConflict": "an older profile advertises this resource: delete one of them",

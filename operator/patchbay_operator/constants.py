@@ -78,6 +78,12 @@ cannot watch what lifts a refusal (namespace labels, quotas, ServiceAccounts, ad
 policies: other RBAC than it has), so it asks the controller to try again. One PATCH and one
 refused create per period per refused DaemonSet; recovery follows within this period."""
 
+KUBELET_BEHIND_GRACE = 30.0
+"""DevicePlugin: how long a node's allocatable may count fewer devices than its agent reports
+healthy before that is a problem (Degraded, DevicesNotAllocatable). The kubelet publishes a
+changed count on its node status sync (about every 10 s) and the agent's report follows its own
+changes within a second: a longer gap is a kubelet that lost the agent's devices."""
+
 MAX_PROBLEMS = 10
 """Status lists at most this many problem nodes; `problemCount` has the full count."""
 
@@ -120,6 +126,9 @@ class Reason(StrEnum):
     OWNED_BY_OTHER = "ResourceSetByOther"
     DEVICES_UNHEALTHY = "DevicesUnhealthy"
     AGENTS_UNAVAILABLE = "AgentsUnavailable"
+    #: DevicePlugin: the node's allocatable counts fewer devices than its agent serves healthy, for
+    #: longer than KUBELET_BEHIND_GRACE (the kubelet dropped the agent: docs/operations.md#not-allocatable)
+    DEVICES_NOT_ALLOCATABLE = "DevicesNotAllocatable"
     NO_DEVICES = "NoDevices"
     PUBLISHING = "WaitingForKubelet"
     PATCH_FAILED = "PatchFailed"

@@ -77,6 +77,9 @@ class Controller:
         self.device_class_recheck = DEVICE_CLASS_RECHECK_SECONDS
         self._problems: dict[str, list[Problem]] = {}
         self._rechecks: dict[str, asyncio.TimerHandle] = {}
+        #: profile -> node -> since when its allocatable has been short of its agent's healthy
+        #: devices (evaluation.Inputs.short_since)
+        self._short_since: dict[str, dict[str, datetime]] = {}
         self._class_checks: dict[str, asyncio.TimerHandle] = {}
         self._orphan_checks: dict[str, asyncio.TimerHandle] = {}  # by profile name
         #: seconds between nudges of an agent DaemonSet whose pods the API server refuses
@@ -421,8 +424,12 @@ class Controller:
         the effects it asks for: the problems kept for the Events, a recheck timer, a prune."""
         profile = self.registry.get(name)
         if profile is None or profile.deleting:
+            self._short_since.pop(name, None)
             return None
-        result = evaluation.evaluate(self._inputs(profile))
+        since = self._short_since.setdefault(name, {})
+        result = evaluation.evaluate(replace(self._inputs(profile), short_since=since))
+        now = datetime.now(UTC)
+        self._short_since[name] = {n: since.get(n, now) for n in result.short_nodes}
         self._problems[name] = result.problems
         self._recheck(name, result.recheck_at)
         if result.keep_reports is not None:

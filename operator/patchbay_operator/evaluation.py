@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from patchbay_operator import capacity, status
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
 from patchbay_operator.capacity import NodeState
-from patchbay_operator.constants import Mode, Reason
+from patchbay_operator.constants import KUBELET_BEHIND_GRACE, Mode, Reason
 from patchbay_operator.devicereports import Report
 from patchbay_operator.maintenance import Rule
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status import AgentDaemonSet, Problem, StoredDeviceClass
-from patchbay_operator.timestamps import parse_rfc3339
+from patchbay_operator.timestamps import parse_rfc3339, rfc3339
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,9 @@ class Inputs:
     shared_node_selector: Sequence[tuple[str, str]] = ()
     #: DRA mode: the cluster's DeviceTaintRules (device maintenance; empty where not served)
     maintenance: Sequence[Rule] = ()
+    #: DevicePlugin mode: since when each node has counted fewer devices allocatable than its agent
+    #: serves healthy, as far as the controller has seen (`Evaluation.short_nodes` feeds it)
+    short_since: Mapping[str, datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class Evaluation:
     keep_reports: frozenset[str] | None = None
     #: the agent DaemonSet whose pods the API server refuses: nudge it to try again soon (None: none)
     retry_create: str | None = None
+    #: DevicePlugin mode: the nodes that count fewer devices allocatable than their agent serves
+    #: healthy now (the controller keeps since when, for `Inputs.short_since`)
+    short_nodes: frozenset[str] = frozenset()
 
 
 def evaluate(inputs: Inputs) -> Evaluation:
@@ -137,10 +143,23 @@ def evaluate(inputs: Inputs) -> Evaluation:
         )
         return Evaluation(new, problems, recheck_at, keep, retry)
     problems = status.plugin_problems(profile, matching, troubles, reports)
+    short = status.kubelet_short(profile, matching, reports)
+    clock = parse_rfc3339(now)
+    past_grace: dict[str, str] = {}
+    for node in short:
+        since = inputs.short_since.get(node, clock)
+        if since is None:
+            continue
+        due = since + timedelta(seconds=KUBELET_BEHIND_GRACE)
+        if clock is not None and clock >= due:
+            past_grace[node] = rfc3339(since)
+        else:
+            recheck_at = due if recheck_at is None else min(recheck_at, due)
+    problems += status.kubelet_short_problems(short, past_grace)
     new = status.plugin_status(
         profile, ds, nodes, previous, now, troubles=troubles, reports=reports, problems=problems
     )
-    return Evaluation(_no_dra(new, previous), problems, recheck_at, keep, retry)
+    return Evaluation(_no_dra(new, previous), problems, recheck_at, keep, retry, frozenset(short))
 
 
 def excluded_by_node_agent(nodes: Sequence[NodeState], selector: Sequence[tuple[str, str]]) -> list[Trouble]:

@@ -200,6 +200,10 @@ def _waiting(nodes: Sequence[str], resource: str) -> str:
     return f"agents registered; the kubelet has not published {resource} yet on {where}: {shown}"
 
 
+def _lost(problems: Sequence[Problem]) -> str:
+    return f"the kubelet lost the agent's devices on {_n(len(problems), 'node')}; {_first(problems)}"
+
+
 def _first(problems: Sequence[Problem]) -> str:
     """The first problem, for a condition's message; one of no node (pods the API server refused
     to create, agentpods.refusal) sorts first and its message names the DaemonSet instead."""
@@ -345,6 +349,38 @@ def plugin_problems(
     return problems
 
 
+def kubelet_short(profile: Profile, nodes: Iterable[NodeState], reports: Iterable[Report]) -> dict[str, str]:
+    """Nodes whose allocatable counts fewer of the resource's devices than the node's agent reports
+    healthy (each physical device counts `sharing.replicas` times, as the kubelet counts them):
+    node -> what is short, said for people. Nodes without the resource in capacity, without a
+    report or with an agent error are not judged here (other problems cover them)."""
+    r = profile.resource
+    by_node = {rep.node: rep for rep in reports}
+    out = {}
+    for node in nodes:
+        report = by_node.get(node.name)
+        if report is None or report.error is not None or node.capacity.get(r) is None:
+            continue
+        expected = report.healthy * max(1, profile.shares)
+        allocatable = quantity_to_int(node.allocatable.get(r))
+        if allocatable < expected:
+            out[node.name] = (
+                f"node allocatable counts {allocatable} of the {expected} {r} its agent serves healthy: "
+                "the kubelet has lost the agent's devices (restart the agent pod on that node to "
+                "register it again; docs/operations.md#not-allocatable)"
+            )
+    return out
+
+
+def kubelet_short_problems(short: Mapping[str, str], since: Mapping[str, str]) -> list[Problem]:
+    """The nodes of `short` that have been short since a time in `since` (past the grace)."""
+    return [
+        Problem(node, "", Reason.DEVICES_NOT_ALLOCATABLE.value, msg, since[node])
+        for node, msg in short.items()
+        if node in since
+    ]
+
+
 def agent_error_problem(node: str, error: AgentError) -> Problem:
     """The node agent cannot serve the profile on this node (the node's other profiles are not
     affected): a refused config needs a change (Stalled), a failure is retried (transient)."""
@@ -393,7 +429,8 @@ def plugin_status(
     problems: list[Problem] | None = None,
 ) -> dict[str, Any]:
     """DevicePlugin mode: the agents' rollout, pods and reports, plus what the nodes advertise.
-    `problems`: `plugin_problems(...)` of the same inputs when the caller has them already.
+    `problems`: `plugin_problems(...)` of the same inputs when the caller has them already, plus
+    any `kubelet_short_problems` (nodes whose kubelet lost the agent's devices).
 
     Node counts are the DaemonSet's (desired = scheduled, ready = available agents); capacity and
     allocatable are summed from the nodes, so what the scheduler sees is what is counted; the
@@ -432,6 +469,7 @@ def plugin_status(
         problems=problems,
         unhealthy=[p for p in problems if p.device or p.reason == Reason.DEVICES_UNHEALTHY.value],
         waiting=_waiting(waiting, r) if waiting else "",
+        not_allocatable=[p for p in problems if p.reason == Reason.DEVICES_NOT_ALLOCATABLE.value],
     )
 
 
@@ -448,6 +486,7 @@ def _agents_status(
     served_twice: Verdict | None = None,
     not_served: Verdict | None = None,
     ready_note: str = "",
+    not_allocatable: Sequence[Problem] = (),
 ) -> dict[str, Any]:
     """The conditions of a profile whose agents run as a DaemonSet (DevicePlugin and DRA): the
     rollout from the DaemonSet's status, stuck agents (Stalled), then what degrades the service.
@@ -455,7 +494,9 @@ def _agents_status(
     `served_twice`: the Degraded condition for nodes served both ways (DRA); `not_served`: the
     Degraded condition for a way of asking that this cluster does not serve (DRA: unchanged pods
     where the extended resource name was dropped); `ready_note`: what Ready's message adds then
-    (Ready stays True: the agents work and claims are served)."""
+    (Ready stays True: the agents work and claims are served); `not_allocatable`: nodes whose
+    kubelet has lost the agent's devices (DevicePlugin): Ready False and Degraded, whatever the
+    rollout says, since what the scheduler sees is short."""
     st = daemonset.status if daemonset is not None else {}
     desired = int(st.get("desiredNumberScheduled") or 0)
     available = int(st.get("numberAvailable") or 0)
@@ -468,6 +509,8 @@ def _agents_status(
     ready_c: Verdict
     if daemonset is not None and desired == 0:
         ready_c = (True, Reason.NO_MATCHING_NODES, "no node is selected")
+    elif not rolling and not_allocatable:
+        ready_c = (False, Reason.DEVICES_NOT_ALLOCATABLE, _lost(not_allocatable))
     elif not rolling and waiting:
         ready_c = (False, Reason.PUBLISHING, waiting)
     elif not rolling:
@@ -496,6 +539,8 @@ def _agents_status(
     down = int(st.get("numberUnavailable") or 0)
     if stuck:
         degraded_c = (True, stalled_c[1], stalled_c[2])
+    elif not_allocatable:
+        degraded_c = (True, Reason.DEVICES_NOT_ALLOCATABLE, _lost(not_allocatable))
     elif served_twice is not None:
         degraded_c = served_twice
     elif not_served is not None:

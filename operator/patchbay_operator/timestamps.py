@@ -8,7 +8,12 @@ from typing import Any
 
 def rfc3339_now() -> str:
     """Now, as a status condition's ``lastTransitionTime`` or an Event's timestamps want it."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(datetime.now(UTC))
+
+
+def rfc3339(when: datetime) -> str:
+    """`when` (aware) in that form."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_rfc3339(value: Any) -> datetime | None:

@@ -39,12 +39,12 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from patchbay_agent.backoff import Backoff
-from patchbay_agent.cdi import CdiSpecs
+from patchbay_agent.cdi import CdiSpecs, SpecCopies, SpecGuard
 from patchbay_agent.config import AgentConfig, PreferredPolicy
 from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions
 
 __all__ = ["Agent", "AgentOptions", "DraOptions", "ReportOptions"]
-from patchbay_agent.core.inventory import Inventory
+from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.core.monitor import Monitor
 from patchbay_agent.deviceplugin.registration import ENDPOINT_PER_SOCKET_SINCE, Registrar
 from patchbay_agent.deviceplugin.server import DevicePluginServicer
@@ -108,6 +108,7 @@ class Agent:
             backoff=Backoff(options.backoff_initial, options.backoff_max),
             rename=self._rename,
             kubelet_allocatable=self._kubelet_allocatable if options.report is not None else None,
+            advertised_healthy=self._advertised_healthy,
         )
         self.http = HttpEndpoint(
             self.metrics, self._healthy, self._ready, max_connections=options.http_max_connections
@@ -155,6 +156,11 @@ class Agent:
         assert self.options.report is not None
         got = await get_allocatable_resources(self.options.report.pod_resources_socket, rpc_timeout=0.05)
         return got.count(self.config.resource_name)
+
+    def _advertised_healthy(self) -> tuple[int, int]:
+        """(snapshot version, how many devices we advertise Healthy): what the kubelet should count."""
+        snap = self.inventory.current
+        return snap.version, len(snap.healthy)
 
     @staticmethod
     def _claim_read(client: DraClient) -> AsyncClaimRead | None:
@@ -210,6 +216,7 @@ class Agent:
             cdi_spec_dir=self.options.cdi_spec_dir,
             lock_path=services / LOCK_FILE_NAME,
             read_async=self._claim_read(client),
+            copies=SpecCopies(self.options.cdi_spec_dir, services),
         )
         preparer.metrics = self.metrics
         preparer.status = self.claim_status = ClaimStatusWriter(
@@ -408,6 +415,32 @@ class Agent:
             return self.dra.registered
         return self.registrar.streaming
 
+    def _cdi_guard(self, snap: Snapshot) -> SpecGuard | None:
+        """Write every CDI spec this agent owns NOW (before it serves or registers: after a reboot
+        emptied the CDI directory, a pod's container must resolve its CDI names as soon as the
+        kubelet restarts it), and the guard that writes them again whenever one disappears."""
+        directory = self.options.cdi_spec_dir
+        poll = self.options.poll_interval
+        if self.dra is not None:
+            copies = self.dra.preparer.copies
+            if copies is None:
+                return None
+            copies.restore(compare=True)
+            return SpecGuard(directory, lambda: copies.owned, copies.restore, poll_interval=poll)
+        cdi = self.cdi
+        if cdi is None:
+            return None
+        try:
+            cdi.ensure(snap)
+        except OSError as e:
+            # Allocate tries again (and refuses, saying why, if it still cannot).
+            log.error("Cannot write the CDI spec %s: %s", cdi.path, e)
+
+        def rewrite() -> int:
+            return int(cdi.ensure(self.inventory.current))
+
+        return SpecGuard(directory, lambda: cdi.owned, rewrite, poll_interval=poll)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set, then shut down gracefully (socket removed, streams ended).
 
@@ -427,15 +460,12 @@ class Agent:
             len(snap.healthy),
             self.backend.name,
         )
-        if self.cdi is not None and self.dra is None:
-            try:
-                self.cdi.ensure(snap)
-            except OSError as e:
-                # Allocate tries again (and refuses, saying why, if it still cannot).
-                log.error("Cannot write the CDI spec %s: %s", self.cdi.path, e)
+        guard = self._cdi_guard(snap)
         if self.options.http_address is not None:
             await self.http.start(*self.options.http_address)
         tasks = [asyncio.create_task(self.monitor.run(stop), name="monitor")]
+        if guard is not None:
+            tasks.append(asyncio.create_task(guard.run(stop), name="cdi-specs"))
         # Reporting is cancelled, not awaited, at shutdown: a write hanging on the API server
         # must not delay removing our socket (the HTTP request itself ends within its timeout).
         report_tasks: list[asyncio.Task[None]] = []
@@ -481,10 +511,14 @@ class Agent:
                 )
             else:
                 log.info("Shutting down: ending streams, removing our socket %s", self.registrar.socket_path)
-            self.inventory.close()
+            # The loops first (each ends at `stop`; a registration in flight is cancelled), THEN
+            # the streams: a stream that ends while the registrar still runs would be taken for a
+            # kubelet's drop and registered again (kubelets before 1.37 close the new agent's
+            # client when a leaving agent registers).
             for t in report_tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.inventory.close()
             if self.dra is not None:
                 await self.dra.shutdown(self.options.shutdown_grace)
             else:

@@ -17,26 +17,43 @@ resource, one spec file that describes every device it serves (docs/cdi.md):
 * written when the agent starts and, when the devices changed since, before Allocate answers, so
   a name is resolvable before the kubelet can hand it to the runtime;
 * left in place when the agent stops: containers of running pods are restarted by the kubelet with
-  the same CDI names, agent or not. The next agent of the resource overwrites it.
+  the same CDI names, agent or not. The next agent of the resource overwrites it;
+* written again at once when it disappears while the agent runs (`SpecGuard`: inotify on the
+  directory, and a slow backstop poll).
+
+The CDI directory (`/var/run/cdi`) is a tmpfs on most nodes: a reboot empties it, and the kubelet
+does not prepare a DRA claim again that its checkpoint holds as prepared (docs/cdi.md#reboots).
+So the DRA claims' spec files are also kept as copies beside the driver's claim records, on the
+kubelet's disk (`SpecCopies`): an agent writes every copy back into the CDI directory before it
+registers, and whenever one disappears. Without that, a rebooted node's DRA pods stay in
+CrashLoopBackOff ("unresolvable CDI devices").
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from inotify_simple import flags
+
 from patchbay_agent.constants import DEFAULT_CDI_SPEC_DIR
 from patchbay_agent.core.inventory import DeviceSpec, Snapshot
+from patchbay_agent.fswatch import DirWatcher
+from patchbay_agent.wakeup import wait_any
 
 __all__ = [
     "CDI_VERSION",
     "DEFAULT_CDI_SPEC_DIR",
     "CdiSpecs",
+    "SpecCopies",
+    "SpecGuard",
     "device_nodes",
     "spec_document",
     "spec_file_name",
@@ -121,3 +138,114 @@ class CdiSpecs:
         self.writes += 1
         log.info("Wrote CDI spec %s: kind %s, %d device(s)", self.path, self.kind, len(doc["devices"]))
         return True
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """The spec file names this process keeps in the directory."""
+        return frozenset({self.path.name}) if self._written is not None else frozenset()
+
+
+class SpecCopies:
+    """Copies of the spec files a DRA driver wrote for its prepared claims, in `state_dir` (on
+    the kubelet's disk, beside the claim records), so that they can be written again after the
+    CDI directory was emptied (see the module doc). One copy per spec file, same name."""
+
+    def __init__(self, spec_dir: Path, state_dir: Path) -> None:
+        self.spec_dir = spec_dir
+        self.dir = state_dir / "cdi"
+        self.restored = 0
+
+    def keep(self, name: str, doc: dict[str, Any]) -> None:
+        """Keep (or replace) the copy of spec file `name`; raises OSError."""
+        write_spec(self.dir / name, doc)
+
+    def forget(self, name: str) -> None:
+        """The claim was unprepared: its copy goes (absent is fine); raises OSError."""
+        (self.dir / name).unlink(missing_ok=True)
+
+    @property
+    def owned(self) -> frozenset[str]:
+        try:
+            return frozenset(n for n in os.listdir(self.dir) if n.endswith(".json") and not n.startswith("."))
+        except OSError:
+            return frozenset()
+
+    def restore(self, *, compare: bool = False) -> int:
+        """Write every kept spec that is missing from the CDI directory (`compare`: also every one
+        whose content differs); returns how many were written. A copy that cannot be read is
+        left alone and logged; a spec that cannot be written is logged (the next event or poll
+        tries again)."""
+        written = 0
+        for name in sorted(self.owned):
+            target = self.spec_dir / name
+            if target.exists() and not compare:
+                continue
+            try:
+                doc = json.loads((self.dir / name).read_text())
+            except (OSError, ValueError) as e:
+                log.warning("Cannot read the kept CDI spec %s: %s", self.dir / name, e)
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(target.read_text()) == doc:
+                    continue
+            try:
+                write_spec(target, doc)
+            except OSError as e:
+                log.error("Cannot write the CDI spec %s again: %s", target, e)
+                continue
+            written += 1
+        if written:
+            self.restored += written
+            log.info("Wrote %d prepared claim CDI spec(s) again into %s", written, self.spec_dir)
+        return written
+
+
+class SpecGuard:
+    """Writes our spec files again as soon as one disappears from the CDI directory: inotify on the
+    directory (a file deleted or moved away, the directory itself removed), and a backstop poll
+    that also puts a lost watch back. `owned` names our files; `restore` writes the missing ones
+    and returns how many it wrote."""
+
+    def __init__(
+        self,
+        directory: Path,
+        owned: Callable[[], Collection[str]],
+        restore: Callable[[], int],
+        *,
+        poll_interval: float = 10.0,
+    ) -> None:
+        self.directory = directory
+        self._owned = owned
+        self._restore = restore
+        self._poll_interval = poll_interval
+        self._kick = asyncio.Event()
+        #: files written again because they had disappeared
+        self.rewritten = 0
+
+    def _on_event(self, directory: Path, name: str, mask: int) -> None:
+        if mask & (flags.DELETE_SELF | flags.MOVE_SELF) or (
+            mask & (flags.DELETE | flags.MOVED_FROM) and name in self._owned()
+        ):
+            self._kick.set()
+
+    def check(self) -> int:
+        """Write what is missing now; returns how many files were written."""
+        try:
+            n = self._restore()
+        except OSError as e:
+            log.error("Cannot write our CDI specs again into %s: %s", self.directory, e)
+            return 0
+        self.rewritten += n
+        return n
+
+    async def run(self, stop: asyncio.Event) -> None:
+        watcher = DirWatcher(self._on_event)
+        try:
+            while not stop.is_set():
+                watcher.ensure([self.directory])
+                self._kick.clear()
+                if self.check():
+                    log.warning("Our CDI spec files in %s had disappeared: written again", self.directory)
+                await wait_any((self._kick, stop), self._poll_interval)
+        finally:
+            watcher.close()

@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -310,11 +311,37 @@ def _setup_logging(fmt: str, level: str) -> None:
     root.setLevel(level.upper())
 
 
+#: After SIGTERM, how much longer than --shutdown-grace the process may take before it exits
+#: without finishing its shutdown (a worker thread stuck in an API call would otherwise hold the
+#: interpreter's exit, and every rollout and drain would wait for the kubelet's SIGKILL).
+HARD_EXIT_MARGIN = 3.0
+
+
+def _stop_on_signals(stop: asyncio.Event, grace: float) -> None:
+    """SIGTERM/SIGINT set `stop`, and arm a last-resort exit `grace` + HARD_EXIT_MARGIN later."""
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            return
+        stop.set()
+        timer = threading.Timer(grace + HARD_EXIT_MARGIN, _hard_exit, args=(grace + HARD_EXIT_MARGIN,))
+        timer.daemon = True
+        timer.start()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+
+
+def _hard_exit(after: float) -> None:
+    log.error("Shutdown did not finish within %.1fs of the signal: exiting now", after)
+    logging.shutdown()
+    os._exit(0)
+
+
 async def _run(agent: Any) -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    _stop_on_signals(stop, agent.options.shutdown_grace)
     await agent.run(stop)
 
 
@@ -413,9 +440,7 @@ def _node_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
     async def run() -> None:
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        _stop_on_signals(stop, args.shutdown_grace)
         await NodeAgent(entries, options, client, follow=args.watch_config).run(stop)
 
     asyncio.run(run())

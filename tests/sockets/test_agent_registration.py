@@ -231,3 +231,54 @@ def test_shutdown_removes_the_socket_and_ends_streams(plugin_dir: Path, hw: Fake
             await kubelet.stop()
 
     asyncio.run(scenario())
+
+
+def test_every_registration_across_kubelet_restarts_in_a_row_starts_with_the_whole_list(
+    short_dir: Path, hw: FakeHardware
+) -> None:
+    """Thirty kubelet restarts in a row, each as the device manager does it (the old kubelet gone,
+    killed every other time so its socket file stays; every socket in the directory deleted; a new
+    kubelet.sock), against the agent as its own process. The peer dials the agent back as the Go
+    kubelet does (blocking, up to 10 s, until the socket answers). Every stream the new kubelets
+    open must carry all 8 devices Healthy in its FIRST list, and no dial-back may time out: a
+    Register sent while the agent's socket was wiped, and not served again until Register
+    returned, left the kubelet dialing a missing file for 10 s with none of the devices (the
+    list seen short in the held-out runs). Fails without the fixes in registration.py: a stream
+    end of a killed kubelet taken for a drop, the drop's wait then a Register without serving
+    again first."""
+    from support.kubeletpeer import AgentProcess
+
+    for n in range(8):
+        hw.add_dev(f"/dev/ttyUSB{n}")
+    plugin_dir = short_dir / "dp"
+    plugin_dir.mkdir()
+    config = short_dir / "agent.yaml"
+    config.write_text(
+        f"resourceName: {RESOURCE}\nplugin:\n  discovery: {{paths: {{globs: ['/dev/ttyUSB*']}}}}\n"
+    )
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir, blocking_dial=10.0)
+        await kubelet.start()
+        agent = AgentProcess(config, plugin_dir, hw.root, short_dir / "agent.log")
+        try:
+            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 8, within=30)
+            for n in range(30):
+                streams_before = len(kubelet.first_lists)
+                await kubelet.restart(crash=n % 2 == 0)
+                await kubelet.wait_for(
+                    lambda before=streams_before: len(kubelet.first_lists) > before, within=30
+                )
+                await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 8, within=30)
+            short = [
+                (i, sum(d.health == "Healthy" for d in devices))
+                for i, (_, devices) in enumerate(kubelet.first_lists)
+                if sum(d.health == "Healthy" for d in devices) != 8
+            ]
+            assert short == [], f"first lists not whole: {short}; agent log:\n{agent.log_tail(4000)}"
+            assert kubelet.failed_connects == [], agent.log_tail(4000)
+        finally:
+            assert agent.stop() == 0
+            await kubelet.stop()
+
+    asyncio.run(scenario())

@@ -17,6 +17,7 @@ from support.fakehw import FakeHardware, live_socket, stale_socket
 from support.pykubelet import PyKubelet
 from support.releases import has
 
+from patchbay_agent.agent import Agent
 from patchbay_agent.api import api_pb2
 from patchbay_agent.kubelet.sockets import legacy_socket_name, socket_name
 from patchbay_devcluster.releases import matrix
@@ -343,6 +344,98 @@ def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
             await until(lambda: b.ready)
             assert b.registrar.handovers == 0
             assert kubelet.attempts == [r.request.endpoint for r in kubelet.registrations]
+        finally:
+            await new.aclose()
+            await old.aclose()
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_agent(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """A -> B -> C, each new agent handing over. When B leaves, it had handed over itself (when it
+    replaced A), and C serves: B must NOT register again before it goes. It did (it looked only
+    for OLDER agents): the kubelet then held B's client, B's exit closed it and marked every
+    device unhealthy, and C's open stream, with nothing new to send, never set them back: the
+    node stayed at 0 with every agent Ready (seen on a v1.34.4 node from the second rollout on)."""
+    if ONE_CLIENT_RELEASE is None:
+        pytest.skip("no release of the matrix (hack/kube-releases) keeps one client per resource")
+    hw.add_dev("/dev/ttyUSB0")
+    hw.add_dev("/dev/ttyUSB1")
+
+    def start() -> contextlib.AbstractAsyncContextManager[Agent]:
+        return running_agent(
+            SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
+        )
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+        await kubelet.start()
+        stacks = [contextlib.AsyncExitStack() for _ in range(3)]
+        try:
+            agents: list[Agent] = []
+            for n, stack in enumerate(stacks):
+                agents.append(await stack.enter_async_context(start()))
+                await until(lambda: agents[-1].ready)
+                await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+                if n > 0:
+                    assert agents[-1].registrar.handovers == 1
+                    attempts = len(kubelet.attempts)
+                    await stacks[n - 1].aclose()  # SIGTERM to the previous agent
+                    await asyncio.sleep(0.3)
+                    assert kubelet.attempts[attempts:] == [], "a leaving agent registered again"
+                    assert kubelet.dropped == []
+                    assert kubelet.healthy(RESOURCE) == 2
+            assert [a.registrar.registration_count for a in agents] == [1, 1, 1]
+        finally:
+            for stack in reversed(stacks):
+                await stack.aclose()
+            await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_its_client(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """A leaving agent of an older Patchbay release (0.1.0 registered again as it left, whatever
+    served after it) makes a one-client kubelet mark every device unhealthy while the new agent's
+    stream stays open. The new agent looks at the kubelet's count once the other agent's socket
+    is gone, finds it short of what it advertises Healthy, and registers again: the devices come
+    back without anything else happening. The count is read from the peer here, where the agent
+    reads PodResources on a node."""
+    if ONE_CLIENT_RELEASE is None:
+        pytest.skip("no release of the matrix (hack/kube-releases) keeps one client per resource")
+    hw.add_dev("/dev/ttyUSB0")
+    hw.add_dev("/dev/ttyUSB1")
+    from patchbay_agent.deviceplugin.registration import KubeletView
+
+    async def scenario() -> None:
+        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+        await kubelet.start()
+        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
+        try:
+            one_client = {"poll_interval": 3600, "kubelet_version": ONE_CLIENT_RELEASE}
+            a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, **one_client))
+            await until(lambda: a.ready)
+            b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, **one_client))
+            await until(lambda: b.ready)
+
+            async def kubelet_count() -> int:
+                return kubelet.healthy(RESOURCE)
+
+            b.registrar.view = KubeletView(kubelet_count, b._advertised_healthy)
+            # What the old release did as it left: its socket registered again, then its exit.
+            await a.registrar.register()
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 3)  # A, B, A (hand-over refused)
+            await old.aclose()
+            await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
+            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+            assert b.registrar.retakes == 1
+            assert kubelet.registrations[-1].request.endpoint == b.registrar.endpoint
+            await until(lambda: b.ready)
         finally:
             await new.aclose()
             await old.aclose()

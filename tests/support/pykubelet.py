@@ -40,12 +40,17 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         refuse_details: str = "not ready yet",
         one_client_per_resource: bool = False,
         drop_before_stream: int = 0,
+        blocking_dial: float = 0.0,
     ) -> None:
         """``one_client_per_resource`` plays the device manager of kubelets BEFORE v1.37
         (``plugin/v1beta1/handler.go``: one client per resource name): when ANY stream of a
         resource ends, the client registered for that resource NOW is dropped (its channel
         closed) and the resource's devices count as unhealthy until a plugin sends a list again
         (docs/facts.md#kubelet-endpoints)."""
+        #: dial the plugin back as the Go kubelet does (`dial` in plugin/v1beta1/client.go: gRPC's
+        #: WithBlock, for up to this many seconds, retrying with gRPC's reconnect backoff while the
+        #: socket is missing), and answer Register with an error when that fails; 0: one try
+        self.blocking_dial = blocking_dial
         #: close the client of this many accepted registrations right after Register returns,
         #: before its ListAndWatch opens (what kubelets before v1.37 do when an older client's
         #: stream ends in that window; docs/facts.md#kubelet-endpoints). Settable while running.
@@ -69,6 +74,8 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         #: the latest device list per resource (from ListAndWatch)
         self.devices: dict[str, list[api_pb2.Device]] = {}
         self.lists_received = 0
+        #: every stream's FIRST list, in order: (resource, devices)
+        self.first_lists: list[tuple[str, list[api_pb2.Device]]] = []
         #: refuse this many Register calls (with refuse_code and refuse_details, where "{path}"
         #: stands for the plugin's socket path) before accepting
         self.refuse = refuse
@@ -101,6 +108,13 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
             # registerClient BEFORE Connect: the new client replaces the current one at once.
             self.clients[request.resource_name] = channel
         try:
+            if self.blocking_dial > 0:
+                try:
+                    await asyncio.wait_for(channel.channel_ready(), self.blocking_dial)
+                except TimeoutError:
+                    self.failed_connects.append(request.endpoint)
+                    self._notify()
+                    await context.abort(grpc.StatusCode.UNKNOWN, "failed to dial device plugin: timeout")
             options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=2)
             serving = True
         except grpc.aio.AioRpcError as e:
@@ -135,7 +149,11 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
 
     async def _watch(self, resource: str, stub: api_pb2_grpc.DevicePluginStub) -> None:
         try:
+            first = True
             async for response in stub.ListAndWatch(api_pb2.Empty()):
+                if first:
+                    self.first_lists.append((resource, list(response.devices)))
+                    first = False
                 self.devices[resource] = list(response.devices)
                 self.lists_received += 1
                 self._notify()
@@ -220,9 +238,26 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         self._channels.clear()
         self.devices.clear()
 
-    async def restart(self) -> None:
-        """Like a new kubelet: stop, delete every socket in the directory, serve again."""
-        await self.stop()
+    async def crash(self) -> None:
+        """Like a kubelet killed: its streams and server end at once, its socket FILE stays."""
+        for task in self._streams:
+            task.cancel()
+        for ch in self._channels:
+            await ch.close()
+        self._channels.clear()
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+        await asyncio.gather(*self._streams, return_exceptions=True)
+        self._streams.clear()
+
+    async def restart(self, *, crash: bool = False) -> None:
+        """Like a new kubelet: stop (`crash`: killed, its socket file left), delete every socket in
+        the directory, serve again (the device manager's Start: cleanup, then listen)."""
+        if crash:
+            await self.crash()
+        else:
+            await self.stop()
         for entry in self.plugin_dir.iterdir():
             if entry.is_socket():
                 entry.unlink()

@@ -124,29 +124,42 @@ def limits(pod: dict[str, Any], resource: str, count: int) -> dict[str, Any]:
 
 
 def serial_profile(
-    cluster: Cluster, fake_dev: Path, node: str, *, suffix: str = "serial", cdi_kind: str | None = None
+    cluster: Cluster,
+    fake_dev: Path,
+    node: str,
+    *,
+    suffix: str = "serial",
+    cdi_kind: str | None = None,
+    agent: dict[str, Any] | None = OWN_AGENT,
+    label: str = "patchbay.dev/e2e-plugin",
+    subdir: str | None = None,
 ) -> tuple[str, str]:
-    """A DevicePlugin profile over ``fake_dev``'s devices on ``node``; returns (name, resource).
-    ``cdi_kind``: also return CDI names of that kind (allocation.cdi)."""
+    """A DevicePlugin profile over DEVICES fake devices on ``node``; returns (name, resource).
+    ``cdi_kind``: also return CDI names of that kind (allocation.cdi). ``agent``: the profile's
+    agent settings (None: none, so the shared node agent serves it). The devices are
+    ``fake_dev/ttyE2E*``, or ``fake_dev/<subdir>/ttyE2E*`` (several profiles over one fake_dev).
+    The node gets ``label`` (the profile's selector)."""
     name, resource = f"{cluster.prefix}{suffix}", f"e2e.patchbay.dev/{cluster.tag}-{suffix}"
     allocation: dict[str, Any] = {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "yes"}}
     if cdi_kind:
         allocation["cdi"] = {"kind": cdi_kind}
+    where = fake_dev / subdir if subdir else fake_dev
+    where.mkdir(exist_ok=True)
     for i in range(DEVICES):
-        add_fake_device(fake_dev, f"ttyE2E{i}")
-    cluster.set_labels(node, {"patchbay.dev/e2e-plugin": cluster.tag})
+        add_fake_device(where, f"ttyE2E{i}")
+    cluster.set_labels(node, {label: cluster.tag})
     cluster.create_profile(
         name,
         {
             "resourceName": resource,
             "mode": "DevicePlugin",
-            "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-plugin": cluster.tag}},
+            "nodeSelector": {"matchLabels": {label: cluster.tag}},
             "plugin": {
-                "discovery": {"paths": {"globs": [f"{fake_dev}/ttyE2E*"]}},
+                "discovery": {"paths": {"globs": [f"{where}/ttyE2E*"]}},
                 "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
                 "allocation": allocation,
             },
-            "agent": OWN_AGENT,
+            **({"agent": agent} if agent is not None else {}),
         },
     )
     return name, resource

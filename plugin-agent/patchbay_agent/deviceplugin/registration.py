@@ -44,19 +44,40 @@ Rules this module keeps:
 * the kubelet keeps one endpoint per socket PATH. When it refuses Register with "device plugin
   already connected", it has just dropped its client for that path but may keep the endpoint,
   which then blocks the path until it restarts: serve on a NEW socket name and register that
-  (docs/facts.md#kubelet-endpoints).
+  (docs/facts.md#kubelet-endpoints);
+* a stream that ends while `kubelet.sock` refuses connections ended because the kubelet itself
+  went (a restart): that is not a drop. Nothing is registered with that socket file again (it
+  stays until the next kubelet replaces it); the next kubelet's socket is waited for;
+* the kubelet dials our socket back INSIDE its Register handler and retries for up to 10 s until
+  it answers. When a kubelet restart wipes our socket while our Register is in flight, we serve it
+  again at once (that very dial then finds us); when a new kubelet socket appears meanwhile, the
+  call is abandoned and made with the new kubelet. Each registration's first list is then whole,
+  however the restarts fall (a Register that waited the full 10 s for a socket we had not served
+  again left the kubelet without our devices for that long);
+* on kubelets before 1.37 another process can take our devices away while our stream stays open:
+  a leaving agent that registers again closes the client of the resource, ours included in the
+  kubelet's eyes, and marks every device unhealthy. Nothing on our stream says so. So the agent
+  compares the kubelet's count (PodResources) with what it advertises Healthy shortly after
+  another agent's socket of the resource goes and on every backstop poll, and registers again
+  when the kubelet is short (`KubeletView`);
+* after SIGTERM nothing registers from the loop: a round in flight is cancelled. Only a
+  handed-over agent with NO other agent of its resource serving (older or newer) registers once
+  more before it goes (see above); a leaving agent with a successor never does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
+from inotify_simple import flags
 
 from patchbay_agent.api import api_pb2, api_pb2_grpc
 from patchbay_agent.backoff import Backoff
@@ -97,6 +118,72 @@ ALREADY_CONNECTED = "device plugin already connected"
 ENDPOINT_PER_SOCKET_SINCE = (1, 37)
 #: How long a hand-over registration (and the re-registration before a last exit) may take.
 HANDOVER_TIMEOUT = 2.0
+#: After another agent's socket of our resource goes, how long its streams may take to end (and
+#: the kubelet to act on that) before we look at the kubelet's view of our devices.
+VIEW_SETTLE = 0.05
+#: A view found short is looked at again this much later before it counts (our own list may be on
+#: its way to the kubelet).
+VIEW_CONFIRM = 0.1
+#: What connecting to a socket file answers when no process listens on it any more.
+GONE = frozenset({errno.ECONNREFUSED, errno.ENOENT})
+
+
+class _Register:
+    """What `Registrar._check_registration` returns when we must register now."""
+
+
+REGISTER = _Register()
+
+
+class KubeletView:
+    """Whether the kubelet counts as allocatable every device we advertise healthy, read from its
+    PodResources (GetAllocatableResources). On kubelets before 1.37 another process's client can
+    take our devices away while OUR stream stays open (a leaving agent that registered again,
+    docs/facts.md#kubelet-endpoints); nothing on the stream tells us, so we look: shortly after
+    another agent's socket of our resource goes, and on every backstop poll."""
+
+    def __init__(
+        self,
+        kubelet_allocatable: Callable[[], Awaitable[int]] | None,
+        advertised_healthy: Callable[[], tuple[int, int]] | None,
+    ) -> None:
+        """`advertised_healthy` gives (snapshot version, devices we advertise Healthy)."""
+        self._read = kubelet_allocatable
+        self._ours = advertised_healthy
+        #: when to look next (monotonic); None: no look due
+        self.due: float | None = None
+        #: looks that found the kubelet short of our devices, and re-registrations they caused
+        self.short_seen = 0
+
+    @property
+    def available(self) -> bool:
+        return self._read is not None and self._ours is not None
+
+    def look_at(self, when: float) -> None:
+        if self.available and (self.due is None or when < self.due):
+            self.due = when
+
+    async def short(self) -> str | None:
+        """A message when the kubelet counts fewer of our devices allocatable than we advertise
+        Healthy, twice VIEW_CONFIRM apart with our devices unchanged (a list of ours on its way
+        to the kubelet is not a loss); else None. Errors reading PodResources count as not short."""
+        assert self._read is not None
+        assert self._ours is not None
+        try:
+            version, ours = self._ours()
+            theirs = await self._read()
+            if theirs >= ours:
+                return None
+            await asyncio.sleep(VIEW_CONFIRM)
+            again, ours = self._ours()
+            theirs = await self._read()
+        except (grpc.aio.AioRpcError, OSError) as e:
+            log.debug("PodResources unreadable while checking the kubelet's view: %s", e)
+            return None
+        if again != version or theirs >= ours:
+            return None
+        self.short_seen += 1
+        return f"the kubelet counts {theirs} of our {ours} healthy devices allocatable"
 
 
 class Registrar:
@@ -115,9 +202,12 @@ class Registrar:
         backoff: Backoff | None = None,
         rename: Callable[[], str] | None = None,
         kubelet_allocatable: Callable[[], Awaitable[int]] | None = None,
+        advertised_healthy: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         """`kubelet_allocatable` reads how many of our devices the kubelet counts allocatable now
-        (PodResources); without it a re-registration after a drop does not wait for the kubelet."""
+        (PodResources) and `advertised_healthy` how many we advertise Healthy (with the snapshot's
+        version); without them a re-registration after a drop does not wait for the kubelet and
+        the kubelet's view is not checked (`KubeletView`)."""
         self.plugin_dir = plugin_dir
         #: our socket's file name in plugin_dir (what RegisterRequest.endpoint says)
         self.endpoint = endpoint
@@ -134,6 +224,8 @@ class Registrar:
         self.server: PluginServer | None = None
         #: identity of the kubelet.sock our registration stands with; None while not registered
         self._registered_kubelet: tuple[int, int] | None = None
+        #: a kubelet.sock whose kubelet is gone (connections refused): never registered with
+        self._dead_kubelet: tuple[int, int] | None = None
         self.registration_count = 0
         #: attempts to serve the socket that failed (e.g. the plugin directory was gone)
         self.serve_failures = 0
@@ -149,6 +241,10 @@ class Registrar:
         self._kubelet_allocatable = kubelet_allocatable
         self._registered_at = 0.0
         self._drop_backoff = Backoff(initial=0.01, maximum=1.0, factor=4.0)
+        #: register no sooner than this (monotonic): the wait after a quick repeated drop
+        self._not_before = 0.0
+        #: the next registration follows a drop: wait for the kubelet to let go first
+        self._after_drop = False
         #: the kubelet keeps one client per resource (before 1.37); None: not known (the agent
         #: sets it from the Node's kubeletVersion; a drop proves it too)
         self.one_client_per_resource: bool | None = None
@@ -161,6 +257,14 @@ class Registrar:
         #: registrations made again because their stream never opened, and how many in a row
         self.unopened = 0
         self._unopened_in_a_row = 0
+        self.view = KubeletView(kubelet_allocatable, advertised_healthy)
+        #: registrations made again because the kubelet had lost our devices (`KubeletView`)
+        self.retakes = 0
+        self._retake = False
+        #: Register calls whose dial-back found our socket gone, served again meanwhile
+        self.served_during_register = 0
+        #: set once stop is seen or shutdown began: nothing registers from then on
+        self.closing = False
         servicer.on_stream_closed = self._stream_closed
         servicer.on_stream_opened = self._kick.set
 
@@ -189,32 +293,35 @@ class Registrar:
         return bool(self.one_client_per_resource) or self.drops > 0
 
     def _handover_due(self) -> bool:
-        return self._one_client and not self._handed_over and self._others_serving()
+        return self._one_client and not self._handed_over and bool(self._serving_others(older_only=True))
 
-    def _others_serving(self) -> bool:
-        """An OLDER agent of our resource serves a socket in the directory (a rollout: we are the
-        new half). Only the newcomer hands over: the agent it replaces, which may have registered
-        again meanwhile, must not hand over too (harmless, but a registration nobody needs). Older
-        is by the sockets' modification times: each agent creates its socket when it serves."""
+    def _serving_others(self, *, older_only: bool) -> list[str]:
+        """Other agents' sockets of our resource that something serves now. `older_only`: only
+        sockets created no later than ours (a rollout, we the new half: only the newcomer hands
+        over). Age is the sockets' modification time: each agent creates its socket when it
+        serves."""
         try:
             names = os.listdir(self.plugin_dir)
-            ours = os.stat(self.socket_path).st_mtime_ns
+            ours = os.stat(self.socket_path).st_mtime_ns if older_only else 0
         except OSError:
-            return False
+            return []
 
-        def older(name: str) -> bool:
+        def old_enough(name: str) -> bool:
+            if not older_only:
+                return True
             try:
                 return os.stat(self.plugin_dir / name).st_mtime_ns <= ours
             except OSError:
                 return False
 
-        return any(
-            n != self.endpoint
-            and is_same_resource(n, self._resource_name)
-            and older(n)
-            and probe(self.plugin_dir / n) == 0
+        return [
+            n
             for n in names
-        )
+            if n != self.endpoint
+            and is_same_resource(n, self._resource_name)
+            and old_enough(n)
+            and probe(self.plugin_dir / n) == 0
+        ]
 
     async def _hand_over(self) -> None:
         """Register a socket that refuses the kubelet (see the module doc), then remove it. Done
@@ -270,10 +377,11 @@ class Registrar:
         self.server = server
 
     def _stream_closed(self) -> None:
-        if self._servicer.open_streams > 0:
-            return  # the kubelet still holds a stream of ours
+        if self.closing or self._servicer.open_streams > 0:
+            return  # shutting down, or the kubelet still holds a stream of ours
         if self._servicer.streams_opened > self._streams_at_registration:
-            # The stream of our newest registration was open and is gone: the kubelet dropped us.
+            # The stream of our newest registration was open and is gone: the kubelet dropped us,
+            # or it is gone itself (a restart); _check_registration tells which.
             self._dropped = True
             self._stream_check_at = time.monotonic()
         elif self._stream_check_at is None:
@@ -299,6 +407,11 @@ class Registrar:
     def _on_event(self, directory: Path, name: str, mask: int) -> None:
         if name in (KUBELET_SOCKET, self.endpoint) or not name:
             self._kick.set()
+        elif mask & (flags.DELETE | flags.MOVED_FROM) and is_same_resource(name, self._resource_name):
+            # Another agent of our resource left: on kubelets before 1.37 its exit may have taken
+            # our devices with it. Look once its streams have surely ended.
+            self.view.look_at(time.monotonic() + VIEW_SETTLE)
+            self._kick.set()
 
     async def register(self, *, endpoint: str | None = None, deadline: float | None = None) -> None:
         """One Register call (of our socket, or of `endpoint`); raises grpc.aio.AioRpcError when
@@ -319,96 +432,166 @@ class Registrar:
             stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
             await stub.Register(request, timeout=deadline or self._register_timeout)
 
+    async def _ensure_serving(self) -> float | None:
+        """Serve our socket if it is not served or was removed; a retry delay when that fails."""
+        if self.server is not None and self.server.socket_intact():
+            return None
+        if self.server is not None:
+            log.info("Plugin socket %s was removed (kubelet restart?): serving again", self.socket_path)
+        self._set_registered(None)
+        try:
+            await self.serve()
+        except (OSError, RuntimeError) as e:
+            # e.g. the plugin directory itself is gone for a moment (grpc: "Failed to bind").
+            # Keep trying; the agent must outlive a directory being recreated.
+            self.server = None
+            self.serve_failures += 1
+            delay = self._backoff.next()
+            log.warning("Cannot serve on %s (%s); retrying in %.2fs", self.socket_path, e, delay)
+            return delay
+        return None
+
     async def _reconcile(self) -> float | None:
         """Bring reality in line; returns when to look again (after a failure, or to check that
         a registration's stream came), else None."""
-        if self.server is None or not self.server.socket_intact():
-            if self.server is not None:
-                log.info("Plugin socket %s was removed (kubelet restart?): serving again", self.socket_path)
-            self._set_registered(None)
-            try:
-                await self.serve()
-            except (OSError, RuntimeError) as e:
-                # e.g. the plugin directory itself is gone for a moment (grpc: "Failed to bind").
-                # Keep trying; the agent must outlive a directory being recreated.
-                self.server = None
-                self.serve_failures += 1
-                delay = self._backoff.next()
-                log.warning("Cannot serve on %s (%s); retrying in %.2fs", self.socket_path, e, delay)
-                return delay
+        if (delay := await self._ensure_serving()) is not None:
+            return delay
         kubelet_id = file_identity(self.kubelet_socket)
-        if kubelet_id is None:
+        if kubelet_id is not None and kubelet_id == self._dead_kubelet and probe(self.kubelet_socket) == 0:
+            self._dead_kubelet = None  # a new kubelet's socket that happens to look the same
+        if kubelet_id is None or kubelet_id == self._dead_kubelet:
             if self.registered:
                 log.info("Kubelet socket %s is gone: waiting for a kubelet", self.kubelet_socket)
             self._set_registered(None)
             return None
         if kubelet_id == self._registered_kubelet:
-            if self._stream_of_newest_open() and self._handover_due():
+            verdict = await self._check_registration(kubelet_id)
+            if not isinstance(verdict, _Register):
+                return verdict
+            kubelet_id = file_identity(self.kubelet_socket)
+            if kubelet_id is None:
+                return None
+        wait = self._not_before - time.monotonic()
+        if wait > 0:
+            return wait
+        if self._after_drop:
+            self._after_drop = False
+            await self._kubelet_let_go()
+        return await self._register_ours(kubelet_id)
+
+    async def _check_registration(self, kubelet_id: tuple[int, int]) -> float | _Register | None:
+        """Registered with the kubelet that is there: hand over when due, look at the stream of
+        our newest registration and at the kubelet's view. REGISTER when we must register again;
+        else when to look again (None: on the next event)."""
+        now = time.monotonic()
+        if self._stream_of_newest_open():
+            if self._handover_due():
                 await self._hand_over()
-            check_at = self._stream_check_at
-            if check_at is None:
-                return None
-            if time.monotonic() < check_at:
-                return check_at - time.monotonic()
-            self._stream_check_at = None
-            dropped, self._dropped = self._dropped, False
-            if self._stream_of_newest_open():
-                self._unopened_in_a_row = 0
-                return None
-            if not dropped and self._servicer.open_streams > 0:
-                # Streams of an earlier registration of ours are still held; the newest
-                # registration's stream never came. Kubelets before v1.37 keep the older client.
-                # Look again a grace later; a registration is made again only once none is held.
-                self._stream_check_at = time.monotonic() + self._stream_grace()
-                return self._stream_grace()
-            self._set_registered(None)
-            if not dropped and self._servicer.streams_opened == self._streams_at_registration:
-                self.unopened += 1
-                self._unopened_in_a_row += 1
-                log.warning(
-                    "The kubelet opened no ListAndWatch stream within %.0f ms of our registration "
-                    "(dropped before it opened: kubelets before v1.37 can): registering again",
-                    (time.monotonic() - self._registered_at) * 1000,
-                )
-            elif dropped:
-                self.drops += 1
-                if time.monotonic() - self._registered_at < QUICK_DROP:
-                    delay = self._drop_backoff.next()
+            if self.view.due is not None and now >= self.view.due and not self._handing_over:
+                self.view.due = None
+                if self._one_client and (why := await self.view.short()) is not None:
+                    self.retakes += 1
                     log.warning(
-                        "Dropped again %.0f ms after registering: waiting %.0f ms",
-                        (time.monotonic() - self._registered_at) * 1000,
-                        delay * 1000,
+                        "%s while our ListAndWatch stream is open (kubelets before v1.37 after "
+                        "another agent of %s left): registering again",
+                        why[0].upper() + why[1:],
+                        self._resource_name,
                     )
-                    await asyncio.sleep(delay)
-                else:
-                    self._drop_backoff.reset()
-                await self._kubelet_let_go()
+                    self._set_registered(None)
+                    return REGISTER
+        check_at = self._stream_check_at
+        if check_at is None:
+            return self._view_wait(now)
+        if now < check_at:
+            return min(check_at - now, self._view_wait(now) or check_at - now)
+        self._stream_check_at = None
+        dropped, self._dropped = self._dropped, False
+        if self._stream_of_newest_open():
+            self._unopened_in_a_row = 0
+            return self._view_wait(now)
+        if not dropped and self._servicer.open_streams > 0:
+            # Streams of an earlier registration of ours are still held; the newest
+            # registration's stream never came. Kubelets before v1.37 keep the older client.
+            # Look again a grace later; a registration is made again only once none is held.
+            self._stream_check_at = now + self._stream_grace()
+            return self._stream_grace()
+        self._set_registered(None)
+        if probe(self.kubelet_socket) in GONE:
+            # Our stream ended because the kubelet itself went (a restart): not a drop. Its socket
+            # file stays until the next kubelet replaces it; wait for that (inotify).
+            self._dead_kubelet = kubelet_id
+            log.info(
+                "The kubelet at %s is gone (its socket refuses): waiting for a kubelet", self.kubelet_socket
+            )
+            return None
+        if not dropped and self._servicer.streams_opened == self._streams_at_registration:
+            self.unopened += 1
+            self._unopened_in_a_row += 1
+            log.warning(
+                "The kubelet opened no ListAndWatch stream within %.0f ms of our registration "
+                "(dropped before it opened: kubelets before v1.37 can): registering again",
+                (now - self._registered_at) * 1000,
+            )
+        elif dropped:
+            self.drops += 1
+            self._after_drop = True
+            if now - self._registered_at < QUICK_DROP:
+                delay = self._drop_backoff.next()
+                self._not_before = now + delay
+                log.warning(
+                    "Dropped again %.0f ms after registering: registering again in %.0f ms",
+                    (now - self._registered_at) * 1000,
+                    delay * 1000,
+                )
+            else:
+                self._drop_backoff.reset()
                 log.warning(
                     "The kubelet dropped our ListAndWatch stream without restarting (kubelets before "
                     "v1.37 do when another plugin process of %s leaves): registering again at once",
                     self._resource_name,
                 )
-            else:
-                log.warning(
-                    "The kubelet dropped our ListAndWatch stream without restarting: registering again"
-                )
+        return REGISTER
+
+    def _view_wait(self, now: float) -> float | None:
+        """How long until the kubelet's view is due to be looked at (None: not due)."""
+        return None if self.view.due is None else max(0.0, self.view.due - now)
+
+    async def _register_ours(self, kubelet_id: tuple[int, int]) -> float | None:
+        """Register our socket with the kubelet whose socket has `kubelet_id`; when to look again.
+
+        The kubelet dials our socket back INSIDE its Register handler, retrying for up to 10 s
+        until the socket answers (`dial` in plugin/v1beta1/client.go, docs/facts.md#plugin-sockets).
+        If the kubelet's start wipes our socket meanwhile (a kubelet restart races our Register),
+        we serve it again at once, so that very dial finds us, rather than leaving the kubelet
+        dialing a missing file for 10 s while we wait for its answer. A new kubelet (its socket
+        replaced) abandons the call: that kubelet never saw it."""
+        if self.closing:
+            return None
         # Counted before the call: the kubelet may open the new stream before Register returns.
         self._streams_at_registration = self._servicer.streams_opened
+        call = asyncio.ensure_future(self.register())
         try:
-            await self.register()
+            while not call.done():
+                self._kick.clear()
+                await wait_any((self._kick, _done_event(call)), self._register_timeout + 1.0)
+                if call.done():
+                    break
+                if file_identity(self.kubelet_socket) != kubelet_id:
+                    call.cancel()
+                    log.info("A new kubelet appeared while registering: registering with it")
+                    return 0.0
+                if self.server is None or not self.server.socket_intact():
+                    self.served_during_register += 1
+                    log.info("Our socket was removed while the kubelet dials it back: serving it again")
+                    if (delay := await self._ensure_serving()) is not None:
+                        call.cancel()
+                        return delay
+            await call
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
         except grpc.aio.AioRpcError as e:
-            self._set_registered(None)
-            self._metrics.registrations.labels("failure").inc()
-            delay = self._backoff.next()
-            log.warning(
-                "Registration with the kubelet failed (%s: %s); retrying in %.2fs",
-                e.code().name,
-                e.details(),
-                delay,
-            )
-            if self._rename is not None and ALREADY_CONNECTED in (e.details() or ""):
-                await self._move_to_new_socket()
-            return delay
+            return await self._registration_failed(e)
         self._backoff.reset()
         # A fresh registration supersedes streams that ended before it; its own stream is
         # checked for a grace from now.
@@ -421,6 +604,20 @@ class Registrar:
         self._metrics.registrations.labels("success").inc()
         log.info("Registered %s with the kubelet at %s", self._resource_name, self.kubelet_socket)
         return self._stream_check_at - self._registered_at  # look whether its stream came
+
+    async def _registration_failed(self, e: grpc.aio.AioRpcError) -> float:
+        self._set_registered(None)
+        self._metrics.registrations.labels("failure").inc()
+        delay = self._backoff.next()
+        log.warning(
+            "Registration with the kubelet failed (%s: %s); retrying in %.2fs",
+            e.code().name,
+            e.details(),
+            delay,
+        )
+        if self._rename is not None and ALREADY_CONNECTED in (e.details() or ""):
+            await self._move_to_new_socket()
+        return delay
 
     async def _move_to_new_socket(self) -> None:
         """Give up our socket path for good (the kubelet may hold a stale endpoint for it): stop
@@ -436,38 +633,67 @@ class Registrar:
             self.server = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve, register and keep registered until `stop` is set."""
+        """Serve, register and keep registered until `stop` is set. A round in progress when
+        `stop` is set is cancelled (a Register in flight included): nothing registers after it."""
         watcher = DirWatcher(self._on_event)
         watcher.ensure([self.plugin_dir])
         next_poll = time.monotonic() + self._poll_interval
         try:
             while not stop.is_set():
                 self._kick.clear()
-                retry = await self._reconcile()
+                round_ = asyncio.ensure_future(self._reconcile())
+                while not (round_.done() or stop.is_set()):
+                    await wait_any((stop, _done_event(round_)), 3600.0)
+                if not round_.done():
+                    self.closing = True
+                    round_.cancel()
+                    await asyncio.gather(round_, return_exceptions=True)
+                    break
+                retry = round_.result()
                 wait = next_poll - time.monotonic()
                 await wait_any((self._kick, stop), wait if retry is None else min(retry, wait))
                 if time.monotonic() >= next_poll:
-                    # The backstop: inode comparison happens in _reconcile; re-add a lost watch.
+                    # The backstop: inode comparison happens in _reconcile; re-add a lost watch;
+                    # and look at the kubelet's view of our devices.
                     next_poll = time.monotonic() + self._poll_interval
                     watcher.ensure([self.plugin_dir])
+                    self.view.look_at(time.monotonic())
         finally:
+            self.closing = True
             watcher.close()
 
     async def shutdown(self, grace: float) -> None:
-        """Stop serving and remove our socket (only if it is still ours). Handed over and with no
-        other agent of the resource left, register our socket again first: the kubelet then holds
-        a client that our exit closes, and marks the resource unhealthy (capacity nobody serves
-        must not stay)."""
-        if self._handed_over and self.registered and not self._others_serving():
+        """Stop serving and remove our socket (only if it is still ours), within `grace` and a
+        little more. Handed over and with no other agent of the resource serving (older or
+        newer), register our socket again first: the kubelet then holds a client that our exit
+        closes, and marks the resource unhealthy (capacity nobody serves must not stay). With
+        another agent serving, never: our exit would close ITS client (kubelets before 1.37)."""
+        self.closing = True
+        others = self._serving_others(older_only=False)
+        if self._handed_over and self.registered and not others:
             try:
-                await self.register(deadline=HANDOVER_TIMEOUT)
+                await self.register(deadline=min(HANDOVER_TIMEOUT, max(grace / 2, 0.1)))
                 log.info(
                     "No other agent of %s: registered again so that the kubelet sees us go",
                     self._resource_name,
                 )
             except grpc.aio.AioRpcError as e:
                 log.warning("Could not register again before leaving (%s: %s)", e.code().name, e.details())
+        elif others:
+            log.info(
+                "Leaving %s to %s: not registering again", self._resource_name, ", ".join(sorted(others))
+            )
         self._set_registered(None)
         if self.server is not None:
             await self.server.stop(grace, remove_socket=True)
             self.server = None
+
+
+def _done_event(fut: asyncio.Future[Any]) -> asyncio.Event:
+    """An Event set when `fut` is done (for wait_any)."""
+    event = asyncio.Event()
+    if fut.done():
+        event.set()
+    else:
+        fut.add_done_callback(lambda _f: event.set())
+    return event

@@ -55,7 +55,7 @@ from patchbay_agent.api import (
     pluginregistration_pb2_grpc,
 )
 from patchbay_agent.backoff import Backoff
-from patchbay_agent.cdi import write_spec
+from patchbay_agent.cdi import SpecCopies, write_spec
 from patchbay_agent.config import Allocation
 from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES
 from patchbay_agent.core.inventory import Inventory, Snapshot
@@ -215,10 +215,12 @@ class ClaimPreparer:
         read_timeout: float = CLAIM_READ_TIMEOUT,
         lock_path: Path | None = None,
         read_async: AsyncClaimRead | None = None,
+        copies: SpecCopies | None = None,
     ) -> None:
         """`lock_path`: the file whose lock serialises calls across instances (`node_lock`).
         `read_async`: the claim's GET on the event loop (`KubeClient.getter`, `apiget.py`); None:
-        `reader` in a worker thread."""
+        `reader` in a worker thread. `copies`: where each claim's CDI spec is also kept, so that
+        it can be written again after a reboot emptied the CDI directory (cdi.py)."""
         self.driver = driver
         self.pool = pool
         self._reader = reader
@@ -228,6 +230,7 @@ class ClaimPreparer:
         self.cdi_spec_dir = cdi_spec_dir
         self._read_timeout = read_timeout
         self.lock_path = lock_path
+        self.copies = copies
         #: (snapshot version, slice device name -> physical ID), computed once per snapshot
         self._names: tuple[int, dict[str, str]] = (-1, {})
         #: called after claims were prepared or unprepared (the holders read PodResources again)
@@ -324,6 +327,12 @@ class ClaimPreparer:
             _write_if_changed(path, doc)
         except OSError as e:
             return ClaimResult(error=f"{where}: cannot write the CDI spec {path}: {e}")
+        if self.copies is not None:
+            try:
+                _write_if_changed(self.copies.dir / path.name, doc)
+            except OSError as e:
+                # The claim works now; only a reboot would lose its spec. Said loudly.
+                log.error("%s: cannot keep a copy of its CDI spec in %s: %s", where, self.copies.dir, e)
         if self.metrics is not None:
             self.metrics.dra_cdi_write_seconds.observe(time.perf_counter() - started)
         log.info("Prepared %s (%s): %d device(s), CDI spec %s", where, claim.uid, len(devices), path)
@@ -359,6 +368,10 @@ class ClaimPreparer:
                     continue
                 path = self.spec_path(claim.uid)
                 try:
+                    # The copy first: a spec deleted while its copy is still there would be
+                    # written again (cdi.SpecGuard).
+                    if self.copies is not None:
+                        self.copies.forget(path.name)
                     path.unlink(missing_ok=True)
                 except OSError as e:
                     out[claim.uid] = f"cannot delete the CDI spec {path}: {e}"
@@ -540,6 +553,7 @@ class DraPlugin:
         own, `<kubelet_root>/plugins/<driver>`)."""
         self.driver = driver
         self.instance = instance
+        self.preparer = preparer
         self.registry_dir = kubelet_root / REGISTRY_DIR
         self.registry_socket = self.registry_dir / registry_socket_name(driver, instance, self.registry_dir)
         self.service_socket = service_dir(kubelet_root, driver, plugins_dir) / service_socket_name(instance)

@@ -74,3 +74,90 @@ def test_a_conflict_and_a_deletion_need_nothing_but_their_status() -> None:
 
     gone = evaluate(Inputs(replace(prof("Static"), deleting=True), {}, "T1", [node("a")]))
     assert gone.status is None
+
+
+def _conds(st: dict[str, Any] | None) -> dict[str, tuple[str, str]]:
+    assert st is not None
+    return {c["type"]: (c["status"], c["reason"]) for c in st["conditions"]}
+
+
+def test_a_node_that_counts_fewer_devices_than_its_agent_serves_is_a_problem_after_the_grace() -> None:
+    """On kubelets before 1.37 a leaving agent's exit can make the kubelet drop the new agent's
+    devices while that agent serves them all healthy (its report says 4, allocatable 0). Within
+    KUBELET_BEHIND_GRACE of first seeing it, that may be the kubelet's status sync still on its
+    way: no problem, a look again when the grace ends. Past it: DevicesNotAllocatable on the node,
+    Degraded, and Ready False, although every agent is available."""
+    from patchbay_operator.constants import KUBELET_BEHIND_GRACE
+    from patchbay_operator.status import AgentDaemonSet
+
+    profile = prof("DevicePlugin")
+    short = NodeState("a", capacity={R: "4"}, allocatable={R: "0"})
+    fine = NodeState("b", capacity={R: "4"}, allocatable={R: "4"})
+    reports = [Report(f"p.{n}", "p", n, tuple(Device(f"d{i}", True) for i in range(4))) for n in "ab"]
+    ds = AgentDaemonSet(
+        "p",
+        1,
+        {
+            "desiredNumberScheduled": 2,
+            "numberAvailable": 2,
+            "updatedNumberScheduled": 2,
+            "observedGeneration": 1,
+        },
+    )
+    t0 = datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC)
+    first = evaluate(
+        Inputs(profile, {}, "2026-11-26T12:00:00Z", [short, fine], daemonset=ds, reports=reports)
+    )
+    assert first.short_nodes == {"a"}
+    assert first.problems == []
+    assert _conds(first.status)["Ready"] == ("True", "AllNodesReady")
+    assert first.recheck_at is not None
+    assert (first.recheck_at - t0).total_seconds() == KUBELET_BEHIND_GRACE
+
+    later = evaluate(
+        Inputs(
+            profile,
+            first.status or {},
+            "2026-11-26T12:00:31Z",
+            [short, fine],
+            daemonset=ds,
+            reports=reports,
+            short_since={"a": t0},
+        )
+    )
+    assert [(p.node, p.reason, p.since) for p in later.problems] == [
+        ("a", "DevicesNotAllocatable", "2026-11-26T12:00:00Z")
+    ]
+    assert "allocatable counts 0 of the 4" in later.problems[0].message
+    conds = _conds(later.status)
+    assert conds["Degraded"] == ("True", "DevicesNotAllocatable")
+    assert conds["Ready"] == ("False", "DevicesNotAllocatable")
+
+    # The kubelet counts them again: nothing short, no problem.
+    back = NodeState("a", capacity={R: "4"}, allocatable={R: "4"})
+    healed = evaluate(
+        Inputs(
+            profile,
+            later.status or {},
+            "2026-11-26T12:01:00Z",
+            [back, fine],
+            daemonset=ds,
+            reports=reports,
+            short_since={"a": t0},
+        )
+    )
+    assert healed.short_nodes == frozenset() and healed.problems == []
+    assert _conds(healed.status)["Degraded"] == ("False", "AsExpected")
+
+
+def test_shared_devices_count_once_per_replica_against_allocatable() -> None:
+    spec = {"resourceName": R, "mode": "DevicePlugin", "plugin": {"sharing": {"replicas": 2}}}
+    profile = Profile.from_body({"metadata": {"name": "p", "generation": 1}, "spec": spec})
+    reports = [Report("p.a", "p", "a", (Device("d0", True), Device("d1", True)))]
+    full = NodeState("a", capacity={R: "4"}, allocatable={R: "4"})
+    assert (
+        evaluate(Inputs(profile, {}, "2026-11-26T12:00:00Z", [full], reports=reports)).short_nodes
+        == frozenset()
+    )
+    half = NodeState("a", capacity={R: "4"}, allocatable={R: "2"})
+    assert evaluate(Inputs(profile, {}, "2026-11-26T12:00:00Z", [half], reports=reports)).short_nodes == {"a"}
