@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
+from patchbay_operator.constants import KUBELET_BEHIND_GRACE
+
 DEFAULT_AGENT_IMAGE = "ghcr.io/kube-patchbay/patchbay-agent:0.1.0"
 
 
@@ -52,6 +54,11 @@ class Settings:
 
     status_debounce: float = 1.0
     """Seconds to gather changes before writing a profile's status (bounds status writes)."""
+
+    kubelet_behind_grace: float = KUBELET_BEHIND_GRACE
+    """DevicePlugin: how long a node's allocatable may count fewer devices than its agent serves
+    healthy before that is a problem (DevicesNotAllocatable); above the kubelet's node status
+    sync period (10 s by default)."""
 
     liveness: str | None = None
     """kopf liveness endpoint, e.g. http://127.0.0.1:8080/healthz (absent: none)."""
@@ -233,6 +240,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         str(d.status_debounce),
         type=_seconds,
     )
+    flag(
+        "kubelet-behind-grace",
+        "seconds a node's allocatable may count fewer devices than its agent serves healthy before "
+        f"the profile says DevicesNotAllocatable (default {d.kubelet_behind_grace})",
+        str(d.kubelet_behind_grace),
+        type=_seconds,
+    )
     flag("liveness", "liveness endpoint, e.g. http://127.0.0.1:8080/healthz (default: none)")
     flag(
         "metrics-address",
@@ -309,6 +323,7 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         priority=priority,
         concurrency=args.concurrency,
         status_debounce=args.status_debounce,
+        kubelet_behind_grace=args.kubelet_behind_grace,
         liveness=args.liveness or None,
         metrics_address=args.metrics_address,
         agent_service_account=args.agent_service_account,

@@ -427,7 +427,10 @@ class Controller:
             self._short_since.pop(name, None)
             return None
         since = self._short_since.setdefault(name, {})
-        result = evaluation.evaluate(replace(self._inputs(profile), short_since=since))
+        inputs = replace(
+            self._inputs(profile), short_since=since, short_grace=self.settings.kubelet_behind_grace
+        )
+        result = evaluation.evaluate(inputs)
         now = datetime.now(UTC)
         self._short_since[name] = {n: since.get(n, now) for n in result.short_nodes}
         self._problems[name] = result.problems

@@ -64,6 +64,8 @@ class Inputs:
     #: DevicePlugin mode: since when each node has counted fewer devices allocatable than its agent
     #: serves healthy, as far as the controller has seen (`Evaluation.short_nodes` feeds it)
     short_since: Mapping[str, datetime] = field(default_factory=dict)
+    #: how long a node may be short before that is a problem (Settings.kubelet_behind_grace)
+    short_grace: float = KUBELET_BEHIND_GRACE
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
         since = inputs.short_since.get(node, clock)
         if since is None:
             continue
-        due = since + timedelta(seconds=KUBELET_BEHIND_GRACE)
+        due = since + timedelta(seconds=inputs.short_grace)
         if clock is not None and clock >= due:
             past_grace[node] = rfc3339(since)
         else:

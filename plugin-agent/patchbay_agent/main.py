@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         type=float,
         metavar="SECONDS",
-        help="on SIGTERM, how long in-flight calls may finish (default: %(default)s)",
+        help="on SIGTERM, how long in-flight calls may finish; the process exits at the latest "
+        f"{HARD_EXIT_MARGIN:g} s after that, whatever is left (default: %(default)s)",
     )
     p.add_argument(
         "--poll-interval",

@@ -430,6 +430,7 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
             # What the old release did as it left: its socket registered again, then its exit.
             await a.registrar.register()
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 3)  # A, B, A (hand-over refused)
+            await kubelet.wait_for(lambda: len(kubelet.first_lists) == 3)  # ... and its stream open
             await old.aclose()
             await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)

@@ -23,7 +23,14 @@ from patchbay_devcluster.procs import free_port
 class Operator:
     """A ``patchbay-operator`` subprocess against the session's cluster."""
 
-    TEST_ARGS = ("--status-debounce", "0.3", "--agent-image", "example.invalid/patchbay-agent:it")
+    TEST_ARGS = (
+        "--status-debounce",
+        "0.3",
+        "--kubelet-behind-grace",
+        "3",
+        "--agent-image",
+        "example.invalid/patchbay-agent:it",
+    )
     """What the tests run with: a short debounce, and an agent image nobody can pull."""
 
     def __init__(

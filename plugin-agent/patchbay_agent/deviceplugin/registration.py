@@ -118,9 +118,10 @@ ALREADY_CONNECTED = "device plugin already connected"
 ENDPOINT_PER_SOCKET_SINCE = (1, 37)
 #: How long a hand-over registration (and the re-registration before a last exit) may take.
 HANDOVER_TIMEOUT = 2.0
-#: After another agent's socket of our resource goes, how long its streams may take to end (and
-#: the kubelet to act on that) before we look at the kubelet's view of our devices.
-VIEW_SETTLE = 0.05
+#: After another agent's socket of our resource goes, when to look at the kubelet's view of our
+#: devices: once its streams have surely ended and the kubelet acted on that (tens of ms on a
+#: quiet node), and again later for a busy one.
+VIEW_AFTER_LEAVE = (0.05, 0.3, 1.0, 3.0)
 #: A view found short is looked at again this much later before it counts (our own list may be on
 #: its way to the kubelet).
 VIEW_CONFIRM = 0.1
@@ -150,8 +151,8 @@ class KubeletView:
         """`advertised_healthy` gives (snapshot version, devices we advertise Healthy)."""
         self._read = kubelet_allocatable
         self._ours = advertised_healthy
-        #: when to look next (monotonic); None: no look due
-        self.due: float | None = None
+        #: when to look (monotonic times, sorted)
+        self._looks: list[float] = []
         #: looks that found the kubelet short of our devices, and re-registrations they caused
         self.short_seen = 0
 
@@ -159,9 +160,18 @@ class KubeletView:
     def available(self) -> bool:
         return self._read is not None and self._ours is not None
 
-    def look_at(self, when: float) -> None:
-        if self.available and (self.due is None or when < self.due):
-            self.due = when
+    @property
+    def due(self) -> float | None:
+        """When to look next (monotonic); None: no look due."""
+        return self._looks[0] if self._looks else None
+
+    def look_at(self, *when: float) -> None:
+        if self.available:
+            self._looks = sorted({*self._looks, *when})
+
+    def looked(self, now: float) -> None:
+        """Every look due by `now` is done."""
+        self._looks = [t for t in self._looks if t > now]
 
     async def short(self) -> str | None:
         """A message when the kubelet counts fewer of our devices allocatable than we advertise
@@ -410,7 +420,8 @@ class Registrar:
         elif mask & (flags.DELETE | flags.MOVED_FROM) and is_same_resource(name, self._resource_name):
             # Another agent of our resource left: on kubelets before 1.37 its exit may have taken
             # our devices with it. Look once its streams have surely ended.
-            self.view.look_at(time.monotonic() + VIEW_SETTLE)
+            now = time.monotonic()
+            self.view.look_at(*(now + t for t in VIEW_AFTER_LEAVE))
             self._kick.set()
 
     async def register(self, *, endpoint: str | None = None, deadline: float | None = None) -> None:
@@ -488,7 +499,7 @@ class Registrar:
             if self._handover_due():
                 await self._hand_over()
             if self.view.due is not None and now >= self.view.due and not self._handing_over:
-                self.view.due = None
+                self.view.looked(now)
                 if self._one_client and (why := await self.view.short()) is not None:
                     self.retakes += 1
                     log.warning(

@@ -252,3 +252,92 @@ def test_only_reports_of_the_profiles_own_agent_pod_count(cluster: Cluster, oper
     assert "unhealthy" not in devices(), devices()
     write(own)
     wait_for("the own agent's report counted", lambda: devices().get("unhealthy") == 1, 30)
+
+
+def test_a_node_whose_kubelet_lost_the_agents_devices_is_degraded(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """The agent reports 4 healthy devices, the node's allocatable stays at 0 (what a v1.34
+    kubelet did after a leaving agent registered again: docs/facts.md#kubelet-endpoints): past the
+    grace (3 s for the tests' operator, 30 s by default), the node is a DevicesNotAllocatable
+    problem, the profile Degraded and not Ready, and an Event says so; once the kubelet counts
+    them again, all of that goes."""
+    (node,) = cluster.add_nodes(1)
+    name = f"{cluster.prefix}lost"
+    cluster.create_profile(name, spec(cluster.tag))
+    pods = wait_for(
+        "the agent pod",
+        lambda: (
+            cluster.core.list_namespaced_pod(
+                NAMESPACE,
+                label_selector=f"patchbay.dev/profile={name}",
+                field_selector=f"spec.nodeName={node}",
+            ).items
+        ),
+    )
+    body = {
+        "apiVersion": "patchbay.dev/v1alpha1",
+        "kind": "DeviceReport",
+        "metadata": {"name": f"{name}.{node}", "namespace": NAMESPACE},
+        "profile": name,
+        "nodeName": node,
+        "agent": pods[0].metadata.name,
+        "resourceName": R,
+        "summary": {"total": 4, "healthy": 4, "unhealthy": 0, "allocated": 0},
+        "devices": [{"id": f"ttyUSB{i}", "health": "Healthy"} for i in range(4)],
+    }
+    cluster.custom.patch_namespaced_custom_object(
+        "patchbay.dev",
+        "v1alpha1",
+        NAMESPACE,
+        "devicereports",
+        f"{name}.{node}",
+        body,
+        field_manager="patchbay-agent",
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+    esc = R.replace("/", "~1")
+    ops = [
+        {"op": "add", "path": f"/status/capacity/{esc}", "value": "4"},
+        {"op": "add", "path": f"/status/allocatable/{esc}", "value": "0"},
+    ]
+    cluster.core.patch_node_status(node, ops, _content_type="application/json-patch+json")
+
+    def status() -> dict[str, Any]:
+        return dict((cluster.profile(name) or {}).get("status") or {})
+
+    def conditions() -> dict[str, tuple[str, str]]:
+        return {c["type"]: (c["status"], c["reason"]) for c in status().get("conditions") or []}
+
+    lost = wait_for(
+        "the node a DevicesNotAllocatable problem",
+        lambda: [p for p in status().get("problems") or [] if p["reason"] == "DevicesNotAllocatable"],
+        60,
+        detail=lambda: str(status()),
+    )
+    assert lost[0]["node"] == node and "counts 0 of the 4" in lost[0]["message"], lost
+    assert conditions()["Degraded"] == ("True", "DevicesNotAllocatable"), status()
+    assert conditions()["Ready"][0] == "False", status()
+    wait_for(
+        "a Warning Event",
+        lambda: [
+            e
+            for e in cluster.core.list_event_for_all_namespaces(
+                field_selector=f"involvedObject.name={name}"
+            ).items
+            if e.reason == "DevicesNotAllocatable"
+        ],
+        30,
+    )
+    ops[1]["value"] = "4"
+    cluster.core.patch_node_status(node, ops, _content_type="application/json-patch+json")
+    wait_for(
+        "the problem gone",
+        lambda: (
+            not [p for p in status().get("problems") or [] if p["reason"] == "DevicesNotAllocatable"]
+            and conditions().get("Degraded", ("", ""))[1] != "DevicesNotAllocatable"
+        ),
+        60,
+        detail=lambda: str(status()),
+    )
