@@ -1,15 +1,23 @@
 """Bad input, tried: the agent's device plugin gRPC service, as the kubelet (or anything that can
 reach its socket on the node) calls it, over a real Unix socket against ONE running agent with a
-fake device tree (8 devices, 2 replicas each). Allocate, GetPreferredAllocation and
-PreStartContainer get random and oversize ID lists. Every answer is OK or INVALID_ARGUMENT whose
-message names an ID that was wrong; never UNKNOWN or INTERNAL (an exception in the agent); a
-request over gRPC's 4 MiB limit is refused by gRPC itself; the agent keeps serving throughout."""
+fake device tree (8 devices, 2 replicas each) and a preStart command (which records the IDs it
+was run with). Allocate, GetPreferredAllocation and PreStartContainer get random and oversize ID
+lists. Every answer is OK or INVALID_ARGUMENT whose message names an ID that was wrong; never
+UNKNOWN or INTERNAL (an exception in the agent); Allocate and PreStartContainer answer OK only for
+IDs the agent serves (Allocate with exactly their device files, PreStartContainer having run its
+command once with exactly those IDs; refused, it runs nothing); a request over gRPC's 4 MiB limit
+is refused by gRPC itself; the agent keeps serving throughout.
+
+The last tests run the Allocate and PreStartContainer fuzzers against the same agent broken on
+purpose (an Allocate that answers OK for IDs it does not serve, a PreStartContainer that runs its
+command without checking the IDs) and see each fail, then restore it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import grpc
 import pytest
@@ -17,27 +25,41 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.agentrun import make_config
 from support.fakehw import FakeHardware
-from support.fuzzing import LoopThread, tally
+from support.fuzzing import PROVE, LoopThread, tally
 
 from patchbay_agent.agent import Agent, AgentOptions
 from patchbay_agent.api import api_pb2, api_pb2_grpc
+from patchbay_agent.config import Allocation
+from patchbay_agent.core.inventory import Snapshot
+from patchbay_agent.deviceplugin import allocation, server
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 GOOD = [f"ttyUSB{i}::{r}" for i in range(8) for r in range(2)]
 
 
+class Plugin(NamedTuple):
+    stub: api_pb2_grpc.DevicePluginStub
+    #: one line per run of the preStart command: the IDs it was given (PATCHBAY_DEVICE_IDS)
+    pre_start_runs: Path
+
+
 @pytest.fixture(scope="module")
-def stub(loop_thread: LoopThread, module_dir: Path) -> Iterator[api_pb2_grpc.DevicePluginStub]:
+def plugin(loop_thread: LoopThread, module_dir: Path) -> Iterator[Plugin]:
     hw = FakeHardware(module_dir / "host")
     for i in range(8):
         hw.add_dev(f"/dev/ttyUSB{i}")
     plugins = module_dir / "dp"
     plugins.mkdir()
+    runs = module_dir / "pre-start-runs"
+    runs.touch()
     config = make_config(
         {
             "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
             "sharing": {"replicas": 2},
             "preferredAllocation": {"policy": "Pack"},
+            "preStart": {
+                "command": ["/bin/sh", "-c", 'printf "%s\\n" "$PATCHBAY_DEVICE_IDS" >> "$0"', str(runs)],
+            },
         }
     )
     options = AgentOptions(
@@ -54,7 +76,7 @@ def stub(loop_thread: LoopThread, module_dir: Path) -> Iterator[api_pb2_grpc.Dev
     agent, task = loop_thread.run(start())
     channel = grpc.insecure_channel(f"unix://{agent.registrar.socket_path}")
     try:
-        yield api_pb2_grpc.DevicePluginStub(channel)
+        yield Plugin(api_pb2_grpc.DevicePluginStub(channel), runs)
     finally:
         channel.close()
         loop_thread.loop.call_soon_threadsafe(stop.set)
@@ -70,14 +92,22 @@ _ids = st.lists(_id, max_size=40)
 
 
 def _judge(
-    surface: str, call: object, ids: list[str], empty: bool = False, fields: tuple[str, ...] = ()
-) -> None:
+    surface: str,
+    call: Callable[[], Any],
+    ids: Sequence[str],
+    empty: bool = False,
+    fields: tuple[str, ...] = (),
+    served_only: bool = False,
+) -> Any:
     """`call` answers OK or INVALID_ARGUMENT naming a wrong ID, or the request's field that was
-    wrong (`fields`), or, when a container request had no IDs at all, saying so."""
+    wrong (`fields`), or, when a request had no IDs at all, saying so. `served_only`: an OK is
+    wrong when any ID is one the agent does not serve, or a request had none. The answer (None
+    when refused)."""
     try:
-        call()  # type: ignore[operator]
+        answer = call()
     except grpc.RpcError as e:
         code = e.code()
+        tally(surface, code.name)
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, e.details())  # noqa: PT017 - either outcome is fine
         details = e.details() or ""
         assert len(details) < 2048, len(details)
@@ -85,30 +115,40 @@ def _judge(
         named = any(repr(i if len(i) <= 80 else i[:80] + "...") in details for i in wrong)
         field = any(f in details for f in fields)
         assert named or field or (empty and "without device IDs" in details), details[:300]
-        tally(surface, "INVALID_ARGUMENT")
-        return
-    tally(surface, "OK")
+        return None
+    wrongly = served_only and (empty or any(i not in GOOD for i in ids))
+    tally(surface, "OK for IDs it does not serve" if wrongly else "OK")
+    assert not wrongly, f"OK for IDs the agent does not serve, or none: {list(ids[:8])!r}"
+    return answer
+
+
+def _fuzz_allocate(stub: api_pb2_grpc.DevicePluginStub, requests: list[list[str]], surface: str) -> None:
+    request = api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in requests]
+    )
+    answer = _judge(
+        surface,
+        lambda: stub.Allocate(request, timeout=10),
+        [i for r in requests for i in r],
+        empty=any(not r for r in requests),
+        served_only=True,
+    )
+    if answer is not None:  # each container gets the device files of exactly what it asked for
+        assert len(answer.container_responses) == len(requests)
+        for ids, response in zip(requests, answer.container_responses, strict=True):
+            files = {d.host_path.rsplit("/", 1)[-1] for d in response.devices}
+            assert files == {i.split("::")[0] for i in ids}, (ids, files)
 
 
 @FUZZ
 @given(requests=st.lists(_ids, min_size=0, max_size=5))
-def test_allocate(stub: api_pb2_grpc.DevicePluginStub, requests: list[list[str]]) -> None:
-    request = api_pb2.AllocateRequest(
-        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in requests]
-    )
-    _judge(
-        "deviceplugin Allocate",
-        lambda: stub.Allocate(request, timeout=10),
-        [i for r in requests for i in r],
-        empty=any(not r for r in requests),
-    )
+def test_allocate(plugin: Plugin, requests: list[list[str]]) -> None:
+    _fuzz_allocate(plugin.stub, requests, "deviceplugin Allocate")
 
 
 @FUZZ
 @given(available=_ids, must=_ids, size=st.integers(min_value=-5, max_value=100))
-def test_get_preferred_allocation(
-    stub: api_pb2_grpc.DevicePluginStub, available: list[str], must: list[str], size: int
-) -> None:
+def test_get_preferred_allocation(plugin: Plugin, available: list[str], must: list[str], size: int) -> None:
     request = api_pb2.PreferredAllocationRequest(
         container_requests=[
             api_pb2.ContainerPreferredAllocationRequest(
@@ -118,22 +158,37 @@ def test_get_preferred_allocation(
     )
     _judge(
         "deviceplugin GetPreferredAllocation",
-        lambda: stub.GetPreferredAllocation(request, timeout=10),
+        lambda: plugin.stub.GetPreferredAllocation(request, timeout=10),
         available + must,
         fields=("allocation_size", "must_include", "available"),
     )
 
 
+def _fuzz_pre_start(plugin: Plugin, ids: list[str], surface: str) -> None:
+    before = plugin.pre_start_runs.read_text()
+    request = api_pb2.PreStartContainerRequest(devices_ids=ids)
+    answer = _judge(
+        surface,
+        lambda: plugin.stub.PreStartContainer(request, timeout=10),
+        ids,
+        empty=not ids,
+        served_only=True,
+    )
+    ran = plugin.pre_start_runs.read_text()[len(before) :]
+    # OK: the command ran once with exactly these IDs; refused: it did not run at all.
+    assert ran == ("" if answer is None else ",".join(ids) + "\n"), (ids, ran)
+
+
 @FUZZ
 @given(ids=_ids)
-def test_pre_start_container(stub: api_pb2_grpc.DevicePluginStub, ids: list[str]) -> None:
-    request = api_pb2.PreStartContainerRequest(devices_ids=ids)
-    _judge("deviceplugin PreStartContainer", lambda: stub.PreStartContainer(request, timeout=10), ids)
+def test_pre_start_container(plugin: Plugin, ids: list[str]) -> None:
+    _fuzz_pre_start(plugin, ids, "deviceplugin PreStartContainer")
 
 
-def test_huge_requests(stub: api_pb2_grpc.DevicePluginStub) -> None:
+def test_huge_requests(plugin: Plugin) -> None:
     """100,000 IDs (about 1.5 MB): refused naming the first unknown one; 5 MB: refused by gRPC
     (RESOURCE_EXHAUSTED) before the agent sees it; then a good Allocate still works."""
+    stub = plugin.stub
     many = [f"nope-{i}" for i in range(100_000)]
     with pytest.raises(grpc.RpcError) as refused:
         stub.Allocate(
@@ -161,3 +216,57 @@ def test_huge_requests(stub: api_pb2_grpc.DevicePluginStub) -> None:
         timeout=10,
     )
     assert ok.container_responses[0].devices[0].host_path.endswith("/dev/ttyUSB3")
+
+
+def _allocate_anything(
+    request: api_pb2.AllocateRequest, snap: Snapshot, cfg: Allocation
+) -> api_pb2.AllocateResponse:
+    """Broken on purpose: answers OK to every request, allocating the IDs it serves and
+    leaving out the rest without a word."""
+    response = api_pb2.AllocateResponse()
+    for creq in request.container_requests:
+        served = [i for i in creq.devices_ids if i in snap.replica_of]
+        if not served:
+            response.container_responses.add()
+            continue
+        one = api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=served)]
+        )
+        response.container_responses.extend(allocation.allocate(one, snap, cfg).container_responses)
+    return response
+
+
+#: Requests with IDs in every container request: what is left to find is an OK for unknown IDs.
+_nonempty_requests = st.lists(st.lists(_id, min_size=1, max_size=40), min_size=1, max_size=5)
+
+
+def test_the_allocate_judge_fails_an_agent_that_allocates_unknown_ids(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "allocate", _allocate_anything)
+
+    @PROVE
+    @given(requests=_nonempty_requests)
+    def fuzz_broken(requests: list[list[str]]) -> None:
+        _fuzz_allocate(plugin.stub, requests, "deviceplugin Allocate, broken on purpose")
+
+    with pytest.raises(AssertionError, match="OK for IDs the agent does not serve"):
+        fuzz_broken()
+    monkeypatch.undo()
+    _fuzz_allocate(plugin.stub, [["ttyUSB0::0", "ttyUSB99::0"]], "deviceplugin Allocate")
+
+
+def test_the_pre_start_judge_fails_an_agent_that_does_not_check_the_ids(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "check_served", lambda ids, snap: None)
+
+    @PROVE
+    @given(ids=st.lists(_id, min_size=1, max_size=40))
+    def fuzz_broken(ids: list[str]) -> None:
+        _fuzz_pre_start(plugin, ids, "deviceplugin PreStartContainer, broken on purpose")
+
+    with pytest.raises(AssertionError, match="OK for IDs the agent does not serve"):
+        fuzz_broken()
+    monkeypatch.undo()
+    _fuzz_pre_start(plugin, ["ttyUSB0::0", "ttyUSB99::0"], "deviceplugin PreStartContainer")

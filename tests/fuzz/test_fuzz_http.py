@@ -2,24 +2,31 @@
 random bytes and random request-shaped text over real loopback sockets, each sent whole and then
 the sending side closed. Every answer is a well-formed status line with a status the endpoint
 documents (or a close), nothing is logged at ERROR, no connection is left open, and the endpoint
-answers /healthz after each batch."""
+answers /healthz after each batch. No answer and no close within `DEADLINE` is a hang, and a hang
+fails the test: `test_the_judge_fails_an_endpoint_that_never_answers` runs the same fuzzer against
+an endpoint broken on purpose (it reads the request and never answers) and sees it fail."""
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.fuzzing import LoopThread, tally
+from support.fuzzing import PROVE, LoopThread, tally
 
+from patchbay_agent import httpserver
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.metrics import Metrics
 
 KNOWN = {b"200", b"400", b"404", b"405", b"408", b"414", b"431", b"503"}
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+#: How long a client waits for the answer, or the close, to all it sent: twice the endpoint's own
+#: deadline for a request (after which it answers 408). Past it the exchange is a hang.
+DEADLINE = 2 * httpserver.REQUEST_DEADLINE
 
 
 @pytest.fixture(scope="module")
@@ -32,29 +39,50 @@ def endpoint(loop_thread: LoopThread) -> Iterator[HttpEndpoint]:
         loop_thread.run(http.stop())
 
 
-def _exchange(port: int, data: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        try:
-            s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
-        except OSError:  # the endpoint closed (or reset) before all was sent: what it may do
-            pass
-        chunks = []
-        try:
-            while chunk := s.recv(65536):
+def _exchange(port: int, data: bytes, deadline: float = DEADLINE) -> bytes | None:
+    """What the endpoint answers to `data`, sent whole and then the sending side closed: the bytes
+    it sent before it closed (none: closed unanswered), or None when it neither answered in full
+    nor closed within `deadline` seconds of the connect (a hang). A socket timeout is an OSError
+    too: it is caught first, so a hang is never taken for a close."""
+    end = time.monotonic() + deadline
+    chunks: list[bytes] = []
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=deadline) as s:
+            s.settimeout(max(end - time.monotonic(), 0.001))
+            try:
+                s.sendall(data)
+                s.shutdown(socket.SHUT_WR)
+            except TimeoutError:
+                raise
+            except OSError:  # the endpoint closed (or reset) before all was sent: what it may do
+                pass
+            while True:
+                s.settimeout(max(end - time.monotonic(), 0.001))
+                try:
+                    chunk = s.recv(65536)
+                except TimeoutError:
+                    raise
+                except OSError:  # reset after (or instead of) its answer
+                    break
+                if not chunk:
+                    break
                 chunks.append(chunk)
-        except OSError:
-            pass
+    except TimeoutError:
+        return None
     return b"".join(chunks)
 
 
-def _check(answer: bytes) -> None:
+def _check(answer: bytes | None, surface: str = "http") -> None:
+    """An answer with a documented status, or a close; never a hang."""
+    if answer is None:
+        tally(surface, "hang")
+        raise AssertionError("hang: no answer and no close within the deadline")
     if not answer:
-        tally("http", "closed")
+        tally(surface, "closed")
         return
     head = answer.split(b"\r\n", 1)[0].split()
-    assert head[0] == b"HTTP/1.1" and head[1] in KNOWN, answer[:120]
-    tally("http", head[1].decode())
+    assert len(head) >= 2 and head[0] == b"HTTP/1.1" and head[1] in KNOWN, answer[:120]
+    tally(surface, head[1].decode())
 
 
 _token = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x2FF), max_size=40)
@@ -70,20 +98,22 @@ _request = st.builds(
 )
 
 
+def _fuzz_one(port: int, data: bytes, caplog: pytest.LogCaptureFixture, surface: str = "http") -> None:
+    with caplog.at_level(logging.ERROR):
+        _check(_exchange(port, data), surface)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 @FUZZ
 @given(data=st.binary(max_size=4096))
 def test_random_bytes(endpoint: HttpEndpoint, data: bytes, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR):
-        _check(_exchange(endpoint.port, data))
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    _fuzz_one(endpoint.port, data, caplog)
 
 
 @FUZZ
 @given(data=_request)
 def test_request_shaped_text(endpoint: HttpEndpoint, data: bytes, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR):
-        _check(_exchange(endpoint.port, data))
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    _fuzz_one(endpoint.port, data, caplog)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -102,3 +132,41 @@ def test_still_serving_and_nothing_left_open(endpoint: HttpEndpoint) -> None:
     answer = _exchange(endpoint.port, b"GET /healthz HTTP/1.1\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert endpoint.open_connections <= 1
+
+
+class _Silent(httpserver._Connection):
+    """Broken on purpose: reads and parses the request like the endpoint's own connection, then
+    never answers and never closes (a handler stuck past every deadline)."""
+
+    __slots__ = ()
+
+    def _answer(self, status: str, ctype: str, body: bytes) -> None:
+        self.reading = False
+        self._cancel_timer()
+
+
+def test_the_judge_fails_an_endpoint_that_never_answers(
+    endpoint: HttpEndpoint,
+    loop_thread: LoopThread,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The fuzzer above, against an endpoint whose connections never answer: it fails, naming a
+    hang (before, a socket timeout was an OSError, swallowed, and the hang counted as a close).
+    Then the endpoint is restored and the same judge passes again."""
+    monkeypatch.setattr(httpserver, "_Connection", _Silent)
+    broken = HttpEndpoint(Metrics("example.com/fuzz", "node-1"), lambda: True, lambda: True)
+    loop_thread.run(broken.start("127.0.0.1", 0))
+
+    @PROVE
+    @given(data=st.binary(max_size=4096))
+    def fuzz_broken(data: bytes) -> None:
+        _check(_exchange(broken.port, data, deadline=1.0), "http, broken on purpose")
+
+    try:
+        with pytest.raises(AssertionError, match="hang"):
+            fuzz_broken()
+    finally:
+        loop_thread.run(broken.stop())
+    monkeypatch.undo()
+    _fuzz_one(endpoint.port, b"GET /healthz HTTP/1.1\r\n\r\n", caplog)

@@ -209,7 +209,7 @@ def _script(path: Path, body: str) -> str:
     return str(path)
 
 
-def test_pre_start_container_runs_the_command_only_when_configured(
+def test_pre_start_container_runs_the_command_only_when_configured_for_ids_it_serves(
     plugin_dir: Path, hw: FakeHardware, short_dir: Path
 ) -> None:
     hw.add_dev("/dev/ttyUSB0")
@@ -227,6 +227,15 @@ def test_pre_start_container_runs_the_command_only_when_configured(
                 req = api_pb2.PreStartContainerRequest(devices_ids=["ttyUSB0"])
                 if expect is None:
                     await client.PreStartContainer(req)
+                    # IDs it does not serve, or none: refused, and the command does not run.
+                    for ids, words in (
+                        (["ttyUSB0", "nope\x00"], "unknown device IDs: 'nope\\x00'"),
+                        ([], "without"),
+                    ):
+                        with pytest.raises(grpc.aio.AioRpcError) as refused:
+                            await client.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=ids))
+                        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                        assert words in (refused.value.details() or "")
                 else:
                     with pytest.raises(grpc.aio.AioRpcError) as err:
                         await client.PreStartContainer(req)

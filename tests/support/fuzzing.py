@@ -1,6 +1,7 @@
 """What the fuzz suites (tests/fuzz) share: an asyncio loop in a thread, so Hypothesis can drive a
-long-lived agent with blocking calls, and the tally of what was tried (printed by
-tests/fuzz/conftest.py at the end of the run)."""
+long-lived agent with blocking calls; the tally of what was tried (printed by
+tests/fuzz/conftest.py at the end of the run); and `PROVE`, the settings under which each suite
+runs its fuzzer once more against an agent broken on purpose, to show that its judge fails."""
 
 from __future__ import annotations
 
@@ -10,7 +11,21 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from hypothesis import HealthCheck, Phase, settings
+
 T = TypeVar("T")
+
+#: A fuzzer run against an agent broken on purpose: the judge must fail it. Few examples, the same
+#: ones every run (derandomized, no example database) and no shrinking: the first failure is the
+#: proof, so the run stays short and fails the same way in CI as here.
+PROVE = settings(
+    max_examples=50,
+    derandomize=True,
+    database=None,
+    phases=[Phase.generate],
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 #: surface -> what happened to its inputs: tried, and how they were answered
 TALLY: dict[str, Counter[str]] = {}

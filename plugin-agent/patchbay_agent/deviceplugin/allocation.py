@@ -45,11 +45,19 @@ def name_ids(ids: Sequence[str]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
-def _physical_ids(ids: Sequence[str], snap: Snapshot) -> list[str]:
-    """Map advertised IDs to physical IDs (first-seen order, no duplicates) or refuse."""
+def check_served(ids: Sequence[str], snap: Snapshot) -> None:
+    """Refuse (INVALID_ARGUMENT) a request without IDs, or with IDs the agent does not advertise,
+    naming them."""
+    if not ids:
+        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, "request without device IDs")
     unknown = [i for i in ids if i not in snap.replica_of]
     if unknown:
         raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown device IDs: {name_ids(unknown)}")
+
+
+def _physical_ids(ids: Sequence[str], snap: Snapshot) -> list[str]:
+    """Map advertised IDs to physical IDs (first-seen order, no duplicates) or refuse."""
+    check_served(ids, snap)
     unhealthy = [i for i in ids if i not in snap.healthy]
     if unhealthy:
         raise AllocationError(

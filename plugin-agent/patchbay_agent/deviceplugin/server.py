@@ -25,7 +25,7 @@ from patchbay_agent.command import Outcome, run_command
 from patchbay_agent.config import AgentConfig, PreferredPolicy
 from patchbay_agent.constants import ENV_PRESTART_DEVICE_IDS
 from patchbay_agent.core.inventory import Inventory, Snapshot
-from patchbay_agent.deviceplugin.allocation import AllocationError, allocate, preferred
+from patchbay_agent.deviceplugin.allocation import AllocationError, allocate, check_served, preferred
 from patchbay_agent.deviceplugin.encoding import ListAndWatchEncoder
 from patchbay_agent.kubelet.pluginserver import PluginServer
 from patchbay_agent.metrics import Metrics
@@ -180,6 +180,11 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreStartContainerResponse:
         """Run the profile's preStart command with the device IDs; the kubelet waits for it.
 
+        The IDs are checked first: the command runs as root with them in its environment, so a
+        call without IDs, or naming one the agent does not advertise, is refused
+        (INVALID_ARGUMENT naming them) and runs nothing. (An ID with a NUL byte made the
+        process's start raise, UNKNOWN; found by tests/fuzz/test_fuzz_deviceplugin.py.)
+
         Without a preStart section the options say pre_start_required=false and the kubelet never
         calls this; answering OK to a stray call is the harmless choice.
         """
@@ -187,6 +192,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         if pre is None:
             self._metrics.rpcs.labels("PreStartContainer", "OK").inc()
             return api_pb2.PreStartContainerResponse()
+        try:
+            check_served(request.devices_ids, self._inventory.current)
+        except AllocationError as e:
+            self._metrics.rpcs.labels("PreStartContainer", e.code.name).inc()
+            log.warning("Refused PreStartContainer: %s", e.message)
+            await context.abort(e.code, e.message)
         ids = ",".join(request.devices_ids)
         result = await run_command(pre.command, {ENV_PRESTART_DEVICE_IDS: ids}, pre.timeout_seconds)
         code = {

@@ -1,7 +1,7 @@
 """Packaging by program: each image installs exactly its program, from the program's own metadata.
 
 Checked as text and metadata (the images themselves are built and run by the e2e tests): the
-three programs each have a pyproject.toml; the top-level one installs them all for development;
+four programs each have a pyproject.toml; the top-level one installs them all for development;
 each Dockerfile takes its base as a build argument (pinned by default), copies nothing but the
 wheelhouse, installs its own distribution offline, and runs its own console script; the operator
 runs as non-root; what goes into the agent image holds no operator-side dependency.
