@@ -105,7 +105,8 @@ class HostCgroups:
         """The node's cgroup root where memory is accounted; every pod's cgroup lies below it."""
         if self.version == 2:
             return self.base / root.lstrip("/")
-        return self.base / "memory" / root.lstrip("/")
+        memory = [h for h in self.hierarchies if "memory" in h.name.split(",")]
+        return (memory[0] if memory else self.base / "memory") / root.lstrip("/")
 
 
 def fs_type(base: Path = BASE) -> str:

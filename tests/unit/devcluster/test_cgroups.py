@@ -126,6 +126,9 @@ def test_tmpfs_with_the_v1_hierarchies_is_v1_and_the_node_is_in_each(tmp_path: P
     assert base / "memory" / ROOT.lstrip("/") in dirs
     assert base / "systemd" / ROOT.lstrip("/") in dirs
     assert host.memory_dir(ROOT) == base / "memory" / ROOT.lstrip("/")
+    comounted = detect("tmpfs", v1_tree(tmp_path / "co", ("cpu,cpuacct", "cpuset", "memory,blkio")))
+    assert comounted.problem() is None
+    assert comounted.memory_dir(ROOT) == tmp_path / "co" / "memory,blkio" / ROOT.lstrip("/")
 
 
 def test_hybrid_is_v1_and_teardown_looks_in_the_unified_mount_too(tmp_path: Path) -> None:
