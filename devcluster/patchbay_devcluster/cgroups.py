@@ -17,7 +17,7 @@ Which version: what ``stat -f`` says of ``/sys/fs/cgroup``, the same test runc a
   unified mount, so teardown looks there too.
 - anything else (nothing mounted): no real node, and a one-line reason.
 
-Only the standard library: ``hack/host-check.py`` loads this file by path with the machine's
+Only the standard library: ``hack/host_check.py`` loads this file by path with the machine's
 python3 before the virtualenv exists, so ``make setup`` and the node decide alike.
 """
 
