@@ -40,10 +40,15 @@ help: ## Show this help
 ##@ Setup
 
 .PHONY: setup
-setup: host-packages venv kube-binaries ## Install everything: Debian packages, the virtualenv, the pinned Kubernetes binaries (idempotent)
+setup: host-check host-packages venv kube-binaries ## Check the host, then install everything: Debian packages, the virtualenv, the pinned Kubernetes binaries (idempotent)
+
+.PHONY: host-check
+host-check: ## Stop at once, in one line, on a host the real node cannot run on (python3 < 3.11, not root, no usable cgroups)
+	@command -v python3 >/dev/null || { echo "[host-check] no python3: apt-get install python3 python3-venv" >&2; exit 1; }
+	@python3 hack/host_check.py
 
 .PHONY: host-packages
-host-packages: ## Debian packages for the real node (runc, CNI plugins, busybox-static, gcc, podman)
+host-packages: ## Debian packages for the real node (runc, CNI plugins, busybox-static, gcc, podman, python3-venv)
 	@hack/host-packages.sh
 
 .PHONY: venv
@@ -58,7 +63,7 @@ $(VENV_STAMP): $(PYPROJECTS)
 	@touch $@
 
 .PHONY: kube-binaries
-kube-binaries: ## Build (or reuse from the cache) etcd, kube-*, kubelet, kubectl, kwok, helm for K8S_VERSION
+kube-binaries: ## Build (or reuse from the cache) etcd, kube-*, kubelet, kubectl, kwok, helm for K8S_VERSION (an older host Go fetches the Go they need)
 	@hack/kube-binaries.sh
 
 .PHONY: kube-binaries-matrix

@@ -258,8 +258,9 @@ class Bench:
 
         - ``rss``/``pss``: the agent process's resident set and proportional set (smaps_rollup),
           shared libraries included: what the process really holds;
-        - ``cgroup_rss``/``cgroup_usage``: what the pod's memory cgroup (v1) is charged, which is
-          what limits and evictions see. Pages of the image's files that another cgroup touched
+        - ``cgroup_rss``/``cgroup_usage``: what the pod's memory cgroup is charged (v1:
+          ``total_rss`` and ``memory.usage_in_bytes``; v2: ``anon`` and ``memory.current``), which
+          is what limits and evictions see. Pages of the image's files that another cgroup touched
           first (containerd unpacking the image) are not charged here, so this reads lower.
         """
         pods = self.core.list_namespaced_pod(
@@ -267,12 +268,13 @@ class Bench:
             label_selector=f"app.kubernetes.io/name=patchbay-agent,patchbay.dev/profile={profile}",
         ).items
         uid = pods[0].metadata.uid
-        root = Path("/sys/fs/cgroup/memory") / self.cluster.real_node().cgroup_root.lstrip("/")
+        root = self.cluster.real_node().cgroup_dir()
         (pod_dir,) = [d for d in root.rglob(f"pod{uid}") if d.is_dir()]
         stat = dict(line.split() for line in (pod_dir / "memory.stat").read_text().splitlines())
-        usage = int((pod_dir / "memory.usage_in_bytes").read_text())
+        v2 = (pod_dir / "memory.current").exists()
+        usage = int((pod_dir / ("memory.current" if v2 else "memory.usage_in_bytes")).read_text())
         out = {
-            "cgroup_rss": int(stat["total_rss"]) / 2**20,
+            "cgroup_rss": int(stat["anon" if v2 else "total_rss"]) / 2**20,
             "cgroup_usage": usage / 2**20,
             "rss": 0.0,
             "pss": 0.0,

@@ -378,7 +378,7 @@ class Bench:
         (pod,) = self.core.list_namespaced_pod(
             "patchbay-system", label_selector=f"patchbay.dev/profile={profile}"
         ).items
-        root = Path("/sys/fs/cgroup/memory") / self.cluster.real_node().cgroup_root.lstrip("/")
+        root = self.cluster.real_node().cgroup_dir()
         (pod_dir,) = [d for d in root.rglob(f"pod{pod.metadata.uid}") if d.is_dir()]
         rss = pss = 0.0
         for procs in pod_dir.rglob("cgroup.procs"):

@@ -4,8 +4,11 @@
 # network and the test that nothing leaves it), a static busybox (the test image's userland), a C
 # compiler (the pause binary), podman and mmdebstrap (the project's images, built with no Docker
 # engine and no registry), prometheus (promtool tests the chart's alerts; the e2e runs a real
-# Prometheus on loopback: docs/operations.md#alerts). Idempotent: installs only what is missing. Not containerd: bookworm's
-# 1.6 cannot inject CDI devices, so hack/kube-binaries.sh builds a 2.x with the Kubernetes binaries.
+# Prometheus on loopback: docs/operations.md#alerts), python3-venv (`make venv`: Debian's python3
+# has no venv/ensurepip without it). Idempotent: installs only what is missing. Not containerd:
+# bookworm's 1.6 cannot inject CDI devices, so hack/kube-binaries.sh builds a 2.x with the
+# Kubernetes binaries. Not Go: bookworm's 1.19 cannot fetch the toolchain the build needs
+# (hack/kube-binaries.sh says which).
 set -euo pipefail
 need=()
 command -v runc >/dev/null || need+=(runc)
@@ -18,8 +21,9 @@ command -v iptables >/dev/null || need+=(iptables)
 command -v podman >/dev/null || need+=(podman)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v promtool >/dev/null || need+=(prometheus)
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if (( ${#need[@]} == 0 )); then
-  echo "[host-packages] present: runc containernetworking-plugins busybox-static gcc iproute2 iptables podman mmdebstrap prometheus"
+  echo "[host-packages] present: runc containernetworking-plugins busybox-static gcc iproute2 iptables podman mmdebstrap prometheus python3-venv"
   exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then

@@ -17,6 +17,13 @@
 # Kubernetes binaries only; etcd, kwok, helm and containerd do not depend on the release, so they
 # are built once into $CACHE/tools/<name>-<version>/ and linked into each release's bin dir. A
 # stamp file makes a second run a no-op in well under a second.
+#
+# Go: the build needs the highest `go` line of the pinned modules' go.mod files (k8s.io/kubernetes
+# at K8S_VERSION, etcd, containerd, kwok, helm). A host Go at least that new builds them as it is
+# (GOTOOLCHAIN=local); an older one (1.21 or later) is told GOTOOLCHAIN=go<that version>, so the go
+# command fetches that release from the module proxy into the module cache, once, and builds with
+# it. `--toolchain` prints the choice without building. The cache keys do not name the Go release:
+# any release that the modules accept builds the same programs.
 set -euo pipefail
 
 HACK="$(cd "$(dirname "$0")" && pwd)"
@@ -51,16 +58,62 @@ if [[ "${1:-}" == "--print-bin-dir" ]]; then
   exit 0
 fi
 
+# --- the Go toolchain: the host's, or the release of Go the pinned modules need ------------------
+GO_MIN_SWITCH=1.21.0  # the first Go that fetches other toolchains (GOTOOLCHAIN)
+MODULES=("k8s.io/kubernetes@$K8S_VERSION" "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  "github.com/containerd/containerd/v2@$CONTAINERD_VERSION" "sigs.k8s.io/kwok@$KWOK_VERSION"
+  "helm.sh/helm/v4@$HELM_VERSION")
+# true if version $1 is older than version $2 (1.26.0 < 1.26.6 < 1.27.0)
+older() { [[ "$1" != "$2" && "$(printf '%s\n' "$1" "$2" | sort -V | head -n1)" == "$1" ]]; }
+# Sets GOTOOLCHAIN for the build, or stops with one line that says what to do.
+choose_toolchain() {
+  command -v go >/dev/null || {
+    log "ERROR: no go on PATH: install Go $GO_MIN_SWITCH or newer (Debian 12's golang-go is 1.19, too old); it fetches the Go release the build needs itself"
+    exit 1
+  }
+  local host need=0 mod line go
+  host=$(GOTOOLCHAIN=local go version | awk '{print $3}')  # go version go1.26.8 linux/amd64
+  host=${host#go}
+  # Each module's `go` line, from the module cache or the proxy (its go.mod only, outside any module).
+  for mod in "${MODULES[@]}"; do
+    if ! line=$(cd / && GOTOOLCHAIN=local GOWORK=off GOFLAGS=-mod=mod go list -m -f '{{.GoVersion}}' "$mod"); then
+      if older "$host" "$GO_MIN_SWITCH"; then
+        log "ERROR: the host's go$host is too old: install Go $GO_MIN_SWITCH or newer"
+      else
+        log "ERROR: cannot read the go.mod of $mod from the Go module proxy (above: go's own words)"
+      fi
+      exit 1
+    fi
+    [[ "$line" == *.*.* ]] || line="$line.0"  # `go 1.22` is the language; its first release is go1.22.0
+    if [[ "$need" == 0 ]] || older "$need" "$line"; then need=$line go=$mod; fi
+  done
+  if ! older "$host" "$need"; then
+    export GOTOOLCHAIN=local
+    log "Go: the host's go$host (the pinned modules need go$need, $go)"
+  elif older "$host" "$GO_MIN_SWITCH"; then
+    log "ERROR: the host's go$host is older than the go$need that $go needs, and too old to fetch it: install Go $GO_MIN_SWITCH or newer"
+    exit 1
+  else
+    export GOTOOLCHAIN="go$need"
+    log "Go: the host's go$host is older than the go$need that $go needs: building with GOTOOLCHAIN=go$need (fetched from the Go module proxy into the module cache, once)"
+  fi
+}
+
+if [[ "${1:-}" == "--toolchain" ]]; then
+  choose_toolchain
+  echo "$GOTOOLCHAIN"
+  exit 0
+fi
+
 if [[ -f "$STAMP" ]]; then
   log "cached: $BIN ($KEY)"
   exit 0
 fi
 
-command -v go >/dev/null || { log "ERROR: go is not installed (needed to build Kubernetes)"; exit 1; }
+choose_toolchain
 mkdir -p "$BIN" "$OUT/work"
 start=$(date +%s)
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
-export GOTOOLCHAIN=local
 
 have() { [[ -x "$BIN/$1" ]]; }
 

@@ -9,8 +9,9 @@ serves ``/var/lib/kubelet/device-plugins/kubelet.sock`` (hard-coded upstream), s
 register there and only one real node runs per machine: ``OWNER_FILE`` names the state directory
 of the node that holds it and its kubelet's PID, so a second node can tell whether the first
 still runs.
-Pods run in the cgroup subtree ``/patchbay-<id>`` of every
-cgroup v1 hierarchy, which is how ``down`` finds and stops every container process.
+Pods run in the cgroup subtree ``/patchbay-<id>``: of every hierarchy on a cgroup v1 host, of the
+one unified hierarchy on a cgroup v2 host (:mod:`patchbay_devcluster.cgroups` tells which the host
+has and prepares it); ``down`` finds and stops every container process there.
 
 Network: a private pod network inside the machine. Ordinary pods get an address on the bridge
 ``patchbay0`` (CNI ``bridge`` + ``host-local``, Debian's containernetworking-plugins) in
@@ -41,13 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from patchbay_devcluster import images, pki
+from patchbay_devcluster import cgroups, images, pki
+from patchbay_devcluster.cgroups import CgroupError, HostCgroups
 from patchbay_devcluster.procs import Proc
 
 log = logging.getLogger(__name__)
 
 NODE_NAME = "localhost"
-CGROUP_BASE = Path("/sys/fs/cgroup")
+CGROUP_BASE = cgroups.BASE
 # The kubelet's device manager hard-codes its registration socket (k8s.io/kubelet's
 # pluginapi.KubeletSocket) whatever --root-dir says, so this directory is machine-wide, and so
 # one real node at a time per machine: OWNER_FILE says whose it is.
@@ -160,8 +162,14 @@ class NodePaths:
         return self.root / "images"
 
 
-def check_host() -> None:
-    """Fail early, naming the missing piece, rather than deep inside a kubelet log."""
+def host_cgroups() -> HostCgroups:
+    """The host's cgroups, v1 or v2 (never fails: ``HostCgroups.problem`` says what is missing)."""
+    return cgroups.host_cgroups(CGROUP_BASE)
+
+
+def check_host() -> HostCgroups:
+    """Fail early, naming the missing piece, rather than deep inside a kubelet log; returns the
+    host's cgroups, which decide the kubelet's settings."""
     if not shutil.which("runc"):
         raise NodeError("missing runc: apt-get install runc (make setup does)")
     missing_cni = [f"/usr/lib/cni/{c}" for c in CNI_PLUGINS if not Path(f"/usr/lib/cni/{c}").exists()]
@@ -171,8 +179,11 @@ def check_host() -> None:
         raise NodeError("missing the `ip` command: apt-get install iproute2")
     if os.geteuid() != 0:
         raise NodeError("a real node needs root (containerd and the kubelet manage cgroups and mounts)")
-    if not (CGROUP_BASE / "memory").is_dir():
-        raise NodeError(f"no cgroup v1 memory hierarchy under {CGROUP_BASE}")
+    host = host_cgroups()
+    problem = host.problem()
+    if problem is not None:
+        raise NodeError(problem)
+    return host
 
 
 def containerd_config(paths: NodePaths) -> str:
@@ -231,6 +242,9 @@ disabled_plugins = ['io.containerd.snapshotter.v1.btrfs', 'io.containerd.snapsho
       runtime_type = 'io.containerd.runc.v2'
       [{cri}.containerd.runtimes.runc.options]
         BinaryName = '{shutil.which("runc") or "runc"}'
+        # cgroupfs, as the kubelet's cgroupDriver, on cgroup v1 and v2 alike: no systemd manages
+        # cgroups here. containerd, its shim and runc tell v1 from v2 themselves (a statfs of
+        # /sys/fs/cgroup, as patchbay_devcluster.cgroups does).
         SystemdCgroup = false
   [{cri}.cni]
     bin_dirs = ['/usr/lib/cni']
@@ -309,7 +323,7 @@ def registry_hosts() -> str:
 
 
 def kubelet_config(
-    paths: NodePaths, pki_dir: Path, port: int, healthz_port: int, cgroup_root: str
+    paths: NodePaths, pki_dir: Path, port: int, healthz_port: int, cgroup_root: str, *, cgroup_version: int
 ) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -330,10 +344,8 @@ def kubelet_config(
         "tlsPrivateKeyFile": str(pki_dir / "kubelet-serving.key"),
         "containerRuntimeEndpoint": f"unix://{paths.containerd_sock}",
         "podLogsDir": str(paths.pod_logs),
-        # Machines here: cgroup v1, no systemd, kernel defaults we may not change.
-        "cgroupDriver": "cgroupfs",
-        "cgroupRoot": cgroup_root,
-        "failCgroupV1": False,
+        # cgroup v1 or v2 (cgroups.kubelet_settings), no systemd, kernel defaults we may not change.
+        **cgroups.kubelet_settings(cgroup_version, cgroup_root),
         "failSwapOn": False,
         "protectKernelDefaults": False,
         # Images are imported, never pulled: never garbage-collect them, never evict for disk.
@@ -365,7 +377,8 @@ class RealNode:
 
     def prepare(self, api_port: int, kubelet_port: int, healthz_port: int) -> None:
         """Write configs, certificates, CNI config and image tarballs (idempotent)."""
-        check_host()
+        host = check_host()
+        log.info("  %s: pods under the cgroup %s", host.describe(), self.cgroup_root)
         p = self.paths
         for d in (p.root, p.containerd_root.parent, p.kubelet_root, p.pod_logs, p.cni_conf, p.cdi_spec_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -383,24 +396,27 @@ class RealNode:
         pki.write_kubeconfig(self.kubeconfig, f"https://127.0.0.1:{api_port}", ca.pair.cert, client)
         p.kubelet_config.write_text(
             json.dumps(
-                kubelet_config(p, self.pki_dir, kubelet_port, healthz_port, self.cgroup_root), indent=2
+                kubelet_config(
+                    p, self.pki_dir, kubelet_port, healthz_port, self.cgroup_root, cgroup_version=host.version
+                ),
+                indent=2,
             )
         )
         self.image_tarballs = images.build_images(p.images)
-        self.create_cgroups()
+        self.create_cgroups(host)
 
-    def create_cgroups(self) -> None:
-        """The kubelet insists that its cgroupRoot exists in every v1 hierarchy it uses."""
-        for hierarchy in CGROUP_BASE.iterdir():
-            if hierarchy.name == "unified" or not (hierarchy / "cgroup.procs").exists():
-                continue
-            sub = hierarchy / self.cgroup_root.lstrip("/")
-            sub.mkdir(exist_ok=True)
-            if hierarchy.name == "cpuset":
-                # A new cpuset has no CPUs or memory nodes until given its parent's.
-                for knob in ("cpuset.cpus", "cpuset.mems"):
-                    if not (sub / knob).read_text().strip():
-                        (sub / knob).write_text((hierarchy / knob).read_text())
+    def create_cgroups(self, host: HostCgroups) -> list[Path]:
+        """The kubelet's cgroupRoot, ready for it: in every v1 hierarchy, or on v2 with the
+        controllers it uses handed down to it (``cgroups.create_node_cgroups``)."""
+        try:
+            return cgroups.create_node_cgroups(host, self.cgroup_root)
+        except CgroupError as e:
+            raise NodeError(str(e)) from None
+
+    def cgroup_dir(self) -> Path:
+        """The node's cgroup root where memory is accounted, on v1 or v2: each pod's cgroup
+        (``pod<uid>``) lies below it."""
+        return host_cgroups().memory_dir(self.cgroup_root)
 
     @property
     def kubeconfig(self) -> Path:
@@ -497,16 +513,22 @@ class RealNode:
     # --- teardown ------------------------------------------------------------------------------
 
     def kill_pods(self) -> int:
-        """SIGKILL every process in the node's cgroup subtree (containers and sandboxes)."""
+        """SIGKILL every process in the node's cgroup subtree (containers and sandboxes): the
+        subtree in every v1 hierarchy, or the one v2 subtree (whose ``cgroup.kill`` also kills
+        what forks meanwhile, on kernels from 5.14)."""
+        host = host_cgroups()
         pids: set[int] = set()
-        for hierarchy in CGROUP_BASE.iterdir():
-            sub = hierarchy / self.cgroup_root.lstrip("/")
+        for sub in host.node_dirs(self.cgroup_root):
             if sub.is_dir():
                 for procs in sub.rglob("cgroup.procs"):
                     try:
                         pids.update(int(x) for x in procs.read_text().split())
                     except OSError:
                         continue
+                kill = sub / "cgroup.kill"
+                if host.version == 2 and kill.exists():
+                    with contextlib.suppress(OSError):
+                        kill.write_text("1")
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -590,8 +612,7 @@ class RealNode:
         return self.paths.root.exists() or self.link.is_symlink()
 
     def remove_cgroups(self) -> None:
-        for hierarchy in CGROUP_BASE.iterdir():
-            sub = hierarchy / self.cgroup_root.lstrip("/")
+        for sub in host_cgroups().node_dirs(self.cgroup_root):
             if not sub.is_dir():
                 continue
             dirs = sorted((d for d in sub.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True)

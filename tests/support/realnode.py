@@ -165,13 +165,11 @@ def serial_profile(
     return name, resource
 
 
-#: cgroup v1 memory controller, where the real node's pods have their cgroups (one per pod UID)
-CGROUP_MEMORY = Path("/sys/fs/cgroup/memory")
-
-
 def pod_processes(e2e_cluster: DevCluster, pod: client.V1Pod) -> dict[int, dict[str, str]]:
-    """PID -> the fields of /proc/<pid>/status of every process of ``pod`` but its pause."""
-    root = CGROUP_MEMORY / e2e_cluster.real_node().cgroup_root.lstrip("/")
+    """PID -> the fields of /proc/<pid>/status of every process of ``pod`` but its pause; from the
+    pod's cgroup (``pod<uid>`` under the node's cgroup root: in the memory hierarchy on cgroup v1,
+    in the unified one on v2)."""
+    root = e2e_cluster.real_node().cgroup_dir()
     dirs = [d for d in root.rglob(f"pod{pod.metadata.uid}") if d.is_dir()]
     assert len(dirs) == 1, f"the cgroup of pod {pod.metadata.name}: {dirs}"
     out: dict[int, dict[str, str]] = {}
