@@ -36,7 +36,7 @@ from kubernetes import client, config
 from patchbay_devcluster import DevCluster, default_state_dir, find_bin_dir
 from patchbay_devcluster.imagebuild import build_all
 from patchbay_devcluster.images import BUSYBOX_IMAGE
-from patchbay_devcluster.install import helm_install, local_values, merge
+from patchbay_devcluster.install import helm_install, local_values
 from patchbay_devcluster.poll import poll_until
 from patchbay_devcluster.releases import has, release_of
 
@@ -114,15 +114,14 @@ def up(cluster: DevCluster) -> None:
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
 
-    step("helm install: the operator is the chart's Deployment pod on the real node")
+    step("helm install: the chart's defaults; the operator is its Deployment pod on the real node")
     print(
-        "    No kube-proxy here and the API server listens on 127.0.0.1 only, so the operator runs\n"
-        "    with hostNetwork and the API server address as a value (both chart options, off by default)."
+        "    Its pods reach the API server through the kubernetes Service, as in any cluster; the only\n"
+        "    values are the images built here (no registry: imported into the node)."
     )
-    values = {"operator": {"statusDebounceSeconds": 0.5}}
-    print(f"$ helm upgrade --install {RELEASE} charts/patchbay -n {NAMESPACE} --values <local values> --wait")
-    print("    " + json.dumps(merge(local_values(cluster, images), values)))
-    helm_install(cluster, REPO / "charts" / "patchbay", images, values, release=RELEASE, namespace=NAMESPACE)
+    print(f"$ helm upgrade --install {RELEASE} charts/patchbay -n {NAMESPACE} --values <images> --wait")
+    print("    " + json.dumps(local_values(cluster, images)))
+    helm_install(cluster, REPO / "charts" / "patchbay", images, release=RELEASE, namespace=NAMESPACE)
     tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide")
 
     step("Static: 4 example.com/dongle on every node labelled example.com/dongle-port=true")

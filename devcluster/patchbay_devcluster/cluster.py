@@ -33,7 +33,14 @@ from kubernetes import client
 
 from patchbay_devcluster import controlplane, kubeapi
 from patchbay_devcluster.controlplane import COMPONENTS, KWOK_NODE_LABEL, kwok_node
-from patchbay_devcluster.node import NODE_IP, NODE_NAME, NodeError, RealNode
+from patchbay_devcluster.node import (
+    KUBERNETES_SERVICE_PORT,
+    NODE_IP,
+    NODE_NAME,
+    SERVICE_SUBNET,
+    NodeError,
+    RealNode,
+)
 from patchbay_devcluster.poll import poll_until
 from patchbay_devcluster.procs import Proc, free_port, http_ok, spawn, stop_child, stop_pid, tail, tls_ok
 
@@ -57,9 +64,10 @@ node adds ``relay``, a port of the bridge address, when it starts."""
 
 RELAY = "relay"
 """The relay's name as a process and as a port of ``state.json``."""
-RELAY_PORT = 6443
-"""The relay's port on the bridge address, unless something on the machine holds it (a listener
-on the wildcard address): then one the kernel picks. ``pod_api_server`` says which."""
+RELAY_PORT = KUBERNETES_SERVICE_PORT
+"""The relay's port on the bridge address: the ``kubernetes`` Service's, whose address is the
+bridge's (``node.SERVICE_SUBNET``), so pods reach the API server as in any cluster. Something else
+on the machine that holds it (a listener on the wildcard address) is an error that says so."""
 API_SERVER_IPS = (NODE_IP,)
 """Addresses the API server's certificate names besides localhost and 127.0.0.1: the relay's,
 so that pods verify the API server they reach through it."""
@@ -237,7 +245,10 @@ class DevCluster:
         return spawn(name, argv, self.log_dir, self.dir, marker=marker, env=env)
 
     def _argv(self, name: str, ports: dict[str, int]) -> list[str]:
-        return controlplane.argv(name, self.bin_dir, self.dir, self.pki_dir, ports)
+        # The "kubernetes" Service's address is the pod bridge's own (node.SERVICE_SUBNET).
+        return controlplane.argv(
+            name, self.bin_dir, self.dir, self.pki_dir, ports, service_range=str(SERVICE_SUBNET)
+        )
 
     def down(self, purge: bool = True, grace: float = 15.0) -> list[str]:
         """Stop every recorded process by PID; with ``purge`` remove the state directory.
@@ -377,7 +388,10 @@ class DevCluster:
         st.procs = [p for p in st.procs if p.name != RELAY]
         port = free_port(NODE_IP, preferred=RELAY_PORT)
         if port != RELAY_PORT:
-            log.warning("Port %d of %s is taken; the relay for pods listens on %d", RELAY_PORT, NODE_IP, port)
+            raise ClusterError(
+                f"port {RELAY_PORT} of {NODE_IP} is taken (a listener on the wildcard address?): pods "
+                f"reach the API server through the kubernetes Service at {NODE_IP}:{RELAY_PORT}; free it"
+            )
         st.ports[RELAY] = port
         argv = relay.argv((NODE_IP, port), ("127.0.0.1", st.ports["apiserver"]))
         proc, child = self._spawn(RELAY, argv, marker=relay.MODULE)

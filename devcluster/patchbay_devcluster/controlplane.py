@@ -66,8 +66,17 @@ def api_server_certificate(pki_dir: Path, ips: Sequence[str] = ()) -> pki.CertPa
     return pki.CertificateAuthority(pki_dir).issue("apiserver", "kube-apiserver", server=True, ips=ips)
 
 
-def argv(name: str, bin_dir: Path, state_dir: Path, pki_dir: Path, ports: dict[str, int]) -> list[str]:
-    """The command line of component ``name`` (one of ``COMPONENTS``)."""
+def argv(
+    name: str,
+    bin_dir: Path,
+    state_dir: Path,
+    pki_dir: Path,
+    ports: dict[str, int],
+    *,
+    service_range: str = "10.0.0.0/24",
+) -> list[str]:
+    """The command line of component ``name`` (one of ``COMPONENTS``). ``service_range``: the
+    API server's Service range (the cluster passes one whose first address its pods can reach)."""
     b = str(bin_dir / name)
     p = pki_dir
     if name == "etcd":
@@ -106,7 +115,7 @@ def argv(name: str, bin_dir: Path, state_dir: Path, pki_dir: Path, ports: dict[s
             # The real node is "localhost" (Hostname address); kwok nodes have only an
             # InternalIP of 127.0.0.1. Either way logs/exec stay on loopback.
             "--kubelet-preferred-address-types=Hostname,InternalIP",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={service_range}",
             "--allow-privileged=true",
             "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction",

@@ -1,15 +1,15 @@
 """Install this checkout's Helm chart on the local cluster, with the images built here.
 
 One function for the demo, the e2e tests and the benchmarks, so all three take the user's path:
-``helm upgrade --install`` of ``charts/patchbay``. The local cluster differs from a real one in
-two ways, and the values say so with the chart's own options (both off by default):
-
-- there is no kube-proxy and the API server listens on 127.0.0.1 only, so the operator runs with
-  ``operator.hostNetwork`` and reaches the API server at ``apiServer.host``/``port``, and the
-  agents (on the pod network) reach it through the cluster tool's relay on the pod bridge
-  (``agent.apiServer``; the API server's certificate names that address);
-- there is no registry, so images are imported into the node (``DevCluster.load_images``) and the
-  operator's pull policy is ``Never`` (a missing image says so at once: ErrImageNeverPull).
+``helm upgrade --install`` of ``charts/patchbay`` with the chart's DEFAULT values, but for the
+images. The local cluster is made to look like a real one where the chart's defaults depend on
+it: pods reach the API server through the ``kubernetes`` Service (its address is the pod
+bridge's own, where the cluster tool's relay answers on the Service's port; docs/devcluster.md),
+and the real node's kubelet uses ``/var/lib/kubelet`` and containerd ``/var/run/cdi``. The one
+difference left: there is no registry, so images are imported into the node
+(``DevCluster.load_images``) and their pull policy is ``Never`` (a missing image says so at once:
+ErrImageNeverPull). The chart's options for clusters that differ (``operator.hostNetwork``,
+``apiServer``, ``agent.apiServer``, the node paths) each have a test of their own.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 
 from patchbay_devcluster.cluster import ClusterError, DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage
-from patchbay_devcluster.procs import free_port
 
 RELEASE = "patchbay"
 NAMESPACE = "patchbay-system"
@@ -40,21 +39,11 @@ class Release:
 
 
 def local_values(cluster: DevCluster, images: Mapping[str, BuiltImage]) -> dict[str, Any]:
-    """Chart values for the local cluster (see the module docstring for why each one)."""
+    """Chart values for the local cluster: the images, and nothing else (see the module doc)."""
     operator, agent = images["operator"], images["agent"]
-    pod_host, pod_port = cluster.pod_api_server
     return {
         "image": {"repository": operator.repository, "tag": operator.tag, "pullPolicy": "Never"},
-        "agent": {
-            "image": agent.ref,
-            "kubeletRootDir": str(cluster.real_node().paths.kubelet_root),
-            "cdiSpecDir": str(cluster.real_node().paths.cdi_spec_dir),
-            "apiServer": {"host": pod_host, "port": pod_port},
-        },
-        # On the node's network its ports are the machine's (on 127.0.0.1): free ones.
-        "operator": {"hostNetwork": True, "healthPort": free_port()},
-        "metrics": {"port": free_port()},
-        "apiServer": {"host": "127.0.0.1", "port": cluster.state().ports["apiserver"]},
+        "agent": {"image": agent.ref},
     }
 
 

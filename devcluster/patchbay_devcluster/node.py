@@ -1,14 +1,16 @@
 """A REAL node for the dev cluster: the pinned kubelet on containerd 2.4 (built with the Kubernetes
 binaries, for its CDI injection) and Debian's runc.
 
-Everything the node owns lives under one short directory linked as ``<state>/node``: containerd's
-root, state and socket, the kubelet's root directory, pod logs, the CNI config, the CDI spec
-directory, and the images
-built by :mod:`patchbay_devcluster.images`. One exception: the kubelet's device manager always
-serves ``/var/lib/kubelet/device-plugins/kubelet.sock`` (hard-coded upstream), so device plugins
-register there and only one real node runs per machine: ``OWNER_FILE`` names the state directory
-of the node that holds it and its kubelet's PID, so a second node can tell whether the first
-still runs.
+The node uses the paths every node of a real cluster uses, so that the chart's defaults are the
+ones proven here: the kubelet's root directory is the machine's ``/var/lib/kubelet`` (its
+device-plugin socket, PodResources socket and plugin registry with it) and containerd reads CDI
+specs from ``/var/run/cdi``. So only one real node runs per machine: ``OWNER_FILE`` names the
+state directory of the node that holds them and its kubelet's PID, so a second node can tell
+whether the first still runs; a node starting removes what a node of ours left there, and refuses
+a kubelet directory that holds another kubelet's pods. Everything else the node owns lives under
+one short directory linked as ``<state>/node``: containerd's root, state and socket, pod logs, the
+CNI config and the images built by :mod:`patchbay_devcluster.images`; ``down`` removes it, the
+kubelet directory's contents and the CDI specs of Patchbay's agents (``patchbay_*.json``).
 Pods run in the cgroup subtree ``/patchbay-<id>``: of every hierarchy on a cgroup v1 host, of the
 one unified hierarchy on a cgroup v2 host (:mod:`patchbay_devcluster.cgroups` tells which the host
 has and prepares it); ``down`` finds and stops every container process there.
@@ -20,10 +22,13 @@ so the kubelet's HTTP probes and a scraper on the node reach pods exactly as in 
 have no default route, the bridge does not forward (``net.ipv4.conf.patchbay0.forwarding=0``, and
 the CNI plugin is told not to be a gateway, which would turn forwarding on machine-wide) and
 nothing masquerades: a pod can talk to the node and to other pods, and nothing it sends can leave
-the machine. The API server listens on 127.0.0.1, which pods cannot reach: the cluster runs a
-relay on the bridge address for them (``DevCluster.pod_api_server``). hostNetwork pods work too.
-The kubelet serves on 127.0.0.1 only; the node is named ``localhost`` and the API server prefers
-the Hostname address, so ``kubectl logs/exec`` reach the kubelet over loopback.
+the machine. The API server listens on 127.0.0.1, which pods cannot reach; its Service range
+(``SERVICE_SUBNET``) starts at the bridge's address, so the ``kubernetes`` Service that every pod
+finds in its environment IS the bridge's address, where the cluster runs a relay on the Service's
+port (``DevCluster.pod_api_server``): pods reach the API server as in any cluster, through no
+virtual IP. hostNetwork pods work too. The kubelet serves on 127.0.0.1 only; the node is named
+``localhost`` and the API server prefers the Hostname address, so ``kubectl logs/exec`` reach the
+kubelet over loopback.
 """
 
 from __future__ import annotations
@@ -53,8 +58,14 @@ CGROUP_BASE = cgroups.BASE
 # The kubelet's device manager hard-codes its registration socket (k8s.io/kubelet's
 # pluginapi.KubeletSocket) whatever --root-dir says, so this directory is machine-wide, and so
 # one real node at a time per machine: OWNER_FILE says whose it is.
-DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-OWNER_FILE = Path("/var/lib/kubelet/patchbay-real-node.json")
+KUBELET_ROOT = Path("/var/lib/kubelet")
+DEVICE_PLUGIN_DIR = KUBELET_ROOT / "device-plugins"
+OWNER_FILE = KUBELET_ROOT / "patchbay-real-node.json"
+CDI_SPEC_DIR = Path("/var/run/cdi")
+"""containerd's CDI directory (one of its two defaults), where the agents write their specs."""
+CDI_OURS = ("patchbay_*.json", ".patchbay-*.tmp")
+"""The CDI spec files Patchbay's agents write there (cdi.py, dra/claims.py): the only ones
+``down`` removes."""
 
 BRIDGE = "patchbay0"
 """The pod network's Linux bridge (one real node per machine, so one fixed name)."""
@@ -63,6 +74,18 @@ POD_SUBNET = ipaddress.IPv4Network("10.244.0.0/24")
 """Pod addresses; the bridge (and the node's InternalIP) is the first host address."""
 
 NODE_IP = str(next(POD_SUBNET.hosts()))
+
+SERVICE_SUBNET = ipaddress.IPv4Network("10.244.0.0/25")
+"""The API server's Service range (``--service-cluster-ip-range``). Its first address, which the
+API server gives the ``kubernetes`` Service, is NODE_IP, the bridge's own address: pods reach the
+API server at the Service's address and port as in any cluster, and the cluster tool's relay
+answers there (no virtual IP, no kube-proxy, nothing forwarded). The other Services' addresses
+answer nothing, as without kube-proxy anywhere. Pods take addresses above this range."""
+KUBERNETES_SERVICE_PORT = 443
+"""The ``kubernetes`` Service's port (the API server's fixed choice): where the relay listens."""
+POD_RANGE_START = SERVICE_SUBNET.broadcast_address + 1
+"""The first pod address: above the Service range (126 pod addresses at once)."""
+assert str(next(SERVICE_SUBNET.hosts())) == NODE_IP
 BRIDGE_MAC = "02:70:62:00:00:01"
 """Locally administered (the 02 prefix), fixed: see ``create_bridge``."""
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
@@ -125,12 +148,12 @@ class NodePaths:
 
     @property
     def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
+        return KUBELET_ROOT
 
     @property
     def cdi_spec_dir(self) -> Path:
         """Where this node's containerd reads CDI specs (and agents write them)."""
-        return self.root / "cdi"
+        return CDI_SPEC_DIR
 
     @property
     def device_plugin_dir(self) -> Path:
@@ -259,7 +282,6 @@ def cni_conflist(paths: NodePaths) -> dict[str, Any]:
     on forwarding for the whole machine. ``routes`` is empty, so pods know only their subnet (the
     node and the other pods); there is no default route to leave by.
     """
-    hosts = list(POD_SUBNET.hosts())
     return {
         "cniVersion": "1.0.0",
         "name": "patchbay-pods",
@@ -273,13 +295,56 @@ def cni_conflist(paths: NodePaths) -> dict[str, Any]:
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": str(POD_SUBNET), "rangeStart": str(hosts[9])}]],
+                    "ranges": [[{"subnet": str(POD_SUBNET), "rangeStart": str(POD_RANGE_START)}]],
                     "routes": [],
                     "dataDir": str(paths.cni_state),
                 },
             }
         ],
     }
+
+
+def unmount_under(*roots: Path) -> None:
+    """Detach every mount at or under `roots`, the deepest first."""
+    prefixes = [str(r) for r in roots]
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        target = line.split()[4].replace("\\040", " ")
+        if any(target == r or target.startswith(r + "/") for r in prefixes):
+            mounts.append(target)
+    for target in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
+def foreign_kubelet_state() -> list[str]:
+    """What in KUBELET_ROOT looks like another kubelet's state (pods, a device checkpoint) when no
+    node of ours has claimed the directory: a real kubelet's, which a dev node must never take
+    over. Empty when the directory is ours (OWNER_FILE) or holds no such state."""
+    if OWNER_FILE.exists() or not KUBELET_ROOT.is_dir():
+        return []
+    signs = ("pods", "device-plugins/kubelet_internal_checkpoint", "cpu_manager_state", "dra_manager_state")
+    return [s for s in signs if (KUBELET_ROOT / s).exists()]
+
+
+def clear_machine_dirs() -> None:
+    """Empty KUBELET_ROOT (but OWNER_FILE and the device-plugin directory itself) and remove our
+    CDI specs: the state a node of ours left behind. Mounts under KUBELET_ROOT must be gone."""
+    for entry in [*DEVICE_PLUGIN_DIR.glob("*.sock"), DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"]:
+        with contextlib.suppress(OSError):
+            entry.unlink()
+    if KUBELET_ROOT.is_dir():
+        for entry in KUBELET_ROOT.iterdir():
+            if entry in (OWNER_FILE, DEVICE_PLUGIN_DIR):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+    for pattern in CDI_OURS:
+        for f in CDI_SPEC_DIR.glob(pattern):
+            with contextlib.suppress(OSError):
+                f.unlink()
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -380,6 +445,11 @@ class RealNode:
         host = check_host()
         log.info("  %s: pods under the cgroup %s", host.describe(), self.cgroup_root)
         p = self.paths
+        if not self.paths.root.exists():
+            # A new node: what an earlier node of ours left in the machine's kubelet directory
+            # (a crash, no `down`) would confuse this kubelet (pods, checkpoints of another node).
+            unmount_under(p.kubelet_root)
+            clear_machine_dirs()
         for d in (p.root, p.containerd_root.parent, p.kubelet_root, p.pod_logs, p.cni_conf, p.cdi_spec_dir):
             d.mkdir(parents=True, exist_ok=True)
         if not self.link.is_symlink():
@@ -554,19 +624,20 @@ class RealNode:
         return killed
 
     def unmount_all(self) -> None:
-        """Detach every mount under the node's directory (tmpfs volumes, overlay rootfs, shm)."""
-        root = str(self.paths.root.resolve())
-        mounts = []
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            target = line.split()[4].replace("\\040", " ")
-            if target == root or target.startswith(root + "/"):
-                mounts.append(target)
-        for target in sorted(mounts, key=len, reverse=True):
-            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+        """Detach every mount under the node's directory and the kubelet's (tmpfs volumes,
+        overlay rootfs, shm)."""
+        unmount_under(self.paths.root.resolve(), self.paths.kubelet_root)
 
     def claim_device_plugin_dir(self) -> None:
-        """Take the machine-wide device-plugin directory, or say clearly who holds it: another
-        node whose recorded kubelet still runs."""
+        """Take the machine-wide kubelet directory (device plugins, PodResources, plugin registry)
+        and CDI directory, or say clearly who holds them: another node whose recorded kubelet
+        still runs, or a kubelet that is not one of ours."""
+        if foreign := foreign_kubelet_state():
+            raise NodeError(
+                f"{KUBELET_ROOT} holds another kubelet's state ({', '.join(foreign)}) and no Patchbay "
+                "node claimed it: a real node of the dev cluster uses the machine's kubelet directory, "
+                "so it cannot run on a machine that is a Kubernetes node already"
+            )
         owner = Owner.read()
         if owner is not None and owner.state_dir != self.state_dir and owner.kubelet_runs():
             raise NodeError(
@@ -584,19 +655,15 @@ class RealNode:
             Owner(self.state_dir, kubelet).write()
 
     def release_device_plugin_dir(self) -> None:
-        """Give the machine-wide directory back as a new node would find it: no sockets (the
-        kubelet's and those of plugins killed with their pods) and no device checkpoint (it
-        names pods of the node that is gone)."""
+        """Give the machine-wide directories back as a new node would find them (after
+        ``unmount_all``): no sockets (the kubelet's and those of plugins killed with their pods),
+        no device checkpoint (it names pods of the node that is gone), no kubelet state, no CDI
+        spec of Patchbay's. Only when this node holds them."""
         owner = Owner.read()
         if owner is None or owner.state_dir != self.state_dir:
             return
+        clear_machine_dirs()
         OWNER_FILE.unlink(missing_ok=True)
-        for leftover in [
-            *DEVICE_PLUGIN_DIR.glob("*.sock"),
-            DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint",
-        ]:
-            with contextlib.suppress(OSError):
-                leftover.unlink()
 
     def remove_files(self) -> None:
         """After ``unmount_all``: the node's directory and the state directory's link to it."""

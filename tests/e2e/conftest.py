@@ -54,13 +54,9 @@ def real_node(e2e_cluster: DevCluster) -> str:
 
 @pytest.fixture(scope="session")
 def patchbay(e2e_cluster: DevCluster, e2e_api: client.ApiClient, images: dict[str, BuiltImage]) -> Installed:
-    """charts/patchbay installed (``helm upgrade --install --wait``): the operator pod is Running."""
-    release = helm_install(
-        e2e_cluster,
-        REPO / "charts" / "patchbay",
-        images,
-        {"operator": {"statusDebounceSeconds": 0.3}},
-    )
+    """charts/patchbay installed (``helm upgrade --install --wait``) with its default values but
+    the images: the operator pod is Running."""
+    release = helm_install(e2e_cluster, REPO / "charts" / "patchbay", images)
     installed = Installed(e2e_cluster, e2e_api, release, images)
     wait_for("the operator pod Ready", installed.operator_ready, 120)
     return installed

@@ -25,6 +25,8 @@ AGENT_SELECTOR = "app.kubernetes.io/name=patchbay-agent"
 #: profile), which these tests look at; profiles without them share the node agent
 #: (tests/e2e/test_node_agent_on_real_node.py).
 OWN_AGENT: dict[str, Any] = {"updateStrategy": {"maxSurge": 1, "maxUnavailable": 0}}
+METRICS_PORT = 8081
+"""The chart's default metrics.port (charts/patchbay/values.yaml)."""
 SHARED_SELECTOR = f"{AGENT_SELECTOR},patchbay.dev/agent=shared"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=patchbay,app.kubernetes.io/component=operator"
 
@@ -77,9 +79,14 @@ class Installed:
         return str(self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace))
 
     def operator_stats(self) -> dict[str, Any]:
-        """The operator pod's own counters from its /metrics (on the node's 127.0.0.1: the pod
-        runs with hostNetwork here)."""
-        return scrape_stats(f"http://127.0.0.1:{self.release.values['metrics']['port']}/metrics")
+        """The operator pod's own counters from its /metrics: at the pod's address on the pod
+        network (the node reaches its pods), or on the node's 127.0.0.1 with hostNetwork."""
+        pod = self.operator_ready()
+        assert pod is not None, "no Ready operator pod"
+        (container,) = [c for c in pod.spec.containers if c.name == "operator"] or pod.spec.containers[:1]
+        ports = {p.name: p.container_port for p in container.ports or []}
+        host = "127.0.0.1" if pod.spec.host_network else pod.status.pod_ip
+        return scrape_stats(f"http://{host}:{ports.get('metrics', METRICS_PORT)}/metrics")
 
     def agent_pods(self, profile: str) -> list[client.V1Pod]:
         selector = f"{AGENT_SELECTOR},patchbay.dev/profile={profile}"

@@ -260,8 +260,27 @@ def test_the_pod_network_has_no_way_out() -> None:
     assert plugin["ipMasq"] is False
     ipam = plugin["ipam"]
     assert ipam["routes"] == []
-    assert ipam["ranges"] == [[{"subnet": str(POD_SUBNET), "rangeStart": "10.244.0.10"}]]
+    assert ipam["ranges"] == [[{"subnet": str(POD_SUBNET), "rangeStart": "10.244.0.128"}]]
     assert ipam["dataDir"].startswith(str(paths.root))  # leases go with the node
+
+
+def test_the_kubernetes_service_is_the_bridge_address_and_no_pod_takes_a_service_address() -> None:
+    """The API server gives the "kubernetes" Service the first address of its Service range: the
+    bridge's own, where the relay answers on the Service's port. Pods get addresses above the
+    range, so no pod ever holds an address the API server could give a Service."""
+    from patchbay_devcluster.cluster import RELAY_PORT
+    from patchbay_devcluster.controlplane import argv
+    from patchbay_devcluster.node import KUBERNETES_SERVICE_PORT, POD_RANGE_START, SERVICE_SUBNET
+
+    assert str(next(SERVICE_SUBNET.hosts())) == NODE_IP
+    assert RELAY_PORT == KUBERNETES_SERVICE_PORT == 443
+    assert SERVICE_SUBNET.subnet_of(POD_SUBNET)
+    assert POD_RANGE_START not in SERVICE_SUBNET and POD_RANGE_START in POD_SUBNET
+    ports = dict.fromkeys(("etcd", "etcd-peer", "apiserver"), 1)
+    line = argv(
+        "kube-apiserver", Path("/b"), Path("/s"), Path("/p"), ports, service_range=str(SERVICE_SUBNET)
+    )
+    assert f"--service-cluster-ip-range={SERVICE_SUBNET}" in line
 
 
 def test_the_kubelet_runs_on_the_bridge_address(tmp_path: Path) -> None:
@@ -272,14 +291,24 @@ def test_the_kubelet_runs_on_the_bridge_address(tmp_path: Path) -> None:
     assert ipaddress.ip_address(NODE_IP) in POD_SUBNET
 
 
+def _machine_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The machine-wide directories of the real node under tmp_path (never the machine's): the
+    kubelet's root directory (returned) and the CDI directory (tmp_path/cdi)."""
+    kubelet = tmp_path / "kubelet"
+    monkeypatch.setattr(node_module, "KUBELET_ROOT", kubelet)
+    monkeypatch.setattr(node_module, "OWNER_FILE", kubelet / "owner.json")
+    monkeypatch.setattr(node_module, "DEVICE_PLUGIN_DIR", kubelet / "device-plugins")
+    monkeypatch.setattr(node_module, "CDI_SPEC_DIR", tmp_path / "cdi")
+    (kubelet / "device-plugins").mkdir(parents=True)
+    return kubelet
+
+
 def test_the_device_plugin_dir_is_refused_while_the_owners_kubelet_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One real node per machine: the owner file records the kubelet, and node.py alone decides
     whether that kubelet still runs (by PID and binary, so a recycled PID does not count)."""
-    monkeypatch.setattr(node_module, "OWNER_FILE", tmp_path / "owner.json")
-    monkeypatch.setattr(node_module, "DEVICE_PLUGIN_DIR", tmp_path / "device-plugins")
-    (tmp_path / "device-plugins").mkdir()
+    kubelet = _machine_dirs(tmp_path, monkeypatch)
     first = RealNode(tmp_path / "a", tmp_path / "a" / "pki", None)
     second = RealNode(tmp_path / "b", tmp_path / "b" / "pki", None)
     first.claim_device_plugin_dir()
@@ -299,13 +328,36 @@ def test_the_device_plugin_dir_is_refused_while_the_owners_kubelet_runs(
     second.claim_device_plugin_dir()
     assert Owner.read() == Owner((tmp_path / "b").resolve())
 
-    (tmp_path / "device-plugins" / "kubelet.sock").write_text("")
+    (kubelet / "device-plugins" / "kubelet.sock").write_text("")
     first.release_device_plugin_dir()  # not the owner: keeps everything
-    assert (tmp_path / "owner.json").exists()
-    assert (tmp_path / "device-plugins" / "kubelet.sock").exists()
+    assert (kubelet / "owner.json").exists()
+    assert (kubelet / "device-plugins" / "kubelet.sock").exists()
+    (kubelet / "pods" / "uid").mkdir(parents=True)
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi" / "patchbay_example.com_x.json").write_text("{}")
+    (tmp_path / "cdi" / "vendor.com_gpu.json").write_text("{}")
     second.release_device_plugin_dir()
-    assert not (tmp_path / "owner.json").exists()
-    assert not list((tmp_path / "device-plugins").iterdir())
+    assert not (kubelet / "owner.json").exists()
+    assert not list((kubelet / "device-plugins").iterdir())
+    assert not (kubelet / "pods").exists()  # the kubelet's state of the node that is gone
+    # Only Patchbay's CDI specs go; another vendor's stay.
+    assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == ["vendor.com_gpu.json"]
+
+
+def test_a_kubelet_directory_with_another_kubelets_pods_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real node uses the machine's /var/lib/kubelet: never on a machine that is a node of
+    some cluster already (pods there, and no claim of ours)."""
+    kubelet = _machine_dirs(tmp_path, monkeypatch)
+    (kubelet / "pods").mkdir()
+    node = RealNode(tmp_path / "a", tmp_path / "a" / "pki", None)
+    with pytest.raises(NodeError, match="holds another kubelet's state \\(pods\\)"):
+        node.claim_device_plugin_dir()
+    (kubelet / "pods").rmdir()
+    node.claim_device_plugin_dir()
+    (kubelet / "pods").mkdir()  # ours now (claimed): a node of ours may clear it
+    node.claim_device_plugin_dir()
 
 
 def test_an_owner_file_without_a_kubelet_reads_as_not_running(

@@ -1,0 +1,173 @@
+"""The chart's options for clusters that differ from the defaults, each proven on the real node,
+and its replicas: the session installs the chart with its DEFAULT values (but the images), so
+these tests upgrade the release with one option each and put the defaults back afterwards.
+
+- ``operator.hostNetwork`` with ``apiServer``: the operator on the node's network, reaching the
+  API server at an address given as a value (clusters without kube-proxy);
+- ``agent.apiServer``: the agents reach the API server at an address given as a value instead of
+  the ``kubernetes`` Service;
+- ``operator.replicas: 2``: two operator pods (which the defaults allow here: no host port to
+  share), one working; deleting the working one in the middle of a profile change, the other
+  finishes it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from support.clusters import Cluster
+from support.realnode import DEVICES, Installed, serial_profile, wait_for
+
+from patchbay_devcluster import DevCluster
+from patchbay_devcluster.cluster import RELAY_PORT
+from patchbay_devcluster.install import helm_install
+from patchbay_devcluster.node import NODE_IP
+from patchbay_devcluster.procs import free_port
+
+
+@pytest.fixture
+def upgrade(patchbay: Installed, e2e_cluster: DevCluster) -> Iterator[Any]:
+    """``upgrade(values)`` upgrades the release with those values over the session's; the
+    release is put back as the session installed it afterwards, its operator Ready."""
+
+    def apply(values: dict[str, Any]) -> None:
+        helm_install(e2e_cluster, patchbay.release.chart, patchbay.images, values)
+
+    try:
+        yield apply
+    finally:
+        helm_install(e2e_cluster, patchbay.release.chart, patchbay.images)
+        wait_for("the operator back as installed, Ready", patchbay.operator_ready, 180)
+
+
+def _env(pod: client.V1Pod) -> dict[str, str]:
+    return {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
+
+
+def _static(cluster: Cluster, node: str, count: int) -> tuple[str, str]:
+    name, resource = f"{cluster.prefix}dongle", f"e2e.patchbay.dev/{cluster.tag}-dongle"
+    cluster.set_labels(node, {"patchbay.dev/e2e-static": cluster.tag})
+    cluster.create_profile(
+        name,
+        {
+            "resourceName": resource,
+            "mode": "Static",
+            "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-static": cluster.tag}},
+            "static": {"capacity": count},
+        },
+    )
+    return name, resource
+
+
+def test_the_operator_on_the_nodes_network_with_the_api_server_as_a_value(
+    patchbay: Installed, cluster: Cluster, e2e_cluster: DevCluster, real_node: str, upgrade: Any
+) -> None:
+    port = e2e_cluster.state().ports["apiserver"]
+    upgrade(
+        {
+            "operator": {"hostNetwork": True, "healthPort": free_port()},
+            "metrics": {"port": free_port()},
+            "apiServer": {"host": "127.0.0.1", "port": port},
+        }
+    )
+    pod = wait_for(
+        "the operator Ready on the node's network",
+        lambda: (p := patchbay.operator_ready()) is not None and p.spec.host_network and p,
+        180,
+    )
+    env = _env(pod)
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", str(port))
+    name, resource = _static(cluster, real_node, 3)
+    try:
+        wait_for(
+            "the operator's capacity on the node",
+            lambda: cluster.values(real_node, resource) == ("3", "3"),
+            90,
+        )
+        assert patchbay.operator_stats(), "the operator's /metrics on the node's 127.0.0.1"
+    finally:
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-static": None})
+
+
+def test_agents_reach_the_api_server_at_an_address_given_as_a_value(
+    patchbay: Installed, cluster: Cluster, real_node: str, fake_dev: Any, upgrade: Any
+) -> None:
+    """The relay also answers the bridge's address and the Service's port given literally."""
+    upgrade({"agent": {"apiServer": {"host": NODE_IP, "port": RELAY_PORT}}})
+    name, _resource = serial_profile(cluster, fake_dev, real_node)
+    try:
+        (agent,) = wait_for("the agent pod Ready", lambda: patchbay.ready_agents(name), 120)
+        env = _env(agent)
+        assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == (NODE_IP, str(RELAY_PORT))
+
+        def reported() -> dict[str, Any] | None:
+            st = (cluster.profile(name) or {}).get("status") or {}
+            devices = st.get("devices") or {}
+            return st if devices.get("healthy") == DEVICES else None
+
+        wait_for("the agent's DeviceReport counted", reported, 90)
+    finally:
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-plugin": None})
+
+
+def _working(patchbay: Installed, pods: list[client.V1Pod]) -> client.V1Pod | None:
+    """The replica whose last peering verdict is Working (its log says so)."""
+    working = []
+    for pod in pods:
+        log = str(patchbay.core.read_namespaced_pod_log(pod.metadata.name, patchbay.namespace))
+        verdicts = [
+            line
+            for line in log.splitlines()
+            if "Working: no live peer" in line or "Waiting: live peers" in line
+        ]
+        if verdicts and "Working:" in verdicts[-1]:
+            working.append(pod)
+    return working[0] if len(working) == 1 else None
+
+
+def test_two_replicas_and_the_standby_finishes_a_change_the_working_one_left(
+    patchbay: Installed, cluster: Cluster, real_node: str, upgrade: Any
+) -> None:
+    upgrade({"operator": {"replicas": 2}})
+
+    def ready_pods() -> list[client.V1Pod] | None:
+        pods = [p for p in patchbay.operator_pods() if not p.metadata.deletion_timestamp]
+        ready = [
+            p
+            for p in pods
+            if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        ]
+        return ready if len(ready) == 2 else None
+
+    pods = wait_for("two operator pods Ready", ready_pods, 180)
+    active = wait_for("one replica working", lambda: _working(patchbay, pods), 90)
+    name, resource = _static(cluster, real_node, 2)
+    try:
+        wait_for("capacity 2 on the node", lambda: cluster.values(real_node, resource) == ("2", "2"), 90)
+        # A change, and the working replica goes at once (SIGTERM, as a drain or an upgrade).
+        cluster.patch_spec(name, {"static": {"capacity": 5}})
+        patchbay.core.delete_namespaced_pod(active.metadata.name, patchbay.namespace)
+        t0 = time.monotonic()
+        wait_for(
+            "the other replica finishing the change",
+            lambda: cluster.values(real_node, resource) == ("5", "5"),
+            150,
+            detail=lambda: str(cluster.profile(name)),
+        )
+        took = time.monotonic() - t0
+
+        def current() -> bool:
+            obj = cluster.profile(name) or {}
+            return bool((obj.get("status") or {}).get("observedGeneration") == obj["metadata"]["generation"])
+
+        wait_for("the profile's status observing the change", current, 60)
+        print(f"standby finished the change {took:.1f} s after the working replica was deleted")
+    finally:
+        cluster.delete_profile(name)
+        cluster.set_labels(real_node, {"patchbay.dev/e2e-static": None})
