@@ -96,6 +96,7 @@ verify: venv ## Fail when a generated file is stale
 
 .PHONY: test
 test: setup lint verify ## The whole suite: lint, verify, unit and integration tests on a real local control plane
+	@$(PY) hack/demo.py make-room
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-unit
@@ -114,6 +115,7 @@ test-fuzz: venv ## Bad input, tried: the agent's HTTP, device plugin and DRA ser
 test-release: setup ## e2e + integration on K8S_VERSION only (what the matrix runs per release)
 	@# Integration first, as in the whole suite: the e2e cluster's real node lives until the session
 	@# ends, and the integration tests that start a real node of their own wait for the machine's.
+	@$(PY) hack/demo.py make-room
 	$(PY) -m pytest tests/integration tests/e2e $(PYTEST_ARGS)
 
 .PHONY: test-oldest
@@ -135,10 +137,12 @@ test-conformance: setup ## The agent against the upstream kubelet device manager
 
 .PHONY: test-e2e
 test-e2e: setup ## End to end on the real node (kubelet + containerd + runc; root)
+	@$(PY) hack/demo.py make-room
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 .PHONY: test-integration
 test-integration: setup ## Integration tests against a real control plane started for the session
+	@$(PY) hack/demo.py make-room
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 ##@ Benchmarks (figures only; see docs/benchmarks.md)

@@ -14,7 +14,9 @@ devices that the demo makes with mknod under the machine's /dev/patchbay-demo/ (
 device, 1:3), and the examples' discovery globs are pointed there.
 
 `make demo-down` (`hack/demo.py down`) stops the cluster (every process by PID, every pod with
-it) and removes the fake devices.
+it) and removes the fake devices. `make test` and the other targets that need the machine's one
+real node stop the demo first, saying so (`hack/demo.py make-room`); `make demo` run again while
+the demo is up reuses its cluster.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any, TypeVar
 import yaml
 from kubernetes import client, config
 
-from patchbay_devcluster import DevCluster, default_state_dir, find_bin_dir
+from patchbay_devcluster import DevCluster, default_state_dir, find_bin_dir, real_node_holder
 from patchbay_devcluster.imagebuild import build_all
 from patchbay_devcluster.images import BUSYBOX_IMAGE
 from patchbay_devcluster.install import helm_install, local_values
@@ -430,16 +432,44 @@ def down(cluster: DevCluster) -> None:
         print(f"removed the fake devices in {FAKE_DEV}")
 
 
+def room_for_tests(holder: Path | None, demo_dir: Path) -> str:
+    """What the test targets do about the machine's one real node before they start: "" (it is
+    free), "stop-demo" (the demo holds it: stop the demo), or a line saying who else holds it and
+    how to stop that (the tests would wait for it and fail)."""
+    if holder is None:
+        return ""
+    if holder.resolve() == demo_dir.resolve():
+        return "stop-demo"
+    return (
+        f"another cluster's real node runs on this machine (state dir {holder}); the tests need it: "
+        f"stop it with `patchbay-devcluster --state-dir {holder} down`"
+    )
+
+
+def make_room() -> None:
+    """`hack/demo.py make-room`, run by `make test` (and the other targets that start a real node)."""
+    demo_dir = default_state_dir()
+    verdict = room_for_tests(real_node_holder(), demo_dir)
+    if verdict == "stop-demo":
+        print("==> The demo's cluster holds the machine's one real node, which the tests need: stopping it")
+        print("    (`make demo` starts it again; the binaries and images stay cached)")
+        down(DevCluster(demo_dir))
+    elif verdict:
+        raise SystemExit(verdict)
+
+
 def main() -> None:
     # The cluster tool reports its progress (each component ready, nodes Ready) through logging.
     logging.basicConfig(level=logging.INFO, format="    %(message)s")
     cluster = DevCluster(default_state_dir())
     if sys.argv[1:] == ["down"]:
         down(cluster)
+    elif sys.argv[1:] == ["make-room"]:
+        make_room()
     elif sys.argv[1:] in ([], ["up"]):
         up(cluster)
     else:
-        raise SystemExit("usage: hack/demo.py [up|down]")
+        raise SystemExit("usage: hack/demo.py [up|down|make-room]")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from patchbay_devcluster.node import (
     NODE_NAME,
     SERVICE_SUBNET,
     NodeError,
+    Owner,
     RealNode,
 )
 from patchbay_devcluster.poll import poll_until
@@ -71,6 +72,13 @@ on the machine that holds it (a listener on the wildcard address) is an error th
 API_SERVER_IPS = (NODE_IP,)
 """Addresses the API server's certificate names besides localhost and 127.0.0.1: the relay's,
 so that pods verify the API server they reach through it."""
+
+
+def real_node_holder() -> Path | None:
+    """The state directory of the cluster whose real node runs on this machine now (its kubelet
+    recorded and alive), or None. One real node runs per machine (node.OWNER_FILE)."""
+    owner = Owner.read()
+    return owner.state_dir if owner is not None and owner.kubelet_runs() else None
 
 
 class ClusterError(RuntimeError):
@@ -414,7 +422,9 @@ class DevCluster:
         """Import ``(name, OCI archive)`` pairs into the real node's containerd (no registry here)."""
         if not any(p.name == "containerd" for p in self.running()):
             raise ClusterError("no real node is running: start it with `up --real-node` first")
-        node = self.real_node()
+        # The binaries resolved now: a cluster that was already up (a second `make demo`) has not
+        # looked for them yet, and ctr is one of them.
+        node = RealNode(self.dir, self.pki_dir, self.bin_dir)
         for ref, archive in images:
             t0 = time.monotonic()
             if node.import_archive(ref, archive):
