@@ -19,8 +19,10 @@ with Debian's tools or the project's own metadata:
    containerd imports (``DevCluster.load_images``).
 
 Every image is keyed by a content hash of its inputs (the program's folder, the pinned
-requirement list, the base recipe), which is also its tag, so a warm run only hashes files and a
-change anywhere in a program gives a new tag (and so a rollout). Archives live in
+requirement list, the base recipe), which is in its tag, ``<release>-<hash>`` (the release from
+the ``VERSION`` file), so a warm run only hashes files and a change anywhere in a program gives a
+new tag (and so a rollout). ``make release`` names the same image ``<release>`` alone as well
+(hack/release.py), the tag the chart's defaults use. Archives live in
 ``$PATCHBAY_CACHE/images`` (default ``~/.cache/patchbay/images``), outside the repository.
 """
 
@@ -277,6 +279,13 @@ def input_hash(repo: Path, program: Program, pins: Sequence[str], base: str) -> 
 
 
 def version_of(repo: Path, program: Program) -> str:
+    """The release the image belongs to: the checkout's ``VERSION`` file (SemVer, what the chart's
+    appVersion says), or, in a checkout from before that file (0.1.0), the program's own version.
+    The program's pyproject.toml is generated from ``VERSION``, so the content hash changes with it.
+    """
+    release = repo / "VERSION"
+    if release.is_file():
+        return release.read_text().strip()
     meta = tomllib.loads((repo / program.folder / "pyproject.toml").read_text())
     return str(meta["project"]["version"])
 
@@ -347,6 +356,8 @@ def build_program(repo: Path, program: Program, base: str, *, force: bool = Fals
             "--pull=never",
             "--build-arg",
             f"BASE_IMAGE={base}",
+            "--build-arg",
+            f"VERSION={version_of(repo, program)}",
             "--file",
             str(repo / program.folder / "Dockerfile"),
             "--tag",

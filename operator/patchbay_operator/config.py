@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
 from patchbay_operator.constants import KUBELET_BEHIND_GRACE
+from patchbay_operator.version import VERSION
 
-DEFAULT_AGENT_IMAGE = "ghcr.io/kube-patchbay/patchbay-agent:0.1.0"
+DEFAULT_AGENT_IMAGE = f"ghcr.io/kube-patchbay/patchbay-agent:{VERSION}"
+"""The agent image of this release (the chart sets ``--agent-image`` to its ``agent.image``)."""
 
 
 class ConfigError(ValueError):
