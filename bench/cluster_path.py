@@ -51,7 +51,7 @@ from patchbay_devcluster.imagebuild import PROGRAMS, base_image, build_all, buil
 from patchbay_devcluster.install import helm_install  # noqa: E402
 from patchbay_devcluster.node import NODE_NAME  # noqa: E402
 
-GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
+GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "devicepluginprofiles"
 FAKE_DEV = Path("/dev/patchbay-bench")
 DEVICES = 4
 

@@ -54,7 +54,7 @@ from patchbay_devcluster.imagebuild import build_all, find_repo
 from patchbay_devcluster.install import helm_install
 from patchbay_devcluster.node import NODE_NAME
 
-GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
+GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "devicepluginprofiles"
 RG, RV = "resource.k8s.io", "v1"
 FAKE_DEV = Path("/dev/patchbay-bench-dra")
 DEVICES = 4

@@ -49,7 +49,7 @@ from patchbay_devcluster import DevCluster, find_bin_dir  # noqa: E402
 from patchbay_devcluster.install import helm  # noqa: E402
 
 NS = "patchbay-bench"
-GROUP, VERSION = "patchbay.dev", "v1alpha1"
+GROUP, VERSION = "patchbay.dev", "v1beta1"
 PROFILE = "bench-health"
 RESOURCE = "bench.patchbay.dev/widget"
 DEVICES = 4

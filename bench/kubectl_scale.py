@@ -52,7 +52,7 @@ def report(node: str, i: int) -> dict[str, Any]:
         devices.append(dev)
     healthy = sum(1 for d in devices if d["health"] == "Healthy")
     return {
-        "apiVersion": "patchbay.dev/v1alpha1",
+        "apiVersion": "patchbay.dev/v1beta1",
         "kind": "DeviceReport",
         "metadata": {"name": f"{DP}.{node}", "namespace": NAMESPACE, "labels": {"patchbay.dev/profile": DP}},
         "profile": DP,
@@ -89,7 +89,7 @@ def daemonset() -> dict[str, Any]:
 
 def profile(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {
-        "apiVersion": "patchbay.dev/v1alpha1",
+        "apiVersion": "patchbay.dev/v1beta1",
         "kind": "DevicePluginProfile",
         "metadata": {"name": name},
         "spec": {"nodeSelector": {"matchLabels": {LABEL: "1"}}, **spec},
@@ -139,7 +139,7 @@ def main() -> int:
         time.sleep(5)  # the new API group reaches discovery
         custom.create_cluster_custom_object(
             "patchbay.dev",
-            "v1alpha1",
+            "v1beta1",
             "devicepluginprofiles",
             profile(
                 DP,
@@ -152,7 +152,7 @@ def main() -> int:
         )
         custom.create_cluster_custom_object(
             "patchbay.dev",
-            "v1alpha1",
+            "v1beta1",
             "devicepluginprofiles",
             profile(STATIC, {"resourceName": R_STATIC, "mode": "Static", "static": {"capacity": 3}}),
         )
@@ -164,7 +164,7 @@ def main() -> int:
         def fill(item: tuple[int, str]) -> None:
             i, node = item
             custom.create_namespaced_custom_object(
-                "patchbay.dev", "v1alpha1", NAMESPACE, "devicereports", report(node, i)
+                "patchbay.dev", "v1beta1", NAMESPACE, "devicereports", report(node, i)
             )
             ops = [
                 {"op": "add", "path": f"/status/capacity/{esc}", "value": "3"},

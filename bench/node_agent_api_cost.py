@@ -60,7 +60,7 @@ from support.clusters import apply_crd  # noqa: E402
 
 from patchbay_devcluster import DevCluster, find_bin_dir  # noqa: E402
 
-GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
+GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "devicepluginprofiles"
 NAMESPACE = "patchbay-system"
 SHARED = "patchbay-node-agent"
 NODE_PREFIX = "kwok-node-"

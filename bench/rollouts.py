@@ -64,7 +64,7 @@ from patchbay_devcluster.install import helm_install  # noqa: E402
 from patchbay_devcluster.node import NODE_NAME  # noqa: E402
 from patchbay_devcluster.releases import has, release_of  # noqa: E402
 
-GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
+GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "devicepluginprofiles"
 AGENTS = "patchbay-system"
 WORK = "rollbench"
 FAKE_DEV = Path("/dev/patchbay-rollbench")

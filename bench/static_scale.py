@@ -47,7 +47,7 @@ from support.operator import Operator  # noqa: E402
 from patchbay_devcluster import DevCluster, find_bin_dir  # noqa: E402
 from patchbay_operator.kube import JSON_PATCH, Kube, load_configuration  # noqa: E402
 
-GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
+GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "devicepluginprofiles"
 BENCH_LABEL = "patchbay.dev/bench"
 R_OPERATOR = "example.com/bench"
 R_BASELINE = "example.com/baseline"

@@ -21,7 +21,7 @@ from kubernetes.config.config_exception import ConfigException
 
 Obj = dict[str, Any]
 
-GROUP, VERSION = "patchbay.dev", "v1alpha1"
+GROUP, VERSION = "patchbay.dev", "v1beta1"
 PROFILES = f"/apis/{GROUP}/{VERSION}/devicepluginprofiles"
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 PAGE = 1000

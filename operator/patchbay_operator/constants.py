@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 API_GROUP = "patchbay.dev"
-API_VERSION = "v1alpha1"
+API_VERSION = "v1beta1"
 PLURAL = "devicepluginprofiles"
 KIND = "DevicePluginProfile"
 

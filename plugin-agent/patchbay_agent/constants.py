@@ -36,7 +36,7 @@ class DeviceHealth(enum.StrEnum):
 
 #: The DeviceReport API (crds/patchbay.dev_devicereports.yaml): one object per profile and node.
 REPORT_GROUP = "patchbay.dev"
-REPORT_VERSION = "v1alpha1"
+REPORT_VERSION = "v1beta1"
 REPORT_KIND = "DeviceReport"
 REPORT_PLURAL = "devicereports"
 #: The server-side apply field manager of the agent's writes, and its managed-by label value.

@@ -108,7 +108,7 @@ def report_health(cluster: Cluster, patchbay: Installed, profile: str, node: str
     """Physical device ID -> health, as the agent's DeviceReport for the node says."""
     try:
         obj = cluster.custom.get_namespaced_custom_object(
-            "patchbay.dev", "v1alpha1", patchbay.namespace, "devicereports", f"{profile}.{node}"
+            "patchbay.dev", "v1beta1", patchbay.namespace, "devicereports", f"{profile}.{node}"
         )
     except client.ApiException as e:
         if e.status == 404:

@@ -31,7 +31,7 @@ from support.realnode import (
     wait_for,
 )
 
-GROUP, VERSION = "patchbay.dev", "v1alpha1"
+GROUP, VERSION = "patchbay.dev", "v1beta1"
 
 
 def conditions(cluster: Cluster, name: str) -> dict[str, dict[str, Any]]:

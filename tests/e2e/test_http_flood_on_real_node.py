@@ -58,7 +58,7 @@ def rss_mib(e2e_cluster: DevCluster, pod: client.V1Pod) -> float:
 
 def report_healthy(cluster: Cluster, namespace: str, name: str) -> int | None:
     reports = client.CustomObjectsApi(cluster.api).list_namespaced_custom_object(
-        "patchbay.dev", "v1alpha1", namespace, "devicereports"
+        "patchbay.dev", "v1beta1", namespace, "devicereports"
     )["items"]
     mine = [r for r in reports if r.get("profile") == name and r.get("nodeName")]
     return int(mine[0]["summary"]["healthy"]) if len(mine) == 1 else None

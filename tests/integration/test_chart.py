@@ -253,7 +253,7 @@ def test_install_upgrade_with_changed_crd_and_uninstall(own_tools: Tools, tmp_pa
 
     # A profile exists when the release goes: with crds.keep the CRD and the profile stay.
     profile = {
-        "apiVersion": "patchbay.dev/v1alpha1",
+        "apiVersion": "patchbay.dev/v1beta1",
         "kind": "DevicePluginProfile",
         "metadata": {"name": "kept"},
         "spec": {"resourceName": "example.com/kept", "mode": "Static", "static": {"capacity": 1}},
@@ -342,7 +342,7 @@ def _report(node: str, profile: str = "p", name: str = "", agent: str | None = N
     ``agent-<node>``, the pod name the impersonated tokens below carry."""
     return json.dumps(
         {
-            "apiVersion": "patchbay.dev/v1alpha1",
+            "apiVersion": "patchbay.dev/v1beta1",
             "kind": "DeviceReport",
             "metadata": {"name": name or f"{profile}.{node}"},
             "profile": profile,
@@ -952,7 +952,7 @@ def test_the_operator_works_with_only_the_charts_rbac(
     ns, log = operator_as_its_service_account
     nodes = chart_cluster.add_kwok_nodes(2, prefix="sa-node-", labels={"patchbay.dev/sa": "yes"})
     static = {
-        "apiVersion": "patchbay.dev/v1alpha1",
+        "apiVersion": "patchbay.dev/v1beta1",
         "kind": "DevicePluginProfile",
         "metadata": {"name": "sa-static"},
         "spec": {
@@ -963,7 +963,7 @@ def test_the_operator_works_with_only_the_charts_rbac(
         },
     }
     plugin = {
-        "apiVersion": "patchbay.dev/v1alpha1",
+        "apiVersion": "patchbay.dev/v1beta1",
         "kind": "DevicePluginProfile",
         "metadata": {"name": "sa-plugin"},
         "spec": {
@@ -1163,7 +1163,7 @@ def _profile(name: str, **spec: Any) -> str:
             base[key] = value
     return json.dumps(
         {
-            "apiVersion": "patchbay.dev/v1alpha1",
+            "apiVersion": "patchbay.dev/v1beta1",
             "kind": "DevicePluginProfile",
             "metadata": {"name": name},
             "spec": base,

@@ -74,7 +74,7 @@ def write_report(
     ).items
     assert len(pods) == 1, [p.metadata.name for p in pods]
     body = {
-        "apiVersion": "patchbay.dev/v1alpha1",
+        "apiVersion": "patchbay.dev/v1beta1",
         "kind": "DeviceReport",
         "metadata": {
             "name": f"{profile}.{node}",
@@ -96,7 +96,7 @@ def write_report(
     }
     cluster.custom.patch_namespaced_custom_object(
         "patchbay.dev",
-        "v1alpha1",
+        "v1beta1",
         NAMESPACE,
         "devicereports",
         body["metadata"]["name"],

@@ -23,7 +23,7 @@ import yaml
 from patchbay_agent.kubeclient import ApiError, ClientConfigError, KubeClient
 
 REPORT = {
-    "apiVersion": "patchbay.dev/v1alpha1",
+    "apiVersion": "patchbay.dev/v1beta1",
     "kind": "DeviceReport",
     "metadata": {"name": "serial.node-1", "namespace": "patchbay"},
     "profile": "serial",
@@ -115,7 +115,7 @@ def test_apply_is_one_server_side_apply_patch(tmp_path: Path) -> None:
     (req,) = api.requests
     assert req["method"] == "PATCH"
     assert req["path"] == (
-        "/apis/patchbay.dev/v1alpha1/namespaces/patchbay/devicereports/serial.node-1"
+        "/apis/patchbay.dev/v1beta1/namespaces/patchbay/devicereports/serial.node-1"
         "?fieldManager=patchbay-agent&force=true"
     )
     assert req["headers"]["Content-Type"] == "application/apply-patch+yaml"

@@ -23,7 +23,7 @@ from patchbay_devcluster.poll import poll_until
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "patchbay.dev_devicepluginprofiles.yaml"
 REPORT_CRD_FILE = REPO / "crds" / "patchbay.dev_devicereports.yaml"
-GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicepluginprofiles"
+GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "devicepluginprofiles"
 NAMESPACE = "patchbay-it"
 TEST_LABEL = "patchbay.dev/test"
 
@@ -44,8 +44,13 @@ def wait_for(
 
 def apply_crd(api: client.ApiClient, path: Path) -> dict[str, Any]:
     """Create or replace the CRD in ``path`` and wait until it is Established; returns its body."""
-    ext = client.ApiextensionsV1Api(api)
     body: dict[str, Any] = yaml.safe_load(path.read_text())
+    return apply_crd_body(api, body)
+
+
+def apply_crd_body(api: client.ApiClient, body: dict[str, Any]) -> dict[str, Any]:
+    """Create or replace the CRD ``body`` and wait until it is Established; returns the body."""
+    ext = client.ApiextensionsV1Api(api)
     name = body["metadata"]["name"]
     try:
         current = ext.read_custom_resource_definition(name)
@@ -107,22 +112,25 @@ class Cluster:
         self.custom = client.CustomObjectsApi(api)
         self.profiles: list[str] = []
         self.nodes: list[str] = []
+        #: The API version profiles are written and read under (the upgrade test writes them as a
+        #: cluster of 0.1.0 did, under v1alpha1).
+        self.version = VERSION
 
     # profiles
     def create_profile(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
+            "apiVersion": f"{GROUP}/{self.version}",
             "kind": "DevicePluginProfile",
             "metadata": {"name": name},
             "spec": spec,
         }
         self.profiles.append(name)
-        obj: dict[str, Any] = self.custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+        obj: dict[str, Any] = self.custom.create_cluster_custom_object(GROUP, self.version, PLURAL, body)
         return obj
 
     def profile(self, name: str) -> dict[str, Any] | None:
         try:
-            obj: dict[str, Any] = self.custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+            obj: dict[str, Any] = self.custom.get_cluster_custom_object(GROUP, self.version, PLURAL, name)
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -130,11 +138,11 @@ class Cluster:
         return obj
 
     def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
-        self.custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, {"spec": spec})
+        self.custom.patch_cluster_custom_object(GROUP, self.version, PLURAL, name, {"spec": spec})
 
     def delete_profile(self, name: str) -> None:
         try:
-            self.custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+            self.custom.delete_cluster_custom_object(GROUP, self.version, PLURAL, name)
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -192,7 +200,7 @@ class Cluster:
             except AssertionError:
                 # The operator is not running (a test stopped it): do not leave a stuck finalizer.
                 self.custom.patch_cluster_custom_object(
-                    GROUP, VERSION, PLURAL, p, {"metadata": {"finalizers": None}}
+                    GROUP, self.version, PLURAL, p, {"metadata": {"finalizers": None}}
                 )
         for n in self.nodes:
             try:

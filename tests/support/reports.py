@@ -28,7 +28,7 @@ def largest_report(namespace: str, node_name: str, profile: str) -> dict[str, An
             ]
         devices.append(entry)
     return {
-        "apiVersion": "patchbay.dev/v1alpha1",
+        "apiVersion": "patchbay.dev/v1beta1",
         "kind": "DeviceReport",
         "metadata": {"name": f"{profile}.{node_name}", "namespace": namespace},
         "profile": profile,

@@ -412,7 +412,7 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
     def report() -> dict[str, Any] | None:
         obj: dict[str, Any] | None = _or_none(
             lambda: custom.get_namespaced_custom_object(
-                "patchbay.dev", "v1alpha1", namespace, "devicereports", report_name
+                "patchbay.dev", "v1beta1", namespace, "devicereports", report_name
             )
         )
         return obj

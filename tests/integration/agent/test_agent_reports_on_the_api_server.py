@@ -40,7 +40,7 @@ from patchbay_devcluster import DevCluster
 from patchbay_devcluster.releases import matrix
 
 CRD_FILE = REPO / "crds" / "patchbay.dev_devicereports.yaml"
-GROUP, VERSION, PLURAL = "patchbay.dev", "v1alpha1", "devicereports"
+GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "devicereports"
 RESOURCE = "example.com/serial"
 PROFILE = "p"
 

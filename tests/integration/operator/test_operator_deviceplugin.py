@@ -138,7 +138,7 @@ def test_mode_change_to_static_removes_the_agents(cluster: Cluster, operator: Op
     wait_for("DaemonSet", lambda: daemonset(cluster, name))
     cluster.custom.patch_cluster_custom_object(
         "patchbay.dev",
-        "v1alpha1",
+        "v1beta1",
         "devicepluginprofiles",
         name,
         [
@@ -163,7 +163,7 @@ def test_reports_of_profiles_that_do_not_exist_are_deleted(cluster: Cluster, ope
 
     def report(profile: str) -> dict[str, Any]:
         return {
-            "apiVersion": "patchbay.dev/v1alpha1",
+            "apiVersion": "patchbay.dev/v1beta1",
             "kind": "DeviceReport",
             "metadata": {"name": f"{profile}.{node}", "namespace": NAMESPACE},
             "profile": profile,
@@ -176,7 +176,7 @@ def test_reports_of_profiles_that_do_not_exist_are_deleted(cluster: Cluster, ope
     def exists(profile: str) -> bool:
         try:
             cluster.custom.get_namespaced_custom_object(
-                "patchbay.dev", "v1alpha1", NAMESPACE, "devicereports", f"{profile}.{node}"
+                "patchbay.dev", "v1beta1", NAMESPACE, "devicereports", f"{profile}.{node}"
             )
         except ApiException as e:
             if e.status == 404:
@@ -187,7 +187,7 @@ def test_reports_of_profiles_that_do_not_exist_are_deleted(cluster: Cluster, ope
     ghost = f"{cluster.prefix}ghost"
     for profile in (name, ghost):
         cluster.custom.create_namespaced_custom_object(
-            "patchbay.dev", "v1alpha1", NAMESPACE, "devicereports", report(profile)
+            "patchbay.dev", "v1beta1", NAMESPACE, "devicereports", report(profile)
         )
     wait_for("the unknown profile's report deleted", lambda: not exists(ghost), 60)
     assert exists(name)
@@ -219,7 +219,7 @@ def test_only_reports_of_the_profiles_own_agent_pod_count(cluster: Cluster, oper
 
     def write(agent: str) -> None:
         body = {
-            "apiVersion": "patchbay.dev/v1alpha1",
+            "apiVersion": "patchbay.dev/v1beta1",
             "kind": "DeviceReport",
             "metadata": {"name": f"{name}.{node}", "namespace": NAMESPACE},
             "profile": name,
@@ -231,7 +231,7 @@ def test_only_reports_of_the_profiles_own_agent_pod_count(cluster: Cluster, oper
         }
         cluster.custom.patch_namespaced_custom_object(
             "patchbay.dev",
-            "v1alpha1",
+            "v1beta1",
             NAMESPACE,
             "devicereports",
             f"{name}.{node}",

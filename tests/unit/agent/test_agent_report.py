@@ -91,7 +91,7 @@ def test_a_report_folds_replicas_counts_and_names_the_holders() -> None:
     }
     report = build_report(TARGET, snap, containers, node_uid="uid-1")
 
-    assert report["apiVersion"] == "patchbay.dev/v1alpha1"
+    assert report["apiVersion"] == "patchbay.dev/v1beta1"
     assert report["kind"] == "DeviceReport"
     assert report["metadata"] == {
         "name": "serial.node-1",

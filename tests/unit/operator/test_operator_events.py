@@ -43,7 +43,7 @@ async def test_the_first_status_is_a_baseline_and_repeats_are_posted_once() -> N
     await rec.record(PROFILE, [])  # the same Recovered again, within the window: deduplicated
     assert [(e["type"], e["reason"]) for e in posted] == [("Normal", "Recovered"), ("Warning", "OpenFailed")]
     assert posted[0]["involvedObject"] == {
-        "apiVersion": "patchbay.dev/v1alpha1",
+        "apiVersion": "patchbay.dev/v1beta1",
         "kind": "DevicePluginProfile",
         "name": "serial",
         "uid": "u1",

@@ -48,7 +48,7 @@ def test_every_resource_handler_is_on_profiles_and_none_watches_nodes() -> None:
     assert {name for name, _ in on_resources} == {"on.resume", "on.create", "on.update", "on.delete"}
     for name, args in on_resources:
         assert args == ["API_GROUP", "API_VERSION", "PLURAL"], (name, args)
-    assert (API_GROUP, API_VERSION, PLURAL) == ("patchbay.dev", "v1alpha1", "devicepluginprofiles")
+    assert (API_GROUP, API_VERSION, PLURAL) == ("patchbay.dev", "v1beta1", "devicepluginprofiles")
     # No daemons, timers, indexes or event handlers anywhere: each would touch every object of
     # its kind (docs/facts.md#kopf-on-nodes).
     assert not {"timer", "daemon", "index", "on.event"} & {name for name, _ in decorators}

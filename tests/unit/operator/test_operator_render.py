@@ -51,7 +51,7 @@ def test_owner_reference_points_at_the_profile() -> None:
     for obj in objects():
         (ref,) = obj["metadata"]["ownerReferences"]
         assert ref == {
-            "apiVersion": "patchbay.dev/v1alpha1",
+            "apiVersion": "patchbay.dev/v1beta1",
             "kind": "DevicePluginProfile",
             "name": "serial",
             "uid": "uid-1",
