@@ -169,6 +169,12 @@ bench-devcluster: setup ## Local cluster start, 1000 kwok nodes, the real node, 
 images: setup ## Build the operator and agent images (podman, local Debian base; cached by content hash)
 	patchbay-devcluster images
 
+##@ Release
+
+.PHONY: release
+release: setup ## dist/<VERSION>/: the packaged chart, the images as OCI archives, SHA256SUMS (docs/install.md)
+	$(PY) hack/release.py
+
 ##@ Local cluster
 
 .PHONY: cluster-up

@@ -1,8 +1,9 @@
 """Install this checkout's Helm chart on the local cluster, with the images built here.
 
 One function for the demo, the e2e tests and the benchmarks, so all three take the user's path:
-``helm upgrade --install`` of ``charts/patchbay`` with the chart's DEFAULT values, but for the
-images. The local cluster is made to look like a real one where the chart's defaults depend on
+``helm upgrade --install`` of ``charts/patchbay`` (the e2e tests: of the chart as ``helm package``
+makes it, ``package_chart``, the archive ``make release`` ships) with the chart's DEFAULT values,
+but for the images. The local cluster is made to look like a real one where the chart's defaults depend on
 it: pods reach the API server through the ``kubernetes`` Service (its address is the pod
 bridge's own, where the cluster tool's relay answers on the Service's port; docs/devcluster.md),
 and the real node's kubelet uses ``/var/lib/kubelet`` and containerd ``/var/run/cdi``. The one
@@ -62,6 +63,22 @@ def helm(cluster: DevCluster, *args: str, stdin: str | None = None, timeout: flo
     if res.returncode != 0:
         raise ClusterError(f"helm {' '.join(args[:2])} failed:\n{res.stdout}{res.stderr}")
     return res.stdout
+
+
+def package_chart(helm_bin: Path, chart: Path, destination: Path) -> Path:
+    """``helm package`` the chart folder ``chart`` into ``destination``; returns the archive
+    (``<name>-<version>.tgz``, the version from its Chart.yaml). What ``make release`` ships and
+    what the e2e suite installs, so what is released is what is tested."""
+    destination.mkdir(parents=True, exist_ok=True)
+    argv = [str(helm_bin), "package", str(chart), "--destination", str(destination)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if res.returncode != 0:
+        raise ClusterError(f"helm package {chart} failed:\n{res.stdout}{res.stderr}")
+    # helm prints "Successfully packaged chart and saved it to: <path>".
+    archive = Path(res.stdout.strip().rsplit(": ", 1)[-1])
+    if not archive.is_file():
+        raise ClusterError(f"helm package {chart}: no archive where it said: {res.stdout.strip()}")
+    return archive
 
 
 def helm_install(

@@ -2,9 +2,10 @@
 
 Session-scoped, started on first use: a control plane, the real node ``localhost`` (kubelet,
 containerd, runc, the private pod network), the operator and agent images built here with
-podman and imported into the node, and ``helm install`` of charts/patchbay. The operator is the
-chart's Deployment pod; every agent is a pod of the DaemonSet the operator renders. No Patchbay
-process runs on the host in these tests.
+podman and imported into the node, and ``helm install`` of charts/patchbay as ``helm package``
+makes it (the archive ``make release`` ships, so what is released is what is tested). The
+operator is the chart's Deployment pod; every agent is a pod of the DaemonSet the operator
+renders. No Patchbay process runs on the host in these tests.
 
 A cluster of their own, not the integration tests' one: the integration tests run the operator
 as a host process with the CRD applied from crds/, and the chart must own its CRD here.
@@ -23,7 +24,7 @@ from support.realnode import REPO, Installed
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage, build_all
-from patchbay_devcluster.install import helm_install
+from patchbay_devcluster.install import helm_install, package_chart
 from patchbay_devcluster.node import NODE_NAME
 
 FAKE_DEV_ROOT = Path("/dev/patchbay-e2e")
@@ -53,10 +54,18 @@ def real_node(e2e_cluster: DevCluster) -> str:
 
 
 @pytest.fixture(scope="session")
-def patchbay(e2e_cluster: DevCluster, e2e_api: client.ApiClient, images: dict[str, BuiltImage]) -> Installed:
-    """charts/patchbay installed (``helm upgrade --install --wait``) with its default values but
+def packaged_chart(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Path:
+    """charts/patchbay packaged (``helm package``, as ``make release`` does): ``patchbay-<version>.tgz``."""
+    return package_chart(bin_dir / "helm", REPO / "charts" / "patchbay", tmp_path_factory.mktemp("chart"))
+
+
+@pytest.fixture(scope="session")
+def patchbay(
+    e2e_cluster: DevCluster, e2e_api: client.ApiClient, images: dict[str, BuiltImage], packaged_chart: Path
+) -> Installed:
+    """The packaged chart installed (``helm upgrade --install --wait``) with its default values but
     the images: the operator pod is Running."""
-    release = helm_install(e2e_cluster, REPO / "charts" / "patchbay", images)
+    release = helm_install(e2e_cluster, packaged_chart, images)
     installed = Installed(e2e_cluster, e2e_api, release, images)
     wait_for("the operator pod Ready", installed.operator_ready, 120)
     return installed

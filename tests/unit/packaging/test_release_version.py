@@ -4,29 +4,20 @@ what the places must agree on, so `make test-unit` says it too.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import tomllib
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
+from support.scripts import load
 
 from patchbay_devcluster.imagebuild import PROGRAMS, version_of
 from patchbay_operator.config import DEFAULT_AGENT_IMAGE
 
 REPO = Path(__file__).resolve().parents[3]
 VERSION = (REPO / "VERSION").read_text().strip()
-
-
-def generate() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("generate", REPO / "hack" / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_version_is_semver_and_every_place_says_it() -> None:
@@ -37,7 +28,7 @@ def test_the_version_is_semver_and_every_place_says_it() -> None:
     assert (
         values["agent"]["image"] == DEFAULT_AGENT_IMAGE == f"ghcr.io/kube-patchbay/patchbay-agent:{VERSION}"
     )
-    _, pep440 = generate().release_version()
+    _, pep440 = load("generate").release_version()
     for folder in ("operator", "plugin-agent", "devcluster", "kubectl-patchbay", "."):
         meta = tomllib.loads((REPO / folder / "pyproject.toml").read_text())
         assert meta["project"]["version"] == pep440, folder
@@ -54,7 +45,7 @@ def test_the_version_is_semver_and_every_place_says_it() -> None:
 def test_a_pre_release_is_spelled_for_pip_too(
     text: str, expected: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen = generate()
+    gen = load("generate")
     (tmp_path / "VERSION").write_text(text + "\n")
     monkeypatch.setattr(gen, "VERSION_FILE", tmp_path / "VERSION")
     assert gen.release_version() == expected
@@ -64,7 +55,7 @@ def test_a_pre_release_is_spelled_for_pip_too(
 def test_a_version_helm_or_pip_would_read_otherwise_is_refused(
     text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen = generate()
+    gen = load("generate")
     (tmp_path / "VERSION").write_text(text)
     monkeypatch.setattr(gen, "VERSION_FILE", tmp_path / "VERSION")
     with pytest.raises(SystemExit, match="VERSION"):

@@ -1,0 +1,163 @@
+"""`make release`: this checkout's release, in ONE directory, ``dist/<version>/``.
+
+- ``patchbay-<version>.tgz``: the Helm chart, as ``helm package`` makes it (what the e2e suite
+  installs too);
+- ``patchbay-operator-<version>.oci.tar``, ``patchbay-agent-<version>.oci.tar``: the images as OCI
+  archives, each naming its image ``ghcr.io/kube-patchbay/patchbay-<program>:<version>``, the
+  reference the chart's defaults use, so importing them into a node's containerd is all a cluster
+  without a registry needs (docs/install.md). They are the images ``make images`` builds (cached
+  by content: the same inputs give the same image, tagged ``<version>-<content hash>`` locally);
+  only the name in the archive's index differs;
+- ``SHA256SUMS``: the sha256 of every file above, in ``sha256sum --check`` format.
+
+The version is the ``VERSION`` file's; the generated files must be up to date (``make verify``).
+Progress is printed step by step; a failure names the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+#: Annotations of an OCI index entry that name the image: containerd's full name (`ctr images
+#: import`, `kind load image-archive`, k3s's agent/images all read it), and the OCI tag.
+CONTAINERD_NAME = "io.containerd.image.name"
+OCI_REF_NAME = "org.opencontainers.image.ref.name"
+
+
+def renamed_archive(source: Path, target: Path, ref: str) -> None:
+    """Copy the OCI archive ``source`` to ``target`` with its image named ``ref`` (repository:tag):
+    the blobs are copied as they are, only index.json changes."""
+    tmp = target.with_suffix(".tmp")
+    with tarfile.open(source) as src, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as out:
+        for member in src:
+            if member.name.lstrip("./") == "index.json":
+                f = src.extractfile(member)
+                assert f is not None
+                index = json.load(f)
+                if len(index.get("manifests") or []) != 1:
+                    raise SystemExit(f"{source}: expected one image in the archive's index.json")
+                annotations = index["manifests"][0].setdefault("annotations", {})
+                annotations[CONTAINERD_NAME] = ref
+                annotations[OCI_REF_NAME] = ref.rsplit(":", 1)[1]
+                data = json.dumps(index, sort_keys=True).encode()
+                member.size = len(data)
+                out.addfile(member, io.BytesIO(data))
+            elif member.isfile():
+                out.addfile(member, src.extractfile(member))
+            else:
+                out.addfile(member)
+    tmp.replace(target)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def step(n: int, total: int, what: str, run: Callable[[], T]) -> T:
+    print(f"==> [{n}/{total}] {what}", flush=True)
+    t0 = time.monotonic()
+    result = run()
+    print(f"    done in {time.monotonic() - t0:.1f}s", flush=True)
+    return result
+
+
+def helm_binary() -> Path:
+    """The pinned helm: in $PATCHBAY_KUBE_BIN (the Makefile sets it), else the build script's answer."""
+    env = os.environ.get("PATCHBAY_KUBE_BIN")
+    if env:
+        return Path(env) / "helm"
+    out = subprocess.run(
+        [str(REPO / "hack" / "kube-binaries.sh"), "--print-bin-dir"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip()) / "helm"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dist", type=Path, default=REPO / "dist", help="where dist/<version>/ goes")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="    %(message)s")
+
+    sys.path.insert(0, str(REPO / "hack"))
+    import generate
+
+    from patchbay_devcluster.imagebuild import build_all
+    from patchbay_devcluster.install import package_chart
+
+    version, _ = generate.release_version()
+    out: Path = Path(args.dist) / version
+    total = 5
+    print(f"Patchbay {version} -> {out}", flush=True)
+    if step(1, total, "generated files up to date (make verify)", lambda: generate.main("check")) != 0:
+        return 1
+    dirty = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    if dirty:
+        print("    note: the working tree has uncommitted changes; they are in this release", flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+
+    chart = step(
+        2,
+        total,
+        "helm package charts/patchbay",
+        lambda: package_chart(helm_binary(), REPO / "charts" / "patchbay", out),
+    )
+    print(f"    {chart.name}", flush=True)
+    images = step(3, total, "images (podman; cached by content, minutes when built)", lambda: build_all(REPO))
+
+    def archives() -> list[Path]:
+        paths = []
+        for program, image in images.items():
+            ref = f"{image.repository}:{version}"
+            target = out / f"patchbay-{program}-{version}.oci.tar"
+            renamed_archive(image.archive, target, ref)
+            print(
+                f"    {target.name}: {ref} (built as {image.ref}), {target.stat().st_size / 1e6:.0f} MB",
+                flush=True,
+            )
+            paths.append(target)
+        return paths
+
+    step(4, total, "image archives named for the chart's defaults", archives)
+
+    def checksums() -> Path:
+        files = sorted(p for p in out.iterdir() if p.is_file() and p.name != "SHA256SUMS")
+        sums = out / "SHA256SUMS"
+        sums.write_text("".join(f"{sha256(p)}  {p.name}\n" for p in files))
+        return sums
+
+    sums = step(5, total, "SHA256SUMS", checksums)
+    print(f"Release {version} in {out}:", flush=True)
+    for line in sums.read_text().splitlines():
+        print(f"    {line}", flush=True)
+    print(f"Check with: (cd {out} && sha256sum --check SHA256SUMS); install: docs/install.md", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
