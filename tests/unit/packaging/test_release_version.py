@@ -75,3 +75,16 @@ def test_images_are_tagged_with_the_release_or_the_old_checkouts_package_version
             re.sub(r'(?m)^version = ".*"$', 'version = "0.1.0"', text)
         )
         assert version_of(old, program) == "0.1.0"
+
+
+def test_the_changelog_has_an_entry_for_this_release_and_the_one_before() -> None:
+    text = (REPO / "CHANGELOG.md").read_text()
+    headings = re.findall(r"(?m)^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", text)
+    names = [h[0] for h in headings]
+    assert names[0] == "Unreleased"
+    assert VERSION in names, names
+    assert "0.1.0" in names
+    # Every released entry is dated; every version has a link target at the bottom.
+    assert all(date for name, date in headings if name != "Unreleased"), headings
+    for name in names:
+        assert re.search(rf"(?m)^\[{re.escape(name)}\]: \S+$", text), name
