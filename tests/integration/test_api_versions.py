@@ -5,6 +5,8 @@ None), on a real API server and read back from its etcd (docs/api.md#versions):
 - an object written under either version reads back under the other, the same object but for its
   apiVersion, and is stored as v1beta1 (the key read from etcd itself); a client that uses
   v1alpha1 is warned;
+- a dry-run create of a stored object is validated before its name clashes (409 valid, 422
+  not), which the upgrade e2e test uses to show every stored object valid under v1beta1;
 - a writer that server-side applied a report under v1alpha1 (an agent of 0.1.0) and applies it
   again under v1beta1 (the same agent, upgraded) owns the same fields: what it leaves out goes;
 - a cluster upgraded from 0.1.0: objects stored as v1alpha1 under 0.1.0's CRD (v1alpha1 alone, the
@@ -188,6 +190,28 @@ def test_a_profile_written_under_either_version_reads_back_under_the_other_store
     )
     assert json.loads(res.stdout)["apiVersion"] == f"{GROUP}/{OLD}"
     assert f"{GROUP}/{OLD} DevicePluginProfile is deprecated; use {GROUP}/{NEW}" in res.stderr, res.stderr
+
+
+def test_a_dry_run_create_of_a_stored_object_is_validated_before_its_name_clashes(
+    api: client.ApiClient, crd: dict[str, Any], cluster: Cluster
+) -> None:
+    """What the upgrade e2e test relies on to show that a stored object is valid under v1beta1:
+    the API server validates a create (schema, CEL rules) before it finds the name taken, so a
+    dry-run create of the stored object answers 409 when it is valid and 422 when it is not."""
+    custom = cluster.custom
+    name = f"{cluster.prefix}dry"
+    cluster.profiles.append(name)
+    body = static_profile(name, cluster.tag, NEW)
+    custom.create_cluster_custom_object(GROUP, NEW, PLURAL, body)
+    with pytest.raises(ApiException) as valid:
+        custom.create_cluster_custom_object(GROUP, NEW, PLURAL, body, dry_run="All")
+    assert valid.value.status == 409, valid.value.body
+    invalid_body = copy.deepcopy(body)
+    del invalid_body["spec"]["static"]
+    with pytest.raises(ApiException) as invalid:
+        custom.create_cluster_custom_object(GROUP, NEW, PLURAL, invalid_body, dry_run="All")
+    assert invalid.value.status == 422, invalid.value.body
+    assert "spec.static is required" in str(invalid.value.body)
 
 
 def test_an_agent_that_applied_its_report_under_v1alpha1_owns_the_same_fields_under_v1beta1(
