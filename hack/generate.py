@@ -367,7 +367,10 @@ def api_reference() -> Generated:
                 if k not in ("name", "storage", "deprecated", "deprecationWarning")
             }
             if same != {k: v for k, v in stored.items() if k not in ("name", "storage")}:
-                raise SystemExit(f"{path}: {version['name']} differs from {stored['name']} (conversion None)")
+                raise SystemExit(
+                    f"{path}: {version['name']} differs from {stored['name']} (conversion None needs "
+                    "the same schema): edit the stored version only, then make generate"
+                )
             state = "served, deprecated" if version.get("deprecated") else "served"
             lines += [
                 "",
