@@ -276,9 +276,8 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
         )
         assert old_chart.name == "patchbay-0.1.0.tgz"
         no_patchbay_left(patchbay, e2e_cluster)
-        old_release: Release = helm_install(
-            e2e_cluster, old_chart, old_images, {"operator": {"statusDebounceSeconds": 0.3}}
-        )
+        # As the session's release: the chart's default values but the images.
+        old_release: Release = helm_install(e2e_cluster, old_chart, old_images)
         old = Installed(e2e_cluster, patchbay.api, old_release, old_images)
         wait_for("the 0.1.0 operator pod Ready", old.operator_ready, 120)
         crd = client.ApiextensionsV1Api(cluster.api).read_custom_resource_definition(CRDS[0])
