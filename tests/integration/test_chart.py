@@ -131,7 +131,11 @@ def test_deployment_defaults_are_hardened(tools: Tools) -> None:
     rendered = tools.helm("template", "patchbay", str(CHART), "-n", "patchbay-system").stdout
     deploy = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
     assert deploy["spec"]["replicas"] == 1
-    assert deploy["spec"]["strategy"]["type"] == "Recreate"
+    # One operator at a time, as Recreate, but never a type change between 1 and more replicas.
+    assert deploy["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
     pod = deploy["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert pod["securityContext"]["runAsNonRoot"] is True
