@@ -41,7 +41,7 @@ from patchbay_operator import devicereports  # noqa: E402
 from patchbay_operator.capacity import NodeState  # noqa: E402
 from patchbay_operator.devicereports import Report  # noqa: E402
 from patchbay_operator.profiles import Profile  # noqa: E402
-from patchbay_operator.status import plugin_status  # noqa: E402
+from patchbay_operator.status.deviceplugin import plugin_status  # noqa: E402
 
 PROFILE, RESOURCE = "bench-mem", "example.com/serial"
 

@@ -40,7 +40,8 @@ from patchbay_operator.devicereports import Report
 from patchbay_operator.informer import Source, Store
 from patchbay_operator.kube import KubeAPI, KubeError, Ref, Selectors, collection
 from patchbay_operator.profiles import Profile, Selector
-from patchbay_operator.status import AgentDaemonSet, StoredDeviceClass
+from patchbay_operator.status.daemonset import AgentDaemonSet
+from patchbay_operator.status.dra import StoredDeviceClass
 
 log = logging.getLogger(__name__)
 Call = Callable[..., Awaitable[Any]]

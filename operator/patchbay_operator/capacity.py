@@ -258,7 +258,7 @@ def plan(node: NodeState, winners: Mapping[str, Profile]) -> JsonPatch:
 
 @dataclass(frozen=True)
 class NodeReport:
-    """How one selected node looks for a Static profile, for status (see status.py)."""
+    """How one selected node looks for a Static profile, for status (see status/static.py)."""
 
     name: str
     desired: int | None

@@ -42,7 +42,7 @@ from patchbay_operator.kube import KubeAPI, KubeError, Ref
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.peering import Gate, Peering
 from patchbay_operator.profiles import Profile, Registry, Selector
-from patchbay_operator.status import Problem
+from patchbay_operator.status.conditions import Problem
 from patchbay_operator.statuswriter import StatusWriter
 from patchbay_operator.timestamps import rfc3339_now
 

@@ -15,7 +15,7 @@ from typing import Any
 
 MAX_KEPT_DEVICES = 16
 """Unhealthy devices kept per report: the status lists 10 problems in all, and a node with more
-sick devices than this gets one problem saying how many more (status.py)."""
+sick devices than this gets one problem saying how many more (status/daemonset.py)."""
 
 
 @dataclass(frozen=True)

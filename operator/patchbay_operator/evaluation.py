@@ -16,14 +16,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from patchbay_operator import capacity, status
+from patchbay_operator import capacity
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.constants import KUBELET_BEHIND_GRACE, Mode, Reason
 from patchbay_operator.devicereports import Report
 from patchbay_operator.maintenance import Rule
 from patchbay_operator.profiles import Profile
-from patchbay_operator.status import AgentDaemonSet, Problem, StoredDeviceClass
+from patchbay_operator.status import deviceplugin, dra, static
+from patchbay_operator.status.conditions import Problem, conflict_status
+from patchbay_operator.status.daemonset import AgentDaemonSet
+from patchbay_operator.status.dra import StoredDeviceClass
 from patchbay_operator.timestamps import parse_rfc3339, rfc3339
 
 
@@ -91,15 +94,15 @@ def evaluate(inputs: Inputs) -> Evaluation:
     if profile.deleting:
         return Evaluation(None)
     if inputs.winner is not None:
-        lost = status.conflict_status(profile, inputs.winner, previous, now, inputs.conflict_on)
+        lost = conflict_status(profile, inputs.winner, previous, now, inputs.conflict_on)
         return Evaluation(_no_dra(lost, previous))
     nodes = inputs.nodes
     if profile.mode is Mode.STATIC:
         seen = [
             r for n in nodes if (r := capacity.report(profile, n, inputs.failures.get(n.name))) is not None
         ]
-        problems = status.static_problems(seen)
-        new = status.static_status(profile, seen, previous, now, problems=problems)
+        problems = static.static_problems(seen)
+        new = static.static_status(profile, seen, previous, now, problems=problems)
         return Evaluation(_no_dra(new, previous), problems)
     troubles = list(inputs.troubles)
     ds = inputs.daemonset
@@ -125,11 +128,11 @@ def evaluate(inputs: Inputs) -> Evaluation:
     if profile.mode is Mode.DRA:
         # KEP-5004: the same resource name through node capacity on the same node is reported.
         twin = inputs.twin
-        twice = status.served_twice(profile, twin, matching)
+        twice = dra.served_twice(profile, twin, matching)
         twin_name = twin.name if twin is not None else ""
-        problems = status.dra_problems(profile, matching, troubles, reports)
-        problems += status.served_twice_problems(profile, twin_name, twice)
-        new = status.dra_status(
+        problems = dra.dra_problems(profile, matching, troubles, reports)
+        problems += dra.served_twice_problems(profile, twin_name, twice)
+        new = dra.dra_status(
             profile,
             ds,
             nodes,
@@ -144,8 +147,8 @@ def evaluate(inputs: Inputs) -> Evaluation:
             maintenance=inputs.maintenance,
         )
         return Evaluation(new, problems, recheck_at, keep, retry)
-    problems = status.plugin_problems(profile, matching, troubles, reports)
-    short = status.kubelet_short(profile, matching, reports)
+    problems = deviceplugin.plugin_problems(profile, matching, troubles, reports)
+    short = deviceplugin.kubelet_short(profile, matching, reports)
     clock = parse_rfc3339(now)
     past_grace: dict[str, str] = {}
     for node in short:
@@ -157,8 +160,8 @@ def evaluate(inputs: Inputs) -> Evaluation:
             past_grace[node] = rfc3339(since)
         else:
             recheck_at = due if recheck_at is None else min(recheck_at, due)
-    problems += status.kubelet_short_problems(short, past_grace)
-    new = status.plugin_status(
+    problems += deviceplugin.kubelet_short_problems(short, past_grace)
+    new = deviceplugin.plugin_status(
         profile, ds, nodes, previous, now, troubles=troubles, reports=reports, problems=problems
     )
     return Evaluation(_no_dra(new, previous), problems, recheck_at, keep, retry, frozenset(short))

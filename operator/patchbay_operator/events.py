@@ -18,7 +18,7 @@ from typing import Any
 
 from patchbay_operator.constants import API_GROUP, API_VERSION, FIELD_MANAGER, KIND
 from patchbay_operator.profiles import Profile
-from patchbay_operator.status import Problem
+from patchbay_operator.status.conditions import Problem
 from patchbay_operator.timestamps import rfc3339_now
 
 DEDUPE_WINDOW = 600.0

@@ -10,7 +10,7 @@ node's capacity/allocatable) and DRA (ResourceSlices and a DeviceClass with
 ``extendedResourceName``). So one node-capacity profile and one DRA profile may share a resource
 name: that is how a resource migrates from a device plugin to DRA node by node. Whether they
 then select the same node (which KEP-5004 forbids) is reported, not decided, here
-(``status.served_twice``).
+(``status.dra.served_twice``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ from patchbay_operator.controller import Controller
 from patchbay_operator.devicereports import Device, Report
 from patchbay_operator.kube import collection, ref_of
 from patchbay_operator.profiles import Profile, Registry, Selector
-from patchbay_operator.status import AgentDaemonSet, StoredDeviceClass, dra_status, served_twice
+from patchbay_operator.status.daemonset import AgentDaemonSet
+from patchbay_operator.status.dra import StoredDeviceClass, dra_status, served_twice
 
 R = "example.com/serial"
 KUBELET = "/tmp/node-1/kubelet"

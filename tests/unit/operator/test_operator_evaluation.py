@@ -11,7 +11,8 @@ from patchbay_operator.capacity import NodeState
 from patchbay_operator.devicereports import Device, Report
 from patchbay_operator.evaluation import Inputs, evaluate
 from patchbay_operator.profiles import Profile
-from patchbay_operator.status import dra_problems, plugin_problems, plugin_status
+from patchbay_operator.status.deviceplugin import plugin_problems, plugin_status
+from patchbay_operator.status.dra import dra_problems
 
 R = "example.com/x"
 LATER = datetime(2030, 1, 1, tzinfo=UTC)
@@ -88,7 +89,7 @@ def test_a_node_that_counts_fewer_devices_than_its_agent_serves_is_a_problem_aft
     way: no problem, a look again when the grace ends. Past it: DevicesNotAllocatable on the node,
     Degraded, and Ready False, although every agent is available."""
     from patchbay_operator.constants import KUBELET_BEHIND_GRACE
-    from patchbay_operator.status import AgentDaemonSet
+    from patchbay_operator.status.daemonset import AgentDaemonSet
 
     profile = prof("DevicePlugin")
     short = NodeState("a", capacity={R: "4"}, allocatable={R: "0"})

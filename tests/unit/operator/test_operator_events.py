@@ -6,7 +6,7 @@ from typing import Any
 
 from patchbay_operator.events import BURST, EventRecorder, transitions
 from patchbay_operator.profiles import Profile
-from patchbay_operator.status import Problem
+from patchbay_operator.status.conditions import Problem
 
 PROFILE = Profile.from_body(
     {

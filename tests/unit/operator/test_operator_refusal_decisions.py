@@ -18,7 +18,7 @@ from patchbay_operator.config import Settings
 from patchbay_operator.controller import Controller
 from patchbay_operator.evaluation import Inputs, evaluate
 from patchbay_operator.profiles import Profile
-from patchbay_operator.status import AgentDaemonSet
+from patchbay_operator.status.daemonset import AgentDaemonSet
 
 T0 = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
 DS = "patchbay-serial"
@@ -175,7 +175,7 @@ async def test_the_controller_nudges_a_refused_daemonset_until_its_pods_exist() 
 
 def test_the_profiles_events_say_the_refusal_and_its_recovery_without_a_node() -> None:
     from patchbay_operator.events import transitions
-    from patchbay_operator.status import Problem
+    from patchbay_operator.status.conditions import Problem
 
     msg = f"DaemonSet {DS} cannot create its agent pods: {PSA}"
     p = Problem("", "", "FailedCreate", msg, stalled=True)

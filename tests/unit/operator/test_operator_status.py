@@ -13,15 +13,10 @@ from patchbay_operator.capacity import NodeReport, NodeState
 from patchbay_operator.constants import MAX_PROBLEMS, ConditionType, Reason
 from patchbay_operator.devicereports import Device, Report
 from patchbay_operator.profiles import Profile
-from patchbay_operator.status import (
-    AgentDaemonSet,
-    Condition,
-    conditions,
-    conflict_status,
-    plugin_problems,
-    plugin_status,
-    static_status,
-)
+from patchbay_operator.status.conditions import Condition, conditions, conflict_status
+from patchbay_operator.status.daemonset import AgentDaemonSet
+from patchbay_operator.status.deviceplugin import plugin_problems, plugin_status
+from patchbay_operator.status.static import static_status
 
 R = "example.com/x"
 
@@ -262,7 +257,7 @@ def test_a_report_at_its_bounds_is_kept_small_and_its_counts_stay_true() -> None
     """A report may list 2,048 devices: the operator keeps their counts and at most
     MAX_KEPT_DEVICES unhealthy ones; the rest become one problem saying how many."""
     from patchbay_operator.devicereports import MAX_KEPT_DEVICES, Report
-    from patchbay_operator.status import unlisted_problem
+    from patchbay_operator.status.daemonset import unlisted_problem
 
     devices = [
         {"id": f"d{i}", "health": "Unhealthy", "reason": "Vanished", "message": "m" * 512}
