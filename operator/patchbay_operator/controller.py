@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -42,6 +43,7 @@ from patchbay_operator.kube import KubeAPI, KubeError, Ref
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.peering import Gate, Peering
 from patchbay_operator.profiles import Profile, Registry, Selector
+from patchbay_operator.scheduler import OnPending, Timers
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.statuswriter import StatusWriter
 from patchbay_operator.timestamps import rfc3339_now
@@ -76,15 +78,22 @@ class Controller:
         #: seconds between applies of a DeviceClass whose extendedResourceName was dropped
         self.device_class_recheck = DEVICE_CLASS_RECHECK_SECONDS
         self._problems: dict[str, list[Problem]] = {}
-        self._rechecks: dict[str, asyncio.TimerHandle] = {}
+        #: by profile: compute the status again when a pod's trouble would turn stalled (the
+        #: latest computation knows best)
+        self._rechecks: Timers[str] = Timers(OnPending.REPLACE)
         #: profile -> node -> since when its allocatable has been short of its agent's healthy
         #: devices (evaluation.Inputs.short_since)
         self._short_since: dict[str, dict[str, datetime]] = {}
-        self._class_checks: dict[str, asyncio.TimerHandle] = {}
-        self._orphan_checks: dict[str, asyncio.TimerHandle] = {}  # by profile name
+        #: by profile: apply a DeviceClass stored without extendedResourceName again (each apply
+        #: decides anew whether another is needed)
+        self._class_checks: Timers[str] = Timers(OnPending.REPLACE)
+        #: by profile: delete the DeviceReports of a profile still unknown after the grace, which
+        #: runs from the first report seen (KEEP: later reports never postpone it)
+        self._orphan_checks: Timers[str] = Timers(OnPending.KEEP)
         #: seconds between nudges of an agent DaemonSet whose pods the API server refuses
         self.retry_create_every = RETRY_CREATE_SECONDS
-        self._retries: dict[str, asyncio.TimerHandle] = {}  # by DaemonSet name
+        #: by DaemonSet: the next nudge (KEEP: the profiles sharing the node agent ask for one)
+        self._retries: Timers[str] = Timers(OnPending.KEEP)
         self.gate: Gate | None = None
         if peer is not None:
             read = lambda: self.call(kube.get_cluster_peering, peer.name)  # noqa: E731
@@ -162,11 +171,8 @@ class Controller:
         self._tasks.append(asyncio.create_task(coro))
 
     async def stop(self) -> None:
-        for timer in [*self._class_checks.values(), *self._orphan_checks.values(), *self._retries.values()]:
-            timer.cancel()
-        self._class_checks.clear()
-        self._orphan_checks.clear()
-        self._retries.clear()
+        for timers in (self._rechecks, self._class_checks, self._orphan_checks, self._retries):
+            await timers.close()
         loop = asyncio.get_running_loop()
         for watcher in self._informers:
             await loop.run_in_executor(None, watcher.stop)
@@ -296,18 +302,13 @@ class Controller:
         operator was down, or a report no agent of ours should have written) are deleted after
         `ORPHAN_GRACE_SECONDS`, when the profile is still unknown: nothing reads them, and a
         misbehaving agent must not be able to fill etcd and the operator's memory with them."""
-        loop = asyncio.get_running_loop()
         for profile in profiles:
-            if profile and profile not in self._orphan_checks:
-                self._orphan_checks[profile] = loop.call_later(
-                    ORPHAN_GRACE_SECONDS, self._spawn_prune_orphan, profile
+            if profile:
+                self._orphan_checks.schedule(
+                    profile, ORPHAN_GRACE_SECONDS, functools.partial(self._prune_orphan, profile)
                 )
 
-    def _spawn_prune_orphan(self, profile: str) -> None:
-        self._spawn(self._prune_orphan(profile))
-
     async def _prune_orphan(self, profile: str) -> None:
-        self._orphan_checks.pop(profile, None)
         if self.registry.get(profile) is not None or self.status.paused:
             return  # known meanwhile, or a standby replica (the active one prunes)
         if any(r.profile == profile for r in self.agents.reports.items.values()):
@@ -318,19 +319,13 @@ class Controller:
         """Where the API server dropped the profile's DeviceClass's extendedResourceName, apply the
         class again in a while: a control plane upgraded meanwhile keeps it (detected, not assumed
         from a version). Nothing is scheduled while it is kept."""
-        old = self._class_checks.pop(name, None)
-        if old is not None:
-            old.cancel()
         profile, stored = self.registry.get(name), self.agents.device_classes.get(name)
         if profile is None or stored is None or stored.extended_resource_name == profile.resource:
+            self._class_checks.cancel(name)
             return
-        loop = asyncio.get_running_loop()
-        self._class_checks[name] = loop.call_later(
-            self.device_class_recheck, lambda: self._spawn(self._check_device_class(name))
-        )
+        self._class_checks.schedule(name, self.device_class_recheck, lambda: self._check_device_class(name))
 
     async def _check_device_class(self, name: str) -> None:
-        self._class_checks.pop(name, None)
         profile = self.registry.get(name)
         if (
             profile is None
@@ -476,13 +471,11 @@ class Controller:
     def _recheck(self, name: str, when: datetime | None) -> None:
         """Recompute ``name``'s status when a pod's trouble would turn stalled, even if nothing
         else happens by then."""
-        old = self._rechecks.pop(name, None)
-        if old is not None:
-            old.cancel()
-        if when is not None:
-            delay = max(0.0, (when - datetime.now(UTC)).total_seconds()) + 0.5
-            loop = asyncio.get_running_loop()
-            self._rechecks[name] = loop.call_later(delay, self.status.mark, [name])
+        if when is None:
+            self._rechecks.cancel(name)
+            return
+        delay = max(0.0, (when - datetime.now(UTC)).total_seconds()) + 0.5
+        self._rechecks.schedule(name, delay, lambda: self.status.mark([name]))
 
     def _retry_create_later(self, daemonset: str, name: str) -> None:
         """While the API server refuses ``daemonset``'s pods, nudge it every
@@ -491,15 +484,11 @@ class Controller:
         namespace label, a quota, a policy) is nothing the operator watches, so this is how a
         fix shows within seconds instead of after the DaemonSet controller's backoff. One timer
         per DaemonSet: the profiles sharing the node agent ask for the same one."""
-        if daemonset in self._retries:
-            return
-        loop = asyncio.get_running_loop()
-        self._retries[daemonset] = loop.call_later(
-            self.retry_create_every, lambda: self._spawn(self._retry_create(daemonset, name))
+        self._retries.schedule(
+            daemonset, self.retry_create_every, lambda: self._retry_create(daemonset, name)
         )
 
     async def _retry_create(self, daemonset: str, name: str) -> None:
-        self._retries.pop(daemonset, None)
         if self.gate is None or self.gate.active:
             await self.agents.retry_create(daemonset, rfc3339_now())
         self.status.mark([name])
