@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from patchbay_operator.constants import Mode
+from patchbay_operator.pluginspec import PluginSpec
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,8 @@ class Profile:
     mode: Mode
     selector: Selector
     spec: Mapping[str, Any] = field(compare=False, repr=False)
+    #: ``spec.plugin``, the agent's configuration, as the operator reads it (pluginspec.py)
+    plugin: PluginSpec = field(default_factory=PluginSpec, compare=False, repr=False)
     static_capacity: int = 0
     capacity_label: str | None = None
     deleting: bool = False
@@ -135,6 +138,7 @@ class Profile:
             mode=Mode(spec["mode"]),
             selector=Selector.parse(spec.get("nodeSelector")),
             spec=_plain(spec),
+            plugin=PluginSpec.parse(_plain(spec.get("plugin"))),
             static_capacity=int(static.get("capacity") or 0),
             capacity_label=static.get("capacityFromLabel") or None,
             deleting=bool(meta.get("deletionTimestamp")),
@@ -146,9 +150,9 @@ class Profile:
 
     @property
     def shares(self) -> int:
-        """`plugin.sharing.replicas`: in DRA mode, how many claims may hold a device at once."""
-        sharing: Mapping[str, Any] = (self.spec.get("plugin") or {}).get("sharing") or {}
-        return int(sharing.get("replicas") or 1)
+        """`plugin.sharing.replicas`: how many pods (DevicePlugin) or claims (DRA) may hold a
+        device at once."""
+        return self.plugin.replicas
 
     @property
     def dra(self) -> bool:
@@ -160,11 +164,7 @@ class Profile:
         """``spec.plugin.allocation.cdi.kind`` (a DevicePlugin profile's CDI names), or None: the
         agent then writes a CDI spec and needs the runtime's spec directory mounted (only then:
         least privilege), and no other profile may have the same kind."""
-        plugin: Mapping[str, Any] = self.spec.get("plugin") or {}
-        allocation: Mapping[str, Any] = plugin.get("allocation") or {}
-        cdi: Mapping[str, Any] = allocation.get("cdi") or {}
-        kind = cdi.get("kind")
-        return str(kind) if kind else None
+        return self.plugin.cdi_kind
 
 
 def _plain(value: Any) -> Any:

@@ -148,7 +148,7 @@ def object_name(profile: str) -> str:
 
 def agent_config(profile: Profile) -> str:
     """The agent's config file: resourceName + plugin, verbatim (keys sorted: stable hash)."""
-    doc = {"resourceName": profile.resource, "plugin": profile.spec.get("plugin") or {}}
+    doc = {"resourceName": profile.resource, "plugin": dict(profile.plugin.document)}
     return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False)
 
 
@@ -310,7 +310,7 @@ def node_entry(profile: Profile, exclude: Selector | None = None) -> dict[str, A
         "profile": profile.name,
         "mode": profile.mode.value,
         "resourceName": profile.resource,
-        "plugin": profile.spec.get("plugin") or {},
+        "plugin": dict(profile.plugin.document),
         "nodeSelectorTerms": profile.selector.node_selector_terms(exclude),
     }
     if profile.mode is Mode.DRA:
