@@ -203,13 +203,21 @@ class Store(Generic[T]):
             self.fold("LISTED", obj)
 
     def fold(self, event_type: str, obj: T) -> None:
+        change = self.fold_quietly(event_type, obj)
+        if change is not None:
+            self._on_change(*change)
+
+    def fold_quietly(self, event_type: str, obj: T) -> tuple[T | None, T | None] | None:
+        """Fold ``obj`` without calling ``on_change``; the change (old, new), or None when there
+        was none. For the owner's own writes (an apply's answer, a delete it sent): it knows what
+        it changed and acts on it itself, so nothing calls back into it from below."""
         key = self._key(obj)
         if not key:
-            return
+            return None
         old = self.items.get(key)
         if event_type == "DELETED":
-            if self.items.pop(key, None) is not None:
-                self._on_change(old, None)
-        elif old != obj:
-            self.items[key] = obj
-            self._on_change(old, obj)
+            return (old, None) if self.items.pop(key, None) is not None else None
+        if old == obj:
+            return None
+        self.items[key] = obj
+        return (old, obj)

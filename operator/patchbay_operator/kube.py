@@ -1,27 +1,30 @@
 """The one module that talks to the Kubernetes API (import-linter keeps it that way).
 
-Everything here is synchronous and thread-safe: the controller runs these calls in its own
+Everything here is synchronous and thread-safe: the operator runs these calls in its own
 bounded thread pool, so the event loop never blocks and the number of requests in flight is
 a setting. Requests go through the official client's transport (auth, TLS, connection pool)
 but skip its typed models: bodies in and out are plain JSON dicts, which is what the pure
 modules work with, and decoding a 5000-node list into ``V1Node`` objects would cost seconds.
 
 ``KubeAPI`` is the protocol the rest of the operator is written against; ``Kube`` implements it
-over one API server. Unit tests drive the controller's error paths (409, 422, 404, 410) through
-a fake of the protocol, without a cluster; the integration tests run the real thing.
+over one API server; ``Pool`` is that thread pool. Unit tests drive the controller's error paths
+(409, 422, 404, 410) through a fake of the protocol, without a cluster; the integration tests run
+the real thing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlencode
 
 import urllib3
@@ -36,6 +39,7 @@ from patchbay_operator.constants import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -236,7 +240,7 @@ def in_cluster_server(env: Mapping[str, str] | None = None) -> str | None:
 def load_configuration(kubeconfig: str | None, pool_size: int) -> client.Configuration:
     """Client configuration from a kubeconfig file, $KUBECONFIG, ~/.kube/config or the pod's account.
 
-    ``pool_size`` matches the controller's thread pool so no request waits for a connection.
+    ``pool_size`` matches the operator's thread pool (``Pool``) so no request waits for a connection.
     """
     cfg = client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
@@ -445,3 +449,17 @@ class Kube:
 
     def namespace_exists(self, namespace: str) -> bool:
         return self.request("GET", f"/api/v1/namespaces/{quote(namespace, safe='')}", ok=(404,)) is not None
+
+
+class Pool:
+    """Runs the blocking ``KubeAPI`` calls in ``size`` threads: the event loop never blocks, and
+    the number of requests in flight is a setting (``--concurrency``)."""
+
+    def __init__(self, size: int) -> None:
+        self._executor = ThreadPoolExecutor(size, thread_name_prefix="kube")
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -113,3 +113,10 @@ class Gate:
         while True:
             await self.step()
             await asyncio.sleep(self.every)
+
+
+def writes(gate: Gate | None) -> bool:
+    """Whether this replica may write now: always without peering, else while its gate is open.
+    What the timers do later (a DeviceClass applied again, a DaemonSet nudged, orphan reports
+    deleted) asks this first: a waiting replica leaves it to the working one."""
+    return gate is None or gate.active

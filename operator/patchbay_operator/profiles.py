@@ -155,6 +155,13 @@ class Profile:
         return self.plugin.replicas
 
     @property
+    def uses_shared_agent(self) -> bool:
+        """A profile that leaves `spec.agent` alone is served by the shared node agent; one with an
+        `agent` section (image, privileges, resources, tolerations, ...; even an empty one, which
+        the API server fills with defaults) gets its own DaemonSet."""
+        return "agent" not in self.spec
+
+    @property
     def dra(self) -> bool:
         """Served through DRA (ResourceSlices + a DeviceClass), not through node capacity."""
         return self.mode is Mode.DRA
@@ -198,6 +205,14 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._by_name)
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def names_of(self, resource: str) -> list[str]:
+        """The profiles of ``resource`` (each way of serving it): a change of one can change the
+        others' status (who wins, what is served twice)."""
+        return [p.name for p in self._by_name.values() if p.resource == resource]
 
     def upsert(self, profile: Profile) -> None:
         self._by_name[profile.name] = profile
@@ -255,6 +270,29 @@ class Registry:
         """The applied profile that serves ``profile``'s resource name the other way (a DRA
         profile's node-capacity twin, or the reverse), if any: their nodes must not overlap."""
         return self.winner(profile.resource, dra=not profile.dra)
+
+    def exclusion(self, profile: Profile) -> Selector | None:
+        """The nodes a DRA profile's agents leave out: those of the profile that serves the same
+        resource through node capacity (KEP-5004: never both ways on one node); None for others."""
+        twin = self.other_way(profile) if profile.mode is Mode.DRA else None
+        return twin.selector if twin is not None else None
+
+    def shared_agent_profiles(self) -> list[Profile]:
+        """The profiles the shared node agent serves now: agent modes, not being deleted, without
+        agent settings of their own, and applied (no conflict)."""
+        return [
+            p
+            for p in self._by_name.values()
+            if p.mode.runs_agents and not p.deleting and p.uses_shared_agent and self.conflict(p) is None
+        ]
+
+    def applied_dra_twin(self, profile: Profile) -> Profile | None:
+        """The DRA profile that serves ``profile``'s resource the other way and is applied (not
+        being deleted, no conflict): its agents' exclusion follows ``profile``'s selector."""
+        twin = self.other_way(profile)
+        if twin is not None and twin.mode is Mode.DRA and not twin.deleting and self.conflict(twin) is None:
+            return twin
+        return None
 
     def static_winners(self) -> dict[str, Profile]:
         """resource name -> the Static profile applied for it (DevicePlugin winners excluded);

@@ -20,19 +20,41 @@ log = logging.getLogger(__name__)
 Status = dict[str, Any]
 
 
+class Dirty:
+    """The profiles whose status must be computed again, and the wake-up of the writer's loop.
+
+    Apart from the writer so that whatever sees a change (the node cache, the agents' stores, the
+    DeviceClasses, a profile's reconcile) can mark a profile without a way back to the writer's
+    owner: ``mark`` is all they call. ``every`` names every known profile (``mark_all``: a node
+    change can change any profile's status)."""
+
+    def __init__(self, every: Callable[[], Iterable[str]] = tuple) -> None:
+        self._every = every
+        self.names: set[str] = set()
+        self.wake = asyncio.Event()
+
+    def mark(self, names: Iterable[str]) -> None:
+        self.names.update(names)
+        self.wake.set()
+
+    def mark_all(self) -> None:
+        self.mark(self._every())
+
+
 class StatusWriter:
     def __init__(
         self,
         compute: Callable[[str], Status | None],
         write: Callable[[str, Status], Awaitable[None]],
         debounce: float,
+        dirty: Dirty | None = None,
     ) -> None:
         """``compute(name)`` gives the status to have now, or None to write nothing (a profile
-        gone or being deleted); ``write`` sends it (and raises on failure: it is retried)."""
+        gone or being deleted); ``write`` sends it (and raises on failure: it is retried);
+        ``dirty`` is what others mark (one of its own when not given)."""
         self._compute, self._write, self._debounce = compute, write, debounce
         self._written: dict[str, Status] = {}
-        self._dirty: set[str] = set()
-        self._wake = asyncio.Event()
+        self._marks = dirty if dirty is not None else Dirty()
         self.paused = False
         self.writes = 0
         self.computes = 0
@@ -40,7 +62,7 @@ class StatusWriter:
     @property
     def pending(self) -> int:
         """Profiles marked dirty and not computed yet."""
-        return len(self._dirty)
+        return len(self._marks.names)
 
     def previous(self, name: str) -> Mapping[str, Any]:
         """The status last written (or found at start) for ``name``."""
@@ -62,17 +84,16 @@ class StatusWriter:
 
     def forget(self, name: str) -> None:
         self._written.pop(name, None)
-        self._dirty.discard(name)
+        self._marks.names.discard(name)
 
     def mark(self, names: Iterable[str]) -> None:
-        self._dirty.update(names)
-        self._wake.set()
+        self._marks.mark(names)
 
     async def flush(self) -> None:
         """Write every dirty profile whose status changed (kept dirty while paused)."""
         if self.paused:
             return
-        dirty, self._dirty = self._dirty, set()
+        dirty, self._marks.names = self._marks.names, set()
         for name in sorted(dirty):
             self.computes += 1
             new = self._compute(name)
@@ -82,7 +103,7 @@ class StatusWriter:
                 await self._write(name, new)
             except Exception as e:
                 log.warning("Writing the status of DevicePluginProfile %s failed: %s", name, e)
-                self._dirty.add(name)
+                self._marks.names.add(name)
                 continue
             self.writes += 1
             self._written[name] = new
@@ -90,15 +111,15 @@ class StatusWriter:
 
     async def run(self) -> None:
         while True:
-            await self._wake.wait()
-            self._wake.clear()
+            await self._marks.wake.wait()
+            self._marks.wake.clear()
             await asyncio.sleep(self._debounce)
             try:
                 await self.flush()
             except Exception:
                 log.exception("Unexpected error writing profile status")
-            if self._dirty and not self.paused:
-                self._wake.set()
+            if self._marks.names and not self.paused:
+                self._marks.wake.set()
 
 
 def _same(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
