@@ -4,8 +4,8 @@
 Events are posted from, when to look again (a pod's trouble that turns stalled later, with no
 other event to say so), the nodes whose DeviceReports should be pruned (reports of nodes the
 profile no longer selects), and the agent DaemonSet to nudge while the API server refuses its
-pods (agentpods.refusal). The controller gathers the inputs from its caches and performs those
-effects (`Controller.compute_status`); here nothing reads a clock, writes a field or starts a
+pods (agentpods.refusal). profilestatus.py gathers the inputs from the caches and performs those
+effects (`ProfileStatus.compute`); here nothing reads a clock, writes a field or starts a
 request, so every mode is tested by value.
 """
 
@@ -32,7 +32,7 @@ from patchbay_operator.timestamps import parse_rfc3339, rfc3339
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the controller's caches say about one profile at one moment."""
+    """What the operator's caches say about one profile at one moment."""
 
     profile: Profile
     #: the status as last written (conditions keep their lastTransitionTime)
@@ -65,7 +65,7 @@ class Inputs:
     #: DRA mode: the cluster's DeviceTaintRules (device maintenance; empty where not served)
     maintenance: Sequence[Rule] = ()
     #: DevicePlugin mode: since when each node has counted fewer devices allocatable than its agent
-    #: serves healthy, as far as the controller has seen (`Evaluation.short_nodes` feeds it)
+    #: serves healthy, as far as the operator has seen (`Evaluation.short_nodes` feeds it)
     short_since: Mapping[str, datetime] = field(default_factory=dict)
     #: how long a node may be short before that is a problem (Settings.kubelet_behind_grace)
     short_grace: float = KUBELET_BEHIND_GRACE
@@ -73,7 +73,7 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The result, and the effects the controller performs for it."""
+    """The result, and the effects the operator performs for it (profilestatus.py)."""
 
     status: dict[str, Any] | None
     problems: list[Problem] = field(default_factory=list)
@@ -84,7 +84,7 @@ class Evaluation:
     #: the agent DaemonSet whose pods the API server refuses: nudge it to try again soon (None: none)
     retry_create: str | None = None
     #: DevicePlugin mode: the nodes that count fewer devices allocatable than their agent serves
-    #: healthy now (the controller keeps since when, for `Inputs.short_since`)
+    #: healthy now (profilestatus.py keeps since when, for `Inputs.short_since`)
     short_nodes: frozenset[str] = frozenset()
 
 

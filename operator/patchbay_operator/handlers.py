@@ -1,4 +1,5 @@
-"""Every kopf decorator, and nothing else: each handler is a thin call into the controller.
+"""Every kopf decorator, and nothing else: each handler is a thin call into the controller,
+which hands a profile on to reconcile.py.
 
 kopf handles profiles only: the usual level-based resume/create/update reconcile and a delete
 handler behind kopf's finalizer. Nodes are not kopf's at all: the controller's own informer
@@ -24,9 +25,10 @@ from patchbay_operator.constants import (
     KOPF_STORAGE_PREFIX,
     PLURAL,
 )
-from patchbay_operator.controller import CleanupPendingError, Controller
+from patchbay_operator.controller import Controller
 from patchbay_operator.kube import Kube, KubeError, in_cluster_server, load_configuration
 from patchbay_operator.peering import Peering
+from patchbay_operator.reconcile import CleanupPendingError
 
 log = logging.getLogger(__name__)
 

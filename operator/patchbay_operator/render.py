@@ -283,13 +283,6 @@ SHARED_VALUE = SHARED_AGENT_VALUE
 NODE_CONFIG_KEY = "node.yaml"
 
 
-def is_shared(profile: Profile) -> bool:
-    """A profile that leaves `spec.agent` alone is served by the shared node agent; one with an
-    `agent` section (image, privileges, resources, tolerations, ...; even an empty one, which the
-    API server fills with defaults) gets its own DaemonSet."""
-    return "agent" not in profile.spec
-
-
 def shared_selector_labels() -> dict[str, str]:
     return {LABEL_NAME: AGENT_NAME, SHARED_LABEL: SHARED_VALUE}
 

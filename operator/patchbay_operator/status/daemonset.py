@@ -29,7 +29,7 @@ from patchbay_operator.status.conditions import (
 
 @dataclass(frozen=True)
 class AgentDaemonSet:
-    """The slice of an agent DaemonSet that ``plugin_status`` reads (agents.py keeps one per profile)."""
+    """The slice of an agent DaemonSet that ``plugin_status`` reads (agentwatch.py keeps one per profile)."""
 
     profile: str
     generation: int

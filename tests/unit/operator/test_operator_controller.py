@@ -183,15 +183,18 @@ async def test_a_waiting_replica_writes_nothing_and_takes_over_from_fresh_profil
 async def test_a_pruned_report_is_deleted_once_however_often_the_status_is_computed(kube: FakeKube) -> None:
     """Until the watch shows the deletion, every status computation sees the report; it must not
     send another DELETE (FAKE KubeAPI: fakekube.py)."""
-    from patchbay_operator.agents import Agents
+    from patchbay_operator.agentwatch import AgentWatch
     from patchbay_operator.devicereports import Report
+    from patchbay_operator.profiles import Registry
 
     async def call(fn: Callable[..., Any], *args: Any) -> Any:
         await asyncio.sleep(0.01)  # a DELETE in flight while the next computation runs
         return fn(*args)
 
     changed: list[str] = []
-    agents = Agents(kube, call, Settings(namespace="patchbay-system"), changed.append)
+    agents = AgentWatch(
+        kube, call, Settings(namespace="patchbay-system"), registry=Registry(), mark=changed.extend
+    )
     agents.reports.fold("ADDED", Report("p.gone", "p", "gone"))
     agents.reports.fold("ADDED", Report("p.kept", "p", "kept"))
     await asyncio.gather(*(agents.prune_reports("p", keep={"kept"}) for _ in range(3)))

@@ -496,26 +496,26 @@ async def test_the_controller_reads_back_the_device_class_and_applies_it_again_w
     kube = DroppingKube()
     kube.add_node("n0", {"pool": "a"})
     c = Controller(Settings(namespace="patchbay-test", status_debounce=0.01), kube)  # type: ignore[arg-type]
-    c.device_class_recheck = 0.05
+    c.classes.recheck = 0.05
     await c.start()
     try:
         await c.reconcile(body())
-        assert c.agents.device_classes["serial"] == DROPPED
-        st = c.compute_status("serial")
+        assert c.classes.stored["serial"] == DROPPED
+        st = c.statuses.compute("serial")
         assert st is not None and cond(st, "Degraded")["reason"] == "ExtendedResourceNotServed"
         applies = len(kube.applied)
         await until(lambda: len(kube.applied) > applies)  # applied again while dropped
         kube.keeps = True
-        await until(lambda: c.agents.device_classes["serial"] == STORED)
-        st = c.compute_status("serial")
+        await until(lambda: c.classes.stored["serial"] == STORED)
+        st = c.statuses.compute("serial")
         assert st is not None and cond(st, "Degraded")["reason"] != "ExtendedResourceNotServed"
-        assert "serial" not in c._class_checks  # kept: nothing more is scheduled
+        assert not c.classes.checking("serial")  # kept: nothing more is scheduled
         # Leaving DRA mode: the class goes, and a status write removes status.dra (None in the
         # merge patch) after one that had it.
         await until(lambda: any((w.get("dra") or {}).get("deviceClassName") for _, w in kube.status_writes))
         before = len(kube.status_writes)
         await c.reconcile(body(mode="DevicePlugin"))
-        assert "serial" not in c.agents.device_classes
+        assert "serial" not in c.classes.stored
         await until(lambda: any("dra" in w and w["dra"] is None for _, w in kube.status_writes[before:]))
     finally:
         await c.stop()

@@ -145,7 +145,7 @@ async def test_the_controller_nudges_a_refused_daemonset_until_its_pods_exist() 
     kube = FakeKube()
     kube.add_node("a")
     ctl = Controller(Settings(concurrency=2, status_debounce=0.02), kube)  # type: ignore[arg-type]
-    ctl.retry_create_every = 0.05
+    ctl.statuses.retry_create_every = 0.05
     await ctl.start()
     try:
         body = {
@@ -159,7 +159,7 @@ async def test_the_controller_nudges_a_refused_daemonset_until_its_pods_exist() 
         await ctl.reconcile(body)
         stored = kube.objects[next(p for p in kube.objects if p.endswith(f"/daemonsets/{DS}"))]
         uid = stored["metadata"]["uid"]
-        a = ctl.agents
+        a = ctl.watch
         a.daemonsets.fold("MODIFIED", AgentDaemonSet("serial", 1, REFUSED, DS, uid))
         a.warnings.fold("ADDED", event(uid=uid))
         await until(lambda: kube.calls.count("annotate") >= 2)

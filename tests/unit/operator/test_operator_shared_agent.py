@@ -39,8 +39,8 @@ SENSORS = prof("sensors", "DRA", {"sensors": "yes"})
 
 
 def test_only_profiles_without_agent_settings_share_the_agent() -> None:
-    assert render.is_shared(SERIAL)
-    assert not render.is_shared(prof("own", "DevicePlugin", {}, agent={"tolerations": []}))
+    assert SERIAL.uses_shared_agent
+    assert not prof("own", "DevicePlugin", {}, agent={"tolerations": []}).uses_shared_agent
 
 
 def test_one_daemonset_serves_both_modes_and_every_profile_owns_it() -> None:

@@ -1,0 +1,257 @@
+"""What the agents tell, through four informers in the operator's own namespace, and what follows.
+
+The chart's namespaced Role allows them; no polling: the agent DaemonSets (rollout), the agent
+pods and the namespace's Warning events (why a pod does not work, or why the API server refuses to
+create it: agentpods.py), and the agents' DeviceReports (each device's health and holders:
+devicereports.py). A change marks the status of the profile it concerns (every shared profile's
+for the shared node agent's objects).
+
+The few writes that follow from what they tell are here too: reports of nodes a profile no longer
+selects are deleted (the status evaluation names them), reports of profiles that do not exist are
+deleted after ``ORPHAN_GRACE_SECONDS``, and a DaemonSet whose pods the API server refuses is
+nudged (``retry_create``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
+from operator import attrgetter
+from typing import Any
+
+from patchbay_operator import render
+from patchbay_operator.agentpods import AgentPod, Trouble, Warning, trouble
+from patchbay_operator.config import Settings
+from patchbay_operator.constants import (
+    API_GROUP,
+    API_VERSION,
+    LABEL_NAME,
+    ORPHAN_GRACE_SECONDS,
+    RETRY_CREATE_ANNOTATION,
+    SHARED_KEY,
+)
+from patchbay_operator.devicereports import Report
+from patchbay_operator.informer import Source, Store
+from patchbay_operator.kube import KubeAPI, KubeError, Ref, Selectors, collection
+from patchbay_operator.peering import Gate, writes
+from patchbay_operator.profiles import Registry
+from patchbay_operator.scheduler import OnPending, Timers
+from patchbay_operator.status.daemonset import AgentDaemonSet
+
+log = logging.getLogger(__name__)
+Call = Callable[..., Awaitable[Any]]
+AGENTS = Selectors(label=f"{LABEL_NAME}={render.AGENT_NAME}")
+
+
+def sources(
+    namespace: str,
+) -> tuple[Source[AgentDaemonSet], Source[AgentPod], Source[Warning], Source[Report]]:
+    """The informers' sources: all in the operator's namespace."""
+    return (
+        Source(
+            "agent DaemonSets",
+            collection("apps/v1", "DaemonSet", namespace),
+            AgentDaemonSet.from_object,
+            AGENTS,
+        ),
+        Source("agent pods", collection("v1", "Pod", namespace), AgentPod.from_object, AGENTS),
+        Source(
+            "warnings",
+            collection("v1", "Event", namespace),
+            Warning.from_object,
+            Selectors(field="type=Warning"),
+        ),
+        Source(
+            "device reports",
+            collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", namespace),
+            Report.from_object,
+        ),
+    )
+
+
+class AgentWatch:
+    """The agents' DaemonSets, pods, warnings and reports, and the writes that follow from them."""
+
+    def __init__(
+        self,
+        kube: KubeAPI,
+        call: Call,
+        settings: Settings,
+        *,
+        registry: Registry,
+        mark: Callable[[Iterable[str]], None],
+        gate: Gate | None = None,
+    ) -> None:
+        self._kube, self._call, self._settings = kube, call, settings
+        self._registry, self._mark, self._gate = registry, mark, gate
+        # Reports not believed (name -> the agent they named), so each is logged once; bounded
+        # by the reports kept (an entry goes when its report is believed or deleted).
+        self._distrusted: dict[str, str] = {}
+        self.daemonsets: Store[AgentDaemonSet] = Store(attrgetter("profile"), self._by_profile)
+        self.pods: Store[AgentPod] = Store(attrgetter("name"), self._by_profile)
+        self.warnings: Store[Warning] = Store(attrgetter("key"), self._warned)
+        self.reports: Store[Report] = Store(attrgetter("name"), self._report_changed)
+        # Reports with a DELETE in flight: status computations meanwhile must not send another.
+        self._pruning: set[str] = set()
+        #: by profile: its reports' deletion once the grace is over (KEEP: runs from the first
+        #: report seen; later ones never postpone it)
+        self._orphans: Timers[str] = Timers(OnPending.KEEP)
+
+    # --- changes -----------------------------------------------------------------------------
+
+    def _by_profile(self, old: Any, new: Any) -> None:
+        # The shared node agent's DaemonSet and pods: SHARED_KEY (every shared profile).
+        for obj in (old, new):
+            if obj is not None and obj.profile:
+                log.debug("%s of DevicePluginProfile %s changed", type(obj).__name__, obj.profile)
+                self._changed(obj.profile)
+
+    def _report_changed(self, old: Report | None, new: Report | None) -> None:
+        if new is None and old is not None:
+            self._distrusted.pop(old.name, None)
+        self._by_profile(old, new)
+
+    def _warned(self, old: Warning | None, new: Warning | None) -> None:
+        """A Warning about one of our pods, or a FailedCreate about one of our DaemonSets,
+        changes that pod's or DaemonSet's profile's status."""
+        warning = new or old
+        if warning is None:
+            return
+        if warning.daemonset:
+            for ds in self.daemonsets.items.values():
+                if ds.name == warning.daemonset:
+                    self._changed(ds.profile)
+            return
+        pod = self.pods.items.get(warning.pod)
+        if pod is not None:
+            self._changed(pod.profile)
+
+    def _changed(self, profile: str) -> None:
+        """An agent object of ``profile`` changed: its status, or every shared profile's for the
+        shared node agent's objects (no profile); a profile nobody knows has its reports pruned."""
+        if profile == SHARED_KEY:
+            self._mark([p.name for p in self._registry.shared_agent_profiles()])
+        elif self._registry.get(profile) is None:
+            self.prune_orphans_later([profile])
+        else:
+            self._mark([profile])
+
+    def applied(self, daemonset: AgentDaemonSet) -> None:
+        """An agent DaemonSet as the API server answered its apply (before its watch event)."""
+        change = self.daemonsets.fold_quietly("APPLIED", daemonset)
+        if change is not None:
+            self._by_profile(*change)
+
+    # --- what the status reads ----------------------------------------------------------------
+
+    def create_warning(self, daemonset: AgentDaemonSet | None) -> Warning | None:
+        """The latest FailedCreate event about ``daemonset`` (agentpods.refusal decides whether
+        it still holds)."""
+        return None if daemonset is None else self.warnings.items.get(f"DaemonSet/{daemonset.name}")
+
+    def shared_pods(self) -> list[AgentPod]:
+        """The shared node agent's pods (agent pods without a profile)."""
+        return [p for p in self.pods.items.values() if p.profile == SHARED_KEY]
+
+    def troubles(self, profile: str, now: datetime) -> list[Trouble]:
+        """Each of the profile's agent pods that does not work, and why."""
+        out = []
+        for pod in self.pods.items.values():
+            if (
+                pod.profile == profile
+                and (t := trouble(pod, self.warnings.items.get(pod.name), now)) is not None
+            ):
+                out.append(t)
+        return out
+
+    def profile_reports(self, profile: str, served_by: str) -> list[Report]:
+        """``profile``'s reports that its own agents wrote: each names (``agent``) a pod of the
+        DaemonSet that serves it (``served_by``: the profile, or SHARED_KEY for the shared node
+        agent) on the report's node. The admission policy makes every report name the pod whose
+        token wrote it, so a report written by any other agent on that node (another profile's,
+        compromised) is not believed: the node then counts as not reported, and the profile's
+        own agent writes its report again within its resync (docs/security.md#reports)."""
+        out = []
+        for r in self.reports.items.values():
+            if r.profile != profile:
+                continue
+            pod = self.pods.items.get(r.agent)
+            if pod is not None and pod.profile == served_by and pod.node == r.node:
+                self._distrusted.pop(r.name, None)
+                out.append(r)
+            elif self._distrusted.get(r.name) != r.agent:
+                self._distrusted[r.name] = r.agent
+                log.warning(
+                    "Ignoring DeviceReport %s: its writer %s is not an agent pod of "
+                    "DevicePluginProfile %s on node %s",
+                    r.name,
+                    f"pod {r.agent}" if r.agent else "(no agent named)",
+                    profile,
+                    r.node,
+                )
+        return out
+
+    # --- the writes that follow ---------------------------------------------------------------
+
+    async def retry_create(self, daemonset: str, now: str) -> None:
+        """Make the DaemonSet controller try to create ``daemonset``'s pods again now: any update
+        of the DaemonSet enqueues it at once, where after refused creates it would wait out its
+        own rate limiter (exponential, up to minutes). The annotation changes nothing else; a
+        failure is only logged (the next status computation asks again)."""
+        ref = Ref(collection("apps/v1", "DaemonSet", self._settings.namespace), daemonset)
+        try:
+            await self._call(self._kube.annotate, ref, {RETRY_CREATE_ANNOTATION: now})
+        except (KubeError, OSError) as e:
+            log.warning("Asking DaemonSet %s to create its pods again failed: %s", daemonset, e)
+        else:
+            log.debug("Asked DaemonSet %s to create its refused pods again", daemonset)
+
+    async def prune_reports(self, profile: str, keep: Iterable[str]) -> None:
+        """Delete ``profile``'s reports except those of the nodes in ``keep``."""
+        keep = set(keep)
+        path = collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", self._settings.namespace)
+        doomed = [
+            r
+            for r in self.reports.items.values()
+            if r.profile == profile and r.node not in keep and r.name not in self._pruning
+        ]
+        for report in doomed:
+            self._pruning.add(report.name)
+            try:
+                await self._call(self._kube.delete, Ref(path, report.name))
+            except (KubeError, OSError) as e:
+                log.warning("Deleting DeviceReport %s failed: %s", report.name, e)
+                continue
+            finally:
+                self._pruning.discard(report.name)
+            # Gone now, not when the watch says so: the next status must neither count it nor
+            # delete it again.
+            change = self.reports.fold_quietly("DELETED", report)
+            if change is not None:
+                self._report_changed(*change)
+            log.info(
+                "Deleted DeviceReport %s (node %s no longer serves %s)", report.name, report.node, profile
+            )
+
+    def prune_orphans_later(self, profiles: Iterable[str]) -> None:
+        """DeviceReports of profiles that do not exist (an agent's of a profile deleted while the
+        operator was down, or a report no agent of ours should have written) are deleted after
+        `ORPHAN_GRACE_SECONDS`, when the profile is still unknown: nothing reads them, and a
+        misbehaving agent must not be able to fill etcd and the operator's memory with them."""
+        for profile in profiles:
+            if profile:
+                self._orphans.schedule(
+                    profile, ORPHAN_GRACE_SECONDS, functools.partial(self._prune_orphan, profile)
+                )
+
+    async def _prune_orphan(self, profile: str) -> None:
+        if self._registry.get(profile) is not None or not writes(self._gate):
+            return  # known meanwhile, or a waiting replica (the working one prunes)
+        if any(r.profile == profile for r in self.reports.items.values()):
+            log.info("Deleting the DeviceReports of %s: no such DevicePluginProfile", profile)
+            await self.prune_reports(profile, keep=())
+
+    async def close(self) -> None:
+        await self._orphans.close()

@@ -1,0 +1,183 @@
+"""Each profile's status: its inputs gathered from the caches, evaluated once, written, and the effects.
+
+The status writer (statuswriter.py) decides when: a profile marked dirty is computed after the
+debounce and written only when it changed. Here is what: ``compute`` gathers what the caches say
+about the profile now (the node cache, the agents' stores, its DeviceClass as stored, the
+DeviceTaintRules), lets the pure ``evaluation.evaluate`` compute the status and everything that
+follows from it, and performs those effects: the problems kept for the Events posted with the
+write, a timer to compute again when a pod's trouble would turn stalled or a node's kubelet has
+been short for too long, the reports to prune, the refused DaemonSet to nudge.
+
+The DeviceTaintRules (device maintenance, where the API server serves them) are kept here: they
+are only ever read for a DRA profile's status.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from patchbay_operator import evaluation, maintenance, render
+from patchbay_operator.agentwatch import AgentWatch
+from patchbay_operator.config import Settings
+from patchbay_operator.constants import RETRY_CREATE_SECONDS, SHARED_KEY, Mode
+from patchbay_operator.deviceclasses import DeviceClasses
+from patchbay_operator.events import EventRecorder
+from patchbay_operator.informer import Store
+from patchbay_operator.kube import KubeAPI
+from patchbay_operator.nodes import NodeSync
+from patchbay_operator.peering import Gate, writes
+from patchbay_operator.profiles import Profile, Registry
+from patchbay_operator.scheduler import OnPending, Timers
+from patchbay_operator.status.conditions import Problem
+from patchbay_operator.statuswriter import Dirty, StatusWriter
+from patchbay_operator.timestamps import rfc3339_now
+
+log = logging.getLogger(__name__)
+Call = Callable[..., Awaitable[Any]]
+RECHECK_SLACK = 0.5
+"""Seconds after the moment a recheck is for: the evaluation then finds it past, not just before."""
+
+
+class ProfileStatus:
+    """Computes and writes each profile's status (see the module doc); ``writer`` is its loop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        kube: KubeAPI,
+        call: Call,
+        *,
+        registry: Registry,
+        nodes: NodeSync,
+        watch: AgentWatch,
+        classes: DeviceClasses,
+        dirty: Dirty,
+        gate: Gate | None = None,
+    ) -> None:
+        self._settings, self._kube, self._call, self._registry = settings, kube, call, registry
+        self._nodes, self._watch, self._classes, self._gate = nodes, watch, classes, gate
+        self.writer = StatusWriter(self.compute, self.write, settings.status_debounce, dirty)
+        self.events = EventRecorder(lambda ns, body: call(kube.create_event, ns, body))
+        #: DeviceTaintRules (device maintenance), where the API server serves them
+        self.rules: Store[maintenance.Rule] = Store(lambda r: r.name, self._rule_changed)
+        self._problems: dict[str, list[Problem]] = {}
+        #: profile -> node -> since when its allocatable has been short of its agent's healthy
+        #: devices (evaluation.Inputs.short_since)
+        self._short_since: dict[str, dict[str, datetime]] = {}
+        #: by profile: compute again at a moment the evaluation named (REPLACE: the latest
+        #: computation knows best)
+        self._rechecks: Timers[str] = Timers(OnPending.REPLACE)
+        #: by profile: prune its reports after this computation (REPLACE: the latest one's nodes)
+        self._prunes: Timers[str] = Timers(OnPending.REPLACE)
+        #: seconds between nudges of an agent DaemonSet whose pods the API server refuses
+        self.retry_create_every = RETRY_CREATE_SECONDS
+        #: by DaemonSet: the next nudge (KEEP: the profiles sharing the node agent ask for one)
+        self._retries: Timers[str] = Timers(OnPending.KEEP)
+
+    def compute(self, name: str) -> dict[str, Any] | None:
+        """``name``'s status, evaluated once from the caches (``evaluation.evaluate``, pure); then
+        the effects it asks for: the problems kept for the Events, a recheck timer, a prune."""
+        profile = self._registry.get(name)
+        if profile is None or profile.deleting:
+            self._short_since.pop(name, None)
+            return None
+        since = self._short_since.setdefault(name, {})
+        inputs = replace(
+            self._inputs(profile), short_since=since, short_grace=self._settings.kubelet_behind_grace
+        )
+        result = evaluation.evaluate(inputs)
+        now = datetime.now(UTC)
+        self._short_since[name] = {n: since.get(n, now) for n in result.short_nodes}
+        self._problems[name] = result.problems
+        if result.recheck_at is None:
+            self._rechecks.cancel(name)
+        else:
+            delay = max(0.0, (result.recheck_at - datetime.now(UTC)).total_seconds()) + RECHECK_SLACK
+            self._rechecks.schedule(name, delay, lambda: self.writer.mark([name]))
+        if result.keep_reports is not None:
+            prune = functools.partial(self._watch.prune_reports, name, keep=result.keep_reports)
+            self._prunes.schedule(name, 0.0, prune)
+        if result.retry_create is not None:
+            self._retry_create_later(result.retry_create, name)
+        return result.status
+
+    def _inputs(self, profile: Profile) -> evaluation.Inputs:
+        """What the caches say about ``profile`` now."""
+        name = profile.name
+        base = evaluation.Inputs(
+            profile,
+            self.writer.previous(name),
+            rfc3339_now(),
+            list(self._nodes.states.values()),
+            winner=w.name if (w := self._registry.conflict(profile)) is not None else None,
+            conflict_on=(
+                f"CDI kind {profile.cdi_kind}" if w is not None and w.resource != profile.resource else ""
+            ),
+        )
+        if base.winner is not None:
+            return base
+        if profile.mode is Mode.STATIC:
+            return replace(base, failures=dict(self._nodes.failures))
+        shared = profile.uses_shared_agent
+        key = SHARED_KEY if shared else name
+        watch = self._watch
+        return replace(
+            base,
+            twin=self._registry.other_way(profile) if profile.mode is Mode.DRA else None,
+            daemonset=watch.daemonsets.items.get(key),
+            troubles=watch.troubles(key, datetime.now(UTC)),
+            reports=watch.profile_reports(name, served_by=key),
+            create_warning=watch.create_warning(watch.daemonsets.items.get(key)),
+            device_class=self._classes.stored.get(name),
+            maintenance=list(self.rules.items.values()) if profile.mode is Mode.DRA else (),
+            shared_pods=watch.shared_pods() if shared else None,
+            shared_node_selector=self._settings.node_agent_node_selector,
+        )
+
+    def _retry_create_later(self, daemonset: str, name: str) -> None:
+        """While the API server refuses ``daemonset``'s pods, nudge it every
+        ``retry_create_every`` seconds (``AgentWatch.retry_create``), then compute ``name``'s
+        status again, which asks for the next nudge only if the refusal still holds. The cause (a
+        namespace label, a quota, a policy) is nothing the operator watches, so this is how a
+        fix shows within seconds instead of after the DaemonSet controller's backoff. One timer
+        per DaemonSet: the profiles sharing the node agent ask for the same one."""
+        self._retries.schedule(
+            daemonset, self.retry_create_every, functools.partial(self._retry_create, daemonset, name)
+        )
+
+    async def _retry_create(self, daemonset: str, name: str) -> None:
+        if writes(self._gate):
+            await self._watch.retry_create(daemonset, rfc3339_now())
+        self.writer.mark([name])
+
+    async def write(self, name: str, new: dict[str, Any]) -> None:
+        """Write the status, then post the Events of its problems' transitions."""
+        await self._call(self._kube.patch_profile_status, name, new)
+        profile = self._registry.get(name)
+        if profile is not None:
+            try:
+                await self.events.record(profile, self._problems.get(name, []))
+            except Exception as e:  # an Event that cannot be posted must not fail the status write
+                log.warning("Posting an Event on DevicePluginProfile %s failed: %s", name, e)
+
+    def _rule_changed(self, old: maintenance.Rule | None, new: maintenance.Rule | None) -> None:
+        """A DeviceTaintRule changed: the status of every DRA profile whose devices it selects."""
+        rules = [r for r in (old, new) if r is not None]
+        self.writer.mark(
+            p.name
+            for p in self._registry
+            if p.mode is Mode.DRA and any(r.applies_to(render.driver_name(p.name)) for r in rules)
+        )
+
+    def mark_dra(self) -> None:
+        """Every DRA profile's status (DeviceTaintRules are watched from now on)."""
+        self.writer.mark(p.name for p in self._registry if p.mode is Mode.DRA)
+
+    async def close(self) -> None:
+        for timers in (self._rechecks, self._prunes, self._retries):
+            await timers.close()
