@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 from support.clusters import Cluster, running_devcluster, wait_for
-from support.realnode import REPO, Installed
+from support.realnode import REPO, Installed, OnNode
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage, build_all
@@ -104,3 +104,9 @@ def fake_dev(name_prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
         if FAKE_DEV_ROOT.exists() and not any(FAKE_DEV_ROOT.iterdir()):
             FAKE_DEV_ROOT.rmdir()
+
+
+@pytest.fixture
+def on_node(request: pytest.FixtureRequest) -> OnNode:
+    """The fixtures most tests on the real node take, as one (``OnNode``'s fields name them)."""
+    return OnNode(*(request.getfixturevalue(name) for name in OnNode._fields))

@@ -21,9 +21,9 @@ from typing import Any
 
 from kubernetes import client
 from support.clusters import Cluster
-from support.realnode import DEVICES, Installed, wait_for
+from support.dranode import claim_pod, claim_template, dra_profile, profile_status, slice_devices
+from support.realnode import DEVICES, Installed, OnNode, wait_for
 from support.releases import has
-from test_dra_on_real_node import claim_pod, claim_template, dra_profile, profile_status, slice_devices
 
 from patchbay_devcluster import DevCluster
 
@@ -57,18 +57,11 @@ def pod_phase(core: client.CoreV1Api, ns: str, name: str) -> str | None:
     return str(pod.status.phase)
 
 
-def test_a_device_is_previewed_drained_and_returned(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
-    kube_release: str,
-) -> None:
+def test_a_device_is_previewed_drained_and_returned(on_node: OnNode, kube_release: str) -> None:
     """Preview (effect None: the rule's status says how many pods a drain would evict), drain
     (NoExecute: the pod using the device is evicted; one that tolerates the taint for 300 s stays;
     no new claim gets the node's devices), return (the rule goes, a waiting claim is allocated)."""
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     name, _resource, driver = dra_profile(cluster, fake_dev, real_node)
     core, custom = cluster.core, cluster.custom
     pods = ("maint-a", "maint-b", "maint-c")

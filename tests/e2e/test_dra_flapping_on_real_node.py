@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from support.clusters import Cluster
+from support.dranode import dra_profile, report_health, slice_devices
 from support.realnode import DEVICES, Installed, add_fake_device, wait_for
 from support.releases import has
-from test_dra_on_real_node import dra_profile, report_health, slice_devices
 
 CHANGES, EVERY = 10, 3.0
 

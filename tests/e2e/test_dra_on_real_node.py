@@ -28,104 +28,41 @@ from typing import Any
 
 from kubernetes import client
 from support.clusters import Cluster
+from support.dranode import (
+    RESOURCE_GROUP,
+    RESOURCE_VERSION,
+    claim_pod,
+    claim_template,
+    dra_profile,
+    dra_status,
+    profile_status,
+    report_health,
+    slice_devices,
+)
 from support.realnode import (
     DEVICES,
     OWN_AGENT,
     SHARED_SELECTOR,
     Installed,
+    OnNode,
     add_fake_device,
     busybox_pod,
     limits,
+    pod_log,
+    unschedulable,
     wait_for,
 )
 from support.releases import has
-
-from patchbay_devcluster import DevCluster
-
-RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
-
-
-def dra_profile(
-    cluster: Cluster, fake_dev: Path, node: str, *, own_agent: bool = True
-) -> tuple[str, str, str]:
-    """A DRA profile over ``fake_dev``'s devices on ``node``: (name, resource, driver). Without
-    ``own_agent`` the shared node agent serves it."""
-    name, resource = f"{cluster.prefix}dra", f"e2e.patchbay.dev/{cluster.tag}-dra"
-    for i in range(DEVICES):
-        add_fake_device(fake_dev, f"ttyDRA{i}")
-    cluster.set_labels(node, {"patchbay.dev/e2e-dra": cluster.tag})
-    cluster.create_profile(
-        name,
-        {
-            "resourceName": resource,
-            "mode": "DRA",
-            "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-dra": cluster.tag}},
-            "plugin": {
-                "discovery": {"paths": {"globs": [f"{fake_dev}/ttyDRA*"]}},
-                "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
-                "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "dra"}},
-            },
-            **({"agent": OWN_AGENT} if own_agent else {}),
-        },
-    )
-    return name, resource, f"{name}.patchbay.dev"
-
-
-def slices_of(cluster: Cluster, driver: str, node: str) -> list[dict[str, Any]]:
-    items = cluster.custom.list_cluster_custom_object(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")[
-        "items"
-    ]
-    return [s for s in items if s["spec"]["driver"] == driver and s["spec"].get("nodeName") == node]
-
-
-def slice_devices(cluster: Cluster, driver: str, node: str) -> dict[str, dict[str, Any]]:
-    return {d["name"]: d for s in slices_of(cluster, driver, node) for d in s["spec"].get("devices", [])}
-
-
-def pod_log(core: client.CoreV1Api, ns: str, name: str, marker: str) -> str | None:
-    pod = core.read_namespaced_pod(name, ns)
-    assert pod.status.phase not in ("Failed", "Succeeded"), pod.status
-    if pod.status.phase != "Running":
-        return None
-    text = str(core.read_namespaced_pod_log(name, ns))
-    return text if marker in text else None
 
 
 def device_lines(logs: str) -> list[str]:
     return sorted(line for line in logs.splitlines() if line.startswith("ttyDRA"))
 
 
-def profile_status(cluster: Cluster, name: str) -> dict[str, Any]:
-    return dict((cluster.profile(name) or {}).get("status") or {})
-
-
-def dra_status(cluster: Cluster, name: str) -> dict[str, Any]:
-    """The profile's `status.dra`: what the API server kept of the DeviceClass and the slices."""
-    return dict(profile_status(cluster, name).get("dra") or {})
-
-
-def report_health(cluster: Cluster, patchbay: Installed, profile: str, node: str) -> dict[str, str]:
-    """Physical device ID -> health, as the agent's DeviceReport for the node says."""
-    try:
-        obj = cluster.custom.get_namespaced_custom_object(
-            "patchbay.dev", "v1beta1", patchbay.namespace, "devicereports", f"{profile}.{node}"
-        )
-    except client.ApiException as e:
-        if e.status == 404:
-            return {}
-        raise
-    return {d["id"]: d["health"] for d in obj.get("devices") or []}
-
-
 def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
-    kube_release: str,
+    on_node: OnNode, kube_release: str
 ) -> None:
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     name, resource, driver = dra_profile(cluster, fake_dev, real_node)
     core, custom = cluster.core, cluster.custom
     cdi_dir = e2e_cluster.real_node().paths.cdi_spec_dir
@@ -139,7 +76,6 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
         )
         ids = {d["attributes"]["patchbay.dev/id"]["string"]: n for n, d in devices.items()}
         chosen_id = sorted(ids)[2]
-        by_id = f'device.attributes["patchbay.dev"].id == "{chosen_id}"'
         device_class = custom.get_cluster_custom_object(
             RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", driver
         )
@@ -147,32 +83,7 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
         assert device_class["spec"].get("extendedResourceName") == (resource if served else None)
 
         # 1. A claim template that picks exactly one device by attribute.
-        custom.create_namespaced_custom_object(
-            RESOURCE_GROUP,
-            RESOURCE_VERSION,
-            namespace,
-            "resourceclaimtemplates",
-            {
-                "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
-                "kind": "ResourceClaimTemplate",
-                "metadata": {"name": "one-serial"},
-                "spec": {
-                    "spec": {
-                        "devices": {
-                            "requests": [
-                                {
-                                    "name": "serial",
-                                    "exactly": {
-                                        "deviceClassName": driver,
-                                        "selectors": [{"cel": {"expression": by_id}}],
-                                    },
-                                }
-                            ]
-                        }
-                    }
-                },
-            },
-        )
+        claim_template(custom, namespace, "one-serial", driver, device_id=chosen_id)
         pod = busybox_pod(
             "dra-claim", real_node, f"echo SERIALS=$SERIALS; echo E2E=$E2E; ls {fake_dev}; sleep 3600"
         )
@@ -246,58 +157,14 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
         cluster.set_labels(real_node, {"patchbay.dev/e2e-dra": None})
 
 
-def claim_template(
-    custom: client.CustomObjectsApi,
-    namespace: str,
-    name: str,
-    driver: str,
-    device_id: str | None = None,
-    tolerations: list[dict[str, Any]] | None = None,
-) -> None:
-    """A ResourceClaimTemplate asking for one device of the class: the one whose `patchbay.dev/id`
-    is ``device_id``, or any; tolerating the device taints ``tolerations`` names."""
-    exactly: dict[str, Any] = {"deviceClassName": driver}
-    if tolerations:
-        exactly["tolerations"] = tolerations
-    if device_id is not None:
-        by_id = f'device.attributes["patchbay.dev"].id == "{device_id}"'
-        exactly["selectors"] = [{"cel": {"expression": by_id}}]
-    request = {"name": "serial", "exactly": exactly}
-    custom.create_namespaced_custom_object(
-        RESOURCE_GROUP,
-        RESOURCE_VERSION,
-        namespace,
-        "resourceclaimtemplates",
-        {
-            "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [request]}}},
-        },
-    )
-
-
-def claim_pod(name: str, node: str, template: str, fake_dev: Path) -> dict[str, Any]:
-    pod = busybox_pod(name, node, f"echo SERIALS=$SERIALS; ls {fake_dev}; sleep 3600")
-    pod["spec"]["resourceClaims"] = [{"name": "serial", "resourceClaimTemplateName": template}]
-    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "serial"}]}
-    return pod
-
-
-def test_the_shared_node_agent_serves_a_dra_profile(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
-) -> None:
+def test_the_shared_node_agent_serves_a_dra_profile(on_node: OnNode) -> None:
     """A DRA profile without agent settings: the shared node agent (the same pod that serves
     device-plugin profiles, as the demo shows) publishes its ResourceSlice, prepares a claim and
     writes the claim's status, all with the account the chart gives it (the ServiceAccount with
     the DRA rights; a profile's own device-plugin agent has none). Its driver's service socket
     and claim record are in the node agent's own directory under the kubelet's plugins directory
     (the only part of it the pod mounts), and the kubelet dials it there."""
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     name, _resource, driver = dra_profile(cluster, fake_dev, real_node, own_agent=False)
     core, custom = cluster.core, cluster.custom
     try:
@@ -345,22 +212,8 @@ def test_the_shared_node_agent_serves_a_dra_profile(
         cluster.set_labels(real_node, {"patchbay.dev/e2e-dra": None})
 
 
-def unschedulable(core: client.CoreV1Api, ns: str, name: str) -> str | None:
-    pod = core.read_namespaced_pod(name, ns)
-    for c in pod.status.conditions or []:
-        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
-            return str(c.message)
-    return None
-
-
 def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_tainted(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
-    kube_release: str,
+    on_node: OnNode, kube_release: str
 ) -> None:
     """A prepared claim outlives a new agent pod and a kubelet crash (the claim's CDI file is the
     agent's only state): its pod keeps running, the slices are published again (the kubelet wipes
@@ -371,6 +224,7 @@ def test_dra_claims_survive_agent_and_kubelet_restarts_and_vanished_devices_are_
     ResourceSlice, or, where the API server drops device taints (before 1.36), left out of it
     (the profile says so); either way a claim for it stays unschedulable until it is back. The
     claim's own status.devices names the prepared device and follows its health (KEP-4817)."""
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     name, _resource, driver = dra_profile(cluster, fake_dev, real_node)
     core, custom = cluster.core, cluster.custom
     cdi_dir = e2e_cluster.real_node().paths.cdi_spec_dir

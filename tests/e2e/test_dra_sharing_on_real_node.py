@@ -19,11 +19,9 @@ from typing import Any
 
 from kubernetes import client
 from support.clusters import Cluster
-from support.realnode import OWN_AGENT, Installed, add_fake_device, wait_for
+from support.dranode import claim_pod, claim_template, dra_status, slice_devices
+from support.realnode import OWN_AGENT, OnNode, add_fake_device, pod_log, unschedulable, wait_for
 from support.releases import has
-from test_dra_on_real_node import claim_pod, claim_template, dra_status, pod_log, slice_devices, unschedulable
-
-from patchbay_devcluster import DevCluster
 
 RG, RV = "resource.k8s.io", "v1"
 
@@ -63,14 +61,9 @@ def pod_claim(cluster: Cluster, ns: str, pod: str) -> dict[str, Any]:
 
 
 def test_two_claims_share_one_device_by_capacity_and_a_third_waits(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
-    kube_release: str,
+    on_node: OnNode, kube_release: str
 ) -> None:
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     name, driver = shared_profile(cluster, fake_dev, real_node)
     core, custom = cluster.core, cluster.custom
     served = has("dra-consumable-capacity", kube_release)

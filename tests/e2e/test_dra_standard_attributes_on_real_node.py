@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 from support.clusters import Cluster
-from support.realnode import OWN_AGENT, Installed, busybox_pod, wait_for
-from test_dra_on_real_node import slice_devices, unschedulable
+from support.dranode import slice_devices
+from support.realnode import OWN_AGENT, Installed, busybox_pod, unschedulable, wait_for
 
 RG, RV = "resource.k8s.io", "v1"
 SYSFS_PCI = Path("/sys/bus/pci/devices")

@@ -32,7 +32,15 @@ from pathlib import Path
 from kubernetes import client
 from support.clusters import Cluster
 from support.promtext import parse, value
-from support.realnode import DEVICES, Installed, busybox_pod, limits, pod_processes, serial_profile, wait_for
+from support.realnode import (
+    DEVICES,
+    OnNode,
+    busybox_pod,
+    limits,
+    pod_processes,
+    serial_profile,
+    wait_for,
+)
 
 from patchbay_devcluster import DevCluster
 
@@ -64,14 +72,8 @@ def report_healthy(cluster: Cluster, namespace: str, name: str) -> int | None:
     return int(mine[0]["summary"]["healthy"]) if len(mine) == 1 else None
 
 
-def test_a_flood_of_idle_connections_costs_the_node_nothing(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
-) -> None:
+def test_a_flood_of_idle_connections_costs_the_node_nothing(on_node: OnNode) -> None:
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     name, res = serial_profile(cluster, fake_dev, real_node)
     try:
         (agent,) = wait_for("the agent pod Ready", lambda: patchbay.ready_agents(name), 120)

@@ -22,32 +22,18 @@ from support.clusters import Cluster
 from support.realnode import (
     DEVICES,
     Installed,
+    OnNode,
     add_fake_device,
     busybox_pod,
     kstatus,
     limits,
+    pod_log,
     serial_profile,
+    unschedulable,
     wait_for,
 )
 
 from patchbay_devcluster import DevCluster
-
-
-def pending_reason(core: client.CoreV1Api, ns: str, name: str) -> str | None:
-    pod = core.read_namespaced_pod(name, ns)
-    for c in pod.status.conditions or []:
-        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
-            return str(c.message)
-    return None
-
-
-def running_log(core: client.CoreV1Api, ns: str, name: str, marker: str) -> str | None:
-    pod = core.read_namespaced_pod(name, ns)
-    assert pod.status.phase not in ("Failed", "Succeeded"), pod.status
-    if pod.status.phase != "Running":
-        return None
-    text = str(core.read_namespaced_pod_log(name, ns))
-    return text if marker in text else None
 
 
 def test_static_capacity_is_what_the_scheduler_uses(
@@ -85,7 +71,7 @@ def test_static_capacity_is_what_the_scheduler_uses(
             if core.read_namespaced_pod(f"d{i}", namespace).status.phase == "Running"
         }
         (extra,) = {"d0", "d1", "d2"} - running
-        message = wait_for("the third pod Unschedulable", lambda: pending_reason(core, namespace, extra), 60)
+        message = wait_for("the third pod Unschedulable", lambda: unschedulable(core, namespace, extra), 60)
         assert f"Insufficient {resource}" in message
 
         # A kubelet that restarts keeps the extended resource the operator set (it has a
@@ -133,7 +119,7 @@ def test_device_plugin_profile_runs_its_agent_pod_and_a_pod_gets_exactly_its_dev
         )
         core = cluster.core
         core.create_namespaced_pod(namespace, limits(pod, resource, 2))
-        logs = wait_for("the pod's output", lambda: running_log(core, namespace, "two-devices", "E2E="), 120)
+        logs = wait_for("the pod's output", lambda: pod_log(core, namespace, "two-devices", "E2E="), 120)
         lines = logs.splitlines()
         ids = sorted(lines[0].removeprefix("SERIALS=").split(","))
         assert len(ids) == 2, logs
@@ -221,9 +207,7 @@ def test_virtual_tokens_reach_a_pod_through_the_agent_pod(
         wait_for("tokens on the node", lambda: cluster.values(real_node, resource) == ("5", "5"), 120)
         pod = limits(busybox_pod("tokens", real_node, "echo TOKENS=$TOKENS; sleep 3600"), resource, 3)
         cluster.core.create_namespaced_pod(namespace, pod)
-        out = wait_for(
-            "the pod's tokens", lambda: running_log(cluster.core, namespace, "tokens", "TOKENS="), 120
-        )
+        out = wait_for("the pod's tokens", lambda: pod_log(cluster.core, namespace, "tokens", "TOKENS="), 120)
         tokens = out.strip().removeprefix("TOKENS=").split(",")
         assert len(tokens) == len(set(tokens)) == 3
         assert all(t.startswith("virtual-") for t in tokens), tokens
@@ -232,19 +216,13 @@ def test_virtual_tokens_reach_a_pod_through_the_agent_pod(
         cluster.set_labels(real_node, {"patchbay.dev/e2e-virtual": None})
 
 
-def test_cdi_names_resolve_through_the_spec_the_agent_pod_writes(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
-) -> None:
+def test_cdi_names_resolve_through_the_spec_the_agent_pod_writes(on_node: OnNode) -> None:
     """allocation.cdi on a runtime WITH CDI injection (the node's containerd 2.4): a CDI name that
     resolves nowhere fails the container ("unresolvable CDI devices"), so the pod running at all
     proves the agent pod's spec file resolved it. The spec sits in the node's CDI directory (the
     chart's agent.cdiSpecDir) and names the pod's device with its node; removed, it is written
     again before the next Allocate answers."""
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     kind = "e2e.patchbay.dev/serial"
     name, resource = serial_profile(cluster, fake_dev, real_node, suffix="cdi", cdi_kind=kind)
     spec_file = e2e_cluster.real_node().paths.cdi_spec_dir / f"patchbay_{resource.replace('/', '_')}.json"
@@ -257,7 +235,7 @@ def test_cdi_names_resolve_through_the_spec_the_agent_pod_writes(
             pod = busybox_pod(pod_name, real_node, f"echo SERIALS=$SERIALS; ls {fake_dev}; sleep 3600")
             core.create_namespaced_pod(namespace, limits(pod, resource, 1))
             logs = wait_for(
-                f"{pod_name} running", lambda n=pod_name: running_log(core, namespace, n, "SERIALS="), 120
+                f"{pod_name} running", lambda n=pod_name: pod_log(core, namespace, n, "SERIALS="), 120
             )
             (device,) = logs.splitlines()[0].removeprefix("SERIALS=").split(",")
             assert [line for line in logs.splitlines()[1:] if line.startswith("ttyE2E")] == [

@@ -26,6 +26,7 @@ from typing import Any
 
 from kubernetes import client
 from support.clusters import Cluster
+from support.dranode import RESOURCE_GROUP, RESOURCE_VERSION, claim_template, dra_profile
 from support.realnode import (
     DEVICES,
     SHARED_SELECTOR,
@@ -36,7 +37,6 @@ from support.realnode import (
     serial_profile,
     wait_for,
 )
-from test_dra_on_real_node import RESOURCE_GROUP, RESOURCE_VERSION, claim_template, dra_profile
 
 from patchbay_devcluster import DevCluster
 

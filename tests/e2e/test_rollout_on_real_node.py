@@ -24,24 +24,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.clusters import Cluster
-from support.realnode import DEVICES, Installed, busybox_pod, limits, serial_profile, wait_for
+from support.realnode import DEVICES, OnNode, busybox_pod, limits, serial_profile, wait_for
 from support.releases import has
 from support.rollout import SAMPLE_EVERY, run_rollout
 
-from patchbay_devcluster import DevCluster
-
 
 def test_a_rollout_keeps_every_healthy_device_allocatable(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
-    tmp_path: Path,
-    kube_release: str,
+    on_node: OnNode, tmp_path: Path, kube_release: str
 ) -> None:
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     name, resource = serial_profile(cluster, fake_dev, real_node)
     try:
         wait_for("the agent pod Ready", lambda: patchbay.ready_agents(name), 120)

@@ -46,6 +46,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 from support.clusters import Cluster, kstatus
+from support.dranode import claim_pod, claim_template, dra_profile, slice_devices
 from support.realnode import (
     AGENT_SELECTOR,
     DEVICES,
@@ -58,7 +59,6 @@ from support.realnode import (
     wait_for,
 )
 from support.rollout import AllocatableSampler, dips
-from test_dra_on_real_node import claim_pod, claim_template, dra_profile, slice_devices
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage, build_all

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes import client
 from support.clusters import Cluster, kstatus, wait_for
@@ -101,6 +101,23 @@ class Installed:
         return out
 
 
+class OnNode(NamedTuple):
+    """What most tests on the real node work with, in the order they unpack it; each field is the
+    e2e fixture of that name (tests/e2e/conftest.py: ``on_node``)."""
+
+    #: the chart installed, its operator pod Ready
+    patchbay: Installed
+    #: assertion helpers over the e2e cluster (deletes the test's profiles and nodes afterwards)
+    cluster: Cluster
+    e2e_cluster: DevCluster
+    #: the real node's name
+    real_node: str
+    #: a namespace of the test's own
+    namespace: str
+    #: a directory under the machine's /dev for the test's FAKE devices
+    fake_dev: Path
+
+
 def busybox_pod(name: str, node: str, script: str, *, host_network: bool = False) -> dict[str, Any]:
     """A busybox pod pinned to ``node`` running ``sh -c script`` (on the pod network by default)."""
     return {
@@ -115,6 +132,25 @@ def busybox_pod(name: str, node: str, script: str, *, host_network: bool = False
             "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "command": ["sh", "-c", script]}],
         },
     }
+
+
+def pod_log(core: client.CoreV1Api, ns: str, name: str, marker: str) -> str | None:
+    """The pod's log once it runs and has written ``marker`` (None before); a pod that ended fails."""
+    pod = core.read_namespaced_pod(name, ns)
+    assert pod.status.phase not in ("Failed", "Succeeded"), pod.status
+    if pod.status.phase != "Running":
+        return None
+    text = str(core.read_namespaced_pod_log(name, ns))
+    return text if marker in text else None
+
+
+def unschedulable(core: client.CoreV1Api, ns: str, name: str) -> str | None:
+    """Why the scheduler leaves the pod Pending, or None while it does not say."""
+    pod = core.read_namespaced_pod(name, ns)
+    for c in pod.status.conditions or []:
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+            return str(c.message)
+    return None
 
 
 def add_fake_device(directory: Path, name: str) -> Path:
