@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from support import paths
 from support.clusters import (
     CRD_FILE,
     GROUP,
@@ -99,6 +100,13 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Itera
 @pytest.fixture(scope="session")
 def api(devcluster: DevCluster) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(devcluster.kubeconfig))
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory for Unix sockets, short enough for their paths (support/paths.py)."""
+    with paths.short_dir() as d:
+        yield d
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.alerts import prometheus_rule
 from support.clusters import Cluster
 from support.realnode import REPO, Installed, add_fake_device, busybox_pod, limits, serial_profile, wait_for
 
@@ -112,25 +113,9 @@ class Prometheus:
 
 def rendered_rules(bin_dir: Path, workdir: Path) -> Path:
     """The chart's PrometheusRule as `helm template` renders it -> a rules file."""
-    out = subprocess.run(
-        [
-            str(bin_dir / "helm"),
-            "template",
-            "t",
-            str(CHART),
-            "--show-only",
-            "templates/prometheusrule.yaml",
-            "--set",
-            "metrics.prometheusRule.enabled=true",
-            "--set",
-            "metrics.prometheusRule.deviceUnhealthyFor=2s",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    rule = prometheus_rule(bin_dir / "helm", "metrics.prometheusRule.deviceUnhealthyFor=2s")
     path = workdir / "rules.yaml"
-    path.write_text(yaml.safe_dump(yaml.safe_load(out)["spec"], sort_keys=False))
+    path.write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
     return path
 
 

@@ -5,14 +5,13 @@ start); and a tally of what was tried, printed at the end of the run (docs/secur
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.fuzzing import TALLY, LoopThread
+from support.paths import short_dir
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +25,9 @@ def loop_thread() -> Iterator[LoopThread]:
 
 @pytest.fixture(scope="module")
 def module_dir() -> Iterator[Path]:
-    """Short (Unix socket paths must stay under 108 bytes), one per module."""
-    d = Path(tempfile.mkdtemp(prefix="pbz", dir="/tmp"))
-    try:
+    """A directory for Unix sockets (support/paths.py), one per module."""
+    with short_dir("pbz") as d:
         yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

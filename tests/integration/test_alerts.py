@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.alerts import prometheus_rule
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "patchbay"
@@ -42,19 +43,7 @@ def promtool() -> str:
 
 
 def render(bin_dir: Path, *sets: str) -> dict[str, Any]:
-    args = [
-        str(bin_dir / "helm"),
-        "template",
-        "t",
-        str(CHART),
-        "--show-only",
-        "templates/prometheusrule.yaml",
-    ]
-    for s in ("metrics.prometheusRule.enabled=true", *sets):
-        args += ["--set", s]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    doc: dict[str, Any] = yaml.safe_load(out)
-    return doc
+    return prometheus_rule(bin_dir / "helm", *sets)
 
 
 def run_tests(promtool: str, rule: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:

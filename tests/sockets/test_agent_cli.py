@@ -7,17 +7,15 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support.agentrun import AGENT, agent_argv
 from support.fakehw import FakeHardware
 from support.pykubelet import PyKubelet
 
 from patchbay_agent.kubelet.sockets import legacy_socket_name, socket_name
-
-AGENT = [sys.executable, "-m", "patchbay_agent.main"]
 
 
 def _write(path: Path, doc: object) -> Path:
@@ -27,6 +25,12 @@ def _write(path: Path, doc: object) -> Path:
 
 def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*AGENT, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _serve(cfg: Path, plugin_dir: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """The agent as a node runs it, without its HTTP endpoint: for what makes it exit at start."""
+    argv = agent_argv(cfg, "n1", device_plugin_dir=plugin_dir, http_address="off")
+    return _run(*argv[len(AGENT) :], timeout=timeout)
 
 
 def test_help_explains_every_flag() -> None:
@@ -74,38 +78,22 @@ def test_nvml_without_driver_exits_3_with_a_clear_message(short_dir: Path) -> No
     cfg = _write(
         short_dir / "c.yaml", {"resourceName": "nvidia.com/gpu", "plugin": {"discovery": {"nvml": {}}}}
     )
-    out = _run(
-        "--config",
-        str(cfg),
-        "--node-name",
-        "n1",
-        "--device-plugin-dir",
-        str(short_dir),
-        "--http-address",
-        "off",
-    )
+    out = _serve(cfg, short_dir)
     assert out.returncode == 3
     assert "nvidia-ml-py" in out.stderr or "NVIDIA driver" in out.stderr
     assert "Traceback" not in out.stderr
 
 
 def _agent_argv(cfg: Path, plugin_dir: Path, hw: FakeHardware, *extra: str) -> list[str]:
-    return [
-        *AGENT,
-        "--config",
-        str(cfg),
-        "--node-name",
+    return agent_argv(
+        cfg,
         "n1",
-        "--device-plugin-dir",
-        str(plugin_dir),
-        "--host-root",
-        str(hw.root),
-        "--http-address",
-        "127.0.0.1:0",
-        "--log-format",
-        "json",
         *extra,
-    ]
+        device_plugin_dir=plugin_dir,
+        host_root=hw.root,
+        http_address="127.0.0.1:0",
+        log_format="json",
+    )
 
 
 def test_sigterm_removes_only_its_own_socket_and_exits_0(
@@ -206,17 +194,7 @@ def test_a_list_over_the_kubelet_limit_exits_3_before_serving(short_dir: Path, p
             "plugin": {"discovery": {"virtual": {"count": 5000}}, "sharing": {"replicas": 100}},
         },
     )
-    out = _run(
-        "--config",
-        str(cfg),
-        "--node-name",
-        "n1",
-        "--device-plugin-dir",
-        str(plugin_dir),
-        "--http-address",
-        "off",
-        timeout=120,
-    )
+    out = _serve(cfg, plugin_dir, timeout=120)
     assert out.returncode == 3
     assert "4194304-byte ListAndWatch limit" in out.stderr
     assert "plugin.sharing.replicas" in out.stderr

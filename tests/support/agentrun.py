@@ -1,9 +1,11 @@
-"""Run a real Agent in-process on the test's event loop, and talk to it over its real socket."""
+"""Run a real Agent in-process on the test's event loop, and talk to it over its real socket; or
+write the command line of an agent process (``agent_argv``), as the DaemonSet runs it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,18 @@ from support.converge import until as converge
 from patchbay_agent.agent import Agent, AgentOptions
 from patchbay_agent.api import api_pb2_grpc
 from patchbay_agent.config import parse
+
+AGENT = (sys.executable, "-m", "patchbay_agent.main")
+"""The agent's command, as its image runs it (``patchbay-agent`` is the same entry point)."""
+
+
+def agent_argv(config: Path, node: str, *extra: str, **flags: str | Path) -> list[str]:
+    """The agent process's command line: ``--config``, ``--node-name``, each of ``flags`` as
+    ``--flag-name value`` (in the order given; ``_`` becomes ``-``), then ``extra`` as it is."""
+    argv = [*AGENT, "--config", str(config), "--node-name", node]
+    for flag, value in flags.items():
+        argv += [f"--{flag.replace('_', '-')}", str(value)]
+    return [*argv, *extra]
 
 
 async def until(predicate: Callable[[], object], within: float = 10.0) -> None:

@@ -1,5 +1,5 @@
 """Helpers every cluster-facing test shares: one ``wait_for``, a control plane for a block, kstatus,
-and ``Cluster``, small assertion helpers over the official client.
+a ResourceClaim, and ``Cluster``, small assertion helpers over the official client.
 
 Every test package imports these as ``support.clusters`` (tests/ is on sys.path: pytest puts the
 rootdir's conftest folder there).
@@ -79,6 +79,26 @@ def running_devcluster(state_dir: Path, bin_dir: Path) -> Iterator[DevCluster]:
     finally:
         # Keep certificates and logs under pytest's tmp dir for post-mortems; stop every PID.
         cluster.down(purge=False)
+
+
+def create_resource_claim(
+    custom: client.CustomObjectsApi, namespace: str, name: str, requests: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A ResourceClaim (resource.k8s.io/v1) asking for ``requests``, as the API server stored it."""
+    group, version = "resource.k8s.io", "v1"
+    claim: dict[str, Any] = custom.create_namespaced_custom_object(
+        group,
+        version,
+        namespace,
+        "resourceclaims",
+        {
+            "apiVersion": f"{group}/{version}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": requests}},
+        },
+    )
+    return claim
 
 
 def kstatus(obj: dict[str, Any]) -> str:

@@ -9,12 +9,12 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import yaml
+from support.agentrun import agent_argv
 from support.fakehw import FakeHardware
 
 from patchbay_agent.kubelet.sockets import is_same_resource
@@ -157,28 +157,16 @@ class AgentProcess(_Process):
     process serves its own socket, `patchbay-<resource>-<random instance>.sock`."""
 
     def __init__(self, config: Path, plugin_dir: Path, host_root: Path, log: Path, *extra: str) -> None:
-        super().__init__(
-            [
-                sys.executable,
-                "-m",
-                "patchbay_agent.main",
-                "--config",
-                str(config),
-                "--node-name",
-                "conformance",
-                "--device-plugin-dir",
-                str(plugin_dir),
-                "--host-root",
-                str(host_root),
-                "--cdi-spec-dir",
-                str(host_root / "var" / "run" / "cdi"),
-                "--http-address",
-                "off",
-                *extra,
-            ],
-            log,
-            stdin=False,
+        argv = agent_argv(
+            config,
+            "conformance",
+            *extra,
+            device_plugin_dir=plugin_dir,
+            host_root=host_root,
+            cdi_spec_dir=host_root / "var" / "run" / "cdi",
+            http_address="off",
         )
+        super().__init__(argv, log, stdin=False)
 
 
 class Harness:

@@ -15,7 +15,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from support.clusters import NAMESPACE, REPO, wait_for
+from kubernetes.client.rest import ApiException
+from support.clusters import NAMESPACE, REPO, Cluster, wait_for
 
 from patchbay_devcluster.procs import free_port
 
@@ -173,3 +174,33 @@ def scrape_stats(url: str) -> dict[str, Any]:
                 if not s.name.endswith("_created")
             }
     return out
+
+
+def agent_object(cluster: Cluster, kind: str, profile: str) -> dict[str, Any] | None:
+    """A profile's own agent ``DaemonSet`` or ``ConfigMap`` (``patchbay-<profile>`` in the
+    operator's namespace) as plain JSON, or None where there is none."""
+    read = {
+        "DaemonSet": cluster.apps.read_namespaced_daemon_set,
+        "ConfigMap": cluster.core.read_namespaced_config_map,
+    }[kind]
+    try:
+        obj = read(f"patchbay-{profile}", NAMESPACE)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return dict(cluster.api.sanitize_for_serialization(obj))
+
+
+def assert_applied_for(obj: dict[str, Any], profile: str, uid: str) -> None:
+    """``obj`` is the operator's, for ``profile``: the profile (``uid``) is its controller owner and
+    the operator wrote it by server-side apply."""
+    (ref,) = obj["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+        "DevicePluginProfile",
+        profile,
+        uid,
+        True,
+    )
+    managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
+    assert ("patchbay-operator", "Apply") in managers

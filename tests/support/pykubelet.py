@@ -211,8 +211,8 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         await server.start()
         self._server = server
 
-    async def stop(self) -> None:
-        """Like a kubelet going away: the registration socket closes and the streams drop."""
+    async def _end_streams(self) -> None:
+        """Every ListAndWatch stream ended and its channel closed."""
         for task in self._streams:
             task.cancel()
         await asyncio.gather(*self._streams, return_exceptions=True)
@@ -220,6 +220,10 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         for ch in self._channels:
             await ch.close()
         self._channels.clear()
+
+    async def stop(self) -> None:
+        """Like a kubelet going away: the registration socket closes and the streams drop."""
+        await self._end_streams()
         if self._server is not None:
             await self._server.stop(0)
             self._server = None
@@ -229,13 +233,7 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
     async def drop_streams(self) -> None:
         """Like the kubelet's plugin client failing: the stream ends, the registration server
         stays. The kubelet then forgets the plugin silently."""
-        for task in self._streams:
-            task.cancel()
-        await asyncio.gather(*self._streams, return_exceptions=True)
-        self._streams.clear()
-        for ch in self._channels:
-            await ch.close()
-        self._channels.clear()
+        await self._end_streams()
         self.devices.clear()
 
     async def crash(self) -> None:

@@ -1,8 +1,22 @@
-"""DeviceReports at the CRD's bounds, for the tests and benches that need the largest one."""
+"""DeviceReports at the CRD's bounds, for the tests and benches that need the largest one; and the
+owner reference every object an agent writes for its node carries (reports and ResourceSlices)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def node_owner(name: str, uid: str) -> dict[str, Any]:
+    """The Node as the owner of what its agent writes: the garbage collector deletes the object
+    with the node; not the controller, and deleting the node is never blocked by it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": name,
+        "uid": uid,
+        "blockOwnerDeletion": False,
+        "controller": False,
+    }
 
 
 def largest_report(namespace: str, node_name: str, profile: str) -> dict[str, Any]:

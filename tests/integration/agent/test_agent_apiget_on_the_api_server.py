@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.clusters import create_resource_claim
 
 from patchbay_agent.apiget import GetError
 from patchbay_agent.kubeclient import ApiError, KubeClient
@@ -32,17 +33,8 @@ def _claims(api: client.ApiClient, namespace: str, count: int) -> list[str]:
     custom = client.CustomObjectsApi(api)
     names = [f"claim-{i}" for i in range(count)]
     for name in names:
-        custom.create_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            namespace,
-            "resourceclaims",
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name},
-                "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "none"}}]}},
-            },
+        create_resource_claim(
+            custom, namespace, name, [{"name": "r", "exactly": {"deviceClassName": "none"}}]
         )
     return names
 

@@ -25,21 +25,18 @@ import asyncio
 import contextlib
 import json
 import re
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from support.clusters import wait_for
+from support.agentrun import agent_argv
+from support.clusters import create_resource_claim, wait_for
 from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer, ThreadedPeers
 from support.releases import has
@@ -55,28 +52,6 @@ from patchbay_devcluster import DevCluster
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 RESOURCE = "example.com/serial"
-
-
-@pytest.fixture
-def node(devcluster: DevCluster, api: client.ApiClient, name_prefix: str) -> Iterator[tuple[str, str]]:
-    """A kwok node: (name, uid)."""
-    (name,) = devcluster.add_kwok_nodes(1, prefix=f"{name_prefix}n", labels={"patchbay.dev/test": "dra"})
-    core = client.CoreV1Api(api)
-    try:
-        yield name, core.read_node(name).metadata.uid
-    finally:
-        with contextlib.suppress(ApiException):
-            core.delete_node(name)
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    """Short (Unix socket paths must stay under 108 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix="pbd", dir="/tmp"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _call(coro: Any) -> Any:
@@ -101,36 +76,20 @@ def _start_agent(
     `workdir/agent.log`; `extra`: more flags."""
     config = workdir / "agent.yaml"
     with (workdir / "agent.log").open("wb") as out:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "patchbay_agent.main",
-                "--config",
-                str(config),
-                "--node-name",
-                node_name,
-                "--dra-driver",
-                driver,
-                "--kubelet-root-dir",
-                str(workdir / "k"),
-                "--device-plugin-dir",
-                str(workdir / "dp"),
-                "--host-root",
-                str(hw.root),
-                "--cdi-spec-dir",
-                str(workdir / "cdi"),
-                "--http-address",
-                "off",
-                "--kubeconfig",
-                str(devcluster.kubeconfig),
-                "--log-format",
-                "json",
-                *extra,
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
+        argv = agent_argv(
+            config,
+            node_name,
+            *extra,
+            dra_driver=driver,
+            kubelet_root_dir=workdir / "k",
+            device_plugin_dir=workdir / "dp",
+            host_root=hw.root,
+            cdi_spec_dir=workdir / "cdi",
+            http_address="off",
+            kubeconfig=devcluster.kubeconfig,
+            log_format="json",
         )
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
 
 async def _register(registry: Path) -> Any:
@@ -143,22 +102,27 @@ async def _register(registry: Path) -> Any:
         return info
 
 
-async def _prepare(endpoint: str, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodePrepareResourcesResponse:
+async def _node_call(endpoint: str, method: str, claim: dra_v1_pb2.Claim) -> Any:
+    """``NodePrepareResources`` or ``NodeUnprepareResources`` (``method``) for one claim, as the
+    kubelet calls it on the driver's service socket."""
     async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
         stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-        response: dra_v1_pb2.NodePrepareResourcesResponse = await stub.NodePrepareResources(
-            dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim]), timeout=45
-        )
-        return response
+        request = getattr(dra_v1_pb2, f"{method}Request")(claims=[claim])
+        return await getattr(stub, method)(request, timeout=45)
 
 
-async def _unprepare(endpoint: str, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
-    async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
-        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-        response: dra_v1_pb2.NodeUnprepareResourcesResponse = await stub.NodeUnprepareResources(
-            dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim]), timeout=45
-        )
-        return response
+def _prepare(endpoint: str, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodePrepareResourcesResponse:
+    response: dra_v1_pb2.NodePrepareResourcesResponse = _call(
+        _node_call(endpoint, "NodePrepareResources", claim)
+    )
+    return response
+
+
+def _unprepare(endpoint: str, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+    response: dra_v1_pb2.NodeUnprepareResourcesResponse = _call(
+        _node_call(endpoint, "NodeUnprepareResources", claim)
+    )
+    return response
 
 
 def test_the_dra_agent_publishes_slices_and_prepares_claims(
@@ -235,22 +199,8 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
         }
 
         # A claim, allocated by the test as the scheduler would (status subresource, as admin).
-        claim = custom.create_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            namespace,
-            "resourceclaims",
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "ResourceClaim",
-                "metadata": {"name": "serials"},
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "two", "exactly": {"deviceClassName": "serial", "count": 2}}]
-                    }
-                },
-            },
-        )
+        two = {"name": "two", "exactly": {"deviceClassName": "serial", "count": 2}}
+        claim = create_resource_claim(custom, namespace, "serials", [two])
         claim["status"] = {
             "allocation": {
                 "devices": {
@@ -272,7 +222,7 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
         uid = claim["metadata"]["uid"]
         ref = dra_v1_pb2.Claim(namespace=namespace, uid=uid, name="serials")
         endpoint = info.endpoint
-        prepared = _call(_prepare(endpoint, ref)).claims[uid]
+        prepared = _prepare(endpoint, ref).claims[uid]
         assert prepared.error == ""
         assert [
             (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
@@ -289,7 +239,7 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
             {"path": "/dev/ttyUSB2", "hostPath": "/dev/ttyUSB2", "permissions": "rw"}
         ]
         assert cdi["containerEdits"] == {"env": ["MODE=raw", "SERIALS=ttyUSB0,ttyUSB2"]}
-        assert _call(_prepare(endpoint, ref)).claims[uid] == prepared
+        assert _prepare(endpoint, ref).claims[uid] == prepared
 
         # The claim goes; unpreparing needs only the local file.
         custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", "serials")
@@ -298,7 +248,7 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
             lambda: _gone(custom, namespace, "serials"),
             timeout=30,
         )
-        assert _call(_unprepare(endpoint, ref)).claims[uid].error == ""
+        assert _unprepare(endpoint, ref).claims[uid].error == ""
         assert not spec_file.exists()
 
         # A device file goes: where the API server keeps device taints its slice device gets one,

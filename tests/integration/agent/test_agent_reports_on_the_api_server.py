@@ -12,16 +12,11 @@ report (the session cluster's controller-manager runs the garbage collector).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +24,13 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.agentrun import agent_argv
 from support.clusters import REPO, apply_crd, wait_for
 from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer, ThreadedPeers
 from support.promtext import parse, value
 from support.pykubelet import PyKubelet
-from support.reports import largest_report
+from support.reports import largest_report, node_owner
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.releases import matrix
@@ -59,28 +55,6 @@ def report_crd(api: client.ApiClient) -> None:
         return True
 
     wait_for("the DeviceReport API to be served", served)
-
-
-@pytest.fixture
-def node(devcluster: DevCluster, api: client.ApiClient, name_prefix: str) -> Iterator[tuple[str, str]]:
-    """A kwok node: (name, uid)."""
-    (name,) = devcluster.add_kwok_nodes(1, prefix=f"{name_prefix}n", labels={"patchbay.dev/test": "reports"})
-    core = client.CoreV1Api(api)
-    try:
-        yield name, core.read_node(name).metadata.uid
-    finally:
-        with contextlib.suppress(ApiException):
-            core.delete_node(name)
-
-
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    """Short (Unix socket paths must stay under 108 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix="pbr", dir="/tmp"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 class AgentProcess:
@@ -172,49 +146,23 @@ def test_the_agent_publishes_its_device_report(
         peers.call(kubelet.start())
         peers.call(pod_resources.start())
         try:
-            agent = AgentProcess(
-                [
-                    sys.executable,
-                    "-m",
-                    "patchbay_agent.main",
-                    "--config",
-                    str(config),
-                    "--node-name",
-                    node_name,
-                    "--device-plugin-dir",
-                    str(plugin_dir),
-                    "--host-root",
-                    str(hw.root),
-                    "--http-address",
-                    "127.0.0.1:0",
-                    "--kubeconfig",
-                    str(devcluster.kubeconfig),
-                    "--profile",
-                    PROFILE,
-                    "--report-namespace",
-                    namespace,
-                    "--pod-name",
-                    "patchbay-agent-p-x1",
-                    "--pod-resources-socket",
-                    str(pod_resources.socket),
-                    "--pod-resources-period",
-                    "1",
-                    "--log-format",
-                    "json",
-                ],
-                workdir / "agent.log",
+            argv = agent_argv(
+                config,
+                node_name,
+                device_plugin_dir=plugin_dir,
+                host_root=hw.root,
+                http_address="127.0.0.1:0",
+                kubeconfig=devcluster.kubeconfig,
+                profile=PROFILE,
+                report_namespace=namespace,
+                pod_name="patchbay-agent-p-x1",
+                pod_resources_socket=pod_resources.socket,
+                pod_resources_period="1",
+                log_format="json",
             )
+            agent = AgentProcess(argv, workdir / "agent.log")
             first = wait_for("the DeviceReport", report, timeout=30)
-            assert first["metadata"]["ownerReferences"] == [
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": node_name,
-                    "uid": node_uid,
-                    "blockOwnerDeletion": False,
-                    "controller": False,
-                }
-            ]
+            assert first["metadata"]["ownerReferences"] == [node_owner(node_name, node_uid)]
             assert first["metadata"]["labels"] == {
                 "patchbay.dev/profile": PROFILE,
                 "app.kubernetes.io/managed-by": "patchbay-agent",

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from kubernetes.client.rest import ApiException
 from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
-from support.operator import Operator
+from support.operator import Operator, agent_object, assert_applied_for
 
 R = "example.com/serial"
 HASH = "patchbay.dev/config-hash"
@@ -26,23 +26,11 @@ def spec(tag: str, replicas: int = 1, **agent: Any) -> dict[str, Any]:
 
 
 def daemonset(cluster: Cluster, profile: str) -> dict[str, Any] | None:
-    try:
-        ds = cluster.apps.read_namespaced_daemon_set(f"patchbay-{profile}", NAMESPACE)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return dict(cluster.api.sanitize_for_serialization(ds))
+    return agent_object(cluster, "DaemonSet", profile)
 
 
 def configmap(cluster: Cluster, profile: str) -> dict[str, Any] | None:
-    try:
-        cm = cluster.core.read_namespaced_config_map(f"patchbay-{profile}", NAMESPACE)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return dict(cluster.api.sanitize_for_serialization(cm))
+    return agent_object(cluster, "ConfigMap", profile)
 
 
 def pod_hash(ds: dict[str, Any] | None) -> str | None:
@@ -63,15 +51,7 @@ def test_agent_objects_are_applied_rolled_and_deleted(cluster: Cluster, operator
     assert config["plugin"]["discovery"] == {"paths": {"globs": ["/dev/ttyUSB*"]}}
     assert config["plugin"]["health"] == {"periodSeconds": 5, "failureThreshold": 3, "successThreshold": 1}
     for obj in (ds, cm):
-        (ref,) = obj["metadata"]["ownerReferences"]
-        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
-            "DevicePluginProfile",
-            name,
-            uid,
-            True,
-        )
-        managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
-        assert ("patchbay-operator", "Apply") in managers
+        assert_applied_for(obj, name, uid)
     pod = ds["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == AGENT_IMAGE  # the operator's --agent-image default
     assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from kubernetes.client.rest import ApiException
-from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
-from support.operator import Operator
+from support.clusters import TEST_LABEL, Cluster, wait_for
+from support.operator import Operator, agent_object, assert_applied_for
 from support.releases import has
 
 
@@ -42,13 +42,7 @@ def device_class(cluster: Cluster, name: str) -> dict[str, Any] | None:
 
 
 def daemonset(cluster: Cluster, profile: str) -> dict[str, Any] | None:
-    try:
-        ds = cluster.apps.read_namespaced_daemon_set(f"patchbay-{profile}", NAMESPACE)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return dict(cluster.api.sanitize_for_serialization(ds))
+    return agent_object(cluster, "DaemonSet", profile)
 
 
 def status(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -89,15 +83,7 @@ def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_
         kube_release,
         dc["spec"],
     )
-    (ref,) = dc["metadata"]["ownerReferences"]
-    assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
-        "DevicePluginProfile",
-        name,
-        uid,
-        True,
-    )
-    managers = {(m["manager"], m["operation"]) for m in dc["metadata"]["managedFields"]}
-    assert ("patchbay-operator", "Apply") in managers
+    assert_applied_for(dc, name, uid)
 
     # kwok "runs" the agent pods: the rollout completes; no report yet, so no device counted.
     st = wait_for("status 2/2", lambda: (s := status(cluster, name)).get("nodesReady") == "2/2" and s)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.reports import node_owner
 
 from patchbay_agent.config import Allocation, Mount
 from patchbay_agent.core.health import DeviceHealthTracker
@@ -81,16 +82,7 @@ def test_one_slice_up_to_128_devices_then_chunks() -> None:
     (only,) = slice_documents(DRIVER, "node-1", _devices(MAX_DEVICES_PER_SLICE), node_uid="uid-1")
     assert only["metadata"] == {
         "name": f"node-1-{DRIVER}",
-        "ownerReferences": [
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": "node-1",
-                "uid": "uid-1",
-                "blockOwnerDeletion": False,
-                "controller": False,
-            }
-        ],
+        "ownerReferences": [node_owner("node-1", "uid-1")],
     }
     assert only["spec"]["pool"] == {"name": "node-1", "generation": 0, "resourceSliceCount": 1}
     assert only["spec"]["driver"] == DRIVER and only["spec"]["nodeName"] == "node-1"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.fakehw import FakeHardware
+from support.reports import node_owner
 
 from patchbay_agent.config import ExecProbe
 from patchbay_agent.core.health import CheckResult, DeviceHealthTracker, Reason, check_paths, run_exec_probe
@@ -97,16 +98,7 @@ def test_a_report_folds_replicas_counts_and_names_the_holders() -> None:
         "name": "serial.node-1",
         "namespace": "patchbay",
         "labels": {"patchbay.dev/profile": "serial", "app.kubernetes.io/managed-by": "patchbay-agent"},
-        "ownerReferences": [
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": "node-1",
-                "uid": "uid-1",
-                "blockOwnerDeletion": False,
-                "controller": False,
-            }
-        ],
+        "ownerReferences": [node_owner("node-1", "uid-1")],
     }
     assert (report["profile"], report["nodeName"], report["resourceName"], report["agent"]) == (
         "serial",

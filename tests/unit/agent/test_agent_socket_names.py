@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import errno
 import re
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +27,6 @@ from patchbay_agent.kubelet.sockets import (
 SERIAL = "example.com/serial"
 #: The longest valid extended resource name: a 253-character DNS subdomain, "/", 63 characters.
 LONGEST = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]) + "/" + "n" * 63
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """Unix socket paths must stay short: not under pytest's long tmp_path."""
-    d = Path(tempfile.mkdtemp(prefix="pbs", dir="/tmp"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_socket_name_is_per_resource_and_instance() -> None:

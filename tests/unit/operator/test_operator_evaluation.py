@@ -9,7 +9,7 @@ from typing import Any
 from patchbay_operator.agentpods import Trouble
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.devicereports import Device, Report
-from patchbay_operator.evaluation import Inputs, evaluate
+from patchbay_operator.evaluation import Evaluation, Inputs, evaluate
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status.deviceplugin import plugin_problems, plugin_status
 from patchbay_operator.status.dra import dra_problems
@@ -106,26 +106,21 @@ def test_a_node_that_counts_fewer_devices_than_its_agent_serves_is_a_problem_aft
         },
     )
     t0 = datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC)
-    first = evaluate(
-        Inputs(profile, {}, "2026-11-26T12:00:00Z", [short, fine], daemonset=ds, reports=reports)
-    )
+
+    def at(now: str, nodes: list[NodeState], previous: Evaluation | None, **since: datetime) -> Evaluation:
+        """The evaluation at ``now``, after ``previous`` (its status), with the nodes short ``since``."""
+        status = previous.status or {} if previous is not None else {}
+        inputs = Inputs(profile, status, now, nodes, daemonset=ds, reports=reports, short_since=since)
+        return evaluate(inputs)
+
+    first = at("2026-11-26T12:00:00Z", [short, fine], None)
     assert first.short_nodes == {"a"}
     assert first.problems == []
     assert _conds(first.status)["Ready"] == ("True", "AllNodesReady")
     assert first.recheck_at is not None
     assert (first.recheck_at - t0).total_seconds() == KUBELET_BEHIND_GRACE
 
-    later = evaluate(
-        Inputs(
-            profile,
-            first.status or {},
-            "2026-11-26T12:00:31Z",
-            [short, fine],
-            daemonset=ds,
-            reports=reports,
-            short_since={"a": t0},
-        )
-    )
+    later = at("2026-11-26T12:00:31Z", [short, fine], first, a=t0)
     assert [(p.node, p.reason, p.since) for p in later.problems] == [
         ("a", "DevicesNotAllocatable", "2026-11-26T12:00:00Z")
     ]
@@ -136,17 +131,7 @@ def test_a_node_that_counts_fewer_devices_than_its_agent_serves_is_a_problem_aft
 
     # The kubelet counts them again: nothing short, no problem.
     back = NodeState("a", capacity={R: "4"}, allocatable={R: "4"})
-    healed = evaluate(
-        Inputs(
-            profile,
-            later.status or {},
-            "2026-11-26T12:01:00Z",
-            [back, fine],
-            daemonset=ds,
-            reports=reports,
-            short_since={"a": t0},
-        )
-    )
+    healed = at("2026-11-26T12:01:00Z", [back, fine], later, a=t0)
     assert healed.short_nodes == frozenset() and healed.problems == []
     assert _conds(healed.status)["Degraded"] == ("False", "AsExpected")
 
