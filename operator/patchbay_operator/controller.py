@@ -466,6 +466,7 @@ class Controller:
             daemonset=self.agents.daemonsets.items.get(key),
             troubles=self.agents.troubles(key, datetime.now(UTC)),
             reports=self.agents.profile_reports(name, served_by=key),
+            report_nodes=frozenset(r.node for r in self.agents.reports.items.values() if r.profile == name),
             create_warning=self.agents.create_warning(self.agents.daemonsets.items.get(key)),
             device_class=self.agents.device_classes.get(name),
             maintenance=list(self.rules.items.values()) if profile.mode is Mode.DRA else (),
