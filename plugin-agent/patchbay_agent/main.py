@@ -385,9 +385,9 @@ def _report_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def _node_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """`--node-config`: one process for every profile of the shared agent (`node.NodeAgent`)."""
+    """`--node-config`: one process for every profile of the shared agent (`nodeagent.NodeAgent`)."""
     from patchbay_agent.kubeclient import ClientConfigError, KubeClient
-    from patchbay_agent.node import NodeAgent, NodeOptions
+    from patchbay_agent.nodeagent import NodeAgent, NodeOptions
     from patchbay_agent.nodeconfig import load_node_config
 
     if args.profile is not None or args.dra_driver is not None:
@@ -500,12 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         log.info("Starting for %s on node %s", config.resource_name, args.node_name)
     # Only now: the front-ends (gRPC and its stubs) are loaded by the agent that serves one.
-    from patchbay_agent.agent import Agent
     from patchbay_agent.core.inventory import SnapshotRefusedError
     from patchbay_agent.discovery import DiscoveryError
+    from patchbay_agent.resourceagent import ResourceAgent
 
     try:
-        asyncio.run(_run(Agent(config, options, client, client)))
+        asyncio.run(_run(ResourceAgent(config, options, client, client)))
     except (DiscoveryError, SnapshotRefusedError, ValueError) as e:
         print(f"patchbay-agent: {e}", file=sys.stderr)
         return EXIT_NODE

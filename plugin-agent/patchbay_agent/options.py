@@ -1,5 +1,5 @@
 """Where an agent runs (its flags), as opposed to what it serves (its config): the options of one
-resource's `agent.Agent`. A leaf module that imports nothing heavy, so the node agent and the
+resource's `resourceagent.ResourceAgent`. A leaf module that imports nothing heavy, so the node agent and the
 command line can build options without loading gRPC until a profile actually starts."""
 
 from __future__ import annotations

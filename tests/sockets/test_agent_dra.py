@@ -28,7 +28,6 @@ from support.agentrun import make_config, until
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware, live_socket
 
-from patchbay_agent.agent import Agent, AgentOptions, DraOptions
 from patchbay_agent.api import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
@@ -42,6 +41,8 @@ from patchbay_agent.api import (
     pluginregistration_pb2_grpc,
 )
 from patchbay_agent.dra.slices import device_name
+from patchbay_agent.options import AgentOptions, DraOptions
+from patchbay_agent.resourceagent import ResourceAgent
 
 DRIVER = "serial.patchbay.dev"
 NODE = "node-1"
@@ -71,7 +72,7 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
     plugin_dir.mkdir()
     cdi_dir = short_dir / "cdi"
     api = InMemoryApi()
-    agent = Agent(
+    agent = ResourceAgent(
         make_config(
             {
                 "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
@@ -257,7 +258,7 @@ async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: F
         hw.add_dev(f"/dev/ttyUSB{i}")
     plugin_dir = short_dir / "dp"
     plugin_dir.mkdir()
-    agent = Agent(
+    agent = ResourceAgent(
         make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}),
         AgentOptions(
             node_name=NODE,

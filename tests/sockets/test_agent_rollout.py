@@ -17,9 +17,9 @@ from support.fakehw import FakeHardware, live_socket, stale_socket
 from support.pykubelet import PyKubelet
 from support.releases import has
 
-from patchbay_agent.agent import Agent
 from patchbay_agent.api import api_pb2
 from patchbay_agent.kubelet.sockets import legacy_socket_name, socket_name
+from patchbay_agent.resourceagent import ResourceAgent
 from patchbay_devcluster.releases import matrix
 
 SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 60}}
@@ -365,7 +365,7 @@ def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_age
     hw.add_dev("/dev/ttyUSB0")
     hw.add_dev("/dev/ttyUSB1")
 
-    def start() -> contextlib.AbstractAsyncContextManager[Agent]:
+    def start() -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
         return running_agent(
             SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
         )
@@ -375,7 +375,7 @@ def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_age
         await kubelet.start()
         stacks = [contextlib.AsyncExitStack() for _ in range(3)]
         try:
-            agents: list[Agent] = []
+            agents: list[ResourceAgent] = []
             for n, stack in enumerate(stacks):
                 agents.append(await stack.enter_async_context(start()))
                 await until(lambda: agents[-1].ready)

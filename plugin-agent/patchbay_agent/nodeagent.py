@@ -1,7 +1,7 @@
 """The node agent: ONE process per node serving every profile that shares the default agent and
 selects this node, each in a unit of its own, supervised so that no profile shares a failure.
 
-Each selected profile runs as its own `agent.Agent` (its own discovery, health monitor, device
+Each selected profile runs as its own `resourceagent.ResourceAgent` (its own discovery, health monitor, device
 core, front-end: a device-plugin socket and registration or a DRA driver registration, and its
 own DeviceReport), all on one event loop with one API client, one PodResources socket and one
 HTTP endpoint (/metrics merges every unit's metrics with a `profile` label). Isolation:
@@ -42,7 +42,7 @@ from patchbay_agent.report.devicereport import ReportTarget, failure_report
 from patchbay_agent.report.reporter import ReportClient, Reporter
 
 if TYPE_CHECKING:
-    from patchbay_agent.agent import Agent
+    from patchbay_agent.resourceagent import ResourceAgent
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Unit:
     """One profile on this node: its entry, its agent while it runs, what went wrong."""
 
     entry: ProfileEntry
-    agent: Agent | None = None
+    agent: ResourceAgent | None = None
     #: (reason, message, since) while the profile cannot be served
     failure: tuple[str, str, float] | None = None
     starts: int = 0
@@ -221,7 +221,7 @@ class NodeAgent:
         """Bring the units in line with the entries and labels now: a profile no longer selected
         (or listed) stops, a new one starts, a changed one is applied to its running agent in
         place where the kubelet need not hear of it ("reconfigured": same registration, same
-        stream, no dip on any release; `Agent.reconfigure`) and otherwise restarts and registers
+        stream, no dip on any release; `ResourceAgent.reconfigure`) and otherwise restarts and registers
         again ("restarted"); every other unit is left alone. Returns what was done per profile."""
         async with self._lock:
             assert self.labels is not None
@@ -330,12 +330,12 @@ class NodeAgent:
                 try:
                     # Imported with the first unit: a node agent that serves no profile on its node
                     # never loads the front-ends (gRPC, the stubs).
-                    from patchbay_agent.agent import Agent
+                    from patchbay_agent.resourceagent import ResourceAgent
 
                     client: Any = self.client
                     entry = unit.entry  # changed in place since the last start, maybe
                     assert entry.config is not None
-                    agent = unit.agent = Agent(entry.config, self.unit_options(entry), client, client)
+                    agent = unit.agent = ResourceAgent(entry.config, self.unit_options(entry), client, client)
                     runner = asyncio.create_task(agent.run(agent_stop), name=f"agent-{entry.profile}")
                     watch = asyncio.create_task(self._watch_start(unit, agent))
                     await _first((stop, unit.stop), task=runner)
@@ -370,7 +370,7 @@ class NodeAgent:
             runner.cancel()
         await runner
 
-    async def _watch_start(self, unit: Unit, agent: Agent) -> None:
+    async def _watch_start(self, unit: Unit, agent: ResourceAgent) -> None:
         """The new agent started (its first round done, serving): it writes the profile's report
         from now on, so the failure report stops; ready once the kubelet has it."""
         await agent.started.wait()

@@ -1,6 +1,6 @@
 """DRA mode: keeping this node's ResourceSlices true, written only when their content changed.
 
-The loop is the one change-writer (`writer.ChangeWriter`), as for the DeviceReport: notified of
+The loop is the one change-writer (`changewriter.ChangeWriter`), as for the DeviceReport: notified of
 every new device snapshot and change of the holders, the publisher waits `coalesce` seconds,
 builds the pool's slice documents (`dra.slices`) and compares them, without `pool.generation`,
 with the last ones written. Equal: nothing is written.
@@ -48,6 +48,7 @@ from dataclasses import replace
 from typing import Any
 
 from patchbay_agent.backoff import Backoff
+from patchbay_agent.changewriter import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
 from patchbay_agent.constants import DeviceTaints
 from patchbay_agent.dra.slices import (
     SliceClient,
@@ -62,7 +63,6 @@ from patchbay_agent.dra.slices import (
 )
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.report.writer import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ the report changed. Nothing depends on the order in which subscribers were added
 
 With `DraOptions` (`--dra-driver`, docs/dra.md) the agent is a DRA kubelet plugin instead of a
 device plugin: it serves the registration and DRA sockets (`dra/plugin.py`), publishes the node's
-devices as ResourceSlices (`report/slices.py`) and never registers with the device manager. The
+devices as ResourceSlices (`dra/slicepublisher.py`) and never registers with the device manager. The
 discovery/health loop is the same; ListAndWatch is simply not served.
 
-A changed profile is applied IN PLACE when the kubelet need not hear of it (`Agent.reconfigure`):
+A changed profile is applied IN PLACE when the kubelet need not hear of it (`ResourceAgent.reconfigure`):
 discovery, health and allocation settings swap under the running server, the ListAndWatch stream
 stays open and the registration stands, so the resource never leaves the kubelet, on every
 release (kubelets before 1.37 drop a resource whenever a stream ends: docs/facts.md#kubelet-endpoints).
@@ -43,7 +43,7 @@ from patchbay_agent.cdi import CdiSpecs, SpecCopies, SpecGuard
 from patchbay_agent.config import AgentConfig, PreferredPolicy
 from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions
 
-__all__ = ["Agent", "AgentOptions", "DraOptions", "ReportOptions"]
+__all__ = ["AgentOptions", "DraOptions", "ReportOptions", "ResourceAgent"]
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.core.monitor import Monitor
 from patchbay_agent.deviceplugin.registration import ENDPOINT_PER_SOCKET_SINCE, Registrar
@@ -59,14 +59,14 @@ if TYPE_CHECKING:
     from patchbay_agent.core.holders import PodHolders
     from patchbay_agent.dra.claimstatus import ClaimStatusWriter
     from patchbay_agent.dra.plugin import AsyncClaimRead, DraClient, DraPlugin
+    from patchbay_agent.dra.slicepublisher import SlicePublisher
     from patchbay_agent.kubelet.podresources import Container
     from patchbay_agent.report.reporter import ReportClient, Reporter
-    from patchbay_agent.report.slices import SlicePublisher
 
 log = logging.getLogger(__name__)
 
 
-class Agent:
+class ResourceAgent:
     """One resource on one node: construct (fails fast on discovery errors), then `run()`."""
 
     def __init__(
@@ -183,7 +183,7 @@ class Agent:
     def _set_up_dra(self, dra: DraOptions, client: DraClient | None) -> None:
         # Imported only here: a device-plugin agent never loads the DRA stubs.
         from patchbay_agent.dra.claimstatus import ClaimStatusWriter
-        from patchbay_agent.dra.health import DraHealthServicer, HealthReports
+        from patchbay_agent.dra.healthservice import DraHealthServicer, HealthReports
         from patchbay_agent.dra.plugin import (
             LOCK_FILE_NAME,
             ClaimPreparer,
@@ -192,8 +192,8 @@ class Agent:
             service_socket_name,
         )
         from patchbay_agent.dra.plugin import registry_socket_name as reg_name
+        from patchbay_agent.dra.slicepublisher import SlicePublisher
         from patchbay_agent.dra.slices import slice_devices
-        from patchbay_agent.report.slices import SlicePublisher
 
         if client is None:
             from patchbay_agent.kubeclient import KubeClient

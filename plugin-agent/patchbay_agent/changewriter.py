@@ -1,7 +1,9 @@
 """The one change-writer loop: keep an object on the API server equal to what the agent knows,
 writing only when it changed, coalesced, retried with backoff, never in the way.
 
-Both writers use it: the DeviceReport (`report/reporter.py`) and the ResourceSlices (`slices.py`).
+Both writers use it: the DeviceReport (`report/reporter.py`) and the ResourceSlices
+(`dra/slicepublisher.py`). A leaf module, so that writers of the front-ends (below `report/` in
+the agent's layers) can share it too.
 `notify()` is all the rest of the agent does (subscribed to the device snapshots and the holders).
 The loop then waits `coalesce` seconds (changes that come together, a device and its replicas, a
 burst of udev events, land in one write) and calls the writer's `sync()`, which builds the
