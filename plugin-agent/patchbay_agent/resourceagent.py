@@ -186,6 +186,7 @@ class ResourceAgent:
         from patchbay_agent.dra.healthservice import DraHealthServicer, HealthReports
         from patchbay_agent.dra.plugin import (
             LOCK_FILE_NAME,
+            CallActivity,
             ClaimPreparer,
             DraPlugin,
             service_dir,
@@ -207,6 +208,38 @@ class ResourceAgent:
                 os.path.lexists(services / service_socket_name(self.instance))
             ):
                 self.instance = self._fresh_instance()
+        # Built in an order that lets each part get what it needs through its constructor: the
+        # calls' activity before the preparer and the status writer, the publisher before the
+        # plugin (whose registrations re-assert the slices).
+        calls = CallActivity()
+        self.claim_status = ClaimStatusWriter(
+            dra.driver,
+            self.options.node_name,
+            client,
+            self.inventory,
+            self.metrics,
+            state_dir=services,
+            quiet=calls.quiet,
+        )
+        holders = self.holders
+        publisher = self.publisher = SlicePublisher(
+            dra.driver,
+            self.options.node_name,
+            client,
+            lambda: slice_devices(
+                self.inventory.current,
+                holders.plugin_held if holders is not None else (),
+                self.config.health.taint_effect,
+                self.config.replicas,
+            ),
+            self.metrics,
+            on_state=self.reporter.notify if self.reporter is not None else None,
+        )
+        self.inventory.subscribe(lambda _snap: publisher.notify())
+        if holders is not None:
+            # Devices pods still hold through the device plugin (a node moving to DRA) are tainted
+            # in the slices: the publisher hears about every change of the holders too.
+            holders.subscribe(publisher.notify)
         preparer = ClaimPreparer(
             dra.driver,
             self.options.node_name,
@@ -217,12 +250,11 @@ class ResourceAgent:
             lock_path=services / LOCK_FILE_NAME,
             read_async=self._claim_read(client),
             copies=SpecCopies(self.options.cdi_spec_dir, services),
+            calls=calls,
+            status=self.claim_status,
+            on_change=holders.allocated if holders is not None else None,
+            metrics=self.metrics,
         )
-        preparer.metrics = self.metrics
-        preparer.status = self.claim_status = ClaimStatusWriter(
-            dra.driver, self.options.node_name, client, self.inventory, self.metrics, state_dir=services
-        )
-        self.claim_status.before_writing = preparer.quiet
         plugin = self.dra = DraPlugin(
             dra.driver,
             dra.kubelet_root_dir,
@@ -233,30 +265,10 @@ class ResourceAgent:
             backoff=Backoff(self.options.backoff_initial, self.options.backoff_max),
             health=DraHealthServicer(HealthReports(self.options.node_name, self.inventory)),
             plugins_dir=dra.plugins_dir,
+            on_registered=publisher.force,
         )
         check_path(plugin.registry_socket)
         check_path(plugin.service_socket)
-        publisher = self.publisher = SlicePublisher(
-            dra.driver,
-            self.options.node_name,
-            client,
-            lambda: slice_devices(
-                self.inventory.current,
-                self.holders.plugin_held if self.holders is not None else (),
-                self.config.health.taint_effect,
-                self.config.replicas,
-            ),
-            self.metrics,
-        )
-        self.inventory.subscribe(lambda _snap: publisher.notify())
-        plugin.on_registered = publisher.force
-        if self.reporter is not None:
-            publisher.on_state = self.reporter.notify
-        if self.holders is not None:
-            preparer.on_change = self.holders.allocated
-            # Devices pods still hold through the device plugin (a node moving to DRA) are tainted
-            # in the slices: the publisher hears about every change of the holders too.
-            self.holders.subscribe(publisher.notify)
 
     def _set_up_report(self, report: ReportOptions, client: ReportClient | None) -> None:
         # Imported only here: an agent without reports pays nothing for them (pykube and requests
