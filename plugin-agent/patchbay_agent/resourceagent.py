@@ -35,7 +35,6 @@ import asyncio
 import gc
 import logging
 import os
-import re
 from typing import TYPE_CHECKING, Any
 
 from patchbay_agent.backoff import Backoff
@@ -46,7 +45,8 @@ from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions
 __all__ = ["AgentOptions", "DraOptions", "ReportOptions", "ResourceAgent"]
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.core.monitor import Monitor
-from patchbay_agent.deviceplugin.registration import ENDPOINT_PER_SOCKET_SINCE, Registrar
+from patchbay_agent.deviceplugin.handover import keeps_one_client
+from patchbay_agent.deviceplugin.registration import Registrar
 from patchbay_agent.deviceplugin.server import DevicePluginServicer
 from patchbay_agent.discovery import HostRoot, make_backend
 from patchbay_agent.httpserver import HttpEndpoint
@@ -97,7 +97,23 @@ class ResourceAgent:
         self.monitor = Monitor(self.backend, host_root, config.health, self.inventory, self.metrics)
         kind = config.allocation.cdi_kind
         self.cdi = CdiSpecs(options.cdi_spec_dir, kind, config.resource_name) if kind else None
-        self.servicer = DevicePluginServicer(config, self.inventory, self.metrics, self.cdi)
+        self.started = asyncio.Event()
+        self.holders: PodHolders | None = None
+        self.reporter: Reporter | None = None
+        self.dra: DraPlugin | None = None
+        self.publisher: SlicePublisher | None = None
+        self.claim_status: ClaimStatusWriter | None = None
+        #: the API client (reports, DRA), when the agent has one
+        self._api: object | None = None
+        if options.report is not None:
+            self._set_up_report(options.report, report_client)
+        self.servicer = DevicePluginServicer(
+            config,
+            self.inventory,
+            self.metrics,
+            self.cdi,
+            on_allocated=self.holders.allocated if self.holders is not None else None,
+        )
         self.registrar = Registrar(
             self.servicer,
             options.plugin_dir,
@@ -109,20 +125,11 @@ class ResourceAgent:
             rename=self._rename,
             kubelet_allocatable=self._kubelet_allocatable if options.report is not None else None,
             advertised_healthy=self._advertised_healthy,
+            kubelet_keeps_one_client=self._kubelet_keeps_one_client,
         )
         self.http = HttpEndpoint(
             self.metrics, self._healthy, self._ready, max_connections=options.http_max_connections
         )
-        self.started = asyncio.Event()
-        self.holders: PodHolders | None = None
-        self.reporter: Reporter | None = None
-        self.dra: DraPlugin | None = None
-        self.publisher: SlicePublisher | None = None
-        self.claim_status: ClaimStatusWriter | None = None
-        #: the API client (reports, DRA), when the agent has one
-        self._api: object | None = None
-        if options.report is not None:
-            self._set_up_report(options.report, report_client)
         if options.dra is not None:
             self._set_up_dra(options.dra, dra_client)
 
@@ -138,10 +145,9 @@ class ResourceAgent:
         except Exception as e:
             log.warning("Cannot read the kubelet's version from Node %s: %s", self.options.node_name, e)
             return None
-        parsed = re.match(r"v?(\d+)\.(\d+)", str(version))
-        if parsed is None:
+        one_client = keeps_one_client(str(version))
+        if one_client is None:
             return None
-        one_client = (int(parsed.group(1)), int(parsed.group(2))) < ENDPOINT_PER_SOCKET_SINCE
         log.info(
             "The kubelet is %s: %s",
             version,
@@ -323,7 +329,6 @@ class ResourceAgent:
             return build_report(target, self.inventory.current, holders.containers, node_uid, slices=slices)
 
         reporter = self.reporter = Reporter(target, client, build, self.metrics)
-        self.servicer.on_allocated = holders.allocated
         holders.subscribe(reporter.notify)
         self.inventory.subscribe(lambda _snap: reporter.notify())
 
@@ -489,7 +494,7 @@ class ResourceAgent:
                 report_tasks.append(asyncio.create_task(self.claim_status.run(stop), name="claim-status"))
             tasks += report_tasks
         else:
-            self.registrar.one_client_per_resource = await self._kubelet_keeps_one_client()
+            await self.registrar.handover.learn()
             tasks.append(asyncio.create_task(self.registrar.run(stop), name="registrar"))
         if self.holders is not None and self.reporter is not None:
             more = [

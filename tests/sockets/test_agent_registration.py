@@ -200,8 +200,8 @@ def test_poll_backstop_recovers_when_the_directory_itself_is_replaced(
                 else:
                     raise AssertionError(f"{plugin_dir} could not be removed")
                 # While the directory is gone the agent cannot serve; it must keep trying, not die.
-                tried = agent.registrar.serve_failures
-                await until(lambda: agent.registrar.serve_failures >= tried + 2)
+                tried = agent.registrar.socket.serve_failures
+                await until(lambda: agent.registrar.socket.serve_failures >= tried + 2)
                 assert not agent.registrar.registered
                 await asyncio.to_thread(plugin_dir.mkdir)
                 kubelet = PyKubelet(plugin_dir)
