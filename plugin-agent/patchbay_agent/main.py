@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     from patchbay_agent.resourceagent import ResourceAgent
 
     try:
-        asyncio.run(_run(ResourceAgent(config, options, client, client)))
+        asyncio.run(_run(ResourceAgent(config, options, client)))
     except (DiscoveryError, SnapshotRefusedError, ValueError) as e:
         print(f"patchbay-agent: {e}", file=sys.stderr)
         return EXIT_NODE

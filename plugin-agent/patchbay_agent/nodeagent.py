@@ -335,7 +335,7 @@ class NodeAgent:
                     client: Any = self.client
                     entry = unit.entry  # changed in place since the last start, maybe
                     assert entry.config is not None
-                    agent = unit.agent = ResourceAgent(entry.config, self.unit_options(entry), client, client)
+                    agent = unit.agent = ResourceAgent(entry.config, self.unit_options(entry), client)
                     runner = asyncio.create_task(agent.run(agent_stop), name=f"agent-{entry.profile}")
                     watch = asyncio.create_task(self._watch_start(unit, agent))
                     await _first((stop, unit.stop), task=runner)

@@ -56,7 +56,7 @@ def dra(
 
     async def start() -> tuple[ResourceAgent, asyncio.Task[None]]:
         agent = ResourceAgent(
-            make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}), options, dra_client=api
+            make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}), options, client=api
         )
         task = asyncio.create_task(agent.run(stop))
         await asyncio.wait_for(agent.started.wait(), 10)

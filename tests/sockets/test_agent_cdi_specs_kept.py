@@ -41,7 +41,7 @@ def _dra_agent(short_dir: Path, hw: FakeHardware, api: InMemoryApi) -> ResourceA
             cdi_spec_dir=short_dir / "cdi",
             dra=DraOptions(DRIVER, short_dir / "k"),
         ),
-        dra_client=api,
+        client=api,
     )
 
 

@@ -430,7 +430,7 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
             async def kubelet_count() -> int:
                 return kubelet.healthy(RESOURCE)
 
-            b.registrar.check.view = KubeletView(kubelet_count, b._advertised_healthy)
+            b.registrar.check.view = KubeletView(kubelet_count, b.front.advertised_healthy)
             # What the old release did as it left: its socket registered again, then its exit.
             await a.registrar.socket.register()
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 3)  # A, B, A (hand-over refused)

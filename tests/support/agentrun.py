@@ -58,9 +58,8 @@ async def running_agent(
             instance=instance,
             cdi_spec_dir=cdi_spec_dir or host_root / "var" / "run" / "cdi",
         ),
+        _NodeInfo(kubelet_version) if kubelet_version is not None else None,
     )
-    if kubelet_version is not None:
-        agent._api = _NodeInfo(kubelet_version)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:
