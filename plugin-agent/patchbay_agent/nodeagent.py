@@ -33,11 +33,10 @@ import yaml
 
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.config import ConfigError
-from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.metrics import MergedRegistry, Metrics, Registry
 from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, ProfileEntry, parse_node_config, selected
-from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions, node_agent_plugins_dir
+from patchbay_agent.options import DEFAULTS, AgentOptions, DraOptions, ReportOptions, node_agent_plugins_dir
 from patchbay_agent.report.devicereport import ReportTarget, failure_report
 from patchbay_agent.report.reporter import ReportClient, Reporter
 
@@ -69,7 +68,7 @@ class NodeOptions:
     report_namespace: str
     #: `--kubelet-root-dir`: DRA units register in its `plugins_registry/` and keep their drivers'
     #: directories in `options.node_agent_plugins_dir` of it
-    kubelet_root_dir: Path = Path(DEFAULT_KUBELET_ROOT_DIR)
+    kubelet_root_dir: Path = DEFAULTS["kubelet_root_dir"]
     kubeconfig: Path | None = None
     restart_initial: float = RESTART_INITIAL
     restart_max: float = RESTART_MAX
@@ -138,14 +137,10 @@ class NodeAgent:
 
     def unit_options(self, entry: ProfileEntry) -> AgentOptions:
         base, node = self.options.agent, self.options
-        report = ReportOptions(
+        report = replace(
+            base.report or ReportOptions(profile="", namespace=""),
             profile=entry.profile,
             namespace=node.report_namespace,
-            pod_name=base.report.pod_name if base.report is not None else None,
-            pod_resources_socket=base.report.pod_resources_socket
-            if base.report is not None
-            else Path(DEFAULT_POD_RESOURCES_SOCKET),
-            pod_resources_period=base.report.pod_resources_period if base.report is not None else 10.0,
             kubeconfig=node.kubeconfig,
         )
         dra = None

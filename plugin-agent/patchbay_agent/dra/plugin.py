@@ -57,7 +57,7 @@ from patchbay_agent.api import (
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.cdi import SpecCopies, write_spec
 from patchbay_agent.config import Allocation
-from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES
+from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES, INSTANCE_RE
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.dra.claims import (
     ClaimError,
@@ -71,7 +71,7 @@ from patchbay_agent.dra.claimstatus import ClaimStatusClient, ClaimStatusWriter
 from patchbay_agent.dra.healthservice import DraHealthServicer
 from patchbay_agent.dra.slices import SliceClient, device_names
 from patchbay_agent.kubelet.pluginserver import PluginServer
-from patchbay_agent.kubelet.sockets import INSTANCE_RE, MAX_UNIX_SOCKET_PATH, probe, remove_stale
+from patchbay_agent.kubelet.sockets import MAX_UNIX_SOCKET_PATH, probe, remove_stale
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.wakeup import wait_any
 
