@@ -1,10 +1,11 @@
 """The node agent: ONE process per node serving every profile that shares the default agent and
 selects this node, each in a unit of its own, supervised so that no profile shares a failure.
 
-Each selected profile runs as its own `resourceagent.ResourceAgent` (its own discovery, health monitor, device
-core, front-end: a device-plugin socket and registration or a DRA driver registration, and its
-own DeviceReport), all on one event loop with one API client, one PodResources socket and one
-HTTP endpoint (/metrics merges every unit's metrics with a `profile` label). Isolation:
+Each selected profile runs as its own `resourceagent.ResourceAgent` (its own discovery, health
+monitor, device core, front-end: a device-plugin socket and registration or a DRA driver
+registration, and its own DeviceReport), all on one event loop with one API client, one
+PodResources socket and one HTTP endpoint (/metrics merges every unit's metrics with a `profile`
+label). Isolation:
 
 * a profile whose entry is refused (a bad glob, an unknown field) never starts; its DeviceReport
   says `agentError: ConfigInvalid` and why; the others serve;
@@ -212,8 +213,9 @@ class NodeAgent:
         """Bring the units in line with the entries and labels now: a profile no longer selected
         (or listed) stops, a new one starts, a changed one is applied to its running agent in
         place where the kubelet need not hear of it ("reconfigured": same registration, same
-        stream, no dip on any release; `ResourceAgent.reconfigure`) and otherwise restarts and registers
-        again ("restarted"); every other unit is left alone. Returns what was done per profile."""
+        stream, no dip on any release; `ResourceAgent.reconfigure`) and otherwise restarts and
+        registers again ("restarted"); every other unit is left alone. Returns what was done per
+        profile."""
         async with self._lock:
             assert self.labels is not None
             desired = {e.profile: e for e in selected(self.entries, self.labels)}

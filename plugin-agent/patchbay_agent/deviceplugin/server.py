@@ -65,8 +65,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     def reconfigure(self, config: AgentConfig) -> None:
         """Answer Allocate, GetPreferredAllocation and PreStartContainer with `config` from now
-        on. The caller (ResourceAgent.reconfigure) has checked that nothing the kubelet was told at
-        registration (the options above) or the device IDs (replicas) change."""
+        on. The caller (`frontend.DevicePluginFrontEnd.reconfigure`) has checked that nothing the
+        kubelet was told at registration (the options above) or the device IDs (replicas) change."""
         self._config = config
 
     @property

@@ -12,7 +12,8 @@ and refuses a second registration of the same endpoint):
   `<root>/plugins/patchbay_node-agent/<driver>/dra-<instance>.sock`, see `service_dir`):
   `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and
   the same handlers under `...v1beta1.DRAPlugin`, and `v1.DRAResourceHealth` and
-  `v1alpha1.DRAResourceHealth` (`dra/healthservice.py`), which GetInfo then lists in supported_versions.
+  `v1alpha1.DRAResourceHealth` (`dra/healthservice.py`), which GetInfo then lists in
+  supported_versions.
 
 The DRA socket is served first, so the endpoint answers by the time the kubelet learns it. Ready
 means the kubelet said `plugin_registered=true`. A socket file that disappears (someone wiped

@@ -1,7 +1,7 @@
 """DRA mode: keeping this node's ResourceSlices true, written only when their content changed.
 
-The loop is the one change-writer (`changewriter.ChangeWriter`), as for the DeviceReport: notified of
-every new device snapshot and change of the holders, the publisher waits `coalesce` seconds,
+The loop is the one change-writer (`changewriter.ChangeWriter`), as for the DeviceReport: notified
+of every new device snapshot and change of the holders, the publisher waits `coalesce` seconds,
 builds the pool's slice documents (`dra.slices`) and compares them, without `pool.generation`,
 with the last ones written. Equal: nothing is written.
 Different: every slice of the pool is applied (server-side apply, field manager patchbay-agent)
