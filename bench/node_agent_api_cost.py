@@ -7,7 +7,7 @@ real node) with N kwok nodes, the CRDs, and the operator (the real program, a ho
 1. **After (one node agent).** P DevicePlugin profiles without agent settings select every node:
    ONE DaemonSet (`patchbay-node-agent`), whose N pods kwok runs. kwok runs no process, so the
    agents' side is SIMULATED, and named so: for each node, the exact requests the node agent's
-   follower makes (`patchbay_agent/node.py` Follower: a GET, then a WATCH from its
+   follower makes (`patchbay_agent/nodeagent.py` Follower: a GET, then a WATCH from its
    resourceVersion, of its ConfigMap and of its Node, each by `metadata.name`), held open from one
    asyncio process. Measured: DaemonSets and agent pods, the WATCH requests the API server holds
    (`apiserver_longrunning_requests`), the API server's RSS before and after the watches, and for

@@ -70,7 +70,7 @@ WORK = "rollbench"
 FAKE_DEV = Path("/dev/patchbay-rollbench")
 DEVICES = 4
 REPLICAS = 16  # shared 16 ways: 64 allocatable, so the burst never waits for a free device
-#: the node agent's log line for a change applied in place (patchbay_agent/agent.py)
+#: the node agent's log line for a change applied in place (patchbay_agent/resourceagent.py)
 IN_PLACE_LINE = "Applied the profile change for"
 
 

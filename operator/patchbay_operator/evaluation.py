@@ -69,6 +69,10 @@ class Inputs:
     short_since: Mapping[str, datetime] = field(default_factory=dict)
     #: how long a node may be short before that is a problem (Settings.kubelet_behind_grace)
     short_grace: float = KUBELET_BEHIND_GRACE
+    #: the nodes of EVERY DeviceReport of the profile, believed or not: a node that left the
+    #: profile has its agent pod deleted, so its report is no longer believed (`reports` leaves it
+    #: out) but must still be pruned
+    report_nodes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,11 @@ def evaluate(inputs: Inputs) -> Evaluation:
     matching = [n for n in nodes if profile.selector.matches(n.labels)]
     selected = frozenset(n.name for n in matching)
     reports = inputs.reports
-    keep = selected if any(r.node not in selected for r in reports) else None
+    keep = (
+        selected
+        if any(n not in selected for n in {*inputs.report_nodes, *(r.node for r in reports)})
+        else None
+    )
     if inputs.shared_pods is not None:
         # A refusal (node "") is the shared DaemonSet's: every profile it serves is held up.
         troubles = [t for t in troubles if t.node in selected or not t.node]

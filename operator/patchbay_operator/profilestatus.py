@@ -132,6 +132,7 @@ class ProfileStatus:
             daemonset=watch.daemonsets.items.get(key),
             troubles=watch.troubles(key, datetime.now(UTC)),
             reports=watch.profile_reports(name, served_by=key),
+            report_nodes=frozenset(r.node for r in watch.reports.items.values() if r.profile == name),
             create_warning=watch.create_warning(watch.daemonsets.items.get(key)),
             device_class=self._classes.stored.get(name),
             maintenance=list(self.rules.items.values()) if profile.mode is Mode.DRA else (),

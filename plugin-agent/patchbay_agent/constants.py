@@ -6,6 +6,7 @@ The kubelet's side of them: docs/facts.md#device-plugin-api.
 from __future__ import annotations
 
 import enum
+import re
 
 #: The device plugin API version sent in RegisterRequest (the only one the kubelet supports).
 API_VERSION = "v1beta1"
@@ -22,6 +23,11 @@ ENV_PROBE_DEVICE_ID = "PATCHBAY_DEVICE_ID"
 ENV_PROBE_DEVICE_PATHS = "PATCHBAY_DEVICE_PATHS"
 #: Env var the preStart command receives: the allocated device IDs, comma-separated.
 ENV_PRESTART_DEVICE_IDS = "PATCHBAY_DEVICE_IDS"
+
+#: A socket name's instance part (`--instance`, kubelet/sockets.py): lowercase letters and digits,
+#: never "-".
+INSTANCE_RE = re.compile(r"[a-z0-9]{1,16}")
+MAX_INSTANCE_LENGTH = 16
 
 #: Replica IDs are "<device id>::<n>" (profile contract, plugin.sharing).
 REPLICA_SEPARATOR = "::"

@@ -20,6 +20,9 @@ The one read on a pod's start path, the claim NodePrepareResources needs, has a 
 `getter()` gives an `apiget.AsyncGetter` with the same server and credentials, and
 `resource_claim_async` uses it (docs/dra.md#prepare).
 
+Two classes: `ApiConnection`, how the agent reaches the API server (credentials, one request,
+an object read or watched by name, the on-loop getter), and `KubeClient`, what it asks of it.
+
 This module is imported only when reports are on (`--profile`), so an agent without reports never
 loads pykube, requests or urllib3.
 
@@ -140,8 +143,11 @@ def _in_cluster_config(sa_dir: Path, env: Mapping[str, str]) -> tuple[Any, Token
     return pykube.KubeConfig(doc), TokenFile(token)
 
 
-class KubeClient:
-    """The API server as the agent needs it (see the module doc); construct, then call off-loop."""
+class ApiConnection:
+    """How the agent reaches the API server: the credentials (a kubeconfig, or the pod's service
+    account with its token re-read on rotation), one request with the agent's errors (`ApiError`),
+    an object read or watched by name, and the same server and credentials on the event loop
+    (`getter`). What the agent asks of it is `KubeClient`'s."""
 
     def __init__(
         self,
@@ -192,6 +198,95 @@ class KubeClient:
         if response.status_code >= 400:
             raise ApiError(response.status_code, _error_text(response))
         return response
+
+    def get_object(
+        self, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """GET one object (ApiError 404 when it does not exist)."""
+        kwargs: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
+        url = f"{plural}/{name}"
+        response = self._send("GET", version=version, url=url, headers=self._headers(), **kwargs)
+        body: dict[str, Any] = response.json()
+        return body
+
+    def watch_object(
+        self,
+        version: str,
+        plural: str,
+        name: str,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """WATCH one object by name (a `metadata.name` field selector, which RBAC's resourceNames
+        can narrow to that object): (type, object) per event until the server ends the watch
+        (`timeoutSeconds`) or fails; ApiError on an HTTP error, an ERROR event (410 Gone: list
+        again) is yielded as is. Blocking: run it in a thread."""
+        kwargs: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
+        response = self._send(
+            "GET",
+            version=version,
+            url=plural,
+            params={
+                "watch": "1",
+                "fieldSelector": f"metadata.name={name}",
+                "resourceVersion": resource_version,
+                "timeoutSeconds": str(timeout_seconds),
+                "allowWatchBookmarks": "true",
+            },
+            headers=self._headers(),
+            stream=True,
+            timeout=(10, timeout_seconds + 30),
+            **kwargs,
+        )
+        try:
+            for line in response.iter_lines():
+                if line:
+                    event = json.loads(line)
+                    yield str(event.get("type")), dict(event.get("object") or {})
+        finally:
+            response.close()
+
+    def getter(self) -> AsyncGetter | None:
+        """A GET on the event loop with this client's server and credentials (`apiget.py`), or
+        None where the config needs more than apiget does (exec plugins, auth providers, basic
+        auth, `PYKUBE_SSL_CERTIFICATE_AUTHORITY`): those keep the thread path. Call it on the loop
+        that will use it."""
+        cluster, user = self._config.cluster, self._config.user
+        if set(user) - {"token", "client-certificate", "client-key"} or (
+            "PYKUBE_SSL_CERTIFICATE_AUTHORITY" in os.environ
+        ):
+            return None
+        context: ssl.SSLContext | None = None
+        if str(cluster["server"]).startswith("https:"):
+            if "certificate-authority" in cluster:
+                context = ssl.create_default_context(cafile=cluster["certificate-authority"].filename())
+            elif cluster.get("insecure-skip-tls-verify"):
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            else:
+                context = ssl.create_default_context()
+            if "client-certificate" in user:
+                context.load_cert_chain(user["client-certificate"].filename(), user["client-key"].filename())
+            context.set_alpn_protocols(["http/1.1"])
+        static = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
+
+        def headers() -> Mapping[str, str]:
+            return self._headers() if self._token is not None else static
+
+        return AsyncGetter(
+            str(cluster["server"]),
+            ssl_context=context,
+            headers=headers,
+            server_hostname=cluster.get("tls-server-name"),
+            user_agent=f"{FIELD_MANAGER} (apiget)",
+        )
+
+
+class KubeClient(ApiConnection):
+    """The API server as the agent needs it (see the module doc); construct, then call off-loop."""
 
     def apply(self, report: Mapping[str, Any]) -> str:
         """Server-side apply of a whole DeviceReport (creates or updates it); the stored report's
@@ -271,95 +366,10 @@ class KubeClient:
         info = (self._node(node_name).get("status") or {}).get("nodeInfo") or {}
         return str(info.get("kubeletVersion") or "")
 
-    def get_object(
-        self, version: str, plural: str, name: str, namespace: str | None = None
-    ) -> dict[str, Any]:
-        """GET one object (ApiError 404 when it does not exist)."""
-        kwargs: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
-        url = f"{plural}/{name}"
-        response = self._send("GET", version=version, url=url, headers=self._headers(), **kwargs)
-        body: dict[str, Any] = response.json()
-        return body
-
-    def watch_object(
-        self,
-        version: str,
-        plural: str,
-        name: str,
-        resource_version: str,
-        *,
-        namespace: str | None = None,
-        timeout_seconds: int = 300,
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """WATCH one object by name (a `metadata.name` field selector, which RBAC's resourceNames
-        can narrow to that object): (type, object) per event until the server ends the watch
-        (`timeoutSeconds`) or fails; ApiError on an HTTP error, an ERROR event (410 Gone: list
-        again) is yielded as is. Blocking: run it in a thread."""
-        kwargs: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
-        response = self._send(
-            "GET",
-            version=version,
-            url=plural,
-            params={
-                "watch": "1",
-                "fieldSelector": f"metadata.name={name}",
-                "resourceVersion": resource_version,
-                "timeoutSeconds": str(timeout_seconds),
-                "allowWatchBookmarks": "true",
-            },
-            headers=self._headers(),
-            stream=True,
-            timeout=(10, timeout_seconds + 30),
-            **kwargs,
-        )
-        try:
-            for line in response.iter_lines():
-                if line:
-                    event = json.loads(line)
-                    yield str(event.get("type")), dict(event.get("object") or {})
-        finally:
-            response.close()
-
     def node_labels(self, node_name: str) -> dict[str, str]:
         """The Node's labels (GET; the node agent decides from them which profiles select it)."""
         labels = (self._node(node_name).get("metadata") or {}).get("labels") or {}
         return {str(k): str(v) for k, v in labels.items()}
-
-    def getter(self) -> AsyncGetter | None:
-        """A GET on the event loop with this client's server and credentials (`apiget.py`), or
-        None where the config needs more than apiget does (exec plugins, auth providers, basic
-        auth, `PYKUBE_SSL_CERTIFICATE_AUTHORITY`): those keep the thread path. Call it on the loop
-        that will use it."""
-        cluster, user = self._config.cluster, self._config.user
-        if set(user) - {"token", "client-certificate", "client-key"} or (
-            "PYKUBE_SSL_CERTIFICATE_AUTHORITY" in os.environ
-        ):
-            return None
-        context: ssl.SSLContext | None = None
-        if str(cluster["server"]).startswith("https:"):
-            if "certificate-authority" in cluster:
-                context = ssl.create_default_context(cafile=cluster["certificate-authority"].filename())
-            elif cluster.get("insecure-skip-tls-verify"):
-                context = ssl.create_default_context()
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            else:
-                context = ssl.create_default_context()
-            if "client-certificate" in user:
-                context.load_cert_chain(user["client-certificate"].filename(), user["client-key"].filename())
-            context.set_alpn_protocols(["http/1.1"])
-        static = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
-
-        def headers() -> Mapping[str, str]:
-            return self._headers() if self._token is not None else static
-
-        return AsyncGetter(
-            str(cluster["server"]),
-            ssl_context=context,
-            headers=headers,
-            server_hostname=cluster.get("tls-server-name"),
-            user_agent=f"{FIELD_MANAGER} (apiget)",
-        )
 
     async def resource_claim_async(
         self, getter: AsyncGetter, namespace: str, name: str, *, seconds: float

@@ -7,10 +7,10 @@ bounded. It finds the operator and agent pods with the scrape config docs/observ
 API server and hands them over as a discovery file: see `scrape_config`), and loads the alert rules
 exactly as ``helm template`` renders the chart's PrometheusRule, with the chart's own
 ``metrics.prometheusRule.deviceUnhealthyFor`` set to 2s so the test need not wait the default 10m.
-Two things differ from a cluster's Prometheus, and only these: targets are kept to pods on the real
-node (kwok's pods have made-up addresses that must never be dialled), and the operator, which this
-cluster runs on the node's network listening on 127.0.0.1 (the dev cluster has no kube-proxy), is
-scraped at 127.0.0.1. Agents are scraped at their pod IPs on the cluster's own bridge.
+One thing differs from a cluster's Prometheus: targets are kept to pods on the real node (kwok's
+pods have made-up addresses that must never be dialled). The operator and the agents are scraped
+at their pod IPs on the cluster's own bridge, as the chart's defaults run them (an operator on
+the node's network, `operator.hostNetwork`, at 127.0.0.1).
 
 Then: a device the agent serves vanishes -> ``PatchbayDeviceUnhealthy`` fires for it; every
 query of the chart's dashboard returns at least one series (those that can only be empty on this
@@ -124,7 +124,7 @@ def sd_targets(installed: Installed, node: str) -> list[dict[str, Any]]:
     server's pod list: pods of the operator (app.kubernetes.io/name=patchbay) and of the agents
     (=patchbay-agent) with a container port named metrics, labelled namespace, pod and
     instance_node. Kept to the real node (kwok's pods have made-up addresses that must never be
-    dialled); the operator, on the node's network listening on 127.0.0.1 here, at 127.0.0.1."""
+    dialled); a pod on the node's network (hostNetwork) at 127.0.0.1, where it listens then."""
     out = []
     for pod in installed.core.list_namespaced_pod(installed.namespace).items:
         app = (pod.metadata.labels or {}).get("app.kubernetes.io/name")
@@ -133,7 +133,7 @@ def sd_targets(installed: Installed, node: str) -> list[dict[str, Any]]:
         ports = [p.container_port for c in pod.spec.containers for p in c.ports or [] if p.name == "metrics"]
         if not ports or pod.metadata.deletion_timestamp:
             continue
-        host = "127.0.0.1" if app == "patchbay" else pod.status.pod_ip
+        host = "127.0.0.1" if pod.spec.host_network else pod.status.pod_ip
         labels = {"namespace": pod.metadata.namespace, "pod": pod.metadata.name, "instance_node": node}
         out.append({"targets": [f"{host}:{ports[0]}"], "labels": labels})
     return out

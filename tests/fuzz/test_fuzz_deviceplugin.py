@@ -27,11 +27,12 @@ from support.agentrun import make_config
 from support.fakehw import FakeHardware
 from support.fuzzing import PROVE, LoopThread, tally
 
-from patchbay_agent.agent import Agent, AgentOptions
 from patchbay_agent.api import api_pb2, api_pb2_grpc
 from patchbay_agent.config import Allocation
 from patchbay_agent.core.inventory import Snapshot
 from patchbay_agent.deviceplugin import allocation, server
+from patchbay_agent.options import AgentOptions
+from patchbay_agent.resourceagent import ResourceAgent
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 GOOD = [f"ttyUSB{i}::{r}" for i in range(8) for r in range(2)]
@@ -67,8 +68,8 @@ def plugin(loop_thread: LoopThread, module_dir: Path) -> Iterator[Plugin]:
     )
     stop = asyncio.Event()
 
-    async def start() -> tuple[Agent, asyncio.Task[None]]:
-        agent = Agent(config, options)
+    async def start() -> tuple[ResourceAgent, asyncio.Task[None]]:
+        agent = ResourceAgent(config, options)
         task = asyncio.create_task(agent.run(stop))
         await asyncio.wait_for(agent.started.wait(), 10)
         return agent, task

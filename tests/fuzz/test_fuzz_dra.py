@@ -22,9 +22,10 @@ from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
 from support.fuzzing import LoopThread, tally
 
-from patchbay_agent.agent import Agent, AgentOptions, DraOptions
 from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
 from patchbay_agent.dra.slices import device_name
+from patchbay_agent.options import AgentOptions, DraOptions
+from patchbay_agent.resourceagent import ResourceAgent
 
 DRIVER = "fuzz.patchbay.dev"
 NODE = "node-1"
@@ -53,9 +54,9 @@ def dra(
     )
     stop = asyncio.Event()
 
-    async def start() -> tuple[Agent, asyncio.Task[None]]:
-        agent = Agent(
-            make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}), options, dra_client=api
+    async def start() -> tuple[ResourceAgent, asyncio.Task[None]]:
+        agent = ResourceAgent(
+            make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}), options, client=api
         )
         task = asyncio.create_task(agent.run(stop))
         await asyncio.wait_for(agent.started.wait(), 10)

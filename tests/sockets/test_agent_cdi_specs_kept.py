@@ -18,17 +18,18 @@ from support.agentrun import make_config, running_agent, until
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
 
-from patchbay_agent.agent import Agent, AgentOptions, DraOptions
 from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
 from patchbay_agent.dra.slices import device_name
+from patchbay_agent.options import AgentOptions, DraOptions
+from patchbay_agent.resourceagent import ResourceAgent
 
 DRIVER = "serial.patchbay.dev"
 NODE = "node-1"
 PLUGIN = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}
 
 
-def _dra_agent(short_dir: Path, hw: FakeHardware, api: InMemoryApi) -> Agent:
-    return Agent(
+def _dra_agent(short_dir: Path, hw: FakeHardware, api: InMemoryApi) -> ResourceAgent:
+    return ResourceAgent(
         make_config(PLUGIN),
         AgentOptions(
             node_name=NODE,
@@ -40,11 +41,11 @@ def _dra_agent(short_dir: Path, hw: FakeHardware, api: InMemoryApi) -> Agent:
             cdi_spec_dir=short_dir / "cdi",
             dra=DraOptions(DRIVER, short_dir / "k"),
         ),
-        dra_client=api,
+        client=api,
     )
 
 
-async def _prepare(agent: Agent, uid: str, name: str, op: str = "prepare") -> str:
+async def _prepare(agent: ResourceAgent, uid: str, name: str, op: str = "prepare") -> str:
     assert agent.dra is not None
     async with grpc.aio.insecure_channel(f"unix://{agent.dra.service_socket}") as channel:
         stub = dra_v1_pb2_grpc.DRAPluginStub(channel)

@@ -28,7 +28,6 @@ from support.agentrun import make_config, until
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware, live_socket
 
-from patchbay_agent.agent import Agent, AgentOptions, DraOptions
 from patchbay_agent.api import (
     dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
@@ -42,6 +41,8 @@ from patchbay_agent.api import (
     pluginregistration_pb2_grpc,
 )
 from patchbay_agent.dra.slices import device_name
+from patchbay_agent.options import AgentOptions, DraOptions
+from patchbay_agent.resourceagent import ResourceAgent
 
 DRIVER = "serial.patchbay.dev"
 NODE = "node-1"
@@ -71,7 +72,7 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
     plugin_dir.mkdir()
     cdi_dir = short_dir / "cdi"
     api = InMemoryApi()
-    agent = Agent(
+    agent = ResourceAgent(
         make_config(
             {
                 "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
@@ -87,7 +88,7 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
             cdi_spec_dir=cdi_dir,
             dra=DraOptions(DRIVER, root),
         ),
-        dra_client=api,
+        client=api,
     )
     assert agent.dra is not None
     registry = agent.dra.registry_socket
@@ -257,7 +258,7 @@ async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: F
         hw.add_dev(f"/dev/ttyUSB{i}")
     plugin_dir = short_dir / "dp"
     plugin_dir.mkdir()
-    agent = Agent(
+    agent = ResourceAgent(
         make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}),
         AgentOptions(
             node_name=NODE,
@@ -267,7 +268,7 @@ async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: F
             cdi_spec_dir=short_dir / "cdi",
             dra=DraOptions(DRIVER, short_dir / "k"),
         ),
-        dra_client=InMemoryApi(),
+        client=InMemoryApi(),
     )
     assert agent.dra is not None and agent.dra.health is not None
     names = [device_name(f"ttyUSB{i}") for i in range(3)]
@@ -323,3 +324,33 @@ async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: F
         stop.set()
         await asyncio.wait_for(task, timeout=15)
     assert agent.dra.health.streams == 0
+
+
+def test_each_agent_builds_only_its_own_front_end(short_dir: Path) -> None:
+    """A DRA agent builds no device-plugin part (no servicer, no registrar, none of their
+    modules), and a device-plugin agent loads nothing of DRA: the composition builds the one
+    front-end the options ask for (resourceagent.py)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from pathlib import Path
+from patchbay_agent.config import parse
+from patchbay_agent.options import AgentOptions, DraOptions
+from patchbay_agent.resourceagent import ResourceAgent
+
+config = parse({{"resourceName": "example.com/x", "plugin": {{"discovery": {{"virtual": {{"count": 1}}}}}}}})
+options = dict(node_name="n", plugin_dir=Path({str(short_dir)!r}), host_root=Path("/"))
+mode = sys.argv[1]
+dra = DraOptions("x.patchbay.dev", Path({str(short_dir)!r})) if mode == "dra" else None
+agent = ResourceAgent(config, AgentOptions(**options, dra=dra), object() if dra else None)
+parts = [agent.servicer is not None, agent.registrar is not None, agent.dra is not None]
+other = "patchbay_agent.deviceplugin" if mode == "dra" else "patchbay_agent.dra"
+print(parts, sorted(m for m in sys.modules if m == other or m.startswith(other + ".")))
+"""
+    run = [sys.executable, "-c", code]
+    dra = subprocess.run([*run, "dra"], capture_output=True, text=True, timeout=30, check=True)
+    assert dra.stdout.strip() == "[False, False, True] []"
+    plugin = subprocess.run([*run, "device-plugin"], capture_output=True, text=True, timeout=30, check=True)
+    assert plugin.stdout.strip() == "[True, True, False] []"

@@ -14,13 +14,13 @@ from support.agentrun import running_agent, until
 from support.fakehw import FakeHardware
 from support.pykubelet import PyKubelet
 
-from patchbay_agent.agent import Agent
+from patchbay_agent.resourceagent import ResourceAgent
 
 SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 60}}
 RESOURCE = "example.com/serial"
 
 
-def _http(agent: Agent, path: str) -> tuple[int, str]:
+def _http(agent: ResourceAgent, path: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{agent.http.port}{path}", timeout=5) as r:
             return r.status, r.read().decode()
@@ -28,7 +28,7 @@ def _http(agent: Agent, path: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-async def _get(agent: Agent, path: str) -> tuple[int, str]:
+async def _get(agent: ResourceAgent, path: str) -> tuple[int, str]:
     return await asyncio.to_thread(_http, agent, path)
 
 
@@ -200,8 +200,8 @@ def test_poll_backstop_recovers_when_the_directory_itself_is_replaced(
                 else:
                     raise AssertionError(f"{plugin_dir} could not be removed")
                 # While the directory is gone the agent cannot serve; it must keep trying, not die.
-                tried = agent.registrar.serve_failures
-                await until(lambda: agent.registrar.serve_failures >= tried + 2)
+                tried = agent.registrar.socket.serve_failures
+                await until(lambda: agent.registrar.socket.serve_failures >= tried + 2)
                 assert not agent.registrar.registered
                 await asyncio.to_thread(plugin_dir.mkdir)
                 kubelet = PyKubelet(plugin_dir)

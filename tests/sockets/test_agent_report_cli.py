@@ -100,15 +100,16 @@ def test_no_way_to_the_api_server_exits_2_naming_kubeconfig(config: Path, short_
 
 
 def test_an_agent_without_profile_never_imports_pykube(short_dir: Path) -> None:
-    """Its modules and a constructed Agent: no pykube, requests or urllib3, nor the report's own
+    """Its modules and a constructed ResourceAgent: no pykube, requests or urllib3, nor the report's own
     modules (their memory is the report's price)."""
     code = f"""
 import sys
 from pathlib import Path
 from patchbay_agent import main
-from patchbay_agent.agent import Agent, AgentOptions
+from patchbay_agent.options import AgentOptions
+from patchbay_agent.resourceagent import ResourceAgent
 from patchbay_agent.config import parse
-Agent(
+ResourceAgent(
     parse({{"resourceName": "example.com/x", "plugin": {{"discovery": {{"virtual": {{"count": 1}}}}}}}}),
     AgentOptions(node_name="n", plugin_dir=Path({str(short_dir)!r}), host_root=Path("/")),
 )

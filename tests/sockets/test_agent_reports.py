@@ -20,8 +20,9 @@ from support.podresources_peer import PodResourcesPeer
 from support.promtext import parse, value
 from support.pykubelet import PyKubelet
 
-from patchbay_agent.agent import Agent, AgentOptions, ReportOptions
 from patchbay_agent.api import api_pb2
+from patchbay_agent.options import AgentOptions, ReportOptions
+from patchbay_agent.resourceagent import ResourceAgent
 
 RESOURCE = "example.com/serial"
 PLUGIN = {
@@ -47,8 +48,8 @@ class RecordingClient:
 @contextlib.asynccontextmanager
 async def reporting_agent(
     plugin_dir: Path, hw: FakeHardware, pod_resources: Path, client: RecordingClient
-) -> AsyncIterator[Agent]:
-    agent = Agent(
+) -> AsyncIterator[ResourceAgent]:
+    agent = ResourceAgent(
         make_config(PLUGIN, RESOURCE),
         AgentOptions(
             node_name="node-1",
@@ -232,7 +233,7 @@ def test_a_hanging_write_delays_neither_allocate_nor_the_socket_removal_at_shutd
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir)
         await kubelet.start()
-        agent = Agent(
+        agent = ResourceAgent(
             make_config(PLUGIN, RESOURCE),
             AgentOptions(
                 node_name="node-1",

@@ -17,9 +17,9 @@ from support.fakehw import FakeHardware, live_socket, stale_socket
 from support.pykubelet import PyKubelet
 from support.releases import has
 
-from patchbay_agent.agent import Agent
 from patchbay_agent.api import api_pb2
 from patchbay_agent.kubelet.sockets import legacy_socket_name, socket_name
+from patchbay_agent.resourceagent import ResourceAgent
 from patchbay_devcluster.releases import matrix
 
 SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"periodSeconds": 60}}
@@ -186,7 +186,7 @@ def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_regis
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 3 and kubelet.healthy(RESOURCE) == 2)
             assert kubelet.registrations[-1].request.endpoint == b.registrar.endpoint
             assert (a.registrar.registration_count, b.registrar.registration_count) == (1, 2)
-            assert b.registrar.drops == 1
+            assert b.registrar.streams.drops == 1
             await until(lambda: b.registrar.registered and b.servicer.open_streams == 1)
         finally:
             await new.aclose()
@@ -217,8 +217,8 @@ def test_a_registration_dropped_before_its_stream_opened_is_made_again_and_never
                 assert not agent.ready  # registered, but the kubelet holds no stream of it
                 await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 1)
                 assert len(kubelet.registrations) == 2
-                assert agent.registrar.unopened == 1
-                assert agent.registrar.drops == 0
+                assert agent.registrar.streams.unopened == 1
+                assert agent.registrar.streams.drops == 0
                 await until(lambda: agent.ready)
         finally:
             await kubelet.stop()
@@ -250,7 +250,11 @@ def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
                 lambda: kubelet.dropped == [RESOURCE] and kubelet.dropped_before_stream == 1
             )
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 4 and kubelet.healthy(RESOURCE) == 2)
-            assert (b.registrar.drops, b.registrar.unopened, b.registrar.registration_count) == (1, 1, 3)
+            assert (
+                b.registrar.streams.drops,
+                b.registrar.streams.unopened,
+                b.registrar.registration_count,
+            ) == (1, 1, 3)
             await until(lambda: b.ready)
         finally:
             await new.aclose()
@@ -286,7 +290,7 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             )
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             await until(lambda: a.ready)
-            assert a.registrar.handovers == 0  # alone: nothing to hand over from
+            assert a.registrar.handover.count == 0  # alone: nothing to hand over from
             # A slow kubelet: the new agent is not Ready while its hand-over is unanswered (a
             # rollout would remove the old agent, whose exit closes the new one's stream).
             kubelet.dial_delay = 0.5
@@ -299,7 +303,7 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             assert not b.ready
             kubelet.dial_delay = 0.0
             await until(lambda: b.ready)
-            assert b.registrar.handovers == 1
+            assert b.registrar.handover.count == 1
             (handover,) = kubelet.failed_connects
             assert handover == b.registrar.endpoint.removesuffix(".sock") + "-handover.sock"
             assert not (plugin_dir / handover).exists()  # the throw-away socket is gone
@@ -308,7 +312,7 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             await asyncio.sleep(0.3)
             assert kubelet.dropped == []
             assert kubelet.healthy(RESOURCE) == 2
-            assert b.registrar.registration_count == 1 and b.registrar.drops == 0
+            assert b.registrar.registration_count == 1 and b.registrar.streams.drops == 0
             assert b.servicer.open_streams == 1
             # The last agent leaves: it registers again, so its exit makes the kubelet drop the
             # resource (nothing may keep advertising devices nobody serves).
@@ -342,7 +346,7 @@ def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
                 running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=NEWEST)
             )
             await until(lambda: b.ready)
-            assert b.registrar.handovers == 0
+            assert b.registrar.handover.count == 0
             assert kubelet.attempts == [r.request.endpoint for r in kubelet.registrations]
         finally:
             await new.aclose()
@@ -365,7 +369,7 @@ def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_age
     hw.add_dev("/dev/ttyUSB0")
     hw.add_dev("/dev/ttyUSB1")
 
-    def start() -> contextlib.AbstractAsyncContextManager[Agent]:
+    def start() -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
         return running_agent(
             SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
         )
@@ -375,13 +379,13 @@ def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_age
         await kubelet.start()
         stacks = [contextlib.AsyncExitStack() for _ in range(3)]
         try:
-            agents: list[Agent] = []
+            agents: list[ResourceAgent] = []
             for n, stack in enumerate(stacks):
                 agents.append(await stack.enter_async_context(start()))
                 await until(lambda: agents[-1].ready)
                 await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
                 if n > 0:
-                    assert agents[-1].registrar.handovers == 1
+                    assert agents[-1].registrar.handover.count == 1
                     attempts = len(kubelet.attempts)
                     await stacks[n - 1].aclose()  # SIGTERM to the previous agent
                     await asyncio.sleep(0.3)
@@ -410,7 +414,7 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
         pytest.skip("no release of the matrix (hack/kube-releases) keeps one client per resource")
     hw.add_dev("/dev/ttyUSB0")
     hw.add_dev("/dev/ttyUSB1")
-    from patchbay_agent.deviceplugin.registration import KubeletView
+    from patchbay_agent.deviceplugin.registrationcheck import KubeletView
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
@@ -426,15 +430,15 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
             async def kubelet_count() -> int:
                 return kubelet.healthy(RESOURCE)
 
-            b.registrar.view = KubeletView(kubelet_count, b._advertised_healthy)
+            b.registrar.check.view = KubeletView(kubelet_count, b.front.advertised_healthy)
             # What the old release did as it left: its socket registered again, then its exit.
-            await a.registrar.register()
+            await a.registrar.socket.register()
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 3)  # A, B, A (hand-over refused)
             await kubelet.wait_for(lambda: len(kubelet.first_lists) == 3)  # ... and its stream open
             await old.aclose()
             await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
-            assert b.registrar.retakes == 1
+            assert b.registrar.check.retakes == 1
             assert kubelet.registrations[-1].request.endpoint == b.registrar.endpoint
             await until(lambda: b.ready)
         finally:

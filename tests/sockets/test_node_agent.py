@@ -22,7 +22,6 @@ from support.podresources_peer import PodResourcesPeer
 from support.promtext import parse, value
 from support.pykubelet import PyKubelet
 
-from patchbay_agent.agent import Agent, AgentOptions, ReportOptions
 from patchbay_agent.api import (
     api_pb2,
     dra_v1_pb2,
@@ -31,8 +30,10 @@ from patchbay_agent.api import (
     pluginregistration_pb2_grpc,
 )
 from patchbay_agent.dra.slices import device_name
-from patchbay_agent.node import AGENT_FAILED, CONFIG_INVALID, NodeAgent, NodeOptions
+from patchbay_agent.nodeagent import AGENT_FAILED, CONFIG_INVALID, NodeAgent, NodeOptions
 from patchbay_agent.nodeconfig import parse_node_config
+from patchbay_agent.options import AgentOptions, ReportOptions
+from patchbay_agent.resourceagent import ResourceAgent
 
 NODE_LABELS = {"kubernetes.io/hostname": "node-1", "serial": "yes"}
 
@@ -484,7 +485,7 @@ def test_a_dra_profile_of_the_node_agent_keeps_its_driver_inside_the_node_agents
         task = asyncio.create_task(node.run(stop))
         try:
 
-            def dra_agent() -> Agent | None:
+            def dra_agent() -> ResourceAgent | None:
                 unit = node.units.get("serial")
                 return unit.agent if unit is not None and unit.agent is not None and unit.agent.dra else None
 

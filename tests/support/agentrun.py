@@ -1,5 +1,5 @@
-"""Run a real Agent in-process on the test's event loop, and talk to it over its real socket; or
-write the command line of an agent process (``agent_argv``), as the DaemonSet runs it."""
+"""Run a real ResourceAgent in-process on the test's event loop, and talk to it over its real socket;
+or write the command line of an agent process (``agent_argv``), as the DaemonSet runs it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import Any
 import grpc
 from support.converge import until as converge
 
-from patchbay_agent.agent import Agent, AgentOptions
 from patchbay_agent.api import api_pb2_grpc
 from patchbay_agent.config import parse
+from patchbay_agent.options import AgentOptions
+from patchbay_agent.resourceagent import ResourceAgent
 
 AGENT = (sys.executable, "-m", "patchbay_agent.main")
 """The agent's command, as its image runs it (``patchbay-agent`` is the same entry point)."""
@@ -51,13 +52,13 @@ async def running_agent(
     instance: str | None = None,
     cdi_spec_dir: Path | None = None,
     kubelet_version: str | None = None,
-) -> AsyncIterator[Agent]:
+) -> AsyncIterator[ResourceAgent]:
     """Start the agent (first round, serving, registering), yield it, then stop it for real.
 
     CDI specs go to `cdi_spec_dir`, default `<host_root>/var/run/cdi` (never the machine's own).
     `kubelet_version`: what the agent reads as its Node's kubeletVersion (these agents have no
     API server; the read itself is tested against a real one in tests/integration)."""
-    agent = Agent(
+    agent = ResourceAgent(
         make_config(plugin, resource),
         AgentOptions(
             node_name="node-1",
@@ -71,9 +72,8 @@ async def running_agent(
             instance=instance,
             cdi_spec_dir=cdi_spec_dir or host_root / "var" / "run" / "cdi",
         ),
+        _NodeInfo(kubelet_version) if kubelet_version is not None else None,
     )
-    if kubelet_version is not None:
-        agent._api = _NodeInfo(kubelet_version)
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     try:

@@ -7,7 +7,7 @@
 * `dra_v1.proto`, `dra_v1beta1.proto`: the DRA kubelet plugin service (`DRAPlugin`:
   NodePrepareResources, NodeUnprepareResources), both served (`patchbay_agent.dra.plugin`);
 * `dra_health_v1.proto`, `dra_health_v1alpha1.proto`: the device-health stream
-  (`DRAResourceHealth`), both served (`patchbay_agent.dra.health`);
+  (`DRAResourceHealth`), both served (`patchbay_agent.dra.healthservice`);
 * `podresources.proto`: the PodResources API v1 (`v1.PodResourcesLister`), read by
   `patchbay_agent.kubelet.podresources`.
 

@@ -27,6 +27,7 @@ from patchbay_agent.constants import ENV_PRESTART_DEVICE_IDS
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.deviceplugin.allocation import AllocationError, allocate, check_served, preferred
 from patchbay_agent.deviceplugin.encoding import ListAndWatchEncoder
+from patchbay_agent.deviceplugin.streams import StreamWatch
 from patchbay_agent.kubelet.pluginserver import PluginServer
 from patchbay_agent.metrics import Metrics
 
@@ -35,10 +36,17 @@ log = logging.getLogger(__name__)
 
 class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def __init__(
-        self, config: AgentConfig, inventory: Inventory, metrics: Metrics, cdi: CdiSpecs | None = None
+        self,
+        config: AgentConfig,
+        inventory: Inventory,
+        metrics: Metrics,
+        cdi: CdiSpecs | None = None,
+        *,
+        on_allocated: Callable[[], None] | None = None,
     ) -> None:
         """Installs its encoder as the inventory's guard: a list the kubelet would refuse is never
-        published (`encoding`)."""
+        published (`encoding`). `on_allocated`: called after every Allocate answered OK (the
+        holders read PodResources again; it must not block: it runs before the answer goes)."""
         self._config = config
         self._inventory = inventory
         self.encoder = ListAndWatchEncoder(config.replicas, on_size=metrics.list_bytes.set)
@@ -46,16 +54,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._metrics = metrics
         #: The CDI spec file behind the CDI names Allocate returns (None: no `cdi.kind`).
         self._cdi = cdi
-        #: ListAndWatch streams open right now (the kubelet keeps exactly one per registration)
-        self.open_streams = 0
-        #: ListAndWatch streams ever opened (tells a stream of the newest registration from older)
-        self.streams_opened = 0
-        #: called when a stream ends; the registrar uses it to notice a kubelet that dropped us
-        self.on_stream_closed: Callable[[], None] | None = None
-        #: called when a stream opens (the registrar then completes a hand-over)
-        self.on_stream_opened: Callable[[], None] | None = None
-        #: called after every Allocate answered OK (must not block: it runs before the answer goes)
-        self.on_allocated: Callable[[], None] | None = None
+        #: our ListAndWatch streams as they open and end; the registrar built with this servicer
+        #: judges its registrations by them (`streams.StreamWatch`)
+        self.streams = StreamWatch()
+        self._on_allocated = on_allocated
         self._options = api_pb2.DevicePluginOptions(
             pre_start_required=config.pre_start is not None,
             get_preferred_allocation_available=config.preferred_policy is not PreferredPolicy.NONE,
@@ -63,9 +65,19 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
 
     def reconfigure(self, config: AgentConfig) -> None:
         """Answer Allocate, GetPreferredAllocation and PreStartContainer with `config` from now
-        on. The caller (Agent.reconfigure) has checked that nothing the kubelet was told at
-        registration (the options above) or the device IDs (replicas) change."""
+        on. The caller (`frontend.DevicePluginFrontEnd.reconfigure`) has checked that nothing the
+        kubelet was told at registration (the options above) or the device IDs (replicas) change."""
         self._config = config
+
+    @property
+    def open_streams(self) -> int:
+        """ListAndWatch streams open right now (the kubelet keeps exactly one per registration)."""
+        return self.streams.open
+
+    @property
+    def streams_opened(self) -> int:
+        """ListAndWatch streams ever opened."""
+        return self.streams.opened
 
     @property
     def options(self) -> api_pb2.DevicePluginOptions:
@@ -87,12 +99,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         """The full list now, then again on every change, until the client or the agent stops."""
         self._metrics.streams.inc()
-        self.open_streams += 1
-        self.streams_opened += 1
         self._metrics.rpcs.labels("ListAndWatch", "OK").inc()
         log.info("ListAndWatch stream opened (%d devices)", self._inventory.current.advertised)
-        if self.on_stream_opened is not None:
-            self.on_stream_opened()
+        self.streams.stream_opened()
         try:
             snap = self._inventory.current
             sent = self.encoder.response_for(snap)
@@ -108,10 +117,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     yield sent
         finally:
             self._metrics.streams.dec()
-            self.open_streams -= 1
             log.info("ListAndWatch stream closed")
-            if self.on_stream_closed is not None:
-                self.on_stream_closed()
+            self.streams.stream_closed()
 
     async def GetPreferredAllocation(  # noqa: N802 - the gRPC method name
         self,
@@ -155,8 +162,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             await context.abort(e.code, e.message)
         self._metrics.allocate_seconds.observe(time.perf_counter() - started)
         self._metrics.rpcs.labels("Allocate", "OK").inc()
-        if self.on_allocated is not None:
-            self.on_allocated()
+        if self._on_allocated is not None:
+            self._on_allocated()
         return response
 
     def _write_cdi(self, snap: Snapshot) -> None:

@@ -14,9 +14,10 @@ allocated device:
 Rules this module keeps:
 
 * never on the prepare path: the kubelet's NodePrepareResources is answered first; the status is
-  written by a background task (a claim whose status cannot be written is still prepared), and
-  only once prepare calls have been quiet for a moment (`ClaimPreparer.quiet`: a burst of pod
-  starts is not slowed by its own status writes);
+  written by a background task, the one change-writer loop (`changewriter.py`; a claim whose
+  status cannot be written is still prepared), and only once prepare calls have been quiet for a
+  moment (`dra.plugin.CallActivity.quiet`: a burst of pod starts is not slowed by its own status
+  writes);
 * server-side apply on the `status` subresource with a field manager of our driver, so entries of
   other drivers in the same claim are never touched, and applying no entry (after unprepare)
   removes exactly ours; the claim's UID is in the applied object, so a claim deleted and
@@ -45,11 +46,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from patchbay_agent.backoff import Backoff
+from patchbay_agent.changewriter import ChangeWriter
 from patchbay_agent.constants import DRA_GROUP_VERSION
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.dra.claims import check_claim_uid
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.wakeup import wait_any
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +169,11 @@ def _health_key(claim: PreparedClaim, snap: Snapshot) -> tuple[Any, ...]:
     return tuple(out)
 
 
-class ClaimStatusWriter:
-    """Keeps the `status.devices` entries of the claims prepared here true (see the module doc)."""
+class ClaimStatusWriter(ChangeWriter):
+    """Keeps the `status.devices` entries of the claims prepared here true (see the module doc), on
+    the one change-writer loop (`changewriter.py`): a claim prepared, unprepared or with a device
+    whose health changed is marked and `notify()`s; `settle()` waits until prepare calls are quiet;
+    `sync()` writes every marked claim, and one that failed stays marked for the retry."""
 
     def __init__(
         self,
@@ -181,26 +185,28 @@ class ClaimStatusWriter:
         *,
         state_dir: Path | None = None,
         backoff: Backoff | None = None,
+        quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """`state_dir`: where the prepared claims are recorded (None: in memory only)."""
+        """`state_dir`: where the prepared claims are recorded (None: in memory only). `quiet`:
+        awaited before each round of writes (`dra.plugin.CallActivity.quiet`: prepare calls
+        first); None: no wait."""
+        super().__init__(coalesce=0.0, backoff=backoff or Backoff(initial=0.5, maximum=30.0))
         self.driver = driver
         self.state_dir = state_dir
         self.pool = pool
         self._client = client
         self._inventory = inventory
         self._metrics = metrics
-        self._backoff = backoff or Backoff(initial=0.5, maximum=30.0)
+        self._quiet = quiet
         #: claim UID -> the claim while prepared here
         self.claims: dict[str, PreparedClaim] = {}
         #: claim UID -> (namespace, name, uid) of claims whose status must be written
         self._dirty: dict[str, tuple[str, str, str]] = {}
         #: claim UID -> the health key last written
         self._written: dict[str, tuple[Any, ...]] = {}
-        self._wake = asyncio.Event()
         #: claim UIDs whose refusal was logged (a warning once per claim, not per retry)
         self._refused: set[str] = set()
-        #: awaited before each round of writes (the preparer's `quiet`: prepare calls first)
-        self.before_writing: Callable[[], Awaitable[None]] | None = None
+        self.what = f"status of the ResourceClaims prepared for {driver}"
         inventory.subscribe(self._on_snapshot)
 
     def prepared(self, namespace: str, name: str, uid: str, devices: Sequence[tuple[str, ...]]) -> None:
@@ -223,7 +229,7 @@ class ClaimStatusWriter:
 
     def _mark(self, uid: str, ref: tuple[str, str, str]) -> None:
         self._dirty[uid] = ref
-        self._wake.set()
+        self.notify()
 
     def _on_snapshot(self, snap: Snapshot) -> None:
         for uid, claim in self.claims.items():
@@ -279,29 +285,36 @@ class ClaimStatusWriter:
         return n
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Write what is dirty until `stop` is set (first: the claims recorded by earlier agents)."""
+        """Write what is marked until `stop` is set (first: the claims recorded by earlier agents)."""
         loaded = await asyncio.to_thread(self.load)
         if loaded:
             log.info("%d claim(s) prepared by an earlier agent: keeping their status", loaded)
-        while not stop.is_set():
-            if self.before_writing is not None:
-                await self.before_writing()
-            self._wake.clear()
-            retry = False
-            for uid, ref in list(self._dirty.items()):
-                if stop.is_set():
-                    return
-                if self._dirty.get(uid) != ref:
-                    continue
-                del self._dirty[uid]
-                if not await self._write(uid, ref):
-                    self._dirty.setdefault(uid, ref)
-                    retry = True
-            if retry:
-                await wait_any((stop,), self._backoff.next())
+        await super().run(stop)
+
+    async def settle(self, stop: asyncio.Event) -> None:
+        """Prepare calls first: wait until they have been quiet for a moment (bounded), instead of
+        a fixed coalescing time (see the module doc)."""
+        if self._quiet is not None:
+            await self._quiet()
+
+    async def sync(self) -> bool:
+        """Write every marked claim; True when one was written. A claim whose write failed stays
+        marked and the retry is scheduled (`failed()`)."""
+        retry = written = False
+        for uid, ref in list(self._dirty.items()):
+            if self._dirty.get(uid) != ref:
+                continue
+            del self._dirty[uid]
+            if await self._write(uid, ref):
+                written = True
             else:
-                self._backoff.reset()
-                await wait_any((self._wake, stop), 3600.0)
+                self._dirty.setdefault(uid, ref)
+                retry = True
+        if retry:
+            self.failed()
+        else:
+            self.succeeded()
+        return written
 
     async def _write(self, uid: str, ref: tuple[str, str, str]) -> bool:
         """One apply; False when it should be retried."""
@@ -350,6 +363,7 @@ class ClaimStatusWriter:
             log.warning("Writing the status of ResourceClaim %s/%s failed: %s; retrying", ref[0], ref[1], e)
             return False
         self._metrics.claim_status_writes.labels("success").inc()
+        self.writes += 1
         self._refused.discard(uid)
         if claim is not None:
             self._written[uid] = _health_key(claim, snap)

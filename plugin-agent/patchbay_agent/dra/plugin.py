@@ -12,7 +12,8 @@ and refuses a second registration of the same endpoint):
   `<root>/plugins/patchbay_node-agent/<driver>/dra-<instance>.sock`, see `service_dir`):
   `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and
   the same handlers under `...v1beta1.DRAPlugin`, and `v1.DRAResourceHealth` and
-  `v1alpha1.DRAResourceHealth` (`dra/health.py`), which GetInfo then lists in supported_versions.
+  `v1alpha1.DRAResourceHealth` (`dra/healthservice.py`), which GetInfo then lists in
+  supported_versions.
 
 The DRA socket is served first, so the endpoint answers by the time the kubelet learns it. Ready
 means the kubelet said `plugin_registered=true`. A socket file that disappears (someone wiped
@@ -57,7 +58,7 @@ from patchbay_agent.api import (
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.cdi import SpecCopies, write_spec
 from patchbay_agent.config import Allocation
-from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES
+from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES, INSTANCE_RE
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.dra.claims import (
     ClaimError,
@@ -68,10 +69,10 @@ from patchbay_agent.dra.claims import (
     spec_file_name,
 )
 from patchbay_agent.dra.claimstatus import ClaimStatusClient, ClaimStatusWriter
-from patchbay_agent.dra.health import DraHealthServicer
+from patchbay_agent.dra.healthservice import DraHealthServicer
 from patchbay_agent.dra.slices import SliceClient, device_names
 from patchbay_agent.kubelet.pluginserver import PluginServer
-from patchbay_agent.kubelet.sockets import INSTANCE_RE, MAX_UNIX_SOCKET_PATH, probe, remove_stale
+from patchbay_agent.kubelet.sockets import MAX_UNIX_SOCKET_PATH, probe, remove_stale
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.wakeup import wait_any
 
@@ -200,52 +201,19 @@ async def node_lock(path: Path | None, poll: float = LOCK_POLL_SECONDS) -> Async
         os.close(fd)
 
 
-class ClaimPreparer:
-    """NodePrepareResources / NodeUnprepareResources as plain Python (see the module doc)."""
+class CallActivity:
+    """The prepare and unprepare calls in flight and when the last one ended: made before the
+    preparer (which marks its calls here) and the claim status writer (which waits for `quiet`),
+    so that neither needs the other to be built first."""
 
-    def __init__(
-        self,
-        driver: str,
-        pool: str,
-        reader: ClaimReader,
-        inventory: Inventory,
-        *,
-        allocation: Allocation,
-        cdi_spec_dir: Path,
-        read_timeout: float = CLAIM_READ_TIMEOUT,
-        lock_path: Path | None = None,
-        read_async: AsyncClaimRead | None = None,
-        copies: SpecCopies | None = None,
-    ) -> None:
-        """`lock_path`: the file whose lock serialises calls across instances (`node_lock`).
-        `read_async`: the claim's GET on the event loop (`KubeClient.getter`, `apiget.py`); None:
-        `reader` in a worker thread. `copies`: where each claim's CDI spec is also kept, so that
-        it can be written again after a reboot emptied the CDI directory (cdi.py)."""
-        self.driver = driver
-        self.pool = pool
-        self._reader = reader
-        self._read_async = read_async
-        self._inventory = inventory
-        self._allocation = allocation
-        self.cdi_spec_dir = cdi_spec_dir
-        self._read_timeout = read_timeout
-        self.lock_path = lock_path
-        self.copies = copies
-        #: (snapshot version, slice device name -> physical ID), computed once per snapshot
-        self._names: tuple[int, dict[str, str]] = (-1, {})
-        #: called after claims were prepared or unprepared (the holders read PodResources again)
-        self.on_change: Callable[[], None] | None = None
-        #: told of every claim prepared or unprepared (writes the claims' status.devices)
-        self.status: ClaimStatusWriter | None = None
-        #: where the time of a prepare's two slow steps goes (the claim's GET, the CDI write)
-        self.metrics: Metrics | None = None
+    def __init__(self) -> None:
         self._in_flight = 0
         self._last_end = 0.0
         self._idle = asyncio.Event()
         self._idle.set()
 
     @contextlib.asynccontextmanager
-    async def _call(self) -> AsyncIterator[None]:
+    async def call(self) -> AsyncIterator[None]:
         """Marks a prepare or unprepare call in flight (see `quiet`)."""
         self._in_flight += 1
         self._idle.clear()
@@ -271,6 +239,54 @@ class ClaimPreparer:
             else:
                 return
 
+
+class ClaimPreparer:
+    """NodePrepareResources / NodeUnprepareResources as plain Python (see the module doc)."""
+
+    def __init__(
+        self,
+        driver: str,
+        pool: str,
+        reader: ClaimReader,
+        inventory: Inventory,
+        *,
+        allocation: Allocation,
+        cdi_spec_dir: Path,
+        read_timeout: float = CLAIM_READ_TIMEOUT,
+        lock_path: Path | None = None,
+        read_async: AsyncClaimRead | None = None,
+        copies: SpecCopies | None = None,
+        calls: CallActivity | None = None,
+        status: ClaimStatusWriter | None = None,
+        on_change: Callable[[], None] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        """`lock_path`: the file whose lock serialises calls across instances (`node_lock`).
+        `read_async`: the claim's GET on the event loop (`KubeClient.getter`, `apiget.py`); None:
+        `reader` in a worker thread. `copies`: where each claim's CDI spec is also kept, so that
+        it can be written again after a reboot emptied the CDI directory (cdi.py). `calls`: where
+        its calls are marked in flight (the claim status writer waits until they are quiet).
+        `status`: told of every claim prepared or unprepared (writes the claims'
+        status.devices). `on_change`: called after claims were prepared or unprepared (the
+        holders read PodResources again). `metrics`: where the time of a prepare's two slow steps
+        goes (the claim's GET, the CDI write)."""
+        self.driver = driver
+        self.pool = pool
+        self._reader = reader
+        self._read_async = read_async
+        self._inventory = inventory
+        self._allocation = allocation
+        self.cdi_spec_dir = cdi_spec_dir
+        self._read_timeout = read_timeout
+        self.lock_path = lock_path
+        self.copies = copies
+        #: (snapshot version, slice device name -> physical ID), computed once per snapshot
+        self._names: tuple[int, dict[str, str]] = (-1, {})
+        self.calls = calls or CallActivity()
+        self._status = status
+        self._on_change = on_change
+        self._metrics = metrics
+
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_spec_dir / spec_file_name(self.driver, claim_uid)
 
@@ -281,10 +297,10 @@ class ClaimPreparer:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
         """Every claim's outcome by UID; the claims are read in parallel."""
-        async with self._call(), node_lock(self.lock_path):
+        async with self.calls.call(), node_lock(self.lock_path):
             results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
-        if self.on_change is not None:
-            self.on_change()
+        if self._on_change is not None:
+            self._on_change()
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
     async def _prepare_one(self, claim: ClaimRef) -> ClaimResult:
@@ -306,8 +322,8 @@ class ClaimPreparer:
             return ClaimResult(error=f"cannot read {where}: no answer within {self._read_timeout:g}s")
         except Exception as e:
             return ClaimResult(error=f"cannot read {where}: {e}")
-        if self.metrics is not None:
-            self.metrics.dra_claim_read_seconds.observe(time.perf_counter() - started)
+        if self._metrics is not None:
+            self._metrics.dra_claim_read_seconds.observe(time.perf_counter() - started)
         snap = self._inventory.current
         try:
             devices = allocated_devices(obj, claim.uid, self.driver, self.pool, self._device_names(snap))
@@ -333,8 +349,8 @@ class ClaimPreparer:
             except OSError as e:
                 # The claim works now; only a reboot would lose its spec. Said loudly.
                 log.error("%s: cannot keep a copy of its CDI spec in %s: %s", where, self.copies.dir, e)
-        if self.metrics is not None:
-            self.metrics.dra_cdi_write_seconds.observe(time.perf_counter() - started)
+        if self._metrics is not None:
+            self._metrics.dra_cdi_write_seconds.observe(time.perf_counter() - started)
         log.info("Prepared %s (%s): %d device(s), CDI spec %s", where, claim.uid, len(devices), path)
         prepared = tuple(
             PreparedDevice(
@@ -346,8 +362,8 @@ class ClaimPreparer:
             )
             for d in devices
         )
-        if self.status is not None:
-            self.status.prepared(
+        if self._status is not None:
+            self._status.prepared(
                 claim.namespace,
                 claim.name,
                 claim.uid,
@@ -361,7 +377,7 @@ class ClaimPreparer:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Every claim's error ("" when done) by UID: its spec file deleted (absent is fine)."""
         out = {}
-        async with self._call(), node_lock(self.lock_path):
+        async with self.calls.call(), node_lock(self.lock_path):
             for claim in claims:
                 if (bad := check_claim_uid(claim.uid)) is not None:
                     out[claim.uid] = bad
@@ -378,10 +394,10 @@ class ClaimPreparer:
                     continue
                 out[claim.uid] = ""
                 log.info("Unprepared ResourceClaim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
-                if self.status is not None:
-                    self.status.unprepared(claim.namespace, claim.name, claim.uid)
-        if self.on_change is not None:
-            self.on_change()
+                if self._status is not None:
+                    self._status.unprepared(claim.namespace, claim.name, claim.uid)
+        if self._on_change is not None:
+            self._on_change()
         return out
 
 
@@ -548,9 +564,12 @@ class DraPlugin:
         backoff: Backoff | None = None,
         health: DraHealthServicer | None = None,
         plugins_dir: Path | None = None,
+        on_registered: Callable[[], None] | None = None,
     ) -> None:
         """`plugins_dir`: where the driver's directory goes (`service_dir`; None: an agent of its
-        own, `<kubelet_root>/plugins/<driver>`)."""
+        own, `<kubelet_root>/plugins/<driver>`). `on_registered`: called after every
+        `plugin_registered=true` (the slices are re-asserted: the kubelet deletes a driver's
+        slices when it starts and when the driver was gone for a while)."""
         self.driver = driver
         self.instance = instance
         self.preparer = preparer
@@ -562,9 +581,7 @@ class DraPlugin:
         self._backoff = backoff or Backoff()
         self.registered = False
         self.registrations = 0
-        #: called after every `plugin_registered=true` (the slices are re-asserted: the kubelet
-        #: deletes a driver's slices when it starts and when the driver was gone for a while)
-        self.on_registered: Callable[[], None] | None = None
+        self._on_registered = on_registered
         #: `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth`, served (and advertised) when given
         self.health = health
         services = (*DRA_SERVICES, *DRA_HEALTH_SERVICES) if health is not None else DRA_SERVICES
@@ -594,8 +611,8 @@ class DraPlugin:
         if registered:
             self.registrations += 1
             log.info("The kubelet registered DRA driver %s (endpoint %s)", self.driver, self.service_socket)
-            if self.on_registered is not None:
-                self.on_registered()
+            if self._on_registered is not None:
+                self._on_registered()
         else:
             log.warning("The kubelet refused DRA driver %s: %s", self.driver, error)
 

@@ -36,15 +36,14 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from patchbay_agent.constants import INSTANCE_RE, MAX_INSTANCE_LENGTH
+
 log = logging.getLogger(__name__)
 
 #: sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 MAX_UNIX_SOCKET_PATH = 107
 PREFIX = "patchbay-"
 SUFFIX = ".sock"
-#: A socket name's instance part: lowercase letters and digits, never "-".
-INSTANCE_RE = re.compile(r"[a-z0-9]{1,16}")
-MAX_INSTANCE_LENGTH = 16
 #: Longest slug; with the longest instance a name is at most 71 bytes, which leaves 36 bytes for
 #: the directory (the default /var/lib/kubelet/device-plugins/ is 32).
 MAX_SLUG_LENGTH = 40

@@ -1,2 +1,2 @@
-"""The writers to the API server: the DeviceReport and the ResourceSlices, each kept true by the
-one change-writer loop (`writer.py`)."""
+"""The DeviceReport: its document (`devicereport.py`, pure) and its writer (`reporter.py`, on the
+one change-writer loop, `changewriter.py`)."""

@@ -1,7 +1,7 @@
 """Writing the DeviceReport: only when it changed (or someone else changed it), coalesced, never in
 the way.
 
-The loop is the one change-writer (`writer.ChangeWriter`): it is notified of every new device
+The loop is the one change-writer (`changewriter.ChangeWriter`): it is notified of every new device
 snapshot and every change of the holders, waits `coalesce` seconds, and `sync()` builds the
 report (`devicereport.build_report`) and compares it, without `observedAt`, with the last one
 written: an equal one is not written (`patchbay_agent_report_unchanged_total`). So a health flip
@@ -40,10 +40,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from patchbay_agent.backoff import Backoff
+from patchbay_agent.changewriter import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.report.devicereport import ReportTarget, with_observed_at
-from patchbay_agent.report.writer import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
 
 log = logging.getLogger(__name__)
 

@@ -190,14 +190,24 @@ def test_a_new_agent_keeps_the_status_of_claims_an_earlier_one_prepared(tmp_path
 
 def test_status_writes_wait_until_prepare_calls_are_quiet(tmp_path: Path) -> None:
     """A burst of prepare calls is answered first: the writer holds its writes while a call is
-    in flight and for the settle time after the last one (ClaimPreparer.quiet), and writes at the
-    latest after the longest wait even if calls never stop."""
+    in flight and for the settle time after the last one (CallActivity.quiet, which the preparer
+    marks its calls in), and writes at the latest after the longest wait even if calls never stop."""
     from patchbay_agent.config import Allocation
-    from patchbay_agent.dra.plugin import ClaimPreparer
+    from patchbay_agent.dra.plugin import CallActivity, ClaimPreparer
 
     async def scenario() -> None:
         inv, _ = _setup()
         client = Recorder()
+        calls = CallActivity()
+        longest = [30.0]  # the longest wait, shortened below
+        writer = ClaimStatusWriter(
+            DRIVER,
+            NODE,
+            client,
+            inv,
+            Metrics("example.com/serial", NODE),
+            quiet=lambda: calls.quiet(settle=0.05, longest=longest[0]),
+        )
         preparer = ClaimPreparer(
             DRIVER,
             NODE,
@@ -205,11 +215,11 @@ def test_status_writes_wait_until_prepare_calls_are_quiet(tmp_path: Path) -> Non
             inv,
             allocation=Allocation(),
             cdi_spec_dir=tmp_path,  # type: ignore[arg-type]
+            calls=calls,
+            status=writer,
         )
-        writer = ClaimStatusWriter(DRIVER, NODE, client, inv, Metrics("example.com/serial", NODE))
-        writer.before_writing = lambda: preparer.quiet(settle=0.05, longest=30)
         stop = asyncio.Event()
-        async with preparer._call():  # a prepare call in flight
+        async with preparer.calls.call():  # a prepare call in flight
             task = asyncio.create_task(writer.run(stop))
             writer.prepared(*REF, [("dev-a", "ttyUSB0", "cdi-a")])
             await asyncio.sleep(0.3)
@@ -219,8 +229,8 @@ def test_status_writes_wait_until_prepare_calls_are_quiet(tmp_path: Path) -> Non
             assert len(client.docs) == 1
             # Calls that never stop do not hold the writes past the longest wait.
             client.applied.clear()
-            writer.before_writing = lambda: preparer.quiet(settle=0.05, longest=0.2)
-            async with preparer._call():
+            longest[0] = 0.2
+            async with preparer.calls.call():
                 writer.unprepared(*REF)
                 await asyncio.wait_for(client.applied.wait(), 5)
         finally:

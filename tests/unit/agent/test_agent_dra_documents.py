@@ -375,14 +375,13 @@ def test_the_node_agent_keeps_each_drivers_directory_in_its_own_directory(root: 
     import hashlib
     from pathlib import Path
 
-    from patchbay_agent.main import _driver_name
-    from patchbay_agent.options import node_agent_plugins_dir
+    from patchbay_agent.options import driver_name, node_agent_plugins_dir
 
     base = node_agent_plugins_dir(Path(root))
     assert base == Path(root) / "plugins" / "patchbay_node-agent"
     # Not a DNS subdomain: no DRA driver's own directory can ever be the node agent's.
     with pytest.raises(argparse.ArgumentTypeError):
-        _driver_name(base.name)
+        driver_name(base.name)
     short, long = "s.patchbay.dev", "a-rather-long-profile-name-of-fifty-characters-xx.patchbay.dev"
     assert service_dir(Path(root), short, base) == base / short
     hashed = service_dir(Path(root), long, base)

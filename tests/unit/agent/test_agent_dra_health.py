@@ -1,4 +1,4 @@
-"""DRA mode's health list for the kubelet (`dra/health.py`): what each message says, built once per
+"""DRA mode's health list for the kubelet (`dra/healthservice.py`): what each message says, built once per
 snapshot (and API version: v1, and v1alpha1 for kubelets before 1.37), and a stream's heartbeat,
 changes, vanished devices and clean end (no sockets here)."""
 
@@ -13,7 +13,7 @@ from patchbay_agent.api import dra_health_v1alpha1_pb2 as alpha_pb
 from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
 from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.discovery import PhysicalDevice
-from patchbay_agent.dra.health import DraHealthServicer, HealthReports, health_response
+from patchbay_agent.dra.healthservice import DraHealthServicer, HealthReports, health_response
 from patchbay_agent.dra.slices import device_name
 
 NODE = "node-1"

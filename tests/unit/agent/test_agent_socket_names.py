@@ -122,7 +122,7 @@ def test_only_stale_sockets_of_the_same_resource_are_removed(short_dir: Path) ->
 def test_the_agent_and_the_test_matrix_agree_on_when_the_kubelet_keeps_an_endpoint_per_socket() -> None:
     """The agent hands over in rollouts on kubelets before this minor; the matrix's capability
     (what the e2e suites expect per release) names the same one."""
-    from patchbay_agent.deviceplugin.registration import ENDPOINT_PER_SOCKET_SINCE
+    from patchbay_agent.deviceplugin.handover import ENDPOINT_PER_SOCKET_SINCE
     from patchbay_devcluster.releases import CAPABILITIES, minor
 
     assert minor(CAPABILITIES["device-plugin-endpoint-per-socket"].since) == ENDPOINT_PER_SOCKET_SINCE

@@ -147,3 +147,16 @@ def test_shared_devices_count_once_per_replica_against_allocatable() -> None:
     )
     half = NodeState("a", capacity={R: "4"}, allocatable={R: "2"})
     assert evaluate(Inputs(profile, {}, "2026-11-26T12:00:00Z", [half], reports=reports)).short_nodes == {"a"}
+
+
+def test_a_report_no_longer_believed_is_still_pruned_when_its_node_left_the_profile() -> None:
+    """The node's label goes: its agent pod is deleted, so its report names a pod that is no
+    longer an agent of the profile and is not believed (left out of `reports`). It must still be
+    pruned (the e2e test saw it stay for good when the operator noticed the pod's deletion first)."""
+    profile = prof("DevicePlugin", selector={"dev": "yes"})
+    result = evaluate(
+        Inputs(profile, {}, "T1", [node("a", {"dev": "yes"}), node("b")], report_nodes=frozenset({"a", "b"}))
+    )
+    assert result.keep_reports == {"a"}
+    kept = evaluate(Inputs(profile, {}, "T1", [node("a", {"dev": "yes"})], report_nodes=frozenset({"a"})))
+    assert kept.keep_reports is None

@@ -156,7 +156,7 @@ def test_templates_are_strict() -> None:
 
 def test_daemonset_command_is_one_the_agent_accepts() -> None:
     """The contract in the other direction: the agent's own parser accepts the rendered command."""
-    from patchbay_agent.main import build_parser
+    from patchbay_agent.options import build_parser
 
     _, ds = objects()
     command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -182,7 +182,7 @@ def test_agents_reach_the_api_server_and_the_kubelet_where_the_settings_say() ->
 def test_the_cdi_spec_directory_is_mounted_only_for_profiles_with_a_cdi_kind() -> None:
     """With allocation.cdi the agent writes the spec behind its CDI names into the runtime's
     directory (settings: cdi_spec_dir), seen at /var/run/cdi in the pod; without it, no mount."""
-    from patchbay_agent.main import build_parser
+    from patchbay_agent.options import build_parser
 
     body = copy.deepcopy(BODY)
     body["spec"]["plugin"]["allocation"]["cdi"] = {"kind": "example.com/serial"}

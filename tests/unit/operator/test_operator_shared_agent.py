@@ -66,8 +66,8 @@ def test_one_daemonset_serves_both_modes_and_every_profile_owns_it() -> None:
 
     # The agent's own parser takes the command and the config; each node gets the profiles that
     # select it, the DRA one never where the node-capacity twin serves the same resource.
-    from patchbay_agent.main import build_parser
     from patchbay_agent.nodeconfig import parse_node_config, selected
+    from patchbay_agent.options import build_parser
 
     command = pod["containers"][0]["command"]
     env = {"NODE_NAME": "node-1", "POD_NAME": "agent-abcde", "POD_NAMESPACE": "patchbay-system"}

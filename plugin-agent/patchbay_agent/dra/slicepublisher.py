@@ -1,7 +1,7 @@
 """DRA mode: keeping this node's ResourceSlices true, written only when their content changed.
 
-The loop is the one change-writer (`writer.ChangeWriter`), as for the DeviceReport: notified of
-every new device snapshot and change of the holders, the publisher waits `coalesce` seconds,
+The loop is the one change-writer (`changewriter.ChangeWriter`), as for the DeviceReport: notified
+of every new device snapshot and change of the holders, the publisher waits `coalesce` seconds,
 builds the pool's slice documents (`dra.slices`) and compares them, without `pool.generation`,
 with the last ones written. Equal: nothing is written.
 Different: every slice of the pool is applied (server-side apply, field manager patchbay-agent)
@@ -48,6 +48,7 @@ from dataclasses import replace
 from typing import Any
 
 from patchbay_agent.backoff import Backoff
+from patchbay_agent.changewriter import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
 from patchbay_agent.constants import DeviceTaints
 from patchbay_agent.dra.slices import (
     SliceClient,
@@ -62,7 +63,6 @@ from patchbay_agent.dra.slices import (
 )
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.report.writer import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,10 @@ class SlicePublisher(ChangeWriter):
         resync: float = RESYNC_SECONDS,
         backoff: Backoff | None = None,
         clock_ms: Callable[[], int] = _millis,
+        on_state: Callable[[], None] | None = None,
     ) -> None:
+        """`devices`: the devices to publish now; `on_state`: called when `taints`, `sharing` or
+        `withheld` changed (the DeviceReport says them)."""
         super().__init__(coalesce=coalesce, backoff=backoff, resync=resync)
         self.driver = driver
         self.node_name = node_name
@@ -123,8 +126,7 @@ class SlicePublisher(ChangeWriter):
         self.sharing = DeviceTaints.UNKNOWN
         #: physical IDs left out of the slices because the taint they need would be dropped
         self.withheld: tuple[str, ...] = ()
-        #: called when `taints` or `withheld` changed
-        self.on_state: Callable[[], None] | None = None
+        self._on_state = on_state
         self.probes = 0
         self._probe_at = 0.0  # monotonic: when the next dry run is due (while not Kept)
         self.what = f"ResourceSlices of {driver}"
@@ -197,8 +199,8 @@ class SlicePublisher(ChangeWriter):
                 if sharing is DeviceTaints.KEPT
                 else f": devices of {self.driver} are published unshared (DRAConsumableCapacity is off)",
             )
-            if self.on_state is not None:
-                self.on_state()
+            if self._on_state is not None:
+                self._on_state()
         return found
 
     def _set_taints(self, found: DeviceTaints, how: str) -> None:
@@ -215,8 +217,8 @@ class SlicePublisher(ChangeWriter):
             )
         else:
             log.info("The API server keeps ResourceSlice device taints (seen in %s)", how)
-        if self.on_state is not None:
-            self.on_state()
+        if self._on_state is not None:
+            self._on_state()
 
     def _publish(self) -> list[dict[str, Any]]:
         """The slice documents of the devices to publish now; sets `withheld`."""
@@ -233,8 +235,8 @@ class SlicePublisher(ChangeWriter):
                     ", ".join(withheld),
                 )
             self.withheld = tuple(withheld)
-            if self.on_state is not None:
-                self.on_state()
+            if self._on_state is not None:
+                self._on_state()
         return slice_documents(self.driver, self.node_name, devices, node_uid=self.node_uid)
 
     async def sync(self) -> bool:

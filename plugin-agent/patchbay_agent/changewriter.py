@@ -1,15 +1,18 @@
-"""The one change-writer loop: keep an object on the API server equal to what the agent knows,
-writing only when it changed, coalesced, retried with backoff, never in the way.
+"""The one change-writer loop: keep objects on the API server equal to what the agent knows,
+writing only when they changed, coalesced, retried with backoff, never in the way.
 
-Both writers use it: the DeviceReport (`report/reporter.py`) and the ResourceSlices (`slices.py`).
+Three writers use it: the DeviceReport (`report/reporter.py`), the ResourceSlices
+(`dra/slicepublisher.py`) and the claims' `status.devices` (`dra/claimstatus.py`). It is a leaf
+module so that the DRA front-end's writers (below `report/` in the layers) share it too.
 `notify()` is all the rest of the agent does (subscribed to the device snapshots and the holders).
-The loop then waits `coalesce` seconds (changes that come together, a device and its replicas, a
-burst of udev events, land in one write) and calls the writer's `sync()`, which builds the
-object, compares it with the last one written and writes only when it differs. A failed write
-calls `failed()`, which schedules the retry with the agent's one backoff rhythm; changes that
-arrive meanwhile go into that retry. With `resync`, `check()` runs that often (the slices: did
-someone delete them?). Nothing here raises into the agent: a bug in building is logged and
-retried later.
+The loop then lets the changes settle (`settle()`: `coalesce` seconds by default, so changes that
+come together, a device and its replicas, a burst of udev events, land in one write; the claim
+status writer waits until prepare calls are quiet instead) and calls the writer's `sync()`, which
+builds the object, compares it with the last one written and writes only when it differs. A
+failed write calls `failed()`, which schedules the retry with the agent's one backoff rhythm;
+changes that arrive meanwhile go into that retry. With `resync`, `check()` runs that often (the
+slices: did someone delete them?). Nothing here raises into the agent: a bug in building is
+logged and retried later.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ class ChangeWriter:
         `succeeded()` after a write attempt."""
         raise NotImplementedError
 
+    async def settle(self, stop: asyncio.Event) -> None:
+        """Before a sync: let changes that come together arrive (`coalesce` seconds, or until
+        `stop`)."""
+        await wait_any((stop,), self._coalesce)
+
     async def check(self) -> None:
         """Every `resync` seconds: make sure what was written is still there (may `notify()`)."""
 
@@ -97,7 +105,7 @@ class ChangeWriter:
                     await self.check()
             if not self._kick.is_set() and (self._retry_at is None or time.monotonic() < self._retry_at):
                 continue
-            await wait_any((stop,), self._coalesce)
+            await self.settle(stop)
             if stop.is_set():
                 break
             self._kick.clear()

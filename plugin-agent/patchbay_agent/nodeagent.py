@@ -1,10 +1,11 @@
 """The node agent: ONE process per node serving every profile that shares the default agent and
 selects this node, each in a unit of its own, supervised so that no profile shares a failure.
 
-Each selected profile runs as its own `agent.Agent` (its own discovery, health monitor, device
-core, front-end: a device-plugin socket and registration or a DRA driver registration, and its
-own DeviceReport), all on one event loop with one API client, one PodResources socket and one
-HTTP endpoint (/metrics merges every unit's metrics with a `profile` label). Isolation:
+Each selected profile runs as its own `resourceagent.ResourceAgent` (its own discovery, health
+monitor, device core, front-end: a device-plugin socket and registration or a DRA driver
+registration, and its own DeviceReport), all on one event loop with one API client, one
+PodResources socket and one HTTP endpoint (/metrics merges every unit's metrics with a `profile`
+label). Isolation:
 
 * a profile whose entry is refused (a bad glob, an unknown field) never starts; its DeviceReport
   says `agentError: ConfigInvalid` and why; the others serve;
@@ -16,6 +17,10 @@ HTTP endpoint (/metrics merges every unit's metrics with a `profile` label). Iso
 
 Which profiles select the node is the entries' node selector terms against the Node's labels,
 read from the API server at start (`NodeLabels`).
+
+`NodeAgent` decides which profiles run here and applies changes (the entries, the labels, what
+can change in place); `UnitSupervisor` runs one profile's agent, reports its failures and starts
+it again; `Follower` follows the ConfigMap and the Node through the API server.
 """
 
 from __future__ import annotations
@@ -33,16 +38,15 @@ import yaml
 
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.config import ConfigError
-from patchbay_agent.constants import DEFAULT_KUBELET_ROOT_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.metrics import MergedRegistry, Metrics, Registry
 from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, ProfileEntry, parse_node_config, selected
-from patchbay_agent.options import AgentOptions, DraOptions, ReportOptions, node_agent_plugins_dir
+from patchbay_agent.options import DEFAULTS, AgentOptions, DraOptions, ReportOptions, node_agent_plugins_dir
 from patchbay_agent.report.devicereport import ReportTarget, failure_report
 from patchbay_agent.report.reporter import ReportClient, Reporter
 
 if TYPE_CHECKING:
-    from patchbay_agent.agent import Agent
+    from patchbay_agent.resourceagent import ResourceAgent
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +73,7 @@ class NodeOptions:
     report_namespace: str
     #: `--kubelet-root-dir`: DRA units register in its `plugins_registry/` and keep their drivers'
     #: directories in `options.node_agent_plugins_dir` of it
-    kubelet_root_dir: Path = Path(DEFAULT_KUBELET_ROOT_DIR)
+    kubelet_root_dir: Path = DEFAULTS["kubelet_root_dir"]
     kubeconfig: Path | None = None
     restart_initial: float = RESTART_INITIAL
     restart_max: float = RESTART_MAX
@@ -80,7 +84,7 @@ class Unit:
     """One profile on this node: its entry, its agent while it runs, what went wrong."""
 
     entry: ProfileEntry
-    agent: Agent | None = None
+    agent: ResourceAgent | None = None
     #: (reason, message, since) while the profile cannot be served
     failure: tuple[str, str, float] | None = None
     starts: int = 0
@@ -138,14 +142,10 @@ class NodeAgent:
 
     def unit_options(self, entry: ProfileEntry) -> AgentOptions:
         base, node = self.options.agent, self.options
-        report = ReportOptions(
+        report = replace(
+            base.report or ReportOptions(profile="", namespace=""),
             profile=entry.profile,
             namespace=node.report_namespace,
-            pod_name=base.report.pod_name if base.report is not None else None,
-            pod_resources_socket=base.report.pod_resources_socket
-            if base.report is not None
-            else Path(DEFAULT_POD_RESOURCES_SOCKET),
-            pod_resources_period=base.report.pod_resources_period if base.report is not None else 10.0,
             kubeconfig=node.kubeconfig,
         )
         dra = None
@@ -159,14 +159,6 @@ class NodeAgent:
                 plugins_dir=node_agent_plugins_dir(node.kubelet_root_dir),
             )
         return replace(base, http_address=None, instance=None, report=report, dra=dra)
-
-    def _target(self, entry: ProfileEntry) -> ReportTarget:
-        opts = self.options
-        pod = opts.agent.report.pod_name if opts.agent.report is not None else None
-        resource = (
-            entry.config.resource_name if entry.config is not None else str(entry.raw.get("resourceName"))
-        )
-        return ReportTarget(entry.profile, opts.agent.node_name, opts.report_namespace, resource, pod)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve the selected profiles until `stop`, reconfiguring live when the config or the
@@ -221,8 +213,9 @@ class NodeAgent:
         """Bring the units in line with the entries and labels now: a profile no longer selected
         (or listed) stops, a new one starts, a changed one is applied to its running agent in
         place where the kubelet need not hear of it ("reconfigured": same registration, same
-        stream, no dip on any release; `Agent.reconfigure`) and otherwise restarts and registers
-        again ("restarted"); every other unit is left alone. Returns what was done per profile."""
+        stream, no dip on any release; `ResourceAgent.reconfigure`) and otherwise restarts and
+        registers again ("restarted"); every other unit is left alone. Returns what was done per
+        profile."""
         async with self._lock:
             assert self.labels is not None
             desired = {e.profile: e for e in selected(self.entries, self.labels)}
@@ -276,7 +269,8 @@ class NodeAgent:
 
     def _start_unit(self, entry: ProfileEntry) -> None:
         unit = self.units[entry.profile] = Unit(entry)
-        unit.task = asyncio.create_task(self._supervise(unit, self._stop), name=f"profile-{entry.profile}")
+        supervisor = UnitSupervisor(unit, self.options, self.client, self.unit_options)
+        unit.task = asyncio.create_task(supervisor.run(self._stop), name=f"profile-{entry.profile}")
 
     async def _stop_unit(self, name: str) -> None:
         unit = self.units.pop(name)
@@ -310,8 +304,36 @@ class NodeAgent:
         labels = {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("labels") or {}).items()}
         self._loop.call_soon_threadsafe(lambda: self.update(labels=labels))
 
-    async def _supervise(self, unit: Unit, stop: asyncio.Event) -> None:
-        """Run one profile's agent; on failure report it, wait, start it again (see module doc)."""
+
+class UnitSupervisor:
+    """Runs one profile's agent on this node and keeps it running, alone (the module doc): a
+    refused config or a failed agent is reported in the profile's DeviceReport (a reporter of its
+    own while the failure lasts) and the agent is started again with backoff."""
+
+    def __init__(
+        self,
+        unit: Unit,
+        options: NodeOptions,
+        client: NodeClient,
+        unit_options: Callable[[ProfileEntry], AgentOptions],
+    ) -> None:
+        """`unit_options`: the options of a profile's agent (`NodeAgent.unit_options`)."""
+        self.unit = unit
+        self._options = options
+        self._client = client
+        self._unit_options = unit_options
+
+    def _target(self, entry: ProfileEntry) -> ReportTarget:
+        opts = self._options
+        pod = opts.agent.report.pod_name if opts.agent.report is not None else None
+        resource = (
+            entry.config.resource_name if entry.config is not None else str(entry.raw.get("resourceName"))
+        )
+        return ReportTarget(entry.profile, opts.agent.node_name, opts.report_namespace, resource, pod)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run the profile's agent; on failure report it, wait, start it again (see module doc)."""
+        unit = self.unit
         entry = unit.entry
         try:
             if entry.config is None:
@@ -320,24 +342,24 @@ class NodeAgent:
                     entry.profile,
                     entry.error,
                 )
-                self._failed(unit, CONFIG_INVALID, entry.error)
+                self._failed(CONFIG_INVALID, entry.error)
                 await _first((stop, unit.stop))
                 return
-            backoff = Backoff(self.options.restart_initial, self.options.restart_max)
+            backoff = Backoff(self._options.restart_initial, self._options.restart_max)
             while not (stop.is_set() or unit.stop.is_set()):
                 unit.starts += 1
                 agent_stop = asyncio.Event()
                 try:
                     # Imported with the first unit: a node agent that serves no profile on its node
                     # never loads the front-ends (gRPC, the stubs).
-                    from patchbay_agent.agent import Agent
+                    from patchbay_agent.resourceagent import ResourceAgent
 
-                    client: Any = self.client
+                    client: Any = self._client
                     entry = unit.entry  # changed in place since the last start, maybe
                     assert entry.config is not None
-                    agent = unit.agent = Agent(entry.config, self.unit_options(entry), client, client)
+                    agent = unit.agent = ResourceAgent(entry.config, self._unit_options(entry), client)
                     runner = asyncio.create_task(agent.run(agent_stop), name=f"agent-{entry.profile}")
-                    watch = asyncio.create_task(self._watch_start(unit, agent))
+                    watch = asyncio.create_task(self._watch_start(agent))
                     await _first((stop, unit.stop), task=runner)
                     agent_stop.set()
                     watch.cancel()
@@ -357,32 +379,34 @@ class NodeAgent:
                     message,
                     delay,
                 )
-                self._failed(unit, AGENT_FAILED, message)
+                self._failed(AGENT_FAILED, message)
                 await _first((stop, unit.stop), timeout=delay)
         finally:
-            await self._stop_failure_report(unit)
+            await self._stop_failure_report()
 
     async def _finish(self, runner: asyncio.Task[None]) -> None:
         """Let a stopped agent shut down gracefully; one stuck before it could look at its stop
         (its first round on a hung probe) is cancelled after the grace period and a margin."""
-        await asyncio.wait({runner}, timeout=self.options.agent.shutdown_grace + 5.0)
+        await asyncio.wait({runner}, timeout=self._options.agent.shutdown_grace + 5.0)
         if not runner.done():
             runner.cancel()
         await runner
 
-    async def _watch_start(self, unit: Unit, agent: Agent) -> None:
+    async def _watch_start(self, agent: ResourceAgent) -> None:
         """The new agent started (its first round done, serving): it writes the profile's report
         from now on, so the failure report stops; ready once the kubelet has it."""
+        unit = self.unit
         await agent.started.wait()
-        await self._stop_failure_report(unit)
+        await self._stop_failure_report()
         unit.failure = None
         while not agent.ready:  # noqa: ASYNC110 - the front-ends have no event for it; a 0.1 s look
             await asyncio.sleep(0.1)
         unit.ready_once = True
 
-    def _failed(self, unit: Unit, reason: str, message: str) -> None:
+    def _failed(self, reason: str, message: str) -> None:
         """Say why the profile is not served in its DeviceReport (written by a reporter of its own
         while the failure lasts; each new failure notifies it)."""
+        unit = self.unit
         since = unit.failure[2] if unit.failure is not None else time.time()
         unit.failure = (reason, message, since)
         if unit.failure_reporter is None:
@@ -394,14 +418,15 @@ class NodeAgent:
                 return failure_report(target, reason, message, since, uid)
 
             reporter = unit.failure_reporter = Reporter(
-                target, self.client, build, Metrics(target.resource_name, target.node_name)
+                target, self._client, build, Metrics(target.resource_name, target.node_name)
             )
             unit.failure_stop = asyncio.Event()
             unit.failure_task = asyncio.create_task(reporter.run(unit.failure_stop))
         else:
             unit.failure_reporter.notify()
 
-    async def _stop_failure_report(self, unit: Unit) -> None:
+    async def _stop_failure_report(self) -> None:
+        unit = self.unit
         if unit.failure_task is not None:
             unit.failure_stop.set()
             await asyncio.gather(unit.failure_task, return_exceptions=True)
