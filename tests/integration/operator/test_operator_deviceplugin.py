@@ -37,6 +37,39 @@ def pod_hash(ds: dict[str, Any] | None) -> str | None:
     return None if ds is None else ds["spec"]["template"]["metadata"]["annotations"][HASH]
 
 
+def apply_report(cluster: Cluster, name: str, node: str, agent: str, devices: list[dict[str, Any]]) -> None:
+    """What an agent pod does: server-side apply of profile `name`'s DeviceReport for `node`,
+    naming its writer `agent`, with `devices` and their summary."""
+    healthy = sum(d["health"] == "Healthy" for d in devices)
+    body = {
+        "apiVersion": "patchbay.dev/v1beta1",
+        "kind": "DeviceReport",
+        "metadata": {"name": f"{name}.{node}", "namespace": NAMESPACE},
+        "profile": name,
+        "nodeName": node,
+        "agent": agent,
+        "resourceName": R,
+        "summary": {
+            "total": len(devices),
+            "healthy": healthy,
+            "unhealthy": len(devices) - healthy,
+            "allocated": 0,
+        },
+        "devices": devices,
+    }
+    cluster.custom.patch_namespaced_custom_object(
+        "patchbay.dev",
+        "v1beta1",
+        NAMESPACE,
+        "devicereports",
+        f"{name}.{node}",
+        body,
+        field_manager="patchbay-agent",
+        force=True,
+        _content_type="application/apply-patch+yaml",
+    )
+
+
 def test_agent_objects_are_applied_rolled_and_deleted(cluster: Cluster, operator: Operator) -> None:
     cluster.add_nodes(3)
     name = f"{cluster.prefix}serial"
@@ -198,27 +231,8 @@ def test_only_reports_of_the_profiles_own_agent_pod_count(cluster: Cluster, oper
     )
 
     def write(agent: str) -> None:
-        body = {
-            "apiVersion": "patchbay.dev/v1beta1",
-            "kind": "DeviceReport",
-            "metadata": {"name": f"{name}.{node}", "namespace": NAMESPACE},
-            "profile": name,
-            "nodeName": node,
-            "agent": agent,
-            "resourceName": R,
-            "summary": {"total": 1, "healthy": 0, "unhealthy": 1, "allocated": 0},
-            "devices": [{"id": "ttyUSB0", "health": "Unhealthy", "reason": "Vanished"}],
-        }
-        cluster.custom.patch_namespaced_custom_object(
-            "patchbay.dev",
-            "v1beta1",
-            NAMESPACE,
-            "devicereports",
-            f"{name}.{node}",
-            body,
-            field_manager="patchbay-agent",
-            force=True,
-            _content_type="application/apply-patch+yaml",
+        apply_report(
+            cluster, name, node, agent, [{"id": "ttyUSB0", "health": "Unhealthy", "reason": "Vanished"}]
         )
 
     def devices() -> dict[str, Any]:
@@ -255,28 +269,8 @@ def test_a_node_whose_kubelet_lost_the_agents_devices_is_degraded(
             ).items
         ),
     )
-    body = {
-        "apiVersion": "patchbay.dev/v1alpha1",
-        "kind": "DeviceReport",
-        "metadata": {"name": f"{name}.{node}", "namespace": NAMESPACE},
-        "profile": name,
-        "nodeName": node,
-        "agent": pods[0].metadata.name,
-        "resourceName": R,
-        "summary": {"total": 4, "healthy": 4, "unhealthy": 0, "allocated": 0},
-        "devices": [{"id": f"ttyUSB{i}", "health": "Healthy"} for i in range(4)],
-    }
-    cluster.custom.patch_namespaced_custom_object(
-        "patchbay.dev",
-        "v1alpha1",
-        NAMESPACE,
-        "devicereports",
-        f"{name}.{node}",
-        body,
-        field_manager="patchbay-agent",
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
+    healthy = [{"id": f"ttyUSB{i}", "health": "Healthy"} for i in range(4)]
+    apply_report(cluster, name, node, pods[0].metadata.name, healthy)
     esc = R.replace("/", "~1")
     ops = [
         {"op": "add", "path": f"/status/capacity/{esc}", "value": "4"},
