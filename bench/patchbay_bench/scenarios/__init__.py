@@ -1,0 +1,22 @@
+"""Every scenario, in the order ``make bench SCENARIO=all`` runs them: those that need no real node
+first, then those on the real node, which share one cluster with the real node and the chart."""
+
+from __future__ import annotations
+
+from patchbay_bench.harness import Scenario
+from patchbay_bench.scenarios import (
+    devcluster,
+    http_flood,
+    live_reconfig,
+    node_memory,
+)
+
+SCENARIOS: dict[str, Scenario] = {
+    m.SCENARIO.name: m.SCENARIO
+    for m in (
+        devcluster,
+        http_flood,
+        live_reconfig,
+        node_memory,
+    )
+}
