@@ -6,9 +6,11 @@ from __future__ import annotations
 from patchbay_bench.harness import Scenario
 from patchbay_bench.scenarios import (
     devcluster,
+    health_writes,
     http_flood,
     live_reconfig,
     node_memory,
+    operator_memory,
 )
 
 SCENARIOS: dict[str, Scenario] = {
@@ -18,5 +20,7 @@ SCENARIOS: dict[str, Scenario] = {
         http_flood,
         live_reconfig,
         node_memory,
+        health_writes,
+        operator_memory,
     )
 }
