@@ -6,11 +6,15 @@ from __future__ import annotations
 from patchbay_bench.harness import Scenario
 from patchbay_bench.scenarios import (
     devcluster,
+    health_scale,
     health_writes,
     http_flood,
+    kubectl_scale,
     live_reconfig,
+    node_agent_api_cost,
     node_memory,
     operator_memory,
+    static_scale,
 )
 
 SCENARIOS: dict[str, Scenario] = {
@@ -22,5 +26,9 @@ SCENARIOS: dict[str, Scenario] = {
         node_memory,
         health_writes,
         operator_memory,
+        static_scale,
+        health_scale,
+        kubectl_scale,
+        node_agent_api_cost,
     )
 }
