@@ -5,15 +5,20 @@ from __future__ import annotations
 
 from patchbay_bench.harness import Scenario
 from patchbay_bench.scenarios import (
+    agent,
+    cluster_path,
     devcluster,
+    dra_path,
     health_scale,
     health_writes,
     http_flood,
+    images,
     kubectl_scale,
     live_reconfig,
     node_agent_api_cost,
     node_memory,
     operator_memory,
+    rollouts,
     static_scale,
 )
 
@@ -21,6 +26,7 @@ SCENARIOS: dict[str, Scenario] = {
     m.SCENARIO.name: m.SCENARIO
     for m in (
         devcluster,
+        agent,
         http_flood,
         live_reconfig,
         node_memory,
@@ -30,5 +36,9 @@ SCENARIOS: dict[str, Scenario] = {
         health_scale,
         kubectl_scale,
         node_agent_api_cost,
+        images,
+        cluster_path,
+        dra_path,
+        rollouts,
     )
 }
