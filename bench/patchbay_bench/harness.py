@@ -317,11 +317,20 @@ def spread(stats: Stats | None, unit: str = "") -> str:
     return f"{fmt(stats.median)}{u} ({fmt(stats.min)}-{fmt(stats.max)})"
 
 
+def ratio_spread(stats: Stats | None) -> str:
+    """``median x (min-max)``."""
+    if stats is None:
+        return "-"
+    if stats.min == stats.max:
+        return f"{fmt(stats.median)}x"
+    return f"{fmt(stats.median)}x ({fmt(stats.min)}-{fmt(stats.max)})"
+
+
 def describe(fig: Figure) -> str:
     if fig.missing:
         return f"{fig.name}: not measured: {fig.missing}"
     parts = [f"{s.name} {spread(s.stats, fig.unit)}" for s in fig.sides]
-    parts += [f"{r.of}/{r.to} {spread(r.stats)}x" for r in fig.ratios]
+    parts += [f"{r.of}/{r.to} {ratio_spread(r.stats)}" for r in fig.ratios]
     return f"{fig.name} ({fig.rounds} rounds): " + "; ".join(parts)
 
 

@@ -12,13 +12,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from patchbay_bench.harness import Record, Stats, fmt, spread
+from patchbay_bench.harness import Record, Stats, fmt, ratio_spread, spread
 
 
 def write(record: Record, results: Path) -> Path:
     folder = results / record.scenario
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{record.date.replace(':', '')}-{record.commit}.json"
+    stem = f"{record.date.replace(':', '')}-{record.commit}{'-quick' if record.quick else ''}"
+    path, n = folder / f"{stem}.json", 1
+    while path.exists():  # two runs in one second
+        n += 1
+        path = folder / f"{stem}-{n}.json"
     path.write_text(json.dumps(record.to_json(), indent=1) + "\n")
     return path
 
@@ -75,7 +79,7 @@ def rows(record: dict[str, Any], everything: bool = False) -> list[str]:
             sides, ratios = fig["sides"], fig["ratios"]
             ours = f"{sides[0]['name']}: {spread(_stats(sides[0]['stats']), fig['unit'])}"
             base = "; ".join(f"{s['name']}: {spread(_stats(s['stats']), fig['unit'])}" for s in sides[1:])
-            ratio = "; ".join(f"{spread(_stats(r['stats']))}x" for r in ratios) or "-"
+            ratio = "; ".join(ratio_spread(_stats(r["stats"])) for r in ratios) or "-"
             cells = [fig["name"], ours, base or "-", ratio, str(fig["rounds"])]
         cells += [
             when,

@@ -48,7 +48,10 @@ from patchbay_bench.setup import (
 )
 
 FAKE_DEV, DEVICES, LABEL = Path("/dev/patchbay-bench"), 4, "patchbay.dev/bench"
-PLUGIN = {"discovery": {"paths": {"globs": [f"{FAKE_DEV}/ttyB*"]}}, "health": {"periodSeconds": 5}}
+PLUGIN: dict[str, Any] = {
+    "discovery": {"paths": {"globs": [f"{FAKE_DEV}/ttyB*"]}},
+    "health": {"periodSeconds": 5},
+}
 
 
 class UserPath:
@@ -183,7 +186,7 @@ class UserPath:
         wait(
             "everything healthy again",
             lambda: (
-                self.allocatable(resource) == str(DEVICES)
+                (self.allocatable(resource) == str(DEVICES) or not self.r.flag("allocatable"))
                 and self.kubelet_count(resource) == DEVICES
                 and not report_unhealthy()
                 and not status_names()
@@ -195,6 +198,7 @@ class UserPath:
 
 
 def run(r: Run) -> None:
+    PLUGIN["health"]["recoveryHoldSeconds"] = r.integer("recovery_hold")
     cluster = SESSION.chart_cluster(r)
     b = UserPath(r, cluster)
     cluster.label_node(NODE, {LABEL: "yes"})
@@ -332,6 +336,7 @@ SCENARIO = Scenario(
         "allocatable": Param(
             True, False, "also wait for the node's allocatable (the kubelet's 10 s status sync)"
         ),
+        "recovery_hold": Param(10, 1, "the profiles' health.recoveryHoldSeconds (10: the default)"),
         "settle": Param(10.0, 2.0, "seconds after the agent pod serves before its memory is read"),
         "rollout_settle": Param(20.0, 2.0, "seconds sampled after the rollout"),
     },

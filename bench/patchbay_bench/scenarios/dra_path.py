@@ -237,7 +237,11 @@ def run(r: Run) -> None:
                 "nodeSelector": {"matchLabels": {LABEL: "yes"}},
                 "plugin": {
                     "discovery": {"paths": {"globs": [f"{FAKE_DEV}/dra*"]}},
-                    "health": {"periodSeconds": 1, "failureThreshold": 1},
+                    "health": {
+                        "periodSeconds": 1,
+                        "failureThreshold": 1,
+                        "recoveryHoldSeconds": r.integer("recovery_hold"),
+                    },
                 },
                 # agent settings of its own: one agent pod to measure
                 "agent": {"updateStrategy": {"maxSurge": 1, "maxUnavailable": 0}},
@@ -309,7 +313,7 @@ def run(r: Run) -> None:
                     "the taint gone": [x["untaint"] for x in runs],
                     "the DeviceReport says Healthy (baseline)": [x["report_back"] for x in runs],
                 },
-                note="10 s of it is the recovery hold (recoveryHoldSeconds)",
+                note=f"{r.integer('recovery_hold')} s of it is the recovery hold (recoveryHoldSeconds)",
             )
     finally:
         cluster.api.delete(f"{PROFILES}/{PROFILE}")
@@ -405,6 +409,7 @@ SCENARIO = Scenario(
         ),
         "claims": Param(200, 10, "claims per side per round"),
         "settle": Param(10.0, 2.0, "seconds after the agent serves before its memory is read"),
+        "recovery_hold": Param(10, 1, "the profile's health.recoveryHoldSeconds (10: the default)"),
     },
     figures=(
         "DRA NodePrepareResources p50",
