@@ -255,31 +255,36 @@ def run(r: Run) -> None:
                 "user's path: apply -> node allocatable, DevicePlugin",
                 "allocatable=false (the kubelet's 10 s status sync)",
             )
-        name, resource = "bench-roll", "bench.patchbay.dev/roll"
-        b.apply(profile(name, {**dp, "resourceName": resource}))
+        # The shared node agent (a profile without agent settings: the default) serving one profile.
+        shared = "bench-shared"
+        b.apply(profile(shared, {**dp, "resourceName": "bench.patchbay.dev/shared"}))
         wait(
-            "the rollout profile's devices on the node",
-            lambda: b.allocatable(resource) == str(DEVICES),
+            "the node agent's devices",
+            lambda: b.kubelet_count("bench.patchbay.dev/shared") == DEVICES,
             180,
             0.1,
         )
         time.sleep(r.number("settle"))  # start-up garbage settles before memory is read
+        (pod,) = agent_pods(cluster, "app.kubernetes.io/component=node-agent")
+        memory(r, cluster, pod, "the node agent pod, one DevicePlugin profile", headline=True)
+        b.delete(shared, "bench.patchbay.dev/shared")
+        # A profile with agent settings of its own: a DaemonSet of its own, rolled below.
+        name, resource = "bench-roll", "bench.patchbay.dev/roll"
+        own = {
+            **dp,
+            "resourceName": resource,
+            "agent": {"updateStrategy": {"maxSurge": 1, "maxUnavailable": 0}},
+        }
+        b.apply(profile(name, own))
+        wait("the profile's devices at the kubelet", lambda: b.kubelet_count(resource) == DEVICES, 180, 0.1)
+        if r.flag("allocatable"):
+            wait(
+                "the profile's devices in the node's allocatable",
+                lambda: b.allocatable(resource) == str(DEVICES),
+            )
+        time.sleep(r.number("settle"))
         (pod,) = agent_pods(cluster, f"app.kubernetes.io/name=patchbay-agent,patchbay.dev/profile={name}")
-        mem = pod_memory(cluster, pod["metadata"]["uid"])
-        r.figure(
-            "agent pod memory: process RSS / PSS",
-            "MiB",
-            {"RSS": [mem["rss"]], "PSS": [mem["pss"]]},
-            headline=True,
-            ratio=False,
-            note="one DevicePlugin profile, reports on; smaps_rollup of the agent process",
-        )
-        r.figure(
-            "agent pod memory: what its memory cgroup is charged (rss / usage)",
-            "MiB",
-            {"cgroup rss": [mem["cgroup_rss"]], "cgroup usage": [mem["cgroup_usage"]]},
-            ratio=False,
-        )
+        memory(r, cluster, pod, "an agent pod of a profile's own, one DevicePlugin profile")
         vanishes = [b.vanish_to_status(name, resource, FAKE_DEV / "ttyB1") for _ in range(rounds)]
         r.figure(
             "a device vanishes -> the profile's status names it",
@@ -327,6 +332,24 @@ def run(r: Run) -> None:
         cluster.label_node(NODE, {LABEL: None})
 
 
+def memory(r: Run, cluster: Cluster, pod: dict[str, Any], what: str, headline: bool = False) -> None:
+    mem = pod_memory(cluster, pod["metadata"]["uid"])
+    r.figure(
+        f"{what}: process RSS / PSS",
+        "MiB",
+        {"RSS": [mem["rss"]], "PSS": [mem["pss"]]},
+        headline=headline,
+        ratio=False,
+        note="reports on; smaps_rollup of the agent's processes",
+    )
+    r.figure(
+        f"{what}: what its memory cgroup is charged (rss / usage)",
+        "MiB",
+        {"cgroup rss": [mem["cgroup_rss"]], "cgroup usage": [mem["cgroup_usage"]]},
+        ratio=False,
+    )
+
+
 SCENARIO = Scenario(
     name="cluster_path",
     about="the user's path on the real node: apply -> allocatable, agent memory, a vanished device, rollout",
@@ -343,7 +366,7 @@ SCENARIO = Scenario(
     figures=(
         "user's path: apply -> node allocatable, Static",
         "user's path: apply -> the kubelet has the devices (PodResources), DevicePlugin",
-        "agent pod memory: process RSS / PSS",
+        "the node agent pod, one DevicePlugin profile: process RSS / PSS",
         "a device vanishes -> the profile's status names it",
         "a rollout of the agent DaemonSet: lowest allocatable, API / kubelet (of 4)",
     ),
