@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from patchbay_bench import RESULTS, records
 from patchbay_bench.harness import Record, Scenario, Value, execute
 from patchbay_bench.scenarios import SCENARIOS
-from patchbay_bench.setup import SESSION, real_node_busy
+from patchbay_bench.setup import SESSION
 
 
 def usage() -> int:
@@ -69,7 +69,7 @@ def run(names: str, args: Sequence[str]) -> int:
     failed = 0
     try:
         for sc in scenarios:
-            if "real-node" in sc.needs and (busy := real_node_busy()):
+            if "real-node" in sc.needs and (busy := SESSION.real_node_busy()):
                 print(f"[bench] {sc.name}: not run: it needs the real node, and {busy}", flush=True)
                 failed += 1
                 continue
@@ -108,10 +108,11 @@ def quick(names: Sequence[str]) -> int:
     bad = 0
     try:
         for sc in scenarios:
-            if "real-node" in sc.needs and (busy := real_node_busy()):
+            if "real-node" in sc.needs and (busy := SESSION.real_node_busy()):
                 why = f"LEFT OUT: it needs the machine's one real node, and {busy}"
                 summary.append((sc.name, why, 0.0))
                 print(f"[bench-quick] {sc.name}: {why}", flush=True)
+                bad += 1  # a scenario left out is not one that produced its figures
                 continue
             if sc.quick_note:
                 print(f"[bench-quick] {sc.name}: {sc.quick_note}", flush=True)

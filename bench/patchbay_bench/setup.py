@@ -191,6 +191,15 @@ class Session:
         self._chart = cluster
         return cluster
 
+    @property
+    def holds_real_node(self) -> bool:
+        """Whether the real node that runs is this invocation's own (so not "another session's")."""
+        return self._chart is not None
+
+    def real_node_busy(self) -> str:
+        """``real_node_busy()`` for a scenario of this invocation: its own real node is no reason."""
+        return "" if self.holds_real_node else real_node_busy()
+
     def close(self) -> None:
         self._chart = None
         self._stack.close()
@@ -224,8 +233,10 @@ def operator(run: Run, kubeconfig: Path, namespace: str, *args: str) -> Iterator
 @contextlib.contextmanager
 def fake_devices(directory: Path, names: Sequence[str]) -> Iterator[list[Path]]:
     """FAKE devices on the node: character devices that are the null device (1:3), so runc makes
-    them in a container as it would a serial adapter. Removed when the block ends."""
-    directory.mkdir(parents=True, exist_ok=True)
+    them in a container as it would a serial adapter. Removed when the block ends; a leftover of
+    a run that was killed before its cleanup (the directory is the scenario's own) goes first."""
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
     paths = []
     try:
         for name in names:
