@@ -147,21 +147,26 @@ test-integration: setup ## Integration tests against a real control plane starte
 
 ##@ Benchmarks (figures only; see docs/benchmarks.md)
 
-.PHONY: bench-agent
-bench-agent: setup ## Agent vs the upstream Go stub plugin, with the upstream device manager as kubelet
-	$(PY) bench/agent.py
+# The harness is bench/patchbay_bench; it reuses the test suites' peers (tests/support).
+BENCH       := PYTHONPATH=$(CURDIR)/bench:$(CURDIR)/tests $(PY) -m patchbay_bench
+SCENARIO    ?=
+BENCH_ARGS  ?=
 
-.PHONY: bench-static
-bench-static: setup ## Static capacity at scale vs a plain concurrent client (NODES=1000 by default here)
-	$(PY) bench/static_scale.py --nodes $(or $(BENCH_NODES),1000)
+.PHONY: bench
+bench: $(if $(SCENARIO),setup,venv) ## List the scenarios; SCENARIO=<name>[,<name>...]|all runs them full size (BENCH_ARGS="key=value ...")
+	@if [ -z "$(SCENARIO)" ]; then $(BENCH) list; else $(BENCH) run $(SCENARIO) $(BENCH_ARGS); fi
 
-.PHONY: bench-cluster
-bench-cluster: setup ## The user's path: image builds, apply -> allocatable, agent pod memory, a rollout
-	$(PY) bench/cluster_path.py
+.PHONY: bench-quick
+bench-quick: setup ## Every scenario at a small size, checking each records its figures (never their values); CI runs it
+	$(BENCH) quick
 
-.PHONY: bench-devcluster
-bench-devcluster: setup ## Local cluster start, 1000 kwok nodes, the real node, down
-	$(PY) bench/devcluster.py --nodes 1000 --real-node
+.PHONY: bench-table
+bench-table: venv ## The headline table's rows (docs/benchmarks.md), from the newest full records in bench/results/
+	@$(BENCH) table
+
+.PHONY: bench-plots
+bench-plots: venv ## Redraw docs/img/ from the figures docs/benchmarks.md records
+	$(BENCH) plots
 
 ##@ Images
 

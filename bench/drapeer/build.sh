@@ -2,7 +2,9 @@
 # Build (or reuse) bench/drapeer: main.go against k8s.io/dynamic-resource-allocation at the newest
 # Kubernetes release of the matrix (a published staging module, on the Go module proxy). Prints the binary's
 # path. Cache: $PATCHBAY_CACHE (default ~/.cache/patchbay)/drapeer/<version>-<hash of main.go and
-# this script>/drapeer; nothing is written into the repository.
+# this script>/drapeer; nothing is written into the repository. With --cached-only it builds
+# nothing: it prints the path if the cache has the binary, else exits 3 (a cold build downloads
+# and compiles client-go: minutes).
 set -euo pipefail
 
 # Always the newest release of the matrix (its DRA helper library), whatever release the cluster
@@ -20,6 +22,7 @@ if [[ -x "$BIN" ]]; then
   echo "$BIN"
   exit 0
 fi
+[[ "${1:-}" == "--cached-only" ]] && exit 3
 command -v go >/dev/null || { log "ERROR: go is not installed"; exit 1; }
 export GOFLAGS="${GOFLAGS:--buildvcs=false}" GOTOOLCHAIN=local
 mkdir -p "$OUT/mod"

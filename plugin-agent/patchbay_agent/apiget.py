@@ -2,7 +2,7 @@
 
 Only for the one read on a pod's start path, the ResourceClaim that NodePrepareResources needs
 (`dra/plugin.py`). The agent's client for everything else (`kubeclient.py`: pykube-ng and
-requests, synchronous) runs in a worker thread; measured in one run of bench/dra_path.py
+requests, synchronous) runs in a worker thread; measured in one run of the dra_path benchmark
 (docs/benchmarks.md#dra-mode-on-the-real-node-benchdra_pathpy) that read cost the prepare call
 more than half its time, of which the thread hop and the requests stack were about 1 ms. This
 module does the same GET with no thread and no stack: a request line and a few headers written

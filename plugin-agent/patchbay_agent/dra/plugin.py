@@ -228,7 +228,7 @@ class CallActivity:
     async def quiet(self, settle: float = QUIET_SECONDS, longest: float = QUIET_MAX_SECONDS) -> None:
         """Return once no prepare or unprepare call has run for `settle` seconds, or after
         `longest`. Background API writes wait for it, so that they do not compete with the calls
-        the kubelet is waiting for (bench/dra_path.py: a burst of 200 prepares, p50 9.3 ms with the
+        the kubelet is waiting for (the dra_path benchmark: a burst of 200 prepares, p50 9.3 ms with the
         claims' status writes interleaved, 7.4 ms without: docs/benchmarks.md)."""
         deadline = time.monotonic() + longest
         while (now := time.monotonic()) < deadline:
@@ -339,7 +339,7 @@ class ClaimPreparer:
         try:
             # On the loop, not a worker thread: a spec is a few hundred bytes written to the page
             # cache (no fsync), about 0.1 ms, less than the hop to a thread and back costs in a
-            # busy pod (bench/dra_path.py: docs/benchmarks.md).
+            # busy pod (the dra_path benchmark: docs/benchmarks.md).
             _write_if_changed(path, doc)
         except OSError as e:
             return ClaimResult(error=f"{where}: cannot write the CDI spec {path}: {e}")

@@ -1,8 +1,8 @@
 """The floor under the agent's Allocate latency: a bare `grpc.aio` server whose Allocate returns a
-constant response, with none of the agent's code. bench/agent.py starts it as a third baseline, so
-the report separates what Python's gRPC costs from what the agent adds.
+constant response, with none of the agent's code. The ``agent`` scenario starts it as a third
+side, so the figures separate what Python's gRPC costs from what the agent adds.
 
-    python bench/agent_floor.py SOCKET_PATH
+    python -m patchbay_bench.floor SOCKET_PATH
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ RESPONSE = api_pb2.AllocateResponse(
 )
 
 
-class Floor(api_pb2_grpc.DevicePluginServicer):  # type: ignore[misc]
+class Floor(api_pb2_grpc.DevicePluginServicer):
     async def Allocate(self, request: api_pb2.AllocateRequest, context: Any) -> api_pb2.AllocateResponse:
         return RESPONSE
 
 
 async def main(socket: str) -> None:
     server = grpc.aio.server()
-    api_pb2_grpc.add_DevicePluginServicer_to_server(Floor(), server)
+    api_pb2_grpc.add_DevicePluginServicer_to_server(Floor(), server)  # type: ignore[no-untyped-call]
     server.add_insecure_port(f"unix://{socket}")
     await server.start()
     print('{"ready": true}', flush=True)

@@ -1,25 +1,27 @@
 """Plots beside the tables of docs/benchmarks.md (matplotlib, PNG in docs/img/).
 
-The benchmarks call these functions with the figures they print (bench/kubectl_scale.py does);
-run as a script, it redraws the figures of runs recorded in docs/benchmarks.md from the numbers
-printed there (``RECORDED``: each entry names the table it comes from), so a plot never shows a
-number the tables do not; given bench/rollouts.py's JSON results, it draws the rollout timelines:
+``python -m patchbay_bench plots`` redraws the figures of runs recorded in docs/benchmarks.md from
+the numbers printed there (``RECORDED``: each entry names the table it comes from), so a plot
+never shows a number the tables do not; given the ``rollouts`` scenario's timelines
+(bench/results/rollouts-<release>.json), it draws them:
 
-    .venv/bin/python bench/plots.py
-    .venv/bin/python bench/plots.py bench/results/rollouts-v1.3*.json
+    make bench-plots
+    PYTHONPATH=bench:tests .venv/bin/python -m patchbay_bench plots bench/results/rollouts-v1.3*.json
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
-REPO = Path(__file__).resolve().parents[1]
+from patchbay_bench import REPO
+
 IMG = REPO / "docs" / "img"
 
 
@@ -89,7 +91,7 @@ def bars(
 
 
 def rollout_timelines(path: Path, runs: Sequence[Mapping[str, object]]) -> Path:
-    """One panel per release (bench/rollouts.py's JSON results): the kubelet's own allocatable
+    """One panel per release (the rollouts scenario's timelines): the kubelet's own allocatable
     count over the run, sampled every 10 ms, five rollouts under a pod burst. A dip to 0 on a
     kubelet before v1.37 is the drop of the new agent when the old one leaves."""
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.7 * len(runs) + 0.6), dpi=110, sharex=False)
@@ -115,7 +117,7 @@ def rollout_timelines(path: Path, runs: Sequence[Mapping[str, object]]) -> Path:
     fig.text(
         0.01,
         0.005,
-        "bench/rollouts.py: the kubelet's PodResources GetAllocatableResources every 10 ms",
+        "bench rollouts: the kubelet's PodResources GetAllocatableResources every 10 ms",
         fontsize=7,
         color="0.4",
     )
@@ -157,7 +159,7 @@ def memory_per_node(
     return path
 
 
-RECORDED = {
+RECORDED: dict[str, Any] = {
     # docs/benchmarks.md, "Memory on a node: before (one agent per profile) and after (one node
     # agent), and squat": RSS summed over the processes, MiB
     "node_memory": {
@@ -192,13 +194,12 @@ RECORDED = {
 }
 
 
-def main() -> None:
+def main(args: Sequence[str]) -> None:
     import json
-    import sys
 
-    if sys.argv[1:]:
-        # Rollout timelines from bench/rollouts.py's JSON results, oldest release first.
-        runs = [json.loads(Path(a).read_text()) for a in sys.argv[1:]]
+    if args:
+        # Rollout timelines from the rollouts scenario's JSON, oldest release first.
+        runs = [json.loads(Path(a).read_text()) for a in args]
         runs.sort(key=lambda r: [int(x) for x in str(r["release"]).lstrip("v").split(".")])
         print(f"wrote {rollout_timelines(IMG / 'rollouts-per-release.png', runs).relative_to(REPO)}")
         return
@@ -209,20 +210,20 @@ def main() -> None:
             "Static capacity: every node shows the value (apply) / is clean (delete)",
             st["nodes"],
             {k: v for k, v in st.items() if k != "nodes"},
-            note="bench/static_scale.py, 2 cores, medians of 3 alternating rounds (docs/benchmarks.md)",
+            note="bench static_scale, 2 cores, medians of 3 alternating rounds (docs/benchmarks.md)",
         ),
         scaling(
             IMG / "health-status-latency.png",
             "One device health change -> the profile's status shows it",
             RECORDED["health_scale"]["nodes"],
             {"p50 (1 s of it is the status debounce window)": RECORDED["health_scale"]["p50"]},
-            note="bench/health_scale.py, 2 cores (docs/benchmarks.md)",
+            note="bench health_scale, 2 cores (docs/benchmarks.md)",
         ),
         bars(
             IMG / "kubectl-patchbay-5000.png",
             "kubectl patchbay at 5,000 kwok nodes: median wall time",
             RECORDED["kubectl_scale_5000"],
-            note="bench/kubectl_scale.py --nodes 5000, 5 runs each, load average 14-47 on 2 cores",
+            note="bench kubectl_scale nodes=5000, 5 runs each, load average 14-47 on 2 cores",
         ),
     ]
     mem = RECORDED["node_memory"]
@@ -231,12 +232,8 @@ def main() -> None:
             IMG / "node-memory-per-profiles.png",
             mem["profiles"],
             {k: v for k, v in mem.items() if k != "profiles"},
-            note="bench/node_memory.py, host processes, FAKE devices (docs/benchmarks.md)",
+            note="bench node_memory, host processes, FAKE devices (docs/benchmarks.md)",
         )
     )
     for p in out:
         print(f"wrote {p.relative_to(REPO)}")
-
-
-if __name__ == "__main__":
-    main()

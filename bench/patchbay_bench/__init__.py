@@ -1,0 +1,21 @@
+"""Patchbay's benchmarks: one harness, one short module per scenario (docs/benchmarks.md).
+
+- ``harness``: a run of one scenario: its parameters (full or quick size), comparisons run
+  interleaved (A B A B ...), figures with the median and min-max of each side and of the ratio
+  (pair by pair), the machine's state, and the JSON record each run writes;
+- ``records``: the records under ``bench/results/`` and the headline table drawn from them;
+- ``setup``: clusters (``patchbay_devcluster``), the chart, the operator and agent processes,
+  fake devices and the Go peers' builds, written once for every scenario;
+- ``peers``: the kubelet peers the test suites use (tests/support), reused here, not copied;
+- ``scenarios``: one module per scenario.
+
+Run with ``make bench`` (``PYTHONPATH=bench:tests python -m patchbay_bench``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+"""Where runs write their records (gitignored)."""

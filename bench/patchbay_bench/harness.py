@@ -1,0 +1,402 @@
+"""A run of one scenario: parameters, interleaved comparisons, figures, the machine, the record.
+
+Rules every scenario follows through this module:
+
+- a comparison runs its sides interleaved, A B A B ..., for ``rounds`` rounds (at least
+  ``MIN_ROUNDS`` in a full run), so drift in the machine's load hits every side alike;
+- a figure keeps every round's value of every side; it reports the median with min-max of each
+  side and of the ratio of the first side to each other side, pair by pair (round i with round i);
+- a run writes one JSON record (``records.write``): the figures, the parameters, date, commit,
+  the machine's core count and load average at start and end, and whether the machine was quiet;
+- nothing here fails on a value: a figure is a figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from patchbay_bench import REPO
+
+MIN_ROUNDS = 5
+"""Rounds a full run's comparison takes at least (quick runs take fewer: they check that the
+figures come out, never their values)."""
+
+QUIET_LOAD = 1.0
+"""A machine whose 1-minute load average is below this, with no other cluster or test run, is
+quiet; timings taken otherwise say so in their record."""
+
+T = TypeVar("T")
+Value = int | float | str | bool
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a scenario: its value in a full run and in a quick one."""
+
+    full: Value
+    quick: Value
+    help: str = ""
+
+    def parse(self, text: str) -> Value:
+        if isinstance(self.full, bool):
+            return text.lower() in ("1", "true", "yes", "on")
+        if isinstance(self.full, int):
+            return int(text)
+        if isinstance(self.full, float):
+            return float(text)
+        return text
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What one module under ``scenarios/`` declares."""
+
+    name: str
+    about: str
+    run: Callable[[Run], None]
+    params: Mapping[str, Param] = field(default_factory=dict)
+    #: the figures a run records (``bench-quick`` checks each is there, never its value): names,
+    #: or a function of the run's parameters that gives them
+    figures: Sequence[str] | Callable[[Mapping[str, Value]], Sequence[str]] = ()
+    #: what it needs beyond a local control plane: "real-node" (the machine's one real kubelet
+    #: node), "images" (the operator and agent images), "go" (a Go peer built here)
+    needs: Sequence[str] = ()
+    #: what the quick size leaves out, and why (printed by bench-quick)
+    quick_note: str = ""
+
+    def figure_names(self, params: Mapping[str, Value]) -> Sequence[str]:
+        return self.figures(params) if callable(self.figures) else self.figures
+
+
+@dataclass
+class Stats:
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stats | None:
+        return cls(statistics.median(values), min(values), max(values)) if values else None
+
+
+@dataclass
+class Side:
+    name: str
+    values: list[float]
+    stats: Stats | None = None
+
+    def __post_init__(self) -> None:
+        self.stats = Stats.of(self.values)
+
+
+@dataclass
+class Ratio:
+    """The first side over another, round by round (rounds where both have a value)."""
+
+    of: str
+    to: str
+    values: list[float]
+    stats: Stats | None = None
+
+    def __post_init__(self) -> None:
+        self.stats = Stats.of(self.values)
+
+
+@dataclass
+class Figure:
+    name: str
+    unit: str
+    sides: list[Side]
+    ratios: list[Ratio]
+    rounds: int
+    headline: bool = False
+    note: str = ""
+    #: set when the figure could not be measured in this run (and why), instead of values
+    missing: str = ""
+
+
+def ratios_of(sides: Sequence[Side]) -> list[Ratio]:
+    """The first side over each other side, pair by pair (a round with a zero baseline or a
+    missing value has no ratio)."""
+    if len(sides) < 2:
+        return []
+    ours = sides[0]
+    out = []
+    for base in sides[1:]:
+        pairs = zip(ours.values, base.values, strict=False)
+        out.append(Ratio(ours.name, base.name, [a / b for a, b in pairs if b]))
+    return out
+
+
+def interleave(rounds: int, sides: Mapping[str, Callable[[int], T]]) -> dict[str, list[T]]:
+    """Run every side once per round, in the order given, for ``rounds`` rounds (A B A B ...);
+    each side's callable gets the round's index. Returns each side's results in round order."""
+    out: dict[str, list[T]] = {name: [] for name in sides}
+    for r in range(rounds):
+        for name, side in sides.items():
+            out[name].append(side(r))
+    return out
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def wait(what: str, check: Callable[[], T], timeout: float = 180, every: float = 0.02) -> T:
+    """Poll ``check`` until it returns something truthy (and return it); a bounded wait that fails
+    naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench: timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+# --- the machine ---------------------------------------------------------------------------
+
+
+def commit() -> tuple[str, bool]:
+    """The checkout's commit and whether tracked files differ from it."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+    )
+    return head.stdout.strip() or "unknown", bool(dirty.stdout.strip())
+
+
+def others_running() -> list[str]:
+    """Processes of other sessions that make timings unfair: a kubelet, an API server or a
+    pytest run this process did not start (read from /proc, so nothing is signalled)."""
+    mine = os.getpid()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == mine:
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if comm in ("kubelet", "kube-apiserver"):
+            found.append(f"{entry.name} {comm}")
+        elif "pytest" in cmdline and comm.startswith("python"):
+            found.append(f"{entry.name} pytest")
+    return sorted(found)
+
+
+@dataclass
+class Machine:
+    cores: int
+    load_start: list[float]
+    load_end: list[float] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)
+    quiet: bool = False
+    python: str = ""
+
+    @classmethod
+    def now(cls) -> Machine:
+        load = [round(x, 2) for x in os.getloadavg()]
+        others = others_running()
+        return cls(
+            cores=os.cpu_count() or 0,
+            load_start=load,
+            others=others,
+            quiet=load[0] < QUIET_LOAD and not others,
+            python=sys.version.split()[0],
+        )
+
+
+# --- a run -----------------------------------------------------------------------------------
+
+
+class Run:
+    """One run of one scenario: what it measured, for its record."""
+
+    def __init__(self, scenario: Scenario, params: Mapping[str, Value], quick: bool, work: Path) -> None:
+        self.scenario, self.params, self.quick, self.work = scenario, dict(params), quick, work
+        self.figures: list[Figure] = []
+        self.notes: list[str] = []
+
+    # parameters, typed
+    def integer(self, name: str) -> int:
+        return int(self.params[name])
+
+    def number(self, name: str) -> float:
+        return float(self.params[name])
+
+    def text(self, name: str) -> str:
+        return str(self.params[name])
+
+    def flag(self, name: str) -> bool:
+        return bool(self.params[name])
+
+    @property
+    def min_rounds(self) -> int:
+        return 1 if self.quick else MIN_ROUNDS
+
+    def rounds(self, name: str = "rounds") -> int:
+        """A comparison's rounds parameter, raised to ``MIN_ROUNDS`` in a full run."""
+        n = self.integer(name)
+        if n < self.min_rounds:
+            self.log(f"{name}={n} raised to {self.min_rounds}: comparisons take at least that many")
+        return max(n, self.min_rounds)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')} {self.scenario.name}] {msg}", flush=True)
+
+    def note(self, text: str) -> None:
+        """A remark for the record (what differs from the usual method in this run)."""
+        self.notes.append(text)
+        self.log(text)
+
+    def figure(
+        self,
+        name: str,
+        unit: str,
+        sides: Mapping[str, Sequence[float]],
+        *,
+        headline: bool = False,
+        note: str = "",
+        ratio: bool = True,
+    ) -> Figure:
+        """Record a figure: ``sides`` in order, Patchbay's (or the measured thing's) first, then
+        its baselines or peers; one value per round each. ``ratio=False``: the sides are parts
+        of one measure (p50 and p99), not a comparison."""
+        built = [Side(k, [float(x) for x in v]) for k, v in sides.items()]
+        rounds = max((len(s.values) for s in built), default=0)
+        fig = Figure(name, unit, built, ratios_of(built) if ratio else [], rounds, headline, note)
+        self.figures.append(fig)
+        self.log(describe(fig))
+        return fig
+
+    def missing(self, name: str, why: str) -> Figure:
+        """A figure this run cannot measure (a release without the feature, a peer not given)."""
+        fig = Figure(name, "", [], [], 0, missing=why)
+        self.figures.append(fig)
+        self.log(f"{name}: not measured: {why}")
+        return fig
+
+
+def fmt(value: float) -> str:
+    a = abs(value)
+    if a >= 100:
+        return f"{value:,.0f}"
+    if a >= 10:
+        return f"{value:.1f}"
+    if a >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def spread(stats: Stats | None, unit: str = "") -> str:
+    """``median (min-max) unit``."""
+    if stats is None:
+        return "-"
+    u = f" {unit}" if unit else ""
+    if stats.min == stats.max:
+        return f"{fmt(stats.median)}{u}"
+    return f"{fmt(stats.median)}{u} ({fmt(stats.min)}-{fmt(stats.max)})"
+
+
+def ratio_spread(stats: Stats | None) -> str:
+    """``median x (min-max)``."""
+    if stats is None:
+        return "-"
+    if stats.min == stats.max:
+        return f"{fmt(stats.median)}x"
+    return f"{fmt(stats.median)}x ({fmt(stats.min)}-{fmt(stats.max)})"
+
+
+def describe(fig: Figure) -> str:
+    if fig.missing:
+        return f"{fig.name}: not measured: {fig.missing}"
+    parts = [f"{s.name} {spread(s.stats, fig.unit)}" for s in fig.sides]
+    parts += [f"{r.of}/{r.to} {ratio_spread(r.stats)}" for r in fig.ratios]
+    return f"{fig.name} ({fig.rounds} rounds): " + "; ".join(parts)
+
+
+@dataclass
+class Record:
+    scenario: str
+    command: str
+    quick: bool
+    params: dict[str, Value]
+    date: str
+    commit: str
+    dirty: bool
+    machine: Machine
+    seconds: float = 0.0
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def command_line(scenario: Scenario, params: Mapping[str, Value], quick: bool) -> str:
+    changed = [f"{k}={v}" for k, v in params.items() if v != scenario.params[k].full]
+    args = f' BENCH_ARGS="{" ".join(changed)}"' if changed and not quick else ""
+    return "make bench-quick" if quick else f"make bench SCENARIO={scenario.name}{args}"
+
+
+def execute(scenario: Scenario, params: Mapping[str, Value], quick: bool) -> Record:
+    """Run ``scenario`` in a temporary directory of its own; the record says what it measured,
+    and the error if it stopped early (the figures measured until then are kept)."""
+    head, dirty = commit()
+    machine = Machine.now()
+    record = Record(
+        scenario=scenario.name,
+        command=command_line(scenario, params, quick),
+        quick=quick,
+        params=dict(params),
+        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        commit=head,
+        dirty=dirty,
+        machine=machine,
+    )
+    if not machine.quiet and not quick:
+        print(
+            f"[bench] the machine is not quiet (load {machine.load_start}, others: "
+            f"{', '.join(machine.others) or 'none'}): the record says so",
+            flush=True,
+        )
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"pb{scenario.name[:4]}", dir="/tmp") as tmp:
+        run = Run(scenario, params, quick, Path(tmp))
+        try:
+            scenario.run(run)
+        except (Exception, KeyboardInterrupt) as e:
+            record.error = "".join(traceback.format_exception_only(e)).strip()
+            traceback.print_exc()
+        finally:
+            record.figures, record.notes = run.figures, run.notes
+    record.seconds = round(time.monotonic() - t0, 1)
+    machine.load_end = [round(x, 2) for x in os.getloadavg()]
+    return record
+
+
+@contextlib.contextmanager
+def timer() -> Iterator[Callable[[], float]]:
+    """``with timer() as took: ...; took()``: seconds since the block began."""
+    t0 = time.perf_counter()
+    yield lambda: time.perf_counter() - t0

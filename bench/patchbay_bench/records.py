@@ -1,0 +1,98 @@
+"""The runs' JSON records under ``bench/results/`` and the headline table drawn from them.
+
+A record is ``<results>/<scenario>/<date>-<commit>.json`` (``harness.Record``). The headline
+table of docs/benchmarks.md is this module's output for the newest full run of each scenario:
+``make bench-table`` prints its rows (``python -m patchbay_bench table``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from patchbay_bench.harness import Record, Stats, fmt, ratio_spread, spread
+
+
+def write(record: Record, results: Path) -> Path:
+    folder = results / record.scenario
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{record.date.replace(':', '')}-{record.commit}{'-quick' if record.quick else ''}"
+    path, n = folder / f"{stem}.json", 1
+    while path.exists():  # two runs in one second
+        n += 1
+        path = folder / f"{stem}-{n}.json"
+    path.write_text(json.dumps(record.to_json(), indent=1) + "\n")
+    return path
+
+
+def load(results: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(results.glob("*/*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "scenario" in data and "figures" in data:
+            data["path"] = str(path)
+            out.append(data)
+    return out
+
+
+def newest_full(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The newest full (not quick) run of each scenario that recorded figures."""
+    out: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        if rec.get("quick") or not rec.get("figures"):
+            continue
+        name = rec["scenario"]
+        if name not in out or rec["date"] > out[name]["date"]:
+            out[name] = rec
+    return out
+
+
+def _stats(raw: dict[str, Any] | None) -> Stats | None:
+    return None if raw is None else Stats(raw["median"], raw["min"], raw["max"])
+
+
+HEADER = (
+    "| figure | Patchbay: median (min-max) | baseline or peer | ratio: median (min-max) | rounds "
+    "| date, machine | commit | command | from |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def rows(record: dict[str, Any], everything: bool = False) -> list[str]:
+    """The table rows of one record: its headline figures (every figure with ``everything``)."""
+    m = record["machine"]
+    quiet = "quiet" if m.get("quiet") else "NOT quiet"
+    when = f"{record['date'][:10]}, {m['cores']} cores, load {fmt(m['load_start'][0])} ({quiet})"
+    dirty = "+changes" if record.get("dirty") else ""
+    out = []
+    for fig in record["figures"]:
+        if not (fig.get("headline") or everything):
+            continue
+        if fig.get("missing"):
+            cells = [fig["name"], "not measured", fig["missing"], "-", "-"]
+        else:
+            sides, ratios = fig["sides"], fig["ratios"]
+            ours = f"{sides[0]['name']}: {spread(_stats(sides[0]['stats']), fig['unit'])}"
+            base = "; ".join(f"{s['name']}: {spread(_stats(s['stats']), fig['unit'])}" for s in sides[1:])
+            ratio = "; ".join(ratio_spread(_stats(r["stats"])) for r in ratios) or "-"
+            cells = [fig["name"], ours, base or "-", ratio, str(fig["rounds"])]
+        cells += [
+            when,
+            f"`{record['commit']}`{dirty}",
+            f"`{record['command']}`",
+            f"bench `{record['scenario']}`",
+        ]
+        out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return out
+
+
+def table(results: Path, everything: bool = False) -> str:
+    lines = [HEADER]
+    for _, rec in sorted(newest_full(load(results)).items()):
+        lines += rows(rec, everything)
+    return "\n".join(lines)

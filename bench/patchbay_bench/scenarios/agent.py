@@ -1,0 +1,243 @@
+"""The plugin agent against the upstream Go stub device plugin, on the upstream kubelet device
+manager, on FAKE hardware (a temporary /dev tree). The kubelet side is the conformance peer
+(tests/conformance/peer, built from k8s.io/kubernetes at the newest release of the matrix): its
+device manager registers both plugins, its GetCapacity is what "the kubelet sees" (polled every
+200 us), and it times Allocate with the kubelet's own generated client. Sides, interleaved:
+
+- Allocate latency, ``allocates`` sequential calls per side per round: the agent, the Go stub
+  (``pkg/kubelet/cm/devicemanager/plugin/v1beta1.Stub``) and a bare ``grpc.aio`` server with a
+  constant Allocate (``patchbay_bench.floor``: Python's gRPC floor without any agent code);
+- exec -> the kubelet sees every device: the agent process and the Go stub process, each round a
+  fresh start of both;
+- the agent's RSS after start and after ``rss_allocates`` Allocates, beside the Go stub's.
+
+And the agent's own: a kubelet restart -> its devices back; a device node removed -> allocatable
+drops, and back (health period 5 s: what is timed is the agent's file watch).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from patchbay_agent.kubelet.sockets import socket_name
+from patchbay_bench.harness import Param, Run, Scenario, interleave
+from patchbay_bench.peers import AgentProcess, FakeHardware, KubeletPeer, Process, build_peer
+from patchbay_bench.setup import status_mib
+
+INSTANCE = "bench"
+"""A fixed instance name, so the bench knows the agent's socket."""
+RESOURCE, STUB_RESOURCE, DEVICES = "example.com/serial", "example.com/gostub", 8
+
+
+class World:
+    """The kubelet peer, the agent, the Go stub and the floor in one short temporary directory."""
+
+    def __init__(self, root: Path, peer: Path) -> None:
+        self.root, self.peer = root, peer
+        self.plugin_dir = root / "dp"
+        self.plugin_dir.mkdir()
+        self.hw = FakeHardware(root / "host")
+        for n in range(DEVICES):
+            self.hw.add_dev(f"/dev/ttyUSB{n}")
+        self.kubelet = KubeletPeer(peer, self.plugin_dir, root / "kubelet.log")
+        self.config = root / "agent.yaml"
+        plugin = {
+            "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+            "allocation": {"envs": {"BAUD": "115200"}},
+        }
+        self.config.write_text(yaml.safe_dump({"resourceName": RESOURCE, "plugin": plugin}))
+        self.agent: AgentProcess | None = None
+        self.stub: Process | None = None
+        self.floor: Process | None = None
+        self.socket = {
+            "agent": str(self.plugin_dir / socket_name(RESOURCE, INSTANCE)),
+            "Go stub": str(self.plugin_dir / "go-stub.sock"),
+            "Python gRPC floor": str(root / "floor.sock"),
+        }
+        self.device = {"agent": "ttyUSB0", "Go stub": "dev-0", "Python gRPC floor": "ttyUSB0"}
+
+    def start_agent(self) -> float:
+        """Start the agent process; seconds from exec to the kubelet seeing every device."""
+        t0 = time.perf_counter()
+        self.agent = AgentProcess(
+            self.config, self.plugin_dir, self.hw.root, self.root / "agent.log", "--instance", INSTANCE
+        )
+        self.kubelet.wait(RESOURCE, capacity=DEVICES, allocatable=DEVICES, timeout_ms=20000)
+        return time.perf_counter() - t0
+
+    def stop_agent(self) -> None:
+        if self.agent is not None:
+            self.agent.stop()
+            self.agent = None
+            # The kubelet marks the resource unhealthy when the plugin goes: the next start is
+            # measured from a clean "0 allocatable".
+            self.kubelet.wait(RESOURCE, allocatable=0, timeout_ms=20000)
+
+    def start_stub(self) -> float:
+        t0 = time.perf_counter()
+        argv = [
+            str(self.peer),
+            "stub",
+            "--dir",
+            str(self.plugin_dir),
+            "--resource",
+            STUB_RESOURCE,
+            "--devices",
+            str(DEVICES),
+        ]
+        self.stub = Process(argv, self.root / "stub.log")
+        self.kubelet.wait(STUB_RESOURCE, capacity=DEVICES, allocatable=DEVICES, timeout_ms=20000)
+        return time.perf_counter() - t0
+
+    def stop_stub(self) -> None:
+        if self.stub is not None:
+            self.stub.stop()
+            self.stub = None
+            self.kubelet.wait(STUB_RESOURCE, allocatable=0, timeout_ms=20000)
+
+    def start_floor(self) -> None:
+        self.floor = Process(
+            [sys.executable, "-m", "patchbay_bench.floor", self.socket["Python gRPC floor"]],
+            self.root / "floor.log",
+        )
+        self.floor.next_line(30)
+
+    def allocate(self, side: str, n: int) -> dict[str, Any]:
+        return self.kubelet.ok(
+            "bench_allocate", timeout=1800, socket=self.socket[side], n=n, devices=[self.device[side]]
+        )
+
+    def close(self) -> None:
+        for p in (self.agent, self.stub, self.floor):
+            if p is not None:
+                p.stop()
+        self.kubelet.quit()
+
+
+def run(r: Run) -> None:
+    peer = build_peer()
+    rounds = r.rounds()
+    world = World(Path(r.work), peer)
+    try:
+        starts = interleave(
+            rounds,
+            {
+                "agent": lambda _i: restart(world.stop_agent, world.start_agent),
+                "Go stub": lambda _i: restart(world.stop_stub, world.start_stub),
+            },
+        )
+        r.figure(
+            "agent: exec -> the kubelet sees its devices",
+            "ms",
+            {k: [x * 1000 for x in v] for k, v in starts.items()},
+            headline=True,
+            note="each round a fresh process of each; the kubelet's GetCapacity polled every 200 us",
+        )
+        world.start_floor()
+        n = r.integer("allocates")
+
+        def side(name: str) -> Callable[[int], dict[str, Any]]:
+            return lambda _i: world.allocate(name, n)
+
+        got = interleave(rounds, {name: side(name) for name in world.socket})
+        note = f"{n} sequential Allocate calls per side per round, through the kubelet's Go client"
+        for key, what in (("p50_ns", "p50"), ("p99_ns", "p99"), ("p999_ns", "p99.9")):
+            r.figure(
+                f"agent: Allocate {what}",
+                "ms",
+                {k: [x[key] / 1e6 for x in v] for k, v in got.items()},
+                headline=what != "p99.9",
+                note=note,
+            )
+        r.figure(
+            "agent: Allocate calls per second, one caller",
+            "calls/s",
+            {k: [n / (x["total_ns"] / 1e9) for x in v] for k, v in got.items()},
+            note=note,
+        )
+        r.figure(
+            "agent: Allocate errors",
+            "errors",
+            {k: [x["errors"] for x in v] for k, v in got.items()},
+            ratio=False,
+        )
+        rereg = []
+        for _ in range(rounds):
+            restarted = world.kubelet.ok("restart")
+            seen = world.kubelet.wait(RESOURCE, capacity=DEVICES, allocatable=DEVICES, timeout_ms=20000)
+            rereg.append((seen["t_ns"] - restarted["t_ns"]) / 1e6)
+        r.figure(
+            "agent: kubelet restart -> devices back",
+            "ms",
+            {"agent": rereg},
+            headline=True,
+            note="new manager, sockets wiped, kubelet.sock created; the Go stub does not re-register",
+        )
+        down, up = [], []
+        for i in range(rounds):
+            dev = f"/dev/ttyUSB{i % DEVICES}"
+            t0 = time.perf_counter()
+            world.hw.remove_dev(dev)
+            world.kubelet.wait(RESOURCE, allocatable=DEVICES - 1, timeout_ms=20000)
+            down.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            world.hw.add_dev(dev)
+            world.kubelet.wait(RESOURCE, allocatable=DEVICES, timeout_ms=20000)
+            up.append((time.perf_counter() - t0) * 1000)
+        r.figure("agent: device node removed -> allocatable drops", "ms", {"agent": down}, headline=True)
+        r.figure("agent: device node back -> allocatable back", "ms", {"agent": up})
+        assert world.agent is not None
+        assert world.stub is not None
+        rss = [status_mib(world.agent.proc.pid, "VmRSS")]
+        stub = status_mib(world.stub.proc.pid, "VmRSS")
+        for _ in range(2):
+            world.allocate("agent", r.integer("rss_allocates"))
+            rss.append(status_mib(world.agent.proc.pid, "VmRSS"))
+        r.figure(
+            "agent: RSS",
+            "MiB",
+            {"agent": rss[:1], "Go stub": [stub]},
+            headline=True,
+            note="after the rounds above (the process has served every measure)",
+        )
+        r.figure(
+            "agent: RSS after more Allocates, twice",
+            "MiB",
+            {"agent": rss[1:]},
+            note=f"{r.integer('rss_allocates')} Allocates before each reading: growth shows as a rise",
+        )
+    finally:
+        world.close()
+
+
+def restart(stop: Callable[[], None], start: Callable[[], float]) -> float:
+    stop()
+    return start()
+
+
+SCENARIO = Scenario(
+    name="agent",
+    about="the plugin agent vs the Go stub plugin and Python's gRPC floor, on the upstream device manager",
+    run=run,
+    params={
+        "rounds": Param(5, 2, "interleaved rounds (and kubelet restarts, device removals)"),
+        "allocates": Param(5000, 200, "Allocate calls per side per round"),
+        "rss_allocates": Param(100000, 500, "Allocates between RSS readings"),
+    },
+    figures=(
+        "agent: exec -> the kubelet sees its devices",
+        "agent: Allocate p50",
+        "agent: Allocate p99",
+        "agent: kubelet restart -> devices back",
+        "agent: device node removed -> allocatable drops",
+        "agent: RSS",
+    ),
+    needs=("go",),
+    quick_note="builds the conformance peer (Go) when it is not cached",
+)

@@ -1,0 +1,432 @@
+"""DRA mode on the real node: NodePrepareResources against the Go kubeletplugin peer, a vanished
+device -> its taint, the DRA agent pod's memory.
+
+A ``mode: DRA`` profile with agent settings of its own (one agent pod serves it) over 4 FAKE
+devices (mknod 1:3, named dra0..dra3: the Go peer uses file names as device names). The peer
+(bench/drapeer, built by its build.sh from the upstream helper library
+k8s.io/dynamic-resource-allocation/kubeletplugin at the newest release of the matrix) does the
+same prepare work as a process on the node: its helper GETs the claim and checks its UID, it
+writes one CDI spec per claim. It runs twice: reaching the API server through the same relay as
+the agent pod, and over loopback. Sides, interleaved round by round: ``claims`` fresh claims per
+side, created and allocated here as the scheduler would (results and the node selector), each
+prepared with one call on the side's DRA socket as the kubelet calls it, then unprepared.
+
+Also: where the agent's prepare time goes (its own histograms on its /metrics), the GET of a
+claim from this process as yardsticks (the official client over loopback and the relay, the
+agent's own client directly, through a worker thread and on the event loop), and a device file
+removed -> the taint on its ResourceSlice device (baseline: the same agent's DeviceReport saying
+Unhealthy), and back (the 10 s recovery hold). Removals are spaced by the flap window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
+from patchbay_agent.core.health import FLAP_WINDOW
+from patchbay_agent.kubeclient import KubeClient
+from patchbay_bench.harness import Param, Run, Scenario, interleave, pct, wait
+from patchbay_bench.kube import PROFILES, Api, Metrics, profile, reports
+from patchbay_bench.setup import (
+    AGENTS_NS,
+    NODE,
+    SESSION,
+    Cluster,
+    agent_pods,
+    drapeer,
+    fake_devices,
+    pod_memory,
+    restore,
+    vanish,
+)
+
+FAKE_DEV, DEVICES, NAMESPACE, LABEL = Path("/dev/patchbay-bench-dra"), 4, "default", "patchbay.dev/bench-dra"
+PROFILE = "bench-dra"
+DRIVER, PEER_DRIVER = f"{PROFILE}.patchbay.dev", "peer.patchbay.dev"
+CLAIMS, SLICES = (
+    f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims",
+    "/apis/resource.k8s.io/v1/resourceslices",
+)
+
+
+class Dra:
+    def __init__(self, r: Run, cluster: Cluster) -> None:
+        self.r, self.c, self.api = r, cluster, cluster.api
+        self.made = 0
+
+    def slice_devices(self) -> dict[str, dict[str, Any]]:
+        return {
+            d["name"]: d
+            for s in self.api.items(SLICES)
+            if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == NODE
+            for d in s["spec"].get("devices", [])
+        }
+
+    def allocated_claim(self, name: str, driver: str, device: str) -> str:
+        """A claim allocated to ``device`` of ``driver``'s pool on the node, as the scheduler
+        writes it (with the node selector: the agent may then write its status.devices)."""
+        request = {"name": "serial", "exactly": {"deviceClassName": DRIVER}}
+        obj = self.api.create(
+            CLAIMS, {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}
+        )
+        result = {"request": "serial", "driver": driver, "pool": NODE, "device": device}
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
+        allocation = {"devices": {"results": [result]}, "nodeSelector": {"nodeSelectorTerms": [term]}}
+        self.api.merge(f"{CLAIMS}/{name}/status", {"status": {"allocation": allocation}})
+        return str(obj["metadata"]["uid"])
+
+    def prepare(self, driver: str, socket: Path, devices: list[str]) -> tuple[list[float], list[float]]:
+        """``claims`` fresh claims of ``driver`` prepared on ``socket``, one call each as the
+        kubelet makes one per pod, then unprepared; seconds per call."""
+        n = self.r.integer("claims")
+        self.made += 1
+        made = [(f"bench-{self.made}-{i}", devices[i % len(devices)]) for i in range(n)]
+        uids = {name: self.allocated_claim(name, driver, dev) for name, dev in made}
+
+        async def calls() -> tuple[list[float], list[float]]:
+            prep: list[float] = []
+            unprep: list[float] = []
+            async with grpc.aio.insecure_channel(f"unix://{socket}") as ch:
+                stub = dra_v1_pb2_grpc.DRAPluginStub(ch)  # type: ignore[no-untyped-call]
+                for method, out in (("NodePrepareResources", prep), ("NodeUnprepareResources", unprep)):
+                    for name, _ in made:
+                        claim = dra_v1_pb2.Claim(namespace=NAMESPACE, uid=uids[name], name=name)
+                        t0 = time.perf_counter()
+                        if method == "NodePrepareResources":
+                            resp = await stub.NodePrepareResources(
+                                dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim])
+                            )
+                            out.append(time.perf_counter() - t0)
+                            answer = resp.claims[uids[name]]
+                            if answer.error or len(answer.devices) != 1:
+                                raise RuntimeError(f"prepare of {name} on {socket} failed: {answer}")
+                        else:
+                            await stub.NodeUnprepareResources(
+                                dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim])
+                            )
+                            out.append(time.perf_counter() - t0)
+            return prep, unprep
+
+        prep, unprep = asyncio.run(calls())
+        for name, _ in made:
+            self.api.delete(f"{CLAIMS}/{name}")
+        return prep, unprep
+
+    def service_socket(self) -> Path:
+        socks = sorted((self.c.dev.real_node().paths.kubelet_root / "plugins").glob("*/dra-*.sock"))
+        if len(socks) != 1:
+            raise RuntimeError(f"expected one DRA service socket, found {socks}")
+        return socks[0]
+
+    def relay_kubeconfig(self) -> Path:
+        """The admin kubeconfig with the API server at the relay on the pod network's bridge: the
+        way the agent pod reaches it."""
+        host, port = self.c.dev.pod_api_server
+        doc = yaml.safe_load(self.c.kubeconfig.read_text())
+        for c in doc["clusters"]:
+            c["cluster"]["server"] = f"https://{host}:{port}"
+        path = self.r.work / "relay.kubeconfig"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+    @contextlib.contextmanager
+    def go_peer(self, binary: Path, kubeconfig: Path) -> Iterator[Path]:
+        """The Go peer as a process on the node (never registered with the kubelet); its socket."""
+        work = self.r.work / f"peer-{kubeconfig.stem}"
+        argv = [
+            str(binary),
+            "--kubeconfig",
+            str(kubeconfig),
+            "--driver",
+            PEER_DRIVER,
+            "--node",
+            NODE,
+            "--dir",
+            str(work),
+            "--cdi-dir",
+            str(self.r.work / "peer-cdi"),
+            "--dev-dir",
+            str(FAKE_DEV),
+        ]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            socket = Path(proc.stdout.readline().strip())
+            if not socket.name:
+                raise RuntimeError("the Go peer did not start")
+            yield socket
+        finally:
+            assert proc.stdin is not None
+            proc.stdin.close()  # it runs until stdin closes
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def agent_metrics(self) -> Metrics:
+        (pod,) = agent_pods(self.c, f"patchbay.dev/profile={PROFILE}")
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9464/metrics", timeout=5) as resp:
+            return Metrics.parse(resp.read().decode())
+
+    def vanish_to_taint(self, device: Path) -> dict[str, float]:
+        name_of = {d["attributes"]["patchbay.dev/id"]["string"]: n for n, d in self.slice_devices().items()}
+        (dev_id,) = [i for i in name_of if i.endswith(device.name)]
+
+        def tainted() -> bool:
+            """Out of the scheduler's reach: tainted, or left out where the API server drops
+            device taints (before 1.36)."""
+            devices = self.slice_devices()
+            dev = devices.get(name_of[dev_id])
+            return bool(devices) and (
+                dev is None or any(t["key"] == "patchbay.dev/vanished" for t in dev.get("taints") or [])
+            )
+
+        def report_unhealthy() -> bool:
+            rep = self.api.get(f"{reports(AGENTS_NS)}/{PROFILE}.{NODE}") or {}
+            return any(d["id"] == dev_id and d["health"] != "Healthy" for d in rep.get("devices", []))
+
+        out: dict[str, float] = {}
+
+        def until(checks: dict[str, Callable[[], bool]]) -> None:
+            t0 = time.monotonic()
+            while checks and time.monotonic() < t0 + 120:
+                for key, check in list(checks.items()):
+                    if check():
+                        out[key] = time.monotonic() - t0
+                        del checks[key]
+                time.sleep(0.02)
+            if checks:
+                raise TimeoutError(f"waiting for {sorted(checks)}")
+
+        rdev = vanish(device)
+        try:
+            until({"taint": tainted, "report": report_unhealthy})
+        finally:
+            restore(device, rdev)
+        until({"untaint": lambda: not tainted(), "report_back": lambda: not report_unhealthy()})
+        return out
+
+
+def ms(xs: list[float], q: float) -> float:
+    return pct(xs, q) * 1000
+
+
+def run(r: Run) -> None:
+    cluster = SESSION.chart_cluster(r)
+    binary = drapeer(build=r.text("peer") == "build")
+    d = Dra(r, cluster)
+    cluster.label_node(NODE, {LABEL: "yes"})
+    rounds = r.rounds()
+    try:
+        with fake_devices(FAKE_DEV, [f"dra{i}" for i in range(DEVICES)]):
+            spec = {
+                "resourceName": "bench.patchbay.dev/dra",
+                "mode": "DRA",
+                "nodeSelector": {"matchLabels": {LABEL: "yes"}},
+                "plugin": {
+                    "discovery": {"paths": {"globs": [f"{FAKE_DEV}/dra*"]}},
+                    "health": {
+                        "periodSeconds": 1,
+                        "failureThreshold": 1,
+                        "recoveryHoldSeconds": r.integer("recovery_hold"),
+                    },
+                },
+                # agent settings of its own: one agent pod to measure
+                "agent": {"updateStrategy": {"maxSurge": 1, "maxUnavailable": 0}},
+            }
+            cluster.api.create(PROFILES, profile(PROFILE, spec))
+            wait(
+                "the DRA profile's devices in its slices", lambda: len(d.slice_devices()) == DEVICES, 300, 0.2
+            )
+            time.sleep(r.number("settle"))
+            (pod,) = agent_pods(cluster, f"patchbay.dev/profile={PROFILE}")
+            mem = pod_memory(cluster, pod["metadata"]["uid"])
+            r.figure(
+                "DRA agent pod memory: process RSS / PSS (reports on)",
+                "MiB",
+                {"RSS": [mem["rss"]], "PSS": [mem["pss"]]},
+                ratio=False,
+            )
+            names, files = sorted(d.slice_devices()), sorted(p.name for p in FAKE_DEV.iterdir())
+            relay = d.relay_kubeconfig()
+            before = d.agent_metrics()
+            with contextlib.ExitStack() as peers:
+                sides: dict[str, Callable[[int], tuple[list[float], list[float]]]] = {
+                    "Patchbay agent pod (via the relay)": lambda _i: d.prepare(
+                        DRIVER, d.service_socket(), names
+                    )
+                }
+                if binary is not None:
+                    via_relay = peers.enter_context(d.go_peer(binary, relay))
+                    via_loopback = peers.enter_context(d.go_peer(binary, cluster.kubeconfig))
+                    sides["Go peer via the relay"] = lambda _i: d.prepare(PEER_DRIVER, via_relay, files)
+                    sides["Go peer over loopback"] = lambda _i: d.prepare(PEER_DRIVER, via_loopback, files)
+                else:
+                    r.note(
+                        "Go peer left out: bench/drapeer not built (peer=cached; a cold build takes minutes)"
+                    )
+                got = interleave(rounds, sides)
+            after = d.agent_metrics()
+            note = f"{r.integer('claims')} claims per side per round, one per call"
+            for q, what in ((0.5, "p50"), (0.99, "p99")):
+                r.figure(
+                    f"DRA NodePrepareResources {what}",
+                    "ms",
+                    {k: [ms(x[0], q) for x in v] for k, v in got.items()},
+                    headline=True,
+                    note=note,
+                )
+            r.figure(
+                "DRA NodeUnprepareResources p50",
+                "ms",
+                {k: [ms(x[1], 0.5) for x in v] for k, v in got.items()},
+                note=note,
+            )
+            breakdown(r, before, after, [t for x in got["Patchbay agent pod (via the relay)"] for t in x[0]])
+            yardsticks(r, d, names, relay)
+            runs = []
+            for i in range(rounds):
+                if i:
+                    # removals closer together are a flapping device (held, by design)
+                    time.sleep(FLAP_WINDOW + 1)
+                runs.append(d.vanish_to_taint(FAKE_DEV / "dra1"))
+            r.figure(
+                "DRA: a device vanishes -> its ResourceSlice device tainted",
+                "s",
+                {
+                    "the taint in the API": [x["taint"] for x in runs],
+                    "the DeviceReport says Unhealthy (baseline)": [x["report"] for x in runs],
+                },
+                headline=True,
+            )
+            r.figure(
+                "DRA: the device back -> the taint gone",
+                "s",
+                {
+                    "the taint gone": [x["untaint"] for x in runs],
+                    "the DeviceReport says Healthy (baseline)": [x["report_back"] for x in runs],
+                },
+                note=f"{r.integer('recovery_hold')} s of it is the recovery hold (recoveryHoldSeconds)",
+            )
+    finally:
+        cluster.api.delete(f"{PROFILES}/{PROFILE}")
+        cluster.label_node(NODE, {LABEL: None})
+
+
+def breakdown(r: Run, before: Metrics, after: Metrics, calls: list[float]) -> None:
+    """Where the agent's prepare time goes: its own histograms' means over the rounds."""
+
+    def mean(phase: str) -> float:
+        family = f"patchbay_agent_dra_{phase}_seconds"
+        total = after.sum(f"{family}_sum") - before.sum(f"{family}_sum")
+        count = after.sum(f"{family}_count") - before.sum(f"{family}_count")
+        return total / count * 1000 if count else float("nan")
+
+    read, cdi, handler = mean("claim_read"), mean("cdi_write"), mean("prepare")
+    call = statistics.mean(calls) * 1000
+    r.figure(
+        "DRA prepare: where the agent's time goes (means per call)",
+        "ms",
+        {
+            "the call as the kubelet's side times it": [call],
+            "the claim's GET as prepare waits for it": [read],
+            "the CDI spec write": [cdi],
+            "the rest of the handler": [handler - read - cdi],
+            "gRPC and the socket, both ends (the call minus the handler)": [call - handler],
+        },
+        ratio=False,
+    )
+
+
+def yardsticks(r: Run, d: Dra, names: list[str], relay: Path) -> None:
+    """A GET of a claim from this process: the official client over loopback and via the relay,
+    the agent's own client (directly, through a worker thread, and apiget on the event loop)."""
+    n = r.integer("claims")
+    claims = [f"bench-gets-{i}" for i in range(n)]
+    for i, name in enumerate(claims):
+        d.allocated_claim(name, DRIVER, names[i % len(names)])
+    try:
+        out: dict[str, list[float]] = {}
+        for way, kubeconfig in (
+            ("official client, loopback", d.c.kubeconfig),
+            ("official client, relay", relay),
+        ):
+            api = Api(kubeconfig)
+            api.get(f"{CLAIMS}/{claims[0]}")
+            out[way] = []
+            for name in claims:
+                t0 = time.perf_counter()
+                api.get(f"{CLAIMS}/{name}")
+                out[way].append((time.perf_counter() - t0) * 1000)
+            api.close()
+        kube = KubeClient(relay)
+        kube.resource_claim(NAMESPACE, claims[0])
+        out["the agent's client, relay"] = []
+        for name in claims:
+            t0 = time.perf_counter()
+            kube.resource_claim(NAMESPACE, name)
+            out["the agent's client, relay"].append((time.perf_counter() - t0) * 1000)
+
+        async def on_loop() -> list[float]:
+            getter = kube.getter()
+            assert getter is not None, "the bench's kubeconfig needs only what apiget handles"
+            await kube.resource_claim_async(getter, NAMESPACE, claims[0], seconds=10)
+            took = []
+            for name in claims:
+                t0 = time.perf_counter()
+                await kube.resource_claim_async(getter, NAMESPACE, name, seconds=10)
+                took.append((time.perf_counter() - t0) * 1000)
+            getter.close()
+            return took
+
+        out["apiget on the event loop, relay"] = asyncio.run(on_loop())
+        r.figure(
+            "DRA yardstick: a GET of a claim from this process, p50",
+            "ms",
+            {k: [statistics.median(v)] for k, v in out.items()},
+            ratio=False,
+            note=f"{n} GETs each",
+        )
+    finally:
+        for name in claims:
+            d.api.delete(f"{CLAIMS}/{name}")
+
+
+SCENARIO = Scenario(
+    name="dra_path",
+    about="DRA on the real node: NodePrepareResources vs the Go kubeletplugin peer, a vanished device",
+    run=run,
+    params={
+        "rounds": Param(
+            5, 1, "interleaved rounds (agent, peer via relay, peer over loopback), and device removals"
+        ),
+        "claims": Param(200, 10, "claims per side per round"),
+        "settle": Param(10.0, 2.0, "seconds after the agent serves before its memory is read"),
+        "recovery_hold": Param(10, 1, "the profile's health.recoveryHoldSeconds (10: the default)"),
+        "peer": Param(
+            "build", "cached", "build: bench/drapeer built if needed; cached: only if built already"
+        ),
+    },
+    figures=(
+        "DRA NodePrepareResources p50",
+        "DRA NodePrepareResources p99",
+        "DRA prepare: where the agent's time goes (means per call)",
+        "DRA: a device vanishes -> its ResourceSlice device tainted",
+        "DRA agent pod memory: process RSS / PSS (reports on)",
+    ),
+    needs=("real-node", "images", "go"),
+    quick_note="the Go peer only if bench/drapeer is built already (a cold build downloads and compiles "
+    "client-go: 331 s here); bench/drapeer/build.sh builds it",
+)

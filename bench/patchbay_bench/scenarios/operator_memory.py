@@ -1,0 +1,241 @@
+"""The operator's memory with one DeviceReport per node at the CRD's bounds (2,048 devices,
+64-character reasons, 65,536 characters of messages, 512 holders: 0.75 MB of JSON each).
+
+1. The operator's RSS: the real program as a host process on a cluster of N kwok nodes with a
+   DevicePlugin profile selecting them (its agent DaemonSet's N pods run by kwok). Its reports
+   come through ``reportproxy`` (etcd's 2 GiB quota cannot hold 5,000 such reports: see there).
+   Sides, interleaved, a fresh operator each round: reports at the bounds, and small reports (4
+   devices) as the baseline. Read once the operator holds every report and has computed the
+   profile's status: VmHWM (its peak) and VmRSS.
+2. The decoder's share, in this process (tracemalloc): what the operator keeps per report
+   (``devicereports.Report``), against the whole decoded object (what a cache of full objects
+   would hold) and the decode with its bound lifted (every unhealthy device kept); and the
+   status computation over N nodes and reports (``status.plugin_status``).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from patchbay_bench.harness import Param, Run, Scenario, interleave, wait
+from patchbay_bench.kube import PROFILES, profile
+from patchbay_bench.peers import largest_report
+from patchbay_bench.setup import Child, Cluster, kwok_cluster, operator, status_mib
+from patchbay_devcluster.procs import free_port
+from patchbay_operator import devicereports
+from patchbay_operator.capacity import NodeState
+from patchbay_operator.devicereports import Report
+from patchbay_operator.profiles import Profile
+from patchbay_operator.status import plugin_status
+
+NS, PROFILE, LABEL = "patchbay-bench", "bench-mem", "patchbay.dev/bench"
+MIB = 2**20
+
+
+def operator_rss(r: Run, cluster: Cluster, size: str) -> dict[str, float]:
+    """One fresh operator against the proxy serving ``size`` reports; its memory once it holds
+    them all and has computed the status."""
+    port = free_port()
+    pki = cluster.dev.pki_dir
+    argv = [
+        sys.executable,
+        "-m",
+        "patchbay_bench.reportproxy",
+        "--pki",
+        str(pki),
+        "--upstream",
+        str(cluster.dev.state().ports["apiserver"]),
+        "--port",
+        str(port),
+        "--namespace",
+        NS,
+        "--profile",
+        PROFILE,
+        "--node-label",
+        f"{LABEL}=1",
+        "--size",
+        size,
+    ]
+    kubeconfig = r.work / f"via-proxy-{size}.kubeconfig"
+    doc = yaml.safe_load(cluster.kubeconfig.read_text())
+    for c in doc["clusters"]:
+        c["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    kubeconfig.write_text(yaml.safe_dump(doc))
+    with Child(argv, r.work / f"proxy-{size}.log"):
+        wait("the report proxy", lambda: "serving" in (r.work / f"proxy-{size}.log").read_text(), 30, 0.1)
+        t0 = time.monotonic()
+        with operator(r, kubeconfig, NS, "--status-debounce", "1") as op:
+            n = len(cluster.nodes)
+            wait(
+                "the operator to hold every report",
+                lambda: op.stats().get("deviceReports", 0) >= n,
+                max(300, n * 0.2),
+                0.5,
+            )
+            held = time.monotonic() - t0
+            computes = op.stats().get("statusComputes", 0)
+            wait(
+                "a status computation with them",
+                lambda: op.stats().get("statusComputes", 0) > computes,
+                300,
+                0.2,
+            )
+            time.sleep(r.number("settle"))
+            assert op.proc is not None
+            return {
+                "hwm": status_mib(op.proc.pid, "VmHWM"),
+                "rss": status_mib(op.proc.pid, "VmRSS"),
+                "held": held,
+            }
+
+
+def kept(make: Callable[[int], Any], count: int) -> tuple[float, list[Any]]:
+    """Bytes per item that ``make(i)`` returns and the caller keeps (tracemalloc), and the items."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    items = [make(i) for i in range(count)]
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return (after - before) / count, items
+
+
+def keep_every_device(obj: dict[str, Any]) -> Report:
+    saved, devicereports.MAX_KEPT_DEVICES = devicereports.MAX_KEPT_DEVICES, 1 << 30
+    try:
+        return Report.from_object(obj)
+    finally:
+        devicereports.MAX_KEPT_DEVICES = saved
+
+
+def decoder(r: Run, nodes: int) -> None:
+    text = json.dumps(largest_report(NS, "NODE", PROFILE))
+
+    def decoded(i: int) -> dict[str, Any]:
+        obj: dict[str, Any] = json.loads(text.replace("NODE", f"node-{i}"))
+        return obj
+
+    sample = r.integer("sample")
+    got = interleave(
+        r.rounds(),
+        {
+            "the operator's Report": lambda _i: (
+                kept(lambda i: Report.from_object(decoded(i)), sample)[0] / 1024
+            ),
+            "whole decoded object": lambda _i: kept(decoded, sample)[0] / 1024,
+            "decode without the bound": lambda _i: (
+                kept(lambda i: keep_every_device(decoded(i)), sample)[0] / 1024
+            ),
+        },
+    )
+    r.figure(
+        "operator: kept per report at the CRD bounds (tracemalloc)",
+        "KiB",
+        got,
+        note=f"{sample} reports per round, each 0.75 MB as JSON",
+    )
+    t0 = time.perf_counter()
+    ours, reports = kept(lambda i: Report.from_object(decoded(i)), nodes)
+    decode_s = time.perf_counter() - t0
+    r.figure(
+        f"operator: the decoded Reports of {nodes} nodes, kept (tracemalloc: the decoder's share)",
+        "MiB",
+        {"the operator's Report": [ours * nodes / MIB]},
+        note=f"decoded in {decode_s:.1f} s ({decode_s / nodes * 1000:.1f} ms each)",
+    )
+    profile = Profile.from_body(
+        {
+            "metadata": {"name": PROFILE, "uid": "u", "generation": 1},
+            "spec": {"resourceName": "example.com/serial", "mode": "DevicePlugin", "nodeSelector": {}},
+        }
+    )
+    states = [
+        NodeState(f"node-{i}", capacity={"example.com/serial": "2048"}, allocatable={}) for i in range(nodes)
+    ]
+    timings = []
+    for _ in range(r.rounds()):
+        t0 = time.perf_counter()
+        plugin_status(profile, None, states, {}, "2026-11-25T12:00:00Z", reports=reports)
+        timings.append((time.perf_counter() - t0) * 1000)
+    r.figure(
+        f"operator: status computation over {nodes} nodes and reports at the bounds",
+        "ms",
+        {"status.plugin_status": timings},
+    )
+
+
+def run(r: Run) -> None:
+    nodes = r.integer("nodes")
+    with kwok_cluster(r, nodes, prefix="om-", labels={LABEL: "1"}, crds=False) as cluster:
+        cluster.chart_without_operator(NS)
+        spec = {
+            "resourceName": "example.com/serial",
+            "mode": "DevicePlugin",
+            "nodeSelector": {"matchLabels": {LABEL: "1"}},
+            "plugin": {"discovery": {"virtual": {"count": 4}}},
+            "agent": {"tolerations": [{"operator": "Exists"}]},
+        }
+        cluster.api.create(PROFILES, profile(PROFILE, spec))
+        # One operator renders the profile's DaemonSet; kwok then runs its pods (their names go
+        # into the reports, so the operator believes them).
+        with operator(r, cluster.kubeconfig, NS, "--agent-image", "example.invalid/agent:bench"):
+            wait(
+                "the agent pods on every node",
+                lambda: (
+                    len(
+                        cluster.api.items(
+                            f"/api/v1/namespaces/{NS}/pods", labelSelector=f"patchbay.dev/profile={PROFILE}"
+                        )
+                    )
+                    >= nodes
+                ),
+                max(300, nodes * 0.3),
+                1.0,
+            )
+
+        def side(size: str) -> Callable[[int], dict[str, float]]:
+            return lambda _i: operator_rss(r, cluster, size)
+
+        got = interleave(r.rounds(), {size: side(size) for size in ("bounds", "small")})
+        names = {"bounds": "reports at the CRD bounds", "small": "small reports (4 devices)"}
+        for key, what in (("hwm", "peak RSS (VmHWM)"), ("rss", "RSS once settled (VmRSS)")):
+            r.figure(
+                f"operator: {what} with a report per node",
+                "MiB",
+                {names[s]: [x[key] for x in v] for s, v in got.items()},
+                headline=key == "hwm",
+                note=f"{nodes} kwok nodes, a DevicePlugin profile selecting them, its {nodes} agent pods",
+            )
+        r.figure(
+            "operator: start -> every report held",
+            "s",
+            {names[s]: [x["held"] for x in v] for s, v in got.items()},
+        )
+    decoder(r, nodes)
+
+
+SCENARIO = Scenario(
+    name="operator_memory",
+    about="the operator's RSS (VmHWM) with a report per node at the CRD bounds, beside the decoder's share",
+    run=run,
+    params={
+        "nodes": Param(5000, 10, "kwok nodes, one report each"),
+        "rounds": Param(5, 1, "interleaved rounds (bounds, small), a fresh operator each"),
+        "sample": Param(20, 2, "reports per round for the per-report baselines"),
+        "settle": Param(3.0, 0.5, "seconds after the status computation before memory is read"),
+    },
+    figures=(
+        "operator: peak RSS (VmHWM) with a report per node",
+        "operator: kept per report at the CRD bounds (tracemalloc)",
+    ),
+    needs=(),
+)

@@ -1,0 +1,97 @@
+"""The bench harness's own rules (bench/patchbay_bench): interleaving, the statistics of a figure,
+the ratio pair by pair, what bench-quick counts as produced, the headline rows of a record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from patchbay_bench import records
+from patchbay_bench.__main__ import check
+from patchbay_bench.harness import Param, Run, Scenario, execute, interleave
+
+
+def nothing(_r: Run) -> None:
+    pass
+
+
+def test_sides_run_interleaved_a_b_a_b() -> None:
+    calls: list[str] = []
+    got = interleave(
+        3, {"a": lambda i: calls.append(f"a{i}") or i, "b": lambda i: calls.append(f"b{i}") or -i}
+    )
+    assert calls == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    assert got == {"a": [0, 1, 2], "b": [0, -1, -2]}
+
+
+def test_a_figure_has_median_min_max_per_side_and_the_ratio_pair_by_pair(tmp_path: Path) -> None:
+    r = Run(Scenario("x", "x", nothing), {}, quick=False, work=tmp_path)
+    fig = r.figure("f", "ms", {"ours": [2.0, 4.0, 9.0], "theirs": [1.0, 4.0, 3.0]})
+    ours, theirs = fig.sides
+    assert ours.stats is not None
+    assert (ours.stats.median, ours.stats.min, ours.stats.max) == (4.0, 2.0, 9.0)
+    assert theirs.stats is not None
+    assert theirs.stats.median == 3.0
+    # round by round: 2/1, 4/4, 9/3; not the ratio of the medians (4/3)
+    (ratio,) = fig.ratios
+    assert ratio.values == [2.0, 1.0, 3.0]
+    assert ratio.stats is not None
+    assert ratio.stats.median == 2.0
+    assert fig.rounds == 3
+
+
+def test_a_full_run_takes_at_least_five_rounds(tmp_path: Path) -> None:
+    sc = Scenario("x", "x", nothing, params={"rounds": Param(2, 1)})
+    assert Run(sc, {"rounds": 2}, quick=False, work=tmp_path).rounds() == 5
+    assert Run(sc, {"rounds": 1}, quick=True, work=tmp_path).rounds() == 1
+
+
+def test_quick_checks_that_figures_came_out_never_their_values(tmp_path: Path) -> None:
+    def measures(r: Run) -> None:
+        r.figure("made", "s", {"a": [1e9]})
+        r.missing("n/a here", "this release lacks the feature")
+
+    sc = Scenario("x", "x", measures, figures=("made", "n/a here", "never made"))
+    rec = execute(sc, {}, quick=True)
+    assert check(sc, rec) == ["no figure 'never made'"]
+
+
+def test_a_scenario_that_fails_keeps_what_it_measured(tmp_path: Path) -> None:
+    def breaks(r: Run) -> None:
+        r.figure("made", "s", {"a": [1.0]})
+        raise RuntimeError("boom")
+
+    sc = Scenario("x", "x", breaks, figures=("made",))
+    rec = execute(sc, {}, quick=True)
+    assert [f.name for f in rec.figures] == ["made"]
+    assert check(sc, rec) == ["stopped: RuntimeError: boom"]
+
+
+def test_the_headline_rows_come_from_the_newest_full_record(tmp_path: Path) -> None:
+    def measures(r: Run) -> None:
+        r.figure("latency", "ms", {"agent": [2.0, 3.0], "peer": [1.0, 1.0]}, headline=True)
+        r.figure("detail", "ms", {"agent": [1.0]})
+
+    sc = Scenario("lat", "x", measures, params={"n": Param(10, 1)})
+    for quick in (False, True):
+        rec = execute(sc, {"n": 20}, quick=quick)
+        records.write(rec, tmp_path)
+    table = records.table(tmp_path)
+    lines = table.splitlines()
+    assert len(lines) == 3, table  # the header, its rule, one headline row (quick records never count)
+    row = lines[2]
+    assert "agent: 2.50 ms (2.00-3.00)" in row
+    assert "peer: 1.00 ms" in row
+    assert "2.50x (2.00-3.00)" in row
+    assert 'make bench SCENARIO=lat BENCH_ARGS="n=20"' in row
+    saved = json.loads(next(tmp_path.glob("lat/*.json")).read_text())
+    assert saved["machine"]["cores"] >= 1
+    assert len(saved["machine"]["load_start"]) == 3
+
+
+@pytest.mark.parametrize(("text", "value"), [("7", 7), ("true", True), ("0.5", 0.5), ("a,b", "a,b")])
+def test_parameters_parse_to_their_default_s_type(text: str, value: object) -> None:
+    default = value if not isinstance(value, bool) else False
+    assert Param(default, default).parse(text) == value
