@@ -34,7 +34,7 @@ from patchbay_operator import devicereports
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.devicereports import Report
 from patchbay_operator.profiles import Profile
-from patchbay_operator.status import plugin_status
+from patchbay_operator.status.deviceplugin import plugin_status
 
 NS, PROFILE, LABEL = "patchbay-bench", "bench-mem", "patchbay.dev/bench"
 MIB = 2**20
