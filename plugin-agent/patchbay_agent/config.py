@@ -146,6 +146,9 @@ class Allocation:
     mounts: tuple[Mount, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
     cdi_kind: str | None = None
+    #: DRA: write each prepared request's device metadata file into its containers (KEP-5304,
+    #: dra/metadata.py); a device plugin has none
+    device_metadata: bool = True
 
 
 @dataclass(frozen=True)
@@ -377,7 +380,9 @@ def _taint_effect(value: Any, path: str) -> str:
 
 
 def _parse_allocation(raw: Any, path: str) -> Allocation:
-    m = _mapping(raw, path, {"permissions", "devicesEnvName", "envs", "mounts", "annotations", "cdi"})
+    m = _mapping(
+        raw, path, {"permissions", "devicesEnvName", "envs", "mounts", "annotations", "cdi", "deviceMetadata"}
+    )
     perms = _str(m.get("permissions", "rw"), f"{path}.permissions")
     if set(perms) - set("rwm") or len(set(perms)) != len(perms):
         raise ConfigError(f"{path}.permissions", f"{perms!r} must be a non-empty subset of 'rwm'")
@@ -414,6 +419,7 @@ def _parse_allocation(raw: Any, path: str) -> Allocation:
         mounts=tuple(mounts),
         annotations=_str_map(m.get("annotations"), f"{path}.annotations"),
         cdi_kind=cdi_kind,
+        device_metadata=_bool(m.get("deviceMetadata", True), f"{path}.deviceMetadata"),
     )
 
 

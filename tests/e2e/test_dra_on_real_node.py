@@ -5,7 +5,8 @@ the real scheduler allocates claims against it and the real kubelet has the agen
 (CDI spec files resolved by the node's containerd 2.4).
 
 - a pod with a ResourceClaimTemplate that picks ONE device by attribute (CEL) gets exactly that
-  device's node and the env naming it;
+  device's node and the env naming it, and reads which device it got from its device metadata
+  file (KEP-5304, upstream's path and format);
 - an unchanged pod that asks `limits: {<resourceName>: 1}` is served by DRA through the
   DeviceClass's extendedResourceName; where the API server drops that field (before 1.36) the
   pod stays Pending and the profile says why (Degraded, ExtendedResourceNotServed);
@@ -22,6 +23,7 @@ instead rather than skipping (``support.releases.has``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -84,17 +86,36 @@ def test_dra_profile_serves_claims_and_unchanged_pods_on_the_real_node(
 
         # 1. A claim template that picks exactly one device by attribute.
         claim_template(custom, namespace, "one-serial", driver, device_id=chosen_id)
+        # The claim's device metadata (KEP-5304), where upstream puts it for a template's claim:
+        # under the pod's own name for the claim ("serial") and the request's ("serial").
+        meta = "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates"
+        meta += f"/serial/serial/{driver}-metadata.json"
         pod = busybox_pod(
-            "dra-claim", real_node, f"echo SERIALS=$SERIALS; echo E2E=$E2E; ls {fake_dev}; sleep 3600"
+            "dra-claim",
+            real_node,
+            f"echo SERIALS=$SERIALS; echo E2E=$E2E; ls {fake_dev}; "
+            f"echo META-BEGIN; cat {meta}; echo; echo META-END; sleep 3600",
         )
         pod["spec"]["resourceClaims"] = [{"name": "serial", "resourceClaimTemplateName": "one-serial"}]
         pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "serial"}]}
         core.create_namespaced_pod(namespace, pod)
-        logs = wait_for("the claim's pod running", lambda: pod_log(core, namespace, "dra-claim", "E2E="), 120)
+        logs = wait_for(
+            "the claim's pod running", lambda: pod_log(core, namespace, "dra-claim", "META-END"), 120
+        )
         lines = logs.splitlines()
         assert lines[0] == f"SERIALS={chosen_id}", logs
         assert lines[1] == "E2E=dra", logs
         assert device_lines(logs) == [chosen_id.rsplit("_", 1)[-1]], logs
+        # The container read its device from the metadata file: the v1beta1 object first.
+        text = logs.split("META-BEGIN\n", 1)[1].split("META-END", 1)[0]
+        first, _ = json.JSONDecoder().raw_decode(text.lstrip())
+        assert first["apiVersion"] == "metadata.resource.k8s.io/v1beta1", text
+        assert first["podClaimName"] == "serial" and first["metadata"]["generation"] == 1, text
+        ((request,),) = [first["requests"]]
+        ((device,),) = [request["devices"]]
+        assert (request["name"], device["driver"], device["name"]) == ("serial", driver, ids[chosen_id]), text
+        assert device["attributes"]["patchbay.dev/id"] == {"string": chosen_id}, text
+        assert device["attributes"]["patchbay.dev/healthy"] == {"bool": True}, text
         claim_specs = sorted(p.name for p in cdi_dir.glob(f"patchbay_{driver}_*.json"))
         assert len(claim_specs) == 1, claim_specs
 

@@ -48,9 +48,24 @@ DRIVER = "serial.patchbay.dev"
 NODE = "node-1"
 
 
-def _claim(uid: str, devices: list[str], pool: str = NODE) -> dict[str, Any]:
+def _claim(
+    uid: str, devices: list[str], pool: str = NODE, pod_claim_name: str | None = None
+) -> dict[str, Any]:
     results = [{"request": "serial", "driver": DRIVER, "pool": pool, "device": d} for d in devices]
-    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
+    meta: dict[str, Any] = {"uid": uid}
+    if pod_claim_name:
+        meta["annotations"] = {"resource.kubernetes.io/pod-claim-name": pod_claim_name}
+    return {"metadata": meta, "status": {"allocation": {"devices": {"results": results}}}}
+
+
+def _metadata_stream(path: Path) -> list[dict[str, Any]]:
+    """Every object of a device metadata file (a JSON stream), as a reader decodes it."""
+    text, decoder, at, out = path.read_text(), json.JSONDecoder(), 0, []
+    while text[at:].strip():
+        obj, end = decoder.raw_decode(text[at:].lstrip())
+        at = len(text) - len(text[at:].lstrip()) + end
+        out.append(obj)
+    return out
 
 
 async def _get(port: int, path: str) -> int:
@@ -158,7 +173,8 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
                 (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
                 for d in ok.devices
             ] == [
-                (["serial"], NODE, tty1, [f"{DRIVER}/device=uid-1-{tty1}"]),
+                # The request's first device also mounts its device metadata file.
+                (["serial"], NODE, tty1, [f"{DRIVER}/device=uid-1-{tty1}", f"{DRIVER}/device=uid-1_serial"]),
                 (["serial"], NODE, tty2, [f"{DRIVER}/device=uid-1-{tty2}"]),
             ]
             assert "'nope'" in first.claims["uid-2"].error
@@ -172,8 +188,37 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
             assert 'patchbay_agent_dra_claim_errors_total{method="NodePrepareResources"} 6.0' in text
             spec = json.loads(spec_path.read_text())
             assert spec["kind"] == f"{DRIVER}/device"
-            assert [d["name"] for d in spec["devices"]] == [f"uid-1-{tty1}", f"uid-1-{tty2}"]
+            assert [d["name"] for d in spec["devices"]] == [f"uid-1-{tty1}", f"uid-1-{tty2}", "uid-1_serial"]
             assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/ttyUSB1"
+            # The device metadata (KEP-5304): upstream's host path, container path and stream.
+            meta_file = service.parent / "dra-device-metadata" / "ns_c1" / "serial" / "metadata.json"
+            assert spec["devices"][2]["containerEdits"] == {
+                "mounts": [
+                    {
+                        "hostPath": str(meta_file),
+                        "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/"
+                        f"c1/serial/{DRIVER}-metadata.json",
+                        "type": "bind",
+                        "options": ["ro", "bind"],
+                    }
+                ]
+            }
+            beta1, alpha1 = _metadata_stream(meta_file)
+            assert beta1["apiVersion"] == "metadata.resource.k8s.io/v1beta1"
+            assert alpha1 == {**beta1, "apiVersion": "metadata.resource.k8s.io/v1alpha1"}
+            assert beta1["kind"] == "DeviceMetadata"
+            assert beta1["metadata"] == {"name": "c1", "namespace": "ns", "uid": "uid-1", "generation": 1}
+            assert "podClaimName" not in beta1
+            ((req,),) = [beta1["requests"]]
+            assert req["name"] == "serial"
+            assert [(d["driver"], d["pool"], d["name"]) for d in req["devices"]] == [
+                (DRIVER, NODE, tty1),
+                (DRIVER, NODE, tty2),
+            ]
+            attrs = req["devices"][0]["attributes"]
+            assert attrs["patchbay.dev/id"] == {"string": "ttyUSB1"}
+            assert attrs["patchbay.dev/path"] == {"string": "/dev/ttyUSB1"}
+            assert attrs["patchbay.dev/healthy"] == {"bool": True}
             assert spec["containerEdits"]["env"] == ["MODE=raw", "SERIALS=ttyUSB1,ttyUSB2"]
             assert sorted(p.name for p in cdi_dir.iterdir()) == [spec_path.name]
 
@@ -200,6 +245,7 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
             )
             assert {uid: r.error for uid, r in un.claims.items()} == {"uid-1": "", "uid-9": ""}
             assert not spec_path.exists()
+            assert not meta_file.parent.parent.exists()  # its metadata too
             # Each call timed once, whatever its claims (v1 twice, v1beta1 once; one unprepare).
             prepared = agent.metrics.dra_prepare_seconds
             assert sum(prepared.counts) == 3 and prepared.sum > 0
@@ -208,6 +254,27 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
             # v1beta1 one; the 404 is no read) and each CDI spec written (c1, three times).
             assert sum(agent.metrics.dra_claim_read_seconds.counts) == 7
             assert sum(agent.metrics.dra_cdi_write_seconds.counts) == 3
+
+            # A claim made from a template: the container reads its file under the pod's own name
+            # for the claim. Its device's health changes: the file follows, generation counted up.
+            api.claims["ns", "c6-x7k2p"] = _claim("uid-6", [tty2], pod_claim_name="my-serial")
+            six = await v1.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(
+                    claims=[dra_v1_pb2.Claim(namespace="ns", uid="uid-6", name="c6-x7k2p")]
+                ),
+                timeout=45,
+            )
+            assert list(six.claims["uid-6"].devices[0].cdi_device_ids)[1] == f"{DRIVER}/device=uid-6_serial"
+            spec6 = json.loads((cdi_dir / f"patchbay_{DRIVER}_uid-6.json").read_text())
+            meta6 = service.parent / "dra-device-metadata" / "ns_c6-x7k2p" / "serial" / "metadata.json"
+            assert spec6["devices"][1]["containerEdits"]["mounts"][0]["containerPath"] == (
+                "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/"
+                f"my-serial/serial/{DRIVER}-metadata.json"
+            )
+            first6 = _metadata_stream(meta6)[0]
+            assert first6["podClaimName"] == "my-serial"
+            assert first6["metadata"]["generation"] == 1
+            inode = meta6.stat().st_ino
 
             # A device that turns unhealthy cannot be prepared.
             api.claims["ns", "c5"] = _claim("uid-5", [tty2])
@@ -226,6 +293,15 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
                 timeout=45,
             )
             assert "unhealthy" in sick.claims["uid-5"].error
+            # The prepared claim's metadata says so: rewritten in place (a bind mount holds the
+            # inode), generation 2.
+            await until(lambda: _metadata_stream(meta6)[0]["metadata"]["generation"] == 2, within=10)
+            now6 = _metadata_stream(meta6)
+            assert [o["requests"][0]["devices"][0]["attributes"]["patchbay.dev/healthy"] for o in now6] == [
+                {"bool": False},
+                {"bool": False},
+            ]
+            assert meta6.stat().st_ino == inode
             await until(
                 lambda: any(
                     d.get("taints")

@@ -16,6 +16,7 @@ Every change of a DRA profile registers again (`in_place_refusal`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from patchbay_agent.config import AgentConfig
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.dra.claimstatus import ClaimStatusWriter
 from patchbay_agent.dra.healthservice import DraHealthServicer, HealthReports
+from patchbay_agent.dra.metadata import HOST_SUBDIR, DeviceMetadataFiles
 from patchbay_agent.dra.plugin import (
     LOCK_FILE_NAME,
     REGISTRY_DIR,
@@ -149,7 +151,14 @@ class DraFrontEnd:
             status=self.claim_status,
             on_change=holders.allocated if holders is not None else None,
             metrics=metrics,
+            metadata=(
+                DeviceMetadataFiles(dra.driver, options.node_name, services / HOST_SUBDIR)
+                if config.allocation.device_metadata
+                else None
+            ),
         )
+        if self.preparer.metadata is not None:
+            inventory.subscribe(lambda _snap: self._refresh_metadata())
         self.plugin = DraPlugin(
             dra.driver,
             dra.kubelet_root_dir,
@@ -165,6 +174,20 @@ class DraFrontEnd:
         check_path(self.plugin.registry_socket)
         check_path(self.plugin.service_socket)
         self._options = options
+
+    def _refresh_metadata(self) -> None:
+        """A new snapshot: the prepared claims' metadata files follow it, off the event loop."""
+        with contextlib.suppress(RuntimeError):  # no running loop: a test's direct update
+            asyncio.get_running_loop().run_in_executor(None, self._refresh_metadata_now)
+            return
+        self._refresh_metadata_now()
+
+    def _refresh_metadata_now(self) -> None:
+        try:
+            if written := self.preparer.refresh_metadata():
+                log.info("Device metadata of %d prepared request(s) updated", written)
+        except Exception:
+            log.exception("Updating the prepared claims' device metadata failed")
 
     def claim(self) -> None:
         """Nothing before the first round: `start` refuses paths another process serves."""

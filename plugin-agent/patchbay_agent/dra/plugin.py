@@ -61,6 +61,7 @@ from patchbay_agent.config import Allocation
 from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES, INSTANCE_RE
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.dra.claims import (
+    AllocatedDevice,
     ClaimError,
     allocated_devices,
     cdi_device_id,
@@ -70,7 +71,8 @@ from patchbay_agent.dra.claims import (
 )
 from patchbay_agent.dra.claimstatus import ClaimStatusClient, ClaimStatusWriter
 from patchbay_agent.dra.healthservice import DraHealthServicer
-from patchbay_agent.dra.slices import SliceClient, device_names
+from patchbay_agent.dra.metadata import HEALTHY_ATTRIBUTE, ClaimInfo, DeviceMetadataFiles, base_request
+from patchbay_agent.dra.slices import SliceClient, device_names, slice_devices
 from patchbay_agent.kubelet.pluginserver import PluginServer
 from patchbay_agent.kubelet.sockets import MAX_UNIX_SOCKET_PATH, probe, remove_stale
 from patchbay_agent.metrics import Metrics
@@ -152,6 +154,9 @@ class PreparedDevice:
     cdi_id: str
     #: the allocation's share of a shared device (consumable capacity); "" else
     share_id: str = ""
+    #: more CDI devices for the container: the request's device metadata file, on the request's
+    #: first device (dra/metadata.py)
+    extra_cdi_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -260,6 +265,7 @@ class ClaimPreparer:
         status: ClaimStatusWriter | None = None,
         on_change: Callable[[], None] | None = None,
         metrics: Metrics | None = None,
+        metadata: DeviceMetadataFiles | None = None,
     ) -> None:
         """`lock_path`: the file whose lock serialises calls across instances (`node_lock`).
         `read_async`: the claim's GET on the event loop (`KubeClient.getter`, `apiget.py`); None:
@@ -269,7 +275,8 @@ class ClaimPreparer:
         `status`: told of every claim prepared or unprepared (writes the claims'
         status.devices). `on_change`: called after claims were prepared or unprepared (the
         holders read PodResources again). `metrics`: where the time of a prepare's two slow steps
-        goes (the claim's GET, the CDI write)."""
+        goes (the claim's GET, the CDI write). `metadata`: where each prepared request's device
+        metadata file goes (None: none is written, `allocation.deviceMetadata: false`)."""
         self.driver = driver
         self.pool = pool
         self._reader = reader
@@ -286,6 +293,9 @@ class ClaimPreparer:
         self._status = status
         self._on_change = on_change
         self._metrics = metrics
+        self.metadata = metadata
+        #: (snapshot version, slice device name -> its metadata attributes)
+        self._attributes: tuple[int, dict[str, dict[str, Any]]] = (-1, {})
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_spec_dir / spec_file_name(self.driver, claim_uid)
@@ -294,6 +304,27 @@ class ClaimPreparer:
         if self._names[0] != snap.version:
             self._names = (snap.version, device_names(snap))
         return self._names[1]
+
+    def metadata_attributes(self, snap: Snapshot | None = None) -> dict[str, dict[str, Any]]:
+        """Each device's attributes as its slice shows them, and whether it is healthy now
+        (`patchbay.dev/healthy`): what a device metadata file lists; once per snapshot."""
+        snap = snap or self._inventory.current
+        if self._attributes[0] != snap.version:
+            self._attributes = (
+                snap.version,
+                {
+                    d.name: {**d.attributes, HEALTHY_ATTRIBUTE: {"bool": d.unhealthy is None}}
+                    for d in slice_devices(snap)
+                },
+            )
+        return self._attributes[1]
+
+    def refresh_metadata(self) -> int:
+        """Rewrite the metadata files whose devices changed (a health change, new attributes);
+        how many it rewrote."""
+        if self.metadata is None:
+            return 0
+        return self.metadata.refresh(self.metadata_attributes)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
         """Every claim's outcome by UID; the claims are read in parallel."""
@@ -334,6 +365,7 @@ class ClaimPreparer:
         if sick:
             return ClaimResult(error=f"{where}: device(s) {', '.join(sick)} are unhealthy now")
         doc = claim_spec_document(self.driver, claim.uid, devices, snap.specs, self._allocation)
+        extra = self._write_metadata(obj, claim, devices, snap, doc)
         path = self.spec_path(claim.uid)
         started = time.perf_counter()
         try:
@@ -359,6 +391,7 @@ class ClaimPreparer:
                 d.device_name,
                 cdi_device_id(self.driver, claim.uid, d.device_name),
                 d.share_id,
+                (extra.pop(base_request(d.request)),) if base_request(d.request) in extra else (),
             )
             for d in devices
         )
@@ -373,6 +406,38 @@ class ClaimPreparer:
                 ],
             )
         return ClaimResult(prepared)
+
+    def _write_metadata(
+        self,
+        obj: Mapping[str, Any],
+        claim: ClaimRef,
+        devices: Sequence[AllocatedDevice],
+        snap: Snapshot,
+        doc: dict[str, Any],
+    ) -> dict[str, str]:
+        """Write the claim's device metadata files and add the CDI devices that mount them to
+        its spec `doc`; returns their CDI IDs by request. A file that cannot be written costs
+        the container its metadata, never the claim (upstream's library does the same): said
+        loudly."""
+        if self.metadata is None or not devices:
+            return {}
+        info = ClaimInfo.of(obj, claim.namespace, claim.name, claim.uid)
+        try:
+            mounts = self.metadata.write(
+                info, [(d.request, d.device_name) for d in devices], self.metadata_attributes(snap)
+            )
+        except OSError as e:
+            log.error(
+                "ResourceClaim %s/%s: cannot write its device metadata in %s: %s",
+                claim.namespace,
+                claim.name,
+                self.metadata.root,
+                e,
+            )
+            return {}
+        doc["devices"].extend(mounts.values())
+        kind = doc["kind"]
+        return {request: f"{kind}={device['name']}" for request, device in mounts.items()}
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Every claim's error ("" when done) by UID: its spec file deleted (absent is fine)."""
@@ -392,6 +457,12 @@ class ClaimPreparer:
                 except OSError as e:
                     out[claim.uid] = f"cannot delete the CDI spec {path}: {e}"
                     continue
+                if self.metadata is not None:
+                    try:
+                        self.metadata.remove(claim.namespace, claim.name, claim.uid)
+                    except OSError as e:
+                        out[claim.uid] = f"cannot delete the device metadata in {self.metadata.root}: {e}"
+                        continue
                 out[claim.uid] = ""
                 log.info("Unprepared ResourceClaim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
                 if self._status is not None:
@@ -421,7 +492,7 @@ def _prepare_response(pb2: Any, results: Mapping[str, ClaimResult]) -> Any:
                 request_names=[d.request] if d.request else [],
                 pool_name=d.pool,
                 device_name=d.device,
-                cdi_device_ids=[d.cdi_id],
+                cdi_device_ids=[d.cdi_id, *d.extra_cdi_ids],
             )
             if d.share_id and "share_id" in device.DESCRIPTOR.fields_by_name:
                 device.share_id = d.share_id  # v1 only: v1beta1 has no shares
