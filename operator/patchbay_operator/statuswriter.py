@@ -100,7 +100,7 @@ class StatusWriter:
             if new is None or _same(new, self._written.get(name, {})):
                 continue
             try:
-                await self._write(name, new)
+                await self._write(name, with_removals(self._written.get(name, {}), new))
             except Exception as e:
                 log.warning("Writing the status of DevicePluginProfile %s failed: %s", name, e)
                 self._marks.names.add(name)
@@ -125,3 +125,21 @@ class StatusWriter:
 def _same(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
     """Equal status, ignoring fields the operator does not write (e.g. a stale kopf block)."""
     return all(old.get(k) == v for k, v in new.items())
+
+
+def with_removals(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """``new`` as a merge patch over ``old``: every key ``old`` has and ``new`` lacks is set to
+    None, at every level of nested objects, so the API server deletes it. A merge patch keeps
+    what it does not name: without this a count that a status no longer has (a profile's
+    `devices.healthy` once its last DeviceReport is gone) would stay as it was, stale."""
+    out: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            out[key] = with_removals(before, value)
+        else:
+            out[key] = value
+    for key in old:
+        if key not in new:
+            out[key] = None
+    return out

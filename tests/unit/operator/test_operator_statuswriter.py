@@ -82,3 +82,26 @@ def test_seed_keeps_what_the_object_said_for_transition_times() -> None:
     assert w.previous("p") == {"conditions": [{"type": "Ready"}]}
     w.forget("p")
     assert w.previous("p") == {}
+
+
+async def test_a_key_the_status_no_longer_has_is_removed_by_the_patch() -> None:
+    """The write is a merge patch: a key that went (a DevicePlugin profile's `devices.healthy`
+    once its last DeviceReport is gone) must be sent as None, or the API server keeps it."""
+    r = Recorder()
+    r.value = {"devices": {"capacity": 8, "healthy": 8}, "problems": [], "dra": {"x": 1}}
+    w = StatusWriter(r.compute, r.write, debounce=0.02)
+    task = asyncio.create_task(w.run())
+    try:
+        w.mark(["p"])
+        await settle(w)
+        r.value = {"devices": {"capacity": 0}, "problems": [{"reason": "NoDevices"}]}
+        w.mark(["p"])
+        await settle(w)
+        assert r.writes[-1] == (
+            "p",
+            {"devices": {"capacity": 0, "healthy": None}, "problems": [{"reason": "NoDevices"}], "dra": None},
+        )
+        # What it remembers is the status itself, without the Nones.
+        assert w.previous("p") == {"devices": {"capacity": 0}, "problems": [{"reason": "NoDevices"}]}
+    finally:
+        task.cancel()
