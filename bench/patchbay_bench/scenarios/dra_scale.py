@@ -18,6 +18,7 @@ round publishes every node from nothing, then removes it all):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -125,11 +126,15 @@ def run(r: Run) -> None:
                     "agent": {"tolerations": [{"operator": "Exists"}]},
                 }
                 api.create(PROFILES, profile(name, spec))
+
+            def available(ds: str) -> bool:
+                return bool(((api.get(ds) or {}).get("status") or {}).get("numberAvailable", 0) >= n)
+
             for name in (DRA, DP):
                 ds = f"/apis/apps/v1/namespaces/{NS}/daemonsets/patchbay-{name}"
                 wait(
                     f"{name}'s agent pods available",
-                    lambda ds=ds: ((api.get(ds) or {}).get("status") or {}).get("numberAvailable", 0) >= n,
+                    functools.partial(available, ds),
                     max(900, n * 0.4),
                     1.0,
                 )
@@ -163,6 +168,14 @@ def run(r: Run) -> None:
                 """The healthy devices the profile's status counts (every device here is healthy)."""
                 st = (api.get(f"{PROFILES}/{name}") or {}).get("status") or {}
                 return int((st.get("devices") or {}).get("healthy") or 0)
+
+            def until_counted(name: str, devices: int, what: str) -> None:
+                """Wait until the profile's status counts ``devices``; on a timeout, say what it counts."""
+                try:
+                    wait(what, lambda: total(name) == devices, 60 if r.quick else 600, 0.05)
+                except TimeoutError as e:
+                    status = (api.get(f"{PROFILES}/{name}") or {}).get("status")
+                    raise TimeoutError(f"{e}; the profile's status: {json.dumps(status)[:3000]}") from None
 
             def publish_dra(node: str) -> None:
                 for doc in slices(node, uids[node], per):
@@ -225,11 +238,7 @@ def run(r: Run) -> None:
                                 lambda node: api.json_patch(f"{NODES}/{node}/status", ops), cluster.nodes
                             )
                         )
-                try:
-                    wait(f"{name}'s status back to no device", lambda: total(name) == 0, 30 if r.quick else 300, 0.2)
-                except TimeoutError as e:
-                    status = (api.get(f"{PROFILES}/{name}") or {}).get("status")
-                    raise TimeoutError(f"{e}; the profile's status: {json.dumps(status)[:3000]}") from None
+                until_counted(name, 0, f"{name}'s status back to no device")
 
             def side(
                 name: str, publish: Callable[[str], None]
@@ -242,18 +251,7 @@ def run(r: Run) -> None:
                     with ThreadPoolExecutor(16) as pool:
                         list(pool.map(publish, cluster.nodes))
                     written = time.monotonic() - t0
-                    try:
-                        wait(
-                            f"{name}: every device in the status",
-                            lambda: total(name) == n * per,
-                            60 if r.quick else 600,
-                            0.05,
-                        )
-                    except TimeoutError as e:
-                        status = (api.get(f"{PROFILES}/{name}") or {}).get("status")
-                        raise TimeoutError(
-                            f"{e}; the profile's status: {json.dumps(status)[:3000]}"
-                        ) from None
+                    until_counted(name, n * per, f"{name}: every device in the status")
                     counted = time.monotonic() - t0
                     after = api.metrics()
                     count = sum(
@@ -297,7 +295,7 @@ def run(r: Run) -> None:
             # Published once more, left standing: what a user reads at this size.
             with ThreadPoolExecutor(16) as pool:
                 list(pool.map(publish_dra, cluster.nodes))
-            wait("DRA: every device in the status", lambda: total(DRA) == n * per, 600, 0.05)
+            until_counted(DRA, n * per, "DRA: every device in the status")
             venv = Path(sys.executable).parent
             env = {
                 **os.environ,
@@ -310,7 +308,11 @@ def run(r: Run) -> None:
                 "kubectl patchbay nodes": [plugin, "nodes"],
                 "kubectl get resourceslices -o json": [kubectl, "get", "resourceslices", "-o", "json"],
             }
-            got = interleave(r.rounds(), {k: (lambda _i, a=a: timed(a, env)) for k, a in argv.items()})
+
+            def command(a: list[str]) -> Callable[[int], tuple[float, float]]:
+                return lambda _i: timed(a, env)
+
+            got = interleave(r.rounds(), {k: command(a) for k, a in argv.items()})
             for cmd in ("kubectl patchbay devices", "kubectl patchbay nodes"):
                 r.figure(
                     f"DRA at scale: {cmd}, wall time",
