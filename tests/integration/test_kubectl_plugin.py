@@ -401,7 +401,8 @@ def _check_nodes(devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> No
     table = plugin(devcluster, bin_dir, "nodes", "--profile", p["dp"]).stdout.splitlines()
     assert table[0].split() == ["NODE", "PROFILE", "GROUP", "MODE", "AGENT", "REGISTERED", "DEVICES"]
     cells = {x.split()[0]: x.split() for x in table[1:]}
-    assert cells[n1][4:] == ["yes", "1/2"] and cells[n2][4:] == ["yes", "1/1"]
+    assert cells[n1][5:] == ["yes", "1/2"] and cells[n2][5:] == ["yes", "1/1"]
+    assert cells[n1][2] == "-"  # no node groups
 
 
 def _check_why(cluster: Cluster, devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> None:

@@ -48,7 +48,7 @@ def node_groups_status(
 ) -> list[dict[str, Any]]:
     """``status.nodeGroups``: each group in list order, then ``default``, with ``nodes`` (agents
     serving their node with it, from ``reports``) and ``matching`` (the profile's ``nodes`` whose
-    labels choose it). Bounded by the CRD's 8 groups, whatever the number of nodes."""
+    labels choose it). Bounded by the CRD's 4 groups, whatever the number of nodes."""
     serving: dict[str, int] = {}
     for report in reports:
         if report.error is None and report.node_group:
