@@ -159,7 +159,9 @@ def _terms(raw: Any, path: str) -> Terms:
             where = f"{path}[{i}][{j}]"
             if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
                 raise ConfigError(where, "must be an expression with a key")
-            if e.get("operator") not in _OPERATORS:
+            if (
+                not isinstance(e.get("operator"), str) or e["operator"] not in _OPERATORS
+            ):  # a list: unhashable
                 raise ConfigError(f"{where}.operator", f"must be one of {sorted(_OPERATORS)}")
             values = e.get("values") or []
             if not isinstance(values, list) or not all(isinstance(v, str) for v in values):

@@ -614,3 +614,70 @@ def test_a_label_change_that_moves_the_node_to_another_node_group_reconfigures_i
             await until(lambda: group() == "default")
 
     asyncio.run(scenario())
+
+
+def test_a_dra_profiles_node_group_changes_what_its_slices_publish_when_a_label_moves_the_node(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """Node groups in DRA mode (docs/dra.md#node-groups): the node publishes its devices with its
+    group's settings (here sharing: consumable capacity, 2 shares a device) and unshared outside
+    the group; a label change restarts the DRA unit (any DRA change does) and the slices follow;
+    the DeviceReport names the group."""
+    driver = "gpus.patchbay.dev"
+    entry = {
+        "profile": "gpus",
+        "mode": "DRA",
+        "driver": driver,
+        "resourceName": "example.com/gpus",
+        "plugin": {"discovery": {"virtual": {"count": 2}}},
+        "nodeGroups": [
+            {
+                "name": "shared",
+                "nodeSelectorTerms": [[{"key": "shared", "operator": "Exists"}]],
+                "plugin": {"discovery": {"virtual": {"count": 2}}, "sharing": {"replicas": 2}},
+            }
+        ],
+    }
+    client = DraRecordingClient()
+
+    def devices() -> list[dict[str, Any]]:
+        return [d for s in client.slices.values() for d in s["spec"].get("devices") or []]
+
+    def group() -> str | None:
+        last = client.last("gpus")
+        return None if last is None else str(last.get("nodeGroup"))
+
+    def shares() -> set[str]:
+        return {
+            str(((d.get("capacity") or {}).get("patchbay.dev/shares") or {}).get("value", "-"))
+            for d in devices()
+        }
+
+    async def scenario() -> None:
+        peer = PodResourcesPeer(short_dir / "pr.sock")
+        await peer.start()
+        report = ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600)
+        options = _options(short_dir, plugin_dir, hw, report=report, kubelet_root_dir=short_dir / "k")
+        node = NodeAgent(parse_node_config({"profiles": [entry]}), options, client, labels={})
+        stop = asyncio.Event()
+        task = asyncio.create_task(node.run(stop))
+        try:
+            await until(lambda: len(devices()) == 2 and group() == "default")
+            assert shares() == {"-"} and not any(d.get("allowMultipleAllocations") for d in devices())
+
+            node.update(labels={"shared": ""})
+            assert node._pending is not None
+            assert await node._pending == {"gpus": "restarted"}
+            await until(lambda: group() == "shared" and shares() == {"2"}, within=20)
+            assert len(devices()) == 2 and all(d.get("allowMultipleAllocations") for d in devices())
+
+            node.update(labels={})
+            assert node._pending is not None
+            assert await node._pending == {"gpus": "restarted"}
+            await until(lambda: group() == "default" and shares() == {"-"}, within=20)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=20)
+            await peer.stop()
+
+    asyncio.run(scenario())
