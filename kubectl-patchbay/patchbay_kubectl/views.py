@@ -525,6 +525,8 @@ HINTS: dict[str, str] = {
     "NotAdvertised": "transient after a change; if it persists, the operator's log",
     "NodesNotReady": "transient while agents start; `kubectl patchbay nodes --profile` shows which",
     "RollingOut": "transient: a rollout keeps every node's resource",
+    "NodeGroupsOverlap": "two of spec.nodeGroups match the node and the first listed wins: narrow their "
+    "nodeSelectors, or order the list as meant",
 }
 
 

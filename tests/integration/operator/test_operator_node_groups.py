@@ -220,3 +220,24 @@ def test_the_groups_reach_the_node_agent_merged_and_the_status_counts_their_node
         "groups gone from the config", lambda: "nodeGroups" not in (shared_entry(cluster, name) or {"x": 1})
     )
     cluster.delete_profile(name)
+
+
+def test_a_dra_profiles_groups_reach_the_node_agent_and_its_status(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """DRA mode: the same entry (with its driver), the same counts; a group's sharing is the
+    group's alone."""
+    cluster.add_nodes(1, labels={"sharing": "yes"})
+    cluster.add_nodes(1, start=1)
+    name = f"{cluster.prefix}dra"
+    cluster.create_profile(name, spec("DRA", tag=cluster.tag))
+    entry = wait_for("the node agent's config lists the profile", lambda: shared_entry(cluster, name))
+    assert entry["mode"] == "DRA" and entry["driver"] == f"{name}.patchbay.dev"
+    assert [g["name"] for g in entry["nodeGroups"]] == ["shared", "many"]
+    assert entry["nodeGroups"][0]["plugin"]["sharing"] == {"replicas": 4}
+    assert entry["plugin"]["sharing"] == {"replicas": 1}
+    wait_for(
+        "matching counts from the labels",
+        lambda: groups_status(cluster, name) == {"shared": (0, 1), "many": (0, 0), "default": (0, 1)},
+    )
+    cluster.delete_profile(name)

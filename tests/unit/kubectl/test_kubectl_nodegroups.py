@@ -43,3 +43,13 @@ def test_the_nodes_table_has_a_group_column() -> None:
     assert table[0].split()[:3] == ["NODE", "PROFILE", "GROUP"]
     assert table[1].split()[:3] == ["n1", "p", "big"]
     assert output.nodes(rows, "json").count('"group": "big"') == 1
+
+
+def test_why_says_what_to_do_about_an_overlap() -> None:
+    p = profile(GROUPS)
+    p["status"] = {
+        "problemCount": 1,
+        "problems": [{"node": "n1", "reason": "NodeGroupsOverlap", "message": "big, fast all match"}],
+    }
+    (hint,) = [h for h in views.why(p, [], [], views.utcnow())["next"] if h["reason"] == "NodeGroupsOverlap"]
+    assert "first listed wins" in hint["do"], hint
