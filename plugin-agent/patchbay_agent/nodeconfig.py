@@ -129,7 +129,7 @@ class ProfileEntry:
             return self
         group = next((g for g in self.groups if _selects(g.terms, labels)), None)
         if group is None:
-            config, raw, error, name = self.config, self.raw, self.error, DEFAULT_NODE_GROUP
+            config, error, name = self.config, self.error, DEFAULT_NODE_GROUP
             raw = {k: v for k, v in self.raw.items() if k != "nodeGroups"}
         else:
             config, error, name = group.config, group.error, group.name
@@ -159,9 +159,8 @@ def _terms(raw: Any, path: str) -> Terms:
             where = f"{path}[{i}][{j}]"
             if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
                 raise ConfigError(where, "must be an expression with a key")
-            if (
-                not isinstance(e.get("operator"), str) or e["operator"] not in _OPERATORS
-            ):  # a list: unhashable
+            operator = e.get("operator")
+            if not isinstance(operator, str) or operator not in _OPERATORS:  # a list is unhashable
                 raise ConfigError(f"{where}.operator", f"must be one of {sorted(_OPERATORS)}")
             values = e.get("values") or []
             if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
