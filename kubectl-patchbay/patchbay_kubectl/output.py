@@ -84,14 +84,14 @@ def nodes(rows: Sequence[NodeRow], fmt: str | None) -> str:
     if fmt in ("json", "yaml"):
         return structured("NodeList", [r.as_dict() for r in rows], fmt)
     wide = fmt == "wide"
-    header = ["NODE", "PROFILE", "MODE", "AGENT", "REGISTERED", "DEVICES"]
+    header = ["NODE", "PROFILE", "GROUP", "MODE", "AGENT", "REGISTERED", "DEVICES"]
     if wide:
         header += ["RESOURCE"]
     out = []
     for r in rows:
         agent = "-" if r.mode in ("", "Static") else ("<none>" if not r.agents else ",".join(r.agents))
         devices = "-" if r.total is None and r.healthy is None else f"{_count(r.healthy)}/{_count(r.total)}"
-        cells = [r.node, r.profile, r.mode or "-", agent, r.registered, devices]
+        cells = [r.node, r.profile, r.group, r.mode or "-", agent, r.registered, devices]
         if wide:
             cells.append(r.resource or "-")
         out.append(cells)

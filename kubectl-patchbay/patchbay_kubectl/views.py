@@ -425,9 +425,31 @@ class NodeRow:
     registered: str = "-"
     healthy: int | None = None
     total: int | None = None
+    #: the profile's node group the node uses ("-": the profile has none); see `node_group`
+    group: str = "-"
 
     def as_dict(self) -> Obj:
         return asdict(self)
+
+
+DEFAULT_NODE_GROUP = "default"
+"""The group of a node that none of spec.nodeGroups matches (docs/api.md#node-groups)."""
+
+
+def node_group(profile: Obj, labels: Mapping[str, str], report: Obj | None) -> str:
+    """The node group a node uses for a profile: what its agent reports (`nodeGroup`, the truth on
+    the node), else what its labels choose (the first group whose selector matches, else
+    `default`); "-" for a profile without node groups."""
+    groups = spec(profile).get("nodeGroups") or []
+    if not groups:
+        return "-"
+    reported = (report or {}).get("nodeGroup")
+    if reported:
+        return str(reported)
+    for g in groups:
+        if selector_matches(g.get("nodeSelector"), labels):
+            return str(g.get("name", ""))
+    return DEFAULT_NODE_GROUP
 
 
 def node_rows(data: Inputs, *, node: str | None = None, profile: str | None = None) -> list[NodeRow]:
@@ -452,6 +474,7 @@ def node_rows(data: Inputs, *, node: str | None = None, profile: str | None = No
             rows.append(NodeRow(node=nname, profile="<none>", mode="", resource=""))
         for p in serving:
             row = NodeRow(node=nname, profile=name_of(p), mode=mode_of(p), resource=resource_of(p))
+            row.group = node_group(p, labels, reports.get((row.profile, nname)))
             if row.mode == STATIC:
                 alloc = (n.get("status") or {}).get("allocatable") or {}
                 cap = (n.get("status") or {}).get("capacity") or {}
@@ -502,6 +525,8 @@ HINTS: dict[str, str] = {
     "NotAdvertised": "transient after a change; if it persists, the operator's log",
     "NodesNotReady": "transient while agents start; `kubectl patchbay nodes --profile` shows which",
     "RollingOut": "transient: a rollout keeps every node's resource",
+    "NodeGroupsOverlap": "two of spec.nodeGroups match the node and the first listed wins: narrow their "
+    "nodeSelectors, or order the list as meant",
 }
 
 

@@ -87,6 +87,11 @@ changes within a second: a longer gap is a kubelet that lost the agent's devices
 MAX_PROBLEMS = 10
 """Status lists at most this many problem nodes; `problemCount` has the full count."""
 
+DEFAULT_NODE_GROUP = "default"
+"""The node group of a node that no ``spec.nodeGroups`` entry matches (it uses ``spec.plugin``
+alone): what ``status.nodeGroups`` and the agents' DeviceReports (``nodeGroup``) call it. The CRD
+reserves the name. The agent's constant of the same name must stay equal (a unit test checks)."""
+
 
 class Mode(StrEnum):
     STATIC = "Static"
@@ -140,3 +145,5 @@ class Reason(StrEnum):
     STALLED = "WaitingForChange"
     #: a node the profile selects where the shared node agent does not run (its node selector)
     NODE_AGENT_EXCLUDED = "NodeAgentExcluded"
+    #: a node that more than one of spec.nodeGroups matches (it uses the first: docs/api.md#node-groups)
+    NODE_GROUPS_OVERLAP = "NodeGroupsOverlap"

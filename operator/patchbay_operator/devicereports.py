@@ -92,6 +92,9 @@ class Report:
     counts: Counts | None = None
     #: DRA, shared devices: Kept, Dropped or Unknown (consumable capacity); "" when not said
     consumable_capacity: str = ""
+    #: the profile's node group the agent serves the node with; "" for a profile without groups
+    #: (or an agent older than node groups)
+    node_group: str = ""
 
     @property
     def all(self) -> Counts:
@@ -166,4 +169,5 @@ class Report:
             device_taints=str(obj.get("deviceTaints") or ""),
             error=error,
             consumable_capacity=str(obj.get("consumableCapacity") or ""),
+            node_group=str(obj.get("nodeGroup") or ""),
         )

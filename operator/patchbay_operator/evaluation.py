@@ -23,7 +23,7 @@ from patchbay_operator.constants import KUBELET_BEHIND_GRACE, Mode, Reason
 from patchbay_operator.devicereports import Report
 from patchbay_operator.maintenance import Rule
 from patchbay_operator.profiles import Profile
-from patchbay_operator.status import deviceplugin, dra, static
+from patchbay_operator.status import deviceplugin, dra, nodegroups, static
 from patchbay_operator.status.conditions import Problem, conflict_status
 from patchbay_operator.status.daemonset import AgentDaemonSet
 from patchbay_operator.status.dra import StoredDeviceClass
@@ -133,6 +133,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
         troubles = [t for t in troubles if t.node in selected or not t.node]
         troubles += excluded_by_node_agent(matching, inputs.shared_node_selector)
         ds = shared_view(profile.name, ds, [p for p in inputs.shared_pods if p.node in selected])
+    overlaps = nodegroups.overlap_problems(profile, matching)
     if profile.mode is Mode.DRA:
         # KEP-5004: the same resource name through node capacity on the same node is reported.
         twin = inputs.twin
@@ -140,6 +141,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
         twin_name = twin.name if twin is not None else ""
         problems = dra.dra_problems(profile, matching, troubles, reports)
         problems += dra.served_twice_problems(profile, twin_name, twice)
+        problems += overlaps
         new = dra.dra_status(
             profile,
             ds,
@@ -154,6 +156,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
             problems=problems,
             maintenance=inputs.maintenance,
         )
+        new = nodegroups.with_node_groups(new, profile, matching, _believed(reports, selected), previous)
         return Evaluation(new, problems, recheck_at, keep, retry)
     problems = deviceplugin.plugin_problems(profile, matching, troubles, reports)
     short = deviceplugin.kubelet_short(profile, matching, reports)
@@ -169,10 +172,18 @@ def evaluate(inputs: Inputs) -> Evaluation:
         else:
             recheck_at = due if recheck_at is None else min(recheck_at, due)
     problems += deviceplugin.kubelet_short_problems(short, past_grace)
+    problems += overlaps
     new = deviceplugin.plugin_status(
         profile, ds, nodes, previous, now, troubles=troubles, reports=reports, problems=problems
     )
+    new = nodegroups.with_node_groups(new, profile, matching, _believed(reports, selected), previous)
     return Evaluation(_no_dra(new, previous), problems, recheck_at, keep, retry, frozenset(short))
+
+
+def _believed(reports: Sequence[Report], selected: frozenset[str]) -> list[Report]:
+    """The reports of the nodes the profile selects now (a node that left keeps its report until
+    it is pruned; it is no longer the profile's)."""
+    return [r for r in reports if r.node in selected]
 
 
 def excluded_by_node_agent(nodes: Sequence[NodeState], selector: Sequence[tuple[str, str]]) -> list[Trouble]:

@@ -15,6 +15,9 @@ admission, so what the operator reads has been admitted. ``FIELDS`` mirrors the 
 read here (their paths and their value when absent), and a unit test checks it against the CRD
 and this parser against the agent's on the same documents.
 
+A node group's ``plugin`` (``spec.nodeGroups[].plugin``) is partial: ``merge`` lays it over
+``spec.plugin``, and the result is a ``PluginSpec`` like any other, handed to the agents whole.
+
 Why the operator does not import the agent's parser: no program imports another (import-linter),
 the operator's image installs the operator only, and the agent's parser refuses what a node agent
 must refuse (a full validation with messages), where the operator needs two admitted values.
@@ -59,3 +62,40 @@ class PluginSpec:
         document = dict(plugin or {})
         kind = _at(document, CDI_KIND)
         return cls(document, int(_at(document, REPLICAS) or 1), str(kind) if kind else None)
+
+
+#: The top-level keys of ``spec.plugin`` that a node group replaces whole instead of merging: a
+#: discovery backend is one choice among several (``paths`` merged into ``pci`` would be two).
+REPLACED_WHOLE = frozenset({"discovery"})
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` (a node group's partial ``plugin``) deep-merged over ``base`` (``spec.plugin``):
+    mappings merge key by key, lists and values replace, ``REPLACED_WHOLE`` keys replace whole;
+    a null leaves the base's value. Neither input is changed (the registry's profiles are
+    shared). Pure and total: what comes out is checked by whoever reads it (the agent's parser,
+    as for ``spec.plugin``), and the CRD has checked each part at admission."""
+    return _merge(base, override, top=True)
+
+
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any], *, top: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {k: plain(v) for k, v in base.items()}
+    for key, value in override.items():
+        if value is None:
+            continue
+        old = out.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping) and not (top and key in REPLACED_WHOLE):
+            out[key] = _merge(old, value, top=False)
+        else:
+            out[key] = plain(value)
+    return out
+
+
+def plain(value: Any) -> Any:
+    """A deep copy into plain dicts and lists (kopf hands over read-only views, and the registry's
+    documents are shared: a copy is never the original)."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from patchbay_operator.constants import Mode
-from patchbay_operator.pluginspec import PluginSpec
+from patchbay_operator.constants import DEFAULT_NODE_GROUP, Mode
+from patchbay_operator.pluginspec import PluginSpec, merge, plain
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,29 @@ def _expression(r: Requirement) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class NodeGroup:
+    """One of ``spec.nodeGroups``: the nodes its selector matches use ``plugin``, the profile's
+    ``spec.plugin`` with the group's settings merged over it (``pluginspec.merge``)."""
+
+    name: str
+    selector: Selector
+    #: the group's own partial ``plugin``, as written
+    overrides: Mapping[str, Any] = field(compare=False, repr=False)
+    #: ``spec.plugin`` with ``overrides`` merged in: what the group's nodes are served with
+    plugin: PluginSpec = field(compare=False, repr=False)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], base: Mapping[str, Any]) -> NodeGroup:
+        overrides = plain(raw.get("plugin") or {})
+        return cls(
+            str(raw["name"]),
+            Selector.parse(raw.get("nodeSelector")),
+            overrides,
+            PluginSpec.parse(merge(base, overrides)),
+        )
+
+
+@dataclass(frozen=True)
 class Profile:
     """One DevicePluginProfile, parsed once when kopf hands it over."""
 
@@ -123,12 +146,15 @@ class Profile:
     static_capacity: int = 0
     capacity_label: str | None = None
     deleting: bool = False
+    #: ``spec.nodeGroups``, in list order (the first that matches a node is the node's)
+    node_groups: tuple[NodeGroup, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> Profile:
         meta = body.get("metadata") or {}
         spec = body.get("spec") or {}
         static = spec.get("static") or {}
+        plugin = plain(spec.get("plugin")) or {}
         return cls(
             name=str(meta["name"]),
             uid=str(meta.get("uid", "")),
@@ -137,12 +163,29 @@ class Profile:
             resource=str(spec["resourceName"]),
             mode=Mode(spec["mode"]),
             selector=Selector.parse(spec.get("nodeSelector")),
-            spec=_plain(spec),
-            plugin=PluginSpec.parse(_plain(spec.get("plugin"))),
+            spec=plain(spec),
+            plugin=PluginSpec.parse(plugin),
             static_capacity=int(static.get("capacity") or 0),
             capacity_label=static.get("capacityFromLabel") or None,
             deleting=bool(meta.get("deletionTimestamp")),
+            node_groups=tuple(NodeGroup.parse(g, plugin) for g in spec.get("nodeGroups") or ()),
         )
+
+    def groups_matching(self, labels: Mapping[str, str]) -> list[NodeGroup]:
+        """Every node group whose selector matches these labels, in list order."""
+        return [g for g in self.node_groups if g.selector.matches(labels)]
+
+    def group_of(self, labels: Mapping[str, str]) -> str:
+        """The node group a node with these labels uses: the FIRST that matches in list order
+        (docs/api.md#node-groups), or ``default`` (``spec.plugin`` alone). The node agent makes
+        the same choice (``patchbay_agent.nodeconfig``); this one is for the status."""
+        matching = self.groups_matching(labels)
+        return matching[0].name if matching else DEFAULT_NODE_GROUP
+
+    def plugin_for(self, labels: Mapping[str, str]) -> PluginSpec:
+        """The plugin settings a node with these labels is served with (its group's)."""
+        matching = self.groups_matching(labels)
+        return matching[0].plugin if matching else self.plugin
 
     @property
     def sort_key(self) -> tuple[str, str]:
@@ -151,8 +194,9 @@ class Profile:
     @property
     def shares(self) -> int:
         """`plugin.sharing.replicas`: how many pods (DevicePlugin) or claims (DRA) may hold a
-        device at once."""
-        return self.plugin.replicas
+        device at once; with node groups, the most any group allows (a node's own number is
+        ``plugin_for(labels).replicas``)."""
+        return max([self.plugin.replicas, *(g.plugin.replicas for g in self.node_groups)])
 
     @property
     def uses_shared_agent(self) -> bool:
@@ -173,14 +217,12 @@ class Profile:
         least privilege), and no other profile may have the same kind."""
         return self.plugin.cdi_kind
 
-
-def _plain(value: Any) -> Any:
-    """A deep copy into plain dicts and lists (kopf hands over read-only views)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+    @property
+    def cdi_kinds(self) -> frozenset[str]:
+        """Every CDI kind the profile's agents may name devices with: ``cdi_kind`` and its node
+        groups' (a group may set a kind of its own); no other profile may use any of them."""
+        kinds = [self.plugin.cdi_kind, *(g.plugin.cdi_kind for g in self.node_groups)]
+        return frozenset(k for k in kinds if k)
 
 
 class Registry:
@@ -252,16 +294,16 @@ class Registry:
         return self.cdi_kind_holder(profile)
 
     def cdi_kind_holder(self, profile: Profile) -> Profile | None:
-        """The oldest other live profile with ``profile``'s CDI kind, when it is older."""
-        kind = profile.cdi_kind
-        if kind is None:
+        """The oldest other live profile with one of ``profile``'s CDI kinds, when it is older."""
+        kinds = profile.cdi_kinds
+        if not kinds:
             return None
         older = [
             p
             for p in self._by_name.values()
             if p.name != profile.name
             and not p.deleting
-            and p.cdi_kind == kind
+            and p.cdi_kinds & kinds
             and p.sort_key < profile.sort_key
         ]
         return min(older, key=lambda p: p.sort_key) if older else None

@@ -116,7 +116,9 @@ class ProfileStatus:
             list(self._nodes.states.values()),
             winner=w.name if (w := self._registry.conflict(profile)) is not None else None,
             conflict_on=(
-                f"CDI kind {profile.cdi_kind}" if w is not None and w.resource != profile.resource else ""
+                f"CDI kind {', '.join(sorted(profile.cdi_kinds & w.cdi_kinds))}"
+                if w is not None and w.resource != profile.resource
+                else ""
             ),
         )
         if base.winner is not None:

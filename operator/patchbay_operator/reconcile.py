@@ -94,17 +94,17 @@ class Reconciler:
         await self._agents.reapply_dra_twin(profile)
 
     async def _promote_cdi_kind(self, gone: Profile) -> None:
-        """The profiles that waited for ``gone``'s CDI kind: the next in line is applied now."""
-        if gone.cdi_kind is None:
+        """The profiles that waited for one of ``gone``'s CDI kinds: the next in line is applied now."""
+        if not gone.cdi_kinds:
             return
         waiting = sorted(
-            (p for p in self._registry if p.cdi_kind == gone.cdi_kind and not p.deleting),
+            (p for p in self._registry if p.cdi_kinds & gone.cdi_kinds and not p.deleting),
             key=lambda p: p.sort_key,
         )
         self._status.mark([p.name for p in waiting])
         for p in waiting:
             if self._registry.conflict(p) is None and p.mode.runs_agents:
-                log.info("DevicePluginProfile %s now has CDI kind %s", p.name, p.cdi_kind)
+                log.info("DevicePluginProfile %s now has CDI kind %s", p.name, ", ".join(sorted(p.cdi_kinds)))
                 await self._agents.apply(p)
 
     def replace_all(self, bodies: Iterable[Mapping[str, Any]]) -> None:

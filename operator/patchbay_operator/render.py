@@ -298,7 +298,11 @@ def shared_labels() -> dict[str, str]:
 
 def node_entry(profile: Profile, exclude: Selector | None = None) -> dict[str, Any]:
     """One profile in the node agent's config (nodeconfig.py in the agent reads it): its name,
-    mode (and DRA driver), resourceName, plugin, and the node selector terms of its agent."""
+    mode (and DRA driver), resourceName, plugin, and the node selector terms of its agent; with
+    ``spec.nodeGroups``, each group in list order with its selector as ONE node selector term and
+    its settings already merged over ``plugin`` (the agent chooses the first group whose term
+    selects its node and validates that group's plugin as it validates ``plugin``). Merging here
+    keeps the agent's side a choice, and the merge rule in one place (``pluginspec.merge``)."""
     entry: dict[str, Any] = {
         "profile": profile.name,
         "mode": profile.mode.value,
@@ -306,6 +310,15 @@ def node_entry(profile: Profile, exclude: Selector | None = None) -> dict[str, A
         "plugin": dict(profile.plugin.document),
         "nodeSelectorTerms": profile.selector.node_selector_terms(exclude),
     }
+    if profile.node_groups:
+        entry["nodeGroups"] = [
+            {
+                "name": g.name,
+                "nodeSelectorTerms": [g.selector.as_node_affinity_terms()],
+                "plugin": dict(g.plugin.document),
+            }
+            for g in profile.node_groups
+        ]
     if profile.mode is Mode.DRA:
         entry["driver"] = driver_name(profile.name)
     return entry

@@ -170,6 +170,10 @@ class AgentConfig:
     allocation: Allocation = field(default_factory=Allocation)
     preferred_policy: PreferredPolicy = PreferredPolicy.NONE
     pre_start: PreStart | None = None
+    #: the profile's node group whose settings these are (`nodeconfig`: the node agent chooses it
+    #: from its Node's labels); "" for a profile without node groups. Not read from `plugin`: it
+    #: only names the choice, for the DeviceReport's `nodeGroup`.
+    node_group: str = ""
 
 
 # --------------------------------------------------------------------------------------------

@@ -415,7 +415,7 @@ class UnitSupervisor:
             def build(uid: str | None) -> dict[str, Any]:
                 assert unit.failure is not None
                 reason, message, since = unit.failure
-                return failure_report(target, reason, message, since, uid)
+                return failure_report(target, reason, message, since, uid, node_group=unit.entry.node_group)
 
             reporter = unit.failure_reporter = Reporter(
                 target, self._client, build, Metrics(target.resource_name, target.node_name)

@@ -7,8 +7,15 @@ entry names its driver), `resourceName` and `plugin` section (exactly the single
 ANDed expressions, the KEP-5004 exclusion of a DRA profile included), which the agent evaluates
 against its own Node's labels with the scheduler's semantics.
 
+An entry may carry `nodeGroups` (the profile's `spec.nodeGroups`): each a name, node selector
+terms, and the group's `plugin`, already merged over the entry's by the operator. A node uses the
+FIRST group whose terms select it, or the entry's own `plugin` (group `default`) when none does
+(`ProfileEntry.for_labels`); the units run that choice, so a label change that moves the node to
+another group reconfigures the unit as a changed profile does.
+
 Parsing never lets one entry spoil the others: an entry whose `plugin` is refused keeps its
-`ConfigError`, and the node agent reports it in that profile's DeviceReport while the rest serve.
+`ConfigError`, and the node agent reports it in that profile's DeviceReport while the rest serve;
+a group whose `plugin` is refused keeps its own, reported only on the nodes of that group.
 Pure: no I/O besides reading the file, no gRPC (like `config.py`).
 """
 
@@ -17,7 +24,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,9 @@ NODE_CONFIG_KEY = "node.yaml"
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+#: The node group of a node that no group selects (the entry's own `plugin`); the operator's
+#: `constants.DEFAULT_NODE_GROUP`, kept equal by a unit test.
+DEFAULT_NODE_GROUP = "default"
 
 
 class Mode(enum.StrEnum):
@@ -65,33 +75,76 @@ class Expression:
         return have > want if op == "Gt" else have < want
 
 
+Terms = tuple[tuple[Expression, ...], ...]
+
+
+def _selects(terms: Terms, labels: Mapping[str, str]) -> bool:
+    """ORed terms of ANDed expressions; no term at all selects every node."""
+    return not terms or any(all(e.matches(labels) for e in term) for term in terms)
+
+
+@dataclass(frozen=True)
+class GroupEntry:
+    """One of a profile's node groups: the nodes its terms select are served with its plugin."""
+
+    name: str
+    terms: Terms
+    #: the parsed `resourceName` + the group's (merged) `plugin`; None when refused (`error`)
+    config: AgentConfig | None
+    #: the group's raw `plugin`
+    plugin: Mapping[str, Any] = field(compare=False, repr=False)
+    error: str = ""
+
+
 @dataclass(frozen=True)
 class ProfileEntry:
-    """One profile the shared agent may serve."""
+    """One profile the shared agent may serve; with node groups, `for_labels` is the entry a
+    given node serves."""
 
     profile: str
     mode: Mode
     #: ORed terms of ANDed expressions; no term at all selects every node
-    terms: tuple[tuple[Expression, ...], ...]
+    terms: Terms
     #: the parsed `resourceName` + `plugin`; None when refused (then `error` says why)
     config: AgentConfig | None
-    #: the raw `resourceName` + `plugin`, compared to tell a changed entry from an unchanged one
+    #: the raw `resourceName` + `plugin` (+ `nodeGroups`), compared to tell a changed entry from
+    #: an unchanged one
     raw: Mapping[str, Any] = field(compare=False, repr=False)
     driver: str = ""
     error: str = ""
+    #: the profile's node groups, in list order (the first that selects a node wins)
+    groups: tuple[GroupEntry, ...] = ()
+    #: in an entry `for_labels` chose: the group it serves ("" for a profile without groups)
+    node_group: str = ""
 
     def selects(self, labels: Mapping[str, str]) -> bool:
-        if not self.terms:
-            return True
-        return any(all(e.matches(labels) for e in term) for term in self.terms)
+        return _selects(self.terms, labels)
+
+    def for_labels(self, labels: Mapping[str, str]) -> ProfileEntry:
+        """The entry a node with these labels serves: itself without node groups; else the first
+        group that selects the node (its config, its error), or the entry's own settings as group
+        `default`. The result has no groups and names its `node_group`, so its `key` changes
+        when a label change moves the node to another group (the unit is reconfigured)."""
+        if not self.groups:
+            return self
+        group = next((g for g in self.groups if _selects(g.terms, labels)), None)
+        if group is None:
+            config, error, name = self.config, self.error, DEFAULT_NODE_GROUP
+            raw = {k: v for k, v in self.raw.items() if k != "nodeGroups"}
+        else:
+            config, error, name = group.config, group.error, group.name
+            raw = {"resourceName": self.raw.get("resourceName"), "plugin": group.plugin}
+        if config is not None:
+            config = replace(config, node_group=name)
+        return replace(self, config=config, raw=raw, error=error, groups=(), node_group=name)
 
     @property
     def key(self) -> tuple[object, ...]:
         """What serving this entry depends on: a change of it restarts the entry's unit."""
-        return (self.mode, self.driver, yaml.safe_dump(dict(self.raw), sort_keys=True))
+        return (self.mode, self.driver, yaml.safe_dump(dict(self.raw), sort_keys=True), self.node_group)
 
 
-def _terms(raw: Any, path: str) -> tuple[tuple[Expression, ...], ...]:
+def _terms(raw: Any, path: str) -> Terms:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -106,7 +159,8 @@ def _terms(raw: Any, path: str) -> tuple[tuple[Expression, ...], ...]:
             where = f"{path}[{i}][{j}]"
             if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
                 raise ConfigError(where, "must be an expression with a key")
-            if e.get("operator") not in _OPERATORS:
+            operator = e.get("operator")
+            if not isinstance(operator, str) or operator not in _OPERATORS:  # a list is unhashable
                 raise ConfigError(f"{where}.operator", f"must be one of {sorted(_OPERATORS)}")
             values = e.get("values") or []
             if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
@@ -130,13 +184,11 @@ def parse_node_config(raw: Any) -> list[ProfileEntry]:
         path = f"profiles[{i}]"
         if not isinstance(item, Mapping):
             raise ConfigError(path, "must be a mapping")
-        name = item.get("profile")
-        if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.fullmatch(name):
-            raise ConfigError(f"{path}.profile", "must be a profile name (a DNS label)")
-        if name in seen:
-            raise ConfigError(f"{path}.profile", f"{name!r} is listed twice")
-        seen.add(name)
+        name = _listed_name(item, "profile", path, seen)
         body = {"resourceName": item.get("resourceName"), "plugin": item.get("plugin")}
+        if item.get("nodeGroups") is not None:
+            body["nodeGroups"] = item["nodeGroups"]
+        groups: tuple[GroupEntry, ...] = ()
         try:
             mode = Mode(item.get("mode", Mode.DEVICE_PLUGIN))
         except ValueError:
@@ -150,15 +202,63 @@ def parse_node_config(raw: Any) -> list[ProfileEntry]:
             if mode is Mode.DRA and (len(driver) > 63 or not _DNS_SUBDOMAIN.fullmatch(driver)):
                 raise ConfigError(f"{path}.driver", "a DRA entry needs a driver name (a DNS subdomain)")
             terms = _terms(item.get("nodeSelectorTerms"), f"{path}.nodeSelectorTerms")
-            config = parse(body)
+            groups = _groups(item.get("nodeGroups"), body["resourceName"], f"{path}.nodeGroups")
+            # The entry's own settings: what its nodes of no group (`default`) serve.
+            config = parse({"resourceName": body["resourceName"], "plugin": body["plugin"]})
         except ConfigError as e:
             error = str(e)
             terms = () if "nodeSelectorTerms" in error else _safe_terms(item, path)
-        entries.append(ProfileEntry(name, mode, terms, config, body, driver, error))
+            if "nodeGroups" in error.partition(":")[0]:
+                groups = ()  # the list is unusable: every node is refused with the entry's error
+        entries.append(ProfileEntry(name, mode, terms, config, body, driver, error, groups))
     return entries
 
 
-def _safe_terms(item: Mapping[str, Any], path: str) -> tuple[tuple[Expression, ...], ...]:
+def _listed_name(item: Mapping[str, Any], key: str, path: str, seen: set[str]) -> str:
+    """`item[key]`, a DNS label not in `seen` (names listed before it, or reserved); added to
+    `seen`. Raises ConfigError naming `<path>.<key>`."""
+    name = item.get(key)
+    if not isinstance(name, str) or len(name) > 63 or not _DNS_LABEL.fullmatch(name):
+        raise ConfigError(f"{path}.{key}", f"must be a {key} name (a DNS label)")
+    if name in seen:
+        raise ConfigError(f"{path}.{key}", f"{name!r} is listed twice (or reserved)")
+    seen.add(name)
+    return name
+
+
+def _groups(raw: Any, resource: Any, path: str) -> tuple[GroupEntry, ...]:
+    """The entry's node groups, in order. A group whose `plugin` is refused keeps its error (only
+    its nodes are refused, naming the group's field: `nodeGroups[1].plugin.sharing.replicas`);
+    a list that is not one, a group without a valid name or terms, or a name twice refuses the
+    whole entry (raises)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(path, "must be a list of node groups")
+    out: list[GroupEntry] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        where = f"{path}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(where, "must be a mapping")
+        name = _listed_name(item, "name", where, seen | {DEFAULT_NODE_GROUP})
+        seen.add(name)
+        terms = _terms(item.get("nodeSelectorTerms"), f"{where}.nodeSelectorTerms")
+        plugin = item.get("plugin")
+        config: AgentConfig | None = None
+        error = ""
+        try:
+            config = parse({"resourceName": resource, "plugin": plugin})
+        except ConfigError as e:
+            # The group's path in the profile's terms (`nodeGroups[1].plugin...`), not the node
+            # config's: the message is read in the profile's status.
+            field_path = e.field if e.field.startswith("plugin") else f"plugin ({e.field})"
+            error = f"nodeGroups[{i}].{field_path}: {str(e).partition(': ')[2]}"
+        out.append(GroupEntry(name, terms, config, plugin if isinstance(plugin, Mapping) else {}, error))
+    return tuple(out)
+
+
+def _safe_terms(item: Mapping[str, Any], path: str) -> Terms:
     try:
         return _terms(item.get("nodeSelectorTerms"), f"{path}.nodeSelectorTerms")
     except ConfigError:
@@ -180,5 +280,6 @@ def load_node_config(path: str | Path) -> list[ProfileEntry]:
 
 
 def selected(entries: Sequence[ProfileEntry], labels: Mapping[str, str]) -> list[ProfileEntry]:
-    """The entries whose terms select a node with these labels."""
-    return [e for e in entries if e.selects(labels)]
+    """The entries whose terms select a node with these labels, each as this node serves it (its
+    node group chosen: `ProfileEntry.for_labels`)."""
+    return [e.for_labels(labels) for e in entries if e.selects(labels)]

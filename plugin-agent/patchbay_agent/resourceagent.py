@@ -222,7 +222,12 @@ class ResourceAgent:
 
         def build(node_uid: str | None) -> dict[str, Any]:
             return build_report(
-                target, self.inventory.current, holders.containers, node_uid, slices=self._slice_state()
+                target,
+                self.inventory.current,
+                holders.containers,
+                node_uid,
+                slices=self._slice_state(),
+                node_group=self.config.node_group,
             )
 
         reporter = Reporter(target, client, build, self.metrics)
@@ -263,6 +268,8 @@ class ResourceAgent:
             self.backend = backend
         self.front.reconfigure(config)
         self.monitor.reconfigure(backend, config.health)
+        if self.reporter is not None:
+            self.reporter.notify()  # the report names the node group, which may be all that changed
         log.info(
             "Applied the profile change for %s in place (registration and stream kept%s)",
             config.resource_name,

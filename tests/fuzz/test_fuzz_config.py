@@ -118,3 +118,36 @@ def test_one_value_replaced(where: tuple[Any, ...], value: Any) -> None:
 
 def test_the_valid_config_is_valid() -> None:
     assert parse(VALID).resource_name == "example.com/serial"
+
+
+GROUPED = {
+    "profile": "serial",
+    "mode": "DevicePlugin",
+    **VALID,
+    "nodeGroups": [
+        {
+            "name": "fast",
+            "nodeSelectorTerms": [[{"key": "fast", "operator": "Exists"}]],
+            "plugin": copy.deepcopy(VALID["plugin"]),
+        }
+    ],
+}
+GROUP_PATHS = [p for p in _paths(GROUPED) if p[:1] == ("nodeGroups",)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(where=st.sampled_from(GROUP_PATHS), value=_json)
+def test_one_value_of_a_node_group_replaced(where: tuple[Any, ...], value: Any) -> None:
+    """A bad node group never spoils the file nor the other entries; the node it concerns is
+    refused with an error naming the field (`nodeGroups[0].plugin...`, or the entry's path when
+    the list itself is unusable); a node of no group is served whenever only the group is bad."""
+    entry = _replace(GROUPED, where, value)
+    grouped, other = parse_node_config({"profiles": [entry, {**GROUPED, "profile": "other"}]})
+    assert other.for_labels({"fast": ""}).config is not None
+    for labels in ({}, {"fast": ""}):
+        chosen = grouped.for_labels(labels)
+        if chosen.config is None:
+            assert chosen.error.startswith(("nodeGroups[0].", "profiles[0].nodeGroups")), chosen.error
+            tally("config (node group)", "refused")
+        else:
+            tally("config (node group)", "accepted")

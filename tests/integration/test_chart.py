@@ -1175,6 +1175,11 @@ def _profile(name: str, **spec: Any) -> str:
     )
 
 
+def _group(name: str, plugin: dict[str, Any]) -> str:
+    """A profile whose one node group (every node) sets `plugin`."""
+    return _profile(name, nodeGroups=[{"name": "all", "nodeSelector": {}, "plugin": plugin}])
+
+
 def test_profile_guardrails_refuse_dangerous_fields_to_authors_who_are_not_administrators(
     tools: Tools, installed: str
 ) -> None:
@@ -1228,6 +1233,17 @@ def test_profile_guardrails_refuse_dangerous_fields_to_authors_who_are_not_admin
         "spec.plugin.allocation.cdi.kind": _profile(
             "g9", plugin={"allocation": {"cdi": {"kind": "nvidia.com/gpu"}}}
         ),
+        # A node group's plugin is merged over spec.plugin on its nodes: guarded the same way.
+        "spec.nodeGroups[].plugin.health.exec": _group(
+            "g13", {"health": {"exec": {"command": ["/bin/true"]}}}
+        ),
+        "spec.nodeGroups[].plugin.preStart": _group("g14", {"preStart": {"command": ["/bin/true"]}}),
+        "spec.nodeGroups[].plugin.allocation.mounts": _group(
+            "g15", {"allocation": {"mounts": [{"hostPath": "/etc", "containerPath": "/host-etc"}]}}
+        ),
+        "spec.nodeGroups[].plugin.allocation.cdi.kind": _group(
+            "g16", {"allocation": {"cdi": {"kind": "nvidia.com/gpu"}}}
+        ),
     }
     try:
         safe = _profile("g0")
@@ -1236,6 +1252,7 @@ def test_profile_guardrails_refuse_dangerous_fields_to_authors_who_are_not_admin
             "the guardrails in force", lambda: as_bob(dangerous["spec.agent.privileged"]), 60, 0.5
         )
         assert as_bob(safe) is None
+        assert as_bob(_group("g17", {"sharing": {"replicas": 2}, "health": {"failureThreshold": 5}})) is None
         for field, doc in dangerous.items():
             said = as_bob(doc)
             assert said is not None and field in said, (field, said)

@@ -9,8 +9,9 @@ report; /metrics carries every profile's series, labelled by profile."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -216,27 +217,17 @@ def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
     client = RecordingClient()
 
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        peer = PodResourcesPeer(short_dir / "pr.sock")
-        await kubelet.start()
-        await peer.start()
-        options = _options(
-            short_dir,
-            plugin_dir,
-            hw,
-            report=ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600),
-        )
-        node = NodeAgent(parse_node_config({"profiles": [serial, tokens]}), options, client)
-        stop = asyncio.Event()
-        task = asyncio.create_task(node.run(stop))
         lowest: list[int] = []
+        async with _serving(short_dir, plugin_dir, hw, {"profiles": [serial, tokens]}, client) as (
+            node,
+            kubelet,
+        ):
 
-        async def sample() -> None:
-            while not stop.is_set():
-                lowest.append(kubelet.healthy("example.com/serial"))
-                await asyncio.sleep(0.005)
+            async def sample() -> None:
+                while True:  # until cancelled
+                    lowest.append(kubelet.healthy("example.com/serial"))
+                    await asyncio.sleep(0.005)
 
-        try:
             await kubelet.wait_for(
                 lambda: (
                     kubelet.healthy("example.com/serial") == 2 and kubelet.healthy("example.com/tokens") == 3
@@ -271,13 +262,41 @@ def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
             assert serial_agent.servicer.streams_opened == 1
             sampler.cancel()
             assert lowest and min(lowest) == 2
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=20)
-            await peer.stop()
-            await kubelet.stop()
 
     asyncio.run(scenario())
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    short_dir: Path,
+    plugin_dir: Path,
+    hw: FakeHardware,
+    config: dict[str, Any],
+    client: RecordingClient,
+    **kw: Any,
+) -> AsyncIterator[tuple[NodeAgent, PyKubelet]]:
+    """A node agent serving `config` (with reports to `client`) to a Python kubelet, stopped and
+    torn down on exit; `kw` goes to NodeAgent (labels)."""
+    kubelet = PyKubelet(plugin_dir)
+    peer = PodResourcesPeer(short_dir / "pr.sock")
+    await kubelet.start()
+    await peer.start()
+    options = _options(
+        short_dir,
+        plugin_dir,
+        hw,
+        report=ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600),
+    )
+    node = NodeAgent(parse_node_config(config), options, client, **kw)
+    stop = asyncio.Event()
+    task = asyncio.create_task(node.run(stop))
+    try:
+        yield node, kubelet
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=20)
+        await peer.stop()
+        await kubelet.stop()
 
 
 def _healthy(kubelet: PyKubelet, *names: str) -> tuple[int, ...]:
@@ -521,6 +540,141 @@ def test_a_dra_profile_of_the_node_agent_keeps_its_driver_inside_the_node_agents
             # Nothing of this agent's beside the other drivers' directories.
             assert [p.name for p in (root / "plugins").iterdir()] == ["patchbay_node-agent"]
             assert [p.name for p in own.iterdir()] == [driver]
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=20)
+            await peer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_label_change_that_moves_the_node_to_another_node_group_reconfigures_its_unit_live(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """Node groups (docs/api.md#node-groups): the node serves the first group its labels select,
+    else the profile's own settings (`default`); a label change that moves it to a group whose
+    change can be made in place (another discovery) keeps the registration and the stream, one
+    the kubelet must hear of (sharing replicas) registers again, like a changed profile; the
+    DeviceReport names the group each time."""
+    base = {"discovery": {"virtual": {"count": 2}}}
+    entry = _entry(
+        "gpus",
+        "example.com/gpus",
+        base,
+        nodeGroups=[
+            {
+                "name": "many",
+                "nodeSelectorTerms": [[{"key": "many", "operator": "In", "values": ["yes"]}]],
+                "plugin": {"discovery": {"virtual": {"count": 5}}},
+            },
+            {
+                "name": "shared",
+                "nodeSelectorTerms": [[{"key": "shared", "operator": "Exists"}]],
+                "plugin": {**base, "sharing": {"replicas": 2}},
+            },
+        ],
+    )
+    client = RecordingClient()
+
+    def group() -> str | None:
+        last = client.last("gpus")
+        return None if last is None else str(last.get("nodeGroup"))
+
+    async def scenario() -> None:
+        async with _serving(short_dir, plugin_dir, hw, {"profiles": [entry]}, client, labels={}) as (
+            node,
+            kubelet,
+        ):
+
+            async def relabel(labels: dict[str, str]) -> dict[str, str]:
+                node.update(labels=labels)
+                assert node._pending is not None
+                return await node._pending
+
+            await kubelet.wait_for(lambda: kubelet.healthy("example.com/gpus") == 2)
+            await until(lambda: group() == "default")
+            agent = node.units["gpus"].agent
+            assert agent is not None and agent.servicer is not None
+
+            assert await relabel({"many": "yes"}) == {"gpus": "reconfigured"}
+            await kubelet.wait_for(lambda: kubelet.healthy("example.com/gpus") == 5)
+            await until(lambda: group() == "many")
+            assert node.units["gpus"].agent is agent and agent.servicer.streams_opened == 1
+            assert sum(r.request.resource_name == "example.com/gpus" for r in kubelet.registrations) == 1
+
+            # Both groups select the node now: the first listed (many) stays; nothing to do.
+            assert await relabel({"many": "yes", "shared": ""}) == {}
+
+            assert await relabel({"shared": ""}) == {"gpus": "restarted"}
+            await kubelet.wait_for(lambda: kubelet.healthy("example.com/gpus") == 4)  # 2 devices x 2
+            await until(lambda: group() == "shared")
+
+            assert await relabel({}) == {"gpus": "restarted"}
+            await kubelet.wait_for(lambda: kubelet.healthy("example.com/gpus") == 2)
+            await until(lambda: group() == "default")
+
+    asyncio.run(scenario())
+
+
+def test_a_dra_profiles_node_group_changes_what_its_slices_publish_when_a_label_moves_the_node(
+    short_dir: Path, plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """Node groups in DRA mode (docs/dra.md#node-groups): the node publishes its devices with its
+    group's settings (here sharing: consumable capacity, 2 shares a device) and unshared outside
+    the group; a label change restarts the DRA unit (any DRA change does) and the slices follow;
+    the DeviceReport names the group."""
+    driver = "gpus.patchbay.dev"
+    entry = {
+        "profile": "gpus",
+        "mode": "DRA",
+        "driver": driver,
+        "resourceName": "example.com/gpus",
+        "plugin": {"discovery": {"virtual": {"count": 2}}},
+        "nodeGroups": [
+            {
+                "name": "shared",
+                "nodeSelectorTerms": [[{"key": "shared", "operator": "Exists"}]],
+                "plugin": {"discovery": {"virtual": {"count": 2}}, "sharing": {"replicas": 2}},
+            }
+        ],
+    }
+    client = DraRecordingClient()
+
+    def devices() -> list[dict[str, Any]]:
+        return [d for s in client.slices.values() for d in s["spec"].get("devices") or []]
+
+    def group() -> str | None:
+        last = client.last("gpus")
+        return None if last is None else str(last.get("nodeGroup"))
+
+    def shares() -> set[str]:
+        return {
+            str(((d.get("capacity") or {}).get("patchbay.dev/shares") or {}).get("value", "-"))
+            for d in devices()
+        }
+
+    async def scenario() -> None:
+        peer = PodResourcesPeer(short_dir / "pr.sock")
+        await peer.start()
+        report = ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600)
+        options = _options(short_dir, plugin_dir, hw, report=report, kubelet_root_dir=short_dir / "k")
+        node = NodeAgent(parse_node_config({"profiles": [entry]}), options, client, labels={})
+        stop = asyncio.Event()
+        task = asyncio.create_task(node.run(stop))
+        try:
+            await until(lambda: len(devices()) == 2 and group() == "default")
+            assert shares() == {"-"} and not any(d.get("allowMultipleAllocations") for d in devices())
+
+            node.update(labels={"shared": ""})
+            assert node._pending is not None
+            assert await node._pending == {"gpus": "restarted"}
+            await until(lambda: group() == "shared" and shares() == {"2"}, within=20)
+            assert len(devices()) == 2 and all(d.get("allowMultipleAllocations") for d in devices())
+
+            node.update(labels={})
+            assert node._pending is not None
+            assert await node._pending == {"gpus": "restarted"}
+            await until(lambda: group() == "default" and shares() == {"-"}, within=20)
         finally:
             stop.set()
             await asyncio.wait_for(task, timeout=20)

@@ -174,6 +174,49 @@ class Cluster:
                 return dict(c)
         return None
 
+    # reports
+    def apply_report(
+        self,
+        name: str,
+        node: str,
+        agent: str,
+        devices: list[dict[str, Any]],
+        resource: str,
+        **fields: Any,
+    ) -> None:
+        """What an agent pod does: server-side apply of profile `name`'s DeviceReport for `node`,
+        naming its writer `agent`, with `devices`, their summary and any other report `fields`
+        (`nodeGroup=...`)."""
+        healthy = sum(d["health"] == "Healthy" for d in devices)
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "DeviceReport",
+            "metadata": {"name": f"{name}.{node}", "namespace": NAMESPACE},
+            "profile": name,
+            "nodeName": node,
+            "agent": agent,
+            "resourceName": resource,
+            **fields,
+            "summary": {
+                "total": len(devices),
+                "healthy": healthy,
+                "unhealthy": len(devices) - healthy,
+                "allocated": 0,
+            },
+            "devices": devices,
+        }
+        self.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            NAMESPACE,
+            "devicereports",
+            f"{name}.{node}",
+            body,
+            field_manager="patchbay-agent",
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
     # nodes
     def add_nodes(self, count: int, labels: dict[str, str] | None = None, start: int = 0) -> list[str]:
         names = self.devcluster.add_kwok_nodes(

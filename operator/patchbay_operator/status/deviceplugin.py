@@ -73,7 +73,8 @@ def plugin_problems(
 
 def kubelet_short(profile: Profile, nodes: Iterable[NodeState], reports: Iterable[Report]) -> dict[str, str]:
     """Nodes whose allocatable counts fewer of the resource's devices than the node's agent reports
-    healthy (each physical device counts `sharing.replicas` times, as the kubelet counts them):
+    healthy (each physical device counts `sharing.replicas` times, as the kubelet counts them; the
+    node's own number, which its node group may set):
     node -> what is short, said for people. Nodes without the resource in capacity, without a
     report or with an agent error are not judged here (other problems cover them)."""
     r = profile.resource
@@ -83,7 +84,7 @@ def kubelet_short(profile: Profile, nodes: Iterable[NodeState], reports: Iterabl
         report = by_node.get(node.name)
         if report is None or report.error is not None or node.capacity.get(r) is None:
             continue
-        expected = report.healthy * max(1, profile.shares)
+        expected = report.healthy * max(1, profile.plugin_for(node.labels).replicas)
         allocatable = quantity_to_int(node.allocatable.get(r))
         if allocatable < expected:
             out[node.name] = (

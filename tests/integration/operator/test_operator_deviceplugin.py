@@ -38,36 +38,8 @@ def pod_hash(ds: dict[str, Any] | None) -> str | None:
 
 
 def apply_report(cluster: Cluster, name: str, node: str, agent: str, devices: list[dict[str, Any]]) -> None:
-    """What an agent pod does: server-side apply of profile `name`'s DeviceReport for `node`,
-    naming its writer `agent`, with `devices` and their summary."""
-    healthy = sum(d["health"] == "Healthy" for d in devices)
-    body = {
-        "apiVersion": "patchbay.dev/v1beta1",
-        "kind": "DeviceReport",
-        "metadata": {"name": f"{name}.{node}", "namespace": NAMESPACE},
-        "profile": name,
-        "nodeName": node,
-        "agent": agent,
-        "resourceName": R,
-        "summary": {
-            "total": len(devices),
-            "healthy": healthy,
-            "unhealthy": len(devices) - healthy,
-            "allocated": 0,
-        },
-        "devices": devices,
-    }
-    cluster.custom.patch_namespaced_custom_object(
-        "patchbay.dev",
-        "v1beta1",
-        NAMESPACE,
-        "devicereports",
-        f"{name}.{node}",
-        body,
-        field_manager="patchbay-agent",
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
+    """What an agent pod does: its DeviceReport of `devices` for `node` (`Cluster.apply_report`)."""
+    cluster.apply_report(name, node, agent, devices, R)
 
 
 def test_agent_objects_are_applied_rolled_and_deleted(cluster: Cluster, operator: Operator) -> None:
