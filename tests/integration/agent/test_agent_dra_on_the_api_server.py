@@ -228,13 +228,28 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
             (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
             for d in prepared.devices
         ] == [
-            (["two"], node_name, names[0], [f"{driver}/device={uid}-{names[0]}"]),
+            # The request's first device also mounts its device metadata file (KEP-5304).
+            (
+                ["two"],
+                node_name,
+                names[0],
+                [f"{driver}/device={uid}-{names[0]}", f"{driver}/device={uid}_two"],
+            ),
             (["two"], node_name, names[2], [f"{driver}/device={uid}-{names[2]}"]),
         ]
         spec_file = cdi_dir / f"patchbay_{driver}_{uid}.json"
         cdi = json.loads(spec_file.read_text())
         assert cdi["kind"] == f"{driver}/device"
-        assert [d["name"] for d in cdi["devices"]] == [f"{uid}-{names[0]}", f"{uid}-{names[2]}"]
+        assert [d["name"] for d in cdi["devices"]] == [f"{uid}-{names[0]}", f"{uid}-{names[2]}", f"{uid}_two"]
+        # A claim the pod names (no pod-claim-name annotation): the resourceclaims path; the file
+        # lists the request's two devices of the real claim's allocation.
+        (mount,) = cdi["devices"][2]["containerEdits"]["mounts"]
+        assert mount["containerPath"] == (
+            f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/serials/two/{driver}-metadata.json"
+        )
+        meta = json.JSONDecoder().raw_decode(Path(mount["hostPath"]).read_text())[0]
+        assert meta["metadata"] == {"name": "serials", "namespace": namespace, "uid": uid, "generation": 1}
+        assert [d["name"] for d in meta["requests"][0]["devices"]] == [names[0], names[2]]
         assert cdi["devices"][1]["containerEdits"]["deviceNodes"] == [
             {"path": "/dev/ttyUSB2", "hostPath": "/dev/ttyUSB2", "permissions": "rw"}
         ]
@@ -250,6 +265,7 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
         )
         assert _unprepare(endpoint, ref).claims[uid].error == ""
         assert not spec_file.exists()
+        assert not Path(mount["hostPath"]).exists()
 
         # A device file goes: where the API server keeps device taints its slice device gets one,
         # where it drops them the device leaves the slice; in a newer generation either way.
