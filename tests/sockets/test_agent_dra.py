@@ -49,9 +49,13 @@ NODE = "node-1"
 
 
 def _claim(
-    uid: str, devices: list[str], pool: str = NODE, pod_claim_name: str | None = None
+    uid: str,
+    devices: list[str],
+    pool: str = NODE,
+    pod_claim_name: str | None = None,
+    request: str = "serial",
 ) -> dict[str, Any]:
-    results = [{"request": "serial", "driver": DRIVER, "pool": pool, "device": d} for d in devices]
+    results = [{"request": request, "driver": DRIVER, "pool": pool, "device": d} for d in devices]
     meta: dict[str, Any] = {"uid": uid}
     if pod_claim_name:
         meta["annotations"] = {"resource.kubernetes.io/pod-claim-name": pod_claim_name}
@@ -257,7 +261,11 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
 
             # A claim made from a template: the container reads its file under the pod's own name
             # for the claim. Its device's health changes: the file follows, generation counted up.
-            api.claims["ns", "c6-x7k2p"] = _claim("uid-6", [tty2], pod_claim_name="my-serial")
+            # Allocated by a subrequest (firstAvailable): the kubelet matches containers on the
+            # request's own name, so the answer and the file's path drop the subrequest.
+            api.claims["ns", "c6-x7k2p"] = _claim(
+                "uid-6", [tty2], pod_claim_name="my-serial", request="serial/fast"
+            )
             six = await v1.NodePrepareResources(
                 dra_v1_pb2.NodePrepareResourcesRequest(
                     claims=[dra_v1_pb2.Claim(namespace="ns", uid="uid-6", name="c6-x7k2p")]
@@ -265,6 +273,7 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
                 timeout=45,
             )
             assert list(six.claims["uid-6"].devices[0].cdi_device_ids)[1] == f"{DRIVER}/device=uid-6_serial"
+            assert list(six.claims["uid-6"].devices[0].request_names) == ["serial"]
             spec6 = json.loads((cdi_dir / f"patchbay_{DRIVER}_uid-6.json").read_text())
             meta6 = service.parent / "dra-device-metadata" / "ns_c6-x7k2p" / "serial" / "metadata.json"
             assert spec6["devices"][1]["containerEdits"]["mounts"][0]["containerPath"] == (
@@ -273,6 +282,7 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
             )
             first6 = _metadata_stream(meta6)[0]
             assert first6["podClaimName"] == "my-serial"
+            assert first6["requests"][0]["name"] == "serial/fast"  # as the allocation names it
             assert first6["metadata"]["generation"] == 1
             inode = meta6.stat().st_ino
 

@@ -172,16 +172,18 @@ class DeviceMetadataFiles:
         generation 1; returns the CDI devices that mount them by request (for the claim's spec).
         Raises OSError. A file already there for this claim UID (prepare again) keeps its
         generation when nothing changed, and counts it up when something did."""
-        by_request: dict[str, list[str]] = {}
+        # A request's file, by its base name (`gpu` of `gpu/fast`); the content names the
+        # request as the allocation does, subrequest included (upstream's rule).
+        by_request: dict[str, tuple[str, list[str]]] = {}
         for request, name in devices:
-            names = by_request.setdefault(base_request(request), [])
+            _, names = by_request.setdefault(base_request(request), (request, []))
             if name not in names:
                 names.append(name)
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
-            for request, names in by_request.items():
+            for request, (full_name, names) in by_request.items():
                 path = self.file(claim, request)
-                self._write(path, claim, request, names, attributes, first=True)
+                self._write(path, claim, full_name, names, attributes, first=True)
                 out[request] = {
                     "name": cdi_device_name(claim.uid, request),
                     "containerEdits": {

@@ -488,8 +488,11 @@ def _prepare_response(pb2: Any, results: Mapping[str, ClaimResult]) -> Any:
             entry.error = result.error
             continue
         for d in result.devices:
+            # The kubelet matches a container's `resources.claims[].request` against these, and
+            # stores them without a subrequest's suffix (`gpu`, never `gpu/fast`: upstream's
+            # helper strips it too), so a firstAvailable claim's container gets its devices.
             device = entry.devices.add(
-                request_names=[d.request] if d.request else [],
+                request_names=[base_request(d.request)] if d.request else [],
                 pool_name=d.pool,
                 device_name=d.device,
                 cdi_device_ids=[d.cdi_id, *d.extra_cdi_ids],
