@@ -5,6 +5,8 @@ of a release compiled into a small command (build.sh; cached outside the reposit
 checked is what a workload built against that library understands of a file the agent wrote
 (dra/metadata.py), not the test's reading of the format:
 
+Run against every release of the matrix that has the API (from 1.36):
+
 * v0.37 (Kubernetes 1.37): it takes the `v1beta1` object and its validation passes;
 * v0.36 (1.36, the first with the API): it knows only `v1alpha1`, skips the `v1beta1` object and
   reads the same content from the second one;
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 
 from patchbay_agent.dra.metadata import ClaimInfo, DeviceMetadataFiles, encode, metadata_objects
+from patchbay_devcluster.releases import matrix
 
 pytestmark = pytest.mark.peer
 
@@ -40,6 +43,15 @@ ATTRS: dict[str, dict[str, Any]] = {
 }
 
 
+def minor(release: str) -> int:
+    return int(release.lstrip("v").split(".")[1])
+
+
+#: The matrix's releases (hack/kube-releases, its one definition) whose library has the device
+#: metadata API: from 1.36; from 1.37 its reader also validates and says which version it took.
+WITH_API = [r for r in matrix() if minor(r) >= 36]
+
+
 def reader(release: str) -> Path:
     out = subprocess.run([str(READER), release], capture_output=True, text=True, timeout=1800, check=False)
     assert out.returncode == 0, f"building the metadata reader for {release} failed:\n{out.stderr[-3000:]}"
@@ -53,13 +65,11 @@ def read(binary: Path, path: Path) -> dict[str, Any]:
     return got
 
 
-@pytest.mark.parametrize(
-    ("release", "decoded", "validation"),
-    [("v1.37.1", "metadata.resource.k8s.io/v1beta1", "valid"), ("v1.36.3", "", "")],
-)
-def test_upstreams_reader_reads_what_the_agent_wrote(
-    tmp_path: Path, release: str, decoded: str, validation: str
-) -> None:
+@pytest.mark.parametrize("release", WITH_API)
+def test_upstreams_reader_reads_what_the_agent_wrote(tmp_path: Path, release: str) -> None:
+    validates = minor(release) >= 37
+    decoded = "metadata.resource.k8s.io/v1beta1" if validates else ""
+    validation = "valid" if validates else ""
     binary = reader(release)
     files = DeviceMetadataFiles(DRIVER, POOL, tmp_path / "dra-device-metadata")
     claim = ClaimInfo("lab", "my-pod-serial-x7k2p", "0f7c9a52-9d1e-4c55-8b3e-2f7d1c0a9e11", "serial")
@@ -91,7 +101,9 @@ def test_upstreams_reader_reads_what_the_agent_wrote(
 def test_the_reader_refuses_what_upstream_refuses(tmp_path: Path) -> None:
     """The peer is no yes-man: a device name that is no DNS label (slice device names are) fails
     upstream's validation."""
-    binary = reader("v1.37.1")
+    newest = matrix()[-1]
+    assert minor(newest) >= 37, f"the matrix's newest release {newest} has no validating reader"
+    binary = reader(newest)
     claim = ClaimInfo("lab", "c", "uid-1")
     bad = {"Dev_0": {"patchbay.dev/id": {"string": "x"}}}
     path = tmp_path / "metadata.json"
