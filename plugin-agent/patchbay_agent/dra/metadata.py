@@ -37,7 +37,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -270,9 +270,6 @@ class DeviceMetadataFiles:
                 except OSError as e:
                     log.error("Cannot update the device metadata %s: %s", path, e)
         return written
-
-    def files(self) -> Iterator[Path]:
-        return iter(sorted(self.root.glob(f"*/*/{FILE_NAME}")))
 
 
 def _parsed(obj: Mapping[str, Any]) -> tuple[ClaimInfo, str, list[str]]:
