@@ -104,6 +104,14 @@ CAPABILITIES: dict[str, Capability] = {
             "profile is Degraded (SharingNotServed)",
         ),
         Capability(
+            "dra-partitionable-devices",
+            "v1.36",
+            "DRAPartitionableDevices: a DRA profile's plugin.partitions offers each device in several "
+            "sizes (sharedCounters, consumesCounters) and the scheduler never over-commits it",
+            "the API server drops those fields; the agent publishes the devices whole and the "
+            "profile is Degraded (PartitionsNotServed)",
+        ),
+        Capability(
             "device-taint-rules",
             "v1.37",
             "DeviceTaintRules (resource.k8s.io/v1): kubectl patchbay cordon, drain (--preview) and "

@@ -263,6 +263,10 @@ def maintenance_rule(rules: Iterable[Obj], driver: str, pool: str, device: str) 
     return None
 
 
+#: Between a partition's physical device and its slots in the DEVICE column.
+PARTITION_ROW = " slots "
+
+
 def _slice_rows(
     profile: Obj,
     slices: Iterable[Obj],
@@ -289,7 +293,14 @@ def _slice_rows(
         }
         for dev in sp.get("devices") or []:
             dname = str(dev.get("name", ""))
-            physical = str(((dev.get("attributes") or {}).get(ATTR_ID) or {}).get("string") or dname)
+            attributes = dev.get("attributes") or {}
+            physical = str((attributes.get(ATTR_ID) or {}).get("string") or dname)
+            shown = physical
+            if "consumesCounters" in dev and "patchbay.dev/slots" in attributes:
+                # A partition (plugin.partitions): one row per size and place, named by its slots.
+                first = int((attributes.get("patchbay.dev/firstSlot") or {}).get("int") or 0)
+                size = int((attributes["patchbay.dev/slots"] or {}).get("int") or 1)
+                shown = f"{physical}{PARTITION_ROW}{first}-{first + size - 1}"
             taint = next((t for t in dev.get("taints") or [] if is_fault_taint(t)), None)
             reported = by_id.get(physical) or {}
             report_sick = reported.get("health") not in (None, "Healthy")
@@ -314,7 +325,7 @@ def _slice_rows(
                     profile=name_of(profile),
                     mode=DRA,
                     resource=resource_of(profile),
-                    device=physical,
+                    device=shown,
                     health=health,
                     reason=reason,
                     message=message,
@@ -397,7 +408,8 @@ def device_rows(
         elif mode == DRA:
             from_slices = _slice_rows(p, data.slices, reports, held, data.rules)
             rows += from_slices
-            seen = {(r.node, r.device) for r in from_slices}
+            # By physical device: a partition's row is "<id> slots <first>-<last>".
+            seen = {(r.node, r.device.partition(PARTITION_ROW)[0]) for r in from_slices}
             # A report of a node whose slice is not there (not written yet, or the API server
             # lacks DRA): its devices still show, from the report.
             for (pname, _), report in reports.items():

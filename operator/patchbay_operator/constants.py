@@ -142,6 +142,8 @@ class Reason(StrEnum):
     EXTENDED_RESOURCE_NOT_SERVED = "ExtendedResourceNotServed"
     #: DRA: the API server drops a shared device's consumable capacity (docs/dra.md#sharing)
     SHARING_NOT_SERVED = "SharingNotServed"
+    #: DRA: the API server drops a partitioned device's counters (docs/dra.md#partitions)
+    PARTITIONS_NOT_SERVED = "PartitionsNotServed"
     STALLED = "WaitingForChange"
     #: a node the profile selects where the shared node agent does not run (its node selector)
     NODE_AGENT_EXCLUDED = "NodeAgentExcluded"

@@ -92,6 +92,8 @@ class Report:
     counts: Counts | None = None
     #: DRA, shared devices: Kept, Dropped or Unknown (consumable capacity); "" when not said
     consumable_capacity: str = ""
+    #: DRA, partitioned devices: Kept, Dropped or Unknown (counters); "" when not said
+    partitionable_devices: str = ""
     #: the profile's node group the agent serves the node with; "" for a profile without groups
     #: (or an agent older than node groups)
     node_group: str = ""
@@ -169,5 +171,6 @@ class Report:
             device_taints=str(obj.get("deviceTaints") or ""),
             error=error,
             consumable_capacity=str(obj.get("consumableCapacity") or ""),
+            partitionable_devices=str(obj.get("partitionableDevices") or ""),
             node_group=str(obj.get("nodeGroup") or ""),
         )

@@ -2,13 +2,15 @@
 
 The operator does not interpret the agent's configuration: it hands ``spec.plugin`` to the agents
 verbatim (render.py writes it into their ConfigMap) and the agent parses and validates all of it
-(``patchbay_agent.config``). It acts on two of its fields only, and reads them here and nowhere
+(``patchbay_agent.config``). It acts on three of its fields only, and reads them here and nowhere
 else:
 
 - ``sharing.replicas``: how many pods or claims may hold a device at once (the kubelet counts each
   device that many times; a DRA profile's sharing needs consumable capacity);
 - ``allocation.cdi.kind``: the CDI kind of a DevicePlugin profile's CDI names (two profiles must
-  not share one, and only then does the agent get the runtime's CDI directory).
+  not share one, and only then does the agent get the runtime's CDI directory);
+- ``partitions.slots``: whether a DRA profile's devices are cut into partitions (a profile whose
+  agents find the API server drops counters is Degraded).
 
 The CRD (crds/) is the source of truth: the API server validates and defaults ``spec.plugin`` at
 admission, so what the operator reads has been admitted. ``FIELDS`` mirrors the CRD for the fields
@@ -31,7 +33,8 @@ from typing import Any
 
 REPLICAS = ("sharing", "replicas")
 CDI_KIND = ("allocation", "cdi", "kind")
-FIELDS: dict[tuple[str, ...], Any] = {REPLICAS: 1, CDI_KIND: None}
+PARTITION_SLOTS = ("partitions", "slots")
+FIELDS: dict[tuple[str, ...], Any] = {REPLICAS: 1, CDI_KIND: None, PARTITION_SLOTS: None}
 """Every field of ``spec.plugin`` the operator reads (its path below ``plugin``) and its value when
 absent: the CRD's default, or None where the CRD has none."""
 
@@ -48,7 +51,7 @@ def _at(document: Mapping[str, Any], path: tuple[str, ...]) -> Any:
 
 @dataclass(frozen=True)
 class PluginSpec:
-    """``spec.plugin``: the section verbatim (for the agents) and the two fields the operator reads."""
+    """``spec.plugin``: the section verbatim (for the agents) and the fields the operator reads."""
 
     #: the section as the profile has it, handed to the agents unchanged
     document: Mapping[str, Any] = field(default_factory=dict)
@@ -56,12 +59,19 @@ class PluginSpec:
     replicas: int = 1
     #: ``allocation.cdi.kind``, or None (the agent then names no CDI devices for the device plugin)
     cdi_kind: str | None = None
+    #: ``partitions.slots``: how many slots each device is cut into; 0 when offered whole
+    partition_slots: int = 0
 
     @classmethod
     def parse(cls, plugin: Mapping[str, Any] | None) -> PluginSpec:
         document = dict(plugin or {})
         kind = _at(document, CDI_KIND)
-        return cls(document, int(_at(document, REPLICAS) or 1), str(kind) if kind else None)
+        return cls(
+            document,
+            int(_at(document, REPLICAS) or 1),
+            str(kind) if kind else None,
+            int(_at(document, PARTITION_SLOTS) or 0),
+        )
 
 
 #: The top-level keys of ``spec.plugin`` that a node group replaces whole instead of merging: a

@@ -199,6 +199,12 @@ class Profile:
         return max([self.plugin.replicas, *(g.plugin.replicas for g in self.node_groups)])
 
     @property
+    def partitioned(self) -> bool:
+        """`plugin.partitions` on the profile or any of its node groups (DRA: devices offered in
+        several sizes through counters)."""
+        return any(p.partition_slots for p in (self.plugin, *(g.plugin for g in self.node_groups)))
+
+    @property
     def uses_shared_agent(self) -> bool:
         """A profile that leaves `spec.agent` alone is served by the shared node agent; one with an
         `agent` section (image, privileges, resources, tolerations, ...; even an empty one, which

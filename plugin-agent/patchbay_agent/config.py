@@ -159,6 +159,55 @@ class PreStart:
     timeout_seconds: float = 10.0
 
 
+#: The most slots a device may be cut into: a counter set holds at most 32 counters
+#: (ResourceSliceMaxCountersPerCounterSet, docs/dra.md#partitions).
+MAX_PARTITION_SLOTS = 32
+
+
+@dataclass(frozen=True)
+class Partitions:
+    """DRA `plugin.partitions`: each device is cut into `slots` equal slots and offered at once in
+    every size of `sizes` (in slots), at every place aligned to its size (a 2-slot partition starts
+    at slot 0, 2, 4...), so the scheduler picks a shape and the slots' counters keep it from
+    over-committing the device (docs/dra.md#partitions)."""
+
+    slots: int
+    sizes: tuple[int, ...]
+
+    def places(self) -> list[tuple[int, int]]:
+        """Every (size, first slot) offered, smallest size first."""
+        return [(size, first) for size in self.sizes for first in range(0, self.slots, size)]
+
+
+def _parse_partitions(value: Any, path: str) -> Partitions | None:
+    """`plugin.partitions`, or None when absent. `sizes` defaults to every divisor of `slots`."""
+    if value is None:
+        return None
+    m = _mapping(value, path, {"slots", "sizes"})
+    if m.get("slots") is None:
+        raise ConfigError(f"{path}.slots", "is required")
+    slots = _int(m["slots"], f"{path}.slots", minimum=2)
+    if slots > MAX_PARTITION_SLOTS:
+        raise ConfigError(f"{path}.slots", f"must be <= {MAX_PARTITION_SLOTS}, got {slots}")
+    raw = m.get("sizes")
+    if raw is None:
+        return Partitions(slots, tuple(n for n in range(1, slots + 1) if slots % n == 0))
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{path}.sizes", "must be a non-empty list of sizes in slots")
+    sizes = []
+    for i, item in enumerate(raw):
+        size = _int(item, f"{path}.sizes[{i}]", minimum=1)
+        if size > slots or slots % size:
+            raise ConfigError(
+                f"{path}.sizes[{i}]",
+                f"{size} must divide slots ({slots}): partitions are aligned slot ranges",
+            )
+        if size in sizes:
+            raise ConfigError(f"{path}.sizes[{i}]", f"{size} is listed twice")
+        sizes.append(size)
+    return Partitions(slots, tuple(sorted(sizes)))
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """Everything the agent needs to know about the resource it serves on this node."""
@@ -170,6 +219,8 @@ class AgentConfig:
     allocation: Allocation = field(default_factory=Allocation)
     preferred_policy: PreferredPolicy = PreferredPolicy.NONE
     pre_start: PreStart | None = None
+    #: DRA: how each device is cut into partitions (`plugin.partitions`); None: offered whole
+    partitions: Partitions | None = None
     #: the profile's node group whose settings these are (`nodeconfig`: the node agent chooses it
     #: from its Node's labels); "" for a profile without node groups. Not read from `plugin`: it
     #: only names the choice, for the DeviceReport's `nodeGroup`.
@@ -436,13 +487,19 @@ def parse(raw: Any) -> AgentConfig:
     plugin = _mapping(
         top.get("plugin"),
         "plugin",
-        {"discovery", "sharing", "health", "allocation", "preferredAllocation", "preStart"},
+        {"discovery", "sharing", "health", "allocation", "preferredAllocation", "preStart", "partitions"},
     )
     if plugin.get("discovery") is None:
         raise ConfigError("plugin.discovery", "is required")
     discovery = _parse_discovery(plugin["discovery"], "plugin.discovery")
     sharing = _mapping(plugin.get("sharing"), "plugin.sharing", {"replicas"})
     replicas = _int(sharing.get("replicas", 1), "plugin.sharing.replicas", minimum=1)
+    partitions = _parse_partitions(plugin.get("partitions"), "plugin.partitions")
+    if partitions is not None and replicas > 1:
+        raise ConfigError(
+            "plugin.partitions",
+            "cannot be combined with plugin.sharing.replicas above 1: a partition is held by one claim",
+        )
     pref = _mapping(plugin.get("preferredAllocation"), "plugin.preferredAllocation", {"policy"})
     policy_raw = pref.get("policy", "None")
     try:
@@ -469,6 +526,7 @@ def parse(raw: Any) -> AgentConfig:
         allocation=_parse_allocation(plugin.get("allocation"), "plugin.allocation"),
         preferred_policy=policy,
         pre_start=pre_start,
+        partitions=partitions,
     )
 
 

@@ -246,6 +246,7 @@ class ResourceAgent:
             publisher.taints.value,
             frozenset(publisher.withheld),
             publisher.sharing.value if self.config.replicas > 1 else "",
+            publisher.partitions.value if self.config.partitions is not None else "",
         )
 
     def in_place_refusal(self, config: AgentConfig) -> str | None:

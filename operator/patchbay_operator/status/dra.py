@@ -147,6 +147,26 @@ def consumable_capacity(reports: Iterable[Report]) -> str:
     return _what_agents_found(r.consumable_capacity for r in reports)
 
 
+def partitionable_devices(reports: Iterable[Report]) -> str:
+    """A partitioned device's counters, as the agents of a partitioned DRA profile found
+    (`_what_agents_found`); where Dropped they publish the devices whole."""
+    return _what_agents_found(r.partitionable_devices for r in reports)
+
+
+def partitions_verdict(profile: Profile, partitions: str) -> Verdict | None:
+    """Degraded for a partitioned profile whose agents found the API server drops counters (they
+    publish the devices whole); None otherwise."""
+    if not profile.partitioned or partitions != "Dropped":
+        return None
+    return (
+        True,
+        Reason.PARTITIONS_NOT_SERVED,
+        "devices are not partitioned: the API server drops a ResourceSlice's sharedCounters and a "
+        "device's consumesCounters (the DRAPartitionableDevices feature is off, as before Kubernetes "
+        "1.36), so each device is published whole and goes to one claim at a time",
+    )
+
+
 def sharing_verdict(profile: Profile, sharing: str) -> Verdict | None:
     """Degraded for a shared profile whose agents found the API server drops consumable capacity
     (they publish the devices unshared); None otherwise."""
@@ -236,7 +256,12 @@ def dra_status(
             "to this profile's",
         )
     sharing = consumable_capacity(reports) if profile.shares > 1 else ""
-    not_served = sharing_verdict(profile, sharing) or not_served_verdict(profile, device_class)
+    partitions = partitionable_devices(reports) if profile.partitioned else ""
+    not_served = (
+        sharing_verdict(profile, sharing)
+        or partitions_verdict(profile, partitions)
+        or not_served_verdict(profile, device_class)
+    )
     out = agents_status(
         profile,
         daemonset,
@@ -262,6 +287,7 @@ def dra_status(
         "extendedResourceName": device_class.extended_resource_name if device_class is not None else None,
         "deviceTaints": taints or None,
         "consumableCapacity": sharing or None,
+        "partitionableDevices": partitions or None,
         "withheldDevices": sum(rep.withheld for rep in reports) if taints else None,
         "maintenance": maintenance_entries(maintenance, profile.name) or None,
     }

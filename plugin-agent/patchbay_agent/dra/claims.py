@@ -24,6 +24,10 @@ from typing import Any
 from patchbay_agent.cdi import CDI_VERSION, device_nodes
 from patchbay_agent.config import Allocation
 from patchbay_agent.core.inventory import DeviceSpec
+from patchbay_agent.dra.slices import Place
+
+#: The env var that names a claim's partitions and their places (docs/dra.md#partitions).
+PARTITIONS_ENV = "PATCHBAY_PARTITIONS"
 
 
 class ClaimError(Exception):
@@ -39,6 +43,8 @@ class AllocatedDevice:
     physical_id: str
     #: which share of a device that allows multiple allocations (consumable capacity); "" else
     share_id: str = ""
+    #: a partition's place on its device; None for a whole device
+    place: Place | None = None
 
 
 #: What a claim UID may look like: Kubernetes UIDs are RFC 4122 strings; this admits any
@@ -73,12 +79,19 @@ def cdi_device_id(driver: str, claim_uid: str, device_name: str) -> str:
 
 
 def allocated_devices(
-    claim: Mapping[str, Any], uid: str, driver: str, pool: str, names: Mapping[str, str]
+    claim: Mapping[str, Any],
+    uid: str,
+    driver: str,
+    pool: str,
+    names: Mapping[str, str],
+    *,
+    places: Mapping[str, Place] | None = None,
 ) -> list[AllocatedDevice]:
     """Our devices in `claim`'s allocation, each mapped to its physical device through `names`
-    (slice device name -> physical ID). Raises ClaimError when the claim is not the one the
-    kubelet means (another UID: deleted and recreated under the same name), is not allocated, or
-    names a device this node does not have."""
+    (slice device name -> physical ID) and, for a partition, its place through `places`. Raises
+    ClaimError when the claim is not the one the kubelet means (another UID: deleted and
+    recreated under the same name), is not allocated, or names a device this node does not
+    have."""
     if not isinstance(claim, Mapping):
         raise ClaimError(f"the API server answered {type(claim).__name__}, not a ResourceClaim")
     got = _field(claim, "metadata").get("uid")
@@ -104,7 +117,13 @@ def allocated_devices(
             raise ClaimError(f"device {name!r} of pool {pool} is not a device of this node")
         share = result.get("shareID")
         out.append(
-            AllocatedDevice(str(result.get("request", "")), name, physical, str(share) if share else "")
+            AllocatedDevice(
+                str(result.get("request", "")),
+                name,
+                physical,
+                str(share) if share else "",
+                (places or {}).get(name),
+            )
         )
     return out
 
@@ -132,6 +151,9 @@ def claim_spec_document(
     envs and mounts plus the devices env for the whole claim."""
     physical = list(dict.fromkeys(d.physical_id for d in devices))
     env = {**allocation.envs, allocation.devices_env_name: ",".join(physical)}
+    cut = [f"{d.physical_id}:{d.place.first}-{d.place.last}/{d.place.slots}" for d in devices if d.place]
+    if cut:
+        env[PARTITIONS_ENV] = ",".join(dict.fromkeys(cut))
     edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
     if allocation.mounts:
         edits["mounts"] = [

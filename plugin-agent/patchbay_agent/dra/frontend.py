@@ -131,6 +131,7 @@ class DraFrontEnd:
             ),
             metrics,
             on_state=on_state,
+            partitions=config.partitions,
         )
         inventory.subscribe(lambda _snap: publisher.notify())
         if holders is not None:
@@ -156,6 +157,7 @@ class DraFrontEnd:
                 if config.allocation.device_metadata
                 else None
             ),
+            partitions=config.partitions,
         )
         if self.preparer.metadata is not None:
             inventory.subscribe(lambda _snap: self._refresh_metadata())

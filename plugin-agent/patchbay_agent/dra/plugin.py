@@ -57,7 +57,7 @@ from patchbay_agent.api import (
 )
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.cdi import SpecCopies, write_spec
-from patchbay_agent.config import Allocation
+from patchbay_agent.config import Allocation, Partitions
 from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES, INSTANCE_RE
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.dra.claims import (
@@ -72,7 +72,14 @@ from patchbay_agent.dra.claims import (
 from patchbay_agent.dra.claimstatus import ClaimStatusClient, ClaimStatusWriter
 from patchbay_agent.dra.healthservice import DraHealthServicer
 from patchbay_agent.dra.metadata import HEALTHY_ATTRIBUTE, ClaimInfo, DeviceMetadataFiles, base_request
-from patchbay_agent.dra.slices import SliceClient, device_names, slice_devices
+from patchbay_agent.dra.slices import (
+    Place,
+    SliceClient,
+    device_names,
+    partition_places,
+    partitioned,
+    slice_devices,
+)
 from patchbay_agent.kubelet.pluginserver import PluginServer
 from patchbay_agent.kubelet.sockets import MAX_UNIX_SOCKET_PATH, probe, remove_stale
 from patchbay_agent.metrics import Metrics
@@ -266,6 +273,7 @@ class ClaimPreparer:
         on_change: Callable[[], None] | None = None,
         metrics: Metrics | None = None,
         metadata: DeviceMetadataFiles | None = None,
+        partitions: Partitions | None = None,
     ) -> None:
         """`lock_path`: the file whose lock serialises calls across instances (`node_lock`).
         `read_async`: the claim's GET on the event loop (`KubeClient.getter`, `apiget.py`); None:
@@ -276,7 +284,10 @@ class ClaimPreparer:
         status.devices). `on_change`: called after claims were prepared or unprepared (the
         holders read PodResources again). `metrics`: where the time of a prepare's two slow steps
         goes (the claim's GET, the CDI write). `metadata`: where each prepared request's device
-        metadata file goes (None: none is written, `allocation.deviceMetadata: false`)."""
+        metadata file goes (None: none is written, `allocation.deviceMetadata: false`).
+        `partitions`: how the devices are cut (`plugin.partitions`): a claim may name a partition
+        (its place goes into the container's env) or, where the API server dropped the counters,
+        the whole device."""
         self.driver = driver
         self.pool = pool
         self._reader = reader
@@ -287,8 +298,10 @@ class ClaimPreparer:
         self._read_timeout = read_timeout
         self.lock_path = lock_path
         self.copies = copies
-        #: (snapshot version, slice device name -> physical ID), computed once per snapshot
-        self._names: tuple[int, dict[str, str]] = (-1, {})
+        self.partitions = partitions
+        #: (snapshot version, slice device name -> physical ID, partition name -> its place),
+        #: computed once per snapshot
+        self._names: tuple[int, dict[str, str], dict[str, Place]] = (-1, {}, {})
         self.calls = calls or CallActivity()
         self._status = status
         self._on_change = on_change
@@ -300,22 +313,26 @@ class ClaimPreparer:
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_spec_dir / spec_file_name(self.driver, claim_uid)
 
-    def _device_names(self, snap: Snapshot) -> dict[str, str]:
+    def _device_names(self, snap: Snapshot) -> tuple[dict[str, str], dict[str, Place]]:
         if self._names[0] != snap.version:
-            self._names = (snap.version, device_names(snap))
-        return self._names[1]
+            self._names = (
+                snap.version,
+                device_names(snap, self.partitions),
+                partition_places(snap, self.partitions),
+            )
+        return self._names[1], self._names[2]
 
     def metadata_attributes(self, snap: Snapshot | None = None) -> dict[str, dict[str, Any]]:
         """Each device's attributes as its slice shows them, and whether it is healthy now
         (`patchbay.dev/healthy`): what a device metadata file lists; once per snapshot."""
         snap = snap or self._inventory.current
         if self._attributes[0] != snap.version:
+            devices = slice_devices(snap)
+            if self.partitions is not None:
+                devices += partitioned(devices, self.partitions)
             self._attributes = (
                 snap.version,
-                {
-                    d.name: {**d.attributes, HEALTHY_ATTRIBUTE: {"bool": d.unhealthy is None}}
-                    for d in slice_devices(snap)
-                },
+                {d.name: {**d.attributes, HEALTHY_ATTRIBUTE: {"bool": d.unhealthy is None}} for d in devices},
             )
         return self._attributes[1]
 
@@ -357,7 +374,8 @@ class ClaimPreparer:
             self._metrics.dra_claim_read_seconds.observe(time.perf_counter() - started)
         snap = self._inventory.current
         try:
-            devices = allocated_devices(obj, claim.uid, self.driver, self.pool, self._device_names(snap))
+            names, places = self._device_names(snap)
+            devices = allocated_devices(obj, claim.uid, self.driver, self.pool, names, places=places)
         except ClaimError as e:
             return ClaimResult(error=f"{where}: {e}")
         healthy = snap.healthy_physical

@@ -36,6 +36,11 @@ The same dry run carries a shared device's fields (`allowMultipleAllocations` an
 DRAConsumableCapacity is off (before 1.36): `sharing` is Kept, Dropped or Unknown alike, and
 unless Kept the devices are published unshared (one claim each, which is what the scheduler
 would do with them anyway) and the DeviceReport says `consumableCapacity: Dropped`.
+
+And a partition's counter consumption (`plugin.partitions`), dropped where DRAPartitionableDevices
+is off (before 1.36): `partitions` is Kept, Dropped or Unknown alike, and unless Kept each device
+is published whole (no counter sets, no partitions) and the DeviceReport says
+`partitionableDevices: Dropped`.
 """
 
 from __future__ import annotations
@@ -49,11 +54,14 @@ from typing import Any
 
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.changewriter import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
+from patchbay_agent.config import Partitions
 from patchbay_agent.constants import DeviceTaints
 from patchbay_agent.dra.slices import (
     SliceClient,
     SliceDevice,
     lost_taints,
+    partitioned,
+    partitions_kept,
     published,
     sharing_kept,
     slice_documents,
@@ -103,9 +111,11 @@ class SlicePublisher(ChangeWriter):
         backoff: Backoff | None = None,
         clock_ms: Callable[[], int] = _millis,
         on_state: Callable[[], None] | None = None,
+        partitions: Partitions | None = None,
     ) -> None:
-        """`devices`: the devices to publish now; `on_state`: called when `taints`, `sharing` or
-        `withheld` changed (the DeviceReport says them)."""
+        """`devices`: the devices to publish now, whole; `on_state`: called when `taints`,
+        `sharing`, `partitions` or `withheld` changed (the DeviceReport says them); `partitions`:
+        how each device is cut (`plugin.partitions`), None: published whole."""
         super().__init__(coalesce=coalesce, backoff=backoff, resync=resync)
         self.driver = driver
         self.node_name = node_name
@@ -124,6 +134,9 @@ class SlicePublisher(ChangeWriter):
         self.taints = DeviceTaints.UNKNOWN
         #: whether it keeps a shared device's fields (consumable capacity; same values)
         self.sharing = DeviceTaints.UNKNOWN
+        #: whether it keeps a partition's counter consumption (same values)
+        self.partitions = DeviceTaints.UNKNOWN
+        self._cut = partitions
         #: physical IDs left out of the slices because the taint they need would be dropped
         self.withheld: tuple[str, ...] = ()
         self._on_state = on_state
@@ -142,11 +155,11 @@ class SlicePublisher(ChangeWriter):
         """Every `resync`: the slices still there, and, while taints are not known to be kept,
         the API server asked again (a control plane upgraded meanwhile)."""
         await self._check_present()
-        known = self.taints is DeviceTaints.KEPT and self.sharing is DeviceTaints.KEPT
+        known = {self.taints, self.sharing, self.partitions} == {DeviceTaints.KEPT}
         if not known and time.monotonic() >= self._probe_at:
-            before = (self.taints, self.sharing)
+            before = (self.taints, self.sharing, self.partitions)
             await self.probe_taints()
-            if (self.taints, self.sharing) != before:
+            if (self.taints, self.sharing, self.partitions) != before:
                 self.notify()
 
     async def _check_present(self) -> None:
@@ -201,6 +214,20 @@ class SlicePublisher(ChangeWriter):
             )
             if self._on_state is not None:
                 self._on_state()
+        kept = DeviceTaints.KEPT if partitions_kept(stored) else DeviceTaints.DROPPED
+        if kept is not self.partitions:
+            self.partitions = kept
+            if self._cut is not None:
+                log.log(
+                    logging.INFO if kept is DeviceTaints.KEPT else logging.WARNING,
+                    "The API server %s a device's counter consumption (seen in a dry-run create)%s",
+                    "keeps" if kept is DeviceTaints.KEPT else "drops",
+                    f": devices of {self.driver} are published in {len(self._cut.places())} partitions"
+                    if kept is DeviceTaints.KEPT
+                    else f": devices of {self.driver} are published whole (DRAPartitionableDevices is off)",
+                )
+            if self._on_state is not None:
+                self._on_state()
         return found
 
     def _set_taints(self, found: DeviceTaints, how: str) -> None:
@@ -225,6 +252,8 @@ class SlicePublisher(ChangeWriter):
         devices, withheld = published(self._devices(), self.taints is DeviceTaints.KEPT)
         if self.sharing is not DeviceTaints.KEPT:
             devices = [replace(d, shares=1) if d.shares > 1 else d for d in devices]
+        if self._cut is not None and self.partitions is DeviceTaints.KEPT:
+            devices = partitioned(devices, self._cut)
         if tuple(withheld) != self.withheld:
             if withheld:
                 log.info(
@@ -284,7 +313,7 @@ class SlicePublisher(ChangeWriter):
             settle_memory()
         self._metrics.slice_writes.labels("ok").inc()
         self.succeeded()
-        devices = [d for doc in docs for d in doc["spec"]["devices"]]
+        devices = [d for doc in docs for d in doc["spec"].get("devices", [])]
         log.log(
             logging.INFO if self._failing or self.writes == 1 else logging.DEBUG,
             "Wrote %d ResourceSlice(s) of %s, generation %d: %d device(s), %d tainted",

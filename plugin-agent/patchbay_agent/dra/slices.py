@@ -33,6 +33,15 @@ is off drops both fields, silently, which would make the device exclusive withou
 same dry-run probe carries them and `sharing_kept` reads whether they were kept (the publisher
 then publishes the devices unshared and says so).
 
+A partitioned device (`plugin.partitions`, KEP-4815, beta and on from 1.36) is published as a
+counter set named after the device with one counter per slot (`s0`, `s1`... each 1), in slices of
+their own (a slice has `sharedCounters` or `devices`, never both; at most 8 sets per slice), and
+one device per size and place, `<device>-s<first>-<last>`, that consumes its slots' counters: the
+scheduler picks a shape and never over-commits the device. An API server whose
+DRAPartitionableDevices gate is off drops both fields; the same dry-run probe carries a device
+that consumes counters and `partitions_kept` reads whether it was kept (the publisher then
+publishes the devices whole).
+
 `pool.generation` is not part of what `slice_documents` compares: the publisher sets it when the
 content changed.
 """
@@ -42,9 +51,10 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from patchbay_agent.config import Partitions
 from patchbay_agent.core.inventory import Snapshot
 from patchbay_agent.kubeobjects import owner_reference  # the Node owns slices as it owns reports
 
@@ -79,6 +89,14 @@ TAINT_KEY = "patchbay.dev/unhealthy"
 #: The consumable capacity of a shared device (`plugin.sharing.replicas` > 1, KEP-5075): a claim
 #: takes one share unless its request asks for more (`capacity.requests`), never more than all.
 SHARES_CAPACITY = "patchbay.dev/shares"
+#: The attributes of a partition (`plugin.partitions`): its size and first slot (ints), the
+#: device it is cut from (its slice name) and the number of slots of that device.
+SLOTS_ATTRIBUTE = f"{ATTRIBUTE_DOMAIN}/slots"
+FIRST_SLOT_ATTRIBUTE = f"{ATTRIBUTE_DOMAIN}/firstSlot"
+PARENT_ATTRIBUTE = f"{ATTRIBUTE_DOMAIN}/parent"
+OF_SLOTS_ATTRIBUTE = f"{ATTRIBUTE_DOMAIN}/ofSlots"
+#: Counter sets per slice (ResourceSliceMaxCounterSets): docs/dra.md#slice-rules.
+MAX_COUNTER_SETS_PER_SLICE = 8
 #: A device a running pod still holds through the DEVICE PLUGIN of the same resource (a node being
 #: migrated to DRA): DRA must not hand it out a second time (docs/dra.md#migration).
 PLUGIN_HELD_TAINT_KEY = "patchbay.dev/held-by-device-plugin"
@@ -171,6 +189,42 @@ def _string_attribute(value: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class Place:
+    """Where a partition lies on its device: `size` slots from slot `first`, of `slots`."""
+
+    size: int
+    first: int
+    slots: int
+    #: the counter set it consumes from: the device's own, named like the device
+    counter_set: str
+
+    @property
+    def last(self) -> int:
+        return self.first + self.size - 1
+
+    @property
+    def counters(self) -> list[str]:
+        """The names of the slot counters it consumes."""
+        return [slot_counter(n) for n in range(self.first, self.first + self.size)]
+
+
+def slot_counter(n: int) -> str:
+    """The counter of slot `n` in a device's counter set (a DNS label)."""
+    return f"s{n}"
+
+
+def partition_device_name(device: str, size: int, first: int) -> str:
+    """`<device>-s<first>-<last>` for a partition of the device whose slice name is `device`: a
+    DNS label of at most 63; the device's name is cut, with a hash of it, where the whole would be
+    longer (device names are unique, so their hashes tell cut ones apart)."""
+    suffix = f"-s{first}-{first + size - 1}"
+    if len(device) + len(suffix) > MAX_DEVICE_NAME_LENGTH:
+        keep = MAX_DEVICE_NAME_LENGTH - len(suffix) - _HASH_LENGTH - 1
+        device = f"{device[:keep].strip('-') or 'device'}-{_digest(device)}"
+    return device + suffix
+
+
+@dataclass(frozen=True)
 class SliceDevice:
     """One device as the slice shows it."""
 
@@ -188,6 +242,9 @@ class SliceDevice:
     #: how many claims may hold the device at once (`plugin.sharing.replicas`); above 1 the
     #: device allows multiple allocations and has that many `patchbay.dev/shares` to consume
     shares: int = 1
+    #: a partition: where it lies on its device (the physical device is `physical_id`); None:
+    #: the whole device, consuming no counters
+    place: Place | None = None
 
     @property
     def tainted(self) -> bool:
@@ -209,6 +266,13 @@ class SliceDevice:
             capacity[SHARES_CAPACITY] = shares_capacity(self.shares)
         if capacity:
             doc["capacity"] = capacity
+        if self.place is not None:
+            doc["consumesCounters"] = [
+                {
+                    "counterSet": self.place.counter_set,
+                    "counters": {name: {"value": "1"} for name in self.place.counters},
+                }
+            ]
         taints = []
         if self.unhealthy is not None:
             taints.append(
@@ -230,9 +294,71 @@ def shares_capacity(shares: int) -> dict[str, Any]:
     }
 
 
-def device_names(snap: Snapshot) -> dict[str, str]:
-    """Slice device name -> physical ID for every physical device of the snapshot."""
-    return {device_name(pid): pid for pid in snap.physical}
+def device_names(snap: Snapshot, partitions: Partitions | None = None) -> dict[str, str]:
+    """Slice device name -> physical ID for every physical device of the snapshot and, with
+    `partitions`, every partition of it too (a claim allocated while the API server dropped the
+    counters names the whole device; both are this node's)."""
+    names = {device_name(pid): pid for pid in snap.physical}
+    if partitions is not None:
+        for pid in snap.physical:
+            whole = device_name(pid)
+            names.update(
+                {partition_device_name(whole, size, first): pid for size, first in partitions.places()}
+            )
+    return names
+
+
+def partition_places(snap: Snapshot, partitions: Partitions | None) -> dict[str, Place]:
+    """Partition device name -> where it lies, for every partition of the snapshot's devices."""
+    if partitions is None:
+        return {}
+    out = {}
+    for pid in snap.physical:
+        whole = device_name(pid)
+        for size, first in partitions.places():
+            out[partition_device_name(whole, size, first)] = Place(size, first, partitions.slots, whole)
+    return out
+
+
+def partitioned(devices: Sequence[SliceDevice], partitions: Partitions) -> list[SliceDevice]:
+    """Every device cut into its partitions (one per size and place, `Partitions.places`), in the
+    devices' order. A partition has its device's attributes and health, the partition's own
+    (`patchbay.dev/slots`, `firstSlot`, `ofSlots`, `parent`) and the share of each capacity its
+    slots make (rounded down)."""
+    out = []
+    for d in devices:
+        for size, first in partitions.places():
+            attributes = {
+                **d.attributes,
+                SLOTS_ATTRIBUTE: {"int": size},
+                FIRST_SLOT_ATTRIBUTE: {"int": first},
+                OF_SLOTS_ATTRIBUTE: {"int": partitions.slots},
+                PARENT_ATTRIBUTE: _string_attribute(d.name),
+            }
+            out.append(
+                replace(
+                    d,
+                    name=partition_device_name(d.name, size, first),
+                    attributes=attributes,
+                    capacity={k: v * size // partitions.slots for k, v in d.capacity.items()},
+                    shares=1,
+                    place=Place(size, first, partitions.slots, d.name),
+                )
+            )
+    return out
+
+
+def counter_sets(devices: Sequence[SliceDevice]) -> list[dict[str, Any]]:
+    """The counter sets the partitions among `devices` consume from: one per device, named like
+    it, with one counter of 1 per slot."""
+    sets: dict[str, int] = {}
+    for d in devices:
+        if d.place is not None:
+            sets[d.place.counter_set] = d.place.slots
+    return [
+        {"name": name, "counters": {slot_counter(n): {"value": "1"} for n in range(slots)}}
+        for name, slots in sets.items()
+    ]
 
 
 def fault_taint_key(reason: str) -> str:
@@ -287,15 +413,25 @@ def slice_documents(
     generation: int = 0,
     node_uid: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The pool's slices, whole objects for server-side apply (see the module doc). A pool with no
+    """The pool's slices, whole objects for server-side apply (see the module doc): the counter
+    sets of partitioned devices first, in slices of their own, then the devices. A pool with no
     device is one slice with no device: it says "this node has none", which differs from "no
     driver here" for the scheduler."""
-    per_slice = MAX_TAINTED_DEVICES_PER_SLICE if any(d.tainted for d in devices) else MAX_DEVICES_PER_SLICE
-    chunks = [list(devices[i : i + per_slice]) for i in range(0, len(devices), per_slice)] or [[]]
+    advanced = any(d.tainted or d.place is not None for d in devices)
+    per_slice = MAX_TAINTED_DEVICES_PER_SLICE if advanced else MAX_DEVICES_PER_SLICE
+    sets = counter_sets(devices)
+    contents: list[tuple[str, list[dict[str, Any]]]] = [
+        ("sharedCounters", sets[i : i + MAX_COUNTER_SETS_PER_SLICE])
+        for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    contents += [
+        ("devices", [d.document() for d in devices[i : i + per_slice]])
+        for i in range(0, len(devices), per_slice)
+    ] or [("devices", [])]
     base = slice_base_name(node_name, driver)
     out = []
-    for n, chunk in enumerate(chunks):
-        metadata: dict[str, Any] = {"name": slice_name(base, n, len(chunks))}
+    for n, (key, items) in enumerate(contents):
+        metadata: dict[str, Any] = {"name": slice_name(base, n, len(contents))}
         if node_uid:
             metadata["ownerReferences"] = [owner_reference(node_name, node_uid)]
         out.append(
@@ -306,8 +442,12 @@ def slice_documents(
                 "spec": {
                     "driver": driver,
                     "nodeName": node_name,
-                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                    "devices": [d.document() for d in chunk],
+                    "pool": {
+                        "name": node_name,
+                        "generation": generation,
+                        "resourceSliceCount": len(contents),
+                    },
+                    key: items,
                 },
             }
         )
@@ -335,6 +475,11 @@ def taint_probe_document(driver: str, node_name: str) -> dict[str, Any]:
         # and a shared device's fields, dropped where DRAConsumableCapacity is off (before 1.36)
         "allowMultipleAllocations": True,
         "capacity": {SHARES_CAPACITY: shares_capacity(2)},
+        # and a partition's counters, dropped where DRAPartitionableDevices is off (before 1.36);
+        # the set it names is in no slice (validation does not look across slices)
+        "consumesCounters": [
+            {"counterSet": TAINT_PROBE_DEVICE, "counters": {slot_counter(0): {"value": "1"}}}
+        ],
     }
     return {
         "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
@@ -367,6 +512,15 @@ def sharing_kept(stored: Mapping[str, Any]) -> bool:
         if device.get("name") == TAINT_PROBE_DEVICE:
             policy = ((device.get("capacity") or {}).get(SHARES_CAPACITY) or {}).get("requestPolicy")
             return device.get("allowMultipleAllocations") is True and bool(policy)
+    return False
+
+
+def partitions_kept(stored: Mapping[str, Any]) -> bool:
+    """Whether the dry-run answer to `taint_probe_document` still has the probe device's counter
+    consumption (partitionable devices)."""
+    for device in (stored.get("spec") or {}).get("devices") or []:
+        if device.get("name") == TAINT_PROBE_DEVICE:
+            return bool(device.get("consumesCounters"))
     return False
 
 

@@ -122,6 +122,9 @@ class SliceState:
     #: a shared profile's devices (`sharing.replicas` > 1): whether the API server keeps their
     #: consumable capacity (Kept, Dropped, Unknown); "" for unshared devices
     consumable_capacity: str = ""
+    #: a partitioned profile's devices (`plugin.partitions`): whether the API server keeps their
+    #: counters (Kept, Dropped, Unknown); "" for devices offered whole
+    partitionable_devices: str = ""
 
 
 def _device_entry(
@@ -209,6 +212,8 @@ def build_report(
         report["deviceTaints"] = slices.device_taints
         if slices.consumable_capacity:
             report["consumableCapacity"] = slices.consumable_capacity
+        if slices.partitionable_devices:
+            report["partitionableDevices"] = slices.partitionable_devices
     report["summary"] = summary
     report["devices"] = devices
     return report

@@ -47,7 +47,13 @@ from patchbay_agent.api import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from patchbay_agent.dra.slices import device_name, sharing_kept, taint_probe_document, taints_kept
+from patchbay_agent.dra.slices import (
+    device_name,
+    partitions_kept,
+    sharing_kept,
+    taint_probe_document,
+    taints_kept,
+)
 from patchbay_devcluster import DevCluster
 
 GROUP, VERSION = "resource.k8s.io", "v1"
@@ -123,6 +129,27 @@ def _unprepare(endpoint: str, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodeUnprepa
         _node_call(endpoint, "NodeUnprepareResources", claim)
     )
     return response
+
+
+def _allocate(
+    custom: client.CustomObjectsApi, claim: dict[str, Any], node_name: str, results: list[dict[str, str]]
+) -> None:
+    """Allocate `claim` to `results` on `node_name` as the scheduler would (the status
+    subresource, as admin)."""
+    claim["status"] = {
+        "allocation": {
+            "devices": {"results": results},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+                ]
+            },
+        }
+    }
+    meta = claim["metadata"]
+    custom.replace_namespaced_custom_object_status(
+        GROUP, VERSION, meta["namespace"], "resourceclaims", meta["name"], claim
+    )
 
 
 def test_the_dra_agent_publishes_slices_and_prepares_claims(
@@ -201,23 +228,14 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
         # A claim, allocated by the test as the scheduler would (status subresource, as admin).
         two = {"name": "two", "exactly": {"deviceClassName": "serial", "count": 2}}
         claim = create_resource_claim(custom, namespace, "serials", [two])
-        claim["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "two", "driver": driver, "pool": node_name, "device": names[0]},
-                        {"request": "two", "driver": driver, "pool": node_name, "device": names[2]},
-                    ]
-                },
-                "nodeSelector": {
-                    "nodeSelectorTerms": [
-                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
-                    ]
-                },
-            }
-        }
-        custom.replace_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, "resourceclaims", "serials", claim
+        _allocate(
+            custom,
+            claim,
+            node_name,
+            [
+                {"request": "two", "driver": driver, "pool": node_name, "device": names[0]},
+                {"request": "two", "driver": driver, "pool": node_name, "device": names[2]},
+            ],
         )
         uid = claim["metadata"]["uid"]
         ref = dra_v1_pb2.Claim(namespace=namespace, uid=uid, name="serials")
@@ -310,6 +328,138 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
             custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
 
 
+def test_the_dra_agent_publishes_partitions_where_the_api_server_keeps_counters(
+    api: client.ApiClient,
+    devcluster: DevCluster,
+    crd: dict[str, Any],
+    namespace: str,
+    node: tuple[str, str],
+    workdir: Path,
+    name_prefix: str,
+    kube_release: str,
+) -> None:
+    """`plugin.partitions` on the real API server: where it keeps counters (1.36 on) the pool is a
+    slice of counter sets and a slice of partitions that consume them, both accepted by the
+    release's own validation, and a claim allocated to a partition is prepared with its place in
+    the env; where it drops them (before 1.36) the devices are published whole and the
+    DeviceReport says so."""
+    node_name, _uid = node
+    driver = f"{name_prefix}parts.patchbay.dev"
+    custom = client.CustomObjectsApi(api)
+    kept = has("dra-partitionable-devices", kube_release)
+    hw = FakeHardware(workdir / "host")
+    for i in range(2):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    (workdir / "agent.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resourceName": RESOURCE,
+                "plugin": {
+                    "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+                    "partitions": {"slots": 4, "sizes": [1, 2, 4]},
+                },
+            }
+        )
+    )
+    names = [device_name(f"ttyUSB{i}") for i in range(2)]
+
+    def slices() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = custom.list_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", field_selector=f"spec.driver={driver}"
+        )["items"]
+        return sorted(items, key=lambda o: o["metadata"]["name"])
+
+    def report() -> dict[str, Any] | None:
+        obj: dict[str, Any] | None = _or_none(
+            lambda: custom.get_namespaced_custom_object(
+                "patchbay.dev", "v1beta1", namespace, "devicereports", f"p.{node_name}"
+            )
+        )
+        return obj
+
+    expected = "Kept" if kept else "Dropped"
+    proc = _start_agent(
+        workdir,
+        devcluster,
+        hw,
+        node_name,
+        driver,
+        "--instance",
+        "pt1",
+        "--profile",
+        "p",
+        "--report-namespace",
+        namespace,
+    )
+    try:
+        wait_for(
+            f"the DeviceReport saying partitionableDevices {expected}",
+            lambda: (r := report()) is not None and r.get("partitionableDevices") == expected,
+            timeout=60,
+            detail=lambda: (
+                f"report: {report()}\nagent log:\n"
+                + (workdir / "agent.log").read_text(errors="replace")[-4000:]
+            ),
+        )
+        if not kept:
+            (only,) = wait_for(
+                "the whole devices' slice", lambda: (got := slices()) and len(got) == 1 and got
+            )
+            assert [d["name"] for d in only["spec"]["devices"]] == names
+            assert all("consumesCounters" not in d for d in only["spec"]["devices"])
+            return
+        counters, devices = wait_for(
+            "the counter and partition slices", lambda: (got := slices()) and len(got) == 2 and got
+        )
+        assert {c["spec"]["pool"]["resourceSliceCount"] for c in (counters, devices)} == {2}
+        assert counters["spec"]["pool"]["generation"] == devices["spec"]["pool"]["generation"]
+        assert [c["name"] for c in counters["spec"]["sharedCounters"]] == names
+        assert "devices" not in counters["spec"] or not counters["spec"]["devices"]
+        by_name = {d["name"]: d for d in devices["spec"]["devices"]}
+        assert len(by_name) == 2 * 7
+        half = by_name[f"{names[1]}-s2-3"]
+        assert half["consumesCounters"] == [
+            {"counterSet": names[1], "counters": {"s2": {"value": "1"}, "s3": {"value": "1"}}}
+        ]
+        assert half["attributes"]["patchbay.dev/slots"] == {"int": 2}
+
+        # A claim allocated (by the test, as the scheduler would) to the half partition.
+        registry = workdir / "k" / "plugins_registry" / f"{driver}-pt1.sock"
+        wait_for("the registration socket", registry.exists, timeout=30)
+        info = _call(_register(registry))
+        claim = create_resource_claim(
+            custom, namespace, "half", [{"name": "h", "exactly": {"deviceClassName": "serial"}}]
+        )
+        _allocate(
+            custom,
+            claim,
+            node_name,
+            [{"request": "h", "driver": driver, "pool": node_name, "device": f"{names[1]}-s2-3"}],
+        )
+        uid = claim["metadata"]["uid"]
+        prepared = _prepare(
+            info.endpoint, dra_v1_pb2.Claim(namespace=namespace, uid=uid, name="half")
+        ).claims[uid]
+        assert prepared.error == ""
+        assert [d.device_name for d in prepared.devices] == [f"{names[1]}-s2-3"]
+        cdi = json.loads((workdir / "cdi" / f"patchbay_{driver}_{uid}.json").read_text())
+        assert "PATCHBAY_PARTITIONS=ttyUSB1:2-3/4" in cdi["containerEdits"]["env"]
+        assert cdi["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/ttyUSB1"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        text = (workdir / "agent.log").read_text(errors="replace")
+        for obj in slices():
+            with contextlib.suppress(ApiException):
+                custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", obj["metadata"]["name"])
+    assert "Traceback" not in text
+
+
 def _gone(custom: client.CustomObjectsApi, namespace: str, name: str) -> bool:
     try:
         custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", name)
@@ -341,6 +491,7 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
     assert taints_kept(answer) is keeps, (kube_release, answer["spec"])
     shares_kept = has("dra-consumable-capacity", kube_release)
     assert sharing_kept(answer) is shares_kept, (kube_release, answer["spec"])
+    assert partitions_kept(answer) is has("dra-partitionable-devices", kube_release), (kube_release, answer)
     assert (
         custom.list_cluster_custom_object(
             GROUP, VERSION, "resourceslices", field_selector=f"spec.driver={driver}"

@@ -100,6 +100,39 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         _with_group(0, "plugin.allocation", {"cdi": {"kind": "example.com/x"}}, "DRA"),
         "spec.nodeGroups[].plugin.allocation.cdi",
     ),
+    # Partitions (docs/dra.md#partitions): DRA only, not shared, sizes that divide the slots.
+    (
+        "partitions in DevicePlugin mode",
+        {**spec(), "plugin": {"discovery": {"virtual": {"count": 2}}, "partitions": {"slots": 4}}},
+        "spec.plugin.partitions must not be set unless spec.mode is DRA",
+    ),
+    (
+        "partitions shared",
+        {
+            **{k: v for k, v in spec("DRA").items() if k != "nodeGroups"},
+            "plugin": {
+                "discovery": {"virtual": {"count": 2}},
+                "partitions": {"slots": 4},
+                "sharing": {"replicas": 2},
+            },
+        },
+        "spec.plugin.partitions cannot be combined with spec.plugin.sharing.replicas",
+    ),
+    (
+        "partition sizes",
+        _with_group(1, "plugin.partitions", {"slots": 4, "sizes": [1, 3]}, "DRA"),
+        "spec.nodeGroups[1].plugin.partitions.sizes",
+    ),
+    (
+        "group partitions in DevicePlugin mode",
+        _with_group(1, "plugin.partitions", {"slots": 4}),
+        "spec.nodeGroups[].plugin.partitions must not be set unless spec.mode is DRA",
+    ),
+    (
+        "group partitions shared",
+        _with_group(0, "plugin.partitions", {"slots": 4}, "DRA"),
+        "spec.nodeGroups[].plugin.partitions cannot be combined with sharing.replicas",
+    ),
 ]
 
 

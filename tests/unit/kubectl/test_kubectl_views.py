@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -175,3 +176,41 @@ def test_the_krew_manifest_has_what_krew_requires() -> None:
     for platform in spec["platforms"]:
         assert platform["bin"] and platform["uri"].endswith(".tar.gz") and platform["selector"]
         assert any(f["to"] == "." for f in platform["files"])
+
+
+def test_a_dra_partition_is_a_row_named_by_its_slots_and_its_device_is_not_listed_again() -> None:
+    from patchbay_kubectl import views
+
+    profile = {"metadata": {"name": "fpga"}, "spec": {"mode": "DRA", "resourceName": "example.com/fpga"}}
+    attrs = {"patchbay.dev/id": {"string": "fpga0"}}
+
+    def part(first: int, size: int) -> dict[str, Any]:
+        return {
+            "name": f"fpga0-s{first}-{first + size - 1}",
+            "attributes": {
+                **attrs,
+                "patchbay.dev/slots": {"int": size},
+                "patchbay.dev/firstSlot": {"int": first},
+            },
+            "consumesCounters": [{"counterSet": "fpga0", "counters": {"s0": {"value": "1"}}}],
+        }
+
+    counters = {
+        "spec": {
+            "driver": "fpga.patchbay.dev",
+            "nodeName": "n1",
+            "pool": {"name": "n1"},
+            "sharedCounters": [],
+        }
+    }
+    slc = {
+        "spec": {
+            "driver": "fpga.patchbay.dev",
+            "nodeName": "n1",
+            "pool": {"name": "n1"},
+            "devices": [part(0, 1), part(0, 2)],
+        }
+    }
+    report = {"profile": "fpga", "nodeName": "n1", "devices": [{"id": "fpga0", "health": "Healthy"}]}
+    rows = views.device_rows(views.Inputs(profiles=[profile], slices=[counters, slc], reports=[report]))
+    assert [r.device for r in rows] == ["fpga0 slots 0-0", "fpga0 slots 0-1"]

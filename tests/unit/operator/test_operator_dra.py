@@ -245,6 +245,7 @@ def test_a_device_class_stored_without_its_extended_resource_name_is_degraded_no
         "extendedResourceName": R,
         "deviceTaints": None,
         "consumableCapacity": None,
+        "partitionableDevices": None,
         "withheldDevices": None,
         "maintenance": None,
     }
