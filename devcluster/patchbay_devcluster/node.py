@@ -590,9 +590,13 @@ class RealNode:
         pids: set[int] = set()
         for sub in host.node_dirs(self.cgroup_root):
             if sub.is_dir():
-                for procs in sub.rglob("cgroup.procs"):
+                # os.walk, not Path.rglob: a pod's cgroup that goes while we walk (the kubelet
+                # removing it) is skipped; rglob raised FileNotFoundError and left the cluster up.
+                for dirpath, _dirs, files in os.walk(sub):
+                    if "cgroup.procs" not in files:
+                        continue
                     try:
-                        pids.update(int(x) for x in procs.read_text().split())
+                        pids.update(int(x) for x in Path(dirpath, "cgroup.procs").read_text().split())
                     except OSError:
                         continue
                 kill = sub / "cgroup.kill"

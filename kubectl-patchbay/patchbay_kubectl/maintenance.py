@@ -101,9 +101,19 @@ def resolve_device(device: str | None, known: Mapping[str, str], profile: str, n
     ID ``kubectl patchbay devices`` shows. Anything else is refused with the node's devices."""
     if device is None or device in known:
         return device
-    by_id = {physical: name for name, physical in known.items()}
-    if device in by_id:
-        return by_id[device]
+    by_id: dict[str, list[str]] = {}
+    for name, physical in known.items():
+        by_id.setdefault(physical, []).append(name)
+    if len(names := by_id.get(device, [])) == 1:
+        return names[0]
+    if names:
+        # A partitioned device (plugin.partitions) is published as one slice device per size and
+        # place; a rule names one device, so the user must choose (or cordon the whole node).
+        raise InputError(
+            f"--device {device}: DevicePluginProfile {profile} publishes it on node {node} as "
+            f"{len(names)} partitions ({', '.join(sorted(names)[:8])}{' ...' if len(names) > 8 else ''}); "
+            "name one of them, or leave --device out to take the node's devices out of service"
+        )
     ids = sorted(by_id)
     shown = ", ".join(ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
     raise InputError(

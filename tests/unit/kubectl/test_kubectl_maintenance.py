@@ -51,6 +51,11 @@ def test_bad_input_names_the_flag() -> None:
         m.InputError, match=r"--device tty9: no such device .* \(its devices: ttyUSB0, ttyUSB1;"
     ):
         m.resolve_device("tty9", known, "serial", "node-1")
+    # A partitioned device is several slice devices: one of them by name, never a guess.
+    parts = {"fpga0-s0-0": "fpga0", "fpga0-s0-1": "fpga0"}
+    assert m.resolve_device("fpga0-s0-1", parts, "fpga", "node-1") == "fpga0-s0-1"
+    with pytest.raises(m.InputError, match=r"--device fpga0: .* as 2 partitions \(fpga0-s0-0, fpga0-s0-1\)"):
+        m.resolve_device("fpga0", parts, "fpga", "node-1")
     with pytest.raises(m.InputError, match="--reason"):
         m.check_reason("has spaces")
     with pytest.raises(m.InputError, match="--reason"):

@@ -58,6 +58,7 @@ def example_plugins() -> list[dict[str, Any]]:
         {"discovery": DISCOVERY, "sharing": {"replicas": 4}},
         {"discovery": DISCOVERY, "allocation": {"cdi": {"kind": "example.com/serial"}}},
         {"discovery": DISCOVERY, "allocation": {"permissions": "r"}},
+        {"discovery": DISCOVERY, "partitions": {"slots": 8, "sizes": [2, 8]}},
         *example_plugins(),
     ],
 )
@@ -66,6 +67,7 @@ def test_the_operator_reads_what_the_agent_parses(plugin: dict[str, Any]) -> Non
     theirs = agent_config.parse({"resourceName": "example.com/x", "plugin": plugin})
     assert ours.replicas == theirs.replicas
     assert ours.cdi_kind == theirs.allocation.cdi_kind
+    assert ours.partition_slots == (theirs.partitions.slots if theirs.partitions else 0)
     assert ours.document == plugin  # handed to the agents verbatim
 
 
