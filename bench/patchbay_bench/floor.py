@@ -1,8 +1,13 @@
-"""The floor under the agent's Allocate latency: a bare `grpc.aio` server whose Allocate returns a
-constant response, with none of the agent's code. The ``agent`` scenario starts it as a third
-side, so the figures separate what Python's gRPC costs from what the agent adds.
+"""The floor under the agent's Allocate latency and start time: a bare `grpc.aio` server whose
+Allocate returns a constant response, with none of the agent's code. The ``agent`` scenario starts
+it as a third side, so the figures separate what Python's gRPC costs from what the agent adds.
 
     python -m patchbay_bench.floor SOCKET_PATH
+    python -m patchbay_bench.floor SOCKET_PATH --register KUBELET_SOCKET RESOURCE DEVICES
+
+With ``--register`` it is also the least a Python device plugin does to be seen: it registers
+with the kubelet and streams DEVICES healthy devices from ListAndWatch, so "exec -> the kubelet sees
+the devices" has a Python floor beside the agent and the Go stub.
 """
 
 from __future__ import annotations
@@ -28,18 +33,43 @@ RESPONSE = api_pb2.AllocateResponse(
 
 
 class Floor(api_pb2_grpc.DevicePluginServicer):
+    def __init__(self, devices: int = 0) -> None:
+        self.devices = [api_pb2.Device(ID=f"floor-{n}", health="Healthy") for n in range(devices)]
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: Any
+    ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions()
+
+    async def ListAndWatch(self, request: api_pb2.Empty, context: Any) -> Any:
+        yield api_pb2.ListAndWatchResponse(devices=self.devices)
+        await asyncio.Event().wait()  # nothing ever changes
+
     async def Allocate(self, request: api_pb2.AllocateRequest, context: Any) -> api_pb2.AllocateResponse:
         return RESPONSE
 
 
-async def main(socket: str) -> None:
+async def main(socket: str, register: list[str]) -> None:
     server = grpc.aio.server()
-    api_pb2_grpc.add_DevicePluginServicer_to_server(Floor(), server)  # type: ignore[no-untyped-call]
+    floor = Floor(int(register[2]) if register else 0)
+    api_pb2_grpc.add_DevicePluginServicer_to_server(floor, server)  # type: ignore[no-untyped-call]
     server.add_insecure_port(f"unix://{socket}")
     await server.start()
+    if register:
+        kubelet, resource = register[0], register[1]
+        async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            await stub.Register(
+                api_pb2.RegisterRequest(
+                    version="v1beta1", endpoint=socket.rsplit("/", 1)[-1], resource_name=resource
+                ),
+                timeout=10,
+            )
     print('{"ready": true}', flush=True)
     await server.wait_for_termination()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1]))
+    args = sys.argv[1:]
+    extra = args[args.index("--register") + 1 :] if "--register" in args else []
+    asyncio.run(main(args[0], extra))

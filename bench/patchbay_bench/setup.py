@@ -377,6 +377,26 @@ class HostNode:
 # --- memory ----------------------------------------------------------------------------------
 
 
+def bytecode_ahead() -> int:
+    """Compile the agent's and the bench's own modules to bytecode now, as the agent image does at
+    build (plugin-agent/Dockerfile): a process started from this checkout would otherwise compile
+    every module from source at each start (an editable install has no .pyc, and this machine sets
+    PYTHONDONTWRITEBYTECODE), which is not what a node runs. Returns how many files were written."""
+    import compileall
+    import importlib.util
+
+    written = 0
+    for package in ("patchbay_agent", "patchbay_bench"):
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for directory in spec.submodule_search_locations:
+            before = sum(1 for _ in Path(directory).rglob("*.pyc"))
+            compileall.compile_dir(directory, quiet=1)
+            written += sum(1 for _ in Path(directory).rglob("*.pyc")) - before
+    return written
+
+
 def status_mib(pid: int, key: str) -> float:
     """A ``/proc/<pid>/status`` size in MiB: VmRSS (now), VmHWM (the peak)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

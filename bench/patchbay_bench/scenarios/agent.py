@@ -17,6 +17,8 @@ drops, and back (health period 5 s: what is timed is the agent's file watch).
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,11 +30,23 @@ import yaml
 from patchbay_agent.kubelet.sockets import socket_name
 from patchbay_bench.harness import Param, Run, Scenario, interleave
 from patchbay_bench.peers import AgentProcess, FakeHardware, KubeletPeer, Process, build_peer
-from patchbay_bench.setup import status_mib
+from patchbay_bench.setup import bytecode_ahead, status_mib
 
 INSTANCE = "bench"
 """A fixed instance name, so the bench knows the agent's socket."""
 RESOURCE, STUB_RESOURCE, DEVICES = "example.com/serial", "example.com/gostub", 8
+FLOOR_RESOURCE = "example.com/pyfloor"
+#: What a Python process costs before it does anything, step by step: exec -> exit of each.
+IMPORTS = {
+    "python -c pass": "pass",
+    "+ import asyncio, grpc and the device plugin API": (
+        "import asyncio, grpc; from patchbay_agent.api import api_pb2, api_pb2_grpc"
+    ),
+    "+ import the agent (patchbay_agent.main)": (
+        "import asyncio, grpc; from patchbay_agent.api import api_pb2, api_pb2_grpc; "
+        "import patchbay_agent.main"
+    ),
+}
 
 
 class World:
@@ -55,6 +69,7 @@ class World:
         self.agent: AgentProcess | None = None
         self.stub: Process | None = None
         self.floor: Process | None = None
+        self.registered_floor: Process | None = None
         self.socket = {
             "agent": str(self.plugin_dir / socket_name(RESOURCE, INSTANCE)),
             "Go stub": str(self.plugin_dir / "go-stub.sock"),
@@ -101,6 +116,32 @@ class World:
             self.stub = None
             self.kubelet.wait(STUB_RESOURCE, allocatable=0, timeout_ms=20000)
 
+    def start_registered_floor(self) -> float:
+        """Start the Python floor that registers (patchbay_bench.floor --register); seconds from exec
+        to the kubelet seeing its devices."""
+        t0 = time.perf_counter()
+        self.registered_floor = Process(
+            [
+                sys.executable,
+                "-m",
+                "patchbay_bench.floor",
+                str(self.plugin_dir / "py-floor.sock"),
+                "--register",
+                str(self.plugin_dir / "kubelet.sock"),
+                FLOOR_RESOURCE,
+                str(DEVICES),
+            ],
+            self.root / "floor-registered.log",
+        )
+        self.kubelet.wait(FLOOR_RESOURCE, capacity=DEVICES, allocatable=DEVICES, timeout_ms=20000)
+        return time.perf_counter() - t0
+
+    def stop_registered_floor(self) -> None:
+        if self.registered_floor is not None:
+            self.registered_floor.stop()
+            self.registered_floor = None
+            self.kubelet.wait(FLOOR_RESOURCE, allocatable=0, timeout_ms=20000)
+
     def start_floor(self) -> None:
         self.floor = Process(
             [sys.executable, "-m", "patchbay_bench.floor", self.socket["Python gRPC floor"]],
@@ -114,7 +155,7 @@ class World:
         )
 
     def close(self) -> None:
-        for p in (self.agent, self.stub, self.floor):
+        for p in (self.agent, self.stub, self.floor, self.registered_floor):
             if p is not None:
                 p.stop()
         self.kubelet.quit()
@@ -122,6 +163,7 @@ class World:
 
 def run(r: Run) -> None:
     peer = build_peer()
+    bytecode_ahead()  # every side starts as a node runs it: from compiled bytecode
     rounds = r.rounds()
     world = World(Path(r.work), peer)
     try:
@@ -130,14 +172,32 @@ def run(r: Run) -> None:
             {
                 "agent": lambda _i: restart(world.stop_agent, world.start_agent),
                 "Go stub": lambda _i: restart(world.stop_stub, world.start_stub),
+                "Python gRPC floor": lambda _i: restart(
+                    world.stop_registered_floor, world.start_registered_floor
+                ),
             },
         )
+        world.stop_registered_floor()
         r.figure(
             "agent: exec -> the kubelet sees its devices",
             "ms",
             {k: [x * 1000 for x in v] for k, v in starts.items()},
             headline=True,
-            note="each round a fresh process of each; the kubelet's GetCapacity polled every 200 us",
+            note="each round a fresh process of each; the kubelet's GetCapacity polled every 200 us; the "
+            "Python floor registers and lists its devices with no agent code (patchbay_bench.floor)",
+        )
+
+        def importing(code: str) -> Callable[[int], float]:
+            return lambda _i: exec_exit(code)
+
+        imports = interleave(rounds, {name: importing(code) for name, code in IMPORTS.items()})
+        r.figure(
+            "agent: Python start, exec -> exit",
+            "ms",
+            {k: [x * 1000 for x in v] for k, v in imports.items()},
+            ratio=False,
+            note="where the start time goes before the agent does anything: the interpreter, gRPC, "
+            "the agent's modules",
         )
         world.start_floor()
         n = r.integer("allocates")
@@ -216,6 +276,13 @@ def run(r: Run) -> None:
         world.close()
 
 
+def exec_exit(code: str) -> float:
+    """Seconds from exec to exit of `python -c code` (this interpreter, the bench's path)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+    return time.perf_counter() - t0
+
+
 def restart(stop: Callable[[], None], start: Callable[[], float]) -> float:
     stop()
     return start()
@@ -232,6 +299,7 @@ SCENARIO = Scenario(
     },
     figures=(
         "agent: exec -> the kubelet sees its devices",
+        "agent: Python start, exec -> exit",
         "agent: Allocate p50",
         "agent: Allocate p99",
         "agent: kubelet restart -> devices back",
