@@ -3,8 +3,9 @@ order the agent imports, and profile by profile, in fresh processes, with no clu
 
 Every process measured here runs in an environment made like the agent image's: a virtualenv
 with exactly the agent's dependency closure (``patchbay-agent``'s requirements, resolved from the
-installed distributions, each file linked in) and the agent's package from this tree, with the
-image's interpreter settings (``-OO`` bytecode, no column tables, ``MALLOC_ARENA_MAX=2``). The
+installed distributions, each file linked in) and the agent's package from this tree, compiled
+ahead and run with the image's interpreter settings (``-OO`` bytecode, no column tables,
+``MALLOC_ARENA_MAX=2``). The
 dev virtualenv holds more than the image (every program's dependencies, editable installs), and
 pykube imports google.auth and requests_oauthlib when they are there: the dev venv's agent is a
 side of its own, so what that costs is a measured figure too. RSS and PSS are read by this process
@@ -205,14 +206,29 @@ def image_env(work: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             if not target.exists():
                 target.symlink_to(Path(str(file.locate())).resolve())
-    (site / "patchbay_agent").symlink_to(REPO / "plugin-agent" / "patchbay_agent")
-    return env / "bin" / "python"
+    agent = REPO / "plugin-agent" / "patchbay_agent"
+    (site / "patchbay_agent").symlink_to(agent)
+    python = env / "bin" / "python"
+    # Bytecode compiled ahead as the image's build does (-OO, no column tables): a module compiled
+    # at import costs memory the image does not spend (docs/facts.md#client-memory). compileall
+    # skips linked directories, so the agent's package is compiled where it lies.
+    for tree in (site, agent):
+        subprocess.run(
+            [str(python), "-OO", "-X", "no_debug_ranges", "-m", "compileall", "-q", str(tree)], check=True
+        )
+    return python
 
 
 def child_env() -> dict[str, str]:
     """The image's interpreter settings; no PYTHONPATH (an empty value is ignored), so the child
     sees only its own environment's packages."""
-    return {**IMAGE_ENV, "PYTHONPATH": ""}
+    return {**IMAGE_ENV, "PYTHONPATH": "", **WRITE_BYTECODE}
+
+
+WRITE_BYTECODE = {"PYTHONDONTWRITEBYTECODE": ""}
+"""Bytecode may be written (an empty value is ignored), whatever the caller's shell says: the
+warm-up runs leave every module the agent imports compiled, as the image has them; without this
+a shell with PYTHONDONTWRITEBYTECODE=1 compiles each module at every start, several MiB more."""
 
 
 # --- part 1: imports ----------------------------------------------------------------------
@@ -342,7 +358,7 @@ class World:
         reads = self.api.node_reads
         log = self.root / f"agent{self.cases}.log"
         # The dev venv's agent as node_memory runs it (the image's settings, the bench's PYTHONPATH).
-        env = {**(IMAGE_ENV if argv[0] == AGENT else child_env()), **(extra_env or {})}
+        env = {**(IMAGE_ENV | WRITE_BYTECODE if argv[0] == AGENT else child_env()), **(extra_env or {})}
         argv = [*argv, "--node-config", str(self.config(n)), *self.args]
         with Child(argv, log, env) as agent:
             try:
@@ -390,10 +406,11 @@ def run(r: Run) -> None:
     try:
         image = [str(python), "-c", launcher()]
         preload = [str(python), "-c", launcher(UNIT_MODULES)]
-        # Warm-up (writes the -OO bytecode, as the image ships it compiled) with -X importtime:
-        # the agent's own import order, for the record.
+        # Warm-up (writes any -OO bytecode still missing, the stdlib's, as the image ships it
+        # compiled) with -X importtime: the agent's own import order, for the record.
         world.case(max(ns), image, 0.0, {"PYTHONPROFILEIMPORTTIME": "1"})
         r.note(import_order(world.root / f"agent{world.cases}.log"))
+        world.case(max(ns), [AGENT], 0.0)  # the dev venv's warm-up
         record_imports(r, python, rounds)
 
         def side(n: int, argv: Sequence[str]) -> Callable[[int], tuple[float, float]]:
