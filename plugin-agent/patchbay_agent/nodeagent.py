@@ -39,7 +39,6 @@ import yaml
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.config import ConfigError
 from patchbay_agent.httpserver import HttpEndpoint
-from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import MergedRegistry, Metrics, Registry
 from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, ProfileEntry, parse_node_config, selected
 from patchbay_agent.options import DEFAULTS, AgentOptions, DraOptions, ReportOptions, node_agent_plugins_dir
@@ -173,11 +172,6 @@ class NodeAgent:
         if self.options.agent.http_address is not None:
             await self.http.start(*self.options.agent.http_address)
         await self.reconfigure()
-        if not self.units:
-            # No profile selects this node, so no unit settles the start-up heap (each does when
-            # it starts): settle it here, or an idle node agent (the shared DaemonSet runs on
-            # every node) keeps its start-up garbage for good (memory.py; agent_memory bench).
-            settle_memory()
         followers: list[Follower] = []
         if self.follow is not None:
             client: Any = self.client  # kubeclient.KubeClient: a FollowClient too

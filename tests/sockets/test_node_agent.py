@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 from support.agentrun import plugin_client, until
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
@@ -24,7 +23,6 @@ from support.podresources_peer import PodResourcesPeer
 from support.promtext import parse, value
 from support.pykubelet import PyKubelet
 
-from patchbay_agent import nodeagent
 from patchbay_agent.api import (
     api_pb2,
     dra_v1_pb2,
@@ -354,44 +352,6 @@ def test_the_node_agent_waits_for_the_api_server_instead_of_exiting(
             stop.set()
             await asyncio.wait_for(task, timeout=20)
             await kubelet.stop()
-
-    asyncio.run(scenario())
-
-
-def test_a_node_agent_that_serves_nothing_settles_its_start_up_heap_itself(
-    short_dir: Path, plugin_dir: Path, hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No profile selects the node: no unit starts, so none settles the start-up heap; the node
-    agent does it once itself (the shared DaemonSet idles on every node without devices)."""
-    settled: list[int] = []
-
-    def settle() -> int:
-        settled.append(1)
-        return 0
-
-    monkeypatch.setattr(nodeagent, "settle_memory", settle)
-    elsewhere = _entry(
-        "elsewhere",
-        "example.com/elsewhere",
-        {"discovery": {"virtual": {"count": 1}}},
-        nodeSelectorTerms=[[{"key": "gpu", "operator": "Exists"}]],
-    )
-
-    async def scenario() -> None:
-        node = NodeAgent(
-            parse_node_config({"profiles": [elsewhere]}),
-            _options(short_dir, plugin_dir, hw),
-            RecordingClient(),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(node.run(stop))
-        try:
-            await until(lambda: bool(settled))
-            assert not node.units
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=20)
-        assert settled == [1]
 
     asyncio.run(scenario())
 
