@@ -307,6 +307,43 @@ class Child:
         self.stop()
 
 
+def host_agent_args(
+    node: str,
+    work: Path,
+    host: Path,
+    plugin_dir: Path,
+    pod_resources: Path,
+    kubeconfig: Path | None,
+    *,
+    http: str = "off",
+    namespace: str = "default",
+) -> list[str]:
+    """An agent's paths and identity as a host process (what the DaemonSet's pod gives it), every
+    one of them under ``work`` or given: no default of the agent may reach the machine's own
+    kubelet, CDI or PodResources paths (another session's real node may use them)."""
+    args = [
+        "--node-name",
+        node,
+        "--device-plugin-dir",
+        str(plugin_dir),
+        "--host-root",
+        str(host),
+        "--host-path-prefix",
+        str(host),
+        "--http-address",
+        http,
+        "--pod-resources-socket",
+        str(pod_resources),
+        "--kubelet-root-dir",
+        str(work / "kubelet"),
+        "--cdi-spec-dir",
+        str(work / "cdi"),
+    ]
+    if kubeconfig is not None:
+        args += ["--kubeconfig", str(kubeconfig), "--report-namespace", namespace]
+    return args
+
+
 class HostNode:
     """A node for agents run as host processes: a host tree whose ``/dev`` holds FAKE device
     files, a device-plugin directory where the Python kubelet peer serves, a PodResources peer."""
@@ -340,27 +377,16 @@ class HostNode:
         self, kubeconfig: Path | None, *, http: str = "off", namespace: str = "default"
     ) -> list[str]:
         """The agent's paths and identity as a host process (what the DaemonSet's pod gives it)."""
-        args = [
-            "--node-name",
+        return host_agent_args(
             self.name,
-            "--device-plugin-dir",
-            str(self.plugin_dir),
-            "--host-root",
-            str(self.host),
-            "--host-path-prefix",
-            str(self.host),
-            "--http-address",
-            http,
-            "--pod-resources-socket",
-            str(self.pod_resources),
-            "--kubelet-root-dir",
-            str(self.work / "kubelet"),
-            "--cdi-spec-dir",
-            str(self.work / "cdi"),
-        ]
-        if kubeconfig is not None:
-            args += ["--kubeconfig", str(kubeconfig), "--report-namespace", namespace]
-        return args
+            self.work,
+            self.host,
+            self.plugin_dir,
+            self.pod_resources,
+            kubeconfig,
+            http=http,
+            namespace=namespace,
+        )
 
     def close(self) -> None:
         self._loop.call(self.pr.stop())

@@ -6,6 +6,7 @@ from __future__ import annotations
 from patchbay_bench.harness import Scenario
 from patchbay_bench.scenarios import (
     agent,
+    agent_memory,
     cluster_path,
     devcluster,
     dra_path,
@@ -28,6 +29,7 @@ SCENARIOS: dict[str, Scenario] = {
     for m in (
         devcluster,
         agent,
+        agent_memory,
         http_flood,
         live_reconfig,
         node_memory,
