@@ -39,7 +39,15 @@ CHART = REPO / "charts" / "patchbay"
 AGENTS_NS = "patchbay-system"
 AGENT = str(Path(sys.executable).parent / "patchbay-agent")
 """The agent program as the venv installs it (a host process: no image, no pod)."""
-IMAGE_ENV = {"PYTHONOPTIMIZE": "2", "PYTHONNODEBUGRANGES": "1", "MALLOC_ARENA_MAX": "2"}
+IMAGE_ENV = {
+    "PYTHONOPTIMIZE": "2",
+    "PYTHONNODEBUGRANGES": "1",
+    "MALLOC_ARENA_MAX": "2",
+    # Empty: bytecode IS written. The image starts from bytecode compiled at its build; a host
+    # process whose shell sets PYTHONDONTWRITEBYTECODE=1 would compile every module at each start,
+    # which costs time and several MiB that a node never pays.
+    "PYTHONDONTWRITEBYTECODE": "",
+}
 """The interpreter settings of the agent image, for the agent run as a host process."""
 CHART_VALUES: dict[str, Any] = {"operator": {"statusDebounceSeconds": 0.3}}
 """The chart as the real-node scenarios install it (one install serves all of them)."""

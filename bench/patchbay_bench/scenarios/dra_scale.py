@@ -127,14 +127,18 @@ def run(r: Run) -> None:
                 }
                 api.create(PROFILES, profile(name, spec))
 
-            def available(ds: str) -> bool:
-                return bool(((api.get(ds) or {}).get("status") or {}).get("numberAvailable", 0) >= n)
+            def scheduled(ds: str) -> bool:
+                # Scheduled, not Ready: a token bound to a pod carries the pod's node as soon as
+                # the pod is bound, which is all the played agents need; waiting for kwok to mark
+                # 2 N pods Ready took longer than 33 minutes at 5,000 nodes on this machine.
+                status = (api.get(ds) or {}).get("status") or {}
+                return bool(status.get("currentNumberScheduled", 0) >= n)
 
             for name in (DRA, DP):
                 ds = f"/apis/apps/v1/namespaces/{NS}/daemonsets/patchbay-{name}"
                 wait(
-                    f"{name}'s agent pods available",
-                    functools.partial(available, ds),
+                    f"{name}'s agent pods scheduled",
+                    functools.partial(scheduled, ds),
                     max(900, n * 0.4),
                     1.0,
                 )
