@@ -121,15 +121,17 @@ def test_partitions_fill_a_device_and_a_two_slot_claim_waits_for_adjacent_slots(
                 degraded
             )
             template(custom, ns, "any-part", driver, None)
-            for p in ("whole-1", "whole-2"):
-                pods.append(p)
-                core.create_namespaced_pod(ns, pod(p, real_node, "any-part"))
+            # One after the other: created together, either could get the device first.
+            pods.append("whole-1")
+            core.create_namespaced_pod(ns, pod("whole-1", real_node, "any-part"))
             first = wait_for(
                 "a pod running on the whole device", lambda: pod_log(core, ns, "whole-1", "PARTS="), 120
             )
             assert re.search(r"^SERIALS=\S*ttyPT0$", first, re.M) and re.search(r"^PARTS=$", first, re.M), (
                 first
             )
+            pods.append("whole-2")
+            core.create_namespaced_pod(ns, pod("whole-2", real_node, "any-part"))
             message = wait_for("the second pod unschedulable", lambda: unschedulable(core, ns, "whole-2"), 60)
             assert "cannot allocate all claims" in message, message
             core.delete_namespaced_pod("whole-1", ns, grace_period_seconds=0)
