@@ -687,3 +687,21 @@ def test_the_api_server_keeps_a_gpus_standard_attributes_and_memory_capacity(
     assert attributes["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:3a"}
     assert attributes["resource.kubernetes.io/numaNode"] == {"int": 1}
     assert device["capacity"] == {"patchbay.dev/memory": {"value": "85520809984"}}
+
+
+def test_the_api_server_stores_the_slice_written_on_a_real_h100(
+    api: client.ApiClient, node: tuple[str, str], name_prefix: str
+) -> None:
+    """The ResourceSlice the agent's code wrote on a machine with a real H100 (hack/nvml_check.py,
+    recorded in tests/data/nvml/) is accepted by the real API server and stored as written, its
+    device unchanged: attributes, the standard PCI names and memory capacity."""
+    record = json.loads((Path(__file__).parents[2] / "data" / "nvml" / "h100-vm-2026-11-27.json").read_text())
+    (doc,) = record["slices"]
+    node_name, _uid = node
+    doc["metadata"]["name"] = f"{name_prefix}{node_name}-h100"
+    doc["spec"]["driver"] = f"{name_prefix}gpu.patchbay.dev"
+    doc["spec"]["nodeName"] = node_name
+    doc["spec"]["pool"]["name"] = node_name
+    custom = client.CustomObjectsApi(api)
+    stored = custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", doc, dry_run="All")
+    assert stored["spec"]["devices"] == doc["spec"]["devices"]

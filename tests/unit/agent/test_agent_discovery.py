@@ -159,62 +159,34 @@ def test_nvml_without_driver_or_package_is_a_clear_error(hw: FakeHardware) -> No
         make_backend(NvmlDiscovery(), HostRoot(hw.root))
 
 
-class _FakeNvml:
-    """A FAKE of nvidia-ml-py's `pynvml` (no NVIDIA GPU or driver exists on these machines): two
-    GPUs with the calls the backend makes; the second will not tell its name or its memory."""
-
-    class NVMLError(Exception):
-        pass
-
-    class _Pci:
-        def __init__(self, bus_id: bytes) -> None:
-            self.busId = bus_id
-
-    class _Memory:
-        total = 85_520_809_984
-
-    GPUS = [
-        ("GPU-8d0a1c2e-1111-2222-3333-444455556666", 0, b"00000000:3B:00.0", "NVIDIA H100 80GB HBM3"),
-        ("GPU-0b1c2d3e-7777-8888-9999-aaaabbbbcccc", 1, b"00000000:AF:00.0", None),
+#: Two GPUs as a FAKE `pynvml` (`_ReplayedNvml`, below) answers for them: the second will not tell
+#: its name or its memory.
+TWO_GPUS: dict[str, Any] = {
+    "gpus": [
+        {
+            "uuid": "GPU-8d0a1c2e-1111-2222-3333-444455556666",
+            "minor": 0,
+            "numaNode": 0,
+            "name": "NVIDIA H100 80GB HBM3",
+            "busId": "00000000:3B:00.0",
+            "memoryTotal": 85_520_809_984,
+        },
+        {
+            "uuid": "GPU-0b1c2d3e-7777-8888-9999-aaaabbbbcccc",
+            "minor": 1,
+            "numaNode": 1,
+            "name": {"error": "NVMLError_NotSupported: Not Supported"},
+            "busId": "00000000:AF:00.0",
+            "memoryTotal": {"error": "NVMLError_NotSupported: Not Supported"},
+        },
     ]
-
-    def nvmlInit(self) -> None:
-        pass
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.GPUS)
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlDeviceGetUUID(self, h: int) -> str:
-        return self.GPUS[h][0]
-
-    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
-        return self.GPUS[h][1]
-
-    def nvmlDeviceGetNumaNodeId(self, h: int) -> int:
-        return h
-
-    def nvmlDeviceGetName(self, h: int) -> str:
-        name = self.GPUS[h][3]
-        if name is None:
-            raise self.NVMLError("Not Supported")
-        return name
-
-    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
-        return self._Pci(self.GPUS[h][2])
-
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
-        if h == 1:
-            raise self.NVMLError("Not Supported")
-        return self._Memory()
+}
 
 
 def test_nvml_gpus_carry_uuid_name_pci_root_and_memory(
     hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With a FAKE `pynvml` (above) and a fake sysfs tree: each GPU's UUID, product name, PCI
+    """With a FAKE `pynvml` (`TWO_GPUS`) and a fake sysfs tree: each GPU's UUID, product name, PCI
     address as sysfs writes it, its root complex, and memory as capacity, each read on its own;
     in a ResourceSlice also under the standard names."""
     import sys
@@ -224,7 +196,7 @@ def test_nvml_gpus_carry_uuid_name_pci_root_and_memory(
     from patchbay_agent.discovery.nvml import pci_address
     from patchbay_agent.dra.slices import slice_devices
 
-    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    monkeypatch.setitem(sys.modules, "pynvml", _ReplayedNvml(TWO_GPUS))
     hw.add_pci("0000:3b:00.0", vendor="10de", device="2330", pcie_root="pci0000:3a", bridge="0000:3a:00.0")
     hw.add_pci("0000:af:00.0", vendor="10de", device="2330", pcie_root="pci0000:ae")
     second, first = make_backend(NvmlDiscovery(), HostRoot(hw.root)).scan()  # sorted by UUID
@@ -254,3 +226,89 @@ def test_nvml_gpus_carry_uuid_name_pci_root_and_memory(
     assert pci_address("00000000:3B:00.0") == "0000:3b:00.0"
     assert pci_address("0001:02:1f.7") == "0001:02:1f.7"
     assert pci_address("100000000:3B:00.0") is None and pci_address("3B:00.0") is None
+
+
+#: What `hack/nvml_check.py` read on a REAL NVIDIA H100 (driver 580.159.04, in a VM: NVML will
+#: not tell its NUMA node) and what the agent's code made of it there.
+H100_RECORD = Path(__file__).parents[2] / "data" / "nvml" / "h100-vm-2026-11-27.json"
+
+
+class _ReplayedNvml:
+    """A FAKE `pynvml` that replays, call by call, the values a real H100 gave (`H100_RECORD`'s
+    `raw`), its errors included: the backend's code runs here as it ran on the GPU machine."""
+
+    class NVMLError(Exception):
+        pass
+
+    class _Value:
+        def __init__(self, **fields: Any) -> None:
+            self.__dict__.update(fields)
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self._gpus = raw["gpus"]
+
+    def _get(self, h: int, key: str) -> Any:
+        value = self._gpus[h][key]
+        if isinstance(value, dict) and "error" in value:
+            # the recorded "NVMLError_NotSupported: Not Supported": that subclass, that message
+            name, _, message = value["error"].partition(": ")
+            raise type(name, (self.NVMLError,), {})(message)
+        return value
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return str(self._get(h, "uuid"))
+
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        return int(self._get(h, "minor"))
+
+    def nvmlDeviceGetNumaNodeId(self, h: int) -> int:
+        return int(self._get(h, "numaNode"))
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return str(self._get(h, "name"))
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        return self._Value(busId=self._get(h, "busId").encode())
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return self._Value(total=self._get(h, "memoryTotal"))
+
+
+def test_nvml_on_a_real_h100_replayed(
+    hw: FakeHardware, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """hack/nvml_check.py over the NVML answers a real H100 gave (replayed by a FAKE `pynvml`; the
+    GPU's PCI function and device files in a fake tree where that VM had them) writes the record
+    it wrote on that machine: the same NVML reads, devices, ResourceSlice and CDI spec. So the
+    fake answers the calls as the real NVML did, errors included (no NUMA node in a VM)."""
+    import importlib.util
+    import json
+    import sys
+
+    record = json.loads(H100_RECORD.read_text())
+    monkeypatch.setitem(sys.modules, "pynvml", _ReplayedNvml(record["raw"]))
+    hw.add_pci("0000:00:06.0", vendor="10de", device="2330", pcie_root="pci0000:00")
+    for name in record["machine"]["devFiles"]:
+        if name != "nvidia-caps":
+            hw.add_dev(f"/dev/{name}")
+    spec = importlib.util.spec_from_file_location(
+        "nvml_check", Path(__file__).parents[3] / "hack" / "nvml_check.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "record.json"
+    assert script.main(["--out", str(out), "--host-root", str(hw.root)]) == 0
+    replayed = json.loads(out.read_text())
+    assert replayed["raw"]["gpus"] == record["raw"]["gpus"]
+    for key in ("devices", "slices", "cdi", "devFilesExist"):
+        assert replayed[key] == record[key], key
