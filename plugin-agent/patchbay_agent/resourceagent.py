@@ -36,10 +36,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from patchbay_agent.cdi import SpecGuard
-from patchbay_agent.config import AgentConfig
+from patchbay_agent.config import AgentConfig, Partitions
 from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.core.monitor import Monitor
 from patchbay_agent.discovery import HostRoot, make_backend
@@ -101,6 +102,27 @@ class FrontEnd(Protocol):
     def reconfigure(self, config: AgentConfig) -> None: ...
 
 
+def dra_holdings(
+    inventory: Inventory, driver: str, pool: str, partitions: Partitions | None
+) -> Callable[[Container], list[str]]:
+    """A DRA agent's holders: the physical IDs (what the report uses) of the devices the
+    kubelet's PodResources lists under a container's claims, for our driver and node pool, whole
+    devices and partitions alike. A DRA profile's change restarts its agent, so `partitions` is
+    the one it serves."""
+    from patchbay_agent.dra.slices import pool_devices
+
+    names_of = pool_devices(partitions)
+
+    def held(c: Container) -> list[str]:
+        claimed = c.claimed_devices(driver, pool)
+        if not claimed:  # most containers: no need to name the node's devices
+            return []
+        names = names_of(inventory.current).physical
+        return [names[n] for n in claimed if n in names]
+
+    return held
+
+
 def pod_holders(
     config: AgentConfig, options: AgentOptions, report: ReportOptions, inventory: Inventory, metrics: Metrics
 ) -> PodHolders:
@@ -111,19 +133,7 @@ def pod_holders(
 
     held = None
     if options.dra is not None:
-        # DRA: what the kubelet's PodResources lists under the containers' claims, for our
-        # driver and node pool, by slice device name -> the physical ID the report uses.
-        from patchbay_agent.dra.slices import device_names
-
-        driver, pool = options.dra.driver, options.node_name
-
-        def held(c: Container) -> list[str]:
-            claimed = c.claimed_devices(driver, pool)
-            if not claimed:  # most containers: no need to name the node's devices
-                return []
-            names = device_names(inventory.current)
-            return [names[n] for n in claimed if n in names]
-
+        held = dra_holdings(inventory, options.dra.driver, options.node_name, config.partitions)
     return PodHolders(
         report.pod_resources_socket,
         config.resource_name,

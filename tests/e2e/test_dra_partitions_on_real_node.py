@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes import client
 from support.clusters import Cluster
-from support.dranode import dra_status, slice_devices
+from support.dranode import dra_status, report_holders, slice_devices
 from support.realnode import OnNode, add_fake_device, busybox_pod, pod_log, unschedulable, wait_for
 from support.releases import has
 
@@ -80,7 +80,7 @@ def gone(core: client.CoreV1Api, ns: str, name: str) -> bool:
 def test_partitions_fill_a_device_and_a_two_slot_claim_waits_for_adjacent_slots(
     on_node: OnNode, kube_release: str
 ) -> None:
-    _patchbay, cluster, _e2e_cluster, real_node, ns, fake_dev = on_node
+    patchbay, cluster, _e2e_cluster, real_node, ns, fake_dev = on_node
     name = f"{cluster.prefix}parts"
     driver = f"{name}.patchbay.dev"
     core, custom = cluster.core, cluster.custom
@@ -164,6 +164,19 @@ def test_partitions_fill_a_device_and_a_two_slot_claim_waits_for_adjacent_slots(
             assert re.search(rf"^PARTS=\S*ttyPT0:{first}-{first}/4$", logs[p], re.M), logs[p]
             slot_of[first] = p
         assert sorted(slot_of) == [0, 1, 2, 3], slot_of  # four claims filled the device
+        # The DeviceReport counts a partition's pod as its device's holder (kubectl patchbay
+        # devices and the drain read it): four pods on the one device.
+        holders = wait_for(
+            "the report naming the four pods as the device's holders",
+            lambda: (
+                (got := report_holders(cluster, patchbay, name, real_node))
+                and any(len(h) == 4 for h in got.values())
+                and got
+            ),
+            60,
+        )
+        ((device_id, held),) = [(d, h) for d, h in holders.items() if h]
+        assert device_id.endswith("ttyPT0") and held == sorted(f"{ns}/{p}" for p in ones), holders
 
         pods.append("pair")
         core.create_namespaced_pod(ns, pod("pair", real_node, "two-slots"))

@@ -65,17 +65,30 @@ def dra_status(cluster: Cluster, name: str) -> dict[str, Any]:
     return dict(profile_status(cluster, name).get("dra") or {})
 
 
-def report_health(cluster: Cluster, patchbay: Installed, profile: str, node: str) -> dict[str, str]:
-    """Physical device ID -> health, as the agent's DeviceReport for the node says."""
+def _report_devices(cluster: Cluster, patchbay: Installed, profile: str, node: str) -> list[dict[str, Any]]:
+    """The devices of the agent's DeviceReport for the node (none while it has no report)."""
     try:
         obj = cluster.custom.get_namespaced_custom_object(
             "patchbay.dev", "v1beta1", patchbay.namespace, "devicereports", f"{profile}.{node}"
         )
     except client.ApiException as e:
         if e.status == 404:
-            return {}
+            return []
         raise
-    return {d["id"]: d["health"] for d in obj.get("devices") or []}
+    return list(obj.get("devices") or [])
+
+
+def report_health(cluster: Cluster, patchbay: Installed, profile: str, node: str) -> dict[str, str]:
+    """Physical device ID -> health, as the agent's DeviceReport for the node says."""
+    return {d["id"]: d["health"] for d in _report_devices(cluster, patchbay, profile, node)}
+
+
+def report_holders(cluster: Cluster, patchbay: Installed, profile: str, node: str) -> dict[str, list[str]]:
+    """Physical device ID -> the pods (namespace/name) the DeviceReport says hold it, sorted."""
+    return {
+        d["id"]: sorted({f"{p['namespace']}/{p['name']}" for p in d.get("pods") or []})
+        for d in _report_devices(cluster, patchbay, profile, node)
+    }
 
 
 def claim_template(

@@ -72,14 +72,7 @@ from patchbay_agent.dra.claims import (
 from patchbay_agent.dra.claimstatus import ClaimStatusClient, ClaimStatusWriter
 from patchbay_agent.dra.healthservice import DraHealthServicer
 from patchbay_agent.dra.metadata import HEALTHY_ATTRIBUTE, ClaimInfo, DeviceMetadataFiles, base_request
-from patchbay_agent.dra.slices import (
-    Place,
-    SliceClient,
-    device_names,
-    partition_places,
-    partitioned,
-    slice_devices,
-)
+from patchbay_agent.dra.slices import SliceClient, pool_devices
 from patchbay_agent.kubelet.pluginserver import PluginServer
 from patchbay_agent.kubelet.sockets import MAX_UNIX_SOCKET_PATH, probe, remove_stale
 from patchbay_agent.metrics import Metrics
@@ -298,10 +291,8 @@ class ClaimPreparer:
         self._read_timeout = read_timeout
         self.lock_path = lock_path
         self.copies = copies
-        self.partitions = partitions
-        #: (snapshot version, slice device name -> physical ID, partition name -> its place),
-        #: computed once per snapshot
-        self._names: tuple[int, dict[str, str], dict[str, Place]] = (-1, {}, {})
+        #: the pool's device names (whole devices and partitions), once per snapshot
+        self._pool = pool_devices(partitions)
         self.calls = calls or CallActivity()
         self._status = status
         self._on_change = on_change
@@ -313,26 +304,17 @@ class ClaimPreparer:
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_spec_dir / spec_file_name(self.driver, claim_uid)
 
-    def _device_names(self, snap: Snapshot) -> tuple[dict[str, str], dict[str, Place]]:
-        if self._names[0] != snap.version:
-            self._names = (
-                snap.version,
-                device_names(snap, self.partitions),
-                partition_places(snap, self.partitions),
-            )
-        return self._names[1], self._names[2]
-
     def metadata_attributes(self, snap: Snapshot | None = None) -> dict[str, dict[str, Any]]:
         """Each device's attributes as its slice shows them, and whether it is healthy now
         (`patchbay.dev/healthy`): what a device metadata file lists; once per snapshot."""
         snap = snap or self._inventory.current
         if self._attributes[0] != snap.version:
-            devices = slice_devices(snap)
-            if self.partitions is not None:
-                devices += partitioned(devices, self.partitions)
             self._attributes = (
                 snap.version,
-                {d.name: {**d.attributes, HEALTHY_ATTRIBUTE: {"bool": d.unhealthy is None}} for d in devices},
+                {
+                    d.name: {**d.attributes, HEALTHY_ATTRIBUTE: {"bool": d.unhealthy is None}}
+                    for d in self._pool(snap).devices
+                },
             )
         return self._attributes[1]
 
@@ -374,8 +356,10 @@ class ClaimPreparer:
             self._metrics.dra_claim_read_seconds.observe(time.perf_counter() - started)
         snap = self._inventory.current
         try:
-            names, places = self._device_names(snap)
-            devices = allocated_devices(obj, claim.uid, self.driver, self.pool, names, places=places)
+            pool = self._pool(snap)
+            devices = allocated_devices(
+                obj, claim.uid, self.driver, self.pool, pool.physical, places=pool.places
+            )
         except ClaimError as e:
             return ClaimResult(error=f"{where}: {e}")
         healthy = snap.healthy_physical

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -294,32 +294,6 @@ def shares_capacity(shares: int) -> dict[str, Any]:
     }
 
 
-def device_names(snap: Snapshot, partitions: Partitions | None = None) -> dict[str, str]:
-    """Slice device name -> physical ID for every physical device of the snapshot and, with
-    `partitions`, every partition of it too (a claim allocated while the API server dropped the
-    counters names the whole device; both are this node's)."""
-    names = {device_name(pid): pid for pid in snap.physical}
-    if partitions is not None:
-        for pid in snap.physical:
-            whole = device_name(pid)
-            names.update(
-                {partition_device_name(whole, size, first): pid for size, first in partitions.places()}
-            )
-    return names
-
-
-def partition_places(snap: Snapshot, partitions: Partitions | None) -> dict[str, Place]:
-    """Partition device name -> where it lies, for every partition of the snapshot's devices."""
-    if partitions is None:
-        return {}
-    out = {}
-    for pid in snap.physical:
-        whole = device_name(pid)
-        for size, first in partitions.places():
-            out[partition_device_name(whole, size, first)] = Place(size, first, partitions.slots, whole)
-    return out
-
-
 def partitioned(devices: Sequence[SliceDevice], partitions: Partitions) -> list[SliceDevice]:
     """Every device cut into its partitions (one per size and place, `Partitions.places`), in the
     devices' order. A partition has its device's attributes and health, the partition's own
@@ -346,6 +320,48 @@ def partitioned(devices: Sequence[SliceDevice], partitions: Partitions) -> list[
                 )
             )
     return out
+
+
+@dataclass(frozen=True)
+class PoolDevices:
+    """A snapshot's devices as this node's pool names them: every whole device, then, with
+    partitions, each partition of it; the physical device each name stands for, and where each
+    partition lies. A claim may name either kind (one allocated while the API server dropped the
+    counters names the whole device): prepare and the report's holders read both from here."""
+
+    version: int
+    #: whole devices in the snapshot's order, then their partitions
+    devices: tuple[SliceDevice, ...]
+    #: slice device name -> physical ID
+    physical: Mapping[str, str]
+    #: partition device name -> where it lies
+    places: Mapping[str, Place]
+
+    @classmethod
+    def of(cls, snap: Snapshot, partitions: Partitions | None = None) -> PoolDevices:
+        devices = slice_devices(snap)
+        if partitions is not None:
+            devices += partitioned(devices, partitions)
+        return cls(
+            snap.version,
+            tuple(devices),
+            {d.name: d.physical_id for d in devices},
+            {d.name: d.place for d in devices if d.place is not None},
+        )
+
+
+def pool_devices(partitions: Partitions | None) -> Callable[[Snapshot], PoolDevices]:
+    """`PoolDevices.of(snap, partitions)`, computed once per snapshot (by its version: one
+    inventory's), however many claims or containers ask."""
+    last: PoolDevices | None = None
+
+    def get(snap: Snapshot) -> PoolDevices:
+        nonlocal last
+        if last is None or last.version != snap.version:
+            last = PoolDevices.of(snap, partitions)
+        return last
+
+    return get
 
 
 def counter_sets(devices: Sequence[SliceDevice]) -> list[dict[str, Any]]:

@@ -25,9 +25,9 @@ from patchbay_agent.dra.slices import (
     CHECKED_PREFIX,
     MAX_DEVICES_PER_SLICE,
     MAX_TAINTED_DEVICES_PER_SLICE,
+    PoolDevices,
     SliceDevice,
     device_name,
-    device_names,
     fault_taint_key,
     is_dns_subdomain,
     label_value,
@@ -237,7 +237,7 @@ def test_slice_devices_carry_attributes_numa_and_health() -> None:
     }
     assert by_id[pci.id].unhealthy is None
     assert by_id[tty.id].unhealthy == "Vanished"
-    assert device_names(inv.current) == {device_name(pci.id): pci.id, device_name(tty.id): tty.id}
+    assert PoolDevices.of(inv.current).physical == {device_name(pci.id): pci.id, device_name(tty.id): tty.id}
     # A value not in the standard's form gets no standard attribute.
     odd = PhysicalDevice("odd", attributes=(("pciAddress", "3b:00.0"), ("pcieRoot", "root0")))
     other = Inventory(1, "rw")

@@ -15,6 +15,7 @@ import pytest
 from support.agentrun import until
 
 from patchbay_agent.backoff import Backoff
+from patchbay_agent.config import Partitions
 from patchbay_agent.core.holders import PodHolders
 from patchbay_agent.kubelet import podresources
 from patchbay_agent.metrics import Metrics
@@ -309,11 +310,28 @@ async def test_allocates_cause_one_read_shortly_after(metrics: Metrics) -> None:
         await asyncio.wait_for(task, 2)
 
 
-async def test_dra_holders_are_the_claimed_devices_of_our_driver_and_pool(metrics: Metrics) -> None:
-    """A DRA agent's holders: the devices PodResources lists under a container's claims, for its
-    driver and its node's pool only, through the agent's own mapping of slice device names."""
+@pytest.mark.parametrize("partitions", [None, Partitions(4, (1, 2, 4))], ids=["whole", "partitioned"])
+async def test_dra_holders_are_the_claimed_devices_of_our_driver_and_pool(
+    metrics: Metrics, partitions: Partitions | None
+) -> None:
+    """A DRA agent's holders (`dra_holdings`, as the agent builds them): the devices PodResources
+    lists under a container's claims, for its driver and its node's pool only, by the physical ID
+    each slice device name stands for; with partitions, a partition counts as its device."""
+    from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
+    from patchbay_agent.core.inventory import Inventory
+    from patchbay_agent.discovery import PhysicalDevice
+    from patchbay_agent.dra.slices import device_name, partition_device_name
+    from patchbay_agent.resourceagent import dra_holdings
+
     driver, pool = "serial.patchbay.dev", "node-1"
-    names = {"ttyusb0-1a2b": "ttyUSB0", "ttyusb1-3c4d": "ttyUSB1"}
+    inventory = Inventory(1, "rw")
+    tracker = DeviceHealthTracker(1, 1)
+    tty = [PhysicalDevice(f"ttyUSB{n}", (f"/dev/ttyUSB{n}",)) for n in range(3)]
+    tracker.observe({d.id: CheckResult(True) for d in tty})
+    inventory.update(tty, tracker)
+    whole = [device_name(d.id) for d in tty]
+    # ttyUSB1 claimed whole (or, partitioned, its slots 2-3); ttyUSB0 by another driver's claim
+    held_name = whole[1] if partitions is None else partition_device_name(whole[1], 2, 2)
 
     def claim(*resources: tuple[str, str, str]) -> podresources.DynamicResource:
         return podresources.DynamicResource(
@@ -323,9 +341,6 @@ async def test_dra_holders_are_the_claimed_devices_of_our_driver_and_pool(metric
                 podresources.ClaimResource(driver_name=d, pool_name=p, device_name=n) for d, p, n in resources
             ),
         )
-
-    def held(c: podresources.Container) -> list[str]:
-        return [names[n] for n in c.claimed_devices(driver, pool) if n in names]
 
     kubelet = FakeKubelet()
     kubelet.pods = [
@@ -337,9 +352,10 @@ async def test_dra_holders_are_the_claimed_devices_of_our_driver_and_pool(metric
                     "main",
                     dynamic_resources=(
                         claim(
-                            (driver, pool, "ttyusb1-3c4d"),
-                            ("gpu.example.com", pool, "ttyusb0-1a2b"),  # another driver
-                            (driver, "node-2", "ttyusb0-1a2b"),  # another node's pool
+                            (driver, pool, held_name),
+                            ("gpu.example.com", pool, whole[0]),  # another driver
+                            (driver, "node-2", whole[0]),  # another node's pool
+                            (driver, pool, "not-ours-9f9f"),  # a name this pool does not list
                         ),
                     ),
                 ),
@@ -347,6 +363,7 @@ async def test_dra_holders_are_the_claimed_devices_of_our_driver_and_pool(metric
             ),
         )
     ]
+    held = dra_holdings(inventory, driver, pool, partitions)
     holders = PodHolders("/nope.sock", RESOURCE, metrics, list_pods=kubelet.list_pods, held=held)
     assert await holders.read()
     assert holders.containers == {PodRef("ml", "trainer", "main"): ("ttyUSB1",)}
