@@ -172,6 +172,12 @@ class DeviceRow:
     since: str | None = None
     holders: list[str] = field(default_factory=list)
     source: str = ""
+    #: the physical device (its `patchbay.dev/id`): `device` itself, except on a partition's row,
+    #: whose `device` also names its slots
+    physical: str = ""
+
+    def __post_init__(self) -> None:
+        self.physical = self.physical or self.device
 
     def as_dict(self) -> Obj:
         return asdict(self)
@@ -332,6 +338,7 @@ def _slice_rows(
                     since=since,
                     holders=held.get((driver, pool, dname), []),
                     source=source,
+                    physical=physical,
                 )
             )
     for (pname, node), report in reports.items():
@@ -408,8 +415,8 @@ def device_rows(
         elif mode == DRA:
             from_slices = _slice_rows(p, data.slices, reports, held, data.rules)
             rows += from_slices
-            # By physical device: a partition's row is "<id> slots <first>-<last>".
-            seen = {(r.node, r.device.partition(PARTITION_ROW)[0]) for r in from_slices}
+            # By physical device: a device's partitions are rows of their own.
+            seen = {(r.node, r.physical) for r in from_slices}
             # A report of a node whose slice is not there (not written yet, or the API server
             # lacks DRA): its devices still show, from the report.
             for (pname, _), report in reports.items():

@@ -214,3 +214,4 @@ def test_a_dra_partition_is_a_row_named_by_its_slots_and_its_device_is_not_liste
     report = {"profile": "fpga", "nodeName": "n1", "devices": [{"id": "fpga0", "health": "Healthy"}]}
     rows = views.device_rows(views.Inputs(profiles=[profile], slices=[counters, slc], reports=[report]))
     assert [r.device for r in rows] == ["fpga0 slots 0-0", "fpga0 slots 0-1"]
+    assert [r.physical for r in rows] == ["fpga0", "fpga0"]
