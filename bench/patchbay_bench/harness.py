@@ -140,13 +140,19 @@ def ratios_of(sides: Sequence[Side]) -> list[Ratio]:
     return out
 
 
-def interleave(rounds: int, sides: Mapping[str, Callable[[int], T]]) -> dict[str, list[T]]:
+def interleave(
+    rounds: int, sides: Mapping[str, Callable[[int], T]], progress: Callable[[str], None] | None = None
+) -> dict[str, list[T]]:
     """Run every side once per round, in the order given, for ``rounds`` rounds (A B A B ...);
-    each side's callable gets the round's index. Returns each side's results in round order."""
+    each side's callable gets the round's index. Returns each side's results in round order.
+    ``progress`` (a scenario's ``log``), for sides that take minutes: told as each side ends."""
     out: dict[str, list[T]] = {name: [] for name in sides}
     for r in range(rounds):
         for name, side in sides.items():
+            t0 = time.monotonic()
             out[name].append(side(r))
+            if progress is not None:
+                progress(f"round {r + 1}/{rounds}: {name} done in {time.monotonic() - t0:.1f} s")
     return out
 
 

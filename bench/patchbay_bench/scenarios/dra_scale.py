@@ -274,7 +274,9 @@ def run(r: Run) -> None:
 
                 return one
 
-            results = interleave(r.rounds(), {DRA: side(DRA, publish_dra), DP: side(DP, publish_dp)})
+            results = interleave(
+                r.rounds(), {DRA: side(DRA, publish_dra), DP: side(DP, publish_dp)}, progress=r.log
+            )
             note = f"{n} kwok nodes x {per} devices; 16 writers; --status-debounce 1"
             r.figure(
                 "DRA at scale: publish every node -> counted in the profile's status",

@@ -205,7 +205,7 @@ def run(r: Run) -> None:
         def side(size: str) -> Callable[[int], dict[str, float]]:
             return lambda _i: operator_rss(r, cluster, size)
 
-        got = interleave(r.rounds(), {size: side(size) for size in ("bounds", "small")})
+        got = interleave(r.rounds(), {size: side(size) for size in ("bounds", "small")}, progress=r.log)
         names = {"bounds": "reports at the CRD bounds", "small": "small reports (4 devices)"}
         for key, what in (("hwm", "peak RSS (VmHWM)"), ("rss", "RSS once settled (VmRSS)")):
             r.figure(

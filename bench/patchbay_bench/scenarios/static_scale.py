@@ -199,7 +199,7 @@ def run(r: Run) -> None:
                 return apply, delete
 
         try:
-            got = interleave(r.rounds(), {"baseline": base, "operator": ours})
+            got = interleave(r.rounds(), {"baseline": base, "operator": ours}, progress=r.log)
         finally:
             obs.stop()
         note = f"{n} kwok nodes, concurrency {threads}; baseline: the operator's transport, no controller"
