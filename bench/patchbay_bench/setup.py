@@ -225,13 +225,16 @@ SESSION = Session()
 
 
 @contextlib.contextmanager
-def operator(run: Run, kubeconfig: Path, namespace: str, *args: str) -> Iterator[Operator]:
+def operator(
+    run: Run, kubeconfig: Path, namespace: str, *args: str, start_timeout: float = 60.0
+) -> Iterator[Operator]:
     """The operator program as a host process against ``kubeconfig``'s cluster, with its
-    /metrics on 127.0.0.1 (``Operator.stats``); stopped when the block ends."""
+    /metrics on 127.0.0.1 (``Operator.stats``); stopped when the block ends. `start_timeout`:
+    how long its /healthz may take to answer (after its first LISTs: ``Operator.live_after``)."""
     log_dir = run.work / f"operator-{len(list(run.work.glob('operator-*')))}"
     log_dir.mkdir()
     op = Operator(kubeconfig, log_dir, args=args, namespace=namespace)
-    op.start()
+    op.start(timeout=start_timeout)
     try:
         yield op
     finally:

@@ -105,6 +105,7 @@ def test_schema_rejects_unknown_and_bad_values(tools: Tools) -> None:
         "operator.bogus=1": "additional properties 'bogus' not allowed",
         "operator.logFormat=xml": "operator.logFormat",
         "operator.concurrency=0": "operator.concurrency",
+        "operator.startupSeconds=0": "operator.startupSeconds",
         "image.pullPolicy=Sometimes": "image.pullPolicy",
     }
     for setting, expected in bad.items():
@@ -151,6 +152,20 @@ def test_deployment_defaults_are_hardened(tools: Tools) -> None:
     assert {e["name"] for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]} >= {
         "PATCHBAY_PEERING"
     }
+
+
+def test_a_slow_start_gets_its_grace_before_liveness_counts(tools: Tools) -> None:
+    """/healthz answers only after the operator's first LISTs (kopf serves it after the startup
+    handler), which at thousands of nodes take longer than the liveness probe's three misses
+    allow: a startup probe on the same endpoint holds liveness off for `operator.startupSeconds`."""
+    for sets, grace in (((), 600), (("operator.startupSeconds=95",), 95)):
+        _, c = _operator_pod(tools, *sets)
+        startup = c["startupProbe"]
+        assert startup["httpGet"] == c["livenessProbe"]["httpGet"]
+        waited = startup["periodSeconds"] * startup["failureThreshold"]
+        assert grace <= waited < grace + startup["periodSeconds"], (sets, startup)
+    _, c = _operator_pod(tools, "operator.hostNetwork=true")
+    assert c["startupProbe"]["httpGet"]["host"] == "127.0.0.1"
 
 
 def _operator_pod(tools: Tools, *values: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -46,12 +46,17 @@ class Operator:
         self.log_path: Path | None = None
         self.starts = 0
         self.extra_args: list[str] = []
+        #: seconds from the last start to /healthz answering
+        self.live_after = 0.0
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self, *extra: str) -> None:
+    def start(self, *extra: str, timeout: float = 60.0) -> None:
+        """Start it and wait up to `timeout` seconds for /healthz, which kopf serves only once
+        the startup handler (the controller's first LISTs) is done; `live_after` says how long
+        that took."""
         assert not self.running, "one operator at a time"
         self.starts += 1
         port = free_port()
@@ -84,7 +89,14 @@ class Operator:
             except OSError:
                 return False
 
-        wait_for("the operator's liveness endpoint", healthy, timeout=60)
+        started = time.monotonic()
+        try:
+            wait_for("the operator's liveness endpoint", healthy, timeout=timeout)
+        except BaseException:
+            # Never left running for nobody to stop (a bench run once kept one for minutes).
+            self.stop()
+            raise
+        self.live_after = time.monotonic() - started
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is None:
