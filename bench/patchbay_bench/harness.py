@@ -394,11 +394,23 @@ def execute(scenario: Scenario, params: Mapping[str, Value], quick: bool) -> Rec
         except (Exception, KeyboardInterrupt) as e:
             record.error = "".join(traceback.format_exception_only(e)).strip()
             traceback.print_exc()
+            _print_log_tails(Path(tmp))
         finally:
             record.figures, record.notes = run.figures, run.notes
     record.seconds = round(time.monotonic() - t0, 1)
     machine.load_end = [round(x, 2) for x in os.getloadavg()]
     return record
+
+
+def _print_log_tails(work: Path, chars: int = 3000) -> None:
+    """The end of every log the failed run's programs wrote (operator, proxy, agents): the
+    work directory goes with the run, and the reason is usually in one of them."""
+    for log in sorted(work.rglob("*.log")):
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        print(f"[bench] --- the last of {log.relative_to(work)} ---\n{text[-chars:]}", flush=True)
 
 
 @contextlib.contextmanager
