@@ -69,8 +69,15 @@ def operator_rss(r: Run, cluster: Cluster, size: str) -> dict[str, float]:
     for c in doc["clusters"]:
         c["cluster"]["server"] = f"https://127.0.0.1:{port}"
     kubeconfig.write_text(yaml.safe_dump(doc))
-    with Child(argv, r.work / f"proxy-{size}.log"):
-        wait("the report proxy", lambda: "serving" in (r.work / f"proxy-{size}.log").read_text(), 30, 0.1)
+    log = r.work / f"proxy-{size}.log"  # appended to by every round's proxy
+    with Child(argv, log) as proxy:
+
+        def serving() -> bool:
+            if not proxy.alive():
+                raise AssertionError(f"the report proxy exited: {log.read_text()[-2000:]}")
+            return f"serving on 127.0.0.1:{port}" in log.read_text()
+
+        wait("the report proxy", serving, 30, 0.1)
         t0 = time.monotonic()
         n = len(cluster.nodes)
         # /healthz answers only after the first LISTs: 3.7 GB of reports at the bounds took
