@@ -67,6 +67,8 @@ def sources(
             "device reports",
             collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", namespace),
             Report.from_object,
+            # 20 at the CRD's bounds are 15 MB of JSON; later pages follow kube.PAGE_BYTES.
+            first_page=20,
         ),
     )
 

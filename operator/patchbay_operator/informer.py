@@ -38,7 +38,8 @@ WATCH_TIMEOUT = 300
 """Seconds the server keeps one watch open before we re-open it from the last resourceVersion."""
 
 LIST_CHUNK = 500
-"""Objects per LIST page: a big cluster is never one giant response."""
+"""Objects per LIST page at most: a big cluster is never one giant response. Pages of large
+objects hold fewer (``kube.PAGE_BYTES``)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Source(Generic[T]):
     path: str
     decode: Callable[[Mapping[str, Any]], T]
     selectors: Selectors = NO_SELECTORS
+    #: objects the LIST's first page asks for, before their size is known (later pages: as many
+    #: as ``kube.PAGE_BYTES`` holds): fewer for kinds whose objects can be large
+    first_page: int = LIST_CHUNK
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ def list_all(kube: KubeAPI, source: Source[T]) -> Snapshot[T]:
     """LIST every object, decoding page by page (full bodies are never all in memory at once)."""
     items: list[T] = []
     rv = ""
-    for page in kube.list_pages(source.path, LIST_CHUNK, source.selectors):
+    for page in kube.list_pages(source.path, LIST_CHUNK, source.selectors, first=source.first_page):
         items.extend(source.decode(item) for item in page.items)
         rv = page.resource_version
     return Snapshot(items, rv)

@@ -90,12 +90,22 @@ _CLUSTER_COLLECTIONS = {
 """The cluster-scoped kinds the operator owns (a DRA profile's DeviceClass)."""
 
 
+PAGE_BYTES = 8 * 2**20
+"""What a LIST page's body is kept near (``KubeAPI.list_pages``): the objects of one kind differ
+in size by hundreds of times (a DeviceReport of 4 devices is 1 KB of JSON; one at the CRD's bounds
+0.75 MB, 1.5 MB once decoded), so a fixed count per page is either many requests or, at 500
+reports at the bounds, 375 MB of body and 750 MB of objects at once (docs/benchmarks.md, "Operator
+memory at the report bounds")."""
+
+
 @dataclass(frozen=True)
 class Page:
-    """One page of a chunked LIST, with the resourceVersion of the list's snapshot."""
+    """One page of a chunked LIST, with the resourceVersion of the list's snapshot and the
+    ``limit`` it was asked with."""
 
     items: list[dict[str, Any]]
     resource_version: str
+    limit: int = 0
 
 
 class Watch:
@@ -206,7 +216,15 @@ class KubeAPI(Protocol):
 
     def patch_node_status(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]: ...
     def get_node(self, name: str) -> dict[str, Any] | None: ...
-    def list_pages(self, path: str, chunk: int, selectors: Selectors = NO_SELECTORS) -> Iterator[Page]: ...
+    def list_pages(
+        self,
+        path: str,
+        chunk: int,
+        selectors: Selectors = NO_SELECTORS,
+        *,
+        first: int | None = None,
+        page_bytes: int = PAGE_BYTES,
+    ) -> Iterator[Page]: ...
     def watch(
         self,
         path: str,
@@ -288,6 +306,23 @@ class Kube:
         ok: tuple[int, ...] = (),
     ) -> Any:
         """Send one request; return the decoded JSON (None for an allowed non-2xx in ``ok``)."""
+        status, raw, full = self._send(method, path, body, content_type=content_type, query=query)
+        if 200 <= status < 300:
+            return json.loads(raw) if raw else None
+        if status in ok:
+            return None
+        raise KubeError(status, method, full, raw.decode(errors="replace") if raw else "")
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str | None = None,
+        query: dict[str, str] | None = None,
+    ) -> tuple[int, bytes, str]:
+        """One request: its status, its body as sent, and the path with its query (for errors)."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
@@ -306,11 +341,7 @@ class Kube:
         except urllib3.exceptions.HTTPError as e:
             # No answer at all (connection refused, reset, timeout): status 0, callers retry.
             raise KubeError(0, method, full, f"{type(e).__name__}: {e}") from e
-        if 200 <= resp.status < 300:
-            return json.loads(raw) if raw else None
-        if resp.status in ok:
-            return None
-        raise KubeError(resp.status, method, full, raw.decode(errors="replace") if raw else "")
+        return int(resp.status), bytes(raw or b""), full
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -325,23 +356,46 @@ class Kube:
         node: dict[str, Any] | None = self.request("GET", f"/api/v1/nodes/{quote(name, safe='')}", ok=(404,))
         return node
 
-    def list_pages(self, path: str, chunk: int, selectors: Selectors = NO_SELECTORS) -> Iterator[Page]:
+    def list_pages(
+        self,
+        path: str,
+        chunk: int,
+        selectors: Selectors = NO_SELECTORS,
+        *,
+        first: int | None = None,
+        page_bytes: int = PAGE_BYTES,
+    ) -> Iterator[Page]:
         """A chunked LIST, a page at a time (a big cluster is never one giant response, nor one
         giant list of dicts in memory: callers keep what they need of each page and drop it).
         Every page carries the resourceVersion of the first, the snapshot the whole list was
-        served from (the one to start a watch from)."""
+        served from (the one to start a watch from).
+
+        The first page asks for ``first`` objects (default ``chunk``); every later one for as
+        many as ``page_bytes`` holds at the mean size seen so far, at most ``chunk`` (the
+        server's continue token does not depend on the limit)."""
         cont, snapshot = "", ""
+        limit = max(1, min(chunk, first or chunk))
+        seen_bytes = seen_items = 0
         while True:
-            query = {"limit": str(chunk), **selectors.query()}
+            query = {"limit": str(limit), **selectors.query()}
             if cont:
                 query["continue"] = cont
-            page = self.request("GET", path, query=query)
+            status, raw, full = self._send("GET", path, query=query)
+            if not 200 <= status < 300:
+                raise KubeError(status, "GET", full, raw.decode(errors="replace"))
+            seen_bytes += len(raw)
+            page = json.loads(raw)
+            del raw  # the body goes before the caller decodes the page's items
             meta = page.get("metadata") or {}
             snapshot = snapshot or str(meta.get("resourceVersion") or "")
-            yield Page(page.get("items") or [], snapshot)
+            items = page.get("items") or []
+            seen_items += len(items)
+            yield Page(items, snapshot, limit)
             cont = meta.get("continue") or ""
             if not cont:
                 return
+            if seen_items:
+                limit = max(1, min(chunk, page_bytes * seen_items // seen_bytes))
 
     def watch(
         self,

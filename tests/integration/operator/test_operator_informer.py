@@ -21,7 +21,7 @@ from support.clusters import Cluster, running_devcluster, wait_for
 from patchbay_devcluster import DevCluster
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.informer import Event, Informer, Snapshot, list_all
-from patchbay_operator.kube import NODES_PATH, Kube, KubeError, load_configuration
+from patchbay_operator.kube import NODES_PATH, Kube, KubeError, Selectors, load_configuration
 from patchbay_operator.nodes import SOURCE
 
 
@@ -192,3 +192,39 @@ def test_stop_ends_a_watch_blocked_on_read(kube: Kube, loop: asyncio.AbstractEve
     assert informer._thread is not None
     # The server would hold the stream open for 300 s: stop() must interrupt the blocked read.
     assert not informer._thread.is_alive()
+
+
+def test_a_list_of_large_objects_keeps_its_pages_near_the_byte_budget(cluster: Cluster, kube: Kube) -> None:
+    """Pages follow the bytes, not only the count: DeviceReports at the CRD's bounds are 0.75 MB
+    each, and 500 of them in one page held 375 MB of body at once. The first page asks for
+    `first`; later ones for what the budget holds at the size seen, at most `chunk`; nothing is
+    listed twice or left out (the continue token does not depend on the limit)."""
+    ns = f"{cluster.prefix}pages"
+    cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    try:
+        for i in range(30):
+            cluster.core.create_namespaced_config_map(
+                ns,
+                client.V1ConfigMap(
+                    metadata=client.V1ObjectMeta(name=f"big-{i:02}", labels={"patchbay-test": "pages"}),
+                    data={"blob": "x" * 40_000},
+                ),
+            )
+        # Only ours: the namespace also gets the cluster's kube-root-ca.crt.
+        path, ours = f"/api/v1/namespaces/{ns}/configmaps", Selectors(label="patchbay-test=pages")
+        pages = list(kube.list_pages(path, 500, ours, first=20, page_bytes=200_000))
+        assert [p.limit for p in pages][:1] == [20]
+        # 20 objects of ~40 KB: about 5 fit 200,000 bytes.
+        assert all(1 <= p.limit <= 6 for p in pages[1:]), [p.limit for p in pages]
+        assert len(pages) >= 3
+        names = [i["metadata"]["name"] for p in pages for i in p.items]
+        assert sorted(names) == [f"big-{i:02}" for i in range(30)]
+        assert len({p.resource_version for p in pages}) == 1
+
+        # Small objects: the second page grows back to the whole chunk.
+        for i in range(30):
+            cluster.core.patch_namespaced_config_map(f"big-{i:02}", ns, {"data": {"blob": "x"}})
+        pages = list(kube.list_pages(path, 500, ours, first=20, page_bytes=200_000))
+        assert [(p.limit, len(p.items)) for p in pages] == [(20, 20), (500, 10)]
+    finally:
+        cluster.core.delete_namespace(ns)

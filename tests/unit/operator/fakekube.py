@@ -94,7 +94,15 @@ class FakeKube:
         node = self.nodes.get(name)
         return copy.deepcopy(node) if node is not None else None
 
-    def list_pages(self, path: str, chunk: int, selectors: Selectors = NO_SELECTORS) -> Iterator[Page]:
+    def list_pages(
+        self,
+        path: str,
+        chunk: int,
+        selectors: Selectors = NO_SELECTORS,
+        *,
+        first: int | None = None,
+        page_bytes: int = 0,
+    ) -> Iterator[Page]:
         self._call("list")
         items = [copy.deepcopy(n) for n in self.nodes.values()] if path == NODES_PATH else []
         yield Page(items, str(self._rv))
