@@ -60,6 +60,30 @@ def check_claim_uid(uid: str) -> str | None:
     return f"claim UID {uid[:80]!r} is not a Kubernetes UID (letters, digits, '.', '-', '_'; at most 128)"
 
 
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+#: A namespace is a DNS-1123 label; a ResourceClaim's name a DNS-1123 subdomain (at most 253).
+_NAMESPACE = re.compile(_DNS_LABEL)
+_CLAIM_NAME = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+#: A request of an allocation result: a DNS label, or `request/subrequest` (both labels).
+_REQUEST = re.compile(rf"{_DNS_LABEL}(/{_DNS_LABEL})?")
+
+
+def check_claim_name(namespace: str, name: str) -> str | None:
+    """Why `namespace`/`name` cannot name a ResourceClaim, or None when they can. Both name
+    directories of the claim's device metadata files, so a NUL, a `/` or a `..` must never get
+    that far (a NUL in a name was found by tests/fuzz/test_fuzz_dra.py)."""
+    if not _NAMESPACE.fullmatch(namespace):
+        return f"claim namespace {namespace[:80]!r} is not a DNS-1123 label (a-z, 0-9, '-'; at most 63)"
+    if len(name) > 253 or not _CLAIM_NAME.fullmatch(name):
+        return f"claim name {name[:80]!r} is not a DNS-1123 subdomain (a-z, 0-9, '-', '.'; at most 253)"
+    return None
+
+
+def is_request_name(request: str) -> bool:
+    """True for a request name as the API server admits it: `gpu` or `gpu/fast`."""
+    return _REQUEST.fullmatch(request) is not None
+
+
 def spec_file_name(driver: str, claim_uid: str) -> str:
     """`patchbay_<driver>_<claim uid>.json`: one file per prepared claim."""
     return f"patchbay_{driver}_{claim_uid}.json"
@@ -115,10 +139,16 @@ def allocated_devices(
         physical = names.get(name)
         if physical is None:
             raise ClaimError(f"device {name!r} of pool {pool} is not a device of this node")
+        request = str(result.get("request", ""))
+        if not is_request_name(request):
+            raise ClaimError(
+                f"status.allocation.devices.results[{i}].request {request[:80]!r} is not a request"
+                " name (a DNS-1123 label, or request/subrequest)"
+            )
         share = result.get("shareID")
         out.append(
             AllocatedDevice(
-                str(result.get("request", "")),
+                request,
                 name,
                 physical,
                 str(share) if share else "",

@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +58,7 @@ HOST_SUBDIR = "dra-device-metadata"
 FILE_NAME = "metadata.json"
 #: The claim annotation with the pod's own name for a claim made from a template.
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+_POD_CLAIM_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 #: The attribute this module adds to every device: whether it is healthy now.
 HEALTHY_ATTRIBUTE = "patchbay.dev/healthy"
 
@@ -84,6 +86,12 @@ class ClaimInfo:
         meta = claim.get("metadata")
         annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
         pod_name = annotations.get(POD_CLAIM_ANNOTATION) if isinstance(annotations, Mapping) else None
+        if pod_name and not _POD_CLAIM_NAME.fullmatch(str(pod_name)):
+            # It names a directory in the container (container_path): never a `..` or a `/`.
+            raise ValueError(
+                f"annotation {POD_CLAIM_ANNOTATION} {str(pod_name)[:80]!r} is not a pod's claim name"
+                " (a DNS-1123 label)"
+            )
         return cls(namespace, name, uid, str(pod_name) if pod_name else None)
 
 

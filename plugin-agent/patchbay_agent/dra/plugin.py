@@ -65,6 +65,7 @@ from patchbay_agent.dra.claims import (
     ClaimError,
     allocated_devices,
     cdi_device_id,
+    check_claim_name,
     check_claim_uid,
     claim_spec_document,
     spec_file_name,
@@ -335,6 +336,8 @@ class ClaimPreparer:
 
     async def _prepare_one(self, claim: ClaimRef) -> ClaimResult:
         where = f"ResourceClaim {claim.namespace}/{claim.name}"
+        if (bad := check_claim_name(claim.namespace, claim.name)) is not None:
+            return ClaimResult(error=f"ResourceClaim {claim.uid[:80]!r}: {bad}")
         if (bad := check_claim_uid(claim.uid)) is not None:
             return ClaimResult(error=f"{where}: {bad}")
         started = time.perf_counter()
@@ -423,12 +426,12 @@ class ClaimPreparer:
         loudly."""
         if self.metadata is None or not devices:
             return {}
-        info = ClaimInfo.of(obj, claim.namespace, claim.name, claim.uid)
         try:
+            info = ClaimInfo.of(obj, claim.namespace, claim.name, claim.uid)
             mounts = self.metadata.write(
                 info, [(d.request, d.device_name) for d in devices], self.metadata_attributes(snap)
             )
-        except OSError as e:
+        except (OSError, ValueError) as e:
             log.error(
                 "ResourceClaim %s/%s: cannot write its device metadata in %s: %s",
                 claim.namespace,
@@ -459,7 +462,9 @@ class ClaimPreparer:
                 except OSError as e:
                     out[claim.uid] = f"cannot delete the CDI spec {path}: {e}"
                     continue
-                if self.metadata is not None:
+                if self.metadata is not None and check_claim_name(claim.namespace, claim.name) is None:
+                    # A claim whose names could not be a claim's was never prepared (above):
+                    # it has no metadata files, and its names must not reach a path.
                     try:
                         self.metadata.remove(claim.namespace, claim.name, claim.uid)
                     except OSError as e:

@@ -16,6 +16,7 @@ from patchbay_agent.discovery import PhysicalDevice
 from patchbay_agent.dra.claims import (
     ClaimError,
     allocated_devices,
+    check_claim_name,
     check_claim_uid,
     claim_spec_document,
     spec_file_name,
@@ -305,6 +306,30 @@ def test_claim_uids_that_could_name_another_file_are_refused() -> None:
     assert check_claim_uid("0b9e1f6c-5d1a-4c3e-9f1a-2b3c4d5e6f70") is None
     for bad in ("", "../x", "a/b", "a..b", "x\x00", "-a", "u" * 129):
         assert check_claim_uid(bad), bad
+
+
+def test_claim_names_that_could_name_another_directory_are_refused_by_field() -> None:
+    """Namespace and name make the directory of the claim's metadata files; a NUL in one (found
+    by the fuzz test) or a `..` must be answered as that claim's error, naming the field."""
+    assert check_claim_name("default", "my-claim.v1") is None
+    longest = ".".join(["b" * 63] * 3 + ["b" * 61])  # 253: labels of at most 63
+    assert check_claim_name("a" * 63, longest) is None
+    assert check_claim_name("ns", longest + "b")
+    for bad in ("", "../x", "a/b", "x\x00", "A", "-a", "a" * 64):
+        assert (why := check_claim_name(bad, "c")) and why.startswith("claim namespace"), bad
+    for bad in ("", "..", "../x", "a/b", "x\x00", "A", "a..b", "-a", "b" * 254):
+        assert (why := check_claim_name("ns", bad)) and why.startswith("claim name"), bad
+
+
+def test_a_request_name_that_is_not_one_is_the_claims_error() -> None:
+    names = {"tty0": "ttyUSB0"}
+    for good in ("a", "gpu/high-memory"):
+        claim = _claim("u1", [{"request": good, "driver": DRIVER, "pool": "n", "device": "tty0"}])
+        assert [d.request for d in allocated_devices(claim, "u1", DRIVER, "n", names)] == [good]
+    for bad in ("", "../etc", "a/b/c", "a\x00", "A"):
+        claim = _claim("u1", [{"request": bad, "driver": DRIVER, "pool": "n", "device": "tty0"}])
+        with pytest.raises(ClaimError, match=r"results\[0\]\.request .* is not a request name"):
+            allocated_devices(claim, "u1", DRIVER, "n", names)
 
 
 def test_claim_spec_document() -> None:

@@ -88,6 +88,13 @@ def test_container_paths_for_a_named_claim_and_a_template_claim() -> None:
     assert ClaimInfo.of({"metadata": "junk"}, "ns", "n", "u") == ClaimInfo("ns", "n", "u")
 
 
+def test_a_pod_claim_name_that_could_leave_its_directory_is_refused() -> None:
+    for bad in ("../../etc", "a/b", "x\x00", "Gpu"):
+        claim = {"metadata": {"annotations": {"resource.kubernetes.io/pod-claim-name": bad}}}
+        with pytest.raises(ValueError, match=r"annotation resource.kubernetes.io/pod-claim-name"):
+            ClaimInfo.of(claim, "ns", "n", "u")
+
+
 def test_a_subrequest_shares_its_request_file() -> None:
     assert base_request("gpu/high-memory") == "gpu"
     assert base_request("gpu") == "gpu"
