@@ -75,6 +75,9 @@ class Scenario:
     needs: Sequence[str] = ()
     #: what the quick size leaves out, and why (printed by bench-quick)
     quick_note: str = ""
+    #: it measures the Kubernetes release ``K8S_VERSION`` names (``make`` exports it): its record
+    #: says which, and the headline table keeps the newest record of every release side by side
+    per_release: bool = False
 
     def figure_names(self, params: Mapping[str, Value]) -> Sequence[str]:
         return self.figures(params) if callable(self.figures) else self.figures
@@ -354,14 +357,17 @@ class Record:
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str = ""
+    #: the Kubernetes release of a ``per_release`` scenario's run; "" for the others
+    release: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def command_line(scenario: Scenario, params: Mapping[str, Value], quick: bool) -> str:
+def command_line(scenario: Scenario, params: Mapping[str, Value], quick: bool, release: str = "") -> str:
     changed = [f"{k}={v}" for k, v in params.items() if v != scenario.params[k].full]
     args = f' BENCH_ARGS="{" ".join(changed)}"' if changed and not quick else ""
+    args += f" K8S_VERSION={release}" if release else ""
     return "make bench-quick" if quick else f"make bench SCENARIO={scenario.name}{args}"
 
 
@@ -370,15 +376,17 @@ def execute(scenario: Scenario, params: Mapping[str, Value], quick: bool) -> Rec
     and the error if it stopped early (the figures measured until then are kept)."""
     head, dirty = commit()
     machine = Machine.now()
+    release = os.environ.get("K8S_VERSION", "") if scenario.per_release else ""
     record = Record(
         scenario=scenario.name,
-        command=command_line(scenario, params, quick),
+        command=command_line(scenario, params, quick, release),
         quick=quick,
         params=dict(params),
         date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         commit=head,
         dirty=dirty,
         machine=machine,
+        release=release,
     )
     if not machine.quiet and not quick:
         print(

@@ -41,12 +41,13 @@ def load(results: Path) -> list[dict[str, Any]]:
 
 
 def newest_full(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The newest full (not quick) run of each scenario that recorded figures."""
+    """The newest full (not quick) run of each scenario that recorded figures; of a scenario that
+    measures a release, of each release (``rollouts@v1.34.4``)."""
     out: dict[str, dict[str, Any]] = {}
     for rec in records:
         if rec.get("quick") or not rec.get("figures"):
             continue
-        name = rec["scenario"]
+        name = rec["scenario"] + (f"@{rec['release']}" if rec.get("release") else "")
         if name not in out or rec["date"] > out[name]["date"]:
             out[name] = rec
     return out

@@ -455,4 +455,5 @@ SCENARIO = Scenario(
         )
     ],
     needs=("real-node", "images"),
+    per_release=True,
 )

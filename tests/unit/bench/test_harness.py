@@ -95,3 +95,24 @@ def test_the_headline_rows_come_from_the_newest_full_record(tmp_path: Path) -> N
 def test_parameters_parse_to_their_default_s_type(text: str, value: object) -> None:
     default = value if not isinstance(value, bool) else False
     assert Param(default, default).parse(text) == value
+
+
+def test_a_per_release_scenario_keeps_a_row_per_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rollouts runs once per release (``make bench SCENARIO=rollouts K8S_VERSION=...``): the
+    table keeps the newest record of each release, and the command says which release it ran."""
+
+    def measures(r: Run) -> None:
+        r.figure("count", "devices", {"kubelet": [4.0]}, headline=True)
+
+    sc = Scenario("roll", "x", measures, per_release=True)
+    for release in ("v1.34.4", "v1.37.1", "v1.37.1"):
+        monkeypatch.setenv("K8S_VERSION", release)
+        records.write(execute(sc, {}, quick=False), tmp_path)
+    rows = records.table(tmp_path).splitlines()[2:]
+    assert len(rows) == 2, rows
+    assert "make bench SCENARIO=roll K8S_VERSION=v1.34.4" in rows[0]
+    assert "make bench SCENARIO=roll K8S_VERSION=v1.37.1" in rows[1]
+    plain = Scenario("plain", "x", measures)
+    assert execute(plain, {}, quick=False).command == "make bench SCENARIO=plain"
