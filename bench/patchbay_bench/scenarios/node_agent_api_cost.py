@@ -256,6 +256,15 @@ def run(r: Run) -> None:
             for i in range(p):
                 api.delete(f"{PROFILES}/p{i}")
             wait("the shared agent gone", lambda: not daemonsets(), 900, 0.5)
+            # Its 5,000 pods go after it, deleted by the garbage collector for minutes; a roll
+            # measured meanwhile competes with them (2026-11-27: 3,029 pod DELETEs and not one
+            # node rolled in the 60 s window), so the before design starts once they are gone.
+            wait(
+                "the shared agent's pods gone",
+                lambda: not api.items(f"/api/v1/namespaces/{NAMESPACE}/pods", limit="1"),
+                1800,
+                5.0,
+            )
             bp = r.integer("before_profiles")
             for i in range(bp):
                 api.create(PROFILES, profile(i, own_agent=True))
