@@ -303,7 +303,8 @@ class DevCluster:
         For tests of what clients do when, say, the API server goes away and comes back (its
         watch cache then starts afresh at the current revision). ``grace`` is short: the API
         server otherwise waits for its open watches, and a crash is as real a test. The state
-        file is updated with the new PID.
+        file is updated with the new PID. After the API server, any other control-plane
+        component that exited while it was away is started again (``_revive_exited``).
         """
         if name not in COMPONENTS:
             raise ClusterError(f"unknown component {name!r}; one of {', '.join(COMPONENTS)}")
@@ -321,7 +322,32 @@ class DevCluster:
             stop_child(child)
             raise
         log.info("Restarted %s (pid %d)", name, proc.pid)
+        if name == "kube-apiserver":
+            self._revive_exited(st, timeout)
         return proc
+
+    def _revive_exited(self, st: State, timeout: float) -> None:
+        """Start again each control-plane component of ``st`` that no longer runs.
+
+        The controller-manager's /healthz answers before it has built its controllers, and it
+        exits (code 1) when the API server refuses a connection while it builds them: a restart of
+        the API server in its first seconds lost it for good (CI, 2026-11-27: "failed to create
+        Kubernetes client for resourcequota-controller ... connection refused"). On a real control
+        plane the kubelet restarts that static pod; here this does, once, on the same ports.
+        """
+        for i, p in enumerate(st.procs):
+            if p.name not in COMPONENTS or p.runs():
+                continue
+            log.warning("%s (pid %d) exited while the API server was away; starting it again", p.name, p.pid)
+            proc, child = self._spawn(p.name, self._argv(p.name, st.ports))
+            st.procs[i] = proc
+            st.save(self.state_file)
+            try:
+                self._wait_component(p.name, st.ports, Path(proc.log), timeout, child)
+            except BaseException:
+                stop_child(child)
+                raise
+            log.info("Restarted %s (pid %d)", p.name, proc.pid)
 
     def _wait_component(
         self, name: str, ports: dict[str, int], logfile: Path, timeout: float, child: subprocess.Popen[bytes]

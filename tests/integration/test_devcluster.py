@@ -20,14 +20,14 @@ import pytest
 from cryptography import x509
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from support.clusters import wait_for
+from support.clusters import running_devcluster, wait_for
 from support.realnode import busybox_pod
 
 from patchbay_devcluster import ClusterError, DevCluster, kubeapi, pki, relay
 from patchbay_devcluster.cluster import RELAY
 from patchbay_devcluster.controlplane import KWOK_TAINT_KEY
 from patchbay_devcluster.node import NODE_IP, NODE_NAME, POD_SUBNET, Owner
-from patchbay_devcluster.procs import pid_runs
+from patchbay_devcluster.procs import pid_runs, stop_pid
 from patchbay_devcluster.releases import matrix, minor
 
 NODES = 50
@@ -421,6 +421,34 @@ class TestTheRelayForPods:
             "kubelet",
         }
         _assert_loopback_only_but_the_relay(cluster)
+
+
+def test_a_component_that_exits_while_the_api_server_is_away_is_started_again(
+    tmp_path: Path, bin_dir: Path
+) -> None:
+    """The controller-manager exits when the API server refuses it while it still builds its
+    controllers (its first seconds, after its /healthz already answers), so a restart of the API
+    server then lost it for good. Stopping it by PID stands in for that exit, without the race.
+    The restart must start it again, on its ports, and leave what still runs alone."""
+    with running_devcluster(tmp_path / "revive-cluster", bin_dir) as cluster:
+        before = {p.name: p for p in cluster.state().procs}
+        gone = before["kube-controller-manager"]
+        assert stop_pid(gone, grace=5)
+        assert not cluster.is_up()
+        cluster.restart_component("kube-apiserver")
+        after = {p.name: p for p in cluster.state().procs}
+        assert after["kube-controller-manager"].pid != gone.pid
+        assert after["kube-scheduler"].pid == before["kube-scheduler"].pid
+        assert after["kwok"].pid == before["kwok"].pid
+        assert cluster.is_up()
+        # The new controller-manager works: its service-account controller fills a new namespace.
+        core = client.CoreV1Api(cluster.api())
+        core.create_namespace({"metadata": {"name": "revived"}})
+        wait_for(
+            "the default ServiceAccount from the restarted controller-manager",
+            lambda: core.list_namespaced_service_account("revived").items,
+            60,
+        )
 
 
 def test_cli_up_kubeconfig_down_leaves_nothing(tmp_path: Path, bin_dir: Path) -> None:
