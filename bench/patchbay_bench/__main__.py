@@ -17,9 +17,10 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from patchbay_bench import RESULTS, records
-from patchbay_bench.harness import Record, Scenario, Value, execute
+from patchbay_bench.harness import SETTLE_S, Interrupted, Record, Scenario, Value, execute
 from patchbay_bench.scenarios import SCENARIOS
 from patchbay_bench.setup import SESSION
 
@@ -73,7 +74,10 @@ def run(names: str, args: Sequence[str]) -> int:
                 print(f"[bench] {sc.name}: not run: it needs the real node, and {busy}", flush=True)
                 failed += 1
                 continue
-            rec = execute(sc, parse_params(sc, args, quick=False), quick=False)
+            try:
+                rec = execute(sc, parse_params(sc, args, quick=False), quick=False, settle=SETTLE_S)
+            except Interrupted as stop:
+                return interrupted(stop.record, RESULTS, scenarios)
             path = records.write(rec, RESULTS)
             print(
                 f"[bench] {sc.name}: {len(rec.figures)} figures in {rec.seconds:.0f} s -> {path}", flush=True
@@ -84,6 +88,19 @@ def run(names: str, args: Sequence[str]) -> int:
     finally:
         SESSION.close()
     return 1 if failed else 0
+
+
+def interrupted(rec: Record, out: Path, scenarios: Sequence[Scenario]) -> int:
+    """Ctrl-C or SIGTERM: the interrupted scenario's record is written, with the figures it
+    measured until then, and the scenarios after it are not run (exit code 130, as a shell's)."""
+    path = records.write(rec, out)
+    names = [sc.name for sc in scenarios]
+    after = names[names.index(rec.scenario) + 1 :]
+    kept = f"{len(rec.figures)} figures -> {path}"
+    print(f"[bench] {rec.scenario}: interrupted after {rec.seconds:.0f} s; {kept}", flush=True)
+    if after:
+        print(f"[bench] not run: {', '.join(after)}", flush=True)
+    return 130
 
 
 def check(sc: Scenario, rec: Record) -> list[str]:
@@ -116,7 +133,10 @@ def quick(names: Sequence[str]) -> int:
                 continue
             if sc.quick_note:
                 print(f"[bench-quick] {sc.name}: {sc.quick_note}", flush=True)
-            rec = execute(sc, parse_params(sc, (), quick=True), quick=True)
+            try:
+                rec = execute(sc, parse_params(sc, (), quick=True), quick=True)
+            except Interrupted as stop:
+                return interrupted(stop.record, out, scenarios)
             records.write(rec, out)
             problems = check(sc, rec)
             bad += bool(problems)

@@ -33,6 +33,10 @@ MIN_ROUNDS = 5
 """Rounds a full run's comparison takes at least (quick runs take fewer: they check that the
 figures come out, never their values)."""
 
+SETTLE_S = 30.0
+"""How long a full run waits, at its start, for a kubelet or API server still exiting (the
+previous scenario's) before it judges whether the machine is quiet."""
+
 QUIET_LOAD = 1.0
 """A machine whose 1-minute load average is below this, with no other cluster or test run, is
 quiet; timings taken otherwise say so in their record."""
@@ -194,21 +198,43 @@ def commit() -> tuple[str, bool]:
 
 def others_running() -> list[str]:
     """Processes of other sessions that make timings unfair: a kubelet, an API server or a
-    pytest run this process did not start (read from /proc, so nothing is signalled)."""
+    pytest run this process did not start (read from /proc, so nothing is signalled).
+
+    Not counted: a zombie (it has exited: a previous run's API server whose parent has not
+    collected it yet read as a cluster still running, and the next scenario's record said "not
+    quiet"), and this process's own descendants (the bench session's shared cluster)."""
     mine = os.getpid()
-    found = []
+    procs: dict[int, tuple[str, str, int, str]] = {}  # pid: comm, state, ppid, cmdline
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == mine:
+        if not entry.name.isdigit():
             continue
         try:
-            comm = (entry / "comm").read_text().strip()
+            stat = (entry / "stat").read_text()
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ")" ends it.
+        head, _, rest = stat.rpartition(")")
+        fields = rest.split()
+        procs[int(entry.name)] = (head.partition("(")[2], fields[0], int(fields[1]), cmdline)
+
+    def ours(pid: int) -> bool:
+        seen: set[int] = set()
+        while pid in procs and pid not in seen:
+            if pid == mine:
+                return True
+            seen.add(pid)
+            pid = procs[pid][2]
+        return False
+
+    found = []
+    for pid, (comm, state, _, cmdline) in procs.items():
+        if state == "Z" or ours(pid):
+            continue
         if comm in ("kubelet", "kube-apiserver"):
-            found.append(f"{entry.name} {comm}")
+            found.append(f"{pid} {comm}")
         elif "pytest" in cmdline and comm.startswith("python"):
-            found.append(f"{entry.name} pytest")
+            found.append(f"{pid} pytest")
     return sorted(found)
 
 
@@ -222,9 +248,16 @@ class Machine:
     python: str = ""
 
     @classmethod
-    def now(cls) -> Machine:
-        load = [round(x, 2) for x in os.getloadavg()]
+    def now(cls, settle: float = 0.0) -> Machine:
+        """The machine at a run's start. With ``settle``, a kubelet or API server found is given
+        up to that many seconds to exit first: the previous scenario's, stopping, is not another
+        session's (its load average is read after the wait)."""
         others = others_running()
+        deadline = time.monotonic() + settle
+        while any(o.endswith(("kubelet", "kube-apiserver")) for o in others) and time.monotonic() < deadline:
+            time.sleep(1.0)
+            others = others_running()
+        load = [round(x, 2) for x in os.getloadavg()]
         return cls(
             cores=os.cpu_count() or 0,
             load_start=load,
@@ -371,11 +404,23 @@ def command_line(scenario: Scenario, params: Mapping[str, Value], quick: bool, r
     return "make bench-quick" if quick else f"make bench SCENARIO={scenario.name}{args}"
 
 
-def execute(scenario: Scenario, params: Mapping[str, Value], quick: bool) -> Record:
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a scenario: its record, with what it measured until then, for
+    the caller to write before it stops. A KeyboardInterrupt, so a caller that does not know it
+    stops all the same; the scenarios after it must not run."""
+
+    def __init__(self, record: Record) -> None:
+        super().__init__(f"{record.scenario} interrupted after {record.seconds:g} s")
+        self.record = record
+
+
+def execute(scenario: Scenario, params: Mapping[str, Value], quick: bool, settle: float = 0.0) -> Record:
     """Run ``scenario`` in a temporary directory of its own; the record says what it measured,
-    and the error if it stopped early (the figures measured until then are kept)."""
+    and the error if it stopped early (the figures measured until then are kept). Interrupted,
+    it raises :class:`Interrupted` with that record, once the scenario's blocks have stopped what
+    they started. ``settle``: see :meth:`Machine.now`."""
     head, dirty = commit()
-    machine = Machine.now()
+    machine = Machine.now(settle)
     release = os.environ.get("K8S_VERSION", "") if scenario.per_release else ""
     record = Record(
         scenario=scenario.name,
@@ -395,11 +440,15 @@ def execute(scenario: Scenario, params: Mapping[str, Value], quick: bool) -> Rec
             flush=True,
         )
     t0 = time.monotonic()
+    interrupted = False
     with tempfile.TemporaryDirectory(prefix=f"pb{scenario.name[:4]}", dir="/tmp") as tmp:
         run = Run(scenario, params, quick, Path(tmp))
         try:
             scenario.run(run)
-        except (Exception, KeyboardInterrupt) as e:
+        except KeyboardInterrupt:
+            record.error = "interrupted (Ctrl-C or SIGTERM)"
+            interrupted = True
+        except Exception as e:
             record.error = "".join(traceback.format_exception_only(e)).strip()
             traceback.print_exc()
             _print_log_tails(Path(tmp))
@@ -407,6 +456,8 @@ def execute(scenario: Scenario, params: Mapping[str, Value], quick: bool) -> Rec
             record.figures, record.notes = run.figures, run.notes
     record.seconds = round(time.monotonic() - t0, 1)
     machine.load_end = [round(x, 2) for x in os.getloadavg()]
+    if interrupted:
+        raise Interrupted(record)
     return record
 
 

@@ -4,13 +4,27 @@ the ratio pair by pair, what bench-quick counts as produced, the headline rows o
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from patchbay_bench import __main__ as bench_main
 from patchbay_bench import records
 from patchbay_bench.__main__ import check
-from patchbay_bench.harness import Param, Run, Scenario, execute, interleave
+from patchbay_bench.harness import (
+    Interrupted,
+    Machine,
+    Param,
+    Run,
+    Scenario,
+    execute,
+    interleave,
+    others_running,
+)
 
 
 def nothing(_r: Run) -> None:
@@ -116,3 +130,69 @@ def test_a_per_release_scenario_keeps_a_row_per_release(
     assert "make bench SCENARIO=roll K8S_VERSION=release-old" in rows[1]
     plain = Scenario("plain", "x", measures)
     assert execute(plain, {}, quick=False).command == "make bench SCENARIO=plain"
+
+
+def test_ctrl_c_keeps_the_record_and_runs_no_further_scenario(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make bench SCENARIO=a,b``: Ctrl-C (or SIGTERM, which the harness turns into it) during
+    ``a`` writes a's record with the figure it measured, and ``b`` does not start: an earlier
+    harness caught the interrupt as a failure and went on to the next scenario."""
+    ran: list[str] = []
+
+    def interrupted(r: Run) -> None:
+        ran.append("a")
+        r.figure("before", "s", {"x": [1.0]})
+        raise KeyboardInterrupt
+
+    def after(_r: Run) -> None:
+        ran.append("b")
+
+    a, b = Scenario("a", "x", interrupted), Scenario("b", "x", after)
+    with pytest.raises(Interrupted) as stop:
+        execute(a, {}, quick=False)
+    assert stop.value.record.error == "interrupted (Ctrl-C or SIGTERM)"
+    assert [f.name for f in stop.value.record.figures] == ["before"]
+
+    monkeypatch.setattr(bench_main, "SETTLE_S", 0.0)
+    monkeypatch.setattr(bench_main, "SCENARIOS", {"a": a, "b": b})
+    monkeypatch.setattr(bench_main, "RESULTS", tmp_path)
+    ran.clear()
+    assert bench_main.run("a,b", []) == 130
+    assert ran == ["a"]
+    (written,) = tmp_path.rglob("*.json")
+    assert json.loads(written.read_text())["figures"][0]["name"] == "before"
+
+
+def test_the_quiet_check_counts_other_sessions_api_servers_not_its_own(tmp_path: Path) -> None:
+    """A real process named kube-apiserver (a copy of sleep): started by this process, it is the
+    bench's own (the session's shared cluster) and not counted; orphaned by a shell that exits,
+    as another session's cluster is, it is counted."""
+    fake = tmp_path / "kube-apiserver"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", fake)
+    own = subprocess.Popen([str(fake), "30"])
+    out = subprocess.run(
+        ["sh", "-c", f"{fake} 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    orphan = int(out.stdout)
+    try:
+        found = others_running()
+        assert f"{orphan} kube-apiserver" in found
+        assert f"{own.pid} kube-apiserver" not in found
+    finally:
+        own.kill()
+        own.wait()
+        os.kill(orphan, signal.SIGKILL)
+
+
+def test_a_full_run_waits_for_an_api_server_that_is_exiting(tmp_path: Path) -> None:
+    """Another session's-looking API server (orphaned, a copy of sleep) that exits within the
+    settle time is not in the record's others: the previous scenario's cluster, stopping."""
+    fake = tmp_path / "kube-apiserver"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", fake)
+    out = subprocess.run(
+        ["sh", "-c", f"{fake} 2 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    exiting = f"{int(out.stdout)} kube-apiserver"
+    assert exiting in others_running()
+    assert exiting not in Machine.now(settle=10).others
