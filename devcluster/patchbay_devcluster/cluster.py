@@ -313,15 +313,7 @@ class DevCluster:
         if old is None:
             raise ClusterError(f"{name} is not running in {self.dir}")
         stop_pid(old, grace=grace)
-        proc, child = self._spawn(name, self._argv(name, st.ports))
-        st.procs = [proc if p.name == name else p for p in st.procs]
-        st.save(self.state_file)
-        try:
-            self._wait_component(name, st.ports, Path(proc.log), timeout, child)
-        except BaseException:
-            stop_child(child)
-            raise
-        log.info("Restarted %s (pid %d)", name, proc.pid)
+        proc = self._respawn(st, st.procs.index(old), timeout)
         if name == "kube-apiserver":
             self._revive_exited(st, timeout)
         return proc
@@ -339,15 +331,25 @@ class DevCluster:
             if p.name not in COMPONENTS or p.runs():
                 continue
             log.warning("%s (pid %d) exited while the API server was away; starting it again", p.name, p.pid)
-            proc, child = self._spawn(p.name, self._argv(p.name, st.ports))
-            st.procs[i] = proc
-            st.save(self.state_file)
-            try:
-                self._wait_component(p.name, st.ports, Path(proc.log), timeout, child)
-            except BaseException:
-                stop_child(child)
-                raise
-            log.info("Restarted %s (pid %d)", p.name, proc.pid)
+            self._respawn(st, i, timeout)
+
+    def _respawn(self, st: State, index: int, timeout: float) -> Proc:
+        """Start ``st.procs[index]`` (stopped or exited) again on the same ports; wait until healthy.
+
+        The state file gets the new PID before the wait, so that a failed start is still stopped
+        by ``down``; the child is stopped here too when the wait fails or is interrupted.
+        """
+        name = st.procs[index].name
+        proc, child = self._spawn(name, self._argv(name, st.ports))
+        st.procs[index] = proc
+        st.save(self.state_file)
+        try:
+            self._wait_component(name, st.ports, Path(proc.log), timeout, child)
+        except BaseException:
+            stop_child(child)
+            raise
+        log.info("Restarted %s (pid %d)", name, proc.pid)
+        return proc
 
     def _wait_component(
         self, name: str, ports: dict[str, int], logfile: Path, timeout: float, child: subprocess.Popen[bytes]
