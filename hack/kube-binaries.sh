@@ -193,7 +193,7 @@ goinstall() {
   [[ -x "$dir/$name" ]] && return 0
   log "go install $pkg"
   mkdir -p "$dir"
-  (cd "$dir" && GOFLAGS="-buildvcs=false" CGO_ENABLED=0 GOBIN="$dir" go install -trimpath -ldflags "-s -w" "$pkg")
+  (cd "$dir" && GOFLAGS="$GOFLAGS -buildvcs=false" CGO_ENABLED=0 GOBIN="$dir" go install -trimpath -ldflags "-s -w" "$pkg")
 }
 
 # The release-independent tools, linked into the release's bin dir (one PATH entry for all).
@@ -206,6 +206,12 @@ link_tools() {
   ln -sfn "$TOOLS/helm-$HELM_VERSION/helm" "$BIN/helm"
 }
 
+# Two settings that make a cold build about a tenth faster (docs/compatibility.md#builds) and
+# change no instruction: the programs are stripped (-s -w), so the DWARF the compiler would write
+# is thrown away at link anyway; a higher GOGC lets the compiler collect its heap less often (the
+# output is the same byte for byte).
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-gcflags=all=-dwarf=false"
+export GOGC="${GOGC:-400}"
 log "cold build into $BIN (tens of minutes on 2 cores; cached afterwards)"
 # go build is silent for minutes at a time: a heartbeat shows the build is alive.
 ( while sleep 60; do log "... still building ($(( $(date +%s) - start ))s elapsed)"; done ) &
