@@ -10,7 +10,9 @@
   for NodePrepareResources), `apply_slice` (server-side apply of a ResourceSlice, field manager
   patchbay-agent), `dry_run_slice` (a create with `dryRun=All`: does this API server keep device
   taints?), `slice_names` (LIST of this node's slices of the driver, by field selector) and
-  `delete_slice` (DELETE of a slice the pool no longer needs).
+  `delete_slice` (DELETE of a slice the pool no longer needs);
+* `daemon_pods`: the pods of the agent's own DaemonSet on its node, read once as it leaves
+  (`successor.py`: it serves on until its successor is Ready).
 
 pykube-ng rather than the official client: the agent runs on every node and pykube is about half
 the memory (docs/facts.md#client-memory; an import-linter contract forbids the official client).
@@ -438,6 +440,23 @@ class KubeClient(ApiConnection):
         )
         body: dict[str, Any] = response.json()
         return body
+
+    def daemon_pods(
+        self, namespace: str, selector: str, node_name: str, *, timeout: float
+    ) -> list[dict[str, Any]]:
+        """The pods in `namespace` matching the label `selector` on node `node_name` (one LIST by
+        label and field selector; `successor.py`); ApiError on failure."""
+        response = self._send(
+            "GET",
+            version="v1",
+            url="pods",
+            namespace=namespace,
+            params={"labelSelector": selector, "fieldSelector": f"spec.nodeName={node_name}"},
+            headers=self._headers(),
+            timeout=timeout,
+        )
+        items: list[dict[str, Any]] = response.json().get("items") or []
+        return items
 
     def slice_names(self, driver: str, node_name: str) -> list[str]:
         """Names of the ResourceSlices of `driver` on `node_name` (the field selectors the kubelet

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from patchbay_agent.config import ConfigError, load
@@ -27,6 +28,7 @@ from patchbay_agent.options import (
     Values,
     build_parser,
 )
+from patchbay_agent.successor import LIST_TIMEOUT, Identity, wait_for_successor
 
 log = logging.getLogger("patchbay_agent")
 
@@ -58,20 +60,54 @@ def _setup_logging(fmt: str, level: str) -> None:
     root.setLevel(level.upper())
 
 
-def _stop_on_signals(stop: asyncio.Event, grace: float) -> None:
-    """SIGTERM/SIGINT set `stop`, and arm a last-resort exit `grace` + HARD_EXIT_MARGIN later."""
+#: What to do on the first SIGTERM/SIGINT before `stop` is set (`successor.wait_for_successor`):
+#: a coroutine that says, for the log, how it ended.
+BeforeStop = Callable[[], Awaitable[str]]
+
+
+def _stop_on_signals(
+    stop: asyncio.Event, grace: float, before_stop: BeforeStop | None = None, wait: float = 0.0
+) -> None:
+    """SIGTERM/SIGINT set `stop`, and arm a last-resort exit `grace` + HARD_EXIT_MARGIN later.
+
+    With `before_stop` (at most `wait` seconds), the first signal runs it first while everything
+    keeps serving (the successor hand-off, `successor.py`), and the last-resort exit comes that
+    much later; a second signal sets `stop` at once."""
     loop = asyncio.get_running_loop()
+    leaving: set[asyncio.Task[None]] = set()
 
     def on_signal() -> None:
         if stop.is_set():
             return
-        stop.set()
-        timer = threading.Timer(grace + HARD_EXIT_MARGIN, _hard_exit, args=(grace + HARD_EXIT_MARGIN,))
+        if leaving:
+            log.info("Signalled again: stopping now")
+            stop.set()
+            return
+        after = grace + HARD_EXIT_MARGIN + (wait + LIST_TIMEOUT if before_stop is not None else 0.0)
+        timer = threading.Timer(after, _hard_exit, args=(after,))
         timer.daemon = True
         timer.start()
+        if before_stop is None:
+            stop.set()
+            return
+        task = loop.create_task(_then_stop(before_stop, stop, wait + LIST_TIMEOUT))
+        leaving.add(task)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+
+
+async def _then_stop(before_stop: BeforeStop, stop: asyncio.Event, bound: float) -> None:
+    """Run `before_stop` (at most `bound` seconds, whatever it does), log what it said, set `stop`."""
+    try:
+        said = await asyncio.wait_for(before_stop(), timeout=bound)
+        log.info("Leaving: %s", said)
+    except TimeoutError:
+        log.warning("Leaving: the successor check took over %.1fs: stopping now", bound)
+    except Exception as e:  # never keep a signalled agent from stopping
+        log.warning("Leaving: the successor check failed (%s): stopping now", e)
+    finally:
+        stop.set()
 
 
 def _hard_exit(after: float) -> None:
@@ -80,9 +116,38 @@ def _hard_exit(after: float) -> None:
     os._exit(0)
 
 
-async def _run(agent: Any) -> None:
+def _successor_check(values: Values, client: Any) -> tuple[BeforeStop | None, float]:
+    """`--daemonset-selector`: the successor hand-off to run before stopping (`successor.py`), and
+    how long it may take; (None, 0) without the selector, or where it cannot work (said once)."""
+    selector, wait = values["daemonset_selector"], values["successor_wait"]
+    if selector is None or wait == 0:
+        return None, 0.0
+    namespace, pod_name = values["report_namespace"], values["pod_name"]
+    missing = [
+        what
+        for what, have in (
+            ("API access (--profile, --dra-driver or --node-config)", client is not None),
+            ("$POD_NAMESPACE (or --report-namespace)", namespace),
+            ("$POD_NAME (or --pod-name)", pod_name),
+        )
+        if not have
+    ]
+    if missing:
+        log.warning(
+            "--daemonset-selector needs %s: on SIGTERM the agent stops at once", " and ".join(missing)
+        )
+        return None, 0.0
+    me = Identity(namespace=namespace, pod_name=pod_name, node_name=values["node_name"], selector=selector)
+
+    def before_stop() -> Awaitable[str]:
+        return wait_for_successor(client, me, wait)
+
+    return before_stop, wait
+
+
+async def _run(agent: Any, before_stop: BeforeStop | None, wait: float) -> None:
     stop = asyncio.Event()
-    _stop_on_signals(stop, agent.options.shutdown_grace)
+    _stop_on_signals(stop, agent.options.shutdown_grace, before_stop, wait)
     await agent.run(stop)
 
 
@@ -152,9 +217,11 @@ def _node_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         args.node_config,
     )
 
+    before_stop, wait = _successor_check(values, client)
+
     async def run() -> None:
         stop = asyncio.Event()
-        _stop_on_signals(stop, args.shutdown_grace)
+        _stop_on_signals(stop, args.shutdown_grace, before_stop, wait)
         await NodeAgent(entries, options, client, follow=args.watch_config).run(stop)
 
     asyncio.run(run())
@@ -204,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     from patchbay_agent.resourceagent import ResourceAgent
 
     try:
-        asyncio.run(_run(ResourceAgent(config, options, client)))
+        asyncio.run(_run(ResourceAgent(config, options, client), *_successor_check(values, client)))
     except (DiscoveryError, SnapshotRefusedError, ValueError) as e:
         print(f"patchbay-agent: {e}", file=sys.stderr)
         return EXIT_NODE

@@ -102,6 +102,34 @@ def positive_seconds(value: str) -> float:
     return seconds
 
 
+def seconds_or_zero(value: str) -> float:
+    """A number of seconds, 0 included (0: not at all)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} must be a number of seconds, 0 or more")
+    return seconds
+
+
+#: One `key=value` of an equality label selector: a label key (an optional DNS-subdomain prefix
+#: and a name of at most 63) and a label value.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_SELECTOR_TERM = re.compile(rf"(?:{_DNS_SUBDOMAIN.pattern}/)?{_LABEL_NAME}=(?:{_LABEL_NAME})?")
+
+
+def label_selector(value: str) -> str:
+    """An equality label selector, `key=value[,key=value...]` (how a DaemonSet's matchLabels read)."""
+    terms = value.split(",")
+    if not value or not all(_SELECTOR_TERM.fullmatch(t) for t in terms):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} must be key=value[,key=value...] with label keys and values, "
+            "e.g. app.kubernetes.io/name=patchbay-agent,patchbay.dev/profile=serial"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of the agent (see the module doc)."""
@@ -240,6 +268,25 @@ OPTIONS: tuple[Option, ...] = (
         "5.0",
         "SECONDS",
         into=("agent.shutdown_grace",),
+    ),
+    Option(
+        "--daemonset-selector",
+        "the label selector of this agent's DaemonSet's pods (key=value,...); on SIGTERM another pod "
+        "of it on this node, not being deleted, is the agent's successor (a rollout's new agent), "
+        "and the agent serves on until that pod is Ready, at most --successor-wait, so the kubelet "
+        "never lacks an endpoint of the resource. Needs API access and $POD_NAME; without it the "
+        "agent stops at once (default: $PATCHBAY_DAEMONSET_SELECTOR, which the operator sets; none if unset)",
+        label_selector,
+        metavar="SELECTOR",
+        env="PATCHBAY_DAEMONSET_SELECTOR",
+    ),
+    Option(
+        "--successor-wait",
+        "with --daemonset-selector: how long, at most, to serve on after SIGTERM until the "
+        "successor is Ready; 0: never wait (default: %(default)s)",
+        seconds_or_zero,
+        "10",
+        "SECONDS",
     ),
     Option(
         "--poll-interval",

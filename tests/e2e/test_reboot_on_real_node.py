@@ -34,6 +34,7 @@ from support.realnode import (
     busybox_pod,
     limits,
     pod_processes,
+    pod_ready,
     serial_profile,
     wait_for,
 )
@@ -104,10 +105,6 @@ def _restarted(now: client.V1Pod, before: client.V1Pod) -> bool:
     return bool(counts) and counts != was
 
 
-def _ready(pod: client.V1Pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
 def _scenario(
     patchbay: Installed,
     cluster: Cluster,
@@ -168,7 +165,7 @@ def _scenario(
             "the node agent Ready again",
             lambda: (
                 (p := _node_agent(core, patchbay, node)) is not None
-                and _ready(p)
+                and pod_ready(p)
                 and (p.metadata.uid != agent.metadata.uid or _restarted(p, agent))
             ),
             120,

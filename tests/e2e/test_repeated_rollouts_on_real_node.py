@@ -34,6 +34,7 @@ from support.realnode import (
     SHARED_SELECTOR,
     Installed,
     busybox_pod,
+    pod_ready,
     serial_profile,
     wait_for,
 )
@@ -245,3 +246,138 @@ def test_five_node_agent_restarts_and_five_own_agent_rollouts_never_drop_a_devic
         cluster.delete_profile(shared)
         cluster.delete_profile(own)
         cluster.set_labels(real_node, {"patchbay.dev/e2e-rollouts": None})
+
+
+def test_an_agent_deleted_before_it_looks_ready_serves_until_its_successor_is_ready(
+    patchbay: Installed,
+    cluster: Cluster,
+    e2e_cluster: DevCluster,
+    real_node: str,
+    namespace: str,
+    fake_dev: Path,
+) -> None:
+    """The DaemonSet controller deletes an out-of-date agent AT ONCE when that agent is not Ready
+    (docs/facts.md#daemonset-rollouts): in a rollout that meets an agent before its readiness
+    probe's next tick, it used to leave its resource without an endpoint until the new agent
+    registered (about 2 s: pods refused, "no healthy devices"). Now the leaving agent serves on
+    until its successor is Ready (plugin-agent's successor.py).
+
+    Made to happen every time: the test writes the running agent's Ready condition False through
+    the pod's status subresource (what the API shows for an agent whose probe has not ticked yet;
+    the kubelet writes it back only on its next status sync, ~10 s), then restarts the DaemonSet
+    (`kubectl rollout restart`). Checked for both kinds of agent (the shared node agent and a
+    profile's own): the controller deleted the old agent while its successor was not Ready (the
+    fault's condition, seen in the API, or the run proves nothing), the old agent's pod was gone
+    only after its successor was Ready, and the kubelet's own count (PodResources, every 10 ms)
+    never dropped, with a stream of pods asking for the devices all admitted."""
+    core = cluster.core
+    label = "patchbay.dev/e2e-successor"
+    shared, shared_resource = serial_profile(
+        cluster, fake_dev, real_node, suffix="hshared", agent=None, label=label, subdir="hshared"
+    )
+    own, own_resource = serial_profile(
+        cluster, fake_dev, real_node, suffix="hown", label=label, subdir="hown"
+    )
+    resources = (shared_resource, own_resource)
+    full = (str(DEVICES), str(DEVICES))
+    selectors = {
+        "patchbay-node-agent": SHARED_SELECTOR,
+        f"patchbay-{own}": f"app.kubernetes.io/name=patchbay-agent,patchbay.dev/profile={own}",
+    }
+
+    def agents(daemonset: str) -> list[client.V1Pod]:
+        pods = core.list_namespaced_pod(patchbay.namespace, label_selector=selectors[daemonset]).items
+        return [p for p in pods if p.spec.node_name == real_node]
+
+    seen: dict[str, dict[str, object]] = {}
+    try:
+        for r in resources:
+            wait_for(f"{r} on the node", lambda r=r: cluster.values(real_node, r) == full, 120)
+        socket = e2e_cluster.real_node().paths.pod_resources_socket
+        with (
+            KubeletCounts(socket, resources) as counts,
+            PodStream(core, namespace, real_node, resources) as stream,
+        ):
+            for daemonset in selectors:
+                (old,) = wait_for(
+                    f"{daemonset}: one Ready agent",
+                    lambda d=daemonset: a if len(a := agents(d)) == 1 and pod_ready(a[0]) else None,
+                    120,
+                )
+                time.sleep(1.0)
+                name = old.metadata.name
+                core.patch_namespaced_pod_status(
+                    name,
+                    patchbay.namespace,
+                    {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
+                )
+                now = datetime.now(UTC).isoformat()
+                client.AppsV1Api(cluster.api).patch_namespaced_daemon_set(
+                    daemonset,
+                    patchbay.namespace,
+                    {
+                        "spec": {
+                            "template": {
+                                "metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": now}}
+                            }
+                        }
+                    },
+                )
+                marks: dict[str, object] = {}
+
+                def watch(d: str = daemonset, old_name: str = name, marks: dict[str, object] = marks) -> bool:
+                    pods = {p.metadata.name: p for p in agents(d)}
+                    new = [p for n, p in pods.items() if n != old_name]
+                    at = time.monotonic()
+                    if "deleted" not in marks and (
+                        old_name not in pods or pods[old_name].metadata.deletion_timestamp
+                    ):
+                        marks["deleted"] = at
+                        marks["successor ready when deleted"] = any(pod_ready(p) for p in new)
+                    if "successor ready" not in marks and any(pod_ready(p) for p in new):
+                        marks["successor ready"] = at
+                    if "gone" not in marks and old_name not in pods:
+                        marks["gone"] = at
+                    return {"deleted", "successor ready", "gone"} <= marks.keys()
+
+                wait_for(f"{daemonset}: the old agent gone and its successor Ready", watch, 120, every=0.05)
+                seen[daemonset] = {
+                    "successor ready when deleted": marks["successor ready when deleted"],
+                    "deleted -> successor Ready (s)": round(
+                        float(marks["successor ready"]) - float(marks["deleted"]), 2
+                    ),  # type: ignore[arg-type]
+                    "successor Ready -> old pod gone (s)": round(
+                        float(marks["gone"]) - float(marks["successor ready"]), 2
+                    ),  # type: ignore[arg-type]
+                }
+            time.sleep(3)
+        outcomes = stream.outcomes()
+        figures = {
+            "seen": seen,
+            "samples": len(counts.samples),
+            "failedReads": counts.failed_reads,
+            "pods": len(outcomes),
+            **{f"below:{r}": counts.below(r)[:20] for r in resources},
+            **{
+                f"below for (s):{r}": round(b[-1][0] - b[0][0], 3) if (b := counts.below(r)) else 0
+                for r in resources
+            },
+        }
+        print(f"agents deleted before they look Ready: {figures}")
+        # The fault's condition happened: deleted while the successor was not Ready.
+        assert all(s["successor ready when deleted"] is False for s in seen.values()), figures
+        # The old agent served on until its successor was Ready (its pod goes once it exits).
+        assert all(s["successor Ready -> old pod gone (s)"] >= 0 for s in seen.values()), figures  # type: ignore[operator]
+        for r in resources:
+            assert counts.below(r) == [], figures
+        refused = {p: o for p, o in outcomes.items() if o[0] != "Succeeded"}
+        assert refused == {}, figures
+        assert counts.samples[-1][1] == {r: DEVICES for r in resources}, figures
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_collection_namespaced_pod(
+                namespace, label_selector="stream=yes", grace_period_seconds=0
+            )
+        cluster.delete_profile(shared)
+        cluster.delete_profile(own)
+        cluster.set_labels(real_node, {label: None})

@@ -515,6 +515,12 @@ def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, ins
         assert can(verb, "devicereports.patchbay.dev", ns) and can(
             verb, "devicereports.patchbay.dev", ns, plugin_agent
         )
+    # Both list the pods of their namespace (their successor on SIGTERM: plugin-agent's
+    # successor.py), and nothing more of pods, nor pods elsewhere.
+    for who in (agent, plugin_agent):
+        assert can("list", "pods", ns, who)
+        denied_pods = [("get", ns), ("watch", ns), ("delete", ns), ("patch", ns), ("list", "default")]
+        assert [(v, n) for v, n in denied_pods if can(v, "pods", n, who)] == []
     # Claim status: patch (server-side apply) only, on the status subresource only.
     status = ["auth", "can-i", "--subresource=status", f"--as={agent}", "-n", "default"]
     assert (

@@ -40,9 +40,15 @@ __all__ = [
     "kstatus",
     "limits",
     "pod_processes",
+    "pod_ready",
     "serial_profile",
     "wait_for",
 ]
+
+
+def pod_ready(pod: client.V1Pod) -> bool:
+    """The pod's Ready condition is True (what a DaemonSet's rollout reads)."""
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 @dataclass
@@ -95,8 +101,7 @@ class Installed:
     def ready_agents(self, profile: str) -> list[client.V1Pod]:
         out = []
         for p in self.agent_pods(profile):
-            ready = [c for c in p.status.conditions or [] if c.type == "Ready"]
-            if not p.metadata.deletion_timestamp and ready and ready[0].status == "True":
+            if not p.metadata.deletion_timestamp and pod_ready(p):
                 out.append(p)
         return out
 

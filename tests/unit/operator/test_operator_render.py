@@ -114,7 +114,12 @@ def test_daemonset_is_hardened_and_surges() -> None:
     # The agent's own ServiceAccount, with the kubelet's pod-bound token (it names the node).
     assert pod["serviceAccountName"] == "patchbay-agent"
     assert pod["automountServiceAccountToken"] is True
-    assert {e["name"] for e in c["env"]} == {"NODE_NAME", "POD_NAME", "POD_NAMESPACE"}
+    assert {e["name"] for e in c["env"]} == {
+        "NODE_NAME",
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "PATCHBAY_DAEMONSET_SELECTOR",
+    }
     # Probes on the agent's own endpoint: ready means registered with the kubelet.
     assert c["ports"] == [{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
@@ -167,6 +172,27 @@ def test_daemonset_command_is_one_the_agent_accepts() -> None:
     args = build_parser().parse_args(expanded)
     assert args.http_address == ("0.0.0.0", 9464)
     assert str(args.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
+
+
+def test_the_agent_finds_its_successor_by_exactly_its_daemonsets_selector() -> None:
+    """The agent reads its DaemonSet's selector from PATCHBAY_DAEMONSET_SELECTOR (its successor on
+    the node is another pod it selects: plugin-agent's successor.py); both agents' selectors, as
+    the agent's own parser reads them, are the DaemonSets' matchLabels, and they select no pod of
+    the other DaemonSet."""
+    from patchbay_agent.options import build_parser, label_selector
+
+    def selector(ds: dict[str, object]) -> dict[str, str]:
+        (c,) = ds["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+        text = {e["name"]: e.get("value") for e in c["env"]}["PATCHBAY_DAEMONSET_SELECTOR"]
+        return dict(term.split("=", 1) for term in label_selector(text).split(","))
+
+    _, own = objects()
+    _, shared = render.shared_agent_objects([(Profile.from_body(BODY), None)], Settings())
+    for ds in (own, shared):
+        assert selector(ds) == ds["spec"]["selector"]["matchLabels"]
+    assert not selector(own).items() <= shared["spec"]["template"]["metadata"]["labels"].items()
+    assert not selector(shared).items() <= own["spec"]["template"]["metadata"]["labels"].items()
+    assert build_parser().parse_args(["--config", "c", "--node-name", "n"]).successor_wait == 10.0
 
 
 def test_agents_reach_the_api_server_and_the_kubelet_where_the_settings_say() -> None:

@@ -1,0 +1,223 @@
+"""The agent's successor hand-off on the REAL API server (plugin-agent's successor.py).
+
+On SIGTERM an agent with --daemonset-selector lists the other pods of its DaemonSet on its node
+and serves on until one of them is Ready. Here the pods are real Pod objects on a node name that
+no kubelet (and no kwok) runs, so nothing but this test sets their Ready condition (through the
+status subresource, as a kubelet would). Checked on the wait itself (`wait_for_successor` with the
+agent's own pykube client): no successor -> at once; a successor that turns Ready -> right after;
+one that never does -> at the bound; a pod being deleted, a pod of another DaemonSet and a pod of
+this one on another node are no successors; a successor deleted during the wait ends it. And on
+the real `patchbay-agent` process, served by the Python kubelet peer: after SIGTERM it still
+serves (its socket answers) while the successor is not Ready, and exits right after it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from support.agentrun import agent_argv
+from support.clusters import wait_for
+from support.fakehw import FakeHardware
+from support.podresources_peer import ThreadedPeers
+from support.pykubelet import PyKubelet
+
+from patchbay_agent.kubeclient import KubeClient
+from patchbay_agent.kubelet.sockets import probe
+from patchbay_agent.successor import Identity, wait_for_successor
+from patchbay_devcluster import DevCluster
+
+SELECTOR = {"app.kubernetes.io/name": "patchbay-agent", "patchbay.dev/profile": "serial"}
+SELECTOR_TEXT = ",".join(f"{k}={v}" for k, v in SELECTOR.items())
+ME = "agent-old"
+RESOURCE = "example.com/serial"
+
+
+class Pods:
+    """Pod objects on one node name that nothing runs: created, made Ready, deleted by the test."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str, node: str) -> None:
+        self.core, self.namespace, self.node = core, namespace, node
+
+    def create(
+        self, name: str, labels: dict[str, str] = SELECTOR, node: str | None = None, **meta: object
+    ) -> None:
+        body = {
+            "metadata": {"name": name, "labels": labels, **meta},
+            "spec": {
+                "nodeName": node or self.node,
+                "containers": [{"name": "agent", "image": "patchbay-agent:never-run"}],
+            },
+        }
+        self.core.create_namespaced_pod(self.namespace, body)
+
+    def ready(self, name: str) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.core.patch_namespaced_pod_status(
+            name,
+            self.namespace,
+            {"status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}},
+        )
+
+    def delete(self, name: str) -> None:
+        self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+
+
+@pytest.fixture
+def pods(api: client.ApiClient, namespace: str, name_prefix: str) -> Iterator[Pods]:
+    core = client.CoreV1Api(api)
+    out = Pods(core, namespace, f"{name_prefix}nowhere")
+    try:
+        yield out
+    finally:
+        for p in core.list_namespaced_pod(namespace).items:
+            with contextlib.suppress(ApiException):
+                if p.metadata.finalizers:
+                    core.patch_namespaced_pod(p.metadata.name, namespace, {"metadata": {"finalizers": None}})
+                core.delete_namespaced_pod(p.metadata.name, namespace, grace_period_seconds=0)
+
+
+def _identity(pods: Pods) -> Identity:
+    return Identity(namespace=pods.namespace, pod_name=ME, node_name=pods.node, selector=SELECTOR_TEXT)
+
+
+def _wait(devcluster: DevCluster, pods: Pods, bound: float) -> tuple[str, float]:
+    start = time.monotonic()
+    said = asyncio.run(wait_for_successor(KubeClient(devcluster.kubeconfig), _identity(pods), bound))
+    return said, time.monotonic() - start
+
+
+def test_no_successor_means_no_wait(devcluster: DevCluster, pods: Pods, name_prefix: str) -> None:
+    """Only pods that cannot take over: us, one being deleted, another DaemonSet's, ours on
+    another node. The agent leaves at once."""
+    pods.create(ME)
+    pods.create("agent-leaving", finalizers=["patchbay.dev/test-hold"])
+    pods.delete("agent-leaving")
+    pods.create(
+        "node-agent", labels={"app.kubernetes.io/name": "patchbay-agent", "patchbay.dev/shared-agent": "yes"}
+    )
+    pods.create("agent-elsewhere", node=f"{name_prefix}elsewhere")
+    said, took = _wait(devcluster, pods, bound=5.0)
+    assert said == "no successor on this node: stopping now"
+    assert took < 2.0
+
+
+def test_a_successor_that_turns_ready_ends_the_wait(devcluster: DevCluster, pods: Pods) -> None:
+    pods.create(ME)
+    pods.create("agent-new")
+
+    def later() -> None:
+        time.sleep(1.0)
+        pods.ready("agent-new")
+
+    t = threading.Thread(target=later)
+    t.start()
+    said, took = _wait(devcluster, pods, bound=10.0)
+    t.join()
+    assert said.startswith("successor agent-new Ready after "), said
+    assert 1.0 <= took < 5.0, took
+
+
+def test_a_successor_ready_already_ends_it_at_once(devcluster: DevCluster, pods: Pods) -> None:
+    pods.create(ME)
+    pods.create("agent-new")
+    pods.ready("agent-new")
+    said, took = _wait(devcluster, pods, bound=10.0)
+    assert said == "successor agent-new is Ready: stopping now"
+    assert took < 2.0
+
+
+def test_a_successor_never_ready_is_waited_for_until_the_bound(devcluster: DevCluster, pods: Pods) -> None:
+    pods.create(ME)
+    pods.create("agent-new")
+    said, took = _wait(devcluster, pods, bound=1.5)
+    assert said.startswith("successor agent-new not Ready after "), said
+    assert 1.5 <= took < 4.0, took
+
+
+def test_a_successor_deleted_during_the_wait_ends_it(devcluster: DevCluster, pods: Pods) -> None:
+    pods.create(ME)
+    pods.create("agent-new")
+    t = threading.Thread(target=lambda: (time.sleep(1.0), pods.delete("agent-new")))
+    t.start()
+    said, took = _wait(devcluster, pods, bound=10.0)
+    t.join()
+    assert said.startswith("successor agent-new gone after "), said
+    assert 1.0 <= took < 5.0, took
+
+
+def test_the_agent_process_serves_on_after_sigterm_until_its_successor_is_ready(
+    devcluster: DevCluster, pods: Pods, workdir: Path
+) -> None:
+    """The real process: SIGTERM with a successor not Ready -> still serving 2 s later (its socket
+    answers, its log says whom it waits for); the successor Ready -> it exits within seconds,
+    its socket removed. Its log says how the wait ended."""
+    hw = FakeHardware(workdir / "host")
+    hw.add_dev("/dev/ttyUSB0")
+    plugin_dir = workdir / "dp"
+    config = workdir / "agent.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"resourceName": RESOURCE, "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}}
+        )
+    )
+    pods.create(ME)
+    pods.create("agent-new")
+    log = workdir / "agent.log"
+    with ThreadedPeers() as peers, log.open("wb") as out:
+        kubelet = PyKubelet(plugin_dir)
+        peers.call(kubelet.start())
+        argv = agent_argv(
+            config,
+            pods.node,
+            device_plugin_dir=plugin_dir,
+            host_root=hw.root,
+            http_address="off",
+            kubeconfig=devcluster.kubeconfig,
+            profile="serial",
+            report_namespace=pods.namespace,
+            pod_name=ME,
+            daemonset_selector=SELECTOR_TEXT,
+            successor_wait="30",
+        )
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            sockets = lambda: [p for p in plugin_dir.glob("*.sock") if p.name != "kubelet.sock"]  # noqa: E731
+            (sock,) = wait_for("the agent's socket", lambda: sockets() or None, timeout=30)
+            wait_for(
+                "the agent registered", lambda: "Registered" in log.read_text(errors="replace") or None, 30
+            )
+            proc.send_signal(signal.SIGTERM)
+            wait_for(
+                "the agent waits for its successor",
+                lambda: "Serving on until successor agent-new is Ready" in log.read_text() or None,
+                timeout=10,
+            )
+            time.sleep(2.0)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert probe(sock) == 0
+            assert kubelet.healthy(RESOURCE) == 1  # the kubelet still counts the device
+            readied = time.monotonic()
+            pods.ready("agent-new")
+            proc.wait(15)
+            exited = time.monotonic() - readied
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert exited < 5.0, exited
+    assert "Leaving: successor agent-new Ready after " in text, text[-3000:]
+    assert not sock.exists()
