@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -289,7 +290,7 @@ def test_an_agent_deleted_before_it_looks_ready_serves_until_its_successor_is_re
         pods = core.list_namespaced_pod(patchbay.namespace, label_selector=selectors[daemonset]).items
         return [p for p in pods if p.spec.node_name == real_node]
 
-    seen: dict[str, dict[str, object]] = {}
+    seen: dict[str, dict[str, Any]] = {}
     try:
         for r in resources:
             wait_for(f"{r} on the node", lambda r=r: cluster.values(real_node, r) == full, 120)
@@ -299,57 +300,16 @@ def test_an_agent_deleted_before_it_looks_ready_serves_until_its_successor_is_re
             PodStream(core, namespace, real_node, resources) as stream,
         ):
             for daemonset in selectors:
-                (old,) = wait_for(
-                    f"{daemonset}: one Ready agent",
-                    lambda d=daemonset: a if len(a := agents(d)) == 1 and pod_ready(a[0]) else None,
-                    120,
-                )
-                time.sleep(1.0)
-                name = old.metadata.name
-                core.patch_namespaced_pod_status(
-                    name,
-                    patchbay.namespace,
-                    {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
-                )
-                now = datetime.now(UTC).isoformat()
-                client.AppsV1Api(cluster.api).patch_namespaced_daemon_set(
-                    daemonset,
-                    patchbay.namespace,
-                    {
-                        "spec": {
-                            "template": {
-                                "metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": now}}
-                            }
-                        }
-                    },
-                )
-                marks: dict[str, object] = {}
-
-                def watch(d: str = daemonset, old_name: str = name, marks: dict[str, object] = marks) -> bool:
-                    pods = {p.metadata.name: p for p in agents(d)}
-                    new = [p for n, p in pods.items() if n != old_name]
-                    at = time.monotonic()
-                    if "deleted" not in marks and (
-                        old_name not in pods or pods[old_name].metadata.deletion_timestamp
-                    ):
-                        marks["deleted"] = at
-                        marks["successor ready when deleted"] = any(pod_ready(p) for p in new)
-                    if "successor ready" not in marks and any(pod_ready(p) for p in new):
-                        marks["successor ready"] = at
-                    if "gone" not in marks and old_name not in pods:
-                        marks["gone"] = at
-                    return {"deleted", "successor ready", "gone"} <= marks.keys()
-
-                wait_for(f"{daemonset}: the old agent gone and its successor Ready", watch, 120, every=0.05)
-                seen[daemonset] = {
-                    "successor ready when deleted": marks["successor ready when deleted"],
-                    "deleted -> successor Ready (s)": round(
-                        float(marks["successor ready"]) - float(marks["deleted"]), 2
-                    ),  # type: ignore[arg-type]
-                    "successor Ready -> old pod gone (s)": round(
-                        float(marks["gone"]) - float(marks["successor ready"]), 2
-                    ),  # type: ignore[arg-type]
-                }
+                # The kubelet writes the agent's Ready condition back on its own status sync
+                # (every ~10 s); should that land between the test's write and the controller's
+                # sync, the controller waits for the successor as usual and the fault's
+                # condition did not happen: roll again (at most 3 tries), never count that try.
+                for _ in range(3):
+                    seen[daemonset] = _roll_an_unready_agent(
+                        cluster, patchbay.namespace, daemonset, lambda d=daemonset: agents(d)
+                    )
+                    if seen[daemonset]["successor ready when deleted"] is False:
+                        break
             time.sleep(3)
         outcomes = stream.outcomes()
         figures = {
@@ -367,7 +327,7 @@ def test_an_agent_deleted_before_it_looks_ready_serves_until_its_successor_is_re
         # The fault's condition happened: deleted while the successor was not Ready.
         assert all(s["successor ready when deleted"] is False for s in seen.values()), figures
         # The old agent served on until its successor was Ready (its pod goes once it exits).
-        assert all(s["successor Ready -> old pod gone (s)"] >= 0 for s in seen.values()), figures  # type: ignore[operator]
+        assert all(s["successor Ready -> old pod gone (s)"] >= 0 for s in seen.values()), figures
         for r in resources:
             assert counts.below(r) == [], figures
         refused = {p: o for p, o in outcomes.items() if o[0] != "Succeeded"}
@@ -381,3 +341,49 @@ def test_an_agent_deleted_before_it_looks_ready_serves_until_its_successor_is_re
         cluster.delete_profile(shared)
         cluster.delete_profile(own)
         cluster.set_labels(real_node, {label: None})
+
+
+def _roll_an_unready_agent(
+    cluster: Cluster, namespace: str, daemonset: str, agents: Callable[[], list[client.V1Pod]]
+) -> dict[str, Any]:
+    """Write the DaemonSet's running agent's Ready condition False, restart the DaemonSet, and
+    follow what the API shows until the old agent is gone and its successor Ready: when the old
+    pod was deleted, whether the successor was Ready then, and the times between."""
+    (old,) = wait_for(
+        f"{daemonset}: one Ready agent",
+        lambda: a if len(a := agents()) == 1 and pod_ready(a[0]) else None,
+        120,
+    )
+    time.sleep(1.0)
+    name = old.metadata.name
+    cluster.core.patch_namespaced_pod_status(
+        name, namespace, {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+    )
+    now = datetime.now(UTC).isoformat()
+    client.AppsV1Api(cluster.api).patch_namespaced_daemon_set(
+        daemonset,
+        namespace,
+        {"spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": now}}}}},
+    )
+    marks: dict[str, float] = {}
+    ready_when_deleted: list[bool] = []
+
+    def watch() -> bool:
+        pods = {p.metadata.name: p for p in agents()}
+        new = [p for n, p in pods.items() if n != name]
+        at = time.monotonic()
+        if "deleted" not in marks and (name not in pods or pods[name].metadata.deletion_timestamp):
+            marks["deleted"] = at
+            ready_when_deleted.append(any(pod_ready(p) for p in new))
+        if "successor ready" not in marks and any(pod_ready(p) for p in new):
+            marks["successor ready"] = at
+        if "gone" not in marks and name not in pods:
+            marks["gone"] = at
+        return {"deleted", "successor ready", "gone"} <= marks.keys()
+
+    wait_for(f"{daemonset}: the old agent gone and its successor Ready", watch, 120, every=0.05)
+    return {
+        "successor ready when deleted": ready_when_deleted[0],
+        "deleted -> successor Ready (s)": round(marks["successor ready"] - marks["deleted"], 2),
+        "successor Ready -> old pod gone (s)": round(marks["gone"] - marks["successor ready"], 2),
+    }
