@@ -153,8 +153,12 @@ class HandOver:
         except (OSError, RuntimeError) as e:
             log.warning("Cannot serve the hand-over socket %s: %s", name, e)
         finally:
-            self.in_flight = False
-            await server.stop(0, remove_socket=True)
+            # The throw-away socket goes BEFORE readiness is let go: a Ready agent leaves no
+            # hand-over socket behind for the kubelet (or a later hand-over) to find.
+            try:
+                await server.stop(0, remove_socket=True)
+            finally:
+                self.in_flight = False
 
     async def before_leaving(self, endpoint: str, *, registered: bool, grace: float) -> None:
         """Handed over and with no other agent of the resource serving (older or newer), register
