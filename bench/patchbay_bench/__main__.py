@@ -2,8 +2,12 @@
 ``make bench-table``; the Makefile puts ``bench`` and ``tests`` on PYTHONPATH).
 
     list                         the scenarios, what each measures, its parameters
-    run NAME[,NAME...]|all [key=value ...]
-                                 full size; each run writes its record under bench/results/
+    run NAME[,NAME...]|SITTING|all [key=value ...] [NAME.key=value ...]
+                                 full size; each run writes its record under bench/results/.
+                                 A SITTING (per-node, scale, builds) runs the scenarios of one
+                                 headline table one after the other, each after the first once
+                                 the load is below 1.0 (at most 4 min); NAME.key=value sets a
+                                 parameter of one scenario of several
     quick [NAME ...]             every scenario (or those named) at its quick size; checks that
                                  each recorded its figures (never their values); records under
                                  bench/results/quick/
@@ -20,7 +24,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from patchbay_bench import RESULTS, records
-from patchbay_bench.harness import SETTLE_S, Interrupted, Record, Scenario, Value, execute
+from patchbay_bench.harness import (
+    QUIET_WAIT_S,
+    SETTLE_S,
+    SITTINGS,
+    Interrupted,
+    Record,
+    Scenario,
+    Value,
+    execute,
+    wait_for_quiet,
+)
 from patchbay_bench.scenarios import SCENARIOS
 from patchbay_bench.setup import SESSION
 
@@ -38,13 +52,26 @@ def list_scenarios() -> int:
         print(f"  {name:<{width}}  {sc.about}{needs}")
         for key, p in sc.params.items():
             print(f"  {'':<{width}}    {key}={p.full} (quick: {p.quick})  {p.help}")
+    print("\nSittings (make bench SCENARIO=<sitting>: one headline table, its scenarios in one run):\n")
+    for name, about in SITTINGS.items():
+        members = ", ".join(n for n, sc in SCENARIOS.items() if sc.sitting == name)
+        print(f"  {name:<{width}}  {about}\n  {'':<{width}}    {members}")
     print("\nmake bench-quick runs every one at its quick size; make bench-table prints the headline rows.")
     return 0
 
 
-def parse_params(sc: Scenario, args: Sequence[str], quick: bool) -> dict[str, Value]:
+def parse_params(sc: Scenario, args: Sequence[str], quick: bool, several: bool = False) -> dict[str, Value]:
+    """The scenario's parameters: its defaults, then ``key=value`` arguments; in a run of
+    ``several`` scenarios only ``<scenario>.key=value`` ones (those of other scenarios skipped)."""
     params: dict[str, Value] = {k: (p.quick if quick else p.full) for k, p in sc.params.items()}
-    for arg in args:
+    for given in args:
+        arg = given
+        if several:
+            name, dot, arg = given.partition(".")
+            if not dot or name not in SCENARIOS:
+                raise SystemExit(f"{given}: name the scenario of a parameter in a run of several")
+            if name != sc.name:
+                continue
         key, sep, value = arg.partition("=")
         if not sep or key not in sc.params:
             raise SystemExit(f"{sc.name}: unknown parameter {arg!r}; known: {', '.join(sc.params) or 'none'}")
@@ -55,6 +82,8 @@ def parse_params(sc: Scenario, args: Sequence[str], quick: bool) -> dict[str, Va
 def chosen(names: str) -> list[Scenario]:
     if names == "all":
         return list(SCENARIOS.values())
+    if names in SITTINGS:
+        return [sc for sc in SCENARIOS.values() if sc.sitting == names]
     out = []
     for name in names.split(","):
         if name not in SCENARIOS:
@@ -65,17 +94,26 @@ def chosen(names: str) -> list[Scenario]:
 
 def run(names: str, args: Sequence[str]) -> int:
     scenarios = chosen(names)
-    if args and len(scenarios) != 1:
-        raise SystemExit("parameters apply to one scenario: name it (SCENARIO=<name>)")
+    several = len(scenarios) > 1
+    names_here = {sc.name for sc in scenarios}
+    if several and (stray := [a for a in args if a.partition(".")[0] not in names_here]):
+        raise SystemExit(f"{', '.join(stray)}: not a parameter of a scenario of this run (NAME.key=value)")
+    params = {sc.name: parse_params(sc, args, quick=False, several=several) for sc in scenarios}
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    sitting = f"{names} {started}" if several else ""
     failed = 0
     try:
-        for sc in scenarios:
+        for i, sc in enumerate(scenarios):
             if "real-node" in sc.needs and (busy := SESSION.real_node_busy()):
                 print(f"[bench] {sc.name}: not run: it needs the real node, and {busy}", flush=True)
                 failed += 1
                 continue
+            if several:
+                print(f"[bench] {sc.name} ({i + 1} of {len(scenarios)})", flush=True)
+                if i:
+                    wait_for_quiet(QUIET_WAIT_S)
             try:
-                rec = execute(sc, parse_params(sc, args, quick=False), quick=False, settle=SETTLE_S)
+                rec = execute(sc, params[sc.name], quick=False, settle=SETTLE_S, sitting=sitting)
             except Interrupted as stop:
                 return interrupted(stop.record, RESULTS, scenarios)
             path = records.write(rec, RESULTS)
@@ -170,7 +208,8 @@ def main(argv: Sequence[str]) -> int:
         plots.main(rest)
         return 0
     if cmd == "table":
-        print(records.table(RESULTS, everything="--all" in rest))
+        sitting_of = {name: sc.sitting for name, sc in SCENARIOS.items()}
+        print(records.table(RESULTS, everything="--all" in rest, sitting_of=sitting_of))
         return 0
     return usage()
 

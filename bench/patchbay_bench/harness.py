@@ -41,6 +41,22 @@ QUIET_LOAD = 1.0
 """A machine whose 1-minute load average is below this, with no other cluster or test run, is
 quiet; timings taken otherwise say so in their record."""
 
+QUIET_WAIT_S = 240.0
+"""In a sitting (several scenarios in one command), how long each scenario after the first waits
+for the 1-minute load average to fall below ``QUIET_LOAD`` before it starts anyway (its record
+then says NOT quiet): the previous scenario's clusters and pod bursts leave load behind."""
+
+SITTINGS: dict[str, str] = {
+    "per-node": "one node: the agent against its Go peers, its memory, the paths from apply to the "
+    "kubelet and the pod, DRA prepare, rollouts on the default release (about 1 h here)",
+    "scale": "the control plane at 1,000-5,000 nodes: the operator's writes, memory and start, "
+    "health and DRA at scale, the kubectl plugin (about 2 h here)",
+    "builds": "the images' builds (not in the headline table)",
+}
+"""The sittings of the headline table: each table of docs/benchmarks.md is rerun in one sitting,
+``make bench SCENARIO=<sitting>``, its scenarios one after the other at one commit. Two tables,
+not one: the whole set takes about 4 h on the 2-core machine, longer than a working session."""
+
 T = TypeVar("T")
 Value = int | float | str | bool
 
@@ -82,6 +98,8 @@ class Scenario:
     #: it measures the Kubernetes release ``K8S_VERSION`` names (``make`` exports it): its record
     #: says which, and the headline table keeps the newest record of every release side by side
     per_release: bool = False
+    #: the sitting (``SITTINGS``) and so the headline table its rows belong to
+    sitting: str = "per-node"
 
     def figure_names(self, params: Mapping[str, Value]) -> Sequence[str]:
         return self.figures(params) if callable(self.figures) else self.figures
@@ -392,6 +410,9 @@ class Record:
     error: str = ""
     #: the Kubernetes release of a ``per_release`` scenario's run; "" for the others
     release: str = ""
+    #: the sitting run it was part of (``per-node 2026-11-28T06:00:00Z``: the name and start of
+    #: ``make bench SCENARIO=per-node``); "" for a scenario run on its own
+    sitting: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -414,11 +435,35 @@ class Interrupted(KeyboardInterrupt):
         self.record = record
 
 
-def execute(scenario: Scenario, params: Mapping[str, Value], quick: bool, settle: float = 0.0) -> Record:
+def wait_for_quiet(
+    limit: float,
+    load: Callable[[], float] = lambda: os.getloadavg()[0],
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    every: float = 5.0,
+) -> float:
+    """Wait until the 1-minute load average is below ``QUIET_LOAD``, at most ``limit`` seconds,
+    saying so every 30 s; the seconds waited. A sitting calls it before each scenario but the
+    first (a scenario run on its own starts at once: its record says whether it was quiet)."""
+    start = say = clock()
+    while (now := load()) >= QUIET_LOAD:
+        if clock() - start >= limit:
+            print(f"[bench] load still {now:.2f} after {limit:.0f} s: starting anyway", flush=True)
+            break
+        if clock() >= say:
+            print(f"[bench] waiting for the load to fall below {QUIET_LOAD} (now {now:.2f})", flush=True)
+            say = clock() + 30.0
+        sleep(every)
+    return clock() - start
+
+
+def execute(
+    scenario: Scenario, params: Mapping[str, Value], quick: bool, settle: float = 0.0, sitting: str = ""
+) -> Record:
     """Run ``scenario`` in a temporary directory of its own; the record says what it measured,
     and the error if it stopped early (the figures measured until then are kept). Interrupted,
     it raises :class:`Interrupted` with that record, once the scenario's blocks have stopped what
-    they started. ``settle``: see :meth:`Machine.now`."""
+    they started. ``settle``: see :meth:`Machine.now`; ``sitting``: see ``Record.sitting``."""
     head, dirty = commit()
     machine = Machine.now(settle)
     release = os.environ.get("K8S_VERSION", "") if scenario.per_release else ""
@@ -432,6 +477,7 @@ def execute(scenario: Scenario, params: Mapping[str, Value], quick: bool, settle
         dirty=dirty,
         machine=machine,
         release=release,
+        sitting=sitting,
     )
     if not machine.quiet and not quick:
         print(

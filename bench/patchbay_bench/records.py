@@ -1,18 +1,19 @@
 """The runs' JSON records under ``bench/results/`` and the headline table drawn from them.
 
 A record is ``<results>/<scenario>/<date>-<commit>.json`` (``harness.Record``). The headline
-table of docs/benchmarks.md is this module's output for the newest full run of each scenario:
-``make bench-table`` prints its rows (``python -m patchbay_bench table``).
+tables of docs/benchmarks.md are this module's output for the newest full run of each scenario,
+one table per sitting (``harness.SITTINGS``), each under a line that says whether its rows came
+from one sitting at one commit: ``make bench-table`` prints them (``python -m patchbay_bench table``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from patchbay_bench.harness import Record, Stats, fmt, ratio_spread, spread
+from patchbay_bench.harness import SITTINGS, Record, Stats, fmt, ratio_spread, spread
 
 
 def write(record: Record, results: Path) -> Path:
@@ -92,8 +93,43 @@ def rows(record: dict[str, Any], everything: bool = False) -> list[str]:
     return out
 
 
-def table(results: Path, everything: bool = False) -> str:
-    lines = [HEADER]
-    for _, rec in sorted(newest_full(load(results)).items()):
-        lines += rows(rec, everything)
-    return "\n".join(lines)
+def provenance(recs: list[dict[str, Any]]) -> str:
+    """Where a table's rows come from: one sitting at one commit, or say which runs."""
+    sittings = sorted({r.get("sitting", "") for r in recs})
+    commits = sorted({r["commit"] + ("+changes" if r.get("dirty") else "") for r in recs})
+    dates = sorted(r["date"] for r in recs)
+    span = f"{dates[0]} to {dates[-1]}" if dates else "-"
+    if len(sittings) == 1 and sittings[0] and len(commits) == 1:
+        name, _, started = sittings[0].partition(" ")
+        return (
+            f"One sitting: `make bench SCENARIO={name}` started {started}, at commit `{commits[0]}`; "
+            f"runs {span}."
+        )
+    return (
+        f"NOT one sitting: {len(recs)} runs, {span}; sittings: "
+        f"{', '.join(s or 'none (run alone)' for s in sittings)}; commits: {', '.join(commits)}."
+    )
+
+
+def table(results: Path, everything: bool = False, sitting_of: Mapping[str, str] | None = None) -> str:
+    """The headline rows of the newest full records; with ``sitting_of`` (scenario -> sitting),
+    one table per sitting, each under its heading and provenance line."""
+    newest = sorted(newest_full(load(results)).items())
+    if sitting_of is None:
+        lines = [HEADER]
+        for _, rec in newest:
+            lines += rows(rec, everything)
+        return "\n".join(lines)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for _, rec in newest:
+        groups.setdefault(sitting_of.get(rec["scenario"], "other"), []).append(rec)
+    out: list[str] = []
+    for name in [*SITTINGS, *sorted(set(groups) - set(SITTINGS))]:
+        recs = groups.get(name)
+        if not recs:
+            continue
+        lines = [line for rec in recs for line in rows(rec, everything)]
+        if not lines:
+            continue
+        out += [f"### The {name} table", "", provenance(recs), "", HEADER, *lines, ""]
+    return "\n".join(out).rstrip()

@@ -351,6 +351,7 @@ def run(r: Run) -> None:
 
 
 SCENARIO = Scenario(
+    sitting="scale",
     name="dra_scale",
     about="DRA at N kwok nodes beside the Device Plugin path: publish cost, kubectl patchbay, operator RSS",
     run=run,

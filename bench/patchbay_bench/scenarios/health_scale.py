@@ -249,6 +249,7 @@ def run(r: Run) -> None:
 
 
 SCENARIO = Scenario(
+    sitting="scale",
     name="health_scale",
     about="explained health at N kwok nodes: a health change -> the profile's status, against a plain watch",
     run=run,

@@ -53,6 +53,7 @@ def run(r: Run) -> None:
 
 
 SCENARIO = Scenario(
+    sitting="builds",
     name="images",
     about="the operator and agent images: rebuilds on a cached base, a warm build, their sizes",
     run=run,

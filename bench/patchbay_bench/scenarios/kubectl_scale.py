@@ -181,6 +181,7 @@ def run(r: Run) -> None:
 
 
 SCENARIO = Scenario(
+    sitting="scale",
     name="kubectl_scale",
     about="kubectl patchbay's commands at N kwok nodes against kubectl get of the objects they join",
     run=run,

@@ -331,6 +331,7 @@ def run(r: Run) -> None:
 
 
 SCENARIO = Scenario(
+    sitting="scale",
     name="node_agent_api_cost",
     about="one profile change's API cost: the shared node agent vs an agent DaemonSet per profile",
     run=run,

@@ -240,6 +240,7 @@ def run(r: Run) -> None:
 
 
 SCENARIO = Scenario(
+    sitting="scale",
     name="operator_memory",
     about="the operator's RSS (VmHWM) with a report per node at the CRD bounds, beside the decoder's share",
     run=run,

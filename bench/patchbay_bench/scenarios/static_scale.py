@@ -249,6 +249,7 @@ def run(r: Run) -> None:
 
 
 SCENARIO = Scenario(
+    sitting="scale",
     name="static_scale",
     about="Static capacity at N kwok nodes: the operator against a plain concurrent client (interleaved)",
     run=run,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from patchbay_bench import __main__ as bench_main
-from patchbay_bench import records
+from patchbay_bench import harness, records
 from patchbay_bench.__main__ import check
 from patchbay_bench.harness import (
     Interrupted,
@@ -196,3 +196,64 @@ def test_a_full_run_waits_for_an_api_server_that_is_exiting(tmp_path: Path) -> N
     exiting = f"{int(out.stdout)} kube-apiserver"
     assert exiting in others_running()
     assert exiting not in Machine.now(settle=10).others
+
+
+def test_a_sitting_runs_one_tables_scenarios_and_each_record_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make bench SCENARIO=per-node``: only that sitting's scenarios run, in their order; a
+    parameter is given to one of them as ``<scenario>.key=value``; every record names the sitting
+    run, and the table says its rows came from one sitting at one commit. A scenario rerun on its
+    own afterwards makes the table say NOT one sitting."""
+    ran: list[tuple[str, object]] = []
+
+    def measures(r: Run) -> None:
+        ran.append((r.scenario.name, r.params["n"]))
+        r.figure(f"{r.scenario.name} latency", "ms", {"x": [1.0] * 5}, headline=True)
+
+    a = Scenario("a", "x", measures, params={"n": Param(1, 1)})
+    b = Scenario("b", "x", measures, params={"n": Param(1, 1)})
+    c = Scenario("c", "x", measures, params={"n": Param(1, 1)}, sitting="scale")
+    monkeypatch.setattr(bench_main, "SETTLE_S", 0.0)
+    monkeypatch.setattr(bench_main, "QUIET_WAIT_S", 0.0)
+    monkeypatch.setattr(bench_main, "SCENARIOS", {"a": a, "c": c, "b": b})
+    monkeypatch.setattr(bench_main, "RESULTS", tmp_path)
+    assert bench_main.run("per-node", ["b.n=7"]) == 0
+    assert ran == [("a", 1), ("b", 7)]
+    saved = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("*.json"))]
+    assert {s["scenario"] for s in saved} == {"a", "b"}
+    (sitting,) = {s["sitting"] for s in saved}
+    assert sitting.startswith("per-node 20")
+    b_record = next(s for s in saved if s["scenario"] == "b")
+    assert b_record["command"] == 'make bench SCENARIO=b BENCH_ARGS="n=7"'
+    for stray in ("n=7", "c.n=7"):  # no scenario named, or one not in this sitting: refused
+        with pytest.raises(SystemExit, match="not a parameter of a scenario of this run"):
+            bench_main.run("per-node", [stray])
+
+    groups = {"a": "per-node", "b": "per-node", "c": "scale"}
+    text = records.table(tmp_path, sitting_of=groups)
+    assert "### The per-node table" in text and "### The scale table" not in text
+    assert "One sitting: `make bench SCENARIO=per-node` started" in text
+    assert bench_main.run("b", []) == 0  # b alone, later
+    text = records.table(tmp_path, sitting_of=groups)
+    assert "NOT one sitting" in text and "none (run alone)" in text
+
+
+def test_a_sitting_waits_for_the_load_to_fall_and_gives_up_at_its_limit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``wait_for_quiet`` polls the 1-minute load (here a list of readings, on a clock that the
+    sleeps advance) until it is below 1.0, at most its limit."""
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    readings = iter([3.0, 2.0, 0.5])
+    waited = harness.wait_for_quiet(240.0, load=lambda: next(readings), sleep=sleep, clock=lambda: now[0])
+    assert waited == 10.0  # two high readings, 5 s apart each
+    assert "waiting for the load to fall below 1.0 (now 3.00)" in capsys.readouterr().out
+    now[0] = 0.0
+    waited = harness.wait_for_quiet(20.0, load=lambda: 4.0, sleep=sleep, clock=lambda: now[0])
+    assert waited == 20.0
+    assert "load still 4.00 after 20 s: starting anyway" in capsys.readouterr().out
