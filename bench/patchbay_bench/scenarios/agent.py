@@ -11,12 +11,18 @@ device manager registers both plugins, its GetCapacity is what "the kubelet sees
   fresh start of both;
 - the agent's RSS after start and after ``rss_allocates`` Allocates, beside the Go stub's.
 
+Given its binary (``squat=PATH``), squat/generic-device-plugin is a side of the start, Allocate
+and RSS figures too: a device plugin in the field, written in Go, serving the same fake device
+files (its own resource, ``squat.example.com/serial``); the issue's targets name it.
+
 And the agent's own: a kubelet restart -> its devices back; a device node removed -> allocatable
 drops, and back (health period 5 s: what is timed is the agent's file watch).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +42,8 @@ INSTANCE = "bench"
 """A fixed instance name, so the bench knows the agent's socket."""
 RESOURCE, STUB_RESOURCE, DEVICES = "example.com/serial", "example.com/gostub", 8
 FLOOR_RESOURCE = "example.com/pyfloor"
+SQUAT_DOMAIN, SQUAT_NAME = "squat.example.com", "serial"
+SQUAT_RESOURCE = f"{SQUAT_DOMAIN}/{SQUAT_NAME}"
 #: What a Python process costs before it does anything, step by step: exec -> exit of each.
 IMPORTS = {
     "python -c pass": "pass",
@@ -52,8 +60,8 @@ IMPORTS = {
 class World:
     """The kubelet peer, the agent, the Go stub and the floor in one short temporary directory."""
 
-    def __init__(self, root: Path, peer: Path) -> None:
-        self.root, self.peer = root, peer
+    def __init__(self, root: Path, peer: Path, squat: str = "") -> None:
+        self.root, self.peer, self.squat_bin = root, peer, squat
         self.plugin_dir = root / "dp"
         self.plugin_dir.mkdir()
         self.hw = FakeHardware(root / "host")
@@ -70,12 +78,46 @@ class World:
         self.stub: Process | None = None
         self.floor: Process | None = None
         self.registered_floor: Process | None = None
+        self.squat: Process | None = None
         self.socket = {
             "agent": str(self.plugin_dir / socket_name(RESOURCE, INSTANCE)),
             "Go stub": str(self.plugin_dir / "go-stub.sock"),
             "Python gRPC floor": str(root / "floor.sock"),
         }
         self.device = {"agent": "ttyUSB0", "Go stub": "dev-0", "Python gRPC floor": "ttyUSB0"}
+        if squat:
+            # squat's device ID: sha1 of the count index ("0") and the device's path (its path.go).
+            self.device["squat"] = hashlib.sha1(f"0{self.hw.path('/dev/ttyUSB0')}".encode()).hexdigest()
+
+    def start_squat(self) -> float:
+        """Start squat/generic-device-plugin on the same fake device files; seconds from exec to
+        the kubelet seeing every device. Its socket's name carries its start time, so it is
+        found again after each start."""
+        t0 = time.perf_counter()
+        group = {"paths": [{"path": f"{self.hw.root}/dev/ttyUSB*"}]}
+        argv = [
+            self.squat_bin,
+            "--plugin-directory",
+            str(self.plugin_dir),
+            "--domain",
+            SQUAT_DOMAIN,
+            "--listen",
+            "127.0.0.1:0",
+            "--device",
+            json.dumps({"name": SQUAT_NAME, "groups": [group]}),
+        ]
+        self.squat = Process(argv, self.root / "squat.log")
+        self.kubelet.wait(SQUAT_RESOURCE, capacity=DEVICES, allocatable=DEVICES, timeout_ms=20000)
+        took = time.perf_counter() - t0
+        newest = max(self.plugin_dir.glob("gdp-*.sock"), key=lambda p: p.stat().st_mtime_ns)
+        self.socket["squat"] = str(newest)
+        return took
+
+    def stop_squat(self) -> None:
+        if self.squat is not None:
+            self.squat.stop()
+            self.squat = None
+            self.kubelet.wait(SQUAT_RESOURCE, allocatable=0, timeout_ms=20000)
 
     def start_agent(self) -> float:
         """Start the agent process; seconds from exec to the kubelet seeing every device."""
@@ -155,7 +197,7 @@ class World:
         )
 
     def close(self) -> None:
-        for p in (self.agent, self.stub, self.floor, self.registered_floor):
+        for p in (self.agent, self.stub, self.floor, self.registered_floor, self.squat):
             if p is not None:
                 p.stop()
         self.kubelet.quit()
@@ -165,18 +207,20 @@ def run(r: Run) -> None:
     peer = build_peer()
     bytecode_ahead()  # every side starts as a node runs it: from compiled bytecode
     rounds = r.rounds()
-    world = World(Path(r.work), peer)
+    world = World(Path(r.work), peer, r.text("squat"))
     try:
-        starts = interleave(
-            rounds,
-            {
-                "agent": lambda _i: restart(world.stop_agent, world.start_agent),
-                "Go stub": lambda _i: restart(world.stop_stub, world.start_stub),
-                "Python gRPC floor": lambda _i: restart(
-                    world.stop_registered_floor, world.start_registered_floor
-                ),
-            },
-        )
+        starters: dict[str, Callable[[int], float]] = {
+            "agent": lambda _i: restart(world.stop_agent, world.start_agent),
+            "Go stub": lambda _i: restart(world.stop_stub, world.start_stub),
+            "Python gRPC floor": lambda _i: restart(
+                world.stop_registered_floor, world.start_registered_floor
+            ),
+        }
+        if world.squat_bin:
+            starters["squat"] = lambda _i: restart(world.stop_squat, world.start_squat)
+        else:
+            r.notes.append("squat not measured (its binary not given: squat=PATH)")
+        starts = interleave(rounds, starters)
         world.stop_registered_floor()
         r.figure(
             "agent: exec -> the kubelet sees its devices",
@@ -256,13 +300,16 @@ def run(r: Run) -> None:
         assert world.stub is not None
         rss = [status_mib(world.agent.proc.pid, "VmRSS")]
         stub = status_mib(world.stub.proc.pid, "VmRSS")
+        peers = {"Go stub": [stub]}
+        if world.squat is not None:
+            peers["squat"] = [status_mib(world.squat.proc.pid, "VmRSS")]
         for _ in range(2):
             world.allocate("agent", r.integer("rss_allocates"))
             rss.append(status_mib(world.agent.proc.pid, "VmRSS"))
         r.figure(
             "agent: RSS",
             "MiB",
-            {"agent": rss[:1], "Go stub": [stub]},
+            {"agent": rss[:1], **peers},
             headline=True,
             note="after the rounds above (the process has served every measure)",
         )
@@ -296,6 +343,9 @@ SCENARIO = Scenario(
         "rounds": Param(5, 2, "interleaved rounds (and kubelet restarts, device removals)"),
         "allocates": Param(5000, 200, "Allocate calls per side per round"),
         "rss_allocates": Param(100000, 500, "Allocates between RSS readings"),
+        "squat": Param(
+            "", "", "path to squat/generic-device-plugin's binary: a side of start, Allocate and RSS"
+        ),
     },
     figures=(
         "agent: exec -> the kubelet sees its devices",
