@@ -93,6 +93,10 @@ def rows(record: dict[str, Any], everything: bool = False) -> list[str]:
     return out
 
 
+RELEASES = "per-release"
+"""The table of a per-release scenario's runs made alone, one per release of the matrix."""
+
+
 def provenance(recs: list[dict[str, Any]]) -> str:
     """Where a table's rows come from: one sitting at one commit, or say which runs."""
     sittings = sorted({r.get("sitting", "") for r in recs})
@@ -122,9 +126,13 @@ def table(results: Path, everything: bool = False, sitting_of: Mapping[str, str]
         return "\n".join(lines)
     groups: dict[str, list[dict[str, Any]]] = {}
     for _, rec in newest:
-        groups.setdefault(sitting_of.get(rec["scenario"], "other"), []).append(rec)
+        # A release's run made alone (``make bench SCENARIO=rollouts K8S_VERSION=...``) is not part
+        # of its table's sitting, which runs one release: such rows stand in a table of their own.
+        alone_on_a_release = rec.get("release") and not rec.get("sitting")
+        group = RELEASES if alone_on_a_release else sitting_of.get(rec["scenario"], "other")
+        groups.setdefault(group, []).append(rec)
     out: list[str] = []
-    for name in [*SITTINGS, *sorted(set(groups) - set(SITTINGS))]:
+    for name in [*SITTINGS, RELEASES, *sorted(set(groups) - {*SITTINGS, RELEASES})]:
         recs = groups.get(name)
         if not recs:
             continue
