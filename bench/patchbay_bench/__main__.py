@@ -6,7 +6,7 @@
                                  full size; each run writes its record under bench/results/.
                                  A SITTING (per-node, scale, builds) runs the scenarios of one
                                  headline table one after the other, each after the first once
-                                 the load is below 1.0 (at most 4 min); NAME.key=value sets a
+                                 the load is below 0.9 (at most 4 min); NAME.key=value sets a
                                  parameter of one scenario of several
     quick [NAME ...]             every scenario (or those named) at its quick size; checks that
                                  each recorded its figures (never their values); records under
