@@ -109,6 +109,8 @@ def provenance(recs: list[dict[str, Any]]) -> str:
             f"One sitting: `make bench SCENARIO={name}` started {started}, at commit `{commits[0]}`; "
             f"runs {span}."
         )
+    if sittings == [""]:
+        return f"Each run alone (no sitting): {len(recs)} runs, {span}; commits: {', '.join(commits)}."
     return (
         f"NOT one sitting: {len(recs)} runs, {span}; sittings: "
         f"{', '.join(s or 'none (run alone)' for s in sittings)}; commits: {', '.join(commits)}."

@@ -366,6 +366,7 @@ def run(r: Run) -> None:
         "pods",
         {"refused": [refused], "created": [created]},
         ratio=False,
+        headline=True,  # the rollouts' other half: no pod refused while they ran
         note=how,
     )
 

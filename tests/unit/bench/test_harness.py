@@ -129,6 +129,8 @@ def test_a_per_release_scenario_keeps_a_row_per_release(
     # Run alone, not in a sitting: in a table of their own, under the sitting tables.
     grouped = records.table(tmp_path, sitting_of={"roll": "per-node"})
     assert "### The per-release table" in grouped and "### The per-node table" not in grouped
+    assert "Each run alone (no sitting): 3 runs" not in grouped  # the newest of each release: 2
+    assert "Each run alone (no sitting): 2 runs" in grouped
     assert "make bench SCENARIO=roll K8S_VERSION=release-new" in rows[0]
     assert "make bench SCENARIO=roll K8S_VERSION=release-old" in rows[1]
     plain = Scenario("plain", "x", measures)
