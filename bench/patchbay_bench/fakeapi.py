@@ -7,7 +7,7 @@ writes a DeviceReport per profile, so measuring its memory needs something that 
 ``agent_memory`` scenario runs on the Go kubelet peer without a cluster, and this keeps it so.
 What it does not stand in for: DRA (ResourceSlices, claims), watches (``--watch-config``), any
 validation or admission. It speaks HTTPS with a certificate of its own CA and a kubeconfig with a
-client certificate (``patchbay_devcluster.pki``), so the agent's pykube/requests/TLS path is the
+client certificate (``patchbay_devcluster.pki``), so the agent's http.client/TLS path is the
 one it takes against a real API server. Listens on 127.0.0.1 only, in a thread of the bench.
 """
 

@@ -1,20 +1,18 @@
 """GET of one API object on the event loop: HTTP/1.1 keep-alive over asyncio streams.
 
 Only for the one read on a pod's start path, the ResourceClaim that NodePrepareResources needs
-(`dra/plugin.py`). The agent's client for everything else (`kubeclient.py`: pykube-ng and
-requests, synchronous) runs in a worker thread; measured in one run of the dra_path benchmark
+(`dra/plugin.py`). The agent's client for everything else (`kubeclient.py`, synchronous, on
+http.client) runs in a worker thread; measured in one run of the dra_path benchmark
 (docs/benchmarks.md#dra-mode-on-the-real-node-benchdra_pathpy) that read cost the prepare call
-more than half its time, of which the thread hop and the requests stack were about 1 ms. This
-module does the same GET with no thread and no stack: a request line and a few headers written
+more than half its time, of which the thread hop and the client stack then used (requests) were
+about 1 ms. This module does the same GET with no thread: a request line and a few headers written
 to a connection kept open (TLS as the client's config says), the answer's status line and
 headers read, the body read by Content-Length or chunks, json.loads.
 
 What it leaves out on purpose, so that it stays small enough to read: any method but GET, any
-body but JSON, redirects, compression, HTTP/2, proxies, and every credential but a bearer token
-(the pod's service-account token, re-read when it rotates, or a kubeconfig's static token) and a
-client certificate. `kubeclient.KubeClient.getter()` builds one only for a config that needs no
-more (exec plugins and auth providers keep the thread path), so the same credentials reach the
-same API server either way.
+body but JSON, redirects, compression, HTTP/2 and proxies. Credentials are the agent client's
+(`kubeconfig.ApiServer`: a bearer token, re-read when it rotates, and a client certificate), so the
+same credentials reach the same API server either way (`kubeclient.KubeClient.getter()`).
 
 Connections: at most `max_idle` are kept between requests; more run at once when the kubelet
 prepares several claims together, and the extra ones are closed after their answer. A kept

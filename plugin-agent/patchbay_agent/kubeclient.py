@@ -1,4 +1,5 @@
-"""The agent's one way to the Kubernetes API: pykube-ng's low-level HTTPClient, for a few requests.
+"""The agent's one way to the Kubernetes API, for a few requests: HTTP/1.1 with the standard
+library's http.client, JSON in and out.
 
 * `apply(report)`: server-side apply of the whole DeviceReport, `PATCH .../devicereports/<name>
   ?fieldManager=patchbay-agent&force=true` with `application/apply-patch+yaml` (the object as
@@ -12,45 +13,47 @@
   taints?), `slice_names` (LIST of this node's slices of the driver, by field selector) and
   `delete_slice` (DELETE of a slice the pool no longer needs);
 * `daemon_pods`: the pods of the agent's own DaemonSet on its node, read once as it leaves
-  (`successor.py`: it serves on until its successor is Ready).
+  (`successor.py`: it serves on until its successor is Ready);
+* `get_object`/`watch_object`: one object followed by name (the node agent's NodeConfig).
 
-pykube-ng rather than the official client: the agent runs on every node and pykube is about half
-the memory (docs/facts.md#client-memory; an import-linter contract forbids the official client).
-Its object layer has no server-side apply, so this uses its HTTPClient directly. pykube is
-synchronous: the caller runs these methods off the event loop (`report/reporter.py`, asyncio.to_thread).
-The one read on a pod's start path, the claim NodePrepareResources needs, has a way on the loop:
-`getter()` gives an `apiget.AsyncGetter` with the same server and credentials, and
-`resource_claim_async` uses it (docs/dra.md#prepare).
+No client library: the agent runs on every node, and for these requests the stack it used before
+(pykube-ng on requests and urllib3, with idna and certifi) cost 5.75 MiB of its RSS, where
+http.client costs 1.0 (docs/facts.md#client-memory). The official client is heavier still (an
+import-linter contract keeps it, pykube, requests and urllib3 out of the agent). The credentials
+come from `kubeconfig.py`.
+
+The methods are synchronous: the caller runs them off the event loop (`report/reporter.py`,
+asyncio.to_thread), from any thread; connections are kept open between requests (at most
+`MAX_IDLE`) and each request has one to itself. The one read on a pod's start path, the claim
+NodePrepareResources needs, has a way on the loop: `getter()` gives an `apiget.AsyncGetter` with
+the same server and credentials, and `resource_claim_async` uses it (docs/dra.md#prepare).
 
 Two classes: `ApiConnection`, how the agent reaches the API server (credentials, one request,
 an object read or watched by name, the on-loop getter), and `KubeClient`, what it asks of it.
 
 This module is imported only when reports are on (`--profile`), so an agent without reports never
-loads pykube, requests or urllib3.
+loads http.client.
 
-In a pod the token is re-read when the kubelet rotated it (`satoken.TokenFile`) and sent as the
-request's own Authorization header, which pykube then leaves alone.
-
-requests is imported WITHOUT a character-set detector (`_import_requests`): it loads
-charset_normalizer at import only to guess the encoding of text bodies that name none, which costs
-the agent 2.6-3.2 MiB of RSS (docs/facts.md#client-memory). The API server answers JSON in UTF-8
-(`Response.json()` decodes the bytes itself) and the agent reads other bodies (a proxy's error
-page) as UTF-8 itself, so it never asks requests to guess and loses nothing by it.
+A kept connection the API server closed meanwhile (its idle timeout) fails before any answer: the
+request is sent once more on a new connection. Every request here may be sent twice safely: GETs
+and LISTs read, an apply of the same object is the same apply, a DELETE of a gone object is
+answered 404 (taken as done) and the dry-run create stores nothing.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
-import ssl
-import sys
-import warnings
+import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
 
+from patchbay_agent import kubeconfig
 from patchbay_agent.apiget import AsyncGetter, GetError
 from patchbay_agent.constants import (
     DRA_GROUP_VERSION,
@@ -60,38 +63,10 @@ from patchbay_agent.constants import (
     REPORT_VERSION,
     SERVICE_ACCOUNT_DIR,
 )
-from patchbay_agent.satoken import TokenFile, jwt_claims, node_identity
+from patchbay_agent.kubeconfig import ClientConfigError
+from patchbay_agent.satoken import jwt_claims, node_identity
 
-#: What requests would load to guess a body's character set; see the module doc.
-_CHARSET_DETECTORS = ("charset_normalizer", "chardet")
-
-
-def _import_requests() -> ModuleType:
-    """requests, imported with no detector when this process has not loaded one already.
-
-    A None entry in sys.modules makes `import charset_normalizer` raise ImportError, which
-    requests handles (its `chardet` becomes None; it warns once, silenced here). The entries are
-    removed afterwards, so anything else in the same process may still import the detectors.
-    """
-    if "requests" in sys.modules:
-        return sys.modules["requests"]
-    blocked = [name for name in _CHARSET_DETECTORS if name not in sys.modules]
-    for name in blocked:
-        sys.modules[name] = None  # type: ignore[assignment]
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Unable to find acceptable character detection")
-            import requests as module
-    finally:
-        for name in blocked:
-            if name in sys.modules and sys.modules[name] is None:
-                del sys.modules[name]
-    return module
-
-
-requests = _import_requests()
-
-import pykube  # noqa: E402  (after requests, so that pykube's import of it is the one above)
+__all__ = ["ApiConnection", "ApiError", "ClientConfigError", "KubeClient"]
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +75,8 @@ REQUEST_TIMEOUT = 10.0
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 #: Longest API error text kept in a log line.
 _MAX_ERROR_TEXT = 500
-
-
-class ClientConfigError(ValueError):
-    """No usable way to the API server; the message names the flag to fix."""
+#: Most connections kept open between requests (the agent makes a few at a time at most).
+MAX_IDLE = 2
 
 
 class ApiError(Exception):
@@ -115,34 +88,31 @@ class ApiError(Exception):
         self.message = message
 
 
-def _in_cluster_config(sa_dir: Path, env: Mapping[str, str]) -> tuple[Any, TokenFile]:
-    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port:
-        raise ClientConfigError(
-            "--kubeconfig not given and KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set "
-            "(not in a pod?): pass --kubeconfig FILE"
+@dataclass
+class Response:
+    """An answer of the API server: its status and its body."""
+
+    status: int
+    reason: str
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    """http.client's HTTPS connection, checking the certificate against `server_hostname` when
+    the kubeconfig names one (`tls-server-name`) rather than the URL's host."""
+
+    def __init__(self, host: str, port: int, *, context: Any, server_hostname: str | None, timeout: float):
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._server_hostname = server_hostname
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(  # type: ignore[attr-defined]
+            self.sock, server_hostname=self._server_hostname or self.host
         )
-    token, ca = sa_dir / "token", sa_dir / "ca.crt"
-    for path in (token, ca):
-        if not path.is_file():
-            raise ClientConfigError(
-                f"--kubeconfig not given and {path} is missing (no service-account token mounted?): "
-                "pass --kubeconfig FILE"
-            )
-    server_host = f"[{host}]" if ":" in host else host
-    doc = {
-        "clusters": [
-            {
-                "name": "self",
-                "cluster": {"server": f"https://{server_host}:{port}", "certificate-authority": str(ca)},
-            }
-        ],
-        # No token here: each request carries the token as it is now (see TokenFile).
-        "users": [{"name": "self", "user": {}}],
-        "contexts": [{"name": "self", "context": {"cluster": "self", "user": "self"}}],
-        "current-context": "self",
-    }
-    return pykube.KubeConfig(doc), TokenFile(token)
 
 
 class ApiConnection:
@@ -153,61 +123,130 @@ class ApiConnection:
 
     def __init__(
         self,
-        kubeconfig: Path | None,
+        kubeconfig_path: Path | None,
         *,
         timeout: float = REQUEST_TIMEOUT,
         service_account_dir: Path = Path(SERVICE_ACCOUNT_DIR),
         env: Mapping[str, str] | None = None,
     ) -> None:
         """Raises ClientConfigError, naming --kubeconfig, when the config cannot be used."""
-        self._token: TokenFile | None = None
-        try:
-            if kubeconfig is not None:
-                config = pykube.KubeConfig.from_file(str(kubeconfig))
-                where = f"--kubeconfig {kubeconfig}"
-            else:
-                config, self._token = _in_cluster_config(
-                    service_account_dir, os.environ if env is None else env
-                )
-                where = "the in-cluster service account"
-            # Resolve the current context now (file references, embedded certificates), so a
-            # broken config fails the start, not the first write.
-            _ = config.cluster, config.user
-            self._http = pykube.HTTPClient(config, timeout=timeout)
-        except ClientConfigError:
-            raise
-        except Exception as e:
-            raise ClientConfigError(f"--kubeconfig {kubeconfig}: cannot use it: {e}") from None
-        self._http.session.headers["User-Agent"] = f"{FIELD_MANAGER} (pykube-ng)"
-        self._config = config
-        self.server = self._http.url
-        log.info("Talking to the API server %s (credentials: %s)", self.server, where)
+        if kubeconfig_path is not None:
+            server = kubeconfig.load(kubeconfig_path)
+        else:
+            server = kubeconfig.in_cluster(service_account_dir, os.environ if env is None else env)
+        url = urlsplit(server.url)
+        if not url.hostname:
+            raise ClientConfigError(f"{server.source}: cannot use it: server {server.url!r} names no host")
+        self._server = server
+        self._timeout = timeout
+        self._host = url.hostname
+        self._port = url.port or (443 if url.scheme == "https" else 80)
+        self._prefix = url.path.rstrip("/")
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        #: connections opened so far (a kept one is reused)
+        self.connects = 0
+        self.server = server.url
+        log.info("Talking to the API server %s (credentials: %s)", self.server, server.source)
 
     def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
-        if self._token is not None:
-            try:
-                headers["Authorization"] = f"Bearer {self._token.read()}"
-            except OSError as e:
-                raise ApiError(0, f"cannot read the service-account token {self._token.path}: {e}") from None
+        try:
+            headers.update(self._server.authorization())
+        except OSError as e:
+            path = self._server.token_file.path if self._server.token_file else "?"
+            raise ApiError(0, f"cannot read the token {path} ({self._server.source}): {e}") from None
         return headers
 
-    def _send(self, method: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, **kwargs)
-        except requests.RequestException as e:
-            raise ApiError(0, f"cannot reach the API server {self.server}: {e}") from None
-        if response.status_code >= 400:
-            raise ApiError(response.status_code, _error_text(response))
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        self.connects += 1
+        if self._server.ssl_context is None:
+            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        return _HTTPSConnection(
+            self._host,
+            self._port,
+            context=self._server.ssl_context,
+            server_hostname=self._server.server_hostname,
+            timeout=timeout,
+        )
+
+    def _path(self, version: str, url: str, namespace: str | None, params: Mapping[str, str] | None) -> str:
+        root = "/api/v1" if version == "v1" else f"/apis/{version}"
+        scope = f"/namespaces/{namespace}" if namespace is not None else ""
+        path = quote(f"{self._prefix}{root}{scope}/{url}", safe="/")
+        return f"{path}?{urlencode(params)}" if params else path
+
+    def _send(
+        self,
+        method: str,
+        *,
+        version: str,
+        url: str,
+        namespace: str | None = None,
+        params: Mapping[str, str] | None = None,
+        data: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Response:
+        """One request on a kept connection (or a new one); ApiError when refused or unanswered."""
+        target = self._path(version, url, namespace, params)
+        all_headers = {
+            "User-Agent": FIELD_MANAGER,
+            "Accept": "application/json",
+            **self._headers(),
+            **(headers or {}),
+        }
+        body = data.encode() if data is not None else None
+        seconds = self._timeout if timeout is None else timeout
+        for attempt in (1, 2):
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            reused = conn is not None
+            if conn is None:
+                conn = self._connection(seconds)
+            elif conn.sock is not None:
+                conn.sock.settimeout(seconds)
+            try:
+                conn.request(method, target, body=body, headers=all_headers)
+                answer = conn.getresponse()
+                response = Response(answer.status, answer.reason, answer.read())
+            except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as e:
+                conn.close()
+                if reused and attempt == 1:
+                    continue  # a kept connection the server closed meanwhile
+                raise ApiError(0, f"cannot reach the API server {self.server}: {e}") from None
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                raise ApiError(0, f"cannot reach the API server {self.server}: {e}") from None
+            except BaseException:
+                conn.close()
+                raise
+            if answer.will_close:
+                conn.close()
+            else:
+                with self._lock:
+                    if len(self._idle) < MAX_IDLE:
+                        self._idle.append(conn)
+                        conn = None
+                if conn is not None:
+                    conn.close()
+            break
+        if response.status >= 400:
+            raise ApiError(response.status, _error_text(response))
         return response
+
+    def close(self) -> None:
+        """Close the kept connections (a later request opens a new one)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def get_object(
         self, version: str, plural: str, name: str, namespace: str | None = None
     ) -> dict[str, Any]:
         """GET one object (ApiError 404 when it does not exist)."""
-        kwargs: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
-        url = f"{plural}/{name}"
-        response = self._send("GET", version=version, url=url, headers=self._headers(), **kwargs)
+        response = self._send("GET", version=version, url=f"{plural}/{name}", namespace=namespace)
         body: dict[str, Any] = response.json()
         return body
 
@@ -224,65 +263,61 @@ class ApiConnection:
         """WATCH one object by name (a `metadata.name` field selector, which RBAC's resourceNames
         can narrow to that object): (type, object) per event until the server ends the watch
         (`timeoutSeconds`) or fails; ApiError on an HTTP error, an ERROR event (410 Gone: list
-        again) is yielded as is. Blocking: run it in a thread."""
-        kwargs: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
-        response = self._send(
-            "GET",
-            version=version,
-            url=plural,
-            params={
+        again) is yielded as is. Blocking: run it in a thread. A connection of its own, closed
+        at the end (never kept: it is busy for the whole watch)."""
+        target = self._path(
+            version,
+            plural,
+            namespace,
+            {
                 "watch": "1",
                 "fieldSelector": f"metadata.name={name}",
                 "resourceVersion": resource_version,
                 "timeoutSeconds": str(timeout_seconds),
                 "allowWatchBookmarks": "true",
             },
-            headers=self._headers(),
-            stream=True,
-            timeout=(10, timeout_seconds + 30),
-            **kwargs,
         )
+        headers = {"User-Agent": FIELD_MANAGER, "Accept": "application/json", **self._headers()}
+        conn = self._connection(REQUEST_TIMEOUT)
         try:
-            for line in response.iter_lines():
-                if line:
+            try:
+                conn.connect()
+                assert conn.sock is not None
+                # The server ends the watch after timeoutSeconds; silence much longer is a lost peer.
+                conn.sock.settimeout(timeout_seconds + 30)
+                conn.request("GET", target, headers=headers)
+                answer = conn.getresponse()
+                if answer.status >= 400:
+                    raise ApiError(
+                        answer.status, _error_text(Response(answer.status, answer.reason, answer.read()))
+                    )
+            except (OSError, http.client.HTTPException) as e:
+                raise ApiError(0, f"cannot reach the API server {self.server}: {e}") from None
+            while True:
+                try:
+                    line = answer.readline()
+                except (OSError, http.client.HTTPException) as e:
+                    raise ApiError(0, f"the watch of {plural}/{name} broke: {e}") from None
+                if not line:
+                    return
+                if line.strip():
                     event = json.loads(line)
                     yield str(event.get("type")), dict(event.get("object") or {})
         finally:
-            response.close()
+            conn.close()
 
-    def getter(self) -> AsyncGetter | None:
-        """A GET on the event loop with this client's server and credentials (`apiget.py`), or
-        None where the config needs more than apiget does (exec plugins, auth providers, basic
-        auth, `PYKUBE_SSL_CERTIFICATE_AUTHORITY`): those keep the thread path. Call it on the loop
-        that will use it."""
-        cluster, user = self._config.cluster, self._config.user
-        if set(user) - {"token", "client-certificate", "client-key"} or (
-            "PYKUBE_SSL_CERTIFICATE_AUTHORITY" in os.environ
-        ):
-            return None
-        context: ssl.SSLContext | None = None
-        if str(cluster["server"]).startswith("https:"):
-            if "certificate-authority" in cluster:
-                context = ssl.create_default_context(cafile=cluster["certificate-authority"].filename())
-            elif cluster.get("insecure-skip-tls-verify"):
-                context = ssl.create_default_context()
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            else:
-                context = ssl.create_default_context()
-            if "client-certificate" in user:
-                context.load_cert_chain(user["client-certificate"].filename(), user["client-key"].filename())
-            context.set_alpn_protocols(["http/1.1"])
-        static = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
+    def getter(self) -> AsyncGetter:
+        """A GET on the event loop with this client's server and credentials (`apiget.py`). Call it
+        on the loop that will use it."""
 
         def headers() -> Mapping[str, str]:
-            return self._headers() if self._token is not None else static
+            return self._headers()
 
         return AsyncGetter(
-            str(cluster["server"]),
-            ssl_context=context,
+            self._server.url,
+            ssl_context=self._server.ssl_context,
             headers=headers,
-            server_hostname=cluster.get("tls-server-name"),
+            server_hostname=self._server.server_hostname,
             user_agent=f"{FIELD_MANAGER} (apiget)",
         )
 
@@ -301,7 +336,7 @@ class KubeClient(ApiConnection):
             url=f"{REPORT_PLURAL}/{meta['name']}",
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
             data=json.dumps(report, separators=(",", ":")),
-            headers=self._headers({"Content-Type": APPLY_CONTENT_TYPE}),
+            headers={"Content-Type": APPLY_CONTENT_TYPE},
         )
         return str((response.json().get("metadata") or {}).get("resourceVersion") or "")
 
@@ -329,7 +364,7 @@ class KubeClient(ApiConnection):
                 namespace=namespace,
                 url=f"{REPORT_PLURAL}/{name}",
                 data=json.dumps(body),
-                headers=self._headers({"Content-Type": "application/json"}),
+                headers={"Content-Type": "application/json"},
             )
         except ApiError as e:
             if e.status != 404:
@@ -337,7 +372,7 @@ class KubeClient(ApiConnection):
 
     def node_uid(self, node_name: str) -> str:
         """The Node's UID: from the token's claims when it is pod-bound to that node, else GET."""
-        if self._token is not None:
+        if self._server.token_file is not None:
             token = self._headers()["Authorization"].removeprefix("Bearer ")
             try:
                 named = node_identity(jwt_claims(token))
@@ -358,9 +393,7 @@ class KubeClient(ApiConnection):
 
     def _node(self, node_name: str) -> dict[str, Any]:
         """GET the Node (its uid, labels, kubelet version); ApiError on failure."""
-        body: dict[str, Any] = self._send(
-            "GET", version="v1", url=f"nodes/{node_name}", headers=self._headers()
-        ).json()
+        body: dict[str, Any] = self._send("GET", version="v1", url=f"nodes/{node_name}").json()
         return body
 
     def kubelet_version(self, node_name: str) -> str:
@@ -393,7 +426,6 @@ class KubeClient(ApiConnection):
             version=DRA_GROUP_VERSION,
             namespace=namespace,
             url=f"resourceclaims/{name}",
-            headers=self._headers(),
             **kwargs,
         )
         body: dict[str, Any] = response.json()
@@ -410,7 +442,7 @@ class KubeClient(ApiConnection):
             url=f"resourceclaims/{meta['name']}/status",
             params={"fieldManager": field_manager, "force": "true"},
             data=json.dumps(doc, separators=(",", ":")),
-            headers=self._headers({"Content-Type": APPLY_CONTENT_TYPE}),
+            headers={"Content-Type": APPLY_CONTENT_TYPE},
         )
 
     def apply_slice(self, doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -422,7 +454,7 @@ class KubeClient(ApiConnection):
             url=f"resourceslices/{doc['metadata']['name']}",
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
             data=json.dumps(doc, separators=(",", ":")),
-            headers=self._headers({"Content-Type": APPLY_CONTENT_TYPE}),
+            headers={"Content-Type": APPLY_CONTENT_TYPE},
         )
         body: dict[str, Any] = response.json()
         return body
@@ -436,7 +468,7 @@ class KubeClient(ApiConnection):
             url="resourceslices",
             params={"dryRun": "All", "fieldManager": FIELD_MANAGER},
             data=json.dumps(doc, separators=(",", ":")),
-            headers=self._headers({"Content-Type": "application/json"}),
+            headers={"Content-Type": "application/json"},
         )
         body: dict[str, Any] = response.json()
         return body
@@ -452,7 +484,6 @@ class KubeClient(ApiConnection):
             url="pods",
             namespace=namespace,
             params={"labelSelector": selector, "fieldSelector": f"spec.nodeName={node_name}"},
-            headers=self._headers(),
             timeout=timeout,
         )
         items: list[dict[str, Any]] = response.json().get("items") or []
@@ -466,7 +497,6 @@ class KubeClient(ApiConnection):
             version=DRA_GROUP_VERSION,
             url="resourceslices",
             params={"fieldSelector": f"spec.driver={driver},spec.nodeName={node_name}"},
-            headers=self._headers(),
         )
         items = response.json().get("items") or []
         return sorted(str((i.get("metadata") or {}).get("name")) for i in items)
@@ -474,23 +504,20 @@ class KubeClient(ApiConnection):
     def delete_slice(self, name: str) -> None:
         """DELETE a ResourceSlice; one that is gone already is fine. ApiError otherwise."""
         try:
-            self._send(
-                "DELETE", version=DRA_GROUP_VERSION, url=f"resourceslices/{name}", headers=self._headers()
-            )
+            self._send("DELETE", version=DRA_GROUP_VERSION, url=f"resourceslices/{name}")
         except ApiError as e:
             if e.status != 404:
                 raise
 
 
-def _error_text(response: Any) -> str:
-    """The API server's message (a Status object's `message`), else the body's start."""
+def _error_text(response: Response) -> str:
+    """The API server's message (a Status object's `message`), else the body's start (as UTF-8,
+    whatever the content type says: what API servers and the proxies before them send)."""
     try:
         body = response.json()
     except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return str(body["message"])[:_MAX_ERROR_TEXT]
-    # The bytes as UTF-8, not `response.text`: requests reads text/* without a charset as
-    # ISO-8859-1 (and would otherwise ask a detector), which garbles what API servers send.
-    text = (response.content.decode("utf-8", "replace") or response.reason or "").strip()
-    return text[:_MAX_ERROR_TEXT] or f"HTTP {response.status_code}"
+    text = (response.body.decode("utf-8", "replace") or response.reason or "").strip()
+    return text[:_MAX_ERROR_TEXT] or f"HTTP {response.status}"

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     options = AgentOptions(**values.section("agent"), report=report, dra=dra)
     client = None
     if report is not None or options.dra is not None:
-        # Only now: pykube (and requests) stay out of an agent without reports.
+        # Only now: the API client (http.client, kubeconfig reading) stays out of an agent without reports.
         from patchbay_agent.kubeclient import ClientConfigError, KubeClient
 
         try:

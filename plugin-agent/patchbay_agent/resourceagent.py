@@ -19,7 +19,7 @@ written; then the front-end serves and registers (`FrontEnd.start`).
 
 With a profile (`ReportOptions`, `--profile`), the agent also publishes a DeviceReport: the
 reporter (`report/reporter.py`) subscribes to the inventory's snapshots and to the PodResources
-reader (`core/holders.py`), and writes through pykube (`kubeclient.py`, imported only then) when
+reader (`core/holders.py`), and writes through the API client (`kubeclient.py`, imported only then) when
 the report changed.
 
 A changed profile is applied IN PLACE when the kubelet need not hear of it
@@ -127,8 +127,8 @@ def pod_holders(
     config: AgentConfig, options: AgentOptions, report: ReportOptions, inventory: Inventory, metrics: Metrics
 ) -> PodHolders:
     """The PodResources reader of an agent with reports: who holds which of our devices."""
-    # Imported only here: an agent without reports pays nothing for them (pykube and requests
-    # are about 9 MiB; the PodResources stubs and the report code about 0.4 MiB).
+    # Imported only here: an agent without reports pays nothing for them (the PodResources stubs
+    # and the report code about 0.4 MiB).
     from patchbay_agent.core.holders import PodHolders
 
     held = None
@@ -149,7 +149,7 @@ class ResourceAgent:
     def __init__(self, config: AgentConfig, options: AgentOptions, client: AgentClient | None = None) -> None:
         """`client`: the API client (`kubeclient.KubeClient` or a test's): writes the DeviceReport
         when `options.report` is set, reads claims and writes ResourceSlices when `options.dra`
-        is, and tells a device plugin its kubelet's version. None: pykube from the options'
+        is, and tells a device plugin its kubelet's version. None: `KubeClient` from the options'
         kubeconfig when reports or DRA need one (imported only then); raises
         kubeclient.ClientConfigError."""
         self.config = config

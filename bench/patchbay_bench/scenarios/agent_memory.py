@@ -5,11 +5,10 @@ Every process measured here runs in an environment made like the agent image's: 
 with exactly the agent's dependency closure (``patchbay-agent``'s requirements, resolved from the
 installed distributions, each file linked in) and the agent's package from this tree, compiled
 ahead and run with the image's interpreter settings (``-OO`` bytecode, no column tables,
-``MALLOC_ARENA_MAX=2``). The
-dev virtualenv holds more than the image (every program's dependencies, editable installs), and
-pykube imports google.auth and requests_oauthlib when they are there: the dev venv's agent is a
-side of its own, so what that costs is a measured figure too. RSS and PSS are read by this process
-from ``/proc/<pid>/smaps_rollup`` of the child; each round is a fresh child.
+``MALLOC_ARENA_MAX=2``). The dev virtualenv holds more than the image (every program's
+dependencies, editable installs): the dev venv's agent is a side of its own, so what that costs is
+a measured figure too. RSS and PSS are read by this process from ``/proc/<pid>/smaps_rollup`` of
+the child; each round is a fresh child.
 
 1. Imports: a child that imports ``STEPS`` one after the other when told, RSS/PSS read after each:
    the bare interpreter, then each step, cumulative and the step's own share. The steps are the
@@ -89,11 +88,10 @@ STEPS: tuple[Step, ...] = (
         "the agent's API helpers (apiget, satoken)",
         ("patchbay_agent.apiget", "patchbay_agent.satoken"),
     ),
-    Step("urllib3", "urllib3 (with http.client, email)", ("urllib3",)),
-    Step("idna", "idna, certifi", ("idna", "certifi")),
+    Step("http_client", "http.client (with email's parser)", ("http.client",)),
     Step(
-        "pykube",
-        "requests (no charset detector) + pykube-ng: patchbay_agent.kubeclient",
+        "kubeclient",
+        "the agent's API client and kubeconfig reader: patchbay_agent.kubeclient",
         ("patchbay_agent.kubeclient",),
     ),
     Step(
@@ -478,7 +476,7 @@ def run(r: Run) -> None:
                 "dev venv (.venv, as node_memory runs it)": rss[f"{top}, dev venv"],
             },
             headline=True,
-            note="the dev venv adds google.auth, requests_oauthlib, grpc_tools and editable finders",
+            note="the dev venv adds grpc_tools and editable finders",
         )
         r.note("medians, MiB RSS: " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in rss.items()))
     finally:

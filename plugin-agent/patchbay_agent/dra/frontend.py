@@ -66,14 +66,12 @@ def _free_instance(registry_dir: Path, services: Path, driver: str) -> str:
 
 def claim_read(client: DraClient) -> AsyncClaimRead | None:
     """Prepare's claim GET on the event loop where the client can give one (`apiget.py`: the
-    real client with credentials apiget handles); else None, the thread path."""
+    agent's real client); else None (a test's client), the thread path."""
     from patchbay_agent.kubeclient import KubeClient
 
     if not isinstance(client, KubeClient):
         return None
     real, getter = client, client.getter()
-    if getter is None:
-        return None
     log.info("Claims are read on the event loop (keep-alive connections to %s)", getter.server)
 
     async def read(namespace: str, name: str, seconds: float) -> dict[str, Any]:

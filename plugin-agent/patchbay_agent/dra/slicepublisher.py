@@ -7,7 +7,7 @@ with the last ones written. Equal: nothing is written.
 Different: every slice of the pool is applied (server-side apply, field manager patchbay-agent)
 with a new generation, milliseconds since the epoch at the time of the change (at least the last
 one + 1), so it grows across agent restarts too, and slices the pool no longer has (fewer chunks)
-are deleted. Writes run off the event loop (pykube is synchronous); a failed write is retried
+are deleted. Writes run off the event loop (the client is synchronous); a failed write is retried
 with the agent's backoff rhythm, and changes that arrive meanwhile go into that retry.
 
 Which slices of the driver exist on the node is LISTed (field selectors spec.driver and

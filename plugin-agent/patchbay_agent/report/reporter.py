@@ -7,10 +7,10 @@ report (`devicereport.build_report`) and compares it, without `observedAt`, with
 written: an equal one is not written (`patchbay_agent_report_unchanged_total`). So a health flip
 costs exactly one write and a quiet node costs none, however often it is looked at.
 
-A write is one server-side apply (`kubeclient.KubeClient.apply`), run off the event loop: pykube
-is synchronous, and Allocate and ListAndWatch share the loop. A failed write (the admission
-policy's 403, a 404 while the CRD is not installed, an API server that does not answer) is logged
-with the API server's message and retried with the agent's one backoff rhythm
+A write is one server-side apply (`kubeclient.KubeClient.apply`), run off the event loop: the
+client is synchronous (http.client), and Allocate and ListAndWatch share the loop. A failed write
+(the admission policy's 403, a 404 while the CRD is not installed, an API server that does not
+answer) is logged with the API server's message and retried with the agent's one backoff rhythm
 (`registration.Backoff`); changes that arrive meanwhile go into that retry. Nothing here raises
 into the agent.
 

@@ -99,10 +99,14 @@ def test_operator_runs_as_non_root() -> None:
 def test_the_agent_image_gets_no_operator_side_dependency() -> None:
     """The closure pinned into the agent image (from the installed metadata, transitively)."""
     agent = {p.split("==")[0] for p in pinned_closure("patchbay-agent")}
-    assert {"grpcio", "protobuf", "pykube-ng", "pyyaml", "inotify-simple"} <= agent
+    assert {"grpcio", "protobuf", "pyyaml", "inotify-simple"} <= agent
     assert not agent & {
         "kopf",
         "kubernetes",
+        # no client library: the agent's own client on http.client (docs/facts.md#client-memory)
+        "pykube-ng",
+        "requests",
+        "urllib3",
         "cryptography",
         "jinja2",
         "patchbay-operator",
