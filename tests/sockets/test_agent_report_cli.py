@@ -1,5 +1,5 @@
 """The DeviceReport's flags on `patchbay-agent` as a process: every one in --help, errors that name
-the flag (exit 2, no traceback), and an agent without --profile that never loads pykube."""
+the flag (exit 2, no traceback), and an agent without --profile that never loads the API client."""
 
 from __future__ import annotations
 
@@ -99,9 +99,9 @@ def test_no_way_to_the_api_server_exits_2_naming_kubeconfig(config: Path, short_
     assert "Traceback" not in outside.stderr
 
 
-def test_an_agent_without_profile_never_imports_pykube(short_dir: Path) -> None:
-    """Its modules and a constructed ResourceAgent: no pykube, requests or urllib3, nor the report's own
-    modules (their memory is the report's price)."""
+def test_an_agent_without_profile_never_imports_the_api_client(short_dir: Path) -> None:
+    """Its modules and a constructed ResourceAgent: not the API client (nor http.client under it),
+    nor the report's own modules (their memory is the report's price)."""
     code = f"""
 import sys
 from pathlib import Path
@@ -114,8 +114,8 @@ ResourceAgent(
     AgentOptions(node_name="n", plugin_dir=Path({str(short_dir)!r}), host_root=Path("/")),
 )
 print(sorted(m for m in (
-    "pykube", "requests", "urllib3", "kubernetes", "patchbay_agent.kubeclient", "patchbay_agent.core.holders",
-    "patchbay_agent.report.reporter",
+    "http.client", "kubernetes", "patchbay_agent.kubeclient", "patchbay_agent.kubeconfig",
+    "patchbay_agent.core.holders", "patchbay_agent.report.reporter",
 ) if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)

@@ -4,7 +4,7 @@ On SIGTERM an agent with --daemonset-selector lists the other pods of its Daemon
 and serves on until one of them is Ready. Here the pods are real Pod objects on a node name that
 no kubelet (and no kwok) runs, so nothing but this test sets their Ready condition (through the
 status subresource, as a kubelet would). Checked on the wait itself (`wait_for_successor` with the
-agent's own pykube client): no successor -> at once; a successor that turns Ready -> right after;
+agent's own client): no successor -> at once; a successor that turns Ready -> right after;
 one that never does -> at the bound; a pod being deleted, a pod of another DaemonSet and a pod of
 this one on another node are no successors; a successor deleted during the wait ends it. And on
 the real `patchbay-agent` process, served by the Python kubelet peer: after SIGTERM it still
