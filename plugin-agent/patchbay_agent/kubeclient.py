@@ -213,7 +213,10 @@ class ApiConnection:
             except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as e:
                 conn.close()
                 if reused and attempt == 1:
-                    continue  # a kept connection the server closed meanwhile
+                    # A kept connection the server closed meanwhile (its idle timeout): the
+                    # others kept as long are closed too; the request goes out on a new one.
+                    self.close()
+                    continue
                 raise ApiError(0, f"cannot reach the API server {self.server}: {e}") from None
             except (OSError, http.client.HTTPException) as e:
                 conn.close()

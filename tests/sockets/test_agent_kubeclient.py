@@ -14,6 +14,7 @@ import datetime as dt
 import http.server
 import json
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -259,6 +260,16 @@ def test_connections_are_kept_and_one_the_server_closed_meanwhile_is_replaced(tm
         client.apply(REPORT)
         assert (client.connects, api.connections) == (2, 2)
         assert [r["method"] for r in api.requests] == ["PATCH"] * 7
+        # Two kept connections, both gone meanwhile: one new connection, no error.
+        client.close()
+        for _ in range(2):
+            conn = client._connection(10)
+            conn.connect()
+            assert conn.sock is not None
+            conn.sock.shutdown(socket.SHUT_RDWR)
+            client._idle.append(conn)
+        client.apply(REPORT)
+        assert (client.connects, len(client._idle)) == (5, 1)
 
 
 def test_a_watch_yields_each_event_of_the_stream_until_the_server_ends_it(tmp_path: Path) -> None:
