@@ -71,18 +71,23 @@ def rows(record: dict[str, Any], everything: bool = False) -> list[str]:
     quiet = "quiet" if m.get("quiet") else "NOT quiet"
     when = f"{record['date'][:10]}, {m['cores']} cores, load {fmt(m['load_start'][0])} ({quiet})"
     dirty = "+changes" if record.get("dirty") else ""
+    nodes = (record.get("params") or {}).get("nodes")
     out = []
     for fig in record["figures"]:
         if not (fig.get("headline") or everything):
             continue
+        name = fig["name"]
+        # The size a scale figure was measured at, where its name does not say it already.
+        if isinstance(nodes, int) and not isinstance(nodes, bool) and str(nodes) not in name.replace(",", ""):
+            name = f"{name}, {nodes:,} nodes"
         if fig.get("missing"):
-            cells = [fig["name"], "not measured", fig["missing"], "-", "-"]
+            cells = [name, "not measured", fig["missing"], "-", "-"]
         else:
             sides, ratios = fig["sides"], fig["ratios"]
             ours = f"{sides[0]['name']}: {spread(_stats(sides[0]['stats']), fig['unit'])}"
             base = "; ".join(f"{s['name']}: {spread(_stats(s['stats']), fig['unit'])}" for s in sides[1:])
             ratio = "; ".join(ratio_spread(_stats(r["stats"])) for r in ratios) or "-"
-            cells = [fig["name"], ours, base or "-", ratio, str(fig["rounds"])]
+            cells = [name, ours, base or "-", ratio, str(fig["rounds"])]
         cells += [
             when,
             f"`{record['commit']}`{dirty}",

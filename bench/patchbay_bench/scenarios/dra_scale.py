@@ -297,6 +297,7 @@ def run(r: Run) -> None:
                 "DRA at scale: API writes to publish every node",
                 "writes",
                 {SIDES[k]: [x[2] for x in v] for k, v in results.items()},
+                headline=True,
                 note=note
                 + "; the API server's counters of the path's resources (not the operator's status writes)",
             )
@@ -338,7 +339,7 @@ def run(r: Run) -> None:
                             x[0] for x in got["kubectl get resourceslices -o json"]
                         ],
                     },
-                    headline=cmd.endswith("devices"),
+                    headline=True,
                     note=f"{n} nodes: {n} ResourceSlices and {2 * n} DeviceReports of {per} devices",
                 )
             assert op.proc is not None

@@ -175,7 +175,7 @@ def run(r: Run) -> None:
                         f"kubectl patchbay {label}": [x[k] for x in got[label]],
                         base: [x[k] for x in got[base]],
                     },
-                    headline=label in ("devices", "nodes") and k == 0,
+                    headline=(label in ("devices", "nodes") or label.startswith("why")) and k == 0,
                     note=note,
                 )
 

@@ -160,6 +160,7 @@ def decoder(r: Run, nodes: int) -> None:
         f"operator: the decoded Reports of {nodes} nodes, kept (tracemalloc: the decoder's share)",
         "MiB",
         {"the operator's Report": [ours * nodes / MIB]},
+        headline=True,
         note=f"decoded in {decode_s:.1f} s ({decode_s / nodes * 1000:.1f} ms each)",
     )
     profile = Profile.from_body(
@@ -234,6 +235,7 @@ def run(r: Run) -> None:
             "operator: start -> /healthz answers (its first LISTs done)",
             "s",
             {names[s]: [x["live"] for x in v] for s, v in got.items()},
+            headline=True,
             note="the chart's startup probe holds the liveness probe off for operator.startupSeconds (600)",
         )
     decoder(r, nodes)

@@ -105,6 +105,17 @@ def test_the_headline_rows_come_from_the_newest_full_record(tmp_path: Path) -> N
     assert len(saved["machine"]["load_start"]) == 3
 
 
+def test_a_scale_figure_says_the_size_it_was_measured_at(tmp_path: Path) -> None:
+    def measures(r: Run) -> None:
+        r.figure("apply", "s", {"operator": [1.0]}, headline=True)
+        r.figure("the reports of 5000 nodes", "MiB", {"operator": [2.0]}, headline=True)
+
+    sc = Scenario("scale", "x", measures, params={"nodes": Param(5000, 10)})
+    records.write(execute(sc, {"nodes": 5000}, quick=False), tmp_path)
+    names = [row.split(" | ")[0].removeprefix("| ") for row in records.table(tmp_path).splitlines()[2:]]
+    assert names == ["apply, 5,000 nodes", "the reports of 5000 nodes"]
+
+
 @pytest.mark.parametrize(("text", "value"), [("7", 7), ("true", True), ("0.5", 0.5), ("a,b", "a,b")])
 def test_parameters_parse_to_their_default_s_type(text: str, value: object) -> None:
     default = value if not isinstance(value, bool) else False
