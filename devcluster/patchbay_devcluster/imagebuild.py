@@ -208,16 +208,27 @@ def base_image() -> str:
 # --- step 2: what goes in ----------------------------------------------------------------------
 
 
-def pinned_closure(distribution: str, extras: Iterable[str] = ()) -> list[str]:
+def pinned_closure(
+    distribution: str, extras: Iterable[str] = (), requirements: Sequence[str] | None = None
+) -> list[str]:
     """``name==version`` for every distribution ``distribution`` needs, transitively, as installed
     in THIS interpreter's environment (the development virtualenv the tests run in).
 
+    ``requirements``: start from these (a checkout's declared dependencies) rather than from the
+    installed ``distribution``'s metadata: another release's checkout declares its own.
     Environment markers are evaluated for this interpreter, which matches the image's (CPython
     3.11 on Linux x86_64). A dependency that is not installed here is an error: the image would
     otherwise get a version nobody tested.
     """
     pins: dict[str, str] = {}
     todo: list[tuple[str, frozenset[str]]] = [(distribution, frozenset(extras))]
+    if requirements is not None:
+        roots = [Requirement(r) for r in requirements]
+        todo = [
+            (r.name, frozenset(r.extras))
+            for r in roots
+            if r.marker is None or r.marker.evaluate({"extra": ""})
+        ]
     seen: set[tuple[str, frozenset[str]]] = set()
     while todo:
         name, wanted = todo.pop()
@@ -311,11 +322,29 @@ def check_installed(repo: Path, program: Program) -> None:
         )
 
 
+def installed_from(repo: Path, program: Program) -> bool:
+    """Whether this virtualenv's ``program`` is the one in ``repo`` (its editable install), as
+    opposed to another checkout, such as the previous release the upgrade test builds."""
+    try:
+        raw = metadata.distribution(program.distribution).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return True  # check_installed says what to do
+    url = str(json.loads(raw or "{}").get("url", ""))
+    return url.removeprefix("file://") == str((repo / program.folder).resolve())
+
+
 def build_program(repo: Path, program: Program, base: str, *, force: bool = False) -> BuiltImage:
-    """One image, from the cache when its inputs did not change."""
+    """One image, from the cache when its inputs did not change. The dependencies are pinned to
+    this virtualenv's versions: for this checkout, its installed metadata (which must match its
+    pyproject.toml); for another (an older release), the dependencies ITS pyproject.toml
+    declares, which the virtualenv must hold too (the dev extras keep those the tree dropped)."""
     t0 = time.monotonic()
-    check_installed(repo, program)
-    pins = pinned_closure(program.distribution)
+    if installed_from(repo, program):
+        check_installed(repo, program)
+        pins = pinned_closure(program.distribution)
+    else:
+        declared = tomllib.loads((repo / program.folder / "pyproject.toml").read_text())
+        pins = pinned_closure(program.distribution, requirements=declared["project"]["dependencies"])
     digest = input_hash(repo, program, pins, base)
     ref = f"{program.repository}:{version_of(repo, program)}-{digest[:12]}"
     archive = cache_dir() / f"patchbay-{program.name}-{digest[:12]}.oci.tar"

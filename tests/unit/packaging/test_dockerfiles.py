@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from patchbay_devcluster.imagebuild import PROGRAMS, pinned_closure
+from patchbay_devcluster.imagebuild import PROGRAMS, installed_from, pinned_closure
 
 REPO = Path(__file__).resolve().parents[3]
 ALL_PROGRAMS = {
@@ -115,3 +115,15 @@ def test_the_agent_image_gets_no_operator_side_dependency() -> None:
     operator = {p.split("==")[0] for p in pinned_closure("patchbay-operator")}
     assert {"kopf", "kubernetes", "jinja2", "pyyaml"} <= operator
     assert not operator & {"grpcio", "cryptography", "patchbay-agent", "patchbay-devcluster"}
+
+
+def test_an_older_checkout_is_pinned_from_its_own_declared_dependencies(tmp_path: Path) -> None:
+    """The upgrade test builds release 0.1.0's images from a checkout of it. Its agent declared
+    pykube-ng, which this tree's agent no longer does: its image's pins come from ITS
+    pyproject.toml (at this virtualenv's versions), not from this tree's installed metadata."""
+    agent = next(p for p in PROGRAMS if p.name == "agent")
+    assert installed_from(REPO, agent)
+    assert not installed_from(tmp_path, agent)
+    old = {p.split("==")[0] for p in pinned_closure("patchbay-agent", requirements=["pykube-ng>=23.6,<24"])}
+    assert {"pykube-ng", "requests", "urllib3"} <= old
+    assert "pykube-ng" not in {p.split("==")[0] for p in pinned_closure("patchbay-agent")}
