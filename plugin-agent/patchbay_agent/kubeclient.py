@@ -149,14 +149,14 @@ class ApiConnection:
         self.server = server.url
         log.info("Talking to the API server %s (credentials: %s)", self.server, server.source)
 
-    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        headers = dict(extra or {})
+    def _headers(self) -> dict[str, str]:
+        """The credentials of a request now (a rotated token is read again); ApiError when the
+        token file cannot be read."""
         try:
-            headers.update(self._server.authorization())
+            return self._server.authorization()
         except OSError as e:
             path = self._server.token_file.path if self._server.token_file else "?"
             raise ApiError(0, f"cannot read the token {path} ({self._server.source}): {e}") from None
-        return headers
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         self.connects += 1
