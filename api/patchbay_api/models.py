@@ -1,9 +1,10 @@
 """The profile and the DeviceReport as Patchbay's programs read them: typed dictionaries.
 
 The objects come from the API server as JSON; these ``TypedDict``s name the fields the programs
-read, with their types, so a typo in a field's name is a type error rather than a silent ``None``.
-Every key is optional (``total=False``): the programs read leniently, and the API server has
-already refused what the schema does not allow. The CRDs in ``crds/`` are the truth: a unit test
+read, with their types, in one place that is checked: a program that annotates an object with
+them gets its values typed (``report["summary"]["healthy"]`` is an ``int``). Every key is optional
+(``total=False``): the programs read leniently, and the API server has already refused what the
+schema does not allow. The CRDs in ``crds/`` are the truth: a unit test
 walks every model here and fails on any field its schema does not have (and on an enum of
 ``constants`` that differs from the schema's).
 """
