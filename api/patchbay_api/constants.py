@@ -43,8 +43,11 @@ TAINT_PLUGIN_HELD = "patchbay.dev/held-by-device-plugin"
 ATTR_ID = "patchbay.dev/id"
 """The ResourceSlice device attribute holding the agent's device ID."""
 NODE_AGENT_PLUGINS_DIR = "patchbay_node-agent"
-"""The shared node agent's one directory under the kubelet's ``plugins/`` directory; the
-underscore makes it an invalid DNS subdomain, so it is never a DRA driver's own directory."""
+"""The shared node agent's one directory under the kubelet's ``plugins/`` directory: each DRA
+driver it serves gets a directory inside it (service sockets, ``calls.lock``, ``claim-<uid>.json``),
+so its pod mounts this directory alone, never the other CSI and DRA drivers' sockets beside it
+(docs/security.md#host-access). The underscore makes it an invalid DNS subdomain, so it is never
+a DRA driver's own ``plugins/<driver>`` directory."""
 DEFAULT_NODE_GROUP = "default"
 """The node group of a node no ``spec.nodeGroups`` entry matches (``spec.plugin`` alone): what
 ``status.nodeGroups`` and the agents' DeviceReports (``nodeGroup``) call it; the CRD reserves it."""

@@ -37,8 +37,9 @@ from patchbay_api.selectors import LabelSelector, Requirement, SelectorError, an
 #: The node config's key in the ConfigMap the operator renders.
 NODE_CONFIG_KEY = "node.yaml"
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-DEFAULT_NODE_GROUP = api.DEFAULT_NODE_GROUP
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+#: The node group of a node that no group selects (the entry's own `plugin`): the API's name.
+DEFAULT_NODE_GROUP = api.DEFAULT_NODE_GROUP
 
 
 class Mode(enum.StrEnum):
