@@ -10,6 +10,8 @@ arithmetic overflows (``1Ei`` in millis, ``9223372036854775808``), where this pa
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from patchbay_api.quantity import Quantity, QuantityError, parse_quantity, quantity_value
 
@@ -117,3 +119,23 @@ def test_values_are_exact_and_beyond_int64_clamped() -> None:
     assert parse_quantity("1e999999999").value() == 2**63 - 1
     assert parse_quantity("1e-999999999").value() == 1
     assert parse_quantity("1e-999999999") == Quantity(1, -9)
+
+
+@given(st.text(alphabet="0123456789.+-eEinumkKMGTP ", max_size=12))
+def test_any_text_is_a_quantity_or_a_quantity_error(text: str) -> None:
+    """Nothing but QuantityError escapes, whatever the text (a node's status is not ours), and
+    what parses has values in int64's range."""
+    try:
+        q = parse_quantity(text)
+    except QuantityError:
+        return
+    assert all(-(2**63) <= v < 2**63 for v in (q.value(), q.milli_value()))
+
+
+@given(
+    st.integers(min_value=0, max_value=2**40), st.sampled_from(["", "k", "M", "Ki", "Mi", "Gi", "e3", "m"])
+)
+def test_an_integer_with_a_suffix_is_that_integer_times_the_suffix(n: int, suffix: str) -> None:
+    factor = {"": 1, "k": 10**3, "M": 10**6, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "e3": 10**3}
+    want = -(-n // 1000) if suffix == "m" else min(n * factor[suffix], 2**63 - 1)
+    assert quantity_value(f"{n}{suffix}") == want
