@@ -23,7 +23,8 @@ export PATCHBAY_DEVCLUSTER_DIR := $(CLUSTER_DIR)
 export PATH := $(KUBE_BIN):$(abspath $(VENV))/bin:$(PATH)
 
 # The programs, each with its own pyproject.toml (its package and its dependencies).
-PROGRAMS    := operator plugin-agent devcluster kubectl-patchbay
+# api/ is the package of the API the others share (patchbay_api); installed first.
+PROGRAMS    := api operator plugin-agent devcluster kubectl-patchbay
 PYPROJECTS  := pyproject.toml $(addsuffix /pyproject.toml,$(PROGRAMS))
 
 # The virtualenv is reinstalled only when a pyproject.toml changes.
@@ -55,7 +56,7 @@ host-packages: ## Debian packages for the real node (runc, CNI plugins, busybox-
 venv: $(VENV_STAMP) ## Create .venv and install the package with its dev tools
 
 $(VENV_STAMP): $(PYPROJECTS)
-	@echo "==> Python virtualenv $(VENV): the three programs (editable) and the dev tools"
+	@echo "==> Python virtualenv $(VENV): the programs and their shared API package (editable) and the dev tools"
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
 	@$(PY) -m pip install --quiet --progress-bar off $(addprefix -e ./,$(PROGRAMS)) -e '.[dev]'

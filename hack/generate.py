@@ -26,7 +26,9 @@ VERSION_FILE = REPO / "VERSION"
 #: SemVer 2 without build metadata: X.Y.Z, or X.Y.Z-(alpha|beta|rc).N for a pre-release (the forms
 #: Helm, image tags and PEP 440 all accept; PEP 440 spells the pre-release X.Y.ZrcN).
 RELEASE_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)(?:-(alpha|beta|rc)\.(\d+))?")
-PROGRAM_PYPROJECTS = ("operator", "plugin-agent", "devcluster", "kubectl-patchbay")
+PROGRAM_PYPROJECTS = ("api", "operator", "plugin-agent", "devcluster", "kubectl-patchbay")
+#: The programs that depend on the API package (``patchbay-api==<release>``, pinned like the rest).
+API_USERS = ("operator", "plugin-agent", "kubectl-patchbay")
 
 
 def release_version() -> tuple[str, str]:
@@ -55,8 +57,9 @@ def _rewrite(rel: str, edits: list[tuple[str, str]]) -> tuple[str, bytes]:
 def versions() -> Generated:
     """Every place the release version is written, from the VERSION file (the only place it is
     edited): the chart's version and appVersion, the agent image the chart and the operator
-    default to, the four Python packages and the top-level pins, the krew manifest. Image tags
-    follow: ``<version>-<content hash>`` (imagebuild reads the programs' pyproject.toml)."""
+    default to, the Python packages (the four programs, the API package and their pins of it)
+    and the top-level pins, the krew manifest. Image tags follow: ``<version>-<content hash>``
+    (imagebuild reads the programs' pyproject.toml)."""
     if not VERSION_FILE.exists():
         return {}
     semver, pep440 = release_version()
@@ -70,7 +73,11 @@ def versions() -> Generated:
             ],
         ),
         *(
-            (f"{folder}/pyproject.toml", [(r'^version = ".*"$', f'version = "{pep440}"')])
+            (
+                f"{folder}/pyproject.toml",
+                [(r'^version = ".*"$', f'version = "{pep440}"')]
+                + ([(r'"patchbay-api==[^"]*"', f'"patchbay-api=={pep440}"')] if folder in API_USERS else []),
+            )
             for folder in PROGRAM_PYPROJECTS
         ),
         (

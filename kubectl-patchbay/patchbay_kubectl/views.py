@@ -24,17 +24,22 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from patchbay_api import constants as api
+from patchbay_api.agentpods import AgentPod, Warning, explain
+from patchbay_api.constants import AGENT_NAME, LABEL_NAME, LABEL_SHARED_AGENT, SHARED_AGENT_VALUE
+from patchbay_api.quantity import QuantityError, quantity_value
+from patchbay_api.selectors import label_selector_matches
+
 Obj = dict[str, Any]
 
-LABEL_PROFILE = "patchbay.dev/profile"
-AGENT_SELECTOR = "app.kubernetes.io/name=patchbay-agent"
+ATTR_ID = api.ATTR_ID
+DRA_DRIVER_SUFFIX = api.DRA_DRIVER_SUFFIX
+LABEL_PROFILE = api.LABEL_PROFILE
+TAINT_DOMAIN = api.TAINT_DOMAIN
+TAINT_PLUGIN_HELD = api.TAINT_PLUGIN_HELD
+AGENT_SELECTOR = f"{LABEL_NAME}={AGENT_NAME}"
 #: The shared node agent's pods (profiles without an agent section of their own).
-SHARED_AGENT_SELECTOR = f"{AGENT_SELECTOR},patchbay.dev/agent=shared"
-DRA_DRIVER_SUFFIX = ".patchbay.dev"
-TAINT_DOMAIN = "patchbay.dev/"
-#: The taint of a device a pod still holds through the device plugin: not a fault.
-TAINT_PLUGIN_HELD = "patchbay.dev/held-by-device-plugin"
-ATTR_ID = "patchbay.dev/id"
+SHARED_AGENT_SELECTOR = f"{AGENT_SELECTOR},{LABEL_SHARED_AGENT}={SHARED_AGENT_VALUE}"
 STATIC, DEVICE_PLUGIN, DRA = "Static", "DevicePlugin", "DRA"
 
 
@@ -83,24 +88,9 @@ def utcnow() -> datetime:
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """A LabelSelector (matchLabels and matchExpressions, all must hold) against a node's labels.
-    Absent or empty selects every node, as the profile's ``spec.nodeSelector`` says."""
-    if not selector:
-        return True
-    for k, v in (selector.get("matchLabels") or {}).items():
-        if labels.get(k) != v:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr.get("key", ""), expr.get("operator"), expr.get("values") or []
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
+    """A profile's (or node group's) LabelSelector against a node's labels, by the API package's
+    one evaluator; absent selects every node, as the profile's ``spec.nodeSelector`` says."""
+    return label_selector_matches(selector or {}, labels)
 
 
 def spec(profile: Obj) -> Obj:
@@ -147,12 +137,13 @@ def static_desired(profile: Obj, labels: Mapping[str, str]) -> int | None:
 
 
 def quantity(value: Any) -> int | None:
-    """An extended resource's quantity (a plain integer for these); None when absent or odd."""
+    """An extended resource's quantity as the scheduler counts it (``2k``, ``1e3`` and ``1Ki``
+    too, by the API package's parser); None when absent or not a quantity."""
     if value is None:
         return None
     try:
-        return int(str(value))
-    except ValueError:
+        return quantity_value(str(value))
+    except QuantityError:
         return None
 
 
@@ -550,25 +541,21 @@ HINTS: dict[str, str] = {
 
 
 def pod_trouble(pod: Obj, events: Sequence[Obj]) -> Obj | None:
-    """Why an agent pod does not work, in the kubelet's and scheduler's words; None when it is
-    Ready. ``events`` are the pod's Warning events, newest last."""
-    if pod_ready(pod):
+    """Why an agent pod does not work, in the words the operator's status uses (the API package's
+    ``explain``: the kubelet's and scheduler's reasons), with its last exit and latest events;
+    None when it works. ``events`` are the pod's Warning events, newest last."""
+    agent = AgentPod.from_object(pod)
+    found = explain(agent, Warning.from_object(events[-1]) if events else None)
+    if found is None:
         return None
-    st = pod.get("status") or {}
     out: Obj = {
-        "pod": name_of(pod),
-        "node": str((pod.get("spec") or {}).get("nodeName") or ""),
-        "phase": str(st.get("phase", "")),
-        "reason": "",
-        "message": "",
+        "pod": agent.name,
+        "node": agent.node,
+        "phase": agent.phase,
+        "reason": str(found.reason),
+        "message": found.message,
     }
-    sched = condition(pod, "PodScheduled")
-    if sched and sched.get("status") == "False":
-        out["reason"], out["message"] = sched.get("reason", "Unschedulable"), sched.get("message", "")
-    for cs in st.get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason"):
-            out["reason"], out["message"] = waiting["reason"], waiting.get("message", "")
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         last = (cs.get("lastState") or {}).get("terminated") or {}
         if last:
             out["lastExit"] = {
@@ -576,11 +563,6 @@ def pod_trouble(pod: Obj, events: Sequence[Obj]) -> Obj | None:
                 "reason": last.get("reason", ""),
                 "message": (last.get("message") or "").strip(),
             }
-        if not out["reason"] and not cs.get("ready"):
-            out["reason"] = "AgentNotReady"
-            out["message"] = "running but not Ready: not registered with the kubelet"
-    if not out["reason"]:
-        out["reason"] = st.get("reason") or "AgentStarting"
     out["events"] = [
         {"reason": e.get("reason", ""), "message": e.get("message", ""), "count": e.get("count", 1)}
         for e in events[-3:]
