@@ -59,9 +59,9 @@ def test_a_check_that_calls_a_stalled_profile_healthy_is_caught(gitopshealth: Pa
     stalled = [
         (e, v, obj)
         for (e, obj), v in zip(recorded, verdicts, strict=True)
-        if (conditions(obj).get("Stalled") or {}).get("status") == "True"
+        if e["status"] == "Degraded" and (conditions(obj).get("Stalled") or {}).get("status") == "True"
     ]
-    assert stalled, "the recorded cases hold no Stalled profile"
+    assert stalled, "the recorded cases hold no profile Degraded for being Stalled"
     for expected, verdict, obj in stalled:
         assert verdict.argocd[0] != expected["status"]
         assert agrees(obj, verdict) is not None

@@ -27,6 +27,7 @@ from kubernetes import watch
 from support.clusters import Cluster, kstatus
 from support.gitopshealth import Verdict, agrees, build, conditions, evaluate
 from support.realnode import DEVICES, Installed, add_fake_device, wait_for
+from urllib3.exceptions import ProtocolError
 
 GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "devicepluginprofiles"
 
@@ -40,28 +41,40 @@ class Recorder:
         self.phase = "created"
         self._watch = watch.Watch()
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        stream = self._watch.stream(
-            self.cluster.custom.list_cluster_custom_object,
-            GROUP,
-            VERSION,
-            PLURAL,
-            field_selector=f"metadata.name={self.name}",
-            timeout_seconds=600,
-        )
-        for event in stream:
-            if event["type"] in ("ADDED", "MODIFIED"):
-                with self._lock:
-                    self.versions.append((self.phase, copy.deepcopy(event["object"])))
+        """Watch from where the last watch ended (the API server may end one at any time), so no
+        version is missed; stop() ends it."""
+        since = ""
+        while not self._stopping.is_set():
+            try:
+                stream = self._watch.stream(
+                    self.cluster.custom.list_cluster_custom_object,
+                    GROUP,
+                    VERSION,
+                    PLURAL,
+                    field_selector=f"metadata.name={self.name}",
+                    resource_version=since,
+                    timeout_seconds=600,
+                )
+                for event in stream:
+                    obj = event["object"]
+                    since = obj["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        with self._lock:
+                            self.versions.append((self.phase, copy.deepcopy(obj)))
+            except ProtocolError:
+                continue  # the connection ended: watch again from `since`
 
     def enter(self, phase: str) -> None:
         with self._lock:
             self.phase = phase
 
     def stop(self) -> list[tuple[str, dict[str, Any]]]:
+        self._stopping.set()
         self._watch.stop()
         self._thread.join(timeout=30)
         with self._lock:
@@ -144,37 +157,41 @@ def test_argo_cd_and_flux_agree_on_every_state_of_a_profile_on_the_real_node(
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {label: None})
 
-    objects = [obj for _, obj in versions]
-    verdicts = evaluate(gitopshealth, objects)
+    judged = [
+        (phase, obj, v)
+        for (phase, obj), v in zip(versions, evaluate(gitopshealth, [o for _, o in versions]), strict=True)
+    ]
     disagreements = [
         f"{phase} rv={obj['metadata']['resourceVersion']}: {why}"
-        for (phase, obj), v in zip(versions, verdicts, strict=True)
+        for phase, obj, v in judged
         if (why := agrees(obj, v)) is not None
     ]
     assert not disagreements, "\n".join(disagreements)
+    assert {v.argocd[0] for _, _, v in judged} >= {"Healthy", "Progressing", "Degraded"}
 
-    last: dict[str, tuple[dict[str, Any], Verdict]] = {}
-    seen: set[str] = set()
-    for (phase, obj), v in zip(versions, verdicts, strict=True):
-        last[phase] = (obj, v)
-        seen.add(v.argocd[0])
-    assert {"Healthy", "Progressing", "Degraded"} <= seen, seen
+    def in_phase(phase: str) -> list[Verdict]:
+        return [v for p, _, v in judged if p == phase]
 
-    stalled = last["stalled"][1]
+    stalled = in_phase("stalled")[-1]
     assert stalled.argocd[0] == "Degraded" and stalled.kstatus[0] == "Failed", stalled
     assert f"node {real_node}" in stalled.argocd[1] and "ErrImageNeverPull" in stalled.argocd[1], stalled
-    assert last["fixed"][1].argocd[0] == "Healthy", last["fixed"]
-    assert [v.argocd[0] for p, (_, v) in zip(versions, verdicts, strict=True) if p[0] == "fixed"].count(
-        "Progressing"
-    ), "no Progressing version while the fixed agents rolled"
-    degraded = last["degraded"][1]
+    fixed = [v.argocd[0] for v in in_phase("fixed")]
+    assert "Progressing" in fixed, f"no Progressing version while the fixed agents rolled: {fixed}"
+    assert fixed[-1] == "Healthy", fixed
+    degraded = in_phase("degraded")[-1]
     assert degraded.argocd[0] == "Degraded" and victim.name in degraded.argocd[1], degraded
-    assert last["recovered"][1].argocd[0] == "Healthy", last["recovered"]
-    deleting = [v for p, (_, v) in zip(versions, verdicts, strict=True) if p[0] == "deleting"]
+    assert in_phase("recovered")[-1].argocd[0] == "Healthy", in_phase("recovered")
+    deleting = in_phase("deleting")
     assert deleting and all(v.argocd[0] == "Progressing" for v in deleting), deleting
 
     if record := os.environ.get("PATCHBAY_RECORD_GITOPS"):
-        write_record(Path(record), {phase: obj for phase, (obj, _) in last.items()}, last)
+        # Each phase's last version; and two short states: the profile before the operator's first
+        # status write, and the agents rolling after the fix.
+        kept = {"new": (judged[0][1], judged[0][2])}
+        rolling = [(obj, v) for p, obj, v in judged if p == "fixed" and v.argocd[0] == "Progressing"]
+        kept["rolling"] = rolling[0]
+        kept.update({phase: (obj, v) for phase, obj, v in judged})
+        write_record(Path(record), kept)
 
 
 def trimmed(obj: dict[str, Any]) -> dict[str, Any]:
@@ -184,15 +201,13 @@ def trimmed(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def write_record(
-    directory: Path, objects: dict[str, dict[str, Any]], last: dict[str, tuple[Any, Verdict]]
-) -> None:
-    """health_test.yaml and testdata/<phase>.yaml in Argo CD's resource_customizations layout."""
+def write_record(directory: Path, last: dict[str, tuple[dict[str, Any], Verdict]]) -> None:
+    """health_test.yaml and testdata/<name>.yaml in Argo CD's resource_customizations layout."""
     (directory / "testdata").mkdir(parents=True, exist_ok=True)
     tests = []
-    for phase, obj in objects.items():
+    for phase, (obj, verdict) in last.items():
         (directory / "testdata" / f"{phase}.yaml").write_text(yaml.safe_dump(trimmed(obj), sort_keys=False))
-        status, message = last[phase][1].argocd
+        status, message = verdict.argocd
         expected = {"status": status, "message": message}
         tests.append({"healthStatus": expected, "inputPath": f"testdata/{phase}.yaml"})
     (directory / "health_test.yaml").write_text(yaml.safe_dump({"tests": tests}, sort_keys=False))

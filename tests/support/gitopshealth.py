@@ -71,10 +71,13 @@ def agrees(obj: dict[str, Any], verdict: Verdict) -> str | None:
     """None when Argo CD's and Flux's answers agree for ``obj``, else why not.
 
     The rule: Healthy is Current; Progressing is InProgress (or Terminating, while the profile is
-    deleted); Degraded is Failed when the profile is Stalled. kstatus has no state for "works, but
-    not all of it" (Degraded=True, not Stalled): there Argo CD says Degraded and kstatus what
-    Ready says (Current, or InProgress). The script gives the same answer with argocd-cm's
-    libraries as with all of them."""
+    deleted); Degraded is Failed when the profile is Stalled. Two gaps of kstatus, where the rule
+    says what kstatus does instead: it has no state for "works, but not all of it" (Degraded=True,
+    not Stalled), where Argo CD says Degraded and kstatus what Ready says (Current, or
+    InProgress); and it reads an object with no status at all (a profile the operator has not
+    written to yet, in the moment after its creation) as Current, where the check says
+    Progressing. The script gives the same answer with argocd-cm's libraries as with all of
+    them."""
     argo, ks = verdict.argocd[0], verdict.kstatus[0]
     if verdict.argocd != verdict.argocd_open_libs:
         return (
@@ -87,7 +90,7 @@ def agrees(obj: dict[str, Any], verdict: Verdict) -> str | None:
     if argo == "Healthy":
         expected = {"Current"}
     elif argo == "Progressing":
-        expected = {"InProgress", "Terminating"}
+        expected = {"InProgress", "Terminating"} | ({"Current"} if not obj.get("status") else set())
     elif argo == "Degraded":
         expected = {"Failed"} if stalled else {"Current", "InProgress"}
     else:
