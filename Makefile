@@ -112,6 +112,12 @@ test-agent: venv ## The agent: unit tests, then on real Unix sockets with a Pyth
 test-fuzz: venv ## Bad input, tried: the agent's HTTP, device plugin and DRA services, its config files
 	$(PY) -m pytest tests/fuzz $(PYTEST_ARGS)
 
+.PHONY: record-gitops-health
+record-gitops-health: setup ## Record the Argo CD health check's test statuses (examples/gitops/argocd) from a run on the real node
+	@$(PY) hack/demo.py make-room
+	PATCHBAY_RECORD_GITOPS=$(abspath examples/gitops/argocd/resource_customizations/patchbay.dev/DevicePluginProfile) \
+	  $(PY) -m pytest tests/e2e/test_gitops_health_on_real_node.py $(PYTEST_ARGS)
+
 .PHONY: test-release
 test-release: setup ## e2e + integration on K8S_VERSION only (what the matrix runs per release)
 	@# Integration first, as in the whole suite: the e2e cluster's real node lives until the session
