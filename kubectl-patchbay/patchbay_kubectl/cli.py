@@ -255,23 +255,33 @@ def cmd_nodes(k: Kube, args: argparse.Namespace) -> str:
     return output.nodes(rows, args.output)
 
 
+def _shared_agents(k: Kube, ns: str | None, profile: Obj) -> list[Obj]:
+    """The shared node agent's pods that serve ``profile``. Where every one of them is on a node
+    the profile has a report from (a healthy cluster), those nodes are all it takes; otherwise
+    (a pod not scheduled, or on a node without the profile's report: the profile is not served
+    there, or its agent never got that far) the nodes' labels and the node agent's config
+    decide, at the cost of a LIST of the nodes."""
+    name = views.name_of(profile)
+    shared = k.list(kube.pods_path(ns), label_selector=agentpods.SHARED_AGENT_SELECTOR)
+    reports = k.list(kube.reports_path(ns), label_selector=f"{agentpods.LABEL_PROFILE}={name}")
+    reported = {str(r.get("nodeName", "")) for r in reports}
+    data = Inputs(profiles=[profile], pods=shared, reports=reports)
+    if all(str((p.get("spec") or {}).get("nodeName") or "") in reported for p in shared):
+        data.nodes = [{"metadata": {"name": n}} for n in sorted(reported)]
+    else:
+        data.nodes, data.node_config = k.list("/api/v1/nodes"), _node_config(k, ns)
+    return views.profile_agents(profile, data)
+
+
 def cmd_why(k: Kube, args: argparse.Namespace) -> str:
     (profile,) = _profiles(k, args.profile)
     ns = namespace_of(args)
     pods: list[Obj] = []
-    if views.mode_of(profile) != STATIC and not agentpods.uses_shared_agent(profile):
+    if views.mode_of(profile) != STATIC:
         sel = f"{agentpods.AGENT_SELECTOR},{agentpods.LABEL_PROFILE}={args.profile}"
         pods = k.list(kube.pods_path(ns), label_selector=sel)
-    elif views.mode_of(profile) != STATIC:
-        # Served by the shared node agent: its pods on the nodes where it serves this profile.
-        data = Inputs(
-            profiles=[profile],
-            nodes=k.list("/api/v1/nodes"),
-            pods=k.list(kube.pods_path(ns), label_selector=agentpods.SHARED_AGENT_SELECTOR),
-            reports=k.list(kube.reports_path(ns), label_selector=f"{agentpods.LABEL_PROFILE}={args.profile}"),
-            node_config=_node_config(k, ns),
-        )
-        pods = views.profile_agents(profile, data)
+        if agentpods.uses_shared_agent(profile):
+            pods += _shared_agents(k, ns, profile)
     events = k.list(
         kube.events_path(EVENT_NAMESPACE),
         field_selector=f"involvedObject.kind=DevicePluginProfile,involvedObject.name={args.profile}",
