@@ -7,8 +7,10 @@ allocated to them, reasons and since-when from the DeviceReports the DRA agents 
 Static profile's as one row per selected node, healthy when the node's allocatable holds the
 count the profile asks for (the operator's own check).
 
-``nodes``: one row per node and profile serving it: the agent pod, whether it registered (the
-agent's readiness probe is its kubelet registration), devices healthy/total.
+``nodes``: one row per node and profile serving it: the agent pods serving it there, of either
+shape (the shared node agent's or the profile's own, agentpods.py), whether it registered (an
+agent pod's readiness probe is its kubelet registration; the node agent's report says when it
+cannot serve the profile), devices healthy/total.
 
 ``why``: the profile's conditions, problems, its agent pods' trouble with the kubelet's own words
 (container waiting and termination reasons, the pods' Warning events), the profile's last Events
