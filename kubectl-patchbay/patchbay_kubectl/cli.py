@@ -263,6 +263,8 @@ def _shared_agents(k: Kube, ns: str | None, profile: Obj) -> list[Obj]:
     decide, at the cost of a LIST of the nodes."""
     name = views.name_of(profile)
     shared = k.list(kube.pods_path(ns), label_selector=agentpods.SHARED_AGENT_SELECTOR)
+    if not shared:
+        return []
     reports = k.list(kube.reports_path(ns), label_selector=f"{agentpods.LABEL_PROFILE}={name}")
     reported = {str(r.get("nodeName", "")) for r in reports}
     data = Inputs(profiles=[profile], pods=shared, reports=reports)
