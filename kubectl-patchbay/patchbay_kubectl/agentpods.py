@@ -21,7 +21,8 @@ probe; the node agent's once every profile it serves registered or failed), and 
 reports a profile it cannot serve in that profile's DeviceReport (``agentError``: its config was
 refused, or its discovery or front-end failed and is being restarted; its other profiles keep
 serving). So a profile is registered on a node when one of its agent pods there is Ready and its
-report carries no ``agentError``.
+report carries no ``agentError``; a pod of the node agent counts only once the profile's report
+is there (its readiness speaks for all its profiles, the report for this one).
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ def is_ready(pod: Obj) -> bool:
     """The pod's Ready condition is True."""
     conds = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def is_shared(pod: Obj) -> bool:
+    """A pod of the shared node agent."""
+    return (_meta(pod).get("labels") or {}).get(LABEL_SHARED) == SHARED_VALUE
 
 
 def uses_shared_agent(profile: Obj) -> bool:
@@ -130,7 +136,7 @@ class AgentPods:
         index = cls(config=config)
         for pod in pods:
             labels = _meta(pod).get("labels") or {}
-            if labels.get(LABEL_SHARED) == SHARED_VALUE:
+            if is_shared(pod):
                 index.shared[_node_of(pod)].append(pod)
             elif labels.get(LABEL_PROFILE):
                 index.own[(str(labels[LABEL_PROFILE]), _node_of(pod))].append(pod)
@@ -171,8 +177,12 @@ class AgentPods:
 
 
 def registered(pods: Sequence[Obj], report: Obj | None) -> bool:
-    """See the module doc: a Ready agent pod, and no ``agentError`` in the profile's report."""
-    return not (report or {}).get("agentError") and any(is_ready(p) for p in pods)
+    """See the module doc: a Ready agent pod, and no ``agentError`` in the profile's report; a
+    node agent's pod only with the profile's report there (its readiness speaks for every
+    profile it serves, the report for this one)."""
+    if (report or {}).get("agentError"):
+        return False
+    return any(is_ready(p) and (report is not None or not is_shared(p)) for p in pods)
 
 
 def agent_error(report: Obj | None) -> str:

@@ -158,6 +158,13 @@ def test_a_profile_the_node_agents_config_leaves_out_on_the_node_has_no_agent_th
     objects["reports"] = [r for r in objects["reports"] if r["profile"] != name]
     row = rows(inputs(objects))[name]
     assert (row["agents"], row["registered"]) == ([], "no"), row
+    # Without the config (not readable), the profile's selector stands in: the node agent's pod,
+    # Ready, is shown, but without the profile's report it is not registered for it.
+    row = rows(inputs(objects, config=False))[name]
+    assert (row["agents"], row["registered"]) == (
+        pods_named(objects, **{agentpods.LABEL_SHARED: "shared"}),
+        "no",
+    )
 
 
 def test_a_profile_that_just_left_the_node_agent_is_served_by_the_pod_its_report_names() -> None:
