@@ -285,10 +285,14 @@ def test_uninstall_with_profiles_is_refused_then_allowed_and_a_reinstall_takes_o
         assert running_agents(patchbay) == agents
         after = patchbay.operator_ready()
         assert after is not None and after.metadata.uid == operator.metadata.uid
-        hook = core.list_namespaced_pod(
-            patchbay.namespace, label_selector="app.kubernetes.io/component=uninstall"
+        # The hook's Job went by its hook-failed policy (Helm waited for that), its pod after it.
+        batch, hook = client.BatchV1Api(patchbay.api), "app.kubernetes.io/component=uninstall"
+        assert not batch.list_namespaced_job(patchbay.namespace, label_selector=hook).items
+        wait_for(
+            "the hook's pod gone",
+            lambda: not core.list_namespaced_pod(patchbay.namespace, label_selector=hook).items,
+            60,
         )
-        assert not hook.items, "the hook's Job and pod go when it fails (hook-failed)"
         # A DRA pod asking for a device is still prepared by its agent: no 401.
         core.create_namespaced_pod(
             namespace, dra_pod("dra-new", real_node, dra_res, "one-serial", fake_dev, served)
@@ -330,6 +334,13 @@ def test_uninstall_with_profiles_is_refused_then_allowed_and_a_reinstall_takes_o
         assert agent_guardrails(patchbay) == {kind: [] for kind in guardrails}
         assert all(cluster.profile(p) is not None for p in profiles)
         assert node_view(cluster, real_node, static_res) == before
+        assert holders_running(core, namespace, holders)
+        # With no agent the kubelet takes the resources away from new pods (docs/operations.md).
+        gone = ("0", None)
+        wait_for(
+            "no serial adapter allocatable", lambda: cluster.values(real_node, serial_res)[1] in gone, 120
+        )
+        wait_for("no DRA device published", lambda: not slice_devices(cluster, driver, real_node), 120)
         assert holders_running(core, namespace, holders)
 
         # 3. Installed again: every holder still runs, every count is back, no node rewritten.
