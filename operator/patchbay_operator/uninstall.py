@@ -54,10 +54,11 @@ def counted(profiles: Sequence[str]) -> str:
 
 
 def refusal(profiles: Sequence[str]) -> str:
-    """The line a refused uninstall prints (Helm 4 shows the hook's log)."""
+    """The line a refused uninstall prints. Helm 4 shows the hook's log through its logger
+    (``level=INFO msg="..."``, which escapes double quotes): no double quote in it."""
     return (
-        f"patchbay: not uninstalling: {counted(profiles)} exist ({named(profiles)}); delete them first with "
-        '"kubectl delete dpp --all" (it returns once the operator has removed what they set), '
+        f"patchbay: not uninstalling: {counted(profiles)} exist ({named(profiles)}); delete them first "
+        "with `kubectl delete dpp --all` (it returns once the operator has removed what they set), "
         "or set uninstall.allowWithProfiles=true to uninstall anyway (docs/operations.md#uninstall)"
     )
 

@@ -203,6 +203,10 @@ def running_agents(patchbay: Installed) -> list[tuple[str, str]]:
     return sorted((p.metadata.name, p.spec.service_account_name) for p in pods)
 
 
+def pods_named(core: client.CoreV1Api, namespace: str, name: str) -> list[client.V1Pod]:
+    return list(core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}").items)
+
+
 def holders_running(core: client.CoreV1Api, namespace: str, uids: dict[str, str]) -> bool:
     """Each holder pod is the same pod as before (uid), Running, its container never restarted."""
     for name, uid in uids.items():
@@ -270,13 +274,18 @@ def test_uninstall_with_profiles_is_refused_then_allowed_and_a_reinstall_takes_o
         # 1. The defaults: refused, in one line naming the profiles and the command that deletes them.
         res = helm_uninstall_run(e2e_cluster, patchbay)
         assert res.returncode != 0
-        lines = [line for line in (res.stdout + res.stderr).splitlines() if "patchbay: " in line]
-        assert lines == [
+        # Helm 4 prints the hook's log through its logger, then why the hook failed.
+        line = (
             f"patchbay: not uninstalling: 3 DevicePluginProfiles exist ({', '.join(profiles)}); "
-            'delete them first with "kubectl delete dpp --all" (it returns once the operator has '
+            "delete them first with `kubectl delete dpp --all` (it returns once the operator has "
             "removed what they set), or set uninstall.allowWithProfiles=true to uninstall anyway "
             "(docs/operations.md#uninstall)"
-        ], res.stderr
+        )
+        assert (res.stdout + res.stderr).splitlines() == [
+            f'level=INFO msg="{line}"',
+            f"Error: resource Job/{patchbay.namespace}/patchbay-uninstall not ready. status: Failed, "
+            "message: Job Failed. failed: 1/1",
+        ]
         # Helm records the release as "uninstalling" before it runs the hook and keeps that when the
         # hook fails (helm/helm#9700); nothing of it was deleted.
         status = helm_status(e2e_cluster, patchbay)
@@ -299,6 +308,11 @@ def test_uninstall_with_profiles_is_refused_then_allowed_and_a_reinstall_takes_o
         )
         wait_for("a new DRA pod running", lambda: pod_log(core, namespace, "dra-new", "SERIALS="), 120)
         core.delete_namespaced_pod("dra-new", namespace)
+        wait_for(
+            "the new DRA pod gone (its claim unprepared)",
+            lambda: not pods_named(core, namespace, "dra-new"),
+            120,
+        )
         # `helm upgrade` needs a deployed release: a rollback to the revision at hand marks it so.
         revision = str(status["version"])
         refused = helm_run(
@@ -322,9 +336,14 @@ def test_uninstall_with_profiles_is_refused_then_allowed_and_a_reinstall_takes_o
         helm_install(e2e_cluster, patchbay.release.chart, patchbay.images, allowed)
         res = helm_uninstall_run(e2e_cluster, patchbay)
         assert res.returncode == 0, res.stderr
-        assert (
-            "patchbay: uninstall.allowWithProfiles: operator stopped, agent DaemonSets deleted" in res.stderr
+        stopped = f"patchbay-node-agent, patchbay-{serial}"
+        line = (
+            f"patchbay: uninstall.allowWithProfiles: operator stopped, agent DaemonSets deleted ({stopped}); "
+            f"kept 3 DevicePluginProfiles ({', '.join(profiles)}) and the static capacity they set, "
+            "served again once the chart is installed again"
         )
+        assert f'level=INFO msg="{line}"' in res.stderr.splitlines(), res.stderr
+        assert f'release "{patchbay.release.name}" uninstalled' in res.stdout, res.stdout
         assert helm_status(e2e_cluster, patchbay) is None
         assert not patchbay.operator_pods()
         assert running_agents(patchbay) == [], "an agent left without its ServiceAccount, RBAC and policies"
