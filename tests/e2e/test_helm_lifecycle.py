@@ -294,9 +294,14 @@ def test_uninstall_with_profiles_is_refused_then_allowed_and_a_reinstall_takes_o
         assert running_agents(patchbay) == agents
         after = patchbay.operator_ready()
         assert after is not None and after.metadata.uid == operator.metadata.uid
-        # The hook's Job went by its hook-failed policy (Helm waited for that), its pod after it.
+        # The hook's Job, ServiceAccount and RBAC went by their hook-failed and hook-succeeded
+        # policies (Helm waited for that), the Job's pod after it.
         batch, hook = client.BatchV1Api(patchbay.api), "app.kubernetes.io/component=uninstall"
+        rbac = client.RbacAuthorizationV1Api(patchbay.api)
         assert not batch.list_namespaced_job(patchbay.namespace, label_selector=hook).items
+        assert not core.list_namespaced_service_account(patchbay.namespace, label_selector=hook).items
+        assert not rbac.list_cluster_role(label_selector=hook).items
+        assert not rbac.list_cluster_role_binding(label_selector=hook).items
         wait_for(
             "the hook's pod gone",
             lambda: not core.list_namespaced_pod(patchbay.namespace, label_selector=hook).items,
@@ -351,7 +356,10 @@ def test_uninstall_with_profiles_is_refused_then_allowed_and_a_reinstall_takes_o
             patchbay.namespace, label_selector=AGENT_SELECTOR
         ).items
         assert agent_guardrails(patchbay) == {kind: [] for kind in guardrails}
-        assert all(cluster.profile(p) is not None for p in profiles)
+        # The profiles stay with the operator's finalizer, the DRA profile's DeviceClass too.
+        for p in profiles:
+            assert "patchbay.dev/cleanup" in (cluster.profile(p) or {})["metadata"]["finalizers"], p
+        assert cluster.custom.get_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", driver)
         assert node_view(cluster, real_node, static_res) == before
         assert holders_running(core, namespace, holders)
         # With no agent the kubelet takes the resources away from new pods (docs/operations.md).
