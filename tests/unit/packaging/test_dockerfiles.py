@@ -33,7 +33,11 @@ ALL_PROGRAMS = {
     "kubectl": "kubectl-patchbay",
 }
 #: The console scripts of each program (kubectl finds its plugin by kubectl's naming rules).
-SCRIPTS = {"kubectl": ["kubectl-patchbay", "kubectl_complete-patchbay"]}
+SCRIPTS = {
+    "kubectl": ["kubectl-patchbay", "kubectl_complete-patchbay"],
+    # The chart's pre-delete hook runs from the operator image (templates/uninstall-hook.yaml).
+    "operator": ["patchbay-operator", "patchbay-uninstall-check"],
+}
 
 
 def pyproject(folder: str) -> dict[str, Any]:
