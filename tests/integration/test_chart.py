@@ -493,6 +493,7 @@ def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, ins
         ("get", "resourceclaims.resource.k8s.io", "default"),  # any namespace: the pods'
         ("get", "resourceslices.resource.k8s.io", None),
         ("list", "resourceslices.resource.k8s.io", None),
+        ("watch", "resourceslices.resource.k8s.io", None),  # its own, to re-publish at once
         ("create", "resourceslices.resource.k8s.io", None),
         ("patch", "resourceslices.resource.k8s.io", None),
         ("delete", "resourceslices.resource.k8s.io", None),
@@ -510,8 +511,9 @@ def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, ins
     assert [a for a in allowed if can(*a, who=plugin_agent)] == []
     # Both read nodes (the node agent its labels, every agent its kubelet's version).
     assert can("get", "nodes") and can("get", "nodes", None, plugin_agent)
-    # Both write their node's DeviceReport (and may delete it, to replace one someone else wrote).
-    for verb in ("patch", "delete"):
+    # Both write their node's DeviceReport (and may delete it, to replace one someone else wrote),
+    # and watch it, to write it again at once when someone else deletes or edits it.
+    for verb in ("patch", "delete", "list", "watch"):
         assert can(verb, "devicereports.patchbay.dev", ns) and can(
             verb, "devicereports.patchbay.dev", ns, plugin_agent
         )
