@@ -74,7 +74,7 @@ class ChangeWriter:
         self._retry_at: float | None = None
         self.writes = 0
         self.failures = 0
-        #: watch events handed to this writer; `verify()` calls (events not of its own writes)
+        #: watch events handed to this writer; `verify()` calls done (events not of its own writes)
         self.delivered = 0
         self.verifies = 0
 
@@ -161,11 +161,11 @@ class ChangeWriter:
             if stop.is_set():
                 break
             if self._verify.is_set() and self._retry_at is None and self._suspect():
-                self.verifies += 1
                 try:
                     await self.verify()
                 except Exception:
                     log.exception("Checking the %s on the API server failed", self.what)
+                self.verifies += 1
             if time.monotonic() >= next_resync:
                 next_resync = time.monotonic() + (self._resync if self._resync is not None else _IDLE)
                 if self._resync is not None:

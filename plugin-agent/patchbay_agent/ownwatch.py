@@ -226,12 +226,18 @@ class Repairs:
         self._own: deque[str] = deque(maxlen=keep)
         #: name -> (cause: deleted or edited, what happened, for the log)
         self._due: dict[str, tuple[str, str]] = {}
+        #: name -> the other field managers the agent's last write of it left in place
+        self._kept: dict[str, frozenset[str]] = {}
         self.done = 0
 
-    def wrote(self, version: str) -> None:
-        """A write of the agent's own stored this resourceVersion."""
+    def wrote(self, version: str, stored: dict[str, Any] | None = None) -> None:
+        """A write of the agent's own stored this resourceVersion; `stored`: the object as the
+        answer gave it, whose other field managers stay after the write (a label someone added
+        is not the agent's to take): their fields are no edit to repair, by anyone's write."""
         if version:
             self._own.append(version)
+        if stored is not None:
+            self._kept[name_of(stored)] = frozenset(managers(stored) - {FIELD_MANAGER})
 
     def own(self, obj: dict[str, Any]) -> bool:
         return version_of(obj) in self._own
@@ -259,7 +265,7 @@ class Repairs:
             item = stored.get(name)
             if item is None:
                 self.due(name, "deleted", "deleted")
-            elif not self.own(item) and (edited := edited_by(item)) is not None:
+            elif not self.own(item) and (edited := edited_by(item, self._kept.get(name, ()))) is not None:
                 self.due(name, "edited", edited)
             else:
                 continue
@@ -283,9 +289,10 @@ def name_of(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
 
 
-def edited_by(obj: dict[str, Any]) -> str | None:
-    """ "edited by kubectl-edit" when field managers other than the agent's own own fields of the
-    stored `obj` (someone else's edit), else None (an agent wrote it: this one or a rollout's
-    successor, same field manager)."""
-    others = managers(obj) - {FIELD_MANAGER}
+def edited_by(obj: dict[str, Any], kept: Iterable[str] = ()) -> str | None:
+    """ "edited by kubectl-edit" when field managers other than the agent's own (and other than
+    `kept`, those its own last write left in place) own fields of the stored `obj`: someone
+    else's edit. None: an agent wrote it (this one or a rollout's successor, the same field
+    manager), so two agents never take turns rewriting it."""
+    others = managers(obj) - {FIELD_MANAGER} - set(kept)
     return f"edited by {', '.join(sorted(others))}" if others else None

@@ -305,7 +305,9 @@ class SlicePublisher(ChangeWriter):
             lost: list[str] = []
             for doc in full:
                 stored = await asyncio.to_thread(self._client.apply_slice, doc)
-                self._repairs.wrote(str((stored.get("metadata") or {}).get("resourceVersion") or ""))
+                self._repairs.wrote(
+                    str((stored.get("metadata") or {}).get("resourceVersion") or ""), dict(stored)
+                )
                 lost += lost_taints(doc, stored)
             for extra in sorted(self._names - wanted):
                 await asyncio.to_thread(self._client.delete_slice, extra)
