@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client
 from support.dranode import RESOURCE_GROUP, RESOURCE_VERSION, dra_profile, slices_of
 from support.promtext import parse
-from support.realnode import DEVICES, SHARED_SELECTOR, OnNode, add_fake_device, pod_ready, wait_for
+from support.realnode import DEVICES, SHARED_SELECTOR, OnNode, pod_ready, serial_profile, wait_for
 
 REPORTS = ("patchbay.dev", "v1beta1", "devicereports")
 #: The quiet interval: nothing changes on the node, so nothing may be written.
@@ -55,20 +55,8 @@ def test_the_agent_writes_its_reports_and_slice_again_when_someone_deletes_or_ed
 ) -> None:
     patchbay, cluster, _e2e_cluster, real_node, _namespace, fake_dev = on_node
     custom, ns = cluster.custom, patchbay.namespace
-    serial, serial_res = f"{cluster.prefix}fix", f"e2e.patchbay.dev/{cluster.tag}-fix"
     label = "patchbay.dev/e2e-fix"
-    for i in range(DEVICES):
-        add_fake_device(fake_dev, f"ttyFIX{i}")
-    cluster.set_labels(real_node, {label: cluster.tag})
-    cluster.create_profile(
-        serial,
-        {
-            "resourceName": serial_res,
-            "mode": "DevicePlugin",
-            "nodeSelector": {"matchLabels": {label: cluster.tag}},
-            "plugin": {"discovery": {"paths": {"globs": [f"{fake_dev}/ttyFIX*"]}}},
-        },
-    )
+    serial, _serial_res = serial_profile(cluster, fake_dev, real_node, suffix="fix", agent=None, label=label)
     dra, _dra_res, driver = dra_profile(cluster, fake_dev, real_node, own_agent=False)
     reports = {p: f"{p}.{real_node}" for p in (serial, dra)}
 

@@ -99,6 +99,17 @@ def _start_agent(
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
 
+def _stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the agent process if it still runs; killed when it has not ended 20 s later."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 async def _register(registry: Path) -> Any:
     async with grpc.aio.insecure_channel(f"unix://{registry}") as channel:
         stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
@@ -400,13 +411,7 @@ def test_the_dra_agent_writes_its_slice_again_when_someone_else_deletes_or_edits
         assert f"ResourceSlice {slice_name} was edited by kubectl-edit; written again" in text
         assert "Traceback" not in text
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        _stop_agent(proc)
         with contextlib.suppress(ApiException):
             custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
 
@@ -529,13 +534,7 @@ def test_the_dra_agent_publishes_partitions_where_the_api_server_keeps_counters(
         assert "PATCHBAY_PARTITIONS=ttyUSB1:2-3/4" in cdi["containerEdits"]["env"]
         assert cdi["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/ttyUSB1"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        _stop_agent(proc)
         text = (workdir / "agent.log").read_text(errors="replace")
         for obj in slices():
             with contextlib.suppress(ApiException):
