@@ -125,6 +125,12 @@ class ChangeWriter:
             log.exception("Looking at a watch event of the %s failed", self.what)
             return True
 
+    def hold(self, seconds: float) -> None:
+        """Write nothing for `seconds` (a repair paced by `ownwatch.Repairs.pace`); then sync."""
+        if seconds > 0:
+            self._retry_at = time.monotonic() + seconds
+            self._kick.set()
+
     def failed(self) -> float:
         """A write failed: count it and schedule the retry; returns the delay."""
         self.failures += 1

@@ -27,6 +27,7 @@ import http.client
 import logging
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -45,6 +46,11 @@ WATCH_SECONDS = 300
 #: Retry rhythm of a watch that failed (an API server that is down must not see a storm of them).
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 60.0
+#: Repairs of one writer within this many seconds of each other beyond the first `FREE_REPAIRS`
+#: are a fight (the garbage collector deleting a report whose Node was replaced, a controller that
+#: deletes what the agent writes): each such repair waits longer, 1 s doubling to 120 s.
+FIGHT_WINDOW = 300.0
+FREE_REPAIRS = 3
 
 
 @runtime_checkable
@@ -220,8 +226,14 @@ class Repairs:
     (`patchbay_agent_repairs_total`) and logged in the Kubernetes style once the objects are
     written again ("ResourceSlice n1-d was deleted; written again")."""
 
-    def __init__(self, kind: str, metrics: Metrics, *, keep: int = 64) -> None:
+    def __init__(
+        self, kind: str, metrics: Metrics, *, keep: int = 64, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.kind = kind
+        self._clock = clock
+        #: when the latest repairs were due (within FIGHT_WINDOW), and the backoff beyond them
+        self._recent: deque[float] = deque()
+        self._fight = Backoff(1.0, 120.0)
         self._metrics = metrics
         self._own: deque[str] = deque(maxlen=keep)
         #: name -> (cause: deleted or edited, what happened, for the log)
@@ -274,6 +286,28 @@ class Repairs:
 
     def due(self, name: str, cause: str, happened: str) -> None:
         self._due[name] = (cause, happened)
+
+    def pace(self) -> float:
+        """Seconds the repair about to be written should wait: none for the first `FREE_REPAIRS`
+        within `FIGHT_WINDOW`; beyond, a backoff (someone keeps undoing the agent's writes: a
+        bounded number of writes, not a loop)."""
+        now = self._clock()
+        while self._recent and now - self._recent[0] > FIGHT_WINDOW:
+            self._recent.popleft()
+        self._recent.append(now)
+        if len(self._recent) <= FREE_REPAIRS:
+            self._fight.reset()
+            return 0.0
+        delay = self._fight.next()
+        log.warning(
+            "%s repairs keep coming (%d in %.0fs): someone keeps deleting or editing what the agent "
+            "writes; writing again in %.1fs",
+            self.kind,
+            len(self._recent),
+            FIGHT_WINDOW,
+            delay,
+        )
+        return delay
 
     def written(self, names: Iterable[str]) -> None:
         """`names` were written: the repairs among them are done."""

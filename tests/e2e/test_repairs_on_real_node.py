@@ -138,6 +138,8 @@ def test_the_agent_writes_its_reports_and_slice_again_when_someone_deletes_or_ed
         def repairs() -> dict[tuple[str, str, str], float]:
             with urllib.request.urlopen(f"http://{after.status.pod_ip}:9464/metrics", timeout=5) as r:
                 families = parse(r.read().decode())
+            (rss,) = families["process_resident_memory_bytes"].samples
+            print(f"node agent RSS: {rss.value / 2**20:.1f} MiB")
             samples = families["patchbay_agent_repairs"].samples
             return {(s.labels["profile"], s.labels["kind"], s.labels["cause"]): s.value for s in samples}
 

@@ -193,6 +193,7 @@ class SlicePublisher(ChangeWriter):
             return
         if self._repairs.look(self._ours(), items):
             self.force()
+            self.hold(self._repairs.pace())
 
     async def probe_taints(self) -> DeviceTaints:
         """Ask the API server whether it keeps device taints (a dry-run create; see the module

@@ -184,6 +184,9 @@ class Reporter(ChangeWriter):
                 return
             if report is None:
                 self._repairs.due(name, "deleted", "deleted")
+                # Its owner may be a Node replaced meanwhile (the garbage collector's deletion):
+                # the next write looks the UID up again.
+                self.node_uid = None
             else:
                 happened = self._foreign(report)
                 if happened is None:
@@ -195,6 +198,7 @@ class Reporter(ChangeWriter):
             return
         self.written = self.version = None
         self.notify()
+        self.hold(self._repairs.pace())
 
     def _foreign(self, report: dict[str, Any]) -> str | None:
         """What another writer did to the stored report ("edited by kubectl-edit"), or None when

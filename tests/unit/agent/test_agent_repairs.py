@@ -349,3 +349,19 @@ def test_a_stopped_watch_ends_its_thread(metrics: Metrics) -> None:
 
     asyncio.run(main())
     assert watch._thread is not None and not watch._thread.is_alive()
+
+
+def test_repairs_that_keep_coming_are_paced_not_a_loop(metrics: Metrics) -> None:
+    """Someone keeps undoing the agent's writes (the garbage collector deleting a report whose
+    Node was replaced, a controller deleting slices): the first repairs in a while are immediate,
+    then each waits longer (1 s doubling, with jitter), and after a quiet while they are free again."""
+    now = [0.0]
+    repairs = Repairs("DeviceReport", metrics, clock=lambda: now[0])
+    delays = []
+    for _ in range(6):
+        delays.append(repairs.pace())
+        now[0] += 1.0
+    assert delays[:3] == [0.0, 0.0, 0.0]
+    assert 0.8 <= delays[3] <= 1.2 and 1.6 <= delays[4] <= 2.4 and 3.2 <= delays[5] <= 4.8
+    now[0] += 301.0
+    assert repairs.pace() == 0.0
