@@ -433,11 +433,15 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     ), other_delete.stderr
     own_delete = as_agent("node-a", "delete", "devicereport", "p.node-a")
     assert own_delete.returncode == 0, own_delete.stderr
-    # And nothing else: not another kind, not listing the others.
+    # Reading is not writing: an agent lists and watches the reports (RBAC cannot narrow a watch
+    # to its own report's name on every node), to write its own again when someone deletes it.
+    listed = as_agent("node-a", "get", "devicereports", "--field-selector=metadata.name=p.node-a")
+    assert listed.returncode == 0, listed.stderr
+    # And nothing else: not another kind, not reading other objects.
     cm = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})
     for args, stdin in (
         (apply, cm),
-        (("get", "devicereports"), None),
+        (("get", "configmaps"), None),
         (
             ("apply", "--server-side", "-f", "-"),
             _report("node-a").replace("DeviceReport", "DevicePluginProfile"),
