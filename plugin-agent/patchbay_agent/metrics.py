@@ -386,6 +386,16 @@ class Metrics:
             "patchbay_agent_report_restores_total",
             "Times the agent found its DeviceReport deleted or written by someone else, and wrote it again.",
         )
+        self.repairs = Counter(
+            r,
+            "patchbay_agent_repairs_total",
+            "Objects the agent writes (kind DeviceReport or ResourceSlice) that someone else deleted "
+            "or edited (cause) and the agent wrote again, as its watch saw it.",
+            ["kind", "cause"],
+        )
+        for kind in ("DeviceReport", "ResourceSlice"):
+            for cause in ("deleted", "edited"):
+                self.repairs.labels(kind, cause)  # 0 from the start: rate() needs a first sample
         self.slice_writes = Counter(
             r,
             "patchbay_agent_resource_slice_writes_total",

@@ -43,7 +43,7 @@ from patchbay_agent.metrics import MergedRegistry, Metrics, Registry
 from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, ProfileEntry, parse_node_config, selected
 from patchbay_agent.options import DEFAULTS, AgentOptions, DraOptions, ReportOptions, node_agent_plugins_dir
 from patchbay_agent.report.devicereport import ReportTarget, failure_report
-from patchbay_agent.report.reporter import ReportClient, Reporter
+from patchbay_agent.report.reporter import ReportClient, Reporter, report_watch
 
 if TYPE_CHECKING:
     from patchbay_agent.resourceagent import ResourceAgent
@@ -418,7 +418,11 @@ class UnitSupervisor:
                 return failure_report(target, reason, message, since, uid, node_group=unit.entry.node_group)
 
             reporter = unit.failure_reporter = Reporter(
-                target, self._client, build, Metrics(target.resource_name, target.node_name)
+                target,
+                self._client,
+                build,
+                Metrics(target.resource_name, target.node_name),
+                watch=report_watch(self._client, target),
             )
             unit.failure_stop = asyncio.Event()
             unit.failure_task = asyncio.create_task(reporter.run(unit.failure_stop))

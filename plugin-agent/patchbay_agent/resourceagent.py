@@ -220,7 +220,7 @@ class ResourceAgent:
     def _reporter(self, report: ReportOptions, holders: PodHolders, client: ReportClient) -> Reporter:
         """The DeviceReport's writer, subscribed to the snapshots and the holders."""
         from patchbay_agent.report.devicereport import ReportTarget, build_report
-        from patchbay_agent.report.reporter import Reporter
+        from patchbay_agent.report.reporter import Reporter, report_watch
 
         target = ReportTarget(
             report.profile,
@@ -240,7 +240,7 @@ class ResourceAgent:
                 node_group=self.config.node_group,
             )
 
-        reporter = Reporter(target, client, build, self.metrics)
+        reporter = Reporter(target, client, build, self.metrics, watch=report_watch(client, target))
         holders.subscribe(reporter.notify)
         self.inventory.subscribe(lambda _snap: reporter.notify())
         return reporter

@@ -539,11 +539,15 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     ), other_delete.stderr
     own_delete = as_agent("node-a", "delete", "devicereport", "p.node-a")
     assert own_delete.returncode == 0, own_delete.stderr
-    # And nothing else: not another kind, not listing the others.
+    # Reading is not writing: an agent lists and watches the reports (RBAC cannot narrow a watch
+    # to its own report's name on every node), to write its own again when someone deletes it.
+    listed = as_agent("node-a", "get", "devicereports", "--field-selector=metadata.name=p.node-a")
+    assert listed.returncode == 0, listed.stderr
+    # And nothing else: not another kind, not reading other objects.
     cm = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})
     for args, stdin in (
         (apply, cm),
-        (("get", "devicereports"), None),
+        (("get", "configmaps"), None),
         (
             ("apply", "--server-side", "-f", "-"),
             _report("node-a").replace("DeviceReport", "DevicePluginProfile"),
@@ -599,6 +603,7 @@ def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, ins
         ("get", "resourceclaims.resource.k8s.io", "default"),  # any namespace: the pods'
         ("get", "resourceslices.resource.k8s.io", None),
         ("list", "resourceslices.resource.k8s.io", None),
+        ("watch", "resourceslices.resource.k8s.io", None),  # its own, to re-publish at once
         ("create", "resourceslices.resource.k8s.io", None),
         ("patch", "resourceslices.resource.k8s.io", None),
         ("delete", "resourceslices.resource.k8s.io", None),
@@ -616,8 +621,9 @@ def test_rbac_lets_agents_publish_dra_devices_and_nothing_more(tools: Tools, ins
     assert [a for a in allowed if can(*a, who=plugin_agent)] == []
     # Both read nodes (the node agent its labels, every agent its kubelet's version).
     assert can("get", "nodes") and can("get", "nodes", None, plugin_agent)
-    # Both write their node's DeviceReport (and may delete it, to replace one someone else wrote).
-    for verb in ("patch", "delete"):
+    # Both write their node's DeviceReport (and may delete it, to replace one someone else wrote),
+    # and watch it, to write it again at once when someone else deletes or edits it.
+    for verb in ("patch", "delete", "list", "watch"):
         assert can(verb, "devicereports.patchbay.dev", ns) and can(
             verb, "devicereports.patchbay.dev", ns, plugin_agent
         )

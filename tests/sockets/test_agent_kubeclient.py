@@ -292,6 +292,37 @@ def test_a_watch_yields_each_event_of_the_stream_until_the_server_ends_it(tmp_pa
     assert "fieldSelector=metadata.name%3Dcfg" in path and "resourceVersion=4" in path
 
 
+def test_the_agents_own_objects_are_listed_and_watched_by_field_selector(tmp_path: Path) -> None:
+    """`ownwatch.py`'s requests: a LIST narrowed by a field selector (items and the list's version),
+    then a WATCH of the same selector from that version; the watch's connection is handed out
+    first, and shutting its socket from another thread ends a blocked watch at once."""
+    listed = {
+        "metadata": {"resourceVersion": "41"},
+        "items": [{"metadata": {"name": "n1-d", "resourceVersion": "40"}}],
+    }
+    event = {"type": "DELETED", "object": {"metadata": {"name": "n1-d", "resourceVersion": "42"}}}
+    selector = "spec.driver=d,spec.nodeName=n1"
+    with fake_api() as api:
+        client = KubeClient(_kubeconfig(tmp_path / "kc", api.url))
+        api.answers = [(200, "application/json", json.dumps(listed).encode())]
+        items, version = client.list_objects("resource.k8s.io/v1", "resourceslices", field_selector=selector)
+        assert (items, version) == (listed["items"], "41")
+        api.answers = [(200, "application/json", json.dumps(event).encode() + b"\n")]
+        opened: list[Any] = []
+        got = list(
+            client.watch_objects(
+                "resource.k8s.io/v1", "resourceslices", version, field_selector=selector, opened=opened.append
+            )
+        )
+        assert got == [("DELETED", event["object"])] and len(opened) == 1
+    first, second = (r["path"] for r in api.requests)
+    assert (
+        first == "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.driver%3Dd%2Cspec.nodeName%3Dn1"
+    )
+    assert second.startswith("/apis/resource.k8s.io/v1/resourceslices?watch=1&fieldSelector=spec.driver%3Dd")
+    assert "resourceVersion=41" in second and "allowWatchBookmarks=true" in second
+
+
 #: The only name the test server's certificate carries: not the address the client dials.
 SERVER_NAME = "api.patchbay.test"
 

@@ -54,6 +54,7 @@ FAMILIES = {
     "patchbay_agent_dra_claim_status_writes": "counter",
     "patchbay_agent_report_unchanged": "counter",
     "patchbay_agent_report_restores": "counter",
+    "patchbay_agent_repairs": "counter",
     "patchbay_agent_dra_prepare_seconds": "histogram",
     "patchbay_agent_dra_unprepare_seconds": "histogram",
     "patchbay_agent_dra_claim_read_seconds": "histogram",
@@ -164,6 +165,9 @@ def test_the_registry_text_parses_with_the_values_that_were_caused() -> None:
     assert families["patchbay_agent_allocated_devices"].samples == []
     assert families["patchbay_agent_report_writes"].samples == []
     assert value(families, "patchbay_agent_report_restores_total") == 0
+    for kind in ("DeviceReport", "ResourceSlice"):
+        for cause in ("deleted", "edited"):
+            assert value(families, "patchbay_agent_repairs_total", kind=kind, cause=cause) == 0
     assert value(families, "patchbay_agent_report_unchanged_total") == 0
 
     buckets, total, count = histogram_parts(families["patchbay_agent_allocate_seconds"])

@@ -42,7 +42,7 @@ from patchbay_agent.dra.plugin import (
     service_dir,
     service_socket_name,
 )
-from patchbay_agent.dra.slicepublisher import SlicePublisher
+from patchbay_agent.dra.slicepublisher import SlicePublisher, slice_watch
 from patchbay_agent.dra.slices import slice_devices
 from patchbay_agent.kubelet.sockets import check_path, new_instance
 from patchbay_agent.metrics import Metrics
@@ -130,6 +130,7 @@ class DraFrontEnd:
             metrics,
             on_state=on_state,
             partitions=config.partitions,
+            watch=slice_watch(client, dra.driver, options.node_name),
         )
         inventory.subscribe(lambda _snap: publisher.notify())
         if holders is not None:

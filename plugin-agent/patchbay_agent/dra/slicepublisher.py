@@ -15,9 +15,15 @@ spec.nodeName) before the first write, so chunks an earlier agent left are delet
 shrank while no agent ran; afterwards the publisher knows what it wrote.
 
 The kubelet DELETES a driver's slices on its node when it starts and when the driver's plugin was
-unusable for a while (docs/dra.md#kubelet-registration). So `force()` (called when the kubelet says the
-plugin is registered) writes the slices again on the next sync, and every `resync` seconds the
-publisher LISTs the node's slices of the driver and writes again when one of its slices is missing.
+unusable for a while (docs/dra.md#kubelet-registration); an administrator or a script may delete
+or edit them too. So `force()` (called when the kubelet says the plugin is registered) writes the
+slices again on the next sync, and the publisher follows its node's slices of its driver with a
+watch (`slice_watch`: field selectors spec.nodeName and spec.driver, one watch per node and
+driver; docs/agent.md#what-the-agent-writes-again). An event of its own write (a resourceVersion
+a write returned) costs nothing; any other one is looked at between writes (`verify`, one LIST):
+a slice of the pool that is gone, or that another field manager edited, is written again at once
+(`ownwatch.Repairs` counts and logs it). A slice another agent of the driver wrote on this node (a
+rollout's successor, the same field manager) is left alone.
 
 Device taints (an unhealthy device, one the device plugin still hands out) are dropped by API
 servers whose DRADeviceTaints gate is off (before 1.36; docs/facts.md#dra-dropped-fields), which
@@ -55,7 +61,7 @@ from typing import Any
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.changewriter import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
 from patchbay_agent.config import Partitions
-from patchbay_agent.constants import DeviceTaints
+from patchbay_agent.constants import DRA_GROUP_VERSION, DeviceTaints
 from patchbay_agent.dra.slices import (
     SliceClient,
     SliceDevice,
@@ -71,6 +77,7 @@ from patchbay_agent.dra.slices import (
 )
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
+from patchbay_agent.ownwatch import OwnWatch, Repairs, Selection, WatchClient
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +88,11 @@ __all__ = [
     "RESYNC_SECONDS",
     "SliceClient",
     "SlicePublisher",
+    "slice_watch",
 ]
 
-#: How often the publisher checks that its slices still exist (one LIST).
+#: While the API server is not known to keep taints, shared devices' and partitions' fields: how
+#: often the publisher looks whether a dry run is due (`PROBE_RETRY_SECONDS`, `PROBE_AGAIN_SECONDS`).
 RESYNC_SECONDS = 60.0
 #: After a dry run that failed, when to try again (meanwhile taints count as dropped).
 PROBE_RETRY_SECONDS = 30.0
@@ -112,11 +121,14 @@ class SlicePublisher(ChangeWriter):
         clock_ms: Callable[[], int] = _millis,
         on_state: Callable[[], None] | None = None,
         partitions: Partitions | None = None,
+        watch: OwnWatch | None = None,
     ) -> None:
         """`devices`: the devices to publish now, whole; `on_state`: called when `taints`,
         `sharing`, `partitions` or `withheld` changed (the DeviceReport says them); `partitions`:
-        how each device is cut (`plugin.partitions`), None: published whole."""
-        super().__init__(coalesce=coalesce, backoff=backoff, resync=resync)
+        how each device is cut (`plugin.partitions`), None: published whole; `watch`: the node's
+        slices of the driver followed on the API server (`slice_watch`)."""
+        super().__init__(coalesce=coalesce, backoff=backoff, resync=resync, watch=watch)
+        self._repairs = Repairs("ResourceSlice", metrics)
         self.driver = driver
         self.node_name = node_name
         self._client = client
@@ -152,9 +164,8 @@ class SlicePublisher(ChangeWriter):
         self._kick.set()
 
     async def check(self) -> None:
-        """Every `resync`: the slices still there, and, while taints are not known to be kept,
-        the API server asked again (a control plane upgraded meanwhile)."""
-        await self._check_present()
+        """Every `resync`, while taints are not known to be kept: the API server asked again (a
+        control plane upgraded meanwhile)."""
         known = {self.taints, self.sharing, self.partitions} == {DeviceTaints.KEPT}
         if not known and time.monotonic() >= self._probe_at:
             before = (self.taints, self.sharing, self.partitions)
@@ -162,23 +173,27 @@ class SlicePublisher(ChangeWriter):
             if (self.taints, self.sharing, self.partitions) != before:
                 self.notify()
 
-    async def _check_present(self) -> None:
-        """Write again when a slice we wrote is gone (one LIST)."""
-        if self.written is None:
+    def _ours(self) -> set[str]:
+        return {d["metadata"]["name"] for d in self.written or ()}
+
+    def seen(self, kind: str, obj: dict[str, Any]) -> bool:
+        """A watch event: may someone else have deleted or edited a slice of the pool?"""
+        return self.written is not None and self._repairs.suspect(kind, obj, self._ours())
+
+    async def verify(self) -> None:
+        """Are the pool's slices as an agent of the driver on this node wrote them (one LIST)? A
+        slice that is gone or that someone else edited: write the pool again now. A failed LIST
+        is logged: the next event, or a later change, looks again."""
+        if self.written is None or self._watch is None:
             return
         try:
-            names = set(await asyncio.to_thread(self._client.slice_names, self.driver, self.node_name))
+            items = await asyncio.to_thread(self._watch.list_now)
         except Exception as e:
             log.warning("Listing the ResourceSlices of %s failed (%s)", self.driver, e)
             return
-        ours = {d["metadata"]["name"] for d in self.written}
-        if not ours <= names:
-            log.warning(
-                "ResourceSlice(s) %s of %s were deleted (by the kubelet?): writing them again",
-                ", ".join(sorted(ours - names)),
-                self.driver,
-            )
+        if self._repairs.look(self._ours(), items):
             self.force()
+            self.hold(self._repairs.pace())
 
     async def probe_taints(self) -> DeviceTaints:
         """Ask the API server whether it keeps device taints (a dry-run create; see the module
@@ -277,7 +292,7 @@ class SlicePublisher(ChangeWriter):
             self.succeeded()
             return False
         if self.node_uid is None:
-            await self._find_owner()
+            self.node_uid = await _node_uid(self._client, self.node_name)
             if self.node_uid is not None:
                 docs = self._publish()
         generation = max(self._clock_ms(), self.generation + 1)
@@ -291,6 +306,9 @@ class SlicePublisher(ChangeWriter):
             lost: list[str] = []
             for doc in full:
                 stored = await asyncio.to_thread(self._client.apply_slice, doc)
+                self._repairs.wrote(
+                    str((stored.get("metadata") or {}).get("resourceVersion") or ""), dict(stored)
+                )
                 lost += lost_taints(doc, stored)
             for extra in sorted(self._names - wanted):
                 await asyncio.to_thread(self._client.delete_slice, extra)
@@ -307,6 +325,7 @@ class SlicePublisher(ChangeWriter):
             return False
         self._names = wanted
         self.written = docs
+        self._repairs.written(sorted(wanted))
         self.generation = generation
         self.writes += 1
         if self.writes == 1:
@@ -334,12 +353,25 @@ class SlicePublisher(ChangeWriter):
             await self.sync()
         return True
 
-    async def _find_owner(self) -> None:
-        try:
-            self.node_uid = await asyncio.to_thread(self._client.node_uid, self.node_name)
-        except Exception as e:
-            log.warning(
-                "Cannot find node %s's UID (%s): writing ResourceSlices without an owner for now",
-                self.node_name,
-                e,
-            )
+
+async def _node_uid(client: SliceClient, node_name: str) -> str | None:
+    """The Node's UID for the slices' owner reference; None (logged) when it cannot be found."""
+    try:
+        return await asyncio.to_thread(client.node_uid, node_name)
+    except Exception as e:
+        log.warning(
+            "Cannot find node %s's UID (%s): writing ResourceSlices without an owner for now", node_name, e
+        )
+        return None
+
+
+def slice_watch(client: object, driver: str, node_name: str) -> OwnWatch | None:
+    """The watch of `node_name`'s ResourceSlices of `driver` (the field selectors the kubelet
+    uses itself), for a client that can watch (`kubeclient.KubeClient`); None for one that
+    cannot (a test's in-memory API)."""
+    if not isinstance(client, WatchClient):
+        return None
+    selection = Selection(
+        DRA_GROUP_VERSION, "resourceslices", None, f"spec.driver={driver},spec.nodeName={node_name}"
+    )
+    return OwnWatch(client, selection)

@@ -14,17 +14,21 @@ answer) is logged with the API server's message and retried with the agent's one
 (`registration.Backoff`); changes that arrive meanwhile go into that retry. Nothing here raises
 into the agent.
 
-What was written must stay there: every `resync` seconds (`REPORT_RESYNC_SECONDS`, one GET) the
-reporter reads its report's resourceVersion back. When the report is gone (someone deleted it), it
-is written again at once, whether or not a device changed. When it has another version than the
-agent's own last write returned, someone else wrote it (only this agent writes its report, so any
-other writer is a mistake or an attack, docs/security.md#reports): the agent deletes that report
-(only if still at that version) and writes its own afresh. Applying over it would not do: server-
-side apply keeps the fields another field manager set (a forged device entry would stay). Two other
-writers are expected and left alone: the same pod's other reporter (the node agent writes a
+What was written must stay there (docs/agent.md#what-the-agent-writes-again). The reporter follows
+its report with a watch (`ownwatch.OwnWatch`, a field selector on its name: one watch per profile
+and node) and knows the resourceVersions its own writes returned, so the events of its own writes
+cost nothing. Any other event is looked at between writes (`verify`, one GET): a report that is
+gone (someone deleted it) is written again at once, whether or not a device changed. A report
+another field manager edited (`kubectl edit`, `kubectl patch`: its managedFields name a manager
+other than patchbay-agent), or one the agent did not write (another `agent`), is deleted (only if
+still at that version) and written afresh: applying over it would not do, since server-side apply
+keeps the fields another field manager set (a forged device entry would stay). Only this agent
+writes its report, so any other writer is a mistake or an attack (docs/security.md#reports). Two
+other writers are expected and left alone: the same pod's other reporter (the node agent writes a
 profile's failure report while that profile's agent is down), and a newer pod of the agent's own
 DaemonSet (a rollout, while both run), whose name differs from the agent's only in the 5
-characters the API server appended.
+characters the API server appended. Nothing is written, and nothing but the watch is asked, while
+nothing changes.
 
 The owner reference needs the Node's UID (`ReportClient.node_uid`): looked up just before the
 first write, and again before later writes while it is unknown, so the lookup costs no request of
@@ -41,18 +45,17 @@ from typing import Any, Protocol
 
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.changewriter import BACKOFF_INITIAL, BACKOFF_MAX, COALESCE_SECONDS, ChangeWriter
+from patchbay_agent.constants import REPORT_GROUP, REPORT_PLURAL, REPORT_VERSION
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
+from patchbay_agent.ownwatch import OwnWatch, Repairs, Selection, WatchClient, edited_by, version_of
 from patchbay_agent.report.devicereport import ReportTarget, with_observed_at
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKOFF_INITIAL", "BACKOFF_MAX", "COALESCE_SECONDS", "ReportClient", "Reporter"]
+__all__ = ["BACKOFF_INITIAL", "BACKOFF_MAX", "COALESCE_SECONDS", "ReportClient", "Reporter", "report_watch"]
 
-
-#: How often the reporter checks that its report is still the one it wrote: one GET per
-#: profile and node every 5 minutes (5,000 nodes: about 17 requests a second cluster-wide).
-REPORT_RESYNC_SECONDS = 300.0
+KIND = "DeviceReport"
 
 
 class ReportClient(Protocol):
@@ -85,9 +88,11 @@ class Reporter(ChangeWriter):
         coalesce: float = COALESCE_SECONDS,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.time,
-        resync: float | None = REPORT_RESYNC_SECONDS,
+        watch: OwnWatch | None = None,
     ) -> None:
-        super().__init__(coalesce=coalesce, backoff=backoff, resync=resync)
+        """`watch`: the report followed on the API server (`report_watch`); without one, a
+        report someone else deleted or edited stays so until the next change."""
+        super().__init__(coalesce=coalesce, backoff=backoff, watch=watch)
         self.target = target
         self._client = client
         self._build = build
@@ -100,10 +105,14 @@ class Reporter(ChangeWriter):
         self.written: dict[str, Any] | None = None
         #: the resourceVersion the last write stored; None when not known
         self.version: str | None = None
-        #: how often the report was found deleted or written by someone else, and written again
-        self.restored = 0
+        self._repairs = Repairs(KIND, metrics, keep=8)
         self.unchanged = 0
         self.what = f"DeviceReport {target.namespace}/{target.name}"
+
+    @property
+    def restored(self) -> int:
+        """How often the report was found deleted or written by someone else, and written again."""
+        return self._repairs.done
 
     @property
     def _where(self) -> str:
@@ -131,7 +140,12 @@ class Reporter(ChangeWriter):
             return False
         self.written = report
         self.version = version or None
+        self._repairs.wrote(version or "")
         self.writes += 1
+        before = self._repairs.done
+        self._repairs.written((self.target.name,))
+        if self._repairs.done > before:
+            self._metrics.report_restores.inc()
         if self.writes == 1:
             # The first write was start-up's last one-off work (TLS setup, the client's first
             # request): hand its garbage back too (memory.py).
@@ -150,45 +164,57 @@ class Reporter(ChangeWriter):
         self._write_failing = False
         return True
 
-    async def check(self) -> None:
-        """Is the stored report still the one this agent wrote? If it is gone, write it again
-        now; if someone else wrote it since, delete theirs and write it again. A failed read or
-        delete is only logged: the next resync tries again."""
+    def seen(self, kind: str, obj: dict[str, Any]) -> bool:
+        """A watch event: may someone else have deleted or edited the report since this agent
+        wrote it? Not when the event is one of its own writes (its resourceVersion); nothing to
+        guard before the first write."""
+        return self.written is not None and self._repairs.suspect(kind, obj, (self.target.name,))
+
+    async def verify(self) -> None:
+        """Is the stored report still the one this agent wrote (one GET)? If it is gone, write it
+        again now; if someone else edited or wrote it since, delete theirs and write it again. A
+        failed read or delete is logged: the next event, or a later change, looks again."""
         if self.written is None or self.version is None:
             return
         ns, name = self.target.namespace, self.target.name
         try:
             report = await asyncio.to_thread(self._client.read_report, ns, name)
-            stored = None if report is None else str((report.get("metadata") or {}).get("resourceVersion"))
+            stored = None if report is None else version_of(report)
             if stored == self.version:
                 return
-            writer = str((report or {}).get("agent") or "")
-            if report is not None and writer and writer == self.target.agent:
-                # This pod's other reporter (the node agent's failure report and the profile's
-                # agent hand over to each other): not someone else.
-                return
-            if report is not None and same_daemonset(writer, self.target.agent):
-                log.info("DeviceReport %s is written by %s now (a rollout)", self._where, writer)
-                return
-            if stored is not None:
-                await asyncio.to_thread(self._client.delete_report, ns, name, stored)
+            if report is None:
+                self._repairs.due(name, "deleted", "deleted")
+                # Its owner may be a Node replaced meanwhile (the garbage collector's deletion):
+                # the next write looks the UID up again.
+                self.node_uid = None
+            else:
+                happened = self._foreign(report)
+                if happened is None:
+                    return
+                await asyncio.to_thread(self._client.delete_report, ns, name, str(stored))
+                self._repairs.due(name, "edited", f"{happened} (deleted it)")
         except Exception as e:
-            log.warning(
-                "Checking DeviceReport %s failed (%s); trying again in %.0fs",
-                self._where,
-                e,
-                self._resync or 0,
-            )
+            log.warning("Checking %s %s failed (%s)", KIND, self._where, e)
             return
-        self.restored += 1
-        self._metrics.report_restores.inc()
-        log.warning(
-            "DeviceReport %s was %s since this agent wrote it: writing it again",
-            self._where,
-            "deleted" if stored is None else "written by someone else (deleted it)",
-        )
         self.written = self.version = None
         self.notify()
+        self.hold(self._repairs.pace())
+
+    def _foreign(self, report: dict[str, Any]) -> str | None:
+        """What another writer did to the stored report ("edited by kubectl-edit"), or None when
+        the writer is expected (this pod's other reporter, a rollout's successor)."""
+        edited = edited_by(report)
+        if edited is not None:
+            return edited
+        writer = str(report.get("agent") or "")
+        if writer and writer == self.target.agent:
+            # This pod's other reporter (the node agent's failure report and the profile's
+            # agent hand over to each other): not someone else.
+            return None
+        if same_daemonset(writer, self.target.agent):
+            log.info("%s %s is written by %s now (a rollout)", KIND, self._where, writer)
+            return None
+        return f"written by {writer or 'someone else'}"
 
     async def _find_owner(self) -> None:
         node = self.target.node_name
@@ -221,3 +247,14 @@ def same_daemonset(pod: str, other: str | None) -> bool:
     if not other or pod == other or len(pod) != len(other) or len(pod) <= POD_NAME_SUFFIX:
         return False
     return pod[:-POD_NAME_SUFFIX] == other[:-POD_NAME_SUFFIX]
+
+
+def report_watch(client: object, target: ReportTarget) -> OwnWatch | None:
+    """The watch of the report `target` names (a field selector on its name), for a client that
+    can watch (`kubeclient.KubeClient`); None for one that cannot (a test's recorder)."""
+    if not isinstance(client, WatchClient):
+        return None
+    selection = Selection(
+        f"{REPORT_GROUP}/{REPORT_VERSION}", REPORT_PLURAL, target.namespace, f"metadata.name={target.name}"
+    )
+    return OwnWatch(client, selection)

@@ -27,6 +27,7 @@ import json
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,17 @@ def _start_agent(
             log_format="json",
         )
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the agent process if it still runs; killed when it has not ended 20 s later."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 async def _register(registry: Path) -> Any:
@@ -328,6 +340,82 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
             custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
 
 
+def test_the_dra_agent_writes_its_slice_again_when_someone_else_deletes_or_edits_it(
+    api: client.ApiClient, devcluster: DevCluster, node: tuple[str, str], workdir: Path, name_prefix: str
+) -> None:
+    """The agent follows its node's slices of its driver with a watch (field selectors
+    spec.nodeName and spec.driver): `kubectl delete resourceslice` and an edit by another field
+    manager (`kubectl edit` dropping a device) are each undone at once by the agent process, which
+    logs it in the Kubernetes style; while nothing changes the slice's resourceVersion stays."""
+    node_name, _ = node
+    driver = f"{name_prefix}fix.patchbay.dev"
+    custom = client.CustomObjectsApi(api)
+    hw = FakeHardware(workdir / "host")
+    for i in range(2):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    (workdir / "agent.yaml").write_text(
+        yaml.safe_dump(
+            {"resourceName": RESOURCE, "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}}
+        )
+    )
+    slice_name = f"{node_name}-{driver}"
+
+    def the_slice() -> dict[str, Any] | None:
+        obj: dict[str, Any] | None = _or_none(
+            lambda: custom.get_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
+        )
+        return obj
+
+    def whole() -> dict[str, Any] | None:
+        """The slice with both devices, written by the agent alone."""
+        obj = the_slice()
+        if obj is None or len(obj["spec"]["devices"]) != 2:
+            return None
+        return obj if {m["manager"] for m in obj["metadata"]["managedFields"]} == {"patchbay-agent"} else None
+
+    proc = _start_agent(workdir, devcluster, hw, node_name, driver, "--instance", "it1")
+    try:
+        registry = workdir / "k" / "plugins_registry" / f"{driver}-it1.sock"
+        wait_for("the registration socket", registry.exists, timeout=30)
+        _call(_register(registry))
+        first = wait_for("the ResourceSlice", whole, timeout=30)
+
+        started = time.monotonic()
+        custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
+        again = wait_for("the deleted slice written again", whole, timeout=30)
+        print(f"deleted -> written again: {time.monotonic() - started:.2f}s")
+        assert again["metadata"]["uid"] != first["metadata"]["uid"]
+
+        started = time.monotonic()
+        edited = {"spec": {"devices": again["spec"]["devices"][:1]}}
+        custom.patch_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", slice_name, edited, field_manager="kubectl-edit"
+        )
+        back = wait_for(
+            "the edited slice written again",
+            lambda: (
+                (o := whole()) is not None
+                and o["metadata"]["resourceVersion"] != again["metadata"]["resourceVersion"]
+                and o
+            ),
+            timeout=30,
+        )
+        print(f"edited -> written again: {time.monotonic() - started:.2f}s")
+
+        quiet = back["metadata"]["resourceVersion"]
+        time.sleep(2.0)  # a quiet interval: nothing changes, so nothing may be written
+        assert (the_slice() or {})["metadata"]["resourceVersion"] == quiet
+
+        text = (workdir / "agent.log").read_text(errors="replace")
+        assert f"ResourceSlice {slice_name} was deleted; written again" in text
+        assert f"ResourceSlice {slice_name} was edited by kubectl-edit; written again" in text
+        assert "Traceback" not in text
+    finally:
+        _stop_agent(proc)
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
+
+
 def test_the_dra_agent_publishes_partitions_where_the_api_server_keeps_counters(
     api: client.ApiClient,
     devcluster: DevCluster,
@@ -446,13 +534,7 @@ def test_the_dra_agent_publishes_partitions_where_the_api_server_keeps_counters(
         assert "PATCHBAY_PARTITIONS=ttyUSB1:2-3/4" in cdi["containerEdits"]["env"]
         assert cdi["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/ttyUSB1"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        _stop_agent(proc)
         text = (workdir / "agent.log").read_text(errors="replace")
         for obj in slices():
             with contextlib.suppress(ApiException):

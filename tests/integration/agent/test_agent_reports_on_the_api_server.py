@@ -326,19 +326,22 @@ def test_the_agent_reads_its_kubelets_version_from_the_node(
 def test_a_report_deleted_or_written_by_someone_else_is_written_again(
     devcluster: DevCluster, api: client.ApiClient, report_crd: None, namespace: str, node: tuple[str, str]
 ) -> None:
-    """The reporter reads its report back every resync (here 0.2 s, 5 minutes in the agent): when
-    it is gone, the agent writes it again although no device changed; when someone else wrote it
-    (another agent on the node naming itself, a forged device), the agent deletes that one and
-    writes its own afresh, so nothing of the other writer's stays (server-side apply over it would
-    keep the fields another manager set); while it stays as written, the agent only reads."""
+    """The reporter follows its report with a watch (a metadata.name field selector, as in the
+    agent): when it is deleted, the agent writes it again at once although no device changed; when
+    someone else edited it (`kubectl edit`: another field manager, the `agent` field untouched) or
+    wrote it (another agent on the node naming itself, a forged device), the agent deletes that one
+    and writes its own afresh, so nothing of the other writer's stays (server-side apply over it
+    would keep the fields another manager set); a successor's write is left alone; while nothing
+    changes, the report's resourceVersion stays (no write, no read)."""
     import asyncio
+    import time
 
     from support.converge import until
 
     from patchbay_agent.kubeclient import KubeClient
     from patchbay_agent.metrics import Metrics
     from patchbay_agent.report.devicereport import ReportTarget
-    from patchbay_agent.report.reporter import Reporter
+    from patchbay_agent.report.reporter import Reporter, report_watch
 
     name, uid = node
     target = ReportTarget(PROFILE, name, namespace, RESOURCE, "agent-pod-1")  # DaemonSet "agent"
@@ -382,30 +385,41 @@ def test_a_report_deleted_or_written_by_someone_else_is_written_again(
             _content_type="application/apply-patch+yaml",
         )
 
-    async def scenario() -> None:
-        reporter = Reporter(
-            target,
-            KubeClient(devcluster.kubeconfig),
-            build,
-            Metrics(RESOURCE, name),
-            coalesce=0.05,
-            resync=0.2,
+    def edit(patch: dict[str, Any]) -> None:
+        """`kubectl edit` of the report: a merge patch by the field manager kubectl-edit."""
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, target.name, patch, field_manager="kubectl-edit"
         )
+
+    async def scenario() -> None:
+        kube = KubeClient(devcluster.kubeconfig)
+        metrics = Metrics(RESOURCE, name)
+        reporter = Reporter(target, kube, build, metrics, coalesce=0.05, watch=report_watch(kube, target))
         stop = asyncio.Event()
         task = asyncio.create_task(reporter.run(stop))
         try:
             await until(lambda: reporter.writes == 1, 10)
-            assert (await asyncio.to_thread(stored) or {}).get("agent") == "agent-pod-1"
-            await asyncio.sleep(1.0)  # five resyncs: the report is as written, nothing is written
-            assert (reporter.writes, reporter.restored) == (1, 0)
+            first = await asyncio.to_thread(stored) or {}
+            assert first.get("agent") == "agent-pod-1"
 
-            # Deleted: written again.
+            # Deleted: written again, at once (the watch says so).
+            deleted = time.monotonic()
             await asyncio.to_thread(
                 custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, target.name
             )
             await until(lambda: reporter.writes == 2, 10)
+            print(f"deleted -> written again: {time.monotonic() - deleted:.3f}s")
             assert reporter.restored == 1
             assert (await asyncio.to_thread(stored) or {}).get("agent") == "agent-pod-1"
+
+            # Edited with kubectl (another field manager; the agent field untouched): replaced.
+            await asyncio.to_thread(
+                edit, {"devices": [{"id": "ttyUSB0", "health": "Unhealthy", "reason": "Edited"}]}
+            )
+            await until(lambda: reporter.writes == 3, 10)
+            restored = await asyncio.to_thread(stored) or {}
+            assert restored["devices"] == [{"id": "ttyUSB0", "health": "Healthy"}]
+            assert {m["manager"] for m in restored["metadata"]["managedFields"]} == {"patchbay-agent"}
 
             # Written by someone else (another agent pod names itself, claims the device sick).
             forged = {**build(uid), "agent": "agent-of-another-profile"}
@@ -414,19 +428,26 @@ def test_a_report_deleted_or_written_by_someone_else_is_written_again(
                 {"id": "ttyFAKE", "health": "Healthy"},
             ]
             await asyncio.to_thread(write, forged, "someone-else")
-            await until(lambda: reporter.writes == 3, 10)
+            await until(lambda: reporter.writes == 4, 10)
             restored = await asyncio.to_thread(stored) or {}
             assert restored.get("agent") == "agent-pod-1"
             assert restored["devices"] == [{"id": "ttyUSB0", "health": "Healthy"}]
-            assert reporter.restored == 2
+            assert reporter.restored == 3
+            repairs = [metrics.repairs.labels("DeviceReport", c).value for c in ("deleted", "edited")]
+            assert repairs == [1, 2]
 
             # A newer pod of the agent's own DaemonSet (a rollout: the name differs only in the
             # random suffix) writes it: this agent, going away, leaves that report alone.
+            verifies = reporter.verifies
             successor = {**build(uid), "agent": "agent-pod-2"}
             await asyncio.to_thread(write, successor, "patchbay-agent")
-            await asyncio.sleep(1.0)  # five resyncs
-            assert (await asyncio.to_thread(stored) or {}).get("agent") == "agent-pod-2"
-            assert (reporter.writes, reporter.restored) == (3, 2)
+            await until(lambda: reporter.verifies > verifies, 10)
+            # Quiet: nothing changes, nothing is written (the version stays, as the watch says).
+            quiet = (await asyncio.to_thread(stored) or {})["metadata"]["resourceVersion"]
+            await asyncio.sleep(2.0)
+            after = await asyncio.to_thread(stored) or {}
+            assert (after.get("agent"), after["metadata"]["resourceVersion"]) == ("agent-pod-2", quiet)
+            assert (reporter.writes, reporter.restored) == (4, 3)
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
