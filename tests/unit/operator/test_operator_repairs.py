@@ -185,6 +185,8 @@ async def test_a_deleted_object_is_recreated_once_with_an_event_and_the_status_s
             # Missing meanwhile: the status says so, as the cause, not a wait.
             (problem,) = c.repairs.problems(["serial", SHARED_KEY])
             assert problem.reason == "OwnedObjectMissing" and name in problem.message
+            status = c.statuses.compute("serial") or {}
+            assert "OwnedObjectMissing" in [p["reason"] for p in status["problems"]], status
             await until(lambda: events(kube, "Recreated"))
             assert kube.applied[applies:] and kube.applied[-1]["kind"] == kind
             assert events(kube, "Recreated") == [f"{kind} {name} was deleted; recreated"]
