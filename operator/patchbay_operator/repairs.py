@@ -132,7 +132,8 @@ class Repairs:
             return
         key = (kind, obj.name)
         log.debug("%s %s was %s", kind, obj.name, what.value)
-        if what is Change.DELETED:
+        if what is Change.DELETED and self._desired(kind, obj.name, obj.profile) is not None:
+            # Not for what the operator deleted itself (nothing wants it): that is no problem.
             self._missing[key] = obj.profile
             self._mark(self._profile_names(obj.profile))
         self._timers.schedule(key, REPAIR_DELAY, functools.partial(self._repair, key, obj.profile))
