@@ -23,7 +23,8 @@ export PATCHBAY_DEVCLUSTER_DIR := $(CLUSTER_DIR)
 export PATH := $(KUBE_BIN):$(abspath $(VENV))/bin:$(PATH)
 
 # The programs, each with its own pyproject.toml (its package and its dependencies).
-PROGRAMS    := operator plugin-agent devcluster kubectl-patchbay
+# api/ is the package of the API the others share (patchbay_api); installed first.
+PROGRAMS    := api operator plugin-agent devcluster kubectl-patchbay
 PYPROJECTS  := pyproject.toml $(addsuffix /pyproject.toml,$(PROGRAMS))
 
 # The virtualenv is reinstalled only when a pyproject.toml changes.
@@ -55,7 +56,7 @@ host-packages: ## Debian packages for the real node (runc, CNI plugins, busybox-
 venv: $(VENV_STAMP) ## Create .venv and install the package with its dev tools
 
 $(VENV_STAMP): $(PYPROJECTS)
-	@echo "==> Python virtualenv $(VENV): the three programs (editable) and the dev tools"
+	@echo "==> Python virtualenv $(VENV): the programs and their shared API package (editable) and the dev tools"
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
 	@$(PY) -m pip install --quiet --progress-bar off $(addprefix -e ./,$(PROGRAMS)) -e '.[dev]'
@@ -110,6 +111,12 @@ test-agent: venv ## The agent: unit tests, then on real Unix sockets with a Pyth
 .PHONY: test-fuzz
 test-fuzz: venv ## Bad input, tried: the agent's HTTP, device plugin and DRA services, its config files
 	$(PY) -m pytest tests/fuzz $(PYTEST_ARGS)
+
+.PHONY: record-gitops-health
+record-gitops-health: setup ## Record the Argo CD health check's test statuses (examples/gitops/argocd) from a run on the real node
+	@$(PY) hack/demo.py make-room
+	PATCHBAY_RECORD_GITOPS=$(abspath examples/gitops/argocd/resource_customizations/patchbay.dev/DevicePluginProfile) \
+	  $(PY) -m pytest tests/e2e/test_gitops_health_on_real_node.py $(PYTEST_ARGS)
 
 .PHONY: test-release
 test-release: setup ## e2e + integration on K8S_VERSION only (what the matrix runs per release)

@@ -9,7 +9,8 @@ with Debian's tools or the project's own metadata:
 2. **Wheels, on the host.** ``pip wheel`` builds the program's own wheel from a copy of its
    folder (its ``pyproject.toml`` says what it is and what it needs; the copy holds exactly the
    hashed files, so setuptools' ``build/`` never lands in the checkout and nothing left over from
-   an earlier build gets into the wheel) and downloads the wheel of every
+   an earlier build gets into the wheel), the wheel of the API package it shares with the other
+   programs (``api/``, ``SHARED``) the same way, and downloads the wheel of every
    dependency, pinned to the versions installed in the development virtualenv, which are the
    versions the tests ran against. Only the program's own dependency closure goes in: the agent
    image holds no kopf and no official client, and the cluster tool is in no image.
@@ -18,12 +19,12 @@ with Debian's tools or the project's own metadata:
 4. **Archive.** ``podman save --format oci-archive`` writes an OCI archive that the real node's
    containerd imports (``DevCluster.load_images``).
 
-Every image is keyed by a content hash of its inputs (the program's folder, the pinned
-requirement list, the base recipe), which is in its tag, ``<release>-<hash>`` (the release from
-the ``VERSION`` file), so a warm run only hashes files and a change anywhere in a program gives a
-new tag (and so a rollout). ``make release`` names the same image ``<release>`` alone as well
-(hack/release.py), the tag the chart's defaults use. Archives live in
-``$PATCHBAY_CACHE/images`` (default ``~/.cache/patchbay/images``), outside the repository.
+Every image is keyed by a content hash of its inputs (the program's folder and the shared API
+package's, the pinned requirement list, the base recipe), which is in its tag,
+``<release>-<hash>`` (the release from the ``VERSION`` file), so a warm run only hashes files and
+a change anywhere in a program gives a new tag (and so a rollout). ``make release`` names the
+same image ``<release>`` alone as well (hack/release.py), the tag the chart's defaults use.
+Archives live in ``$PATCHBAY_CACHE/images`` (default ``~/.cache/patchbay/images``), outside the repository.
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ class Program:
 
 
 PROGRAMS = (Program("operator", "operator"), Program("agent", "plugin-agent"))
+SHARED = (Program("api", "api"),)
+"""The repository's packages that programs depend on and that ship in no image of their own
+(``patchbay-api``): where a program's closure holds one, its wheel is built from its folder, as
+the program's own is, never downloaded, and its files are part of the image's content hash."""
 
 
 @dataclass(frozen=True)
@@ -281,11 +286,19 @@ def copy_sources(folder: Path, dest: Path) -> Path:
     return dest
 
 
+def shared_in(repo: Path, pins: Sequence[str]) -> list[Program]:
+    """The packages of ``SHARED`` among ``pins`` that this checkout holds (an older release's
+    checkout may hold none)."""
+    names = {canonicalize_name(Requirement(p).name) for p in pins}
+    return [s for s in SHARED if canonicalize_name(s.distribution) in names and (repo / s.folder).is_dir()]
+
+
 def input_hash(repo: Path, program: Program, pins: Sequence[str], base: str) -> str:
-    folder = repo / program.folder
     chunks: list[bytes] = [base.encode(), "\n".join(pins).encode()]
-    for path in source_files(folder):
-        chunks += [str(path.relative_to(folder)).encode(), path.read_bytes()]
+    for part in (program, *shared_in(repo, pins)):
+        folder = repo / part.folder
+        for path in source_files(folder):
+            chunks += [f"{part.folder}/{path.relative_to(folder)}".encode(), path.read_bytes()]
     return _digest(chunks)
 
 
@@ -357,21 +370,25 @@ def build_program(repo: Path, program: Program, base: str, *, force: bool = Fals
     wheels = context / "wheels"
     wheels.mkdir(parents=True)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    # Outside the podman build context, which holds only wheels/.
-    source = copy_sources(repo / program.folder, context.with_name(f"{context.name}-src") / program.folder)
-    try:
+    shared = shared_in(repo, pins)
+    for part in (program, *shared):
+        # Outside the podman build context, which holds only wheels/.
+        source = copy_sources(repo / part.folder, context.with_name(f"{context.name}-src") / part.folder)
+        try:
+            _run(
+                f"{program.name}: the wheel of {part.distribution}",
+                [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)],
+                600,
+                cwd=context,
+            )
+        finally:
+            shutil.rmtree(source.parent, ignore_errors=True)
+    local = {canonicalize_name(s.distribution) for s in shared}
+    downloaded = [p for p in pins if canonicalize_name(Requirement(p).name) not in local]
+    if downloaded:
         _run(
-            f"{program.name}: its own wheel",
-            [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(source)],
-            600,
-            cwd=context,
-        )
-    finally:
-        shutil.rmtree(source.parent, ignore_errors=True)
-    if pins:
-        _run(
-            f"{program.name}: dependency wheels ({len(pins)} pinned)",
-            [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), *pins],
+            f"{program.name}: dependency wheels ({len(downloaded)} pinned)",
+            [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), *downloaded],
             900,
             cwd=context,
         )

@@ -108,5 +108,10 @@ def helm_install(
     return Release(release, namespace, chart, merged)
 
 
-def helm_uninstall(cluster: DevCluster, release: Release, wait: str = "2m") -> None:
-    helm(cluster, "uninstall", release.name, "--namespace", release.namespace, "--wait", "--timeout", wait)
+def helm_uninstall(cluster: DevCluster, release: Release, wait: str = "2m", *, hooks: bool = True) -> str:
+    """``helm uninstall --wait``; its output. ``hooks=False``: ``--no-hooks``, so the chart's
+    pre-delete check does not run (it refuses while profiles exist: docs/operations.md#uninstall).
+    """
+    flags = () if hooks else ("--no-hooks",)
+    args = ("uninstall", release.name, "--namespace", release.namespace, "--wait", "--timeout", wait, *flags)
+    return helm(cluster, *args)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from urllib.parse import quote
 
-from patchbay_kubectl import kube, maintenance, output, views
+from patchbay_kubectl import agentpods, kube, maintenance, output, views
 from patchbay_kubectl.kube import Kube, KubeError, Target
 from patchbay_kubectl.views import DRA, STATIC, Inputs, Obj
 
@@ -175,7 +175,7 @@ def _reports(
         names = [views.name_of(p) for p in profiles if views.mode_of(p) != STATIC]
         found = (k.get(f"{kube.reports_path(ns)}/{quote(f'{n}.{node}', safe='')}") for n in names)
         return [r for r in found if r is not None]
-    sel = f"{views.LABEL_PROFILE}={profile}" if profile else ""
+    sel = f"{agentpods.LABEL_PROFILE}={profile}" if profile else ""
     return k.list(kube.reports_path(ns), label_selector=sel)
 
 
@@ -201,15 +201,41 @@ def gather_devices(k: Kube, args: argparse.Namespace) -> Inputs:
     return data
 
 
+def _node_config(k: Kube, ns: str | None) -> agentpods.NodeConfig | None:
+    """The shared node agent's config (which profiles it serves on which nodes); None when there
+    is none, or, with a note, when it cannot be read: each profile's own node selection then
+    stands for it."""
+    try:
+        found = k.list(kube.configmaps_path(ns), label_selector=agentpods.SHARED_AGENT_SELECTOR)
+    except KubeError as e:
+        note = "cannot read the node agent's config, its profiles' selectors stand in"
+        print(f"note: {note} ({e})", file=sys.stderr)
+        return None
+    return agentpods.node_config(found) if found else None
+
+
+def _agent_pods(k: Kube, ns: str | None, profile: str | None, node: str | None) -> list[Obj]:
+    """The agent pods of both shapes (on ``node``): for one profile, its own agent's and the
+    shared node agent's (which may serve it, or still serve it while it moves to its own)."""
+    fields = f"spec.nodeName={node}" if node else ""
+    if profile is None:
+        return k.list(kube.pods_path(ns), label_selector=agentpods.AGENT_SELECTOR, field_selector=fields)
+    own = f"{agentpods.AGENT_SELECTOR},{agentpods.LABEL_PROFILE}={profile}"
+    pods = k.list(kube.pods_path(ns), label_selector=own, field_selector=fields)
+    shared = agentpods.SHARED_AGENT_SELECTOR
+    return pods + k.list(kube.pods_path(ns), label_selector=shared, field_selector=fields)
+
+
 def gather_nodes(k: Kube, args: argparse.Namespace) -> Inputs:
     profiles = _profiles(k, args.profile)
     ns = namespace_of(args)
     data = Inputs(profiles=profiles, nodes=_nodes(k, args.node))
-    if any(views.mode_of(p) != STATIC for p in profiles):
-        sel = views.AGENT_SELECTOR + (f",{views.LABEL_PROFILE}={args.profile}" if args.profile else "")
-        fields = f"spec.nodeName={args.node}" if args.node else ""
-        data.pods = k.list(kube.pods_path(ns), label_selector=sel, field_selector=fields)
+    served = [p for p in profiles if views.mode_of(p) != STATIC]
+    if served:
+        data.pods = _agent_pods(k, ns, args.profile, args.node)
         data.reports = _reports(k, ns, args.profile, args.node, profiles)
+        if any(agentpods.uses_shared_agent(p) for p in served):
+            data.node_config = _node_config(k, ns)
     return data
 
 
@@ -229,19 +255,35 @@ def cmd_nodes(k: Kube, args: argparse.Namespace) -> str:
     return output.nodes(rows, args.output)
 
 
+def _shared_agents(k: Kube, ns: str | None, profile: Obj) -> list[Obj]:
+    """The shared node agent's pods that serve ``profile``. Where every one of them is on a node
+    the profile has a report from (a healthy cluster), those nodes are all it takes; otherwise
+    (a pod not scheduled, or on a node without the profile's report: the profile is not served
+    there, or its agent never got that far) the nodes' labels and the node agent's config
+    decide, at the cost of a LIST of the nodes."""
+    name = views.name_of(profile)
+    shared = k.list(kube.pods_path(ns), label_selector=agentpods.SHARED_AGENT_SELECTOR)
+    if not shared:
+        return []
+    reports = k.list(kube.reports_path(ns), label_selector=f"{agentpods.LABEL_PROFILE}={name}")
+    reported = {str(r.get("nodeName", "")) for r in reports}
+    data = Inputs(profiles=[profile], pods=shared, reports=reports)
+    if all(str((p.get("spec") or {}).get("nodeName") or "") in reported for p in shared):
+        data.nodes = [{"metadata": {"name": n}} for n in sorted(reported)]
+    else:
+        data.nodes, data.node_config = k.list("/api/v1/nodes"), _node_config(k, ns)
+    return views.profile_agents(profile, data)
+
+
 def cmd_why(k: Kube, args: argparse.Namespace) -> str:
     (profile,) = _profiles(k, args.profile)
     ns = namespace_of(args)
     pods: list[Obj] = []
     if views.mode_of(profile) != STATIC:
-        sel = f"{views.AGENT_SELECTOR},{views.LABEL_PROFILE}={args.profile}"
+        sel = f"{agentpods.AGENT_SELECTOR},{agentpods.LABEL_PROFILE}={args.profile}"
         pods = k.list(kube.pods_path(ns), label_selector=sel)
-        if not pods and not (profile.get("spec") or {}).get("agent"):
-            # Served by the shared node agent: its pods on the nodes this profile reports from.
-            reports = k.list(kube.reports_path(ns), label_selector=f"{views.LABEL_PROFILE}={args.profile}")
-            nodes = {str(r.get("nodeName", "")) for r in reports}
-            shared = k.list(kube.pods_path(ns), label_selector=views.SHARED_AGENT_SELECTOR)
-            pods = [p for p in shared if (p.get("spec") or {}).get("nodeName") in nodes]
+        if agentpods.uses_shared_agent(profile):
+            pods += _shared_agents(k, ns, profile)
     events = k.list(
         kube.events_path(EVENT_NAMESPACE),
         field_selector=f"involvedObject.kind=DevicePluginProfile,involvedObject.name={args.profile}",

@@ -181,6 +181,10 @@ def pods_path(namespace: str | None) -> str:
     return namespaced("/api/v1/pods", namespace)
 
 
+def configmaps_path(namespace: str | None) -> str:
+    return namespaced("/api/v1/configmaps", namespace)
+
+
 def events_path(namespace: str | None) -> str:
     return namespaced("/api/v1/events", namespace)
 

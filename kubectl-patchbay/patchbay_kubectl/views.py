@@ -7,8 +7,10 @@ allocated to them, reasons and since-when from the DeviceReports the DRA agents 
 Static profile's as one row per selected node, healthy when the node's allocatable holds the
 count the profile asks for (the operator's own check).
 
-``nodes``: one row per node and profile serving it: the agent pod, whether it registered (the
-agent's readiness probe is its kubelet registration), devices healthy/total.
+``nodes``: one row per node and profile serving it: the agent pods serving it there, of either
+shape (the shared node agent's or the profile's own, agentpods.py), whether it registered (an
+agent pod's readiness probe is its kubelet registration; the node agent's report says when it
+cannot serve the profile), devices healthy/total.
 
 ``why``: the profile's conditions, problems, its agent pods' trouble with the kubelet's own words
 (container waiting and termination reasons, the pods' Warning events), the profile's last Events
@@ -24,17 +26,29 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from patchbay_api import constants as api
+from patchbay_api.agentpods import AgentPod, Warning, explain
+from patchbay_api.constants import AGENT_NAME, LABEL_NAME, LABEL_SHARED_AGENT, SHARED_AGENT_VALUE
+from patchbay_api.quantity import QuantityError, quantity_value
+from patchbay_api.selectors import label_selector_matches
+from patchbay_kubectl.agentpods import (
+    AgentPods,
+    NodeConfig,
+    agent_error,
+    registered,
+    uses_shared_agent,
+)
+
 Obj = dict[str, Any]
 
-LABEL_PROFILE = "patchbay.dev/profile"
-AGENT_SELECTOR = "app.kubernetes.io/name=patchbay-agent"
+ATTR_ID = api.ATTR_ID
+DRA_DRIVER_SUFFIX = api.DRA_DRIVER_SUFFIX
+LABEL_PROFILE = api.LABEL_PROFILE
+TAINT_DOMAIN = api.TAINT_DOMAIN
+TAINT_PLUGIN_HELD = api.TAINT_PLUGIN_HELD
+AGENT_SELECTOR = f"{LABEL_NAME}={AGENT_NAME}"
 #: The shared node agent's pods (profiles without an agent section of their own).
-SHARED_AGENT_SELECTOR = f"{AGENT_SELECTOR},patchbay.dev/agent=shared"
-DRA_DRIVER_SUFFIX = ".patchbay.dev"
-TAINT_DOMAIN = "patchbay.dev/"
-#: The taint of a device a pod still holds through the device plugin: not a fault.
-TAINT_PLUGIN_HELD = "patchbay.dev/held-by-device-plugin"
-ATTR_ID = "patchbay.dev/id"
+SHARED_AGENT_SELECTOR = f"{AGENT_SELECTOR},{LABEL_SHARED_AGENT}={SHARED_AGENT_VALUE}"
 STATIC, DEVICE_PLUGIN, DRA = "Static", "DevicePlugin", "DRA"
 
 
@@ -83,24 +97,9 @@ def utcnow() -> datetime:
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """A LabelSelector (matchLabels and matchExpressions, all must hold) against a node's labels.
-    Absent or empty selects every node, as the profile's ``spec.nodeSelector`` says."""
-    if not selector:
-        return True
-    for k, v in (selector.get("matchLabels") or {}).items():
-        if labels.get(k) != v:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr.get("key", ""), expr.get("operator"), expr.get("values") or []
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
+    """A profile's (or node group's) LabelSelector against a node's labels, by the API package's
+    one evaluator; absent selects every node, as the profile's ``spec.nodeSelector`` says."""
+    return label_selector_matches(selector or {}, labels)
 
 
 def spec(profile: Obj) -> Obj:
@@ -147,12 +146,13 @@ def static_desired(profile: Obj, labels: Mapping[str, str]) -> int | None:
 
 
 def quantity(value: Any) -> int | None:
-    """An extended resource's quantity (a plain integer for these); None when absent or odd."""
+    """An extended resource's quantity as the scheduler counts it (``2k``, ``1e3`` and ``1Ki``
+    too, by the API package's parser); None when absent or not a quantity."""
     if value is None:
         return None
     try:
-        return int(str(value))
-    except ValueError:
+        return quantity_value(str(value))
+    except QuantityError:
         return None
 
 
@@ -195,6 +195,8 @@ class Inputs:
     claims: list[Obj] = field(default_factory=list)
     #: DeviceTaintRules (device maintenance, Kubernetes 1.37 on; empty where not served)
     rules: list[Obj] = field(default_factory=list)
+    #: the shared node agent's config (agentpods.node_config); None when not read
+    node_config: NodeConfig | None = None
 
 
 def _report_index(reports: Iterable[Obj]) -> dict[tuple[str, str], Obj]:
@@ -446,6 +448,8 @@ class NodeRow:
     total: int | None = None
     #: the profile's node group the node uses ("-": the profile has none); see `node_group`
     group: str = "-"
+    #: why the node agent cannot serve the profile on the node (its report's agentError reason)
+    agent_error: str = ""
 
     def as_dict(self) -> Obj:
         return asdict(self)
@@ -473,13 +477,11 @@ def node_group(profile: Obj, labels: Mapping[str, str], report: Obj | None) -> s
 
 def node_rows(data: Inputs, *, node: str | None = None, profile: str | None = None) -> list[NodeRow]:
     """Per node, one row per profile that selects it (a node no profile selects: one row with
-    profile ``<none>``, unless a profile filter is given)."""
+    profile ``<none>``, unless a profile filter is given). The agents are the pods that serve the
+    profile there, of either shape, and REGISTERED what they and the profile's report say
+    (agentpods.py)."""
     reports = _report_index(data.reports)
-    pods: dict[tuple[str, str], list[Obj]] = defaultdict(list)
-    for pod in data.pods:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        key = (str(labels.get(LABEL_PROFILE, "")), str((pod.get("spec") or {}).get("nodeName", "")))
-        pods[key].append(pod)
+    pods = AgentPods.of(data.pods, data.node_config)
     profiles = [p for p in data.profiles if profile is None or name_of(p) == profile]
     selectors = [(p, spec(p).get("nodeSelector")) for p in profiles]
     rows: list[NodeRow] = []
@@ -499,15 +501,37 @@ def node_rows(data: Inputs, *, node: str | None = None, profile: str | None = No
                 cap = (n.get("status") or {}).get("capacity") or {}
                 row.healthy, row.total = quantity(alloc.get(row.resource)), quantity(cap.get(row.resource))
             else:
-                mine = sorted(pods.get((row.profile, nname), []), key=name_of)
+                report = reports.get((row.profile, nname))
+                mine = pods.serving(p, nname, labels, report)
                 row.agents = [name_of(x) for x in mine]
-                row.registered = "yes" if any(pod_ready(x) for x in mine) else "no"
-                summary = (reports.get((row.profile, nname)) or {}).get("summary")
+                row.registered = "yes" if registered(mine, report) else "no"
+                row.agent_error = agent_error(report)
+                summary = (report or {}).get("summary")
                 if summary is not None:
                     row.healthy, row.total = int(summary.get("healthy", 0)), int(summary.get("total", 0))
             rows.append(row)
     rows.sort(key=lambda r: (r.node, r.profile))
     return rows
+
+
+def profile_agents(profile: Obj, data: Inputs) -> list[Obj]:
+    """Every agent pod that serves ``profile``: its own agent's pods wherever they are, and the
+    shared node agent's on each node (``data.nodes``) where it serves the profile or the
+    profile's report names it, and, for a profile it serves, its pods not scheduled yet (they
+    hold up every profile it serves); by node, then name. What ``why`` explains."""
+    reports = _report_index(data.reports)
+    pods = AgentPods.of(data.pods, data.node_config)
+    pname = name_of(profile)
+    out = [p for (owner, _), mine in pods.own.items() if owner == pname for p in mine]
+    for n in data.nodes:
+        meta = n.get("metadata") or {}
+        nname, labels = str(meta.get("name", "")), meta.get("labels") or {}
+        report = reports.get((pname, nname))
+        if report is not None or selector_matches(spec(profile).get("nodeSelector"), labels):
+            out += pods.shared_serving(profile, nname, labels, report)
+    if uses_shared_agent(profile):
+        out += pods.unscheduled_shared()
+    return sorted(out, key=lambda p: (str((p.get("spec") or {}).get("nodeName") or ""), name_of(p)))
 
 
 # --- why --------------------------------------------------------------------------------------
@@ -572,25 +596,21 @@ def missing_owned(problems: Sequence[Obj], troubles: Sequence[Obj]) -> list[str]
 
 
 def pod_trouble(pod: Obj, events: Sequence[Obj]) -> Obj | None:
-    """Why an agent pod does not work, in the kubelet's and scheduler's words; None when it is
-    Ready. ``events`` are the pod's Warning events, newest last."""
-    if pod_ready(pod):
+    """Why an agent pod does not work, in the words the operator's status uses (the API package's
+    ``explain``: the kubelet's and scheduler's reasons), with its last exit and latest events;
+    None when it works. ``events`` are the pod's Warning events, newest last."""
+    agent = AgentPod.from_object(pod)
+    found = explain(agent, Warning.from_object(events[-1]) if events else None)
+    if found is None:
         return None
-    st = pod.get("status") or {}
     out: Obj = {
-        "pod": name_of(pod),
-        "node": str((pod.get("spec") or {}).get("nodeName") or ""),
-        "phase": str(st.get("phase", "")),
-        "reason": "",
-        "message": "",
+        "pod": agent.name,
+        "node": agent.node,
+        "phase": agent.phase,
+        "reason": str(found.reason),
+        "message": found.message,
     }
-    sched = condition(pod, "PodScheduled")
-    if sched and sched.get("status") == "False":
-        out["reason"], out["message"] = sched.get("reason", "Unschedulable"), sched.get("message", "")
-    for cs in st.get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason"):
-            out["reason"], out["message"] = waiting["reason"], waiting.get("message", "")
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         last = (cs.get("lastState") or {}).get("terminated") or {}
         if last:
             out["lastExit"] = {
@@ -598,11 +618,6 @@ def pod_trouble(pod: Obj, events: Sequence[Obj]) -> Obj | None:
                 "reason": last.get("reason", ""),
                 "message": (last.get("message") or "").strip(),
             }
-        if not out["reason"] and not cs.get("ready"):
-            out["reason"] = "AgentNotReady"
-            out["message"] = "running but not Ready: not registered with the kubelet"
-    if not out["reason"]:
-        out["reason"] = st.get("reason") or "AgentStarting"
     out["events"] = [
         {"reason": e.get("reason", ""), "message": e.get("message", ""), "count": e.get("count", 1)}
         for e in events[-3:]

@@ -19,11 +19,9 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
-
+from patchbay_api.quantity import QuantityError, quantity_value
 from patchbay_operator.constants import OWNER_ANNOTATION_PREFIX, Reason
 from patchbay_operator.profiles import Profile
 
@@ -81,7 +79,7 @@ def quantity_to_int(value: str | None) -> int:
     """A node's extended-resource quantity as the count the scheduler uses (0 when absent).
 
     Any Kubernetes quantity is understood (``4``, ``2k``, ``1Ki``, ``1Ti``, ``2P``, ``1e3``,
-    ``1000m``), through the official client's own parser. Extended resources are integers
+    ``1000m``), through the API package's parser (the API server's grammar). Extended resources are integers
     (docs/facts.md#extended-resources); a fraction, which only a hand-made patch can put on a
     node, is rounded UP, as ``Quantity.Value()`` does where the scheduler counts. A value that is
     not a quantity at all raises ValueError (the API server never stores one).
@@ -89,10 +87,9 @@ def quantity_to_int(value: str | None) -> int:
     if value is None:
         return 0
     try:
-        parsed = parse_quantity(value)  # type: ignore[no-untyped-call]
-    except ValueError:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity") from None
-    return int(parsed.to_integral_value(rounding=ROUND_CEILING))
+        return quantity_value(value)
+    except QuantityError as e:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity ({e})") from None
 
 
 @dataclass

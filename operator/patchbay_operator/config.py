@@ -1,9 +1,11 @@
 """The operator's settings: one typed object, from command-line flags with environment fallbacks.
 
-Every flag has an environment variable (``PATCHBAY_<NAME>``) so the Helm chart can set them
-either way; the variable is simply the flag's argparse default, so both go through the same
-conversion and checks. A bad value raises ``ConfigError`` naming the flag, never a traceback
-from deep inside kopf.
+Every setting is declared once, as the agent's options are: its type, default and meaning in
+``Settings``, and its flag, environment variable, parser and help in one row of ``FLAGS``, from
+which the parser, docs/operator.md and ``load`` all come. Every flag has an environment variable
+(``PATCHBAY_<NAME>``) so the Helm chart can set them either way; the variable is simply the flag's
+argparse default, so both go through the same conversion and checks. A bad value raises
+``ConfigError`` naming the flag, never a traceback from deep inside kopf.
 """
 
 from __future__ import annotations
@@ -173,6 +175,110 @@ def _true(raw: str | None) -> bool:
     return raw is not None and raw.lower() in ("1", "true", "yes")
 
 
+@dataclass(frozen=True)
+class Flag:
+    """One setting's command line: the ``Settings`` attribute it fills (the flag is
+    ``--<field with dashes>``, the environment variable ``PATCHBAY_<FIELD>``), its help (``{default}``
+    stands for the ``Settings`` default), how its text is read and checked (``parse``), and, for a
+    setting whose default is "none", the text that means it (parsed like a given value)."""
+
+    field: str
+    help: str
+    parse: Callable[[str], Any] | None = None
+    unset: str | None = None
+    switch: bool = False  # a flag without a value (store_true); the variable says 1, true or yes
+    metavar: str | None = None
+    #: False: not given means "not given", which ``load`` decides on (``--priority``)
+    defaulted: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "PATCHBAY_" + self.field.upper()
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("namespace", "namespace of the agents' ConfigMaps and DaemonSets (default {default})", _namespace),
+    Flag("agent_image", "agent image for profiles without spec.agent.image (default {default})"),
+    Flag("log_format", "text (default) or json", _log_format, metavar="{text,json}"),
+    Flag("verbose", "debug logging", switch=True),
+    Flag("kubeconfig", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)"),
+    Flag(
+        "peering",
+        "kopf peering name, for several replicas: the highest priority works, the others wait "
+        "(needs crds/kopf.dev_clusterkopfpeerings.yaml; default: standalone)",
+    ),
+    Flag(
+        "priority",
+        "peering priority (default: random when peering, so replicas never tie)",
+        _int_at_least(-(2**31)),
+        defaulted=False,
+    ),
+    Flag("concurrency", "node patches in flight at once (default {default})", _int_at_least(1)),
+    Flag(
+        "status_debounce",
+        "seconds to gather changes before writing a profile's status (default {default})",
+        _seconds,
+    ),
+    Flag(
+        "kubelet_behind_grace",
+        "seconds a node's allocatable may count fewer devices than its agent serves healthy before "
+        "the profile says DevicesNotAllocatable (default {default})",
+        _seconds,
+    ),
+    Flag("liveness", "liveness endpoint, e.g. http://127.0.0.1:8080/healthz (default: none)"),
+    Flag(
+        "metrics_address",
+        "serve Prometheus /metrics on HOST:PORT, e.g. 0.0.0.0:8081 (default: off)",
+        _address,
+        unset="",
+    ),
+    Flag("agent_service_account", "the agents' ServiceAccount in --namespace (default {default})"),
+    Flag(
+        "agent_dra_service_account",
+        "ServiceAccount in --namespace of DRA profiles' agents and of the shared node agent, the "
+        "only one that may read claims and write ResourceSlices (default {default})",
+    ),
+    Flag(
+        "agent_api_server",
+        "HOST:PORT the agents dial instead of the kubernetes Service, for clusters without "
+        "kube-proxy (default: the Service)",
+        _address,
+        unset="",
+    ),
+    Flag(
+        "kubelet_root_dir",
+        "the kubelet's --root-dir on the nodes, for pod-resources and, in DRA mode, "
+        "plugins_registry and plugins (default {default})",
+        _absolute,
+    ),
+    Flag(
+        "node_agent_node_selector",
+        "KEY=VALUE[,KEY=VALUE...]: the shared node agent runs only on nodes with these labels "
+        "(default: every node)",
+        _labels,
+        unset="",
+    ),
+    Flag(
+        "agent_metrics_holder_labels",
+        "agents name every container holding a device on their /metrics (default: the "
+        "total only, since the port is open to the pod network)",
+        switch=True,
+    ),
+    Flag(
+        "cdi_spec_dir",
+        "a CDI spec directory of the nodes' container runtime, mounted for allocation.cdi "
+        "and DRA profiles (default {default})",
+        _absolute,
+    ),
+)
+"""Every setting's flag, defined once: the parser, docs/operator.md (generated from it) and
+``load`` come from this table, and ``Settings`` holds each one's type, default and meaning."""
+
+
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The flags; each one's default is its ``PATCHBAY_<NAME>`` environment variable, if set,
     else the ``Settings`` default. argparse converts and checks both the same way."""
@@ -196,112 +302,17 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-
-    def flag(name: str, help_text: str, default: object = None, **kw: Any) -> None:
-        var = "PATCHBAY_" + name.upper().replace("-", "_")
-        p.add_argument(f"--{name}", default=env.get(var, default), help=f"{help_text} [{var}]", **kw)
-
-    flag(
-        "namespace",
-        f"namespace of the agents' ConfigMaps and DaemonSets (default {d.namespace})",
-        d.namespace,
-        type=_namespace,
-    )
-    flag(
-        "agent-image",
-        f"agent image for profiles without spec.agent.image (default {d.agent_image})",
-        d.agent_image,
-    )
-    flag("log-format", "text (default) or json", d.log_format, type=_log_format, metavar="{text,json}")
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        default=_true(env.get("PATCHBAY_VERBOSE")),
-        help="debug logging [PATCHBAY_VERBOSE]",
-    )
-    flag("kubeconfig", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
-    flag(
-        "peering",
-        "kopf peering name, for several replicas: the highest priority works, the others wait "
-        "(needs crds/kopf.dev_clusterkopfpeerings.yaml; default: standalone)",
-    )
-    flag(
-        "priority",
-        "peering priority (default: random when peering, so replicas never tie)",
-        type=_int_at_least(-(2**31)),
-    )
-    flag(
-        "concurrency",
-        f"node patches in flight at once (default {d.concurrency})",
-        str(d.concurrency),
-        type=_int_at_least(1),
-    )
-    flag(
-        "status-debounce",
-        f"seconds to gather changes before writing a profile's status (default {d.status_debounce})",
-        str(d.status_debounce),
-        type=_seconds,
-    )
-    flag(
-        "kubelet-behind-grace",
-        "seconds a node's allocatable may count fewer devices than its agent serves healthy before "
-        f"the profile says DevicesNotAllocatable (default {d.kubelet_behind_grace})",
-        str(d.kubelet_behind_grace),
-        type=_seconds,
-    )
-    flag("liveness", "liveness endpoint, e.g. http://127.0.0.1:8080/healthz (default: none)")
-    flag(
-        "metrics-address",
-        "serve Prometheus /metrics on HOST:PORT, e.g. 0.0.0.0:8081 (default: off)",
-        "",
-        type=_address,
-    )
-    flag(
-        "agent-service-account",
-        f"the agents' ServiceAccount in --namespace (default {d.agent_service_account})",
-        d.agent_service_account,
-    )
-    flag(
-        "agent-dra-service-account",
-        "ServiceAccount in --namespace of DRA profiles' agents and of the shared node agent, the "
-        f"only one that may read claims and write ResourceSlices (default {d.agent_dra_service_account})",
-        d.agent_dra_service_account,
-    )
-    flag(
-        "agent-api-server",
-        "HOST:PORT the agents dial instead of the kubernetes Service, for clusters without "
-        "kube-proxy (default: the Service)",
-        "",
-        type=_address,
-    )
-    flag(
-        "kubelet-root-dir",
-        "the kubelet's --root-dir on the nodes, for pod-resources and, in DRA mode, "
-        f"plugins_registry and plugins (default {d.kubelet_root_dir})",
-        d.kubelet_root_dir,
-        type=_absolute,
-    )
-    flag(
-        "node-agent-node-selector",
-        "KEY=VALUE[,KEY=VALUE...]: the shared node agent runs only on nodes with these labels "
-        "(default: every node)",
-        "",
-        type=_labels,
-    )
-    p.add_argument(
-        "--agent-metrics-holder-labels",
-        action="store_true",
-        default=_true(env.get("PATCHBAY_AGENT_METRICS_HOLDER_LABELS")),
-        help="agents name every container holding a device on their /metrics (default: the "
-        "total only, since the port is open to the pod network) [PATCHBAY_AGENT_METRICS_HOLDER_LABELS]",
-    )
-    flag(
-        "cdi-spec-dir",
-        "a CDI spec directory of the nodes' container runtime, mounted for allocation.cdi "
-        f"and DRA profiles (default {d.cdi_spec_dir})",
-        d.cdi_spec_dir,
-        type=_absolute,
-    )
+    for f in FLAGS:
+        default = getattr(d, f.field)
+        help_text = f"{f.help.format(default=default)} [{f.env}]"
+        if f.switch:
+            p.add_argument(f.flag, action="store_true", default=_true(env.get(f.env)), help=help_text)
+            continue
+        text = f.unset if default in (None, ()) or not f.defaulted else str(default)
+        kw: dict[str, Any] = {"type": f.parse} if f.parse else {}
+        if f.metavar:
+            kw["metavar"] = f.metavar
+        p.add_argument(f.flag, default=env.get(f.env, text), help=help_text, **kw)
     return p
 
 
@@ -311,28 +322,15 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     A peered replica without an explicit priority gets a random one: kopf freezes EVERY replica
     whose priority equals another live one's, so identical replicas must not share the default.
     """
-    args = build_parser(env).parse_args(argv)
-    priority = args.priority
-    if priority is None:
-        priority = secrets.randbelow(2**31 - 1) + 1 if args.peering else 0
-    return Settings(
-        namespace=args.namespace,
-        agent_image=args.agent_image,
-        log_format="json" if args.log_format == "json" else "text",
-        verbose=bool(args.verbose),
-        kubeconfig=args.kubeconfig or None,
-        peering=args.peering or None,
-        priority=priority,
-        concurrency=args.concurrency,
-        status_debounce=args.status_debounce,
-        kubelet_behind_grace=args.kubelet_behind_grace,
-        liveness=args.liveness or None,
-        metrics_address=args.metrics_address,
-        agent_service_account=args.agent_service_account,
-        agent_dra_service_account=args.agent_dra_service_account,
-        agent_api_server=args.agent_api_server,
-        kubelet_root_dir=args.kubelet_root_dir,
-        cdi_spec_dir=args.cdi_spec_dir,
-        node_agent_node_selector=args.node_agent_node_selector,
-        agent_metrics_holder_labels=bool(args.agent_metrics_holder_labels),
-    )
+    args = vars(build_parser(env).parse_args(argv))
+    d = Settings()
+    values = {f.field: args[f.field] for f in FLAGS}
+    for f in FLAGS:
+        if f.switch:
+            values[f.field] = bool(args[f.field])
+        elif getattr(d, f.field) is None and f.parse is None:
+            values[f.field] = args[f.field] or None  # a text setting whose default is none: "" is none
+    values["log_format"] = "json" if args["log_format"] == "json" else "text"
+    if values["priority"] is None:
+        values["priority"] = secrets.randbelow(2**31 - 1) + 1 if values["peering"] else 0
+    return Settings(**values)

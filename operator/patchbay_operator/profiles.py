@@ -19,91 +19,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from patchbay_api.selectors import LabelSelector
 from patchbay_operator.constants import DEFAULT_NODE_GROUP, Mode
 from patchbay_operator.pluginspec import PluginSpec, merge, plain
 
-
-@dataclass(frozen=True)
-class Requirement:
-    key: str
-    operator: str  # In | NotIn | Exists | DoesNotExist (the CRD enforces the enum)
-    values: frozenset[str] = frozenset()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "In":
-            return labels.get(self.key) in self.values
-        if self.operator == "NotIn":
-            # As in Kubernetes: a node without the key satisfies NotIn.
-            return labels.get(self.key) not in self.values
-        if self.operator == "Exists":
-            return self.key in labels
-        if self.operator == "DoesNotExist":
-            return self.key not in labels
-        raise ValueError(f"unknown selector operator {self.operator!r}")
-
-    def negated(self) -> Requirement:
-        """The requirement a node meets exactly when it does not meet this one (a node without
-        the key meets NotIn and DoesNotExist, as in Kubernetes, so the pairs are exact)."""
-        return Requirement(self.key, _NEGATION[self.operator], self.values)
+#: The profile's label selectors (``spec.nodeSelector``, a group's ``nodeSelector``): the API
+#: package's one evaluator, under the name the operator's modules use.
+Selector = LabelSelector
 
 
-_NEGATION = {"In": "NotIn", "NotIn": "In", "Exists": "DoesNotExist", "DoesNotExist": "Exists"}
-#: A node selector term no node meets: the label is ours and never set.
-NO_NODE_TERM: dict[str, Any] = {"key": "patchbay.dev/no-node", "operator": "Exists"}
-
-
-@dataclass(frozen=True)
-class Selector:
-    """A label selector; the empty selector matches every node (the API's meaning)."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    match_expressions: tuple[Requirement, ...] = ()
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, Any] | None) -> Selector:
-        raw = raw or {}
-        labels = tuple(sorted((str(k), str(v)) for k, v in (raw.get("matchLabels") or {}).items()))
-        exprs = tuple(
-            Requirement(str(e["key"]), str(e["operator"]), frozenset(str(v) for v in e.get("values") or ()))
-            for e in raw.get("matchExpressions") or ()
-        )
-        return cls(labels, exprs)
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in self.match_labels) and all(
-            r.matches(labels) for r in self.match_expressions
-        )
-
-    def requirements(self) -> tuple[Requirement, ...]:
-        """matchLabels as `In` requirements, then matchExpressions: the selector is their AND."""
-        return (
-            tuple(Requirement(k, "In", frozenset({v})) for k, v in self.match_labels) + self.match_expressions
-        )
-
-    def node_selector_terms(self, excluding: Selector | None = None) -> list[list[dict[str, Any]]]:
-        """nodeAffinity nodeSelectorTerms (ORed lists of ANDed expressions) for this selector, and
-        with `excluding`, for "this selector AND NOT that one": NOT(r1 AND r2 ...) is
-        (NOT r1) OR (NOT r2) ..., so one term per requirement of `excluding`, each this
-        selector's expressions plus that requirement negated. An empty `excluding` selects every
-        node, so nothing is left: one term no node meets."""
-        own = self.as_node_affinity_terms()
-        if excluding is None:
-            return [own]
-        others = excluding.requirements()
-        if not others:
-            return [[*own, NO_NODE_TERM]]
-        return [[*own, _expression(r.negated())] for r in others]
-
-    def as_node_affinity_terms(self) -> list[dict[str, Any]]:
-        """The selector as nodeAffinity matchExpressions (a DaemonSet's nodeSelector cannot say NotIn)."""
-        return [_expression(r) for r in self.requirements()]
-
-
-def _expression(r: Requirement) -> dict[str, Any]:
-    e: dict[str, Any] = {"key": r.key, "operator": r.operator}
-    if r.values:
-        e["values"] = sorted(r.values)
-    return e
+def _selector(raw: Mapping[str, Any] | None) -> Selector:
+    """A profile's selector: absent selects every node, as the empty one does (docs/api.md)."""
+    return Selector.parse(raw or {})
 
 
 @dataclass(frozen=True)
@@ -123,7 +50,7 @@ class NodeGroup:
         overrides = plain(raw.get("plugin") or {})
         return cls(
             str(raw["name"]),
-            Selector.parse(raw.get("nodeSelector")),
+            _selector(raw.get("nodeSelector")),
             overrides,
             PluginSpec.parse(merge(base, overrides)),
         )
@@ -162,7 +89,7 @@ class Profile:
             created=str(meta.get("creationTimestamp") or ""),
             resource=str(spec["resourceName"]),
             mode=Mode(spec["mode"]),
-            selector=Selector.parse(spec.get("nodeSelector")),
+            selector=_selector(spec.get("nodeSelector")),
             spec=plain(spec),
             plugin=PluginSpec.parse(plugin),
             static_capacity=int(static.get("capacity") or 0),

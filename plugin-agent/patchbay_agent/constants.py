@@ -5,8 +5,10 @@ The kubelet's side of them: docs/facts.md#device-plugin-api.
 
 from __future__ import annotations
 
-import enum
 import re
+
+# The names the agent shares with the operator and the kubectl plugin are the API package's.
+from patchbay_api import constants as api
 
 #: The device plugin API version sent in RegisterRequest (the only one the kubelet supports).
 API_VERSION = "v1beta1"
@@ -33,34 +35,26 @@ MAX_INSTANCE_LENGTH = 16
 REPLICA_SEPARATOR = "::"
 
 
-class DeviceHealth(enum.StrEnum):
-    """The two health strings the kubelet understands in a Device message."""
-
-    HEALTHY = "Healthy"
-    UNHEALTHY = "Unhealthy"
+#: The two health strings the kubelet understands in a Device message (a DeviceReport's too).
+DeviceHealth = api.DeviceHealth
 
 
 #: The DeviceReport API (crds/patchbay.dev_devicereports.yaml): one object per profile and node.
-REPORT_GROUP = "patchbay.dev"
-REPORT_VERSION = "v1beta1"
-REPORT_KIND = "DeviceReport"
-REPORT_PLURAL = "devicereports"
+REPORT_GROUP = api.API_GROUP
+REPORT_KIND = api.REPORT_KIND
+REPORT_PLURAL = api.REPORT_PLURAL
+REPORT_VERSION = api.API_VERSION
 #: The server-side apply field manager of the agent's writes, and its managed-by label value.
 FIELD_MANAGER = "patchbay-agent"
-LABEL_PROFILE = "patchbay.dev/profile"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_MANAGED_BY = api.LABEL_MANAGED_BY
+LABEL_PROFILE = api.LABEL_PROFILE
 #: Where a pod finds its service-account token, CA and namespace.
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 #: DRA mode (docs/dra.md): the API of ResourceSlices and ResourceClaims, and the kubelet's side.
 DRA_GROUP_VERSION = "resource.k8s.io/v1"
 DEFAULT_KUBELET_ROOT_DIR = "/var/lib/kubelet"
-#: The one directory of the shared node agent under the kubelet's `plugins/` directory: each DRA
-#: driver it serves gets a directory inside it (service sockets, `calls.lock`, `claim-<uid>.json`),
-#: so its pod mounts this directory alone, never the other CSI and DRA drivers' sockets beside it
-#: (docs/security.md#host-access). The underscore makes it an invalid DNS subdomain, so it never
-#: is a DRA driver's own `plugins/<driver>` directory.
-NODE_AGENT_PLUGINS_DIR = "patchbay_node-agent"
+NODE_AGENT_PLUGINS_DIR = api.NODE_AGENT_PLUGINS_DIR
 #: The plugin type a DRA driver's GetInfo names, and the DRA services the agent serves, best first.
 DRA_PLUGIN_TYPE = "DRAPlugin"
 DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
@@ -71,15 +65,10 @@ DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 DRA_HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
-class DeviceTaints(enum.StrEnum):
-    """Whether the API server keeps ResourceSlice device taints (DRA mode; a DeviceReport's
-    `deviceTaints`): read back from what it stores, docs/facts.md#dra-dropped-fields."""
-
-    KEPT = "Kept"
-    #: dropped on write (DRADeviceTaints off): devices that would carry a taint are left out
-    DROPPED = "Dropped"
-    #: not found out yet (or the check failed): treated as Dropped, which is safe everywhere
-    UNKNOWN = "Unknown"
+#: Whether the API server keeps ResourceSlice device taints (DRA mode; a DeviceReport's
+#: `deviceTaints`): read back from what it stores, docs/facts.md#dra-dropped-fields. Unknown (not
+#: found out yet, or the check failed) is treated as Dropped, which is safe everywhere.
+DeviceTaints = api.Served
 
 
 #: Where the container runtime reads CDI specs (containerd's and CRI-O's default).

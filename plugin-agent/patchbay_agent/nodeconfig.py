@@ -31,15 +31,15 @@ from typing import Any
 import yaml
 
 from patchbay_agent.config import AgentConfig, ConfigError, parse
+from patchbay_api import constants as api
+from patchbay_api.selectors import LabelSelector, Requirement, SelectorError, any_term_matches
 
 #: The node config's key in the ConfigMap the operator renders.
 NODE_CONFIG_KEY = "node.yaml"
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
-#: The node group of a node that no group selects (the entry's own `plugin`); the operator's
-#: `constants.DEFAULT_NODE_GROUP`, kept equal by a unit test.
-DEFAULT_NODE_GROUP = "default"
+#: The node group of a node that no group selects (the entry's own `plugin`): the API's name.
+DEFAULT_NODE_GROUP = api.DEFAULT_NODE_GROUP
 
 
 class Mode(enum.StrEnum):
@@ -47,40 +47,15 @@ class Mode(enum.StrEnum):
     DRA = "DRA"
 
 
-@dataclass(frozen=True)
-class Expression:
-    """One node selector requirement (`key`, `operator`, `values`)."""
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """The scheduler's rule for one requirement (NotIn and DoesNotExist hold for a node
-        without the label; Gt/Lt compare integers and fail on anything else)."""
-        value = labels.get(self.key)
-        op = self.operator
-        if op == "In":
-            return value is not None and value in self.values
-        if op == "NotIn":
-            return value is None or value not in self.values
-        if op == "Exists":
-            return value is not None
-        if op == "DoesNotExist":
-            return value is None
-        try:
-            have, want = int(value or ""), int(self.values[0])
-        except (ValueError, IndexError):
-            return False
-        return have > want if op == "Gt" else have < want
-
-
-Terms = tuple[tuple[Expression, ...], ...]
+#: ORed terms, each a node selector requirement list (ANDed) evaluated by the API package's one
+#: evaluator with the scheduler's semantics. A term is the operator's label selector as
+#: requirements, so an empty term (from an empty ``spec.nodeSelector``) selects every node.
+Terms = tuple[LabelSelector, ...]
 
 
 def _selects(terms: Terms, labels: Mapping[str, str]) -> bool:
-    """ORed terms of ANDed expressions; no term at all selects every node."""
-    return not terms or any(all(e.matches(labels) for e in term) for term in terms)
+    """ORed terms of ANDed expressions; no term at all selects every node (the file's rule)."""
+    return not terms or any_term_matches(terms, labels)
 
 
 @dataclass(frozen=True)
@@ -154,19 +129,11 @@ def _terms(raw: Any, path: str) -> Terms:
         exprs = term.get("matchExpressions") if isinstance(term, Mapping) else term
         if not isinstance(exprs, list):
             raise ConfigError(f"{path}[{i}]", "must be a list of expressions")
-        out = []
-        for j, e in enumerate(exprs):
-            where = f"{path}[{i}][{j}]"
-            if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
-                raise ConfigError(where, "must be an expression with a key")
-            operator = e.get("operator")
-            if not isinstance(operator, str) or operator not in _OPERATORS:  # a list is unhashable
-                raise ConfigError(f"{where}.operator", f"must be one of {sorted(_OPERATORS)}")
-            values = e.get("values") or []
-            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-                raise ConfigError(f"{where}.values", "must be a list of strings")
-            out.append(Expression(e["key"], e["operator"], tuple(values)))
-        terms.append(tuple(out))
+        try:
+            requirements = [Requirement.parse(e, f"{path}[{i}][{j}]") for j, e in enumerate(exprs)]
+        except SelectorError as e:
+            raise ConfigError(e.field, e.problem) from None
+        terms.append(LabelSelector.of_requirements(requirements))
     return tuple(terms)
 
 

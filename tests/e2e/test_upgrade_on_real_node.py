@@ -146,8 +146,9 @@ def custom_objects(
 def no_patchbay_left(patchbay: Installed, e2e_cluster: DevCluster) -> None:
     """The session's release uninstalled and its CRDs deleted (the chart keeps them): a cluster
     as 0.1.0's users had it before they installed 0.1.0. A profile left by an earlier test loses
-    its finalizer first (no operator runs any more to remove it)."""
-    helm_uninstall(e2e_cluster, patchbay.release)
+    its finalizer first (no operator runs any more to remove it). Without the chart's pre-delete
+    check (``--no-hooks``), which would refuse while such a profile exists."""
+    helm_uninstall(e2e_cluster, patchbay.release, hooks=False)
     wait_for("no operator pod", lambda: not patchbay.operator_pods(), 120)
     custom = client.CustomObjectsApi(patchbay.api)
     ext = client.ApiextensionsV1Api(patchbay.api)

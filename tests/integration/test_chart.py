@@ -107,6 +107,8 @@ def test_schema_rejects_unknown_and_bad_values(tools: Tools) -> None:
         "operator.concurrency=0": "operator.concurrency",
         "operator.startupSeconds=0": "operator.startupSeconds",
         "image.pullPolicy=Sometimes": "image.pullPolicy",
+        "uninstall.force=true": "additional properties 'force' not allowed",
+        "uninstall.allowWithProfiles=maybe": "uninstall.allowWithProfiles",
     }
     for setting, expected in bad.items():
         res = tools.helm("template", "x", str(CHART), "--set", setting, check=False)
@@ -217,6 +219,108 @@ def test_a_crd_change_changes_the_operator_pod_template(tools: Tools, tmp_path: 
     assert deploy["spec"]["template"]["metadata"]["annotations"]["patchbay.dev/crds-checksum"] != before
 
 
+HOOK_DELETE_POLICY = "before-hook-creation,hook-succeeded,hook-failed"
+
+
+def _uninstall_hook(tools: Tools, *values: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """The chart's pre-delete hook objects, by (kind, name), rendered with ``values``."""
+    sets = [a for v in values for a in ("--set", v)]
+    rendered = tools.helm("template", "patchbay", str(CHART), "-n", "patchbay-system", *sets).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    hooks = [d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook")]
+    assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete" for d in hooks), hooks
+    return {(d["kind"], d["metadata"]["name"]): d for d in hooks}
+
+
+def test_uninstall_hook_refuses_with_profiles_and_holds_only_what_it_needs(tools: Tools) -> None:
+    """docs/operations.md#uninstall: a pre-delete Job (the operator image's check) with a
+    ServiceAccount and RBAC of its own, all hooks that go when it ends, whatever its outcome; by
+    default it may only list profiles (it refuses; it changes nothing)."""
+    hooks = _uninstall_hook(tools)
+    name = "patchbay-uninstall"
+    assert set(hooks) == {
+        ("ServiceAccount", name),
+        ("ClusterRole", name),
+        ("ClusterRoleBinding", name),
+        ("Job", name),
+    }
+    for obj in hooks.values():
+        assert obj["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == HOOK_DELETE_POLICY, obj
+    weight = {k: int(o["metadata"]["annotations"]["helm.sh/hook-weight"]) for k, o in hooks.items()}
+    assert max(w for (kind, _), w in weight.items() if kind != "Job") < weight[("Job", name)]
+    assert hooks[("ClusterRole", name)]["rules"] == [
+        {"apiGroups": ["patchbay.dev"], "resources": ["devicepluginprofiles"], "verbs": ["list"]}
+    ]
+    assert hooks[("ClusterRoleBinding", name)]["subjects"] == [
+        {"kind": "ServiceAccount", "name": name, "namespace": "patchbay-system"}
+    ]
+    job = hooks[("Job", name)]
+    # Helm 4 prints the check's line when the hook fails (and when it stopped the agents).
+    assert job["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-succeeded,hook-failed"
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] <= 180
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == name and pod["restartPolicy"] == "Never"
+    assert pod["securityContext"]["runAsNonRoot"] is True and not pod.get("hostNetwork")
+    (c,) = pod["containers"]
+    operator_pod, operator = _operator_pod(tools)
+    assert (c["image"], c["imagePullPolicy"]) == (operator["image"], operator["imagePullPolicy"])
+    assert c["command"] == ["patchbay-uninstall-check"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in c["args"])
+    assert "allow-with-profiles" not in c["args"] + ["--" + k for k in args]
+    selector = ",".join(f"{k}={v}" for k, v in operator_pod["metadata"]["labels"].items())
+    assert args == {
+        "namespace": "patchbay-system",
+        "operator-deployment": "patchbay",
+        "operator-selector": selector,
+        "timeout": "150",
+    }
+    assert float(args["timeout"]) < spec["activeDeadlineSeconds"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert "env" not in c
+
+
+def test_uninstall_hook_with_profiles_allowed_may_stop_the_operator_and_the_agents(tools: Tools) -> None:
+    """uninstall.allowWithProfiles: the check stops the operator (only its Deployment's scale)
+    and deletes the agent DaemonSets (this namespace only), and reaches the API server as the
+    operator does."""
+    hooks = _uninstall_hook(
+        tools,
+        "uninstall.allowWithProfiles=true",
+        "operator.hostNetwork=true",
+        "apiServer.host=10.1.2.3",
+        "apiServer.port=6443",
+    )
+    name = "patchbay-uninstall"
+    role = hooks[("Role", name)]
+    assert role["metadata"]["namespace"] == "patchbay-system"
+    assert role["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments/scale"],
+            "resourceNames": ["patchbay"],
+            "verbs": ["patch"],
+        },
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["list", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ]
+    assert hooks[("RoleBinding", name)]["roleRef"]["name"] == name
+    assert hooks[("RoleBinding", name)]["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == (
+        HOOK_DELETE_POLICY
+    )
+    pod = hooks[("Job", name)]["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    (c,) = pod["containers"]
+    assert "--allow-with-profiles" in c["args"]
+    assert {e["name"]: e["value"] for e in c["env"]} == {
+        "KUBERNETES_SERVICE_HOST": "10.1.2.3",
+        "KUBERNETES_SERVICE_PORT": "6443",
+    }
+    # Without the chart's RBAC the ServiceAccount and the Job stay (someone else grants the rules).
+    assert set(_uninstall_hook(tools, "rbac.create=false")) == {("ServiceAccount", name), ("Job", name)}
+
+
 def _chart_crds_deleted(tools: Tools) -> list[str]:
     """The chart's CRDs still on the API server that nobody asked to delete: empty once Helm has
     deleted each (gone, or Terminating while the API server finalizes it)."""
@@ -278,7 +382,9 @@ def test_install_upgrade_with_changed_crd_and_uninstall(own_tools: Tools, tmp_pa
         "spec": {"resourceName": "example.com/kept", "mode": "Static", "static": {"capacity": 1}},
     }
     tools.kubectl("apply", "-f", "-", stdin=json.dumps(profile))
-    tools.helm("uninstall", "patchbay", "-n", ns, "--wait=false")
+    # --no-hooks: this control plane runs no pods, so the pre-delete hook's Job would never run
+    # (the e2e test test_helm_lifecycle.py runs it on the real node).
+    tools.helm("uninstall", "patchbay", "-n", ns, "--wait=false", "--no-hooks")
     assert tools.kubectl("get", "deploy", "patchbay", "-n", ns, check=False).returncode != 0
     assert _crd(tools) is not None
     assert tools.kubectl("get", "dpp", "kept", check=False).returncode == 0
@@ -291,7 +397,7 @@ def test_install_upgrade_with_changed_crd_and_uninstall(own_tools: Tools, tmp_pa
     crd = _crd(tools)
     assert crd is not None
     assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})  # type: ignore[union-attr]
-    tools.helm("uninstall", "patchbay", "-n", ns, "--wait=false")
+    tools.helm("uninstall", "patchbay", "-n", ns, "--wait=false", "--no-hooks")
     # Helm deletes every chart CRD; the API server finalizes them in the background (own_tools).
     wait_for("Helm to delete every chart CRD", lambda: _chart_crds_deleted(tools) == [], 60)
 
@@ -302,7 +408,7 @@ def installed(tools: Tools) -> Iterator[str]:
     # With the CRD (crds.keep=false, so the release takes it away again): `can-i` asks discovery.
     tools.helm("install", "rbac", str(CHART), "-n", ns, "--create-namespace", "--set", "crds.keep=false")
     yield ns
-    tools.helm("uninstall", "rbac", "-n", ns, "--wait=false")
+    tools.helm("uninstall", "rbac", "-n", ns, "--wait=false", "--no-hooks")  # no pods run here
     # Nothing installs on this control plane after the module's tests; it goes next.
 
 

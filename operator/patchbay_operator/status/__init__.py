@@ -8,8 +8,9 @@ agents' DeviceReports are the device counts, and there is no wait for the kubele
 what the API server kept of the DeviceClass (``extendedResourceName``) and of the slices' device
 taints is read back, never assumed (docs/dra.md#releases), and said in ``status.dra``.
 
-Conditions follow the abnormal-true convention that kstatus (and so Flux and Argo CD) reads,
-docs/facts.md#kstatus, always all four, metav1.Condition shape:
+Conditions follow the abnormal-true convention that kstatus (and so Flux; Argo CD through the
+health check in examples/gitops/argocd) reads, docs/facts.md#kstatus, always all four,
+metav1.Condition shape:
 
 - ``Ready``: every selected node advertises the resource as intended;
 - ``Reconciling``: work is under way that can finish by itself (patching nodes, a rollout, a

@@ -34,7 +34,6 @@ into an API write.
 from __future__ import annotations
 
 import collections
-import enum
 import errno
 import logging
 import os
@@ -47,6 +46,7 @@ from patchbay_agent.command import Outcome, run_command
 from patchbay_agent.config import DEFAULT_RECOVERY_HOLD_SECONDS, ExecProbe
 from patchbay_agent.constants import ENV_PROBE_DEVICE_ID, ENV_PROBE_DEVICE_PATHS, DeviceHealth
 from patchbay_agent.discovery import HostRoot, PhysicalDevice
+from patchbay_api.constants import HealthReason
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +56,8 @@ _NEVER_OPEN_PREFIXES = ("/dev/vfio/",)
 _MISSING = {errno.ENOENT, errno.ENOTDIR}
 
 
-class Reason(enum.StrEnum):
-    """Why a check failed, in CamelCase (a DeviceReport's `reason`)."""
-
-    #: a check path is missing, or discovery no longer finds the device
-    VANISHED = "Vanished"
-    #: a check path exists but stat() failed otherwise (EACCES on a parent, ELOOP, ...)
-    STAT_FAILED = "StatFailed"
-    #: open() of a device node failed (ENXIO/ENODEV/EIO: no hardware behind it)
-    OPEN_FAILED = "OpenFailed"
-    #: the exec probe exited non-zero (or was killed by a signal)
-    PROBE_FAILED = "ProbeFailed"
-    PROBE_TIMED_OUT = "ProbeTimedOut"
-    #: the exec probe could not be started (missing binary, not executable)
-    PROBE_NOT_RUN = "ProbeNotRun"
-    #: a failed check that named no reason
-    CHECK_FAILED = "CheckFailed"
-    #: its health changed FLAP_CHANGES times within FLAP_WINDOW: held Unhealthy until it is quiet
-    FLAPPING = "Flapping"
+#: Why a check failed, in CamelCase (a DeviceReport's `reason`): the API package's reasons.
+Reason = HealthReason
 
 
 #: A device whose health changes this many times within FLAP_WINDOW seconds is flapping (a loose

@@ -55,6 +55,7 @@ def test_a_crash_looping_agent_pod_is_explained_with_its_last_exit_and_events() 
             "containerStatuses": [
                 {
                     "ready": False,
+                    "restartCount": 5,
                     "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
                     "lastState": {
                         "terminated": {
@@ -70,12 +71,17 @@ def test_a_crash_looping_agent_pod_is_explained_with_its_last_exit_and_events() 
     events = [{"reason": "BackOff", "message": "Back-off restarting failed container", "count": 5}]
     t = views.pod_trouble(pod, events)
     assert t is not None
-    assert (t["reason"], t["message"], t["node"]) == ("CrashLoopBackOff", "back-off 40s", "n1")
+    # The operator's words for it (the API package's one explanation), not the kubelet's back-off.
+    assert (t["reason"], t["message"], t["node"]) == (
+        "CrashLoopBackOff",
+        "restarted 5 times; last exit: invalid config: plugin.x",
+        "n1",
+    )
     assert t["lastExit"] == {"exitCode": 2, "reason": "Error", "message": "invalid config: plugin.x"}
     assert t["events"] == [
         {"reason": "BackOff", "message": "Back-off restarting failed container", "count": 5}
     ]
-    ready = {**pod, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    ready = {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
     assert views.pod_trouble(ready, []) is None
 
 

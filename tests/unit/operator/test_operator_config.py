@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
-from patchbay_operator.config import ConfigError, Settings, build_parser, load
+from patchbay_operator.config import FLAGS, ConfigError, Settings, build_parser, load
 
 
 def test_defaults() -> None:
@@ -73,3 +75,14 @@ def test_peering_without_priority_gets_a_random_nonzero_one() -> None:
     assert 0 not in prios
     assert len(prios) > 1
     assert load(["--peering", "p", "--priority", "7"], {}).priority == 7
+
+
+def test_every_setting_has_one_flag_and_its_environment_variable() -> None:
+    """Declared once: each Settings attribute has exactly one row in FLAGS, and its variable
+    sets it (a value other than the default, read back through the flag's own parser)."""
+    assert sorted(f.field for f in FLAGS) == sorted(f.name for f in fields(Settings))
+    given = {"namespace": "ns", "log_format": "json", "concurrency": "3", "kubelet_root_dir": "/k",
+             "node_agent_node_selector": "a=1", "metrics_address": "0.0.0.0:9", "verbose": "yes"}  # fmt: skip
+    s = load([], {f"PATCHBAY_{k.upper()}": v for k, v in given.items()})
+    assert (s.namespace, s.log_format, s.concurrency, s.kubelet_root_dir) == ("ns", "json", 3, "/k")
+    assert (s.node_agent_node_selector, s.metrics_address, s.verbose) == ((("a", "1"),), ("0.0.0.0", 9), True)

@@ -406,7 +406,7 @@ async def test_a_device_class_the_profile_does_not_control_is_left_alone(ctl: An
 
 def _node_matches(terms: list[dict[str, Any]], labels: dict[str, str]) -> bool:
     """How the scheduler reads nodeSelectorTerms: any term whose expressions all hold."""
-    from patchbay_operator.profiles import Requirement
+    from patchbay_api.selectors import Requirement
 
     return any(
         all(

@@ -1,5 +1,6 @@
 """docs/architecture.md stays the code's: its source layout table names every module of the four
-programs, and it names every program's console script and every CRD of Patchbay's own API.
+programs and of the API package they share, and it names every program's console script and
+every CRD of Patchbay's own API.
 
 A row's first cell holds paths in backticks: the first is whole (a file, or a folder ending in
 `/`), the others are relative to its folder. A module is named when its path is one of those, or
@@ -18,6 +19,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[3]
 DOC = REPO / "docs" / "architecture.md"
 PACKAGES = {
+    "api": "patchbay_api",
     "operator": "patchbay_operator",
     "plugin-agent": "patchbay_agent",
     "kubectl-patchbay": "patchbay_kubectl",
@@ -79,7 +81,7 @@ def test_the_table_names_no_module_that_is_gone() -> None:
 def test_every_program_and_crd_is_named() -> None:
     text = DOC.read_text()
     for folder in PACKAGES:
-        scripts = tomllib.loads((REPO / folder / "pyproject.toml").read_text())["project"]["scripts"]
+        scripts = tomllib.loads((REPO / folder / "pyproject.toml").read_text())["project"].get("scripts", {})
         for script in scripts:
             assert f"`{script}`" in text, script
     for crd in sorted((REPO / "crds").glob("patchbay.dev_*.yaml")):

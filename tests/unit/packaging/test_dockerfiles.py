@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from patchbay_devcluster.imagebuild import PROGRAMS, installed_from, pinned_closure
+from patchbay_devcluster.imagebuild import (
+    PROGRAMS,
+    SHARED,
+    input_hash,
+    installed_from,
+    pinned_closure,
+    shared_in,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 ALL_PROGRAMS = {
@@ -26,7 +33,11 @@ ALL_PROGRAMS = {
     "kubectl": "kubectl-patchbay",
 }
 #: The console scripts of each program (kubectl finds its plugin by kubectl's naming rules).
-SCRIPTS = {"kubectl": ["kubectl-patchbay", "kubectl_complete-patchbay"]}
+SCRIPTS = {
+    "kubectl": ["kubectl-patchbay", "kubectl_complete-patchbay"],
+    # The chart's pre-delete hook runs from the operator image (templates/uninstall-hook.yaml).
+    "operator": ["patchbay-operator", "patchbay-uninstall-check"],
+}
 
 
 def pyproject(folder: str) -> dict[str, Any]:
@@ -52,7 +63,8 @@ def final_stage(ins: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def test_the_top_level_project_installs_the_three_programs_at_their_versions() -> None:
     top = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     wanted = {
-        f"patchbay-{name}=={pyproject(folder)['project']['version']}" for name, folder in ALL_PROGRAMS.items()
+        f"patchbay-{name}=={pyproject(folder)['project']['version']}"
+        for name, folder in {**ALL_PROGRAMS, "api": "api"}.items()
     }
     assert set(top["dependencies"]) == wanted
     for name, folder in ALL_PROGRAMS.items():
@@ -127,3 +139,40 @@ def test_an_older_checkout_is_pinned_from_its_own_declared_dependencies(tmp_path
     old = {p.split("==")[0] for p in pinned_closure("patchbay-agent", requirements=["pykube-ng>=23.6,<24"])}
     assert {"pykube-ng", "requests", "urllib3"} <= old
     assert "pykube-ng" not in {p.split("==")[0] for p in pinned_closure("patchbay-agent")}
+
+
+def test_the_programs_that_read_the_api_pin_the_api_package_of_their_release() -> None:
+    """The operator, the agent and the kubectl plugin share ONE package of the API (``api/``),
+    pinned to the release they are; it depends on nothing (the agent's memory: only itself)."""
+    api = pyproject("api")["project"]
+    assert (api["name"], api["dependencies"]) == ("patchbay-api", [])
+    for name in ("operator", "agent", "kubectl"):
+        meta = pyproject(ALL_PROGRAMS[name])["project"]
+        assert f"patchbay-api=={meta['version']}" in meta["dependencies"], name
+        assert api["version"] == meta["version"]
+    assert not any("patchbay-api" in d for d in pyproject("devcluster")["project"]["dependencies"])
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
+def test_both_images_get_the_api_package_built_from_its_folder(program: Any) -> None:
+    """The API package is in each image's closure and is built from ``api/`` (never downloaded:
+    no index has it), and a change to it changes the image's content hash (a new tag)."""
+    pins = pinned_closure(program.distribution)
+    shared = [s.distribution for s in shared_in(REPO, pins)]
+    assert shared == ["patchbay-api"] == [s.distribution for s in SHARED]
+    assert shared_in(REPO, [p for p in pins if not p.startswith("patchbay-api==")]) == []
+
+
+def test_the_image_hash_covers_the_api_package(tmp_path: Path) -> None:
+    for folder in ("api/patchbay_api", "operator/patchbay_operator"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "x.py").write_text("X = 1\n")
+    operator = next(p for p in PROGRAMS if p.name == "operator")
+    pins = ["patchbay-api==0.2.0", "kopf==1.0"]
+    before = input_hash(tmp_path, operator, pins, "base")
+    (tmp_path / "api" / "patchbay_api" / "x.py").write_text("X = 2\n")
+    assert input_hash(tmp_path, operator, pins, "base") != before
+    # An older checkout without the package (its program did not depend on it) hashes its own folder.
+    assert input_hash(tmp_path, operator, ["kopf==1.0"], "base") == input_hash(
+        tmp_path, operator, ["kopf==1.0"], "base"
+    )

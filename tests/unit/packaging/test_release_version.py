@@ -29,9 +29,11 @@ def test_the_version_is_semver_and_every_place_says_it() -> None:
         values["agent"]["image"] == DEFAULT_AGENT_IMAGE == f"ghcr.io/kube-patchbay/patchbay-agent:{VERSION}"
     )
     _, pep440 = load("generate").release_version()
-    for folder in ("operator", "plugin-agent", "devcluster", "kubectl-patchbay", "."):
+    for folder in ("api", "operator", "plugin-agent", "devcluster", "kubectl-patchbay", "."):
         meta = tomllib.loads((REPO / folder / "pyproject.toml").read_text())
         assert meta["project"]["version"] == pep440, folder
+        pins = [d for d in meta["project"]["dependencies"] if d.startswith("patchbay-api")]
+        assert pins in ([], [f"patchbay-api=={pep440}"]), folder
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,134 @@
+"""The chart's pre-delete hook (``patchbay-uninstall-check``) against a fake API: what it refuses,
+what it says, and the order in which the opt-in path stops the operator and the agents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from patchbay_operator.kube import PROFILES_PATH, KubeError
+from patchbay_operator.uninstall import AGENT_SELECTOR, Check, RefusedError, refusal
+
+NS = "patchbay-system"
+OPERATOR = "app.kubernetes.io/name=patchbay,app.kubernetes.io/component=operator"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+DAEMONSETS = f"/apis/apps/v1/namespaces/{NS}/daemonsets"
+SCALE = f"/apis/apps/v1/namespaces/{NS}/deployments/patchbay/scale"
+
+
+class FakeAPI:
+    """Profiles, pods by selector and agent DaemonSets; every call recorded. Pods of a selector
+    disappear after ``linger`` LISTs once their owner stopped (the operator scaled to 0, the
+    agent DaemonSets deleted), as a real termination takes a while."""
+
+    def __init__(self, profiles: list[str] | None, daemonsets: list[str], linger: int = 2) -> None:
+        self.profiles, self.daemonsets, self.linger = profiles, daemonsets, linger
+        self.calls: list[tuple[str, str]] = []
+        self.stopped: dict[str, int] = {}
+        self.forbidden = 0
+
+    def request(self, method: str, path: str, body: Any = None, **options: Any) -> Any:
+        self.calls.append((method, path))
+        query, ok = options.get("query"), options.get("ok", ())
+        if path == PROFILES_PATH:
+            if self.forbidden:
+                self.forbidden -= 1
+                raise KubeError(403, method, path, "forbidden")
+            if self.profiles is None:
+                assert 404 in ok
+                return None
+            return {"items": [{"metadata": {"name": n}} for n in self.profiles]}
+        if path == SCALE:
+            assert body == {"spec": {"replicas": 0}}
+            self.stopped[OPERATOR] = self.linger
+            return {}
+        if path == PODS:
+            selector = (query or {})["labelSelector"]
+            left = self.stopped.get(selector)
+            if left == 0:
+                return {"items": []}
+            if left is not None:
+                self.stopped[selector] = left - 1
+            return {"items": [{"metadata": {"name": f"pod-of-{selector}"}}]}
+        if path == DAEMONSETS:
+            assert query == {"labelSelector": AGENT_SELECTOR}
+            return {"items": [{"metadata": {"name": n}} for n in self.daemonsets]}
+        if method == "DELETE" and path.startswith(DAEMONSETS + "/"):
+            assert self.stopped.get(OPERATOR) == 0, "an agent DaemonSet deleted while the operator runs"
+            self.stopped[AGENT_SELECTOR] = self.linger
+            return {}
+        raise AssertionError(f"unexpected {method} {path}")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def check(api: FakeAPI, timeout: float = 100.0) -> Check:
+    clock = Clock()
+    return Check(api.request, NS, timeout, clock=clock, sleep=clock.sleep)
+
+
+def run(api: FakeAPI, allow: bool, timeout: float = 100.0) -> str:
+    return check(api, timeout).run(allow=allow, deployment="patchbay", operator_selector=OPERATOR)
+
+
+@pytest.mark.parametrize("profiles", [[], None], ids=["no profiles", "no CRD"])
+def test_without_profiles_the_uninstall_goes_on_and_nothing_is_touched(profiles: list[str] | None) -> None:
+    api = FakeAPI(profiles, ["patchbay-node-agent"])
+    assert run(api, allow=False) == ""
+    assert run(api, allow=True) == ""
+    assert {m for m, _ in api.calls} == {"GET"} and {p for _, p in api.calls} == {PROFILES_PATH}
+
+
+def test_profiles_refuse_the_uninstall_in_one_line_naming_them_and_the_command() -> None:
+    api = FakeAPI(["usb", "dongles"], ["patchbay-node-agent"])
+    with pytest.raises(RefusedError) as e:
+        run(api, allow=False)
+    line = str(e.value)
+    assert "\n" not in line and '"' not in line  # Helm 4's logger would escape a double quote
+    assert "2 DevicePluginProfiles exist (dongles, usb)" in line
+    assert "`kubectl delete dpp --all`" in line and "uninstall.allowWithProfiles=true" in line
+    assert api.calls == [("GET", PROFILES_PATH)], "a refusal changes nothing"
+
+
+def test_a_long_list_of_profiles_is_counted_not_spelt_out() -> None:
+    line = refusal([f"p{i:02}" for i in range(25)])
+    assert "25 DevicePluginProfiles exist (p00, p01," in line and "p09 and 15 more)" in line
+    assert refusal(["one"]).count("1 DevicePluginProfile exist (one)") == 1
+
+
+def test_a_forbidden_first_list_is_retried_while_rbac_catches_up() -> None:
+    api = FakeAPI(["usb"], [])
+    api.forbidden = 2
+    with pytest.raises(RefusedError):
+        run(api, allow=False)
+    api.forbidden = 1000
+    with pytest.raises(KubeError):
+        run(api, allow=False, timeout=5)
+
+
+def test_opting_in_stops_the_operator_before_deleting_the_agents_and_waits_for_both() -> None:
+    api = FakeAPI(["usb"], ["patchbay-node-agent", "patchbay-usb"])
+    line = run(api, allow=True)
+    assert "\n" not in line
+    assert "operator stopped, agent DaemonSets deleted (patchbay-node-agent, patchbay-usb)" in line
+    assert "kept 1 DevicePluginProfile (usb)" in line
+    deletes = [p for m, p in api.calls if m == "DELETE"]
+    assert deletes == [f"{DAEMONSETS}/patchbay-node-agent", f"{DAEMONSETS}/patchbay-usb"]
+    # The last call: the agent pods are gone.
+    assert api.calls[-1] == ("GET", PODS) and api.stopped[AGENT_SELECTOR] == 0
+
+
+def test_opting_in_ends_with_a_line_when_the_agents_do_not_stop_in_time() -> None:
+    api = FakeAPI(["usb"], ["patchbay-node-agent"], linger=10_000)
+    with pytest.raises(RefusedError, match="timed out waiting for the operator to stop"):
+        run(api, allow=True, timeout=30)
