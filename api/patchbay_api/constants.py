@@ -111,6 +111,14 @@ class Reason(StrEnum):
     NODE_AGENT_EXCLUDED = "NodeAgentExcluded"
     #: a node that more than one of spec.nodeGroups matches (it uses the first: docs/api.md#node-groups)
     NODE_GROUPS_OVERLAP = "NodeGroupsOverlap"
+    #: an object the operator renders (agent ConfigMap or DaemonSet, DeviceClass) is missing: it
+    #: is being recreated (the operator's repairs.py, docs/operations.md#what-patchbay-repairs)
+    OWNED_OBJECT_MISSING = "OwnedObjectMissing"
+    #: another field manager took fields of such an object by server-side apply: left to it
+    FIELDS_TAKEN_OVER = "FieldsTakenOver"
+    #: Events of a repair (Normal): an owned object recreated, or an edit of it undone
+    RECREATED = "Recreated"
+    RESTORED = "Restored"
 
 
 class AgentPodReason(StrEnum):

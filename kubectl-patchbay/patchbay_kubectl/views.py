@@ -570,7 +570,29 @@ HINTS: dict[str, str] = {
     "RollingOut": "transient: a rollout keeps every node's resource",
     "NodeGroupsOverlap": "two of spec.nodeGroups match the node and the first listed wins: narrow their "
     "nodeSelectors, or order the list as meant",
+    "OwnedObjectMissing": "an object the operator renders was deleted: the operator recreates it within "
+    "seconds (a Recreated Event on the profile); if it stays missing, the operator's log",
+    "FieldsTakenOver": "another field manager took fields the operator manages by server-side apply, and "
+    "the operator leaves them: apply without those fields (or delete the object: it is recreated)",
 }
+
+_MISSING_CONFIGMAP = re.compile(r'configmaps? "([^"]+)" not found')
+_WAITS = ("NodesNotReady", "RollingOut")
+"""Reasons whose hint calls the wait transient: not so while an object the agents need is missing."""
+
+
+def missing_owned(problems: Sequence[Obj], troubles: Sequence[Obj]) -> list[str]:
+    """What the operator renders that is missing, as the cause of not being Ready: the status's
+    OwnedObjectMissing problem, or an agent pod that cannot mount its ConfigMap (FailedMount:
+    configmap "patchbay-node-agent" not found)."""
+    out = [str(p.get("message", "")) for p in problems if p.get("reason") == "OwnedObjectMissing"]
+    for t in troubles:
+        texts = [str(t.get("message", ""))] + [str(e.get("message", "")) for e in t.get("events") or []]
+        for name in sorted({m for text in texts for m in _MISSING_CONFIGMAP.findall(text)}):
+            cause = f"ConfigMap {name}, which the agent pods mount, is missing: the operator recreates it"
+            if cause not in out:
+                out.append(cause)
+    return out
 
 
 def pod_trouble(pod: Obj, events: Sequence[Obj]) -> Obj | None:
@@ -648,6 +670,13 @@ def why(profile: Obj, pods: Sequence[Obj], events: Sequence[Obj], now: datetime,
     reasons += [str(t["reason"]) for t in troubles]
     seen: set[str] = set()
     hints = []
+    causes = missing_owned(st.get("problems") or [], troubles)
+    if causes:
+        # The cause, not a wait: what is missing and what the operator does about it.
+        hints.append(
+            {"reason": "OwnedObjectMissing", "do": "; ".join(causes) + f". {HINTS['OwnedObjectMissing']}"}
+        )
+        seen.update(("OwnedObjectMissing", *_WAITS))
     for r in reasons:
         if r in HINTS and r not in seen:
             seen.add(r)

@@ -9,6 +9,7 @@ kopf hands over profiles (handlers.py); the informers hand over nodes and what t
 - ``Agents`` (agents.py): DevicePlugin and DRA profiles' agent objects, with ``DeviceClasses``
   (deviceclasses.py) for a DRA profile's DeviceClass;
 - ``AgentWatch`` (agentwatch.py): the agents' DaemonSets, pods, warnings and DeviceReports;
+- ``Repairs`` (repairs.py): what the operator renders, put back when deleted or edited;
 - ``ProfileStatus`` (profilestatus.py): each profile's status and Events, written by its
   ``StatusWriter`` (statuswriter.py) when marked dirty (``Dirty``: what every part marks);
 - ``peering.Gate``: with several replicas, whether this one may write at all.
@@ -25,7 +26,7 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from patchbay_operator import agentwatch, informer, maintenance, nodes
+from patchbay_operator import agentwatch, informer, maintenance, nodes, repairs
 from patchbay_operator.agents import Agents
 from patchbay_operator.agentwatch import AgentWatch
 from patchbay_operator.config import Settings
@@ -37,6 +38,8 @@ from patchbay_operator.peering import Gate, Peering, writes
 from patchbay_operator.profiles import Registry
 from patchbay_operator.profilestatus import ProfileStatus
 from patchbay_operator.reconcile import Reconciler
+from patchbay_operator.repairs import Repairs
+from patchbay_operator.status.daemonset import AgentDaemonSet
 from patchbay_operator.statuswriter import Dirty
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,16 @@ class Controller:
         self.watch = AgentWatch(kube, call, settings, registry=registry, mark=dirty.mark, gate=gate)
         self.classes = DeviceClasses(kube, call, registry=registry, mark=dirty.mark, gate=gate)
         self.agents = Agents(kube, call, settings, registry=registry, watch=self.watch, classes=self.classes)
+        self.repairs = Repairs(
+            kube,
+            call,
+            settings,
+            registry=registry,
+            watch=self.watch,
+            classes=self.classes,
+            mark=dirty.mark,
+            gate=gate,
+        )
         self.statuses = ProfileStatus(
             settings,
             kube,
@@ -73,6 +86,7 @@ class Controller:
             nodes=self.nodes,
             watch=self.watch,
             classes=self.classes,
+            repairs=self.repairs,
             dirty=dirty,
             gate=gate,
         )
@@ -97,10 +111,17 @@ class Controller:
         await self._watch(nodes.SOURCE, self.nodes.observe, self.nodes.resync)
         w = self.watch
         ds_source, pod_source, warning_source, report_source = agentwatch.sources(self.settings.namespace)
-        await self._watch(ds_source, w.daemonsets.observe, w.daemonsets.resync)
+        await self._watch(ds_source, self._daemonset_events, self._daemonset_resync)
         await self._watch(pod_source, w.pods.observe, w.pods.resync)
         await self._watch(warning_source, w.warnings.observe, w.warnings.resync)
         await self._watch(report_source, w.reports.observe, w.reports.resync, required=False)
+        configmaps, deviceclasses = repairs.sources(self.settings.namespace)
+        owned = self.repairs.stores
+        await self._watch(configmaps, owned["ConfigMap"].observe, owned["ConfigMap"].resync)
+        # Where resource.k8s.io/v1 is not served yet, no DeviceClass to repair either.
+        await self._watch(
+            deviceclasses, owned["DeviceClass"].observe, owned["DeviceClass"].resync, required=False
+        )
         rules = self.statuses.rules
         if await self._serves_device_taint_rules():
             await self._watch(RULES, rules.observe, rules.resync, required=False)
@@ -148,11 +169,20 @@ class Controller:
         watcher.start(rv)
         self._informers.append(watcher)
 
+    def _daemonset_events(self, events: list[informer.Event[AgentDaemonSet]]) -> None:
+        """The agent DaemonSets' one informer feeds their rollouts (agentwatch.py) and repairs."""
+        self.watch.daemonsets.observe(events)
+        self.repairs.observe_daemonsets(events)
+
+    def _daemonset_resync(self, snapshot: informer.Snapshot[AgentDaemonSet]) -> None:
+        self.watch.daemonsets.resync(snapshot)
+        self.repairs.resync_daemonsets(snapshot)
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro))
 
     async def stop(self) -> None:
-        for part in (self.statuses, self.classes, self.watch):
+        for part in (self.statuses, self.repairs, self.classes, self.watch):
             await part.close()
         loop = asyncio.get_running_loop()
         for watcher in self._informers:
@@ -253,5 +283,7 @@ class Controller:
             "watchRestarts": {w.kind: w.restarts for w in self._informers},
             "profileConditions": self.status.conditions(),
             "driftReassertions": n.drift_reassertions,
+            "repairs": dict(self.repairs.repairs),
+            "fieldsTakenOver": dict(self.repairs.taken_over),
             "apiRequests": dict(getattr(self.kube, "requests", {})),
         }

@@ -54,6 +54,11 @@ class DeviceClasses:
         """Apply a DRA profile's DeviceClass (``obj``: as render.agent_objects made it), keep what
         the API server stored, and apply it again later if that lacks the resource name."""
         applied = await self._call(self._kube.apply, obj if obj is not None else render.device_class(profile))
+        return self.keep(profile, applied)
+
+    def keep(self, profile: Profile, applied: dict[str, Any]) -> StoredDeviceClass:
+        """The class as the API server answered an apply of it (this part's, or a repair's):
+        kept, and applied again later if that lacks the resource name."""
         stored = StoredDeviceClass.from_object(applied)
         log.info("Applied DeviceClass %s", stored.name)
         before = self.stored.get(profile.name)

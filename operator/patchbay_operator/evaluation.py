@@ -73,6 +73,9 @@ class Inputs:
     #: profile has its agent pod deleted, so its report is no longer believed (`reports` leaves it
     #: out) but must still be pruned
     report_nodes: frozenset[str] = frozenset()
+    #: agent modes: the objects the operator renders for it that are missing (being recreated) or
+    #: whose fields another manager took (repairs.py)
+    owned: Sequence[Problem] = ()
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
         problems = dra.dra_problems(profile, matching, troubles, reports)
         problems += dra.served_twice_problems(profile, twin_name, twice)
         problems += overlaps
+        problems += inputs.owned
         new = dra.dra_status(
             profile,
             ds,
@@ -173,6 +177,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
             recheck_at = due if recheck_at is None else min(recheck_at, due)
     problems += deviceplugin.kubelet_short_problems(short, past_grace)
     problems += overlaps
+    problems += inputs.owned
     new = deviceplugin.plugin_status(
         profile, ds, nodes, previous, now, troubles=troubles, reports=reports, problems=problems
     )

@@ -235,7 +235,7 @@ class KubeAPI(Protocol):
     def create_event(self, namespace: str, body: dict[str, Any]) -> None: ...
     def list_profiles(self) -> list[dict[str, Any]]: ...
     def patch_profile_status(self, name: str, status: dict[str, Any]) -> None: ...
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]: ...
+    def apply(self, obj: dict[str, Any], force: bool = True) -> dict[str, Any]: ...
     def get(self, ref: Ref) -> dict[str, Any] | None: ...
     def delete(self, ref: Ref, uid: str = "") -> bool: ...
     def annotate(self, ref: Ref, annotations: dict[str, str]) -> bool: ...
@@ -452,15 +452,17 @@ class Kube:
 
     # --- owned objects -----------------------------------------------------------------------
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply with the operator's field manager, forcing ownership of its fields."""
+    def apply(self, obj: dict[str, Any], force: bool = True) -> dict[str, Any]:
+        """Server-side apply with the operator's field manager, forcing ownership of its fields;
+        without ``force``, a field another manager owns with another value is a 409 (a repair
+        asks first: repairs.py)."""
         ref = ref_of(obj)
         result: dict[str, Any] = self.request(
             "PATCH",
             ref.path,
             obj,
             content_type=APPLY_PATCH,
-            query={"fieldManager": FIELD_MANAGER, "force": "true"},
+            query={"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"},
         )
         return result
 

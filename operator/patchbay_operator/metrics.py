@@ -52,6 +52,16 @@ LABELLED = {
         "Requests to the API server, by verb (WATCH counts each watch opened).",
     ),
     "events": ("type", "counter", "Events posted on profiles, by type."),
+    "repairs": (
+        "kind",
+        "counter",
+        "Objects the operator renders put back after a deletion or an edit, by kind.",
+    ),
+    "fieldsTakenOver": (
+        "kind",
+        "counter",
+        "Edits left alone: another manager took fields by server-side apply (one Warning Event each).",
+    ),
     "profileConditions": (
         ("profile", "condition"),
         "gauge",

@@ -32,6 +32,7 @@ from patchbay_operator.kube import KubeAPI
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.peering import Gate, writes
 from patchbay_operator.profiles import Profile, Registry
+from patchbay_operator.repairs import Repairs
 from patchbay_operator.scheduler import OnPending, Timers
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.statuswriter import Dirty, StatusWriter
@@ -56,11 +57,13 @@ class ProfileStatus:
         nodes: NodeSync,
         watch: AgentWatch,
         classes: DeviceClasses,
+        repairs: Repairs,
         dirty: Dirty,
         gate: Gate | None = None,
     ) -> None:
         self._settings, self._kube, self._call, self._registry = settings, kube, call, registry
         self._nodes, self._watch, self._classes, self._gate = nodes, watch, classes, gate
+        self._repairs = repairs
         self.writer = StatusWriter(self.compute, self.write, settings.status_debounce, dirty)
         self.events = EventRecorder(lambda ns, body: call(kube.create_event, ns, body))
         #: DeviceTaintRules (device maintenance), where the API server serves them
@@ -140,6 +143,7 @@ class ProfileStatus:
             maintenance=list(self.rules.items.values()) if profile.mode is Mode.DRA else (),
             shared_pods=watch.shared_pods() if shared else None,
             shared_node_selector=self._settings.node_agent_node_selector,
+            owned=self._repairs.problems({key, name}),
         )
 
     def _retry_create_later(self, daemonset: str, name: str) -> None:

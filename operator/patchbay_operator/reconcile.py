@@ -69,8 +69,10 @@ class Reconciler:
         its resource name to the next profile in line. Raises ``CleanupPendingError`` while some
         node still carries the resource after ``patience`` seconds (kopf retries)."""
         profile = replace(Profile.from_body(body), deleting=True)
+        # Deleting before its objects go: never a winner, so every node plans its removal, and
+        # nothing repairs (recreates) what is deleted now (repairs.py renders from the registry).
+        self._registry.upsert(profile)
         await self._agents.delete(profile)
-        self._registry.upsert(profile)  # deleting: never a winner, so every node plans its removal
         await self._agents.apply_shared()
         self._nodes.enqueue_all()
         deadline = time.monotonic() + patience

@@ -447,6 +447,8 @@ def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str, kube_
         ("create", "deviceclasses.resource.k8s.io", None),  # DRA profiles' DeviceClasses
         ("patch", "deviceclasses.resource.k8s.io", None),
         ("delete", "deviceclasses.resource.k8s.io", None),
+        ("watch", "deviceclasses.resource.k8s.io", None),  # put back when deleted or edited
+        ("watch", "configmaps", ns),
     ]
     # Device maintenance (1.37 on). kubectl answers "no" for a resource the API server does not
     # serve whatever RBAC says, so there the rule itself is checked.

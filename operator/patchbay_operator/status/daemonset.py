@@ -15,6 +15,7 @@ from typing import Any
 from patchbay_operator.agentpods import Trouble, profile_key
 from patchbay_operator.constants import Reason
 from patchbay_operator.devicereports import AgentError, Report
+from patchbay_operator.owned import Owned, managed
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status.conditions import (
     Problem,
@@ -37,17 +38,28 @@ class AgentDaemonSet:
     #: its name and uid: which FailedCreate events are about it (agentpods.refusal)
     name: str = ""
     uid: str = ""
+    #: the hash of the fields the operator's apply owns, and the other appliers (owned.managed):
+    #: what repairs.py sees an edit by, from this same informer
+    fields: str = ""
+    appliers: frozenset[str] = frozenset()
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> AgentDaemonSet:
         meta = obj.get("metadata") or {}
+        fields, appliers = managed(meta)
         return cls(
             profile=profile_key(meta.get("labels") or {}),
             generation=int(meta.get("generation") or 0),
             status=dict(obj.get("status") or {}),
             name=str(meta.get("name") or ""),
             uid=str(meta.get("uid") or ""),
+            fields=fields,
+            appliers=appliers,
         )
+
+    @property
+    def owned(self) -> Owned:
+        return Owned("DaemonSet", self.name, self.profile, self.fields, self.appliers)
 
 
 def _lost(problems: Sequence[Problem]) -> str:

@@ -127,7 +127,7 @@ class FakeKube:
         self._call("patch_profile_status")
         self.status_writes.append((name, copy.deepcopy(status)))
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], force: bool = True) -> dict[str, Any]:
         self._call("apply")
         self.applied.append(obj)
         ref = ref_of(obj)

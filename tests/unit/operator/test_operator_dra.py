@@ -487,10 +487,10 @@ class DroppingKube(FakeKube):
 
     keeps = False
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, obj: dict[str, Any], force: bool = True) -> dict[str, Any]:
         if obj["kind"] == "DeviceClass" and not self.keeps:
             obj = {**obj, "spec": {k: v for k, v in obj["spec"].items() if k != "extendedResourceName"}}
-        return super().apply(obj)
+        return super().apply(obj, force)
 
 
 async def test_the_controller_reads_back_the_device_class_and_applies_it_again_while_dropped() -> None:
