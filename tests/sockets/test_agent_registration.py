@@ -143,6 +143,11 @@ def test_serves_again_when_its_own_socket_is_deleted(plugin_dir: Path, hw: FakeH
         try:
             async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
                 await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+                # The kubelet records a registration before it answers, and opens the stream after:
+                # a socket deleted before then is served again while Register is in flight (a
+                # kubelet restart's case, registration.py), the kubelet's stream comes through the
+                # new one, and no second registration is needed. Here the agent stands registered.
+                await until(lambda: agent.registrar.streaming)
                 agent.registrar.socket_path.unlink()
                 await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
                 assert kubelet.registrations[-1].plugin_was_serving

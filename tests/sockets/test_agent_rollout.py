@@ -29,6 +29,9 @@ RESOURCE = "example.com/serial"
 NEWEST = matrix()[-1]
 ONE_CLIENT_RELEASE = next((r for r in matrix() if not has("device-plugin-endpoint-per-socket", r)), None)
 NAME = re.compile(r"patchbay-example\.com_serial-[0-9a-f]{8}\.sock")
+#: How long the Python kubelet holds a hand-over's dial-back: longer than the deadline the agent
+#: once gave it (2 s), after which it counted as Ready while the kubelet still worked on it.
+SLOWER_THAN_THE_OLD_DEADLINE = 2.5
 
 
 def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket(
@@ -44,7 +47,8 @@ def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket
             a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root))
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
             b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root))
-            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
+            # Registered, and the kubelet's stream of it open (it opens after Register answers).
+            await kubelet.wait_for(lambda: len(kubelet.first_lists) == 2)
             endpoints = [r.request.endpoint for r in kubelet.registrations]
             assert endpoints == [a.registrar.endpoint, b.registrar.endpoint]
             assert all(NAME.fullmatch(e) for e in endpoints), endpoints
@@ -291,25 +295,29 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             await until(lambda: a.ready)
             assert a.registrar.handover.count == 0  # alone: nothing to hand over from
-            # A slow kubelet: the new agent is not Ready while its hand-over is unanswered (a
-            # rollout would remove the old agent, whose exit closes the new one's stream).
-            kubelet.dial_delay = 0.5
+            # A busy kubelet, slower than the agent's hand-over deadline once was (2 s): the new
+            # agent is not Ready while its hand-over is unanswered (a rollout would remove the old
+            # agent, whose exit closes the new one's stream), however long the answer takes.
+            kubelet.hold_dial = lambda endpoint: endpoint.endswith("-handover.sock")
             b = await new.enter_async_context(
                 running_agent(
                     SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
                 )
             )
-            await until(lambda: any(e.endswith("-handover.sock") for e in kubelet.attempts))
+            await kubelet.wait_for(lambda: kubelet.held)
+            await asyncio.sleep(SLOWER_THAN_THE_OLD_DEADLINE)  # the kubelet's delay, not a wait
             assert not b.ready
-            kubelet.dial_delay = 0.0
+            assert b.registrar.handover.in_flight
+            kubelet.release_dials()
             await until(lambda: b.ready)
             assert b.registrar.handover.count == 1
             (handover,) = kubelet.failed_connects
             assert handover == b.registrar.endpoint.removesuffix(".sock") + "-handover.sock"
             assert not (plugin_dir / handover).exists()  # the throw-away socket is gone
             assert RESOURCE not in kubelet.clients  # the kubelet holds no client to close
+            ended = kubelet.streams_ended
             await old.aclose()  # SIGTERM to the old pod
-            await asyncio.sleep(0.3)
+            await kubelet.wait_for(lambda: kubelet.streams_ended > ended)  # the old stream's end
             assert kubelet.dropped == []
             assert kubelet.healthy(RESOURCE) == 2
             assert b.registrar.registration_count == 1 and b.registrar.streams.drops == 0
@@ -386,9 +394,11 @@ def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_age
                 await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
                 if n > 0:
                     assert agents[-1].registrar.handover.count == 1
-                    attempts = len(kubelet.attempts)
+                    attempts, ended = len(kubelet.attempts), kubelet.streams_ended
                     await stacks[n - 1].aclose()  # SIGTERM to the previous agent
-                    await asyncio.sleep(0.3)
+                    # Whatever it registered as it left was sent before it stopped; its stream's
+                    # end reached the kubelet (a drop, had it registered) once this is counted.
+                    await kubelet.wait_for(lambda e=ended: kubelet.streams_ended > e)
                     assert kubelet.attempts[attempts:] == [], "a leaving agent registered again"
                     assert kubelet.dropped == []
                     assert kubelet.healthy(RESOURCE) == 2

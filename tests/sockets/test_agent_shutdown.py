@@ -57,13 +57,13 @@ def _run(short_dir: Path, hw: FakeHardware, *, kubelet_closes: bool) -> None:
             # From now on the kubelet answers Register slowly: a registration the agent sends
             # while it shuts down would hold it past its grace.
             kubelet.dial_delay = 2 * GRACE
-            registrations = len(kubelet.registrations)
+            registrations, attempts = len(kubelet.registrations), len(kubelet.attempts)
             if kubelet_closes:
                 # The kubelet closes the streams as the agent is told to go: to a kubelet that
                 # keeps one client per resource, a drop. The agent's loop is registering again
-                # (slowly) when SIGTERM arrives.
+                # (slowly: its Register is held in the kubelet) when SIGTERM arrives.
                 await kubelet.drop_streams()
-                await asyncio.sleep(0.05)
+                await kubelet.wait_for(lambda: len(kubelet.attempts) > attempts)
             agent.proc.send_signal(signal.SIGTERM)
             rc = await _exited(agent, GRACE + MARGIN)
             waited = GRACE + MARGIN

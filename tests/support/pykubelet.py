@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,12 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         #: seconds Register waits before dialing the plugin back (a slow or busy kubelet).
         #: Settable while running.
         self.dial_delay = 0.0
+        #: Register of an endpoint this picks waits before dialing the plugin back until
+        #: `release_dials` (a busy kubelet, for exactly as long as a test wants); `held` lists
+        #: the endpoints held so far. Settable while running.
+        self.hold_dial: Callable[[str], bool] = lambda endpoint: False
+        self.held: list[str] = []
+        self._dials_released = asyncio.Event()
         self.plugin_dir = plugin_dir
         self.one_client_per_resource = one_client_per_resource
         #: the current client per resource (one_client_per_resource): its channel
@@ -71,6 +78,9 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         self.registrations: list[Registration] = []
         #: the endpoint of every Register call, refused ones included
         self.attempts: list[str] = []
+        #: ListAndWatch streams that the plugin's side ended (the peer's own cancels not
+        #: counted), each counted once the kubelet has acted on its end (a drop, if any)
+        self.streams_ended = 0
         #: the latest device list per resource (from ListAndWatch)
         self.devices: dict[str, list[api_pb2.Device]] = {}
         self.lists_received = 0
@@ -97,6 +107,10 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
             await context.abort(self._refuse_code, details)
         if self.dial_delay > 0:
             await asyncio.sleep(self.dial_delay)
+        if self.hold_dial(request.endpoint):
+            self.held.append(request.endpoint)
+            self._notify()
+            await self._dials_released.wait()
         # Dial fresh, as the Go kubelet does: a shared subchannel to the same path may still be
         # backing off from the plugin's previous (deleted) socket.
         channel = grpc.aio.insecure_channel(
@@ -163,6 +177,8 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
             pass
         if self.one_client_per_resource:
             await self._drop_current_client(resource)
+        self.streams_ended += 1
+        self._notify()
 
     async def _drop_current_client(self, resource: str) -> None:
         """runClient -> getClient(name) -> disconnectClient: close whatever client is registered
@@ -185,6 +201,11 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
     def healthy(self, resource: str) -> int:
         """Devices of the resource the kubelet would count allocatable now."""
         return sum(d.health == "Healthy" for d in self.devices.get(resource, []))
+
+    def release_dials(self) -> None:
+        """Let every held Register dial the plugin back; hold none from now on."""
+        self.hold_dial = lambda endpoint: False
+        self._dials_released.set()
 
     def _notify(self) -> None:
         old, self.changed = self.changed, asyncio.Event()

@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 #: client per resource, and a rollout hands over (docs/facts.md#kubelet-endpoints). The test
 #: matrix's capability `device-plugin-endpoint-per-socket` names the same release.
 ENDPOINT_PER_SOCKET_SINCE = (1, 37)
-#: How long a hand-over registration (and the re-registration before a last exit) may take.
-HANDOVER_TIMEOUT = 2.0
+#: How long the re-registration before a last exit may take (at most half the shutdown grace).
+#: A hand-over registration has no deadline of its own: it waits for the kubelet's answer (see
+#: `HandOver.hand_over`).
+LAST_REGISTRATION_TIMEOUT = 2.0
 
 #: One Register call: of our socket, or of `endpoint`, within `deadline` seconds.
 Register = Callable[..., Awaitable[None]]
@@ -131,14 +133,22 @@ class HandOver:
     async def hand_over(self, endpoint: str) -> None:
         """Register a socket that refuses the kubelet (see the module doc), then remove it. Done
         at most once per registration: whatever the kubelet answered, readiness is not held back
-        again (at worst the previous agent's exit costs a drop, as without a hand-over)."""
+        again (at worst the previous agent's exit costs a drop, as without a hand-over).
+
+        The call waits for the kubelet's answer, under the registrar's usual Register deadline
+        (the kubelet's own dial-back gives up after 10 s), never a shorter one: the kubelet goes
+        on with a Register whose caller gave up. With a 2 s deadline a busy machine made the
+        agent give up, remove the socket and count as Ready while the kubelet still held the
+        throw-away client and dialed its removed socket; the previous agent's exit then closed
+        that client and marked every device unhealthy (a sockets test saw DEADLINE_EXCEEDED and
+        no hand-over under load)."""
         self.done = True
         self.in_flight = True
         name = endpoint.removesuffix(".sock") + "-handover.sock"
         server = detach_server(self._plugin_dir / name)
         try:
             await server.start()
-            await self._register(endpoint=name, deadline=HANDOVER_TIMEOUT)
+            await self._register(endpoint=name)
             log.warning("The kubelet accepted a hand-over registration it should have refused")
         except grpc.aio.AioRpcError as e:
             if "hand-over" in (e.details() or ""):
@@ -168,7 +178,7 @@ class HandOver:
         others = self.serving_others(endpoint, older_only=False)
         if self.done and registered and not others:
             try:
-                await self._register(deadline=min(HANDOVER_TIMEOUT, max(grace / 2, 0.1)))
+                await self._register(deadline=min(LAST_REGISTRATION_TIMEOUT, max(grace / 2, 0.1)))
                 log.info(
                     "No other agent of %s: registered again so that the kubelet sees us go",
                     self._resource_name,

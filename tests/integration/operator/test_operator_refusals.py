@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kubernetes.client.rest import ApiException
 from support.clusters import NAMESPACE, TEST_LABEL, Cluster, kstatus, wait_for
 from support.operator import Operator
 
@@ -37,6 +38,25 @@ def label_namespace(cluster: Cluster, level: str | None) -> None:
     cluster.core.patch_namespace(NAMESPACE, {"metadata": {"labels": {ENFORCE: level}}})
 
 
+def pod_security_refuses(cluster: Cluster) -> bool:
+    """Whether the API server refuses a privileged pod in the namespace now (a dry run: nothing is
+    created). Pod Security admission reads the namespace's labels from the API server's own
+    informer, so a label takes effect a moment after the patch: 7 of 100 dry runs right after
+    it were still admitted on an idle machine (2026-11-28), and an agent pod created in that
+    moment is admitted and never refused."""
+    pod = {
+        "metadata": {"generateName": "pod-security-probe-"},
+        "spec": {"containers": [{"name": "c", "image": "probe", "securityContext": {"privileged": True}}]},
+    }
+    try:
+        cluster.core.create_namespaced_pod(NAMESPACE, pod, dry_run="All")
+    except ApiException as e:
+        if e.status == 403 and "violates PodSecurity" in str(e.body):
+            return True
+        raise
+    return False
+
+
 def test_pods_refused_by_pod_security_stall_the_profile_and_a_fix_recovers_it(
     cluster: Cluster, operator: Operator
 ) -> None:
@@ -45,6 +65,7 @@ def test_pods_refused_by_pod_security_stall_the_profile_and_a_fix_recovers_it(
     daemonset = f"patchbay-{name}"
     label_namespace(cluster, "baseline")
     try:
+        wait_for("Pod Security to enforce baseline", lambda: pod_security_refuses(cluster), timeout=30)
         start = time.monotonic()
         cluster.create_profile(name, spec(cluster.tag))
         cond = wait_for("Stalled", lambda: stalled(cluster, name), timeout=120)

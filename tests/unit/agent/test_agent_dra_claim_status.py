@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from support.converge import until
+
 from patchbay_agent.core.health import CheckResult, DeviceHealthTracker
 from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.discovery import PhysicalDevice
@@ -131,8 +133,8 @@ def test_a_claim_gone_or_replaced_ends_the_write_a_server_error_is_retried() -> 
         try:
             client.errors = [ApiError(409, "Precondition failed: UID in precondition")]
             writer.prepared(*REF, [("dev-a", "ttyUSB0", "cdi-a")])
-            await asyncio.sleep(0.2)
-            assert client.docs == [] and writer.claims == {}  # replaced: never written
+            await until(lambda: not client.errors and writer.claims == {})  # the 409 answered
+            assert client.docs == []  # replaced: never written
             client.errors = [ApiError(500, "etcdserver: timeout"), OSError("connection reset")]
             writer.prepared(*REF, [("dev-a", "ttyUSB0", "cdi-a")])
             await asyncio.wait_for(client.applied.wait(), 10)  # after two retries (backoff)

@@ -25,6 +25,7 @@ from patchbay_bench.harness import (
     interleave,
     others_running,
 )
+from patchbay_devcluster.poll import poll_until
 
 
 def nothing(_r: Run) -> None:
@@ -180,6 +181,17 @@ def test_ctrl_c_keeps_the_record_and_runs_no_further_scenario(
     assert json.loads(written.read_text())["figures"][0]["name"] == "before"
 
 
+def running(pid: int, name: str) -> None:
+    """Until ``pid`` runs ``name`` (its command name in /proc). A fork returns before the child's
+    exec is done: ``Popen`` returns, and a shell's ``echo $!`` prints, while the child may still be
+    named after its parent, and the quiet check, reading command names, would not see it yet."""
+
+    def named() -> bool:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == name
+
+    poll_until(f"pid {pid} to run {name}", named, timeout=10, interval=0.01)
+
+
 def test_the_quiet_check_counts_other_sessions_api_servers_not_its_own(tmp_path: Path) -> None:
     """A real process named kube-apiserver (a copy of sleep): started by this process, it is the
     bench's own (the session's shared cluster) and not counted; orphaned by a shell that exits,
@@ -192,6 +204,8 @@ def test_the_quiet_check_counts_other_sessions_api_servers_not_its_own(tmp_path:
     )
     orphan = int(out.stdout)
     try:
+        running(own.pid, "kube-apiserver")
+        running(orphan, "kube-apiserver")
         found = others_running()
         assert f"{orphan} kube-apiserver" in found
         assert f"{own.pid} kube-apiserver" not in found
@@ -210,6 +224,7 @@ def test_a_full_run_waits_for_an_api_server_that_is_exiting(tmp_path: Path) -> N
         ["sh", "-c", f"{fake} 2 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
     )
     exiting = f"{int(out.stdout)} kube-apiserver"
+    running(int(out.stdout), "kube-apiserver")
     assert exiting in others_running()
     assert exiting not in Machine.now(settle=10).others
 

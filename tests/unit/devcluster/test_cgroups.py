@@ -275,12 +275,23 @@ def test_a_host_with_a_problem_gets_no_cgroups(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(["sleep", "60"])
+def cat_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A child that runs ``cat`` for certain, not the Python that forked it.
+
+    ``Popen`` returns once the child's close-on-exec pipe closes, which the kernel does in the
+    middle of ``execve``: before the new command name (``Name`` in /proc/<pid>/status) and
+    command line are set. Under load a read of /proc right after ``Popen`` saw ``python`` there.
+    The echo of one line is the handshake: only the new program can answer it.
+    """
+    proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"exec'd?\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == b"exec'd?\n"
     yield proc
     if proc.poll() is None:
         proc.kill()
-    proc.wait()
+    proc.communicate()
 
 
 def layouts(tmp_path: Path) -> dict[str, tuple[HostCgroups, list[Path]]]:
@@ -296,19 +307,19 @@ def layouts(tmp_path: Path) -> dict[str, tuple[HostCgroups, list[Path]]]:
 
 @pytest.mark.parametrize("layout", ["v1", "v2"])
 def test_down_finds_every_process_of_the_nodes_pods(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sleeper: subprocess.Popen[bytes], layout: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cat_process: subprocess.Popen[bytes], layout: str
 ) -> None:
     host, containers = layouts(tmp_path)[layout]
     for c in containers:
         c.mkdir(parents=True)
-        (c / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+        (c / "cgroup.procs").write_text(f"{cat_process.pid}\n")
     if host.version == 2:
         (host.base / ROOT.lstrip("/") / "cgroup.kill").write_text("0")
     monkeypatch.setattr(node_module, "host_cgroups", lambda: host)
     node = RealNode(tmp_path / "state", tmp_path / "pki", None)
     node.cgroup_root = ROOT
     assert node.kill_pods() == 1
-    assert sleeper.wait(timeout=30) == -signal.SIGKILL
+    assert cat_process.wait(timeout=30) == -signal.SIGKILL
     if host.version == 2:
         assert (host.base / ROOT.lstrip("/") / "cgroup.kill").read_text() == "1"
     assert node.cgroup_dir() == host.memory_dir(ROOT)
@@ -331,17 +342,17 @@ def test_down_removes_the_nodes_cgroups_in_either_layout(
 
 @pytest.mark.parametrize("layout", ["v1", "v2"])
 def test_a_pods_processes_are_read_from_its_cgroup_in_either_layout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sleeper: subprocess.Popen[bytes], layout: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cat_process: subprocess.Popen[bytes], layout: str
 ) -> None:
     host, _ = layouts(tmp_path)[layout]
     pod_dir = host.memory_dir(ROOT) / "kubepods" / "besteffort" / "poduid-1"
     (pod_dir / "c1").mkdir(parents=True)
-    (pod_dir / "c1" / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+    (pod_dir / "c1" / "cgroup.procs").write_text(f"{cat_process.pid}\n")
     monkeypatch.setattr(node_module, "host_cgroups", lambda: host)
     node = RealNode(tmp_path / "state", tmp_path / "pki", None)
     node.cgroup_root = ROOT
     cluster = SimpleNamespace(real_node=lambda: node)
     pod = client.V1Pod(metadata=client.V1ObjectMeta(name="p", uid="uid-1"))
     procs = pod_processes(cluster, pod)  # type: ignore[arg-type]
-    assert list(procs) == [sleeper.pid]
-    assert procs[sleeper.pid]["Name"] == "sleep"
+    assert list(procs) == [cat_process.pid]
+    assert procs[cat_process.pid]["Name"] == "cat"

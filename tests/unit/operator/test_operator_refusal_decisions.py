@@ -173,6 +173,34 @@ async def test_the_controller_nudges_a_refused_daemonset_until_its_pods_exist() 
         await ctl.stop()
 
 
+async def test_an_apply_answer_after_the_watch_never_puts_an_older_status_back() -> None:
+    """The apply's answer comes back through a worker thread; the watch may bring the DaemonSet,
+    and the status its controller wrote right after (pods desired, none created), first. The
+    answer must not put the status of the moment of the apply back: nothing changes the
+    DaemonSet again, so the refusal would never be seen (the integration test, under load)."""
+    from patchbay_operator.agentwatch import AgentWatch
+    from patchbay_operator.profiles import Registry
+
+    async def call(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    watch = AgentWatch(
+        FakeKube(), call, Settings(namespace="patchbay-system"), registry=Registry(), mark=lambda _n: None
+    )
+    watch.daemonsets.fold("ADDED", AgentDaemonSet("serial", 1, {}, DS, "u1"))
+    watch.daemonsets.fold("MODIFIED", AgentDaemonSet("serial", 1, REFUSED, DS, "u1"))
+    watch.applied(AgentDaemonSet("serial", 1, {}, DS, "u1"))  # the answer, late
+    assert watch.daemonsets.items["serial"].status == REFUSED
+    # A new generation is the apply's news, folded at once; so is a DaemonSet of the name made anew.
+    watch.applied(AgentDaemonSet("serial", 2, {}, DS, "u1"))
+    assert watch.daemonsets.items["serial"].generation == 2
+    watch.applied(AgentDaemonSet("serial", 1, {}, DS, "u2"))
+    assert watch.daemonsets.items["serial"].uid == "u2"
+    # Before any watch event, the answer is what there is.
+    watch.applied(AgentDaemonSet("other", 1, {}, "patchbay-other", "u3"))
+    assert watch.daemonsets.items["other"].uid == "u3"
+
+
 def test_the_profiles_events_say_the_refusal_and_its_recovery_without_a_node() -> None:
     from patchbay_operator.events import transitions
     from patchbay_operator.status.conditions import Problem
