@@ -185,6 +185,13 @@ def closure(root: str) -> list[importlib.metadata.Distribution]:
     return list(out.values())
 
 
+#: The distributions of this tree in the agent's image, installed editable here: (folder, package).
+TREE_PACKAGES = {
+    "patchbay-agent": ("plugin-agent", "patchbay_agent"),
+    "patchbay-api": ("api", "patchbay_api"),
+}
+
+
 def image_env(work: Path) -> Path:
     """A virtualenv with the agent's dependency closure linked in file by file and the agent's
     package from this tree, as the image installs them (no pip, no dev tools, no editable
@@ -194,7 +201,7 @@ def image_env(work: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     (site,) = env.glob("lib/python*/site-packages")
     for dist in closure("patchbay-agent"):
-        if dist.metadata["Name"] == "patchbay-agent":
+        if dist.metadata["Name"] in TREE_PACKAGES:
             continue  # editable here: its package is linked from the tree below
         for file in dist.files or []:
             parts = file.parts
@@ -204,13 +211,14 @@ def image_env(work: Path) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             if not target.exists():
                 target.symlink_to(Path(str(file.locate())).resolve())
-    agent = REPO / "plugin-agent" / "patchbay_agent"
-    (site / "patchbay_agent").symlink_to(agent)
+    trees = [REPO / folder / package for folder, package in TREE_PACKAGES.values()]
+    for tree in trees:
+        (site / tree.name).symlink_to(tree)
     python = env / "bin" / "python"
     # Bytecode compiled ahead as the image's build does (-OO, no column tables): a module compiled
     # at import costs memory the image does not spend (docs/facts.md#client-memory). compileall
     # skips linked directories, so the agent's package is compiled where it lies.
-    for tree in (site, agent):
+    for tree in (site, *trees):
         subprocess.run(
             [str(python), "-OO", "-X", "no_debug_ranges", "-m", "compileall", "-q", str(tree)], check=True
         )
