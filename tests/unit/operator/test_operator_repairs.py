@@ -3,8 +3,9 @@ fields, the other appliers), what a change of it was, whom a 409 names, and the 
 repairs through ``fakekube.FakeKube``: a deleted object recreated with one Event, an edit by an
 update restored by force, a take-over by server-side apply left alone with one Warning, nothing
 recreated for a profile being deleted, the rate limit; and `kubectl patchbay why` naming a missing
-ConfigMap as the cause. The real API server is in tests/integration/operator/test_operator_repairs.py,
-the real node in tests/e2e/test_operator_repairs_on_real_node.py."""
+ConfigMap as the cause. The real API server is in
+tests/integration/operator/test_operator_repairs_on_the_api_server.py, the real node in
+tests/e2e/test_operator_repairs_on_real_node.py."""
 
 from __future__ import annotations
 
