@@ -116,6 +116,9 @@ class Reason(StrEnum):
     OWNED_OBJECT_MISSING = "OwnedObjectMissing"
     #: another field manager took fields of such an object by server-side apply: left to it
     FIELDS_TAKEN_OVER = "FieldsTakenOver"
+    #: a shared profile whose settings would take the node agent's ConfigMap past 1 MiB: refused
+    #: (the ConfigMap is not written: docs/design/staged-rollouts.md)
+    CONFIG_TOO_LARGE = "AgentConfigTooLarge"
     #: Events of a repair (Normal): an owned object recreated, or an edit of it undone
     RECREATED = "Recreated"
     RESTORED = "Restored"

@@ -69,6 +69,8 @@ class ProfileSpec(TypedDict, total=False):
     plugin: dict[str, Any]
     nodeGroups: list[NodeGroupSpec]
     agent: AgentSpec
+    #: old ControllerRevisions kept besides the one in use (absent: revisions.DEFAULT_HISTORY_LIMIT)
+    revisionHistoryLimit: int
 
 
 class Condition(TypedDict, total=False):
@@ -102,6 +104,14 @@ class ProfileStatus(TypedDict, total=False):
     problemCount: int
     problems: list[Problem]
     nodeGroups: list[NodeGroupStatus]
+    #: the ControllerRevisions ``<profile>-<hash>`` nodes not yet moved serve, and moved ones serve
+    currentRevision: str
+    updateRevision: str
+    #: nodes that should serve the profile; of them, those serving updateRevision; of those, the
+    #: ones serving it without an agent error (a DaemonSet's names)
+    desiredNumberScheduled: int
+    updatedNumberScheduled: int
+    updatedNumberReady: int
 
 
 class Profile(TypedDict, total=False):
@@ -156,6 +166,8 @@ class DeviceReport(TypedDict, total=False):
     agent: str
     observedAt: str
     nodeGroup: str
+    #: the hash of the profile's revision the agent serves (``patchbay_api.revisions``)
+    revision: str
     deviceTaints: str  # constants.Served
     consumableCapacity: str  # constants.Served
     partitionableDevices: str  # constants.Served

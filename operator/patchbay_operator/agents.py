@@ -16,16 +16,17 @@ through agentwatch.py; the DaemonSet an apply answers with is folded into it at 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from patchbay_operator import render
 from patchbay_operator.agentwatch import AgentWatch
 from patchbay_operator.config import Settings
-from patchbay_operator.constants import Mode
+from patchbay_operator.constants import Mode, Reason
 from patchbay_operator.deviceclasses import DeviceClasses
 from patchbay_operator.kube import KubeAPI, Ref, collection
 from patchbay_operator.profiles import Profile, Registry, Selector
+from patchbay_operator.status.conditions import Problem
 from patchbay_operator.status.daemonset import AgentDaemonSet
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,13 @@ class Agents:
         registry: Registry,
         watch: AgentWatch,
         classes: DeviceClasses,
+        mark: Callable[[Iterable[str]], None] = lambda _names: None,
     ) -> None:
         self._kube, self._call, self._settings = kube, call, settings
         self._registry, self._watch, self._classes = registry, watch, classes
+        self._mark = mark
+        #: shared profiles that do not fit in the node agent's ConfigMap -> why (their status says)
+        self.refused: dict[str, str] = {}
 
     # --- a profile's agents, as the registry decides --------------------------------------------
 
@@ -91,11 +96,38 @@ class Agents:
         """The shared node agent becomes what the shared profiles say now (each with the nodes its
         agents leave out, see `render.shared_agent_objects`); with no profile left, it goes."""
         profiles = [(p, self._registry.exclusion(p)) for p in self._registry.shared_agent_profiles()]
+        refused = render.over_limit(profiles)
+        if refused or self.refused:
+            self._refuse(refused)
+        if refused:
+            # Never half-written: the agents keep serving the config they have.
+            return
         if not profiles:
             await self._delete_objects(render.SHARED_AGENT, "no profile uses the shared agent")
             return
         for obj in render.shared_agent_objects(profiles, self._settings):
             await self._apply_object(obj)
+
+    def _refuse(self, names: list[str]) -> None:
+        """`names` do not fit in the node agent's ConfigMap: each is refused (its status says so,
+        `problems`) and the ConfigMap is left as it is; the ones refused before and no more are
+        marked again."""
+        why = (
+            f"the shared node agent's ConfigMap {render.SHARED_AGENT} would hold more than "
+            f"{render.CONFIGMAP_LIMIT} bytes with this profile's settings: it is not written (the agents "
+            "keep serving what they have); make the profile smaller, or give it an agent section of its own"
+        )
+        before = set(self.refused)
+        self.refused = dict.fromkeys(names, why)
+        if names:
+            log.error("Not writing ConfigMap %s: %s would not fit", render.SHARED_AGENT, ", ".join(names))
+        self._mark(sorted(before | set(names)))
+
+    def problems(self, name: str) -> list[Problem]:
+        """The profile's problem while it does not fit in the shared ConfigMap (stalled: only a
+        change of a profile makes it fit)."""
+        why = self.refused.get(name)
+        return [] if why is None else [Problem("", "", Reason.CONFIG_TOO_LARGE.value, why, stalled=True)]
 
     async def delete(self, profile: Profile) -> None:
         """Delete the agent objects if they exist (a Static or conflicting profile has none), the

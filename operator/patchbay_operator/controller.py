@@ -10,6 +10,7 @@ kopf hands over profiles (handlers.py); the informers hand over nodes and what t
   (deviceclasses.py) for a DRA profile's DeviceClass;
 - ``AgentWatch`` (agentwatch.py): the agents' DaemonSets, pods, warnings and DeviceReports;
 - ``Repairs`` (repairs.py): what the operator renders, put back when deleted or edited;
+- ``Revisions`` (revisions.py): each profile's ControllerRevisions, written, pruned, put back;
 - ``ProfileStatus`` (profilestatus.py): each profile's status and Events, written by its
   ``StatusWriter`` (statuswriter.py) when marked dirty (``Dirty``: what every part marks);
 - ``peering.Gate``: with several replicas, whether this one may write at all.
@@ -26,7 +27,7 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from patchbay_operator import agentwatch, informer, maintenance, nodes, repairs
+from patchbay_operator import agentwatch, informer, maintenance, nodes, repairs, revisions
 from patchbay_operator.agents import Agents
 from patchbay_operator.agentwatch import AgentWatch
 from patchbay_operator.config import Settings
@@ -67,7 +68,9 @@ class Controller:
         self.nodes = NodeSync(kube, call, registry.static_winners, dirty.mark_all)
         self.watch = AgentWatch(kube, call, settings, registry=registry, mark=dirty.mark, gate=gate)
         self.classes = DeviceClasses(kube, call, registry=registry, mark=dirty.mark, gate=gate)
-        self.agents = Agents(kube, call, settings, registry=registry, watch=self.watch, classes=self.classes)
+        self.agents = Agents(
+            kube, call, settings, registry=registry, watch=self.watch, classes=self.classes, mark=dirty.mark
+        )
         self.repairs = Repairs(
             kube,
             call,
@@ -78,6 +81,9 @@ class Controller:
             mark=dirty.mark,
             gate=gate,
         )
+        self.revisions = revisions.Revisions(
+            kube, call, settings, registry=registry, mark=dirty.mark, gate=gate
+        )
         self.statuses = ProfileStatus(
             settings,
             kube,
@@ -87,11 +93,14 @@ class Controller:
             watch=self.watch,
             classes=self.classes,
             repairs=self.repairs,
+            agents=self.agents,
             dirty=dirty,
             gate=gate,
         )
         self.status = self.statuses.writer
-        self.reconciler = Reconciler(registry, self.nodes, self.agents, self.status, self.statuses.events)
+        self.reconciler = Reconciler(
+            registry, self.nodes, self.agents, self.status, self.statuses.events, revisions=self.revisions
+        )
         self._informers: list[Informer[Any]] = []
         self._tasks: list[asyncio.Task[None]] = []
         if self.gate is not None:
@@ -121,6 +130,10 @@ class Controller:
         # Where resource.k8s.io/v1 is not served yet, no DeviceClass to repair either.
         await self._watch(
             deviceclasses, owned["DeviceClass"].observe, owned["DeviceClass"].resync, required=False
+        )
+        revs = self.revisions.store
+        await self._watch(
+            revisions.source(self.settings.namespace), revs.observe, revs.resync, required=False
         )
         rules = self.statuses.rules
         if await self._serves_device_taint_rules():
@@ -182,7 +195,7 @@ class Controller:
         self._tasks.append(asyncio.create_task(coro))
 
     async def stop(self) -> None:
-        for part in (self.statuses, self.repairs, self.classes, self.watch):
+        for part in (self.statuses, self.repairs, self.revisions, self.classes, self.watch):
             await part.close()
         loop = asyncio.get_running_loop()
         for watcher in self._informers:
@@ -284,6 +297,7 @@ class Controller:
             "profileConditions": self.status.conditions(),
             "driftReassertions": n.drift_reassertions,
             "repairs": dict(self.repairs.repairs),
+            "revisions": self.revisions.counts(),
             "fieldsTakenOver": dict(self.repairs.taken_over),
             "apiRequests": dict(getattr(self.kube, "requests", {})),
         }

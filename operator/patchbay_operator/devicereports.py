@@ -97,6 +97,8 @@ class Report:
     #: the profile's node group the agent serves the node with; "" for a profile without groups
     #: (or an agent older than node groups)
     node_group: str = ""
+    #: the hash of the profile's revision the agent serves; "" from an agent older than revisions
+    revision: str = ""
 
     @property
     def all(self) -> Counts:
@@ -173,4 +175,5 @@ class Report:
             consumable_capacity=str(obj.get("consumableCapacity") or ""),
             partitionable_devices=str(obj.get("partitionableDevices") or ""),
             node_group=str(obj.get("nodeGroup") or ""),
+            revision=str(obj.get("revision") or ""),
         )

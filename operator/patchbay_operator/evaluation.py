@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from patchbay_api.revisions import revision_name, spec_revision
 from patchbay_operator import capacity
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
 from patchbay_operator.capacity import NodeState
@@ -110,7 +111,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
         ]
         problems = static.static_problems(seen)
         new = static.static_status(profile, seen, previous, now, problems=problems)
-        return Evaluation(_no_dra(new, previous), problems)
+        return Evaluation(_with_revisions(_no_dra(new, previous), profile, None), problems)
     troubles = list(inputs.troubles)
     ds = inputs.daemonset
     refused = None
@@ -161,6 +162,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
             maintenance=inputs.maintenance,
         )
         new = nodegroups.with_node_groups(new, profile, matching, _believed(reports, selected), previous)
+        new = _with_revisions(new, profile, _believed(reports, selected), len(selected))
         return Evaluation(new, problems, recheck_at, keep, retry)
     problems = deviceplugin.plugin_problems(profile, matching, troubles, reports)
     short = deviceplugin.kubelet_short(profile, matching, reports)
@@ -182,7 +184,39 @@ def evaluate(inputs: Inputs) -> Evaluation:
         profile, ds, nodes, previous, now, troubles=troubles, reports=reports, problems=problems
     )
     new = nodegroups.with_node_groups(new, profile, matching, _believed(reports, selected), previous)
-    return Evaluation(_no_dra(new, previous), problems, recheck_at, keep, retry, frozenset(short))
+    believed = _believed(reports, selected)
+    new = _with_revisions(_no_dra(new, previous), profile, believed, len(selected))
+    return Evaluation(new, problems, recheck_at, keep, retry, frozenset(short))
+
+
+def _with_revisions(
+    new: dict[str, Any], profile: Profile, reports: Sequence[Report] | None, selected: int = 0
+) -> dict[str, Any]:
+    """The revisions and their node counts, in a DaemonSet's words: ``currentRevision`` and
+    ``updateRevision`` (the ControllerRevisions ``<profile>-<hash>``: with every node moved at
+    once, as now, both the spec's), ``desiredNumberScheduled`` (the nodes that should serve the
+    profile: the `selected` ones), ``updatedNumberScheduled`` (of them, those whose agent says it
+    serves the update revision: its DeviceReport's ``revision``) and ``updatedNumberReady`` (of
+    those, the ones serving it without an agent error). Static (``reports`` None): no agent, the
+    node's capacity as intended is the update revision served."""
+    digest = spec_revision(profile.spec)
+    nodes = new.get("nodes") or {}
+    desired = selected
+    if reports is None:
+        desired = int(nodes.get("desired") or 0)
+        updated = ready = int(nodes.get("ready") or 0)
+    else:
+        on_update = [r for r in reports if r.revision == digest]
+        updated, ready = len(on_update), sum(r.error is None for r in on_update)
+    name = revision_name(profile.name, digest)
+    new.update(
+        currentRevision=name,
+        updateRevision=name,
+        desiredNumberScheduled=desired,
+        updatedNumberScheduled=min(updated, desired),
+        updatedNumberReady=min(ready, desired),
+    )
+    return new
 
 
 def _believed(reports: Sequence[Report], selected: frozenset[str]) -> list[Report]:

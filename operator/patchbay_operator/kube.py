@@ -74,6 +74,7 @@ class Ref:
 _COLLECTIONS = {
     ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
     ("apps/v1", "DaemonSet"): "/apis/apps/v1/namespaces/{ns}/daemonsets",
+    ("apps/v1", "ControllerRevision"): "/apis/apps/v1/namespaces/{ns}/controllerrevisions",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
     ("v1", "Pod"): "/api/v1/namespaces/{ns}/pods",
     ("v1", "Event"): "/api/v1/namespaces/{ns}/events",

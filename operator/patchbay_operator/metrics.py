@@ -57,6 +57,12 @@ LABELLED = {
         "counter",
         "Objects the operator renders put back after a deletion or an edit, by kind.",
     ),
+    "revisions": (
+        "action",
+        "counter",
+        "Profiles' ControllerRevisions created, pruned (past revisionHistoryLimit) and recreated "
+        "(the one in use, deleted by someone else).",
+    ),
     "fieldsTakenOver": (
         "kind",
         "counter",

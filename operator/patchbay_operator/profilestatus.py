@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from patchbay_operator import evaluation, maintenance, render
+from patchbay_operator.agents import Agents
 from patchbay_operator.agentwatch import AgentWatch
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import RETRY_CREATE_SECONDS, SHARED_KEY, Mode
@@ -60,10 +61,11 @@ class ProfileStatus:
         repairs: Repairs,
         dirty: Dirty,
         gate: Gate | None = None,
+        agents: Agents | None = None,
     ) -> None:
         self._settings, self._kube, self._call, self._registry = settings, kube, call, registry
         self._nodes, self._watch, self._classes, self._gate = nodes, watch, classes, gate
-        self._repairs = repairs
+        self._repairs, self._agents = repairs, agents
         self.writer = StatusWriter(self.compute, self.write, settings.status_debounce, dirty)
         self.events = EventRecorder(lambda ns, body: call(kube.create_event, ns, body))
         #: DeviceTaintRules (device maintenance), where the API server serves them
@@ -143,7 +145,8 @@ class ProfileStatus:
             maintenance=list(self.rules.items.values()) if profile.mode is Mode.DRA else (),
             shared_pods=watch.shared_pods() if shared else None,
             shared_node_selector=self._settings.node_agent_node_selector,
-            owned=self._repairs.problems({key, name}),
+            owned=self._repairs.problems({key, name})
+            + (self._agents.problems(name) if self._agents is not None else []),
         )
 
     def _retry_create_later(self, daemonset: str, name: str) -> None:

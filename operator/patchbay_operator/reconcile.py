@@ -3,9 +3,10 @@
 One way down: kopf's handler (handlers.py) hands the profile to the controller, which hands it
 here; the registry (profiles.py, pure) records it and decides who wins each resource name and CDI
 kind; the node workers are queued (nodes.py: Static capacity, planned from the registry when they
-run), the statuses concerned are marked (statuswriter.py), and the agents' objects are applied or
-deleted (agents.py, which also applies a DRA profile's DeviceClass and its twin). Nothing on the
-way calls back up: what changes is marked, and computed later by the status loop.
+run), the statuses concerned are marked (statuswriter.py), the profile's revision is written
+(revisions.py), and the agents' objects are applied or deleted (agents.py, which also applies a
+DRA profile's DeviceClass and its twin). Nothing on the way calls back up: what changes is
+marked, and computed later by the status loop.
 
 Deleting waits until no node carries the profile's resource (ownership comes from the node
 annotations, so this works after a restart too), then hands the resource name, and the CDI kind,
@@ -26,6 +27,7 @@ from patchbay_operator.agents import Agents
 from patchbay_operator.events import EventRecorder
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.profiles import Profile, Registry
+from patchbay_operator.revisions import Revisions
 from patchbay_operator.statuswriter import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -39,10 +41,17 @@ class Reconciler:
     """Every profile's way from kopf to the nodes and the agents (see the module doc)."""
 
     def __init__(
-        self, registry: Registry, nodes: NodeSync, agents: Agents, status: StatusWriter, events: EventRecorder
+        self,
+        registry: Registry,
+        nodes: NodeSync,
+        agents: Agents,
+        status: StatusWriter,
+        events: EventRecorder,
+        *,
+        revisions: Revisions | None = None,
     ) -> None:
         self._registry, self._nodes, self._agents = registry, nodes, agents
-        self._status, self._events = status, events
+        self._status, self._events, self._revisions = status, events, revisions
         self.reconciles = 0
 
     async def reconcile(self, body: Mapping[str, Any]) -> None:
@@ -54,6 +63,8 @@ class Reconciler:
         self._status.seed(profile.name, body.get("status"), replace=False)
         self._nodes.enqueue_all()
         self._status.mark(self._registry.names_of(profile.resource))
+        if self._revisions is not None:
+            await self._revisions.reconcile(profile)
         winner = self._registry.conflict(profile)
         if winner is not None:
             log.warning(

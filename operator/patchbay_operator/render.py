@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from patchbay_api.revisions import NOBODY, Rollout, spec_revision
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import (
     AGENT_CONFIG_DIR,
@@ -231,7 +232,8 @@ def agent_objects(
         "labels": labels(profile.name, profile.mode),
         "owners": [owner_reference(profile)],
     }
-    configmap = _render("configmap.yaml.j2", **common, config_key=AGENT_CONFIG_KEY, config_text=text)
+    revision = spec_revision(profile.spec)
+    configmap = _render("configmap.yaml.j2", **common, data={AGENT_CONFIG_KEY: text, REVISION_KEY: revision})
     security = {"privileged": True} if agent.get("privileged") else HARDENED
     daemonset = _render(
         "daemonset.yaml.j2",
@@ -240,7 +242,8 @@ def agent_objects(
         max_surge=strategy.get("maxSurge", 1),
         max_unavailable=strategy.get("maxUnavailable", 0),
         hash_annotation=CONFIG_HASH_ANNOTATION,
-        config_hash=config_hash(text),
+        # The revision too: the agent reads it (for its report) when it starts.
+        config_hash=config_hash(f"{text}{revision}"),
         priority_class=agent.get("priorityClassName") or "",
         node_selector_terms=[t for t in profile.selector.node_selector_terms(exclude) if t],
         tolerations=list(agent.get("tolerations") or []),
@@ -276,6 +279,10 @@ def agent_objects(
     return [configmap, daemonset]
 
 
+REVISION_KEY = "revision"
+"""An agent of its own's ConfigMap: the key of the revision hash its config is (the agent's
+``config.REVISION_FILE``)."""
+
 SHARED_AGENT = "patchbay-node-agent"
 """The shared agent's DaemonSet and ConfigMap (one per cluster, in the operator's namespace)."""
 SHARED_LABEL = LABEL_SHARED_AGENT
@@ -296,15 +303,35 @@ def shared_labels() -> dict[str, str]:
     }
 
 
-def node_entry(profile: Profile, exclude: Selector | None = None) -> dict[str, Any]:
-    """One profile in the node agent's config (nodeconfig.py in the agent reads it): its name,
-    mode (and DRA driver), resourceName, plugin, and the node selector terms of its agent; with
+def node_entry(
+    profile: Profile, exclude: Selector | None = None, current: Profile | None = None
+) -> dict[str, Any]:
+    """One profile in the node agent's config (nodeconfig.py in the agent reads it): its name and
+    uid, the revision it is (`revision`, the hash) and which revision each node serves
+    (`rollout`, `patchbay_api.revisions.Rollout`), then that revision's settings: mode (and DRA
+    driver), resourceName, plugin, and the node selector terms of its agent; with
     ``spec.nodeGroups``, each group in list order with its selector as ONE node selector term and
     its settings already merged over ``plugin`` (the agent chooses the first group whose term
     selects its node and validates that group's plugin as it validates ``plugin``). Merging here
-    keeps the agent's side a choice, and the merge rule in one place (``pluginspec.merge``)."""
+    keeps the agent's side a choice, and the merge rule in one place (``pluginspec.merge``).
+
+    `current`: the profile as its current revision had it, when nodes are still to move from it
+    (staged rollouts: its settings go under ``revisions`` and the stanza keeps every node on it
+    but the ones it moves). None, as for every profile now: every node serves ``profile``."""
+    revision = spec_revision(profile.spec)
+    rollout = Rollout.settled(revision)
+    entry: dict[str, Any] = {"profile": profile.name, "uid": profile.uid, "revision": revision}
+    entry |= _revision_body(profile, exclude)
+    if current is not None and (was := spec_revision(current.spec)) != revision:
+        rollout = Rollout(was, revision, threshold=NOBODY)
+        entry["revisions"] = {was: _revision_body(current, exclude)}
+    entry["rollout"] = rollout.as_dict()
+    return entry
+
+
+def _revision_body(profile: Profile, exclude: Selector | None) -> dict[str, Any]:
+    """What one revision of a profile tells the node agent (see `node_entry`)."""
     entry: dict[str, Any] = {
-        "profile": profile.name,
         "mode": profile.mode.value,
         "resourceName": profile.resource,
         "plugin": dict(profile.plugin.document),
@@ -322,6 +349,49 @@ def node_entry(profile: Profile, exclude: Selector | None = None) -> dict[str, A
     if profile.mode is Mode.DRA:
         entry["driver"] = driver_name(profile.name)
     return entry
+
+
+CONFIGMAP_LIMIT = 1 << 20
+"""What a ConfigMap's data may hold (the API server refuses more: 1 MiB)."""
+
+
+def data_size(configmap: Mapping[str, Any]) -> int:
+    """The bytes of a ConfigMap's data as the API server counts them (keys and values)."""
+    return sum(len(k.encode()) + len(str(v).encode()) for k, v in (configmap.get("data") or {}).items())
+
+
+def entry_sizes(profiles: Sequence[tuple[Profile, Selector | None]]) -> dict[str, int]:
+    """Each profile's bytes in the node agent's ConfigMap, exactly: the file is the entries' dumps
+    one after the other under ``profiles:``, so each is dumped alone. One whose JSON is already
+    twice `CONFIGMAP_LIMIT` is not dumped (counted as the limit and one)."""
+    sizes: dict[str, int] = {}
+    for p, exclude in profiles:
+        entry = node_entry(p, exclude)
+        if len(json.dumps(entry)) > 2 * CONFIGMAP_LIMIT:
+            sizes[p.name] = CONFIGMAP_LIMIT + 1
+        else:
+            dumped = yaml.safe_dump({"profiles": [entry]}, sort_keys=True, default_flow_style=False)
+            sizes[p.name] = len(dumped.encode()) - len(_HEADER)
+    return sizes
+
+
+_HEADER = "profiles:\n"
+
+
+def over_limit(profiles: Sequence[tuple[Profile, Selector | None]]) -> list[str]:
+    """The shared profiles that do not fit in the node agent's ConfigMap: taken oldest first, the
+    ones whose entry would take it past `CONFIGMAP_LIMIT` (none when the whole config fits)."""
+    sizes = entry_sizes(profiles)
+    total = len(NODE_CONFIG_KEY) + len(_HEADER)
+    if total + sum(sizes.values()) <= CONFIGMAP_LIMIT:
+        return []
+    refused = []
+    for p, _ in sorted(profiles, key=lambda pe: pe[0].sort_key):
+        if total + sizes[p.name] <= CONFIGMAP_LIMIT:
+            total += sizes[p.name]
+        else:
+            refused.append(p.name)
+    return refused
 
 
 def node_config(profiles: Sequence[tuple[Profile, Selector | None]]) -> str:
@@ -346,7 +416,7 @@ def shared_agent_objects(
         "labels": shared_labels(),
         "owners": sorted(owners, key=lambda o: o["name"]),
     }
-    configmap = _render("configmap.yaml.j2", **common, config_key=NODE_CONFIG_KEY, config_text=text)
+    configmap = _render("configmap.yaml.j2", **common, data={NODE_CONFIG_KEY: text})
     daemonset = _render(
         "daemonset.yaml.j2",
         **common,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,11 @@ class AgentConfig:
     #: from its Node's labels); "" for a profile without node groups. Not read from `plugin`: it
     #: only names the choice, for the DeviceReport's `nodeGroup`.
     node_group: str = ""
+    #: the hash of the profile's revision these settings are (`nodeconfig`: the node agent chooses
+    #: it with `patchbay_api.revisions`; an agent of its own reads it beside its config); "" when
+    #: the operator names none (an operator older than revisions). Names the choice, for the
+    #: DeviceReport's `revision`.
+    revision: str = ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -530,8 +535,14 @@ def parse(raw: Any) -> AgentConfig:
     )
 
 
+#: Beside an agent of its own's config, in the ConfigMap the operator renders: the hash of the
+#: profile's revision the config is (a file of its own, so an older agent's parser never meets it).
+REVISION_FILE = "revision"
+
+
 def load(path: str | Path) -> AgentConfig:
-    """Read and parse the YAML file the operator mounts (or a hand-written one)."""
+    """Read and parse the YAML file the operator mounts (or a hand-written one), with the revision
+    named in the `REVISION_FILE` beside it (none: "")."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -541,4 +552,9 @@ def load(path: str | Path) -> AgentConfig:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError("config", f"{p} is not valid YAML: {e}") from None
-    return parse(raw)
+    config = parse(raw)
+    try:
+        revision = p.with_name(REVISION_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return config
+    return replace(config, revision=revision[:64])

@@ -218,7 +218,9 @@ class NodeAgent:
         profile."""
         async with self._lock:
             assert self.labels is not None
-            desired = {e.profile: e for e in selected(self.entries, self.labels)}
+            desired = {
+                e.profile: e for e in selected(self.entries, self.labels, self.options.agent.node_name)
+            }
             done: dict[str, str] = {}
             for name in sorted(set(self.units) - set(desired)):
                 await self._stop_unit(name)
@@ -415,7 +417,15 @@ class UnitSupervisor:
             def build(uid: str | None) -> dict[str, Any]:
                 assert unit.failure is not None
                 reason, message, since = unit.failure
-                return failure_report(target, reason, message, since, uid, node_group=unit.entry.node_group)
+                return failure_report(
+                    target,
+                    reason,
+                    message,
+                    since,
+                    uid,
+                    node_group=unit.entry.node_group,
+                    revision=unit.entry.revision,
+                )
 
             reporter = unit.failure_reporter = Reporter(
                 target,

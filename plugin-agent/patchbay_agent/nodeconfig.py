@@ -13,6 +13,12 @@ FIRST group whose terms select it, or the entry's own `plugin` (group `default`)
 (`ProfileEntry.for_labels`); the units run that choice, so a label change that moves the node to
 another group reconfigures the unit as a changed profile does.
 
+An entry names the revision its settings are (`revision`, a hash) and may carry the profile's
+`uid`, a `rollout` stanza and other revisions' settings (`revisions`: hash -> the same fields as
+an entry). A node serves the revision `patchbay_api.revisions.Rollout.served` names for its name
+and labels (`ProfileEntry.for_node`), the one function the operator uses to choose which nodes
+move; that revision's hash is in its DeviceReport (`revision`).
+
 Parsing never lets one entry spoil the others: an entry whose `plugin` is refused keeps its
 `ConfigError`, and the node agent reports it in that profile's DeviceReport while the rest serve;
 a group whose `plugin` is refused keeps its own, reported only on the nodes of that group.
@@ -32,6 +38,7 @@ import yaml
 
 from patchbay_agent.config import AgentConfig, ConfigError, parse
 from patchbay_api import constants as api
+from patchbay_api.revisions import Rollout
 from patchbay_api.selectors import LabelSelector, Requirement, SelectorError, any_term_matches
 
 #: The node config's key in the ConfigMap the operator renders.
@@ -91,6 +98,26 @@ class ProfileEntry:
     groups: tuple[GroupEntry, ...] = ()
     #: in an entry `for_labels` chose: the group it serves ("" for a profile without groups)
     node_group: str = ""
+    #: the hash of the profile's revision these settings are ("" from an operator older than
+    #: revisions)
+    revision: str = ""
+    #: the profile's uid, which the assignment hashes with the node's name
+    uid: str = ""
+    #: which revision each node serves (None: every node serves this entry's own)
+    rollout: Rollout | None = None
+    #: the other revisions' settings a node may serve (`rollout`), each an entry of its own
+    others: tuple[ProfileEntry, ...] = ()
+
+    def for_node(self, node: str, labels: Mapping[str, str]) -> ProfileEntry:
+        """The revision a node with this name and these labels serves (`Rollout.served`, the one
+        function the operator uses too): this entry's own settings or one of `others`, without
+        the rollout (what a unit runs). A revision the config does not carry (it cannot happen
+        with the operator's config) is served as this entry's own."""
+        chosen = self
+        if self.rollout is not None:
+            wanted = self.rollout.served(self.uid, node, labels)
+            chosen = next((o for o in self.others if o.revision == wanted), self)
+        return replace(chosen, uid=self.uid, rollout=None, others=())
 
     def selects(self, labels: Mapping[str, str]) -> bool:
         return _selects(self.terms, labels)
@@ -116,7 +143,16 @@ class ProfileEntry:
     @property
     def key(self) -> tuple[object, ...]:
         """What serving this entry depends on: a change of it restarts the entry's unit."""
-        return (self.mode, self.driver, yaml.safe_dump(dict(self.raw), sort_keys=True), self.node_group)
+        return (
+            self.mode,
+            self.driver,
+            yaml.safe_dump(dict(self.raw), sort_keys=True),
+            self.node_group,
+            self.revision,
+            self.uid,
+            None if self.rollout is None else yaml.safe_dump(self.rollout.as_dict(), sort_keys=True),
+            tuple(o.key for o in self.others),
+        )
 
 
 def _terms(raw: Any, path: str) -> Terms:
@@ -152,33 +188,65 @@ def parse_node_config(raw: Any) -> list[ProfileEntry]:
         if not isinstance(item, Mapping):
             raise ConfigError(path, "must be a mapping")
         name = _listed_name(item, "profile", path, seen)
-        body = {"resourceName": item.get("resourceName"), "plugin": item.get("plugin")}
-        if item.get("nodeGroups") is not None:
-            body["nodeGroups"] = item["nodeGroups"]
-        groups: tuple[GroupEntry, ...] = ()
+        entry = _entry(item, path, name)
+        uid = item.get("uid")
+        uid = uid if isinstance(uid, str) else ""
+        rollout: Rollout | None = None
+        others: list[ProfileEntry] = []
         try:
-            mode = Mode(item.get("mode", Mode.DEVICE_PLUGIN))
-        except ValueError:
-            mode = Mode.DEVICE_PLUGIN
-        driver = str(item.get("driver") or "")
-        config: AgentConfig | None = None
-        error = ""
-        try:
-            if item.get("mode", Mode.DEVICE_PLUGIN) not in tuple(Mode):
-                raise ConfigError(f"{path}.mode", f"must be one of {[m.value for m in Mode]}")
-            if mode is Mode.DRA and (len(driver) > 63 or not _DNS_SUBDOMAIN.fullmatch(driver)):
-                raise ConfigError(f"{path}.driver", "a DRA entry needs a driver name (a DNS subdomain)")
-            terms = _terms(item.get("nodeSelectorTerms"), f"{path}.nodeSelectorTerms")
-            groups = _groups(item.get("nodeGroups"), body["resourceName"], f"{path}.nodeGroups")
-            # The entry's own settings: what its nodes of no group (`default`) serve.
-            config = parse({"resourceName": body["resourceName"], "plugin": body["plugin"]})
+            if item.get("rollout") is not None:
+                try:
+                    rollout = Rollout.from_dict(item["rollout"])
+                except ValueError as e:
+                    field_path, _, problem = str(e).partition(": ")
+                    raise ConfigError(f"{path}.{field_path}", problem) from None
+            bodies = item.get("revisions") or {}
+            if not isinstance(bodies, Mapping):
+                raise ConfigError(f"{path}.revisions", "must map revision hashes to their settings")
+            for digest, body in sorted(bodies.items(), key=lambda kv: str(kv[0])):
+                where = f"{path}.revisions.{digest}"
+                if not isinstance(body, Mapping) or not isinstance(digest, str) or not digest:
+                    raise ConfigError(where, "must be a revision's settings under its hash")
+                others.append(_entry({**body, "revision": digest}, where, name))
         except ConfigError as e:
-            error = str(e)
-            terms = () if "nodeSelectorTerms" in error else _safe_terms(item, path)
-            if "nodeGroups" in error.partition(":")[0]:
-                groups = ()  # the list is unusable: every node is refused with the entry's error
-        entries.append(ProfileEntry(name, mode, terms, config, body, driver, error, groups))
+            entry = replace(entry, config=None, error=str(e), groups=())
+            rollout, others = None, []
+        entries.append(replace(entry, uid=uid, rollout=rollout, others=tuple(others)))
     return entries
+
+
+def _entry(item: Mapping[str, Any], path: str, name: str) -> ProfileEntry:
+    """One revision's settings of profile `name` (the entry's own, or one under `revisions`)."""
+    body = {"resourceName": item.get("resourceName"), "plugin": item.get("plugin")}
+    if item.get("nodeGroups") is not None:
+        body["nodeGroups"] = item["nodeGroups"]
+    groups: tuple[GroupEntry, ...] = ()
+    try:
+        mode = Mode(item.get("mode", Mode.DEVICE_PLUGIN))
+    except ValueError:
+        mode = Mode.DEVICE_PLUGIN
+    driver = str(item.get("driver") or "")
+    revision = item.get("revision")
+    revision = revision if isinstance(revision, str) else ""
+    config: AgentConfig | None = None
+    error = ""
+    try:
+        if item.get("mode", Mode.DEVICE_PLUGIN) not in tuple(Mode):
+            raise ConfigError(f"{path}.mode", f"must be one of {[m.value for m in Mode]}")
+        if mode is Mode.DRA and (len(driver) > 63 or not _DNS_SUBDOMAIN.fullmatch(driver)):
+            raise ConfigError(f"{path}.driver", "a DRA entry needs a driver name (a DNS subdomain)")
+        terms = _terms(item.get("nodeSelectorTerms"), f"{path}.nodeSelectorTerms")
+        groups = _groups(item.get("nodeGroups"), body["resourceName"], f"{path}.nodeGroups", revision)
+        # The entry's own settings: what its nodes of no group (`default`) serve.
+        config = replace(
+            parse({"resourceName": body["resourceName"], "plugin": body["plugin"]}), revision=revision
+        )
+    except ConfigError as e:
+        error = str(e)
+        terms = () if "nodeSelectorTerms" in error else _safe_terms(item, path)
+        if "nodeGroups" in error.partition(":")[0]:
+            groups = ()  # the list is unusable: every node is refused with the entry's error
+    return ProfileEntry(name, mode, terms, config, body, driver, error, groups, revision=revision)
 
 
 def _listed_name(item: Mapping[str, Any], key: str, path: str, seen: set[str]) -> str:
@@ -193,7 +261,7 @@ def _listed_name(item: Mapping[str, Any], key: str, path: str, seen: set[str]) -
     return name
 
 
-def _groups(raw: Any, resource: Any, path: str) -> tuple[GroupEntry, ...]:
+def _groups(raw: Any, resource: Any, path: str, revision: str = "") -> tuple[GroupEntry, ...]:
     """The entry's node groups, in order. A group whose `plugin` is refused keeps its error (only
     its nodes are refused, naming the group's field: `nodeGroups[1].plugin.sharing.replicas`);
     a list that is not one, a group without a valid name or terms, or a name twice refuses the
@@ -215,7 +283,7 @@ def _groups(raw: Any, resource: Any, path: str) -> tuple[GroupEntry, ...]:
         config: AgentConfig | None = None
         error = ""
         try:
-            config = parse({"resourceName": resource, "plugin": plugin})
+            config = replace(parse({"resourceName": resource, "plugin": plugin}), revision=revision)
         except ConfigError as e:
             # The group's path in the profile's terms (`nodeGroups[1].plugin...`), not the node
             # config's: the message is read in the profile's status.
@@ -246,7 +314,11 @@ def load_node_config(path: str | Path) -> list[ProfileEntry]:
     return parse_node_config(raw)
 
 
-def selected(entries: Sequence[ProfileEntry], labels: Mapping[str, str]) -> list[ProfileEntry]:
-    """The entries whose terms select a node with these labels, each as this node serves it (its
-    node group chosen: `ProfileEntry.for_labels`)."""
-    return [e.for_labels(labels) for e in entries if e.selects(labels)]
+def selected(
+    entries: Sequence[ProfileEntry], labels: Mapping[str, str], node: str = ""
+) -> list[ProfileEntry]:
+    """The entries whose terms select a node with this name and these labels, each as this node
+    serves it: its revision chosen (`ProfileEntry.for_node`), then its node group
+    (`ProfileEntry.for_labels`)."""
+    chosen = (e.for_node(node, labels) for e in entries)
+    return [e.for_labels(labels) for e in chosen if e.selects(labels)]

@@ -37,6 +37,7 @@ import asyncio
 import gc
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from patchbay_agent.cdi import SpecGuard
@@ -238,6 +239,7 @@ class ResourceAgent:
                 node_uid,
                 slices=self._slice_state(),
                 node_group=self.config.node_group,
+                revision=self.config.revision,
             )
 
         reporter = Reporter(target, client, build, self.metrics, watch=report_watch(client, target))
@@ -260,7 +262,11 @@ class ResourceAgent:
         )
 
     def in_place_refusal(self, config: AgentConfig) -> str | None:
-        """Why `config` cannot be applied to this running agent in place (None: it can)."""
+        """Why `config` cannot be applied to this running agent in place (None: it can). A change
+        of the revision's name alone (a change of the profile that does not reach this node, such
+        as its node selector) is applied in place in every mode: only the report says it."""
+        if replace(config, revision=self.config.revision) == self.config:
+            return None
         return self.front.in_place_refusal(config)
 
     def reconfigure(self, config: AgentConfig) -> bool:
@@ -280,7 +286,7 @@ class ResourceAgent:
         self.front.reconfigure(config)
         self.monitor.reconfigure(backend, config.health)
         if self.reporter is not None:
-            self.reporter.notify()  # the report names the node group, which may be all that changed
+            self.reporter.notify()  # the report names the node group and revision, maybe all that changed
         log.info(
             "Applied the profile change for %s in place (registration and stream kept%s)",
             config.resource_name,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from support.fuzzing import tally
 
 from patchbay_agent.config import ConfigError, parse
-from patchbay_agent.nodeconfig import parse_node_config
+from patchbay_agent.nodeconfig import parse_node_config, selected
 
 VALID: dict[str, Any] = {
     "resourceName": "example.com/serial",
@@ -151,3 +151,44 @@ def test_one_value_of_a_node_group_replaced(where: tuple[Any, ...], value: Any) 
             tally("config (node group)", "refused")
         else:
             tally("config (node group)", "accepted")
+
+
+ROLLED = {
+    "profile": "serial",
+    "uid": "0b6c7a52-1f7e-4c4e-9d7a-7d1f1c0f2a11",
+    "revision": "bbbbbbbbbb",
+    "mode": "DevicePlugin",
+    **VALID,
+    "rollout": {
+        "current": "aaaaaaaaaa",
+        "update": "bbbbbbbbbb",
+        "canarySelector": {
+            "matchLabels": {"canary": "yes"},
+            "matchExpressions": [{"key": "a", "operator": "Exists"}],
+        },
+        "threshold": 1 << 63,
+        "exceptions": {"n3": "aaaaaaaaaa"},
+    },
+    "revisions": {"aaaaaaaaaa": {"mode": "DevicePlugin", **copy.deepcopy(VALID)}},
+}
+ROLLOUT_PATHS = [
+    p for p in _paths(ROLLED) if p[:1] in (("rollout",), ("revisions",), ("uid",), ("revision",))
+]
+
+
+@settings(max_examples=500, deadline=None)
+@given(where=st.sampled_from(ROLLOUT_PATHS), value=_json)
+def test_one_value_of_the_rollout_replaced(where: tuple[Any, ...], value: Any) -> None:
+    """A bad rollout stanza or revision body refuses its entry alone, naming the field; choosing
+    a node's revision never fails, whatever the node's name and labels."""
+    entry = _replace(ROLLED, where, value)
+    entries = parse_node_config({"profiles": [entry, {**ROLLED, "profile": "other"}]})
+    assert entries[1].config is not None
+    if entries[0].config is None and entries[0].rollout is None:
+        assert entries[0].error.startswith("profiles[0]") or any(f in entries[0].error for f in FIELDS)
+        tally("config (rollout)", "refused")
+    else:
+        tally("config (rollout)", "accepted")
+    for node, labels in (("n1", {}), ("n3", {}), ("n2", {"canary": "yes", "a": ""})):
+        for chosen in selected(entries, labels, node):
+            assert chosen.config is not None or chosen.error

@@ -155,10 +155,13 @@ def build_report(
     *,
     slices: SliceState | None = None,
     node_group: str = "",
+    revision: str = "",
 ) -> dict[str, Any]:
     """The whole DeviceReport object (without `observedAt`), ready for server-side apply.
     `node_group`: the profile's node group the agent serves this node with ("" for a profile
-    without node groups: no `nodeGroup` field, as before node groups existed).
+    without node groups: no `nodeGroup` field, as before node groups existed). `revision`: the
+    hash of the profile's revision the agent serves ("" when the operator names none: no
+    `revision` field).
 
     Health, since when and why all come from the one snapshot. A device the snapshot lists
     without a status (never observed; it cannot happen in the agent, whose monitor observes every
@@ -208,6 +211,8 @@ def build_report(
         report["agent"] = target.agent
     if node_group:
         report["nodeGroup"] = node_group
+    if revision:
+        report["revision"] = revision
     if slices is not None:
         report["deviceTaints"] = slices.device_taints
         if slices.consumable_capacity:
@@ -256,12 +261,13 @@ def failure_report(
     node_uid: str | None = None,
     *,
     node_group: str = "",
+    revision: str = "",
 ) -> dict[str, Any]:
     """The report of a profile the node agent cannot serve on this node (its config was refused,
     its discovery or front-end failed): no devices, and `agentError` saying why, so the profile's
     status names the node while the node's other profiles keep serving (docs/agent.md); with
     node groups, which group's settings were refused or failed."""
-    report = build_report(target, Snapshot(0), {}, node_uid, node_group=node_group)
+    report = build_report(target, Snapshot(0), {}, node_uid, node_group=node_group, revision=revision)
     report["agentError"] = {
         "reason": cap(reason, MAX_REASON_LENGTH),
         "message": cap(message, MAX_MESSAGE_LENGTH),

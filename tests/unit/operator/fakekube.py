@@ -9,10 +9,11 @@ closed, like a quiet real watch, after delivering any scripted batches.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import jsonpatch
@@ -165,6 +166,16 @@ class FakeKube:
     def get_cluster_peering(self, name: str) -> dict[str, Any] | None:
         self._call("get_cluster_peering")
         return copy.deepcopy(self.peering)
+
+
+@contextlib.asynccontextmanager
+async def started(controller: Any) -> AsyncIterator[Any]:
+    """A controller (on a FakeKube) started for a test, and stopped after it."""
+    await controller.start()
+    try:
+        yield controller
+    finally:
+        await controller.stop()
 
 
 def profile(name: str, resource: str, capacity: int = 2, **selector: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fakekube import FakeKube
+from fakekube import FakeKube, started
 from support.agentrun import until
 from support.clusters import kstatus
 
@@ -70,7 +70,9 @@ def flags(ds: dict[str, Any]) -> dict[str, str]:
 def test_the_dra_agent_is_the_plugin_agent_with_the_kubelet_plugin_directories() -> None:
     cm, ds, dc = render.agent_objects(prof(), SETTINGS)
     plugin_cm, plugin_ds = render.agent_objects(prof(mode="DevicePlugin"), SETTINGS)
-    assert cm["data"] == plugin_cm["data"]  # the same agent config
+    assert (
+        cm["data"]["config.yaml"] == plugin_cm["data"]["config.yaml"]
+    )  # the same agent config (another revision)
     args = flags(ds)
     assert args["--dra-driver"] == "serial.patchbay.dev"
     assert args["--kubelet-root-dir"] == KUBELET
@@ -367,12 +369,8 @@ def test_a_report_says_taints_and_withheld_devices() -> None:
 async def ctl() -> Any:
     kube = FakeKube()
     kube.add_node("n0", {"pool": "a"})
-    c = Controller(SETTINGS, kube)  # type: ignore[arg-type]
-    await c.start()
-    try:
+    async with started(Controller(SETTINGS, kube)) as c:  # type: ignore[arg-type]
         yield c, kube
-    finally:
-        await c.stop()
 
 
 DC_PATH = "/apis/resource.k8s.io/v1/deviceclasses/serial.patchbay.dev"
@@ -381,7 +379,12 @@ DC_PATH = "/apis/resource.k8s.io/v1/deviceclasses/serial.patchbay.dev"
 async def test_a_dra_profile_gets_its_device_class_and_loses_it_leaving_dra(ctl: Any) -> None:
     c, kube = ctl
     await c.reconcile(body())
-    assert [o["kind"] for o in kube.applied] == ["ConfigMap", "DaemonSet", "DeviceClass"]
+    assert [o["kind"] for o in kube.applied] == [
+        "ControllerRevision",
+        "ConfigMap",
+        "DaemonSet",
+        "DeviceClass",
+    ]
     assert DC_PATH in kube.objects
     plugin = copy.deepcopy(body(mode="DevicePlugin"))
     await c.reconcile(plugin)
