@@ -437,6 +437,10 @@ def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str, kube_
         ("create", "daemonsets.apps", ns),
         ("patch", "daemonsets.apps", ns),
         ("delete", "daemonsets.apps", ns),
+        ("create", "controllerrevisions.apps", ns),  # profiles' revisions
+        ("patch", "controllerrevisions.apps", ns),
+        ("watch", "controllerrevisions.apps", ns),
+        ("delete", "controllerrevisions.apps", ns),
         ("create", "configmaps", ns),
         ("delete", "configmaps", ns),
         ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),  # kopf's observer
