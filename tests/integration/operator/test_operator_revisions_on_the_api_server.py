@@ -34,6 +34,13 @@ def revisions(cluster: Cluster, name: str) -> dict[str, dict[str, Any]]:
     return {r.metadata.name: cluster.api.sanitize_for_serialization(r) for r in found}
 
 
+def stored(cluster: Cluster, name: str) -> tuple[str, dict[str, Any]]:
+    """The hash of the profile's spec as the API server stored it (its defaults filled in), and
+    that spec."""
+    spec = dict((cluster.profile(name) or {})["spec"])
+    return spec_revision(spec), spec
+
+
 def numbers(cluster: Cluster, name: str) -> list[int]:
     return sorted(int(r["revision"]) for r in revisions(cluster, name).values())
 
@@ -59,11 +66,15 @@ def test_revisions_follow_the_changes_and_the_one_in_use_is_kept(
     name = f"{cluster.prefix}revised"
     nodes = cluster.add_nodes(2)
     first = spec(cluster, 1)
-    digest = spec_revision(first)
-    current = f"{name}-{digest}"
     created = cluster.create_profile(name, first)
+    digest, first = stored(cluster, name)
+    current = f"{name}-{digest}"
 
-    cr = wait_for("the first revision", lambda: revisions(cluster, name).get(current))
+    cr = wait_for(
+        "the first revision",
+        lambda: revisions(cluster, name).get(current),
+        detail=lambda: f"{revisions(cluster, name)}\n{operator.log()[-3000:]}",
+    )
     assert cr["revision"] == 1
     assert cr["metadata"]["labels"]["patchbay.dev/profile"] == name
     assert cr["metadata"]["labels"]["controller-revision-hash"] == digest
@@ -115,22 +126,24 @@ def test_revisions_follow_the_changes_and_the_one_in_use_is_kept(
         GROUP, cluster.version, "devicepluginprofiles", name, {"metadata": {"labels": {"team": "a"}}}
     )
     cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
-    second = f"{name}-{spec_revision(spec(cluster, 2))}"
+    second = f"{name}-{stored(cluster, name)[0]}"
     wait_for("the second revision", lambda: second in revisions(cluster, name))
     assert numbers(cluster, name) == [1, 2]
     wait_for("the status on it", lambda: status(cluster, name).get("updateRevision") == second)
 
     # Three more changes with revisionHistoryLimit 2: the one in use and the two before it stay.
+    names = {}
     for count in (3, 4, 5):
         cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": count}}}})
-    last = f"{name}-{spec_revision(spec(cluster, 5))}"
+        names[count] = f"{name}-{stored(cluster, name)[0]}"
+    last = names[5]
     wait_for("the history pruned to the limit", lambda: numbers(cluster, name) == [3, 4, 5])
     assert last in revisions(cluster, name)
 
     # The revision in use, deleted: written again; an old one deleted stays deleted.
     cluster.apps.delete_namespaced_controller_revision(last, NAMESPACE)
     wait_for("the revision in use recreated", lambda: last in revisions(cluster, name))
-    old = f"{name}-{spec_revision(spec(cluster, 4))}"
+    old = names[4]
     cluster.apps.delete_namespaced_controller_revision(old, NAMESPACE)
     cluster.patch_spec(name, {"revisionHistoryLimit": 1})  # a no-op for the agents, a prune
     wait_for("one old revision kept", lambda: len(revisions(cluster, name)) == 2)
