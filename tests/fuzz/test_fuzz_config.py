@@ -500,9 +500,7 @@ def test_one_value_of_a_node_group_replaced(where: tuple[Any, ...], value: Any) 
         chosen = grouped.for_labels(labels)
         if chosen.config is None:
             name = chosen.error.partition(": ")[0].removeprefix("profiles[0].")
-            assert _at_fault(name, where, value) or (
-                name.startswith("nodeGroups[0].plugin") and _at_fault(name, where, value)
-            ), chosen.error
+            assert _at_fault(name, where, value), chosen.error
             tally("config (node group)", "refused")
         else:
             why = _accepted_wrong(
