@@ -45,6 +45,14 @@ def numbers(cluster: Cluster, name: str) -> list[int]:
     return sorted(int(r["revision"]) for r in revisions(cluster, name).values())
 
 
+def shared_pod(cluster: Cluster, node: str) -> str:
+    """The shared node agent's pod on `node` (kwok runs it): the writer a report must name."""
+    pods = cluster.core.list_namespaced_pod(
+        NAMESPACE, label_selector="patchbay.dev/agent=shared", field_selector=f"spec.nodeName={node}"
+    ).items
+    return str(pods[0].metadata.name) if pods else ""
+
+
 def status(cluster: Cluster, name: str) -> dict[str, Any]:
     return dict((cluster.profile(name) or {}).get("status") or {})
 
@@ -97,8 +105,9 @@ def test_revisions_follow_the_changes_and_the_one_in_use_is_kept(
     assert status(cluster, name)["currentRevision"] == current
     assert status(cluster, name)["updatedNumberScheduled"] == 0
     device = [{"id": "virtual-0", "health": "Healthy"}]
-    cluster.apply_report(name, nodes[0], "agent-x", device, first["resourceName"], revision=digest)
-    cluster.apply_report(name, nodes[1], "agent-y", device, first["resourceName"], revision="0000000000")
+    for node, revision in ((nodes[0], digest), (nodes[1], "0000000000")):
+        pod = wait_for(f"the shared agent pod on {node}", lambda node=node: shared_pod(cluster, node))
+        cluster.apply_report(name, node, pod, device, first["resourceName"], revision=revision)
     wait_for(
         "one node counted on the update revision",
         lambda: (
@@ -136,6 +145,8 @@ def test_revisions_follow_the_changes_and_the_one_in_use_is_kept(
     for count in (3, 4, 5):
         cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": count}}}})
         names[count] = f"{name}-{stored(cluster, name)[0]}"
+        # One change at a time: kopf hands over the latest spec, so changes in a burst may be one.
+        wait_for(f"revision of count {count}", lambda c=count: names[c] in revisions(cluster, name))
     last = names[5]
     wait_for("the history pruned to the limit", lambda: numbers(cluster, name) == [3, 4, 5])
     assert last in revisions(cluster, name)
