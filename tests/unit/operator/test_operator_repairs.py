@@ -17,7 +17,7 @@ import pytest
 from fakekube import FakeKube
 from support.agentrun import until
 
-from patchbay_kubectl import views
+from patchbay_kubectl.views import diagnosis
 from patchbay_operator import render, repairs
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import FIELD_MANAGER, SHARED_KEY
@@ -283,10 +283,10 @@ def test_why_names_a_missing_configmap_as_the_cause_not_a_wait() -> None:
         "message": 'MountVolume.SetUp failed for volume "config" : configmap "patchbay-node-agent" not found',
         "involvedObject": {"kind": "Pod", "name": "patchbay-node-agent-x", "namespace": "patchbay-system"},
     }
-    out = views.why(profile, [pod], [warning], datetime.now(UTC))
+    out = diagnosis.why(profile, [pod], [warning], datetime.now(UTC))
     reasons = [h["reason"] for h in out["next"]]
     assert reasons[0] == "OwnedObjectMissing" and "patchbay-node-agent" in out["next"][0]["do"]
     assert "NodesNotReady" not in reasons and "RollingOut" not in reasons
     # Without a missing object, the waits keep their hints.
-    out = views.why(profile, [], [], datetime.now(UTC))
+    out = diagnosis.why(profile, [], [], datetime.now(UTC))
     assert [h["reason"] for h in out["next"]][:2] == ["NodesNotReady", "RollingOut"]
