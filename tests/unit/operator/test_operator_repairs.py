@@ -98,7 +98,7 @@ def test_a_conflict_names_its_managers_and_only_appliers_took_fields_over() -> N
 def test_repairs_of_one_object_are_rate_limited_not_refused() -> None:
     now = [0.0]
     r = Controller(SETTINGS, FakeKube()).repairs  # type: ignore[arg-type]
-    r._clock = lambda: now[0]
+    r.clock = lambda: now[0]
     key = ("ConfigMap", "x")
     assert [r._wait(key) for _ in range(repairs.BURST)] == [0.0] * repairs.BURST
     wait = r._wait(key)
