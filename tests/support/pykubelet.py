@@ -251,6 +251,14 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
 
+    async def __aenter__(self) -> PyKubelet:
+        """``async with PyKubelet(...) as kubelet``: started, and stopped at the end."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def drop_streams(self) -> None:
         """Like the kubelet's plugin client failing: the stream ends, the registration server
         stays. The kubelet then forgets the plugin silently."""

@@ -102,24 +102,29 @@ def test_an_unschedulable_agent_pod_says_the_schedulers_words() -> None:
     assert t is not None and (t["reason"], t["message"]) == ("Unschedulable", "0/5 nodes")
 
 
-def test_why_names_what_to_do_for_each_reason_once() -> None:
-    profile = {
-        "metadata": {"name": "serial", "generation": 2},
+def serial(generation: int = 1, **status: Any) -> dict[str, Any]:
+    """The DevicePlugin profile ``serial`` at ``generation``, observed, with ``status``."""
+    return {
+        "metadata": {"name": "serial", "generation": generation},
         "spec": {"mode": "DevicePlugin", "resourceName": "example.com/serial"},
-        "status": {
-            "observedGeneration": 2,
-            "conditions": [
-                {"type": "Ready", "status": "False", "reason": "NodesNotReady", "message": "1/2"},
-                {"type": "Stalled", "status": "True", "reason": "ErrImageNeverPull", "message": "x"},
-                {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": ""},
-            ],
-            "problemCount": 2,
-            "problems": [
-                {"node": "n1", "reason": "ErrImageNeverPull", "message": "x"},
-                {"node": "n2", "device": "d0", "reason": "Vanished", "message": "gone"},
-            ],
-        },
+        "status": {"observedGeneration": generation, **status},
     }
+
+
+def test_why_names_what_to_do_for_each_reason_once() -> None:
+    profile = serial(
+        generation=2,
+        conditions=[
+            {"type": "Ready", "status": "False", "reason": "NodesNotReady", "message": "1/2"},
+            {"type": "Stalled", "status": "True", "reason": "ErrImageNeverPull", "message": "x"},
+            {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": ""},
+        ],
+        problemCount=2,
+        problems=[
+            {"node": "n1", "reason": "ErrImageNeverPull", "message": "x"},
+            {"node": "n2", "device": "d0", "reason": "Vanished", "message": "gone"},
+        ],
+    )
     doc = diagnosis.why(profile, [], [], NOW)
     assert not doc["ready"]
     assert [h["reason"] for h in doc["next"]] == ["NodesNotReady", "ErrImageNeverPull", "Vanished"]
@@ -129,6 +134,37 @@ def test_why_names_what_to_do_for_each_reason_once() -> None:
     assert (
         diagnosis.why({"metadata": {"name": "x"}, "spec": {}}, [], [], NOW)["next"][0]["reason"] == "NoStatus"
     )
+
+
+def test_why_names_a_missing_configmap_as_the_cause_not_a_wait() -> None:
+    profile = serial(
+        conditions=[
+            {"type": "Ready", "status": "False", "reason": "NodesNotReady"},
+            {"type": "Reconciling", "status": "True", "reason": "RollingOut"},
+        ],
+        problems=[{"node": "n1", "reason": "FailedMount", "message": "MountVolume.SetUp failed"}],
+    )
+    pod = {
+        "metadata": {"name": "patchbay-node-agent-x", "namespace": "patchbay-system"},
+        "spec": {"nodeName": "n1"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [{"ready": False, "state": {"waiting": {"reason": "ContainerCreating"}}}],
+        },
+    }
+    warning = {
+        "type": "Warning",
+        "reason": "FailedMount",
+        "message": 'MountVolume.SetUp failed for volume "config" : configmap "patchbay-node-agent" not found',
+        "involvedObject": {"kind": "Pod", "name": "patchbay-node-agent-x", "namespace": "patchbay-system"},
+    }
+    out = diagnosis.why(profile, [pod], [warning], NOW)
+    reasons = [h["reason"] for h in out["next"]]
+    assert reasons[0] == "OwnedObjectMissing" and "patchbay-node-agent" in out["next"][0]["do"]
+    assert "NodesNotReady" not in reasons and "RollingOut" not in reasons
+    # Without a missing object, the waits keep their hints.
+    out = diagnosis.why(profile, [], [], NOW)
+    assert [h["reason"] for h in out["next"]][:2] == ["NodesNotReady", "RollingOut"]
 
 
 def test_static_rows_compare_allocatable_with_the_intended_count() -> None:
