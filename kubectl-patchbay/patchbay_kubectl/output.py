@@ -11,7 +11,9 @@ from typing import Any
 
 import yaml
 
-from patchbay_kubectl.views import DeviceRow, NodeRow, Obj, age
+from patchbay_kubectl.views.devices import DeviceRow
+from patchbay_kubectl.views.nodes import NodeRow
+from patchbay_kubectl.views.objects import Obj, age
 
 FORMATS = ("wide", "json", "yaml")
 

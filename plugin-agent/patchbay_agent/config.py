@@ -326,11 +326,11 @@ def _parse_discovery(raw: Any, path: str) -> Discovery:
     body = d[kind]
     if kind == "paths":
         m = _mapping(body, p, {"globs", "groups"})
-        globs_raw = m.get("globs") or []
+        globs_raw = [] if m.get("globs") is None else m["globs"]  # false or 0 is no list
         if not isinstance(globs_raw, list):
             raise ConfigError(f"{p}.globs", "must be a list of paths")
         globs = tuple(_dev_path(g, f"{p}.globs[{i}]") for i, g in enumerate(globs_raw))
-        groups_raw = m.get("groups") or []
+        groups_raw = [] if m.get("groups") is None else m["groups"]
         if not isinstance(groups_raw, list):
             raise ConfigError(f"{p}.groups", "must be a list")
         groups: list[PathGroup] = []
@@ -450,7 +450,7 @@ def _parse_allocation(raw: Any, path: str) -> Allocation:
     envs = _str_map(m.get("envs"), f"{path}.envs", _ENV_NAME)
     if env_name in envs:
         raise ConfigError(f"{path}.envs.{env_name}", f"collides with devicesEnvName {env_name!r}")
-    mounts_raw = m.get("mounts") or []
+    mounts_raw = [] if m.get("mounts") is None else m["mounts"]  # false or 0 is no list
     if not isinstance(mounts_raw, list):
         raise ConfigError(f"{path}.mounts", "must be a list")
     mounts: list[Mount] = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -99,11 +100,12 @@ def _judge(
     empty: bool = False,
     fields: tuple[str, ...] = (),
     served_only: bool = False,
+    wrong: Callable[[Any], str] | None = None,
 ) -> Any:
     """`call` answers OK or INVALID_ARGUMENT naming a wrong ID, or the request's field that was
     wrong (`fields`), or, when a request had no IDs at all, saying so. `served_only`: an OK is
-    wrong when any ID is one the agent does not serve, or a request had none. The answer (None
-    when refused)."""
+    wrong when any ID is one the agent does not serve, or a request had none. `wrong`: what is
+    wrong with an OK answer ("" when nothing). The answer (None when refused)."""
     try:
         answer = call()
     except grpc.RpcError as e:
@@ -118,8 +120,10 @@ def _judge(
         assert named or field or (empty and "without device IDs" in details), details[:300]
         return None
     wrongly = served_only and (empty or any(i not in GOOD for i in ids))
-    tally(surface, "OK for IDs it does not serve" if wrongly else "OK")
+    why = wrong(answer) if wrong is not None and not wrongly else ""
+    tally(surface, "OK for IDs it does not serve" if wrongly else ("wrong OK" if why else "OK"))
     assert not wrongly, f"OK for IDs the agent does not serve, or none: {list(ids[:8])!r}"
+    assert not why, why
     return answer
 
 
@@ -147,22 +151,66 @@ def test_allocate(plugin: Plugin, requests: list[list[str]]) -> None:
     _fuzz_allocate(plugin.stub, requests, "deviceplugin Allocate")
 
 
-@FUZZ
-@given(available=_ids, must=_ids, size=st.integers(min_value=-5, max_value=100))
-def test_get_preferred_allocation(plugin: Plugin, available: list[str], must: list[str], size: int) -> None:
+def _preferred_wrong(available: list[str], must: list[str], size: int) -> Callable[[Any], str]:
+    """What is wrong with an OK GetPreferredAllocation answer, by the kubelet's contract (its
+    devicemanager asks for `allocation_size` devices out of `available_deviceIDs`, which holds
+    `must_include_deviceIDs`, and takes what it gets as a set): IDs it was not offered, a
+    must-include ID left out, or not exactly `allocation_size` distinct IDs."""
+
+    def wrong(answer: Any) -> str:
+        if len(answer.container_responses) != 1:
+            return f"preferred allocation: {len(answer.container_responses)} answers to 1 request"
+        got = list(answer.container_responses[0].deviceIDs)
+        if stray := [i for i in got if i not in available]:
+            return f"preferred allocation names IDs it was not offered: {stray[:8]!r} (answer {got[:8]!r})"
+        if left := [i for i in dict.fromkeys(must) if i not in got]:
+            return f"preferred allocation leaves out must_include IDs: {left[:8]!r} (answer {got[:8]!r})"
+        if len(got) != size or len(set(got)) != len(got):
+            distinct = len(set(got))
+            return f"preferred allocation of {len(got)} IDs ({distinct} distinct), not allocation_size {size}"
+        return ""
+
+    return wrong
+
+
+def _fuzz_preferred(
+    stub: api_pb2_grpc.DevicePluginStub, available: list[str], must: list[str], size: int, surface: str
+) -> None:
     request = api_pb2.PreferredAllocationRequest(
         container_requests=[
             api_pb2.ContainerPreferredAllocationRequest(
-                available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=max(size, 0)
+                available_deviceIDs=available, must_include_deviceIDs=must, allocation_size=size
             )
         ]
     )
     _judge(
-        "deviceplugin GetPreferredAllocation",
-        lambda: plugin.stub.GetPreferredAllocation(request, timeout=10),
+        surface,
+        lambda: stub.GetPreferredAllocation(request, timeout=10),
         available + must,
         fields=("allocation_size", "must_include", "available"),
+        wrong=_preferred_wrong(available, must, size),
     )
+
+
+@st.composite
+def _preferred_request(draw: st.DrawFn) -> tuple[list[str], list[str], int]:
+    """(available, must_include, allocation_size): random, or as the kubelet asks (must_include
+    out of available, a size between the two), so that both refusals and answers are judged."""
+    available = draw(_ids)
+    must = draw(st.one_of(_ids, st.lists(st.sampled_from(available), max_size=8) if available else _ids))
+    size = draw(
+        st.one_of(
+            st.integers(min_value=-5, max_value=100),
+            st.integers(min_value=len(set(must)), max_value=max(len(set(available)), len(set(must)))),
+        )
+    )
+    return available, must, max(size, 0)
+
+
+@FUZZ
+@given(request=_preferred_request())
+def test_get_preferred_allocation(plugin: Plugin, request: tuple[list[str], list[str], int]) -> None:
+    _fuzz_preferred(plugin.stub, *request, "deviceplugin GetPreferredAllocation")
 
 
 def _fuzz_pre_start(plugin: Plugin, ids: list[str], surface: str) -> None:
@@ -271,3 +319,74 @@ def test_the_pre_start_judge_fails_an_agent_that_does_not_check_the_ids(
         fuzz_broken()
     monkeypatch.undo()
     _fuzz_pre_start(plugin, ["ttyUSB0::0", "ttyUSB99::0"], "deviceplugin PreStartContainer")
+
+
+class _BrokenPreferred(api_pb2_grpc.DevicePluginServicer):
+    """Broken on purpose: GetPreferredAllocation answered by the agent's own, with the request or
+    the answer spoiled on the way as `how` says: `must_include` (the must-include IDs dropped from
+    the request), `offered` (the agent's own device IDs added to what the kubelet offered), `short`
+    (the IDs the agent does not serve, but for must-include ones, left out of the answer: what
+    the agent did before this judge)."""
+
+    def __init__(self, agent: api_pb2_grpc.DevicePluginStub, how: str) -> None:
+        self._agent = agent
+        self._how = how
+
+    def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreferredAllocationResponse:
+        forwarded = api_pb2.PreferredAllocationRequest()
+        forwarded.CopyFrom(request)
+        for creq in forwarded.container_requests:
+            if self._how == "must_include":
+                del creq.must_include_deviceIDs[:]
+            elif self._how == "offered":
+                creq.available_deviceIDs[:0] = GOOD
+        try:
+            answer = self._agent.GetPreferredAllocation(forwarded, timeout=10)
+        except grpc.RpcError as e:
+            context.abort(e.code(), e.details() or "")
+        if self._how == "short":
+            for creq, cresp in zip(request.container_requests, answer.container_responses, strict=False):
+                kept = [i for i in cresp.deviceIDs if i in GOOD or i in creq.must_include_deviceIDs]
+                del cresp.deviceIDs[:]
+                cresp.deviceIDs.extend(kept)
+        return answer
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("must_include", "leaves out must_include IDs"),
+        ("offered", "names IDs it was not offered"),
+        ("short", "not allocation_size"),
+    ],
+)
+def test_the_preferred_allocation_judge_fails_a_wrong_answer(
+    plugin: Plugin, module_dir: Path, how: str, says: str
+) -> None:
+    """The GetPreferredAllocation fuzzer against the agent behind a servicer that spoils its
+    requests or answers (given to a gRPC server of its own), then against the agent itself."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    api_pb2_grpc.add_DevicePluginServicer_to_server(_BrokenPreferred(plugin.stub, how), server)
+    socket_path = module_dir / f"broken-{how}.sock"
+    server.add_insecure_port(f"unix://{socket_path}")
+    server.start()
+    channel = grpc.insecure_channel(f"unix://{socket_path}")
+
+    @PROVE
+    @given(request=_preferred_request())
+    def fuzz_broken(request: tuple[list[str], list[str], int]) -> None:
+        _fuzz_preferred(
+            api_pb2_grpc.DevicePluginStub(channel),
+            *request,
+            "deviceplugin GetPreferredAllocation, broken on purpose",
+        )
+
+    try:
+        with pytest.raises(AssertionError, match=says):
+            fuzz_broken()
+    finally:
+        channel.close()
+        server.stop(0)
+    _fuzz_preferred(plugin.stub, ["x", *GOOD[:3]], GOOD[2:3], 4, "deviceplugin GetPreferredAllocation")

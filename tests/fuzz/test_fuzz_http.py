@@ -3,8 +3,11 @@ random bytes and random request-shaped text over real loopback sockets, each sen
 the sending side closed. Every answer is a well-formed status line with a status the endpoint
 documents (or a close), nothing is logged at ERROR, no connection is left open, and the endpoint
 answers /healthz after each batch. No answer and no close within `DEADLINE` is a hang, and a hang
-fails the test: `test_the_judge_fails_an_endpoint_that_never_answers` runs the same fuzzer against
-an endpoint broken on purpose (it reads the request and never answers) and sees it fail."""
+fails the test. A valid request (a well-formed GET of /metrics, /healthz or /readyz) must be
+answered 200: a close without a status line fails it. `test_the_judge_fails_an_endpoint_that_never_answers`
+and `test_the_judge_fails_an_endpoint_that_closes_valid_requests_unanswered` run the same
+fuzzers against an endpoint broken on purpose (one reads the request and never answers, one's
+handlers raise) and see them fail."""
 
 from __future__ import annotations
 
@@ -72,17 +75,21 @@ def _exchange(port: int, data: bytes, deadline: float = DEADLINE) -> bytes | Non
     return b"".join(chunks)
 
 
-def _check(answer: bytes | None, surface: str = "http") -> None:
-    """An answer with a documented status, or a close; never a hang."""
+def _check(answer: bytes | None, surface: str = "http", valid: bool = False) -> None:
+    """An answer with a documented status, or a close; never a hang. `valid`: the request was a
+    well-formed GET of /metrics, /healthz or /readyz, which must be answered 200 (the fixture's
+    endpoint is healthy and ready): a close without a status line fails it."""
     if answer is None:
         tally(surface, "hang")
         raise AssertionError("hang: no answer and no close within the deadline")
     if not answer:
-        tally(surface, "closed")
+        tally(surface, "closed unanswered" if valid else "closed")
+        assert not valid, "closed without a status line: a valid request must be answered"
         return
     head = answer.split(b"\r\n", 1)[0].split()
     assert len(head) >= 2 and head[0] == b"HTTP/1.1" and head[1] in KNOWN, answer[:120]
     tally(surface, head[1].decode())
+    assert not valid or head[1] == b"200", f"a valid request answered {answer[:120]!r}"
 
 
 _token = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x2FF), max_size=40)
@@ -98,9 +105,30 @@ _request = st.builds(
 )
 
 
-def _fuzz_one(port: int, data: bytes, caplog: pytest.LogCaptureFixture, surface: str = "http") -> None:
+#: A valid request: a GET of an endpoint's path (a query is allowed and ignored), HTTP/1.1 or
+#: 1.0, a few well-formed headers (a token, a visible value), the blank line that ends them.
+_header_name = st.text(
+    alphabet="!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    min_size=1,
+    max_size=20,
+)
+_header_value = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=40)
+_valid_request = st.builds(
+    lambda path, query, version, headers: (
+        f"GET {path}{query} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
+    ).encode(),
+    st.sampled_from(["/metrics", "/healthz", "/readyz"]),
+    st.one_of(st.just(""), st.text(alphabet="abcxyz019=&", max_size=12).map(lambda q: "?" + q)),
+    st.sampled_from(["HTTP/1.1", "HTTP/1.0"]),
+    st.lists(st.tuples(_header_name, _header_value), max_size=6),
+)
+
+
+def _fuzz_one(
+    port: int, data: bytes, caplog: pytest.LogCaptureFixture, surface: str = "http", valid: bool = False
+) -> None:
     with caplog.at_level(logging.ERROR):
-        _check(_exchange(port, data), surface)
+        _check(_exchange(port, data), surface, valid)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
@@ -114,6 +142,12 @@ def test_random_bytes(endpoint: HttpEndpoint, data: bytes, caplog: pytest.LogCap
 @given(data=_request)
 def test_request_shaped_text(endpoint: HttpEndpoint, data: bytes, caplog: pytest.LogCaptureFixture) -> None:
     _fuzz_one(endpoint.port, data, caplog)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=_valid_request)
+def test_valid_requests(endpoint: HttpEndpoint, data: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    _fuzz_one(endpoint.port, data, caplog, "http (valid requests)", valid=True)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -170,3 +204,41 @@ def test_the_judge_fails_an_endpoint_that_never_answers(
         loop_thread.run(broken.stop())
     monkeypatch.undo()
     _fuzz_one(endpoint.port, b"GET /healthz HTTP/1.1\r\n\r\n", caplog)
+
+
+class _RaisingMetrics:
+    """Broken on purpose: a registry whose rendering raises, as a handler bug would."""
+
+    class registry:  # the attribute `HttpEndpoint` reads
+        @staticmethod
+        def render() -> bytes:
+            raise RuntimeError("broken on purpose")
+
+
+def _raise() -> bool:
+    raise RuntimeError("broken on purpose")
+
+
+def test_the_judge_fails_an_endpoint_that_closes_valid_requests_unanswered(
+    endpoint: HttpEndpoint, loop_thread: LoopThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The valid-request fuzzer against an endpoint whose handlers raise (a metrics registry and
+    health checks given to its constructor): asyncio drops each such connection without a word,
+    which the old judge tallied as a close and passed. It fails, then the real endpoint passes."""
+    broken = HttpEndpoint(_RaisingMetrics(), _raise, _raise)
+    loop_thread.run(broken.start("127.0.0.1", 0))
+
+    @PROVE
+    @given(data=_valid_request)
+    def fuzz_broken(data: bytes) -> None:
+        _check(
+            _exchange(broken.port, data, deadline=2.0), "http (valid requests), broken on purpose", valid=True
+        )
+
+    try:
+        with pytest.raises(AssertionError, match="closed without a status line"):
+            fuzz_broken()
+    finally:
+        loop_thread.run(broken.stop())
+    caplog.clear()  # asyncio's word on each dropped connection of the broken endpoint
+    _fuzz_one(endpoint.port, b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n", caplog, valid=True)

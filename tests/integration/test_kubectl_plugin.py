@@ -52,16 +52,6 @@ def plugin(
     return kubectl(devcluster, bin_dir, "patchbay", *args, "-n", NAMESPACE, check=check)
 
 
-def agent_spec(cluster: Cluster, resource: str, mode: str) -> dict[str, Any]:
-    return {
-        "resourceName": f"example.com/{cluster.prefix}{resource}",
-        "mode": mode,
-        "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
-        "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}},
-        "agent": {"tolerations": [{"operator": "Exists"}]},
-    }
-
-
 def write_report(
     cluster: Cluster, profile: str, node: str, resource: str, devices: list[dict[str, Any]]
 ) -> None:
@@ -116,7 +106,7 @@ def profiles(cluster: Cluster, operator: Operator) -> dict[str, Any]:
     """Three profiles on the same two kwok nodes: DevicePlugin, Static and DRA."""
     nodes = cluster.add_nodes(2)
     dp, st, dra = f"{cluster.prefix}serial", f"{cluster.prefix}dongle", f"{cluster.prefix}sensor"
-    cluster.create_profile(dp, agent_spec(cluster, "serial", "DevicePlugin"))
+    cluster.create_profile(dp, cluster.agent_spec("serial", "DevicePlugin"))
     cluster.create_profile(
         st,
         {
@@ -126,7 +116,7 @@ def profiles(cluster: Cluster, operator: Operator) -> dict[str, Any]:
             "static": {"capacity": 3},
         },
     )
-    cluster.create_profile(dra, agent_spec(cluster, "sensor", "DRA"))
+    cluster.create_profile(dra, cluster.agent_spec("sensor", "DRA"))
     return {"nodes": nodes, "dp": dp, "static": st, "dra": dra}
 
 

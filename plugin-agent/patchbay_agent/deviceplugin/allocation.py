@@ -118,20 +118,35 @@ def preferred(
       same physical device stay together.
     * Spread: round-robin over NUMA nodes, and over physical devices within a node, starting with
       the nodes and devices that must_include uses least.
-    IDs the agent does not know are left out (the kubelet's list may be a moment older).
+    The answer is exactly `size` IDs out of `available`, must_include among them, as the kubelet
+    asks (its available list holds must_include and at least `size` IDs); a request that cannot
+    be answered so is refused. IDs the agent does not know come last (the kubelet's list may be
+    a moment older; Allocate refuses them).
     """
     if size < len(must_include):
         raise AllocationError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"allocation_size {size} is smaller than must_include ({len(must_include)} devices)",
         )
+    offered = list(dict.fromkeys(available))
     chosen = list(dict.fromkeys(must_include))
+    if missing := [i for i in chosen if i not in set(offered)]:
+        raise AllocationError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"must_include IDs not in available_deviceIDs: {name_ids(missing)}",
+        )
+    if size > len(offered):
+        raise AllocationError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"allocation_size {size} is more than the {len(offered)} available_deviceIDs",
+        )
     needed = size - len(chosen)
-    pool = [i for i in dict.fromkeys(available) if i not in set(chosen) and i in snap.replica_of]
+    pool = [i for i in offered if i not in set(chosen) and i in snap.replica_of]
     if needed <= 0:
         return chosen
     if policy is PreferredPolicy.NONE or needed >= len(pool):
-        return chosen + pool[:needed]
+        unknown = [i for i in offered if i not in set(chosen) and i not in snap.replica_of]
+        return chosen + (pool + unknown)[:needed]
 
     by_node: dict[int, list[str]] = defaultdict(list)
     for i in sorted(pool, key=lambda x: (snap.replica_of[x], x)):

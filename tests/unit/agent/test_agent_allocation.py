@@ -95,6 +95,30 @@ def test_preferred_ignores_ids_it_does_not_know() -> None:
     assert got == ["gpu0", "gpu1"]
 
 
+@pytest.mark.parametrize("policy", list(PreferredPolicy))
+def test_preferred_answers_exactly_the_size_asked_unknown_ids_last(policy: PreferredPolicy) -> None:
+    """The kubelet asks for `size` of what it offers; IDs the agent does not know (its list a
+    moment older) fill what its own cannot (tests/fuzz/test_fuzz_deviceplugin.py found answers
+    one short)."""
+    got = preferred(["ghost", "gpu0", "gpu1"], ["gpu1"], 3, _snapshot(MACHINE), policy)
+    assert sorted(got) == ["ghost", "gpu0", "gpu1"] and got[-1] == "ghost"
+
+
+@pytest.mark.parametrize(
+    ("available", "must", "size", "says"),
+    [
+        (["gpu0"], ["gpu1"], 1, "must_include IDs not in available_deviceIDs: 'gpu1'"),
+        (["gpu0", "gpu0"], [], 2, "allocation_size 2 is more than the 1 available_deviceIDs"),
+    ],
+)
+def test_preferred_refuses_what_cannot_be_answered(
+    available: list[str], must: list[str], size: int, says: str
+) -> None:
+    with pytest.raises(AllocationError) as err:
+        preferred(available, must, size, _snapshot(MACHINE), PreferredPolicy.PACK)
+    assert err.value.code is grpc.StatusCode.INVALID_ARGUMENT and says in err.value.message
+
+
 def test_allocate_refuses_unknown_and_unhealthy() -> None:
     snap = _snapshot(MACHINE, unhealthy=("gpu1",))
     cfg = Allocation()

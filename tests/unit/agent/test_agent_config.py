@@ -168,6 +168,12 @@ def _with(plugin: dict[str, Any], resource: str = "example.com/x") -> dict[str, 
         (_with({"preferredAllocation": {"policy": "pack"}}), "plugin.preferredAllocation.policy"),
         (_with({"preStart": {"command": "/bin/x"}}), "plugin.preStart.command"),
         (_with({"unknownThing": 1}), "plugin.unknownThing"),
+        # false or 0 is not an empty list (tests/fuzz/test_fuzz_config.py found them accepted)
+        (_with({"allocation": {"mounts": False}}), "plugin.allocation.mounts"),
+        (
+            _with({"discovery": {"paths": {"globs": 0, "groups": [{"id": "a", "paths": ["/dev/a"]}]}}}),
+            "plugin.discovery.paths.globs",
+        ),
         (_with({"health": {"periodseconds": 5}}), "plugin.health.periodseconds"),
     ],
 )

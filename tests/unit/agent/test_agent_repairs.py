@@ -124,15 +124,13 @@ class FakeApi:
         with contextlib.suppress(KeyError):
             self.delete(name)
 
-    def list_objects(
-        self, version: str, plural: str, *, namespace: str | None = None, field_selector: str
-    ) -> tuple[list[dict[str, Any]], str]:
+    def list_objects(self, selection: Selection) -> tuple[list[dict[str, Any]], str]:
         self.requests.append("list")
         with self._lock:
             return [dict(o) for o in self.objects.values()], "1"
 
     def watch_objects(
-        self, version: str, plural: str, resource_version: str, **_: Any
+        self, selection: Selection, resource_version: str, **_: Any
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         self.requests.append("watch")
         if self.watch_errors:
