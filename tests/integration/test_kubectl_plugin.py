@@ -389,9 +389,18 @@ def _check_nodes(devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> No
     # The DRA agent's report on n1 counts its two sensors, one sick.
     assert rows[p["dra"]]["agents"] and (rows[p["dra"]]["healthy"], rows[p["dra"]]["total"]) == (1, 2)
     table = plugin(devcluster, bin_dir, "nodes", "--profile", p["dp"]).stdout.splitlines()
-    assert table[0].split() == ["NODE", "PROFILE", "GROUP", "MODE", "AGENT", "REGISTERED", "DEVICES"]
+    assert table[0].split() == [
+        "NODE",
+        "PROFILE",
+        "GROUP",
+        "MODE",
+        "AGENT",
+        "REGISTERED",
+        "DEVICES",
+        "REVISION",
+    ]
     cells = {x.split()[0]: x.split() for x in table[1:]}
-    assert cells[n1][5:] == ["yes", "1/2"] and cells[n2][5:] == ["yes", "1/1"]
+    assert cells[n1][5:7] == ["yes", "1/2"] and cells[n2][5:7] == ["yes", "1/1"]
     assert cells[n1][2] == "-"  # no node groups
 
 

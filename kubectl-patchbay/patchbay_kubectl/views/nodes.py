@@ -1,8 +1,8 @@
 """``nodes``: one row per node and profile serving it: the agent pods serving it there, of either
 shape (the shared node agent's or the profile's own, agentpods.py), whether it registered (an
 agent pod's readiness probe is its kubelet registration; the node agent's report says when it
-cannot serve the profile), devices healthy/total, the node group it uses. And every agent pod
-that serves a profile (``profile_agents``), what ``why`` explains."""
+cannot serve the profile), devices healthy/total, the node group it uses, the revision it
+serves. And every agent pod that serves a profile (``profile_agents``), what ``why`` explains."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ class NodeRow:
     group: str = "-"
     #: why the node agent cannot serve the profile on the node (its report's agentError reason)
     agent_error: str = ""
+    #: the hash of the profile's revision the node's agent serves (its report's ``revision``;
+    #: the ControllerRevision ``<profile>-<hash>``); "-" before the agent reports one
+    revision: str = "-"
 
     def as_dict(self) -> Obj:
         return asdict(self)
@@ -94,6 +97,7 @@ def node_rows(data: Inputs, *, node: str | None = None, profile: str | None = No
                 row.agents = [name_of(x) for x in mine]
                 row.registered = "yes" if registered(mine, report) else "no"
                 row.agent_error = agent_error(report)
+                row.revision = str((report or {}).get("revision") or "-")
                 summary = (report or {}).get("summary")
                 if summary is not None:
                     row.healthy, row.total = int(summary.get("healthy", 0)), int(summary.get("total", 0))

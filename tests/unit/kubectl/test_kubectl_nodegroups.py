@@ -56,3 +56,19 @@ def test_why_says_what_to_do_about_an_overlap() -> None:
     }
     (hint,) = [h for h in diagnosis.why(p, [], [], utcnow())["next"] if h["reason"] == "NodeGroupsOverlap"]
     assert "first listed wins" in hint["do"], hint
+
+
+def test_the_nodes_table_says_which_revision_each_node_serves() -> None:
+    """REVISION: the hash the node's agent reports serving (its DeviceReport's `revision`, the
+    ControllerRevision `<profile>-<hash>`); `-` where no report names one."""
+    data = Inputs(
+        profiles=[profile([])],
+        nodes=[node("n1"), node("n2")],
+        reports=[{"profile": "p", "nodeName": "n1", "revision": "5d8f0c1a2b", "summary": {"healthy": 1}}],
+    )
+    rows = node_rows(data)
+    assert [(r.node, r.revision) for r in rows] == [("n1", "5d8f0c1a2b"), ("n2", "-")]
+    table = output.nodes(rows, None).splitlines()
+    assert table[0].split()[-1] == "REVISION"
+    assert [line.split()[-1] for line in table[1:]] == ["5d8f0c1a2b", "-"]
+    assert output.nodes(rows, "json").count('"revision": "5d8f0c1a2b"') == 1
