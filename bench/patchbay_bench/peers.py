@@ -1,5 +1,6 @@
 """The peers the test suites use, reused here rather than copied: the upstream kubelet device
-manager built from Go (tests/conformance/peer) and the agent process it drives, the Python kubelet
+manager built from Go (tests/conformance/peer) and the agent process it drives, the DRA peer built
+from Go (bench/drapeer; every Go peer is built by hack/go-peer.sh), the Python kubelet
 and PodResources peers, fake hardware, the real node's rollout sampler, the operator as a process
 and the largest DeviceReport the CRD admits.
 
@@ -9,6 +10,9 @@ This is the one module of the bench that imports ``support`` (tests/support: the
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from support import gopeer
 from support.fakehw import FakeHardware
 from support.kubeletpeer import AgentProcess, KubeletPeer, PeerError, build_peer
 from support.kubeletpeer import _Process as Process
@@ -35,7 +39,14 @@ __all__ = [
     "build_peer",
     "busybox_pod",
     "dips",
+    "drapeer",
     "largest_report",
     "limits",
     "run_rollout",
 ]
+
+
+def drapeer(build: bool = True) -> Path | None:
+    """bench/drapeer built (or reused from the cache); with ``build=False`` only if the cache has
+    it (None otherwise: a cold build takes minutes)."""
+    return gopeer.build("drapeer") if build else gopeer.cached("drapeer")

@@ -43,12 +43,15 @@ def load(results: Path) -> list[dict[str, Any]]:
 
 def newest_full(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The newest full (not quick) run of each scenario that recorded figures; of a scenario that
-    measures a release, of each release (``rollouts@v1.34.4``)."""
+    measures a release, of each release (``rollouts@v1.34.4``); a run against another checkout's
+    program (``baseline=``) apart from the scenario's own runs (it never hides their rows)."""
     out: dict[str, dict[str, Any]] = {}
     for rec in records:
         if rec.get("quick") or not rec.get("figures"):
             continue
         name = rec["scenario"] + (f"@{rec['release']}" if rec.get("release") else "")
+        if baseline := (rec.get("params") or {}).get("baseline"):
+            name += f" against {baseline}"
         if name not in out or rec["date"] > out[name]["date"]:
             out[name] = rec
     return out

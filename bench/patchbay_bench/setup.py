@@ -270,18 +270,6 @@ def restore(device: Path, rdev: int) -> None:
     os.mknod(device, 0o666 | 0o020000, rdev)
 
 
-def drapeer(build: bool = True) -> Path | None:
-    """bench/drapeer built (or reused from the cache) by its own build.sh; with ``build=False``
-    only if the cache has it (None otherwise: a cold build takes minutes)."""
-    argv = [str(REPO / "bench" / "drapeer" / "build.sh"), *([] if build else ["--cached-only"])]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-    if out.returncode == 3 and not build:
-        return None
-    if out.returncode != 0:
-        raise RuntimeError(f"building bench/drapeer failed:\n{out.stderr[-3000:]}")
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
 # --- processes -------------------------------------------------------------------------------
 
 

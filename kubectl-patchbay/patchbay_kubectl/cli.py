@@ -25,9 +25,22 @@ import time
 from collections.abc import Callable, Sequence
 from urllib.parse import quote
 
-from patchbay_kubectl import agentpods, kube, maintenance, output, views
+from patchbay_kubectl import agentpods, kube, maintenance, output
 from patchbay_kubectl.kube import Kube, KubeError, Target
-from patchbay_kubectl.views import DRA, STATIC, Inputs, Obj
+from patchbay_kubectl.views import diagnosis
+from patchbay_kubectl.views.devices import device_rows
+from patchbay_kubectl.views.nodes import node_rows, profile_agents
+from patchbay_kubectl.views.objects import (
+    DRA,
+    STATIC,
+    Inputs,
+    Obj,
+    driver_of,
+    mode_of,
+    name_of,
+    pod_ready,
+    utcnow,
+)
 
 DEFAULT_NAMESPACE = "patchbay-system"
 EVENT_NAMESPACE = "default"
@@ -172,7 +185,7 @@ def _reports(
     (named ``<profile>.<node>``) instead of a LIST of every node's: at 5,000 nodes that is the
     difference between one small answer per profile and the whole collection."""
     if node is not None and ns is not None:
-        names = [views.name_of(p) for p in profiles if views.mode_of(p) != STATIC]
+        names = [name_of(p) for p in profiles if mode_of(p) != STATIC]
         found = (k.get(f"{kube.reports_path(ns)}/{quote(f'{n}.{node}', safe='')}") for n in names)
         return [r for r in found if r is not None]
     sel = f"{agentpods.LABEL_PROFILE}={profile}" if profile else ""
@@ -181,7 +194,7 @@ def _reports(
 
 def gather_devices(k: Kube, args: argparse.Namespace) -> Inputs:
     profiles = _profiles(k, args.profile)
-    modes = {views.mode_of(p) for p in profiles}
+    modes = {mode_of(p) for p in profiles}
     data = Inputs(profiles=profiles)
     if modes - {STATIC}:
         data.reports = _reports(k, namespace_of(args), args.profile, args.node, profiles)
@@ -189,9 +202,9 @@ def gather_devices(k: Kube, args: argparse.Namespace) -> Inputs:
         data.nodes = _nodes(k, args.node)
     if DRA in modes:
         fields = [f"spec.nodeName={args.node}"] if args.node else []
-        dra = [p for p in profiles if views.mode_of(p) == DRA]
+        dra = [p for p in profiles if mode_of(p) == DRA]
         if len(dra) == 1:
-            fields.append(f"spec.driver={views.driver_of(dra[0])}")
+            fields.append(f"spec.driver={driver_of(dra[0])}")
         data.slices = k.list(f"{kube.RESOURCE_API}/resourceslices", field_selector=",".join(fields))
         data.claims = k.list(f"{kube.RESOURCE_API}/resourceclaims")
         try:
@@ -230,7 +243,7 @@ def gather_nodes(k: Kube, args: argparse.Namespace) -> Inputs:
     profiles = _profiles(k, args.profile)
     ns = namespace_of(args)
     data = Inputs(profiles=profiles, nodes=_nodes(k, args.node))
-    served = [p for p in profiles if views.mode_of(p) != STATIC]
+    served = [p for p in profiles if mode_of(p) != STATIC]
     if served:
         data.pods = _agent_pods(k, ns, args.profile, args.node)
         data.reports = _reports(k, ns, args.profile, args.node, profiles)
@@ -240,16 +253,16 @@ def gather_nodes(k: Kube, args: argparse.Namespace) -> Inputs:
 
 
 def cmd_devices(k: Kube, args: argparse.Namespace) -> str:
-    rows = views.device_rows(
+    rows = device_rows(
         gather_devices(k, args), node=args.node, profile=args.profile, unhealthy=args.unhealthy
     )
     if not rows and args.output not in ("json", "yaml"):
         print("No devices found.", file=sys.stderr)
-    return output.devices(rows, args.output, views.utcnow())
+    return output.devices(rows, args.output, utcnow())
 
 
 def cmd_nodes(k: Kube, args: argparse.Namespace) -> str:
-    rows = views.node_rows(gather_nodes(k, args), node=args.node, profile=args.profile)
+    rows = node_rows(gather_nodes(k, args), node=args.node, profile=args.profile)
     if not rows and args.output not in ("json", "yaml"):
         print("No nodes found.", file=sys.stderr)
     return output.nodes(rows, args.output)
@@ -261,7 +274,7 @@ def _shared_agents(k: Kube, ns: str | None, profile: Obj) -> list[Obj]:
     (a pod not scheduled, or on a node without the profile's report: the profile is not served
     there, or its agent never got that far) the nodes' labels and the node agent's config
     decide, at the cost of a LIST of the nodes."""
-    name = views.name_of(profile)
+    name = name_of(profile)
     shared = k.list(kube.pods_path(ns), label_selector=agentpods.SHARED_AGENT_SELECTOR)
     if not shared:
         return []
@@ -272,14 +285,14 @@ def _shared_agents(k: Kube, ns: str | None, profile: Obj) -> list[Obj]:
         data.nodes = [{"metadata": {"name": n}} for n in sorted(reported)]
     else:
         data.nodes, data.node_config = k.list("/api/v1/nodes"), _node_config(k, ns)
-    return views.profile_agents(profile, data)
+    return profile_agents(profile, data)
 
 
 def cmd_why(k: Kube, args: argparse.Namespace) -> str:
     (profile,) = _profiles(k, args.profile)
     ns = namespace_of(args)
     pods: list[Obj] = []
-    if views.mode_of(profile) != STATIC:
+    if mode_of(profile) != STATIC:
         sel = f"{agentpods.AGENT_SELECTOR},{agentpods.LABEL_PROFILE}={args.profile}"
         pods = k.list(kube.pods_path(ns), label_selector=sel)
         if agentpods.uses_shared_agent(profile):
@@ -288,10 +301,10 @@ def cmd_why(k: Kube, args: argparse.Namespace) -> str:
         kube.events_path(EVENT_NAMESPACE),
         field_selector=f"involvedObject.kind=DevicePluginProfile,involvedObject.name={args.profile}",
     )
-    if any(not views.pod_ready(p) for p in pods):
+    if any(not pod_ready(p) for p in pods):
         # The kubelet's and scheduler's words about the agent pods (only when one is in trouble).
         events += k.list(kube.events_path(ns), field_selector="involvedObject.kind=Pod,type=Warning")
-    return output.why(views.why(profile, pods, events, views.utcnow()), args.output)
+    return output.why(diagnosis.why(profile, pods, events, utcnow()), args.output)
 
 
 def _maintenance_target(k: Kube, args: argparse.Namespace) -> tuple[str, str]:
@@ -302,13 +315,13 @@ def _maintenance_target(k: Kube, args: argparse.Namespace) -> tuple[str, str]:
             "device maintenance needs them"
         )
     (profile,) = _profiles(k, args.profile)
-    if views.mode_of(profile) != DRA:
+    if mode_of(profile) != DRA:
         raise maintenance.InputError(
-            f"DevicePluginProfile {args.profile} is in mode {views.mode_of(profile)}: device maintenance "
+            f"DevicePluginProfile {args.profile} is in mode {mode_of(profile)}: device maintenance "
             "works on DRA profiles (their devices are in ResourceSlices); for a node's whole resource "
             f"use `kubectl cordon {args.node}` / `kubectl drain {args.node}`"
         )
-    driver = views.driver_of(profile)
+    driver = driver_of(profile)
     slices = k.list(
         f"{kube.RESOURCE_API}/resourceslices",
         field_selector=f"spec.driver={driver},spec.nodeName={args.node}",
@@ -486,7 +499,7 @@ def _lookup(words: Sequence[str]) -> Callable[[str], list[str]]:
         try:
             k = Kube(Target(flag("--kubeconfig"), flag("--context"), 5.0))
             try:
-                return [views.name_of(o) for o in k.list(paths[kind])]
+                return [name_of(o) for o in k.list(paths[kind])]
             finally:
                 k.close()
         except KubeError:

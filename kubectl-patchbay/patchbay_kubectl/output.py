@@ -11,7 +11,9 @@ from typing import Any
 
 import yaml
 
-from patchbay_kubectl.views import DeviceRow, NodeRow, Obj, age
+from patchbay_kubectl.views.devices import DeviceRow
+from patchbay_kubectl.views.nodes import NodeRow
+from patchbay_kubectl.views.objects import Obj, age
 
 FORMATS = ("wide", "json", "yaml")
 
@@ -84,14 +86,14 @@ def nodes(rows: Sequence[NodeRow], fmt: str | None) -> str:
     if fmt in ("json", "yaml"):
         return structured("NodeList", [r.as_dict() for r in rows], fmt)
     wide = fmt == "wide"
-    header = ["NODE", "PROFILE", "GROUP", "MODE", "AGENT", "REGISTERED", "DEVICES"]
+    header = ["NODE", "PROFILE", "GROUP", "MODE", "AGENT", "REGISTERED", "DEVICES", "REVISION"]
     if wide:
         header += ["RESOURCE", "AGENT-ERROR"]
     out = []
     for r in rows:
         agent = "-" if r.mode in ("", "Static") else ("<none>" if not r.agents else ",".join(r.agents))
         devices = "-" if r.total is None and r.healthy is None else f"{_count(r.healthy)}/{_count(r.total)}"
-        cells = [r.node, r.profile, r.group, r.mode or "-", agent, r.registered, devices]
+        cells = [r.node, r.profile, r.group, r.mode or "-", agent, r.registered, devices, r.revision]
         if wide:
             cells += [r.resource or "-", r.agent_error or "-"]
         out.append(cells)

@@ -16,44 +16,35 @@ through agentwatch.py; the DaemonSet an apply answers with is folded into it at 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from patchbay_operator import render
 from patchbay_operator.agentwatch import AgentWatch
-from patchbay_operator.config import Settings
 from patchbay_operator.constants import Mode, Reason
 from patchbay_operator.deviceclasses import DeviceClasses
-from patchbay_operator.kube import KubeAPI, Ref, collection
-from patchbay_operator.profiles import Profile, Registry, Selector
+from patchbay_operator.kube import Ref, collection
+from patchbay_operator.parts import Part
+from patchbay_operator.profiles import Profile, Selector
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.status.daemonset import AgentDaemonSet
 
 log = logging.getLogger(__name__)
-Call = Callable[..., Awaitable[Any]]
 OWN_OBJECTS = (("apps/v1", "DaemonSet"), ("v1", "ConfigMap"))
 """The kinds of an agent's objects besides the DeviceClass, in the order they are deleted."""
 
 
-class Agents:
+@dataclass(eq=False)
+class Agents(Part):
     """Applies and deletes each profile's agent objects, as the registry decides."""
 
-    def __init__(
-        self,
-        kube: KubeAPI,
-        call: Call,
-        settings: Settings,
-        *,
-        registry: Registry,
-        watch: AgentWatch,
-        classes: DeviceClasses,
-        mark: Callable[[Iterable[str]], None] = lambda _names: None,
-    ) -> None:
-        self._kube, self._call, self._settings = kube, call, settings
-        self._registry, self._watch, self._classes = registry, watch, classes
-        self._mark = mark
-        #: shared profiles that do not fit in the node agent's ConfigMap -> why (their status says)
-        self.refused: dict[str, str] = {}
+    _: KW_ONLY
+    watch: AgentWatch
+    classes: DeviceClasses
+    mark: Callable[[Iterable[str]], None] = lambda _names: None
+    #: shared profiles that do not fit in the node agent's ConfigMap -> why (their status says)
+    refused: dict[str, str] = field(default_factory=dict)
 
     # --- a profile's agents, as the registry decides --------------------------------------------
 
@@ -61,9 +52,9 @@ class Agents:
         """``profile`` was created or changed: its agents if it runs agents and won its resource
         name (and CDI kind), none otherwise; a DRA twin's agents follow their new exclusion; the
         shared agent serves what the shared profiles say now (applied once, after both)."""
-        twin = self._registry.applied_dra_twin(profile)
+        twin = self.registry.applied_dra_twin(profile)
         follow = [twin] if twin is not None else []
-        if profile.mode.runs_agents and self._registry.conflict(profile) is None:
+        if profile.mode.runs_agents and self.registry.conflict(profile) is None:
             await self.apply(profile, *follow)
         else:
             await self.delete(profile)
@@ -77,25 +68,25 @@ class Agents:
             if profile in shared:
                 await self._delete_own(profile, f"DevicePluginProfile {profile.name} uses the shared agent")
             else:
-                await self._apply_own(profile, self._registry.exclusion(profile))
+                await self._apply_own(profile, self.registry.exclusion(profile))
         await self.apply_shared()
         for profile in shared:  # the class after its agents, as an own agent's objects are applied
             if profile.mode is Mode.DRA:
-                await self._classes.apply(profile)
+                await self.classes.apply(profile)
             else:
-                await self._classes.delete(profile)
+                await self.classes.delete(profile)
 
     async def reapply_dra_twin(self, profile: Profile) -> None:
         """The node-capacity side of a resource changed (selector, mode, gone): the DRA profile
         of the same resource re-applies its agents with the new exclusion."""
-        twin = self._registry.applied_dra_twin(profile)
+        twin = self.registry.applied_dra_twin(profile)
         if twin is not None:
             await self.apply(twin)
 
     async def apply_shared(self) -> None:
         """The shared node agent becomes what the shared profiles say now (each with the nodes its
         agents leave out, see `render.shared_agent_objects`); with no profile left, it goes."""
-        profiles = [(p, self._registry.exclusion(p)) for p in self._registry.shared_agent_profiles()]
+        profiles = [(p, self.registry.exclusion(p)) for p in self.registry.shared_agent_profiles()]
         refused = render.over_limit(profiles)
         if refused or self.refused:
             self._refuse(refused)
@@ -105,7 +96,7 @@ class Agents:
         if not profiles:
             await self._delete_objects(render.SHARED_AGENT, "no profile uses the shared agent")
             return
-        for obj in render.shared_agent_objects(profiles, self._settings):
+        for obj in render.shared_agent_objects(profiles, self.settings):
             await self._apply_object(obj)
 
     def _refuse(self, names: list[str]) -> None:
@@ -121,7 +112,7 @@ class Agents:
         self.refused = dict.fromkeys(names, why)
         if names:
             log.error("Not writing ConfigMap %s: %s would not fit", render.SHARED_AGENT, ", ".join(names))
-        self._mark(sorted(before | set(names)))
+        self.mark(sorted(before | set(names)))
 
     def problems(self, name: str) -> list[Problem]:
         """The profile's problem while it does not fit in the shared ConfigMap (stalled: only a
@@ -133,31 +124,31 @@ class Agents:
         """Delete the agent objects if they exist (a Static or conflicting profile has none), the
         DeviceClass it controls, and the profile's reports."""
         await self._delete_own(profile)
-        await self._classes.delete(profile)
-        await self._watch.prune_reports(profile.name, keep=())
-        self._classes.forget(profile.name)
+        await self.classes.delete(profile)
+        await self.watch.prune_reports(profile.name, keep=())
+        self.classes.forget(profile.name)
 
     # --- objects ----------------------------------------------------------------------------------
 
     async def _apply_own(self, profile: Profile, exclude: Selector | None) -> None:
         """Apply the profile's own agent objects (`exclude`: see `render.agent_objects`); a
         DevicePlugin profile that was DRA before loses its DeviceClass."""
-        for obj in render.agent_objects(profile, self._settings, exclude):
+        for obj in render.agent_objects(profile, self.settings, exclude):
             if obj["kind"] == "DeviceClass":
-                await self._classes.apply(profile, obj)
+                await self.classes.apply(profile, obj)
             else:
                 await self._apply_object(obj)
         if profile.mode is not Mode.DRA:
-            await self._classes.delete(profile)
+            await self.classes.delete(profile)
 
     async def _apply_object(self, obj: dict[str, Any]) -> None:
         """Server-side apply one namespaced object; an agent DaemonSet's answer is folded into the
         watch at once (its rollout starts from the generation it was given)."""
-        applied = await self._call(self._kube.apply, obj)
+        applied = await self.call(self.kube.apply, obj)
         meta = obj["metadata"]
         log.info("Applied %s %s/%s", obj["kind"], meta["namespace"], meta["name"])
         if obj["kind"] == "DaemonSet":
-            self._watch.applied(AgentDaemonSet.from_object(applied))
+            self.watch.applied(AgentDaemonSet.from_object(applied))
 
     async def _delete_own(self, profile: Profile, why: str = "") -> None:
         """Delete the profile's own agent DaemonSet and ConfigMap if it had them; its reports and
@@ -165,7 +156,7 @@ class Agents:
         await self._delete_objects(render.object_name(profile.name), why)
 
     async def _delete_objects(self, name: str, why: str) -> None:
-        ns = self._settings.namespace
+        ns = self.settings.namespace
         for api_version, kind in OWN_OBJECTS:
-            if await self._call(self._kube.delete, Ref(collection(api_version, kind, ns), name)):
+            if await self.call(self.kube.delete, Ref(collection(api_version, kind, ns), name)):
                 log.info("Deleted %s %s/%s%s", kind, ns, name, f" ({why})" if why else "")

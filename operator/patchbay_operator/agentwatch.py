@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
 from patchbay_operator import render
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, trouble
-from patchbay_operator.config import Settings
 from patchbay_operator.constants import (
     API_GROUP,
     API_VERSION,
@@ -34,14 +34,13 @@ from patchbay_operator.constants import (
 )
 from patchbay_operator.devicereports import Report
 from patchbay_operator.informer import Source, Store
-from patchbay_operator.kube import KubeAPI, KubeError, Ref, Selectors, collection
+from patchbay_operator.kube import KubeError, Ref, Selectors, collection
+from patchbay_operator.parts import Part
 from patchbay_operator.peering import Gate, writes
-from patchbay_operator.profiles import Registry
 from patchbay_operator.scheduler import OnPending, Timers
 from patchbay_operator.status.daemonset import AgentDaemonSet
 
 log = logging.getLogger(__name__)
-Call = Callable[..., Awaitable[Any]]
 AGENTS = Selectors(label=f"{LABEL_NAME}={render.AGENT_NAME}")
 
 
@@ -73,21 +72,15 @@ def sources(
     )
 
 
-class AgentWatch:
+@dataclass(eq=False)
+class AgentWatch(Part):
     """The agents' DaemonSets, pods, warnings and reports, and the writes that follow from them."""
 
-    def __init__(
-        self,
-        kube: KubeAPI,
-        call: Call,
-        settings: Settings,
-        *,
-        registry: Registry,
-        mark: Callable[[Iterable[str]], None],
-        gate: Gate | None = None,
-    ) -> None:
-        self._kube, self._call, self._settings = kube, call, settings
-        self._registry, self._mark, self._gate = registry, mark, gate
+    _: KW_ONLY
+    mark: Callable[[Iterable[str]], None]
+    gate: Gate | None = None
+
+    def __post_init__(self) -> None:
         # Reports not believed (name -> the agent they named), so each is logged once; bounded
         # by the reports kept (an entry goes when its report is believed or deleted).
         self._distrusted: dict[str, str] = {}
@@ -134,11 +127,11 @@ class AgentWatch:
         """An agent object of ``profile`` changed: its status, or every shared profile's for the
         shared node agent's objects (no profile); a profile nobody knows has its reports pruned."""
         if profile == SHARED_KEY:
-            self._mark([p.name for p in self._registry.shared_agent_profiles()])
-        elif self._registry.get(profile) is None:
+            self.mark([p.name for p in self.registry.shared_agent_profiles()])
+        elif self.registry.get(profile) is None:
             self.prune_orphans_later([profile])
         else:
-            self._mark([profile])
+            self.mark([profile])
 
     def applied(self, daemonset: AgentDaemonSet) -> None:
         """An agent DaemonSet as the API server answered its apply, usually before its watch event.
@@ -214,9 +207,9 @@ class AgentWatch:
         of the DaemonSet enqueues it at once, where after refused creates it would wait out its
         own rate limiter (exponential, up to minutes). The annotation changes nothing else; a
         failure is only logged (the next status computation asks again)."""
-        ref = Ref(collection("apps/v1", "DaemonSet", self._settings.namespace), daemonset)
+        ref = Ref(collection("apps/v1", "DaemonSet", self.settings.namespace), daemonset)
         try:
-            await self._call(self._kube.annotate, ref, {RETRY_CREATE_ANNOTATION: now})
+            await self.call(self.kube.annotate, ref, {RETRY_CREATE_ANNOTATION: now})
         except (KubeError, OSError) as e:
             log.warning("Asking DaemonSet %s to create its pods again failed: %s", daemonset, e)
         else:
@@ -225,7 +218,7 @@ class AgentWatch:
     async def prune_reports(self, profile: str, keep: Iterable[str]) -> None:
         """Delete ``profile``'s reports except those of the nodes in ``keep``."""
         keep = set(keep)
-        path = collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", self._settings.namespace)
+        path = collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", self.settings.namespace)
         doomed = [
             r
             for r in self.reports.items.values()
@@ -234,7 +227,7 @@ class AgentWatch:
         for report in doomed:
             self._pruning.add(report.name)
             try:
-                await self._call(self._kube.delete, Ref(path, report.name))
+                await self.call(self.kube.delete, Ref(path, report.name))
             except (KubeError, OSError) as e:
                 log.warning("Deleting DeviceReport %s failed: %s", report.name, e)
                 continue
@@ -261,7 +254,7 @@ class AgentWatch:
                 )
 
     async def _prune_orphan(self, profile: str) -> None:
-        if self._registry.get(profile) is not None or not writes(self._gate):
+        if self.registry.get(profile) is not None or not writes(self.gate):
             return  # known meanwhile, or a waiting replica (the working one prunes)
         if any(r.profile == profile for r in self.reports.items.values()):
             log.info("Deleting the DeviceReports of %s: no such DevicePluginProfile", profile)

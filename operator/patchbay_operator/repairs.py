@@ -26,27 +26,27 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, dataclass
 from operator import attrgetter
 from typing import Any
 
 from patchbay_operator import render
 from patchbay_operator.agentwatch import AGENTS, AgentWatch
-from patchbay_operator.config import Settings
 from patchbay_operator.constants import DEVICE_CLASS_API_VERSION, SHARED_KEY, Mode, Reason
 from patchbay_operator.deviceclasses import DeviceClasses
 from patchbay_operator.events import EVENT_NAMESPACE, Transition, event
 from patchbay_operator.informer import Event, Snapshot, Source, Store
-from patchbay_operator.kube import KubeAPI, KubeError, collection
+from patchbay_operator.kube import KubeError, collection
 from patchbay_operator.owned import Change, Owned, change, conflict_managers, restored, taken_over
+from patchbay_operator.parts import Part
 from patchbay_operator.peering import Gate, writes
-from patchbay_operator.profiles import Profile, Registry
+from patchbay_operator.profiles import Profile
 from patchbay_operator.scheduler import OnPending, Timers
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.status.daemonset import AgentDaemonSet
 
 log = logging.getLogger(__name__)
-Call = Callable[..., Awaitable[Any]]
 Key = tuple[str, str]  # (kind, name)
 
 REPAIR_DELAY = 0.5
@@ -80,25 +80,18 @@ def sources(namespace: str) -> tuple[Source[Owned], Source[Owned]]:
     )
 
 
-class Repairs:
+@dataclass(eq=False)
+class Repairs(Part):
     """The owned objects as watched, and their repairs (see the module doc)."""
 
-    def __init__(
-        self,
-        kube: KubeAPI,
-        call: Call,
-        settings: Settings,
-        *,
-        registry: Registry,
-        watch: AgentWatch,
-        classes: DeviceClasses,
-        mark: Callable[[Iterable[str]], None],
-        gate: Gate | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._kube, self._call, self._settings = kube, call, settings
-        self._registry, self._watch, self._classes = registry, watch, classes
-        self._mark, self._gate, self._clock = mark, gate, clock
+    _: KW_ONLY
+    watch: AgentWatch
+    classes: DeviceClasses
+    mark: Callable[[Iterable[str]], None]
+    gate: Gate | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
         self.stores: dict[str, Store[Owned]] = {
             kind: Store(attrgetter("name"), functools.partial(self._changed, kind))
             for kind in ("ConfigMap", "DaemonSet", "DeviceClass")
@@ -135,7 +128,7 @@ class Repairs:
         if what is Change.DELETED and self._desired(kind, obj.name, obj.profile) is not None:
             # Not for what the operator deleted itself (nothing wants it): that is no problem.
             self._missing[key] = obj.profile
-            self._mark(self._profile_names(obj.profile))
+            self.mark(self._profile_names(obj.profile))
         self._timers.schedule(key, REPAIR_DELAY, functools.partial(self._repair, key, obj.profile))
 
     # --- what the status reads ------------------------------------------------------------------
@@ -162,7 +155,7 @@ class Repairs:
     def _desired(self, kind: str, name: str, whose: str) -> tuple[dict[str, Any], list[Profile]] | None:
         """The object as the registry wants it now, and the profiles it serves; None when nothing
         wants it (the profile is gone or being deleted, serves another way, or lost a conflict)."""
-        reg = self._registry
+        reg = self.registry
         if kind == "DeviceClass":
             p = reg.get(whose)
             if p is None or p.deleting or p.mode is not Mode.DRA or reg.conflict(p) is not None:
@@ -172,7 +165,7 @@ class Repairs:
             profiles = reg.shared_agent_profiles()
             if not profiles or name != render.SHARED_AGENT:
                 return None
-            objects = render.shared_agent_objects([(p, reg.exclusion(p)) for p in profiles], self._settings)
+            objects = render.shared_agent_objects([(p, reg.exclusion(p)) for p in profiles], self.settings)
         else:
             p = reg.get(whose)
             if (
@@ -184,13 +177,13 @@ class Repairs:
                 or name != render.object_name(p.name)
             ):
                 return None
-            profiles, objects = [p], render.agent_objects(p, self._settings, reg.exclusion(p))
+            profiles, objects = [p], render.agent_objects(p, self.settings, reg.exclusion(p))
         obj = next((o for o in objects if o["kind"] == kind), None)
         return (obj, profiles) if obj is not None else None
 
     def _wait(self, key: Key) -> float:
         """Seconds until ``key`` may be repaired (0: now, a token taken)."""
-        now = self._clock()
+        now = self.clock()
         tokens, at = self._tokens.get(key, (float(BURST), now))
         tokens = min(float(BURST), tokens + (now - at) / EVERY)
         if tokens < 1:
@@ -204,7 +197,7 @@ class Repairs:
 
     async def _repair(self, key: Key, whose: str) -> None:
         kind, name = key
-        desired = self._desired(kind, name, whose) if writes(self._gate) else None
+        desired = self._desired(kind, name, whose) if writes(self.gate) else None
         if desired is None:  # nothing wants it, or a waiting replica (the working one repairs)
             self._settle(key, whose)
             return
@@ -224,9 +217,9 @@ class Repairs:
         after = Owned.from_object(kind, answer)
         self.stores[kind].fold_quietly("APPLIED", after)
         if kind == "DaemonSet":
-            self._watch.applied(AgentDaemonSet.from_object(answer))
+            self.watch.applied(AgentDaemonSet.from_object(answer))
         elif kind == "DeviceClass":
-            self._classes.keep(profiles[0], answer)
+            self.classes.keep(profiles[0], answer)
         self._settle(key, whose)
         if not restored(current, after):
             return  # it was as rendered already (the operator's own apply was the change)
@@ -244,7 +237,7 @@ class Repairs:
         """Apply without force; on a conflict, force only over managers that edited by an update.
         None when the fields were left to an applier that took them."""
         try:
-            answer: dict[str, Any] = await self._call(self._kube.apply, obj, False)
+            answer: dict[str, Any] = await self.call(self.kube.apply, obj, False)
             return answer
         except KubeError as e:
             if e.status != 409:
@@ -253,7 +246,7 @@ class Repairs:
         took = taken_over(managers, current)
         if not took:
             log.info("%s %s was edited by %s; applying it again", key[0], key[1], ", ".join(sorted(managers)))
-            forced: dict[str, Any] = await self._call(self._kube.apply, obj, True)
+            forced: dict[str, Any] = await self.call(self.kube.apply, obj, True)
             return forced
         by = ", ".join(sorted(took))
         fields = current.fields if current is not None else ""
@@ -265,7 +258,7 @@ class Repairs:
                 "(server-side apply with force); left as they are"
             )
             log.warning("%s", message)
-            self._mark(self._profile_names(whose))
+            self.mark(self._profile_names(whose))
             await self._post(profiles, Transition("Warning", Reason.FIELDS_TAKEN_OVER.value, message))
         return None
 
@@ -273,19 +266,19 @@ class Repairs:
         """``key`` needs nothing more now: no longer missing, its fields the operator's again."""
         was_missing = self._missing.pop(key, None) is not None
         if self._taken.pop(key, None) is not None or was_missing:
-            self._mark(self._profile_names(whose))
+            self.mark(self._profile_names(whose))
 
     async def _post(self, profiles: list[Profile], t: Transition) -> None:
         for profile in profiles:
             try:
-                await self._call(self._kube.create_event, EVENT_NAMESPACE, event(profile, t))
+                await self.call(self.kube.create_event, EVENT_NAMESPACE, event(profile, t))
             except (KubeError, OSError) as e:
                 log.warning("Posting an Event on DevicePluginProfile %s failed: %s", profile.name, e)
 
     def _profile_names(self, whose: str) -> list[str]:
         if whose == SHARED_KEY:
-            return [p.name for p in self._registry.shared_agent_profiles()]
-        return [whose] if whose in self._registry else []
+            return [p.name for p in self.registry.shared_agent_profiles()]
+        return [whose] if whose in self.registry else []
 
     async def close(self) -> None:
         await self._timers.close()

@@ -176,7 +176,9 @@ class ChangeWriter:
                 next_resync = time.monotonic() + (self._resync if self._resync is not None else _IDLE)
                 if self._resync is not None:
                     await self.check()
-            if not self._kick.is_set() and (self._retry_at is None or time.monotonic() < self._retry_at):
+            if self._retry_at is not None and time.monotonic() < self._retry_at:
+                continue  # a paced repair's hold or a failed write's backoff: not before it ends
+            if self._retry_at is None and not self._kick.is_set():
                 continue
             await self.settle(stop)
             if stop.is_set():

@@ -15,8 +15,9 @@ library's http.client, JSON in and out.
 * `daemon_pods`: the pods of the agent's own DaemonSet on its node, read once as it leaves
   (`successor.py`: it serves on until its successor is Ready);
 * `get_object`/`watch_object`: one object followed by name (the node agent's NodeConfig);
-* `list_objects`/`watch_objects`: the agent's own objects followed by field selector, so that a
-  DeviceReport or ResourceSlice someone else deleted or edited is written again (`ownwatch.py`).
+* `list_objects`/`watch_objects`: the agent's own objects followed by an `ownwatch.Selection` (a
+  field selector), so that a DeviceReport or ResourceSlice someone else deleted or edited is
+  written again (`ownwatch.py`).
 
 No client library: the agent runs on every node, and for these requests the stack it used before
 (pykube-ng on requests and urllib3, with idna and certifi) cost 5.75 MiB of its RSS, where
@@ -49,7 +50,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ from patchbay_agent.constants import (
     SERVICE_ACCOUNT_DIR,
 )
 from patchbay_agent.kubeconfig import ClientConfigError
+from patchbay_agent.ownwatch import Opened, Selection
 from patchbay_agent.satoken import jwt_claims, node_identity
 
 __all__ = ["ApiConnection", "ApiError", "ClientConfigError", "KubeClient"]
@@ -268,22 +270,19 @@ class ApiConnection:
         """WATCH one object by name (a `metadata.name` field selector, which RBAC's resourceNames
         can narrow to that object): `watch_objects` with that selector."""
         return self.watch_objects(
-            version,
-            plural,
+            Selection(version, plural, namespace, f"metadata.name={name}"),
             resource_version,
-            namespace=namespace,
-            field_selector=f"metadata.name={name}",
             timeout_seconds=timeout_seconds,
         )
 
-    def list_objects(
-        self, version: str, plural: str, *, namespace: str | None = None, field_selector: str
-    ) -> tuple[list[dict[str, Any]], str]:
-        """LIST the objects a field selector picks: (items, the list's resourceVersion, where a
-        watch of the same selector starts). The agent's own objects only (`ownwatch.py`), so the
+    def list_objects(self, selection: Selection) -> tuple[list[dict[str, Any]], str]:
+        """LIST the objects a `Selection` picks: (items, the list's resourceVersion, where a watch
+        of the same selection starts). The agent's own objects only (`ownwatch.py`), so the
         answer is small however large the cluster."""
+        sel = selection
+        params = {"fieldSelector": sel.field_selector}
         response = self._send(
-            "GET", version=version, url=plural, namespace=namespace, params={"fieldSelector": field_selector}
+            "GET", version=sel.version, url=sel.plural, namespace=sel.namespace, params=params
         )
         body = response.json()
         items = [dict(i) for i in body.get("items") or []]
@@ -291,28 +290,25 @@ class ApiConnection:
 
     def watch_objects(
         self,
-        version: str,
-        plural: str,
+        selection: Selection,
         resource_version: str,
         *,
-        namespace: str | None = None,
-        field_selector: str,
         timeout_seconds: int = 300,
-        opened: Callable[[http.client.HTTPConnection], None] | None = None,
+        opened: Opened = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """WATCH the objects a field selector picks, from `resource_version`, with bookmarks:
+        """WATCH the objects a `Selection` picks, from `resource_version`, with bookmarks:
         (type, object) per event until the server ends the watch (`timeoutSeconds`) or fails;
         ApiError on an HTTP error, an ERROR event (410 Gone: list again) is yielded as is.
         Blocking: run it in a thread. A connection of its own, closed at the end (never kept: it
         is busy for the whole watch); `opened` is handed it first, so that another thread can
         end the watch at once by shutting its socket."""
         target = self._path(
-            version,
-            plural,
-            namespace,
+            selection.version,
+            selection.plural,
+            selection.namespace,
             {
                 "watch": "1",
-                "fieldSelector": field_selector,
+                "fieldSelector": selection.field_selector,
                 "resourceVersion": resource_version,
                 "timeoutSeconds": str(timeout_seconds),
                 "allowWatchBookmarks": "true",
@@ -340,7 +336,9 @@ class ApiConnection:
                 try:
                     line = answer.readline()
                 except (OSError, http.client.HTTPException) as e:
-                    raise ApiError(0, f"the watch of {plural} ({field_selector}) broke: {e}") from None
+                    raise ApiError(
+                        0, f"the watch of {selection.plural} ({selection.field_selector}) broke: {e}"
+                    ) from None
                 if not line:
                     return
                 if line.strip():

@@ -53,24 +53,18 @@ FIGHT_WINDOW = 300.0
 FREE_REPAIRS = 3
 
 
+#: Handed a watch's connection as it opens (so that another thread can end the watch at once).
+Opened = Callable[[http.client.HTTPConnection], None] | None
+
+
 @runtime_checkable
 class WatchClient(Protocol):
     """What following needs of the API (`kubeclient.KubeClient`); synchronous."""
 
-    def list_objects(
-        self, version: str, plural: str, *, namespace: str | None = None, field_selector: str
-    ) -> tuple[list[dict[str, Any]], str]: ...
+    def list_objects(self, selection: Selection) -> tuple[list[dict[str, Any]], str]: ...
 
     def watch_objects(
-        self,
-        version: str,
-        plural: str,
-        resource_version: str,
-        *,
-        namespace: str | None = None,
-        field_selector: str,
-        timeout_seconds: int = 300,
-        opened: Callable[[http.client.HTTPConnection], None] | None = None,
+        self, selection: Selection, resource_version: str, *, timeout_seconds: int = ..., opened: Opened = ...
     ) -> Iterator[tuple[str, dict[str, Any]]]: ...
 
 
@@ -164,19 +158,11 @@ class OwnWatch:
         while not self._stopped.is_set():
             try:
                 if not version:
-                    items, version = self._client.list_objects(
-                        sel.version, sel.plural, namespace=sel.namespace, field_selector=sel.field_selector
-                    )
+                    items, version = self._client.list_objects(sel)
                     self.lists += 1
                     post(LISTED, {"items": items})
                 for kind, obj in self._client.watch_objects(
-                    sel.version,
-                    sel.plural,
-                    version,
-                    namespace=sel.namespace,
-                    field_selector=sel.field_selector,
-                    timeout_seconds=self._timeout,
-                    opened=self._opened,
+                    sel, version, timeout_seconds=self._timeout, opened=self._opened
                 ):
                     if self._stopped.is_set():
                         return
@@ -213,10 +199,7 @@ class OwnWatch:
 
     def list_now(self) -> list[dict[str, Any]]:
         """The selected objects as the API server has them now (one LIST; raises on failure)."""
-        sel = self.selection
-        items, _ = self._client.list_objects(
-            sel.version, sel.plural, namespace=sel.namespace, field_selector=sel.field_selector
-        )
+        items, _ = self._client.list_objects(self.selection)
         return items
 
 

@@ -1,7 +1,7 @@
 """Conformance fixtures: the upstream kubelet device manager as a peer process, and the agent as
 the `patchbay-agent` process the DaemonSet runs. Both are started by the test and stopped by PID.
 
-The peer is built from tests/conformance/peer (build.sh) against the pinned Kubernetes release,
+The peer is built from tests/conformance/peer (hack/go-peer.sh) against the pinned Kubernetes release,
 cached outside the repository by a hash of its sources; a cold build takes minutes, a warm one
 none. A build failure is an error, never a skip.
 """

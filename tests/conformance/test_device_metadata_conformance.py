@@ -1,7 +1,7 @@
 """The agent's DRA device metadata files, read by upstream's own reader (KEP-5304).
 
 The peer, tests/conformance/metadatareader, is `k8s.io/dynamic-resource-allocation/devicemetadata`
-of a release compiled into a small command (build.sh; cached outside the repository), so what is
+of a release compiled into a small command (hack/go-peer.sh; cached outside the repository), so what is
 checked is what a workload built against that library understands of a file the agent wrote
 (dra/metadata.py), not the test's reading of the format:
 
@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import gopeer
 
 from patchbay_agent.dra.metadata import ClaimInfo, DeviceMetadataFiles, encode, metadata_objects
 from patchbay_devcluster.releases import matrix
 
 pytestmark = pytest.mark.peer
 
-READER = Path(__file__).parent / "metadatareader" / "build.sh"
 DRIVER, POOL = "serial.patchbay.dev", "node-1"
 ATTRS: dict[str, dict[str, Any]] = {
     "ttyusb0-1a2b3c4d": {
@@ -53,9 +53,7 @@ WITH_API = [r for r in matrix() if minor(r) >= 36]
 
 
 def reader(release: str) -> Path:
-    out = subprocess.run([str(READER), release], capture_output=True, text=True, timeout=1800, check=False)
-    assert out.returncode == 0, f"building the metadata reader for {release} failed:\n{out.stderr[-3000:]}"
-    return Path(out.stdout.strip().splitlines()[-1])
+    return gopeer.build("metadatareader", release)
 
 
 def read(binary: Path, path: Path) -> dict[str, Any]:

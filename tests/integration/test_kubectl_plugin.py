@@ -52,16 +52,6 @@ def plugin(
     return kubectl(devcluster, bin_dir, "patchbay", *args, "-n", NAMESPACE, check=check)
 
 
-def agent_spec(cluster: Cluster, resource: str, mode: str) -> dict[str, Any]:
-    return {
-        "resourceName": f"example.com/{cluster.prefix}{resource}",
-        "mode": mode,
-        "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
-        "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}},
-        "agent": {"tolerations": [{"operator": "Exists"}]},
-    }
-
-
 def write_report(
     cluster: Cluster, profile: str, node: str, resource: str, devices: list[dict[str, Any]]
 ) -> None:
@@ -116,7 +106,7 @@ def profiles(cluster: Cluster, operator: Operator) -> dict[str, Any]:
     """Three profiles on the same two kwok nodes: DevicePlugin, Static and DRA."""
     nodes = cluster.add_nodes(2)
     dp, st, dra = f"{cluster.prefix}serial", f"{cluster.prefix}dongle", f"{cluster.prefix}sensor"
-    cluster.create_profile(dp, agent_spec(cluster, "serial", "DevicePlugin"))
+    cluster.create_profile(dp, cluster.agent_spec("serial", "DevicePlugin"))
     cluster.create_profile(
         st,
         {
@@ -126,7 +116,7 @@ def profiles(cluster: Cluster, operator: Operator) -> dict[str, Any]:
             "static": {"capacity": 3},
         },
     )
-    cluster.create_profile(dra, agent_spec(cluster, "sensor", "DRA"))
+    cluster.create_profile(dra, cluster.agent_spec("sensor", "DRA"))
     return {"nodes": nodes, "dp": dp, "static": st, "dra": dra}
 
 
@@ -399,9 +389,18 @@ def _check_nodes(devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> No
     # The DRA agent's report on n1 counts its two sensors, one sick.
     assert rows[p["dra"]]["agents"] and (rows[p["dra"]]["healthy"], rows[p["dra"]]["total"]) == (1, 2)
     table = plugin(devcluster, bin_dir, "nodes", "--profile", p["dp"]).stdout.splitlines()
-    assert table[0].split() == ["NODE", "PROFILE", "GROUP", "MODE", "AGENT", "REGISTERED", "DEVICES"]
+    assert table[0].split() == [
+        "NODE",
+        "PROFILE",
+        "GROUP",
+        "MODE",
+        "AGENT",
+        "REGISTERED",
+        "DEVICES",
+        "REVISION",
+    ]
     cells = {x.split()[0]: x.split() for x in table[1:]}
-    assert cells[n1][5:] == ["yes", "1/2"] and cells[n2][5:] == ["yes", "1/1"]
+    assert cells[n1][5:7] == ["yes", "1/2"] and cells[n2][5:7] == ["yes", "1/1"]
     assert cells[n1][2] == "-"  # no node groups
 
 

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from patchbay_agent.kubeclient import ApiError, ClientConfigError, KubeClient
+from patchbay_agent.ownwatch import Selection
 from patchbay_devcluster.pki import CertificateAuthority
 
 REPORT = {
@@ -305,15 +306,12 @@ def test_the_agents_own_objects_are_listed_and_watched_by_field_selector(tmp_pat
     with fake_api() as api:
         client = KubeClient(_kubeconfig(tmp_path / "kc", api.url))
         api.answers = [(200, "application/json", json.dumps(listed).encode())]
-        items, version = client.list_objects("resource.k8s.io/v1", "resourceslices", field_selector=selector)
+        slices = Selection("resource.k8s.io/v1", "resourceslices", None, selector)
+        items, version = client.list_objects(slices)
         assert (items, version) == (listed["items"], "41")
         api.answers = [(200, "application/json", json.dumps(event).encode() + b"\n")]
         opened: list[Any] = []
-        got = list(
-            client.watch_objects(
-                "resource.k8s.io/v1", "resourceslices", version, field_selector=selector, opened=opened.append
-            )
-        )
+        got = list(client.watch_objects(slices, version, opened=opened.append))
         assert got == [("DELETED", event["object"])] and len(opened) == 1
     first, second = (r["path"] for r in api.requests)
     assert (

@@ -239,69 +239,65 @@ def test_a_running_agent_exports_what_it_did(plugin_dir: Path, hw: FakeHardware)
     allocates = 25
 
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir, refuse=2)
-        await kubelet.start()
-        try:
-            async with (
-                running_agent(SERIAL, plugin_dir, hw.root, backoff=(0.01, 0.05)) as agent,
-                plugin_client(agent.registrar.socket_path) as client,
-            ):
-                await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
-                await until(lambda: agent.registrar.registered and agent.servicer.open_streams == 1)
-                ok = api_pb2.AllocateRequest(
-                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["ttyUSB1"])]
-                )
-                # Each call's server-side handling happens inside the client's round trip, on
-                # the same clock (the agent runs in this process).
-                round_trips = 0.0
-                for _ in range(allocates):
-                    started = time.perf_counter()
-                    await client.Allocate(ok)
-                    round_trips += time.perf_counter() - started
-                unknown = api_pb2.AllocateRequest(
-                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["nope"])]
-                )
-                for _ in range(2):
-                    with pytest.raises(grpc.aio.AioRpcError):
-                        await client.Allocate(unknown)
+        async with (
+            PyKubelet(plugin_dir, refuse=2) as kubelet,
+            running_agent(SERIAL, plugin_dir, hw.root, backoff=(0.01, 0.05)) as agent,
+            plugin_client(agent.registrar.socket_path) as client,
+        ):
+            await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
+            await until(lambda: agent.registrar.registered and agent.servicer.open_streams == 1)
+            ok = api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["ttyUSB1"])]
+            )
+            # Each call's server-side handling happens inside the client's round trip, on
+            # the same clock (the agent runs in this process).
+            round_trips = 0.0
+            for _ in range(allocates):
+                started = time.perf_counter()
+                await client.Allocate(ok)
+                round_trips += time.perf_counter() - started
+            unknown = api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["nope"])]
+            )
+            for _ in range(2):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await client.Allocate(unknown)
 
-                status, ctype, body = await asyncio.to_thread(_get, agent.http.port, "/metrics")
-                assert (status, ctype) == (200, CONTENT_TYPE)
-                families = parse(body)
-                assert {name: f.type for name, f in families.items()} == FAMILIES
+            status, ctype, body = await asyncio.to_thread(_get, agent.http.port, "/metrics")
+            assert (status, ctype) == (200, CONTENT_TYPE)
+            families = parse(body)
+            assert {name: f.type for name, f in families.items()} == FAMILIES
 
-                assert value(families, "patchbay_agent_info", resource=RESOURCE, node="node-1") == 1
-                assert value(families, "patchbay_agent_registered") == 1
-                assert value(families, "patchbay_agent_registrations_total", result="failure") == 2
-                assert value(families, "patchbay_agent_registrations_total", result="success") == 1
-                assert value(families, "patchbay_agent_list_and_watch_streams") == 1
-                assert value(families, "patchbay_agent_devices", health="Healthy") == 2
-                assert value(families, "patchbay_agent_devices", health="Unhealthy") == 0
-                assert value(families, "patchbay_agent_physical_devices") == 2
-                assert value(families, "patchbay_agent_list_and_watch_bytes") == (
-                    agent.servicer.encoder.size_bytes
-                )
-                rpcs = {
-                    (s.labels["method"], s.labels["code"]): s.value
-                    for s in families["patchbay_agent_rpcs"].samples
-                }
-                assert rpcs == {
-                    ("GetDevicePluginOptions", "OK"): len(kubelet.registrations),
-                    ("ListAndWatch", "OK"): 1,
-                    ("Allocate", "OK"): allocates,
-                    ("Allocate", "INVALID_ARGUMENT"): 2,
-                }
+            assert value(families, "patchbay_agent_info", resource=RESOURCE, node="node-1") == 1
+            assert value(families, "patchbay_agent_registered") == 1
+            assert value(families, "patchbay_agent_registrations_total", result="failure") == 2
+            assert value(families, "patchbay_agent_registrations_total", result="success") == 1
+            assert value(families, "patchbay_agent_list_and_watch_streams") == 1
+            assert value(families, "patchbay_agent_devices", health="Healthy") == 2
+            assert value(families, "patchbay_agent_devices", health="Unhealthy") == 0
+            assert value(families, "patchbay_agent_physical_devices") == 2
+            assert value(families, "patchbay_agent_list_and_watch_bytes") == (
+                agent.servicer.encoder.size_bytes
+            )
+            rpcs = {
+                (s.labels["method"], s.labels["code"]): s.value
+                for s in families["patchbay_agent_rpcs"].samples
+            }
+            assert rpcs == {
+                ("GetDevicePluginOptions", "OK"): len(kubelet.registrations),
+                ("ListAndWatch", "OK"): 1,
+                ("Allocate", "OK"): allocates,
+                ("Allocate", "INVALID_ARGUMENT"): 2,
+            }
 
-                # The histogram counts the Allocate calls answered OK, and no more time than
-                # the client waited for them.
-                _, total, count = histogram_parts(families["patchbay_agent_allocate_seconds"])
-                assert count == allocates
-                assert 0 < total <= round_trips
+            # The histogram counts the Allocate calls answered OK, and no more time than
+            # the client waited for them.
+            _, total, count = histogram_parts(families["patchbay_agent_allocate_seconds"])
+            assert count == allocates
+            assert 0 < total <= round_trips
 
-                _, total, count = histogram_parts(families["patchbay_agent_health_round_seconds"])
-                assert count == agent.monitor.rounds >= 1
-                assert total > 0
-        finally:
-            await kubelet.stop()
+            _, total, count = histogram_parts(families["patchbay_agent_health_round_seconds"])
+            assert count == agent.monitor.rounds >= 1
+            assert total > 0
 
     asyncio.run(scenario())

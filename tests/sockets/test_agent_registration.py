@@ -4,10 +4,12 @@ kubelet restarts (event-driven), the poll backstop, and the HTTP health endpoint
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from support.agentrun import running_agent, until
@@ -32,13 +34,24 @@ async def _get(agent: ResourceAgent, path: str) -> tuple[int, str]:
     return await asyncio.to_thread(_http, agent, path)
 
 
+@contextlib.asynccontextmanager
+async def serving(plugin_dir: Path, hw: FakeHardware) -> AsyncIterator[tuple[PyKubelet, ResourceAgent]]:
+    """ttyUSB0 served by an agent that only inotify wakes (no poll backstop) to a kubelet that
+    lists it; both stopped at the end."""
+    hw.add_dev("/dev/ttyUSB0")
+    async with (
+        PyKubelet(plugin_dir) as kubelet,
+        running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent,
+    ):
+        await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
+        yield kubelet, agent
+
+
 def test_registers_only_after_serving_with_the_right_request(plugin_dir: Path, hw: FakeHardware) -> None:
     hw.add_dev("/dev/ttyUSB0")
 
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        await kubelet.start()
-        try:
+        async with PyKubelet(plugin_dir) as kubelet:
             plugin = dict(SERIAL, preferredAllocation={"policy": "Pack"})
             async with running_agent(plugin, plugin_dir, hw.root) as agent:
                 await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
@@ -53,8 +66,6 @@ def test_registers_only_after_serving_with_the_right_request(plugin_dir: Path, h
                 assert not reg.request.options.pre_start_required
                 assert reg.options == reg.request.options
                 assert [d.ID for d in kubelet.devices[RESOURCE]] == ["ttyUSB0"]
-        finally:
-            await kubelet.stop()
 
     asyncio.run(scenario())
 
@@ -68,9 +79,7 @@ def test_waits_for_a_kubelet_then_registers_and_reports_ready(plugin_dir: Path, 
             assert await _get(agent, "/healthz") == (200, "ok\n")
             assert (await _get(agent, "/readyz"))[0] == 503
             assert agent.registrar.registration_count == 0
-            kubelet = PyKubelet(plugin_dir)
-            await kubelet.start()
-            try:
+            async with PyKubelet(plugin_dir) as kubelet:
                 await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
                 await until(lambda: agent.registrar.registered)
                 assert await _get(agent, "/readyz") == (200, "ready\n")
@@ -79,8 +88,6 @@ def test_waits_for_a_kubelet_then_registers_and_reports_ready(plugin_dir: Path, 
                 assert "patchbay_agent_registered 1.0" in metrics
                 assert 'patchbay_agent_devices{health="Healthy"} 1.0' in metrics
                 assert 'patchbay_agent_registrations_total{result="success"} 1.0' in metrics
-            finally:
-                await kubelet.stop()
             # The kubelet went away: not ready any more.
             await until(lambda: not agent.registrar.registered)
             assert (await _get(agent, "/readyz"))[0] == 503
@@ -90,90 +97,66 @@ def test_waits_for_a_kubelet_then_registers_and_reports_ready(plugin_dir: Path, 
 
 def test_backs_off_while_the_kubelet_refuses(plugin_dir: Path, hw: FakeHardware) -> None:
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir, refuse=3)
-        await kubelet.start()
-        try:
-            async with running_agent(SERIAL, plugin_dir, hw.root, backoff=(0.05, 0.2)) as agent:
-                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
-                assert kubelet.refused == 3
-                await until(lambda: agent.registrar.registered)
-                _, metrics = await _get(agent, "/metrics")
-                assert 'patchbay_agent_registrations_total{result="failure"} 3.0' in metrics
-        finally:
-            await kubelet.stop()
+        async with (
+            PyKubelet(plugin_dir, refuse=3) as kubelet,
+            running_agent(SERIAL, plugin_dir, hw.root, backoff=(0.05, 0.2)) as agent,
+        ):
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+            assert kubelet.refused == 3
+            await until(lambda: agent.registrar.registered)
+            _, metrics = await _get(agent, "/metrics")
+            assert 'patchbay_agent_registrations_total{result="failure"} 3.0' in metrics
 
     asyncio.run(scenario())
 
 
 def test_reregisters_after_a_kubelet_restart_through_inotify(plugin_dir: Path, hw: FakeHardware) -> None:
-    hw.add_dev("/dev/ttyUSB0")
-
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        await kubelet.start()
-        try:
-            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
-                await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
-                first_identity = agent.registrar.server.identity if agent.registrar.server else None
-                for _ in range(2):
-                    # Stop, delete every socket (ours too), listen again: what a new kubelet does.
-                    # At least one new registration each time (under load the stream's end may be
-                    # taken for a drop before the old kubelet's sockets go: one more, harmless).
-                    before = len(kubelet.registrations)
-                    await kubelet.restart()
-                    await kubelet.wait_for(
-                        lambda before=before: (
-                            len(kubelet.registrations) > before and RESOURCE in kubelet.devices
-                        )
-                    )
-                    assert kubelet.registrations[-1].plugin_was_serving
-                assert agent.registrar.server is not None
-                assert agent.registrar.server.identity != first_identity
-                assert agent.registrar.socket_path.exists()
-        finally:
-            await kubelet.stop()
+        async with serving(plugin_dir, hw) as (kubelet, agent):
+            first_identity = agent.registrar.server.identity if agent.registrar.server else None
+            for _ in range(2):
+                # Stop, delete every socket (ours too), listen again: what a new kubelet does.
+                # At least one new registration each time (under load the stream's end may be
+                # taken for a drop before the old kubelet's sockets go: one more, harmless).
+                before = len(kubelet.registrations)
+                await kubelet.restart()
+                await kubelet.wait_for(
+                    lambda before=before: len(kubelet.registrations) > before and RESOURCE in kubelet.devices
+                )
+                assert kubelet.registrations[-1].plugin_was_serving
+            assert agent.registrar.server is not None
+            assert agent.registrar.server.identity != first_identity
+            assert agent.registrar.socket_path.exists()
 
     asyncio.run(scenario())
 
 
 def test_serves_again_when_its_own_socket_is_deleted(plugin_dir: Path, hw: FakeHardware) -> None:
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        await kubelet.start()
-        try:
-            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
-                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
-                # The kubelet records a registration before it answers, and opens the stream after:
-                # a socket deleted before then is served again while Register is in flight (a
-                # kubelet restart's case, registration.py), the kubelet's stream comes through the
-                # new one, and no second registration is needed. Here the agent stands registered.
-                await until(lambda: agent.registrar.streaming)
-                agent.registrar.socket_path.unlink()
-                await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
-                assert kubelet.registrations[-1].plugin_was_serving
-                assert agent.registrar.server is not None and agent.registrar.server.socket_intact()
-        finally:
-            await kubelet.stop()
+        async with (
+            PyKubelet(plugin_dir) as kubelet,
+            running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent,
+        ):
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+            # The kubelet records a registration before it answers, and opens the stream after:
+            # a socket deleted before then is served again while Register is in flight (a
+            # kubelet restart's case, registration.py), the kubelet's stream comes through the
+            # new one, and no second registration is needed. Here the agent stands registered.
+            await until(lambda: agent.registrar.streaming)
+            agent.registrar.socket_path.unlink()
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
+            assert kubelet.registrations[-1].plugin_was_serving
+            assert agent.registrar.server is not None and agent.registrar.server.socket_intact()
 
     asyncio.run(scenario())
 
 
 def test_registers_again_when_the_kubelet_drops_the_stream(plugin_dir: Path, hw: FakeHardware) -> None:
-    hw.add_dev("/dev/ttyUSB0")
-
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        await kubelet.start()
-        try:
-            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
-                await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
-                await kubelet.drop_streams()
-                await kubelet.wait_for(
-                    lambda: len(kubelet.registrations) == 2 and RESOURCE in kubelet.devices
-                )
-                await until(lambda: agent.registrar.registered and agent.servicer.open_streams == 1)
-        finally:
-            await kubelet.stop()
+        async with serving(plugin_dir, hw) as (kubelet, agent):
+            await kubelet.drop_streams()
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2 and RESOURCE in kubelet.devices)
+            await until(lambda: agent.registrar.registered and agent.servicer.open_streams == 1)
 
     asyncio.run(scenario())
 
@@ -223,17 +206,13 @@ def test_poll_backstop_recovers_when_the_directory_itself_is_replaced(
 
 def test_shutdown_removes_the_socket_and_ends_streams(plugin_dir: Path, hw: FakeHardware) -> None:
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        await kubelet.start()
-        try:
+        async with PyKubelet(plugin_dir) as kubelet:
             async with running_agent(SERIAL, plugin_dir, hw.root) as agent:
                 await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
                 socket = agent.registrar.socket_path
                 assert socket.exists()
             assert not socket.exists()
             assert sorted(os.listdir(plugin_dir)) == ["kubelet.sock"]
-        finally:
-            await kubelet.stop()
 
     asyncio.run(scenario())
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -34,6 +35,16 @@ NAME = re.compile(r"patchbay-example\.com_serial-[0-9a-f]{8}\.sock")
 SLOWER_THAN_THE_OLD_DEADLINE = 2.5
 
 
+@contextlib.asynccontextmanager
+async def rollout(
+    kubelet: PyKubelet,
+) -> AsyncIterator[tuple[contextlib.AsyncExitStack, contextlib.AsyncExitStack]]:
+    """A rollout on ``kubelet`` (started here): the old and the new agent's stacks, each agent
+    entered by the test; at the end the new agent stops, then the old one, then the kubelet."""
+    async with kubelet, contextlib.AsyncExitStack() as old, contextlib.AsyncExitStack() as new:
+        yield old, new
+
+
 def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket(
     plugin_dir: Path, hw: FakeHardware
 ) -> None:
@@ -41,9 +52,7 @@ def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir)
-        await kubelet.start()
-        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
-        try:
+        async with rollout(kubelet) as (old, new):
             a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root))
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
             b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root))
@@ -70,10 +79,6 @@ def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket
             assert b.servicer.open_streams == 1
             assert len(kubelet.registrations) == 2
             assert (a.registrar.registration_count, b.registrar.registration_count) == (1, 1)
-        finally:
-            await new.aclose()
-            await old.aclose()
-            await kubelet.stop()
 
     asyncio.run(scenario())
 
@@ -121,15 +126,13 @@ def test_a_stale_socket_of_the_same_instance_is_taken_over(plugin_dir: Path, hw:
     stale_socket(plugin_dir / socket_name(RESOURCE, "mine"))
 
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        await kubelet.start()
-        try:
-            async with running_agent(SERIAL, plugin_dir, hw.root, instance="mine") as agent:
-                await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
-                assert kubelet.registrations[0].request.endpoint == socket_name(RESOURCE, "mine")
-                assert agent.registrar.server is not None and agent.registrar.server.socket_intact()
-        finally:
-            await kubelet.stop()
+        async with (
+            PyKubelet(plugin_dir) as kubelet,
+            running_agent(SERIAL, plugin_dir, hw.root, instance="mine") as agent,
+        ):
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+            assert kubelet.registrations[0].request.endpoint == socket_name(RESOURCE, "mine")
+            assert agent.registrar.server is not None and agent.registrar.server.socket_intact()
 
     asyncio.run(scenario())
 
@@ -176,9 +179,7 @@ def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_regis
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        await kubelet.start()
-        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
-        try:
+        async with rollout(kubelet) as (old, new):
             a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
@@ -192,10 +193,6 @@ def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_regis
             assert (a.registrar.registration_count, b.registrar.registration_count) == (1, 2)
             assert b.registrar.streams.drops == 1
             await until(lambda: b.registrar.registered and b.servicer.open_streams == 1)
-        finally:
-            await new.aclose()
-            await old.aclose()
-            await kubelet.stop()
 
     asyncio.run(scenario())
 
@@ -211,21 +208,19 @@ def test_a_registration_dropped_before_its_stream_opened_is_made_again_and_never
     hw.add_dev("/dev/ttyUSB0")
 
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True, drop_before_stream=1)
-        await kubelet.start()
-        try:
-            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
-                await kubelet.wait_for(lambda: kubelet.dropped_before_stream == 1)
-                await until(lambda: agent.registrar.registered)
-                assert len(kubelet.registrations) == 1
-                assert not agent.ready  # registered, but the kubelet holds no stream of it
-                await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 1)
-                assert len(kubelet.registrations) == 2
-                assert agent.registrar.streams.unopened == 1
-                assert agent.registrar.streams.drops == 0
-                await until(lambda: agent.ready)
-        finally:
-            await kubelet.stop()
+        async with (
+            PyKubelet(plugin_dir, one_client_per_resource=True, drop_before_stream=1) as kubelet,
+            running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent,
+        ):
+            await kubelet.wait_for(lambda: kubelet.dropped_before_stream == 1)
+            await until(lambda: agent.registrar.registered)
+            assert len(kubelet.registrations) == 1
+            assert not agent.ready  # registered, but the kubelet holds no stream of it
+            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 1)
+            assert len(kubelet.registrations) == 2
+            assert agent.registrar.streams.unopened == 1
+            assert agent.registrar.streams.drops == 0
+            await until(lambda: agent.ready)
 
     asyncio.run(scenario())
 
@@ -241,9 +236,7 @@ def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        await kubelet.start()
-        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
-        try:
+        async with rollout(kubelet) as (old, new):
             await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
@@ -260,10 +253,6 @@ def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
                 b.registrar.registration_count,
             ) == (1, 1, 3)
             await until(lambda: b.ready)
-        finally:
-            await new.aclose()
-            await old.aclose()
-            await kubelet.stop()
 
     asyncio.run(scenario())
 
@@ -284,9 +273,7 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        await kubelet.start()
-        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
-        try:
+        async with rollout(kubelet) as (old, new):
             a = await old.enter_async_context(
                 running_agent(
                     SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
@@ -327,10 +314,6 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             await new.aclose()
             await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
             assert kubelet.healthy(RESOURCE) == 0
-        finally:
-            await new.aclose()
-            await old.aclose()
-            await kubelet.stop()
 
     asyncio.run(scenario())
 
@@ -343,9 +326,7 @@ def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir)
-        await kubelet.start()
-        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
-        try:
+        async with rollout(kubelet) as (old, new):
             a = await old.enter_async_context(
                 running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=NEWEST)
             )
@@ -356,10 +337,6 @@ def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
             await until(lambda: b.ready)
             assert b.registrar.handover.count == 0
             assert kubelet.attempts == [r.request.endpoint for r in kubelet.registrations]
-        finally:
-            await new.aclose()
-            await old.aclose()
-            await kubelet.stop()
 
     asyncio.run(scenario())
 
@@ -428,9 +405,7 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        await kubelet.start()
-        old, new = contextlib.AsyncExitStack(), contextlib.AsyncExitStack()
-        try:
+        async with rollout(kubelet) as (old, new):
             one_client = {"poll_interval": 3600, "kubelet_version": ONE_CLIENT_RELEASE}
             a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, **one_client))
             await until(lambda: a.ready)
@@ -451,9 +426,5 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
             assert b.registrar.check.retakes == 1
             assert kubelet.registrations[-1].request.endpoint == b.registrar.endpoint
             await until(lambda: b.ready)
-        finally:
-            await new.aclose()
-            await old.aclose()
-            await kubelet.stop()
 
     asyncio.run(scenario())

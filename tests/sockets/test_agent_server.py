@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -21,6 +22,15 @@ SERIAL = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "health": {"perio
 
 def _ids(resp: api_pb2.ListAndWatchResponse) -> list[tuple[str, str]]:
     return [(d.ID, d.health) for d in resp.devices]
+
+
+async def refused_allocate(client: Any, ids: list[str]) -> grpc.aio.AioRpcError:
+    """The error of an Allocate of ``ids`` (one container) that the agent must refuse."""
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.Allocate(
+            api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)])
+        )
+    return refused.value
 
 
 def test_list_and_watch_full_list_then_every_change(plugin_dir: Path, hw: FakeHardware) -> None:
@@ -133,24 +143,14 @@ def test_allocate_response_and_refusals(plugin_dir: Path, hw: FakeHardware) -> N
             ]
             assert [d.host_path for d in second.devices] == ["/dev/ttyUSB1"]
 
-            with pytest.raises(grpc.aio.AioRpcError) as unknown:
-                await client.Allocate(
-                    api_pb2.AllocateRequest(
-                        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["nope"])]
-                    )
-                )
-            assert unknown.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-            assert "unknown device IDs: 'nope'" in (unknown.value.details() or "")
+            unknown = await refused_allocate(client, ["nope"])
+            assert unknown.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "unknown device IDs: 'nope'" in (unknown.details() or "")
 
             # The group's files do not exist: it is listed, and Unhealthy from its first check.
-            with pytest.raises(grpc.aio.AioRpcError) as unhealthy:
-                await client.Allocate(
-                    api_pb2.AllocateRequest(
-                        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["pair::0"])]
-                    )
-                )
-            assert unhealthy.value.code() is grpc.StatusCode.FAILED_PRECONDITION
-            assert "unhealthy device IDs: 'pair::0'" in (unhealthy.value.details() or "")
+            unhealthy = await refused_allocate(client, ["pair::0"])
+            assert unhealthy.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert "unhealthy device IDs: 'pair::0'" in (unhealthy.details() or "")
 
     asyncio.run(scenario())
 
@@ -324,15 +324,10 @@ def test_allocate_is_refused_when_the_cdi_spec_cannot_be_written(plugin_dir: Pat
             running_agent(plugin, plugin_dir, hw.root, cdi_spec_dir=blocker / "cdi") as agent,
             plugin_client(agent.registrar.socket_path) as client,
         ):
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await client.Allocate(
-                    api_pb2.AllocateRequest(
-                        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["ttyUSB0"])]
-                    )
-                )
-            assert refused.value.code() is grpc.StatusCode.INTERNAL
+            refused = await refused_allocate(client, ["ttyUSB0"])
+            assert refused.code() is grpc.StatusCode.INTERNAL
             assert f"cannot write the CDI spec {blocker}/cdi/patchbay_example.com_serial.json" in (
-                refused.value.details() or ""
+                refused.details() or ""
             )
 
     asyncio.run(scenario())

@@ -148,14 +148,33 @@ class Cluster:
         obj: dict[str, Any] = self.custom.create_cluster_custom_object(GROUP, self.version, PLURAL, body)
         return obj
 
-    def profile(self, name: str) -> dict[str, Any] | None:
+    def agent_spec(self, resource: str, mode: str, discovery: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A profile of ``mode`` with an agent of its own (tolerating every taint) on this test's
+        nodes, advertising a resource name of this test's own (other tests' profiles never share
+        it); its devices /dev/ttyUSB* unless ``discovery`` says otherwise."""
+        return {
+            "resourceName": f"example.com/{self.prefix}{resource}",
+            "mode": mode,
+            "nodeSelector": {"matchLabels": {TEST_LABEL: self.tag}},
+            "plugin": {"discovery": discovery or {"paths": {"globs": ["/dev/ttyUSB*"]}}},
+            "agent": {"tolerations": [{"operator": "Exists"}]},
+        }
+
+    def _cluster_object(self, group: str, version: str, plural: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped object, or None when there is none."""
         try:
-            obj: dict[str, Any] = self.custom.get_cluster_custom_object(GROUP, self.version, PLURAL, name)
+            obj: dict[str, Any] = self.custom.get_cluster_custom_object(group, version, plural, name)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
         return obj
+
+    def profile(self, name: str) -> dict[str, Any] | None:
+        return self._cluster_object(GROUP, self.version, PLURAL, name)
+
+    def device_class(self, name: str) -> dict[str, Any] | None:
+        return self._cluster_object("resource.k8s.io", "v1", "deviceclasses", name)
 
     def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
         self.custom.patch_cluster_custom_object(GROUP, self.version, PLURAL, name, {"spec": spec})

@@ -59,10 +59,10 @@ class FakeHardware:
         under = f"{pcie_root}/{bridge}" if bridge else pcie_root
         base = self.path(f"/sys/devices/{under}/{address}")
         base.mkdir(parents=True, exist_ok=True)
-        (base / "vendor").write_text(f"0x{vendor}\n")
-        (base / "device").write_text(f"0x{device}\n")
-        (base / "class").write_text(f"{device_class}\n")
-        (base / "numa_node").write_text(f"{numa_node}\n")
+        _attributes(
+            base,
+            {"vendor": f"0x{vendor}", "device": f"0x{device}", "class": device_class, "numa_node": numa_node},
+        )
         if iommu_group is not None:
             group = self.path(f"/sys/kernel/iommu_groups/{iommu_group}")
             group.mkdir(parents=True, exist_ok=True)
@@ -92,12 +92,9 @@ class FakeHardware:
         controller = f"{pcie_root[3:]}:14.0"
         base = self.path(f"/sys/devices/{pcie_root}/{controller}/usb{bus}/{name}")
         base.mkdir(parents=True, exist_ok=True)
-        (base / "idVendor").write_text(f"{vendor}\n")
-        (base / "idProduct").write_text(f"{product}\n")
-        (base / "busnum").write_text(f"{bus}\n")
-        (base / "devnum").write_text(f"{devnum}\n")
+        _attributes(base, {"idVendor": vendor, "idProduct": product, "busnum": bus, "devnum": devnum})
         if serial is not None:
-            (base / "serial").write_text(f"{serial}\n")
+            _attributes(base, {"serial": serial})
         link_dir = self.path("/sys/bus/usb/devices")
         link_dir.mkdir(parents=True, exist_ok=True)
         os.symlink(os.path.relpath(base, link_dir), link_dir / name)
@@ -124,3 +121,9 @@ def live_socket(path: Path) -> socket.socket:
     s.bind(str(path))
     s.listen()
     return s
+
+
+def _attributes(base: Path, values: dict[str, object]) -> None:
+    """sysfs attribute files under ``base``, one a value, each a line as the kernel writes it."""
+    for name, value in values.items():
+        (base / name).write_text(f"{value}\n")

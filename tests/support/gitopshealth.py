@@ -2,7 +2,7 @@
 
 ``evaluate`` runs the project's Argo CD health check (examples/gitops/argocd/...; the Lua VM Argo
 CD embeds, under its conventions) and kstatus (sigs.k8s.io/cli-utils, what Flux reads) on each
-object, through the Go program built by its build.sh (cached outside the repository). ``agrees``
+object, through the Go program built by hack/go-peer.sh (cached outside the repository). ``agrees``
 is the one rule both tests hold the two tools to, state for state; docs/operations.md#gitops says
 the same rule in words.
 """
@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support import gopeer
+
 REPO = Path(__file__).resolve().parents[2]
-PEER = REPO / "tests" / "conformance" / "gitopshealth"
 CHECK_DIR = REPO / "examples/gitops/argocd/resource_customizations/patchbay.dev/DevicePluginProfile"
 HEALTH_LUA = CHECK_DIR / "health.lua"
 
@@ -34,10 +35,7 @@ class Verdict:
 def build() -> Path:
     """The gitopshealth binary (a cold build downloads and compiles its modules: a minute or two).
     A failed build raises: never a skip."""
-    out = subprocess.run([str(PEER / "build.sh")], capture_output=True, text=True, timeout=900, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"building gitopshealth failed:\n{out.stderr}")
-    return Path(out.stdout.strip().splitlines()[-1])
+    return gopeer.build("gitopshealth")
 
 
 def evaluate(binary: Path, objects: list[dict[str, Any]], script: Path = HEALTH_LUA) -> list[Verdict]:

@@ -14,21 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from support import gopeer
 from support.agentrun import agent_argv
 from support.fakehw import FakeHardware
 
 from patchbay_agent.kubelet.sockets import is_same_resource
 
-PEER_DIR = Path(__file__).resolve().parents[1] / "conformance" / "peer"
-
 
 def build_peer() -> Path:
-    out = subprocess.run(
-        [str(PEER_DIR / "build.sh")], capture_output=True, text=True, timeout=1800, check=False
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"building the conformance peer failed:\n{out.stderr[-4000:]}")
-    return Path(out.stdout.strip().splitlines()[-1])
+    """The upstream kubelet device manager as a process (tests/conformance/peer)."""
+    return gopeer.build("conformance-peer")
 
 
 class PeerError(RuntimeError):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from support.pykubelet import unix_server
 
 from patchbay_agent.api import podresources_pb2 as pb
 from patchbay_agent.api import podresources_pb2_grpc as pb_grpc
@@ -82,11 +83,7 @@ class PodResourcesPeer(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
         return self.response()
 
     async def start(self) -> None:
-        server = grpc.aio.server()
-        pb_grpc.add_PodResourcesListerServicer_to_server(self, server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        await server.start()
-        self._server = server
+        self._server = await unix_server(self.socket, pb_grpc.add_PodResourcesListerServicer_to_server, self)
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -29,6 +30,18 @@ class Registration:
     #: whether the plugin's socket answered GetDevicePluginOptions while Register was in flight
     plugin_was_serving: bool
     at: float = field(default_factory=time.monotonic)
+
+
+async def unix_server(
+    socket: Path, add: Callable[[Any, grpc.aio.Server], None], servicer: Any
+) -> grpc.aio.Server:
+    """A started gRPC server of ``servicer`` (``add`` is its generated add_*_to_server) on the
+    Unix socket ``socket``, as the kubelet serves its own."""
+    server = grpc.aio.server()
+    add(servicer, server)
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    return server
 
 
 class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -226,11 +239,7 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
 
     async def start(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        server = grpc.aio.server()
-        api_pb2_grpc.add_RegistrationServicer_to_server(self, server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        await server.start()
-        self._server = server
+        self._server = await unix_server(self.socket, api_pb2_grpc.add_RegistrationServicer_to_server, self)
 
     async def _end_streams(self) -> None:
         """Every ListAndWatch stream ended and its channel closed."""
@@ -250,6 +259,14 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
+
+    async def __aenter__(self) -> PyKubelet:
+        """``async with PyKubelet(...) as kubelet``: started, and stopped at the end."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
 
     async def drop_streams(self) -> None:
         """Like the kubelet's plugin client failing: the stream ends, the registration server

@@ -3,7 +3,7 @@ device -> its taint, the DRA agent pod's memory.
 
 A ``mode: DRA`` profile with agent settings of its own (one agent pod serves it) over 4 FAKE
 devices (mknod 1:3, named dra0..dra3: the Go peer uses file names as device names). The peer
-(bench/drapeer, built by its build.sh from the upstream helper library
+(bench/drapeer, built by hack/go-peer.sh from the upstream helper library
 k8s.io/dynamic-resource-allocation/kubeletplugin at the newest release of the matrix) does the
 same prepare work as a process on the node: its helper GETs the claim and checks its UID, it
 writes one CDI spec per claim. It runs twice: reaching the API server through the same relay as
@@ -38,13 +38,13 @@ from patchbay_agent.core.health import FLAP_WINDOW
 from patchbay_agent.kubeclient import KubeClient
 from patchbay_bench.harness import Param, Run, Scenario, interleave, pct, wait
 from patchbay_bench.kube import PROFILES, Api, Metrics, profile, reports
+from patchbay_bench.peers import drapeer
 from patchbay_bench.setup import (
     AGENTS_NS,
     NODE,
     SESSION,
     Cluster,
     agent_pods,
-    drapeer,
     fake_devices,
     pod_memory,
     restore,
@@ -430,5 +430,5 @@ SCENARIO = Scenario(
     ),
     needs=("real-node", "images", "go"),
     quick_note="the Go peer only if bench/drapeer is built already (a cold build downloads and compiles "
-    "client-go: 331 s here); bench/drapeer/build.sh builds it",
+    "client-go: 331 s here); `PYTHONPATH=tests .venv/bin/python -m support.gopeer drapeer` builds it",
 )

@@ -15,12 +15,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import os
+import subprocess
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -40,9 +45,42 @@ NS, PROFILE, LABEL = "patchbay-bench", "bench-mem", "patchbay.dev/bench"
 MIB = 2**20
 
 
-def operator_rss(r: Run, cluster: Cluster, size: str) -> dict[str, float]:
-    """One fresh operator against the proxy serving ``size`` reports; its memory once it holds
-    them all and has computed the status."""
+@contextlib.contextmanager
+def program_of(tree: Path | None) -> Iterator[None]:
+    """Operators started in the block run ``tree``'s operator (and API package) instead of this
+    tree's: PYTHONPATH goes before the venv's editable installs (their finders come last)."""
+    if tree is None:
+        yield
+        return
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(tree / "operator"), str(tree / "api"), *([saved] if saved else [])]
+    )
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def repairs_served(port: int | None) -> bool:
+    """Whether the operator on /metrics ``port`` has repairs (repairs.py): its counter's HELP
+    line is there with no repair done yet."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        return b"# HELP patchbay_operator_repairs" in answer.read()
+
+
+def git_commit(tree: Path) -> str:
+    argv = ["git", "rev-parse", "--short=12", "HEAD"]
+    done = subprocess.run(argv, cwd=tree, capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "?"
+
+
+def operator_rss(r: Run, cluster: Cluster, size: str, tree: Path | None = None) -> dict[str, float]:
+    """One fresh operator (``tree``'s: ``program_of``) against the proxy serving ``size``
+    reports; its memory once it holds them all and has computed the status."""
     port = free_port()
     pki = cluster.dev.pki_dir
     argv = [
@@ -82,7 +120,11 @@ def operator_rss(r: Run, cluster: Cluster, size: str) -> dict[str, float]:
         n = len(cluster.nodes)
         # /healthz answers only after the first LISTs: 3.7 GB of reports at the bounds took
         # over 60 s here (the chart's startup probe allows operator.startupSeconds for that).
-        with operator(r, kubeconfig, NS, "--status-debounce", "1", start_timeout=max(60, n * 0.2)) as op:
+        with (
+            program_of(tree),
+            operator(r, kubeconfig, NS, "--status-debounce", "1", start_timeout=max(60, n * 0.2)) as op,
+        ):
+            r.log(f"operator of {tree or 'this tree'}: repairs {repairs_served(op.metrics_port)}")
             wait(
                 "the operator to hold every report",
                 lambda: op.stats().get("deviceReports", 0) >= n,
@@ -213,32 +255,48 @@ def run(r: Run) -> None:
                 1.0,
             )
 
-        def side(size: str) -> Callable[[int], dict[str, float]]:
-            return lambda _i: operator_rss(r, cluster, size)
+        def side(size: str, tree: Path | None = None) -> Callable[[int], dict[str, float]]:
+            return lambda _i: operator_rss(r, cluster, size, tree)
 
-        got = interleave(r.rounds(), {size: side(size) for size in ("bounds", "small")}, progress=r.log)
-        names = {"bounds": "reports at the CRD bounds", "small": "small reports (4 devices)"}
+        if baseline := r.text("baseline"):
+            base = Path(baseline).resolve()
+            if not (base / "operator" / "patchbay_operator").is_dir():
+                raise AssertionError(f"baseline={baseline}: no operator/patchbay_operator there")
+            got = interleave(
+                r.rounds(), {"bounds": side("bounds"), "baseline": side("bounds", base)}, progress=r.log
+            )
+            commit = git_commit(base)
+            names = {
+                "bounds": "reports at the CRD bounds, this tree",
+                "baseline": f"the same, the operator at {commit} ({base.name})",
+            }
+        else:
+            got = interleave(r.rounds(), {size: side(size) for size in ("bounds", "small")}, progress=r.log)
+            names = {"bounds": "reports at the CRD bounds", "small": "small reports (4 devices)"}
+        # Against an older operator: figures of their own (the headline rows stay bounds/small).
+        against = ", against an older operator" if baseline else ""
         for key, what in (("hwm", "peak RSS (VmHWM)"), ("rss", "RSS once settled (VmRSS)")):
             r.figure(
-                f"operator: {what} with a report per node",
+                f"operator: {what} with a report per node{against}",
                 "MiB",
                 {names[s]: [x[key] for x in v] for s, v in got.items()},
-                headline=key == "hwm",
+                headline=key == "hwm" and not baseline,
                 note=f"{nodes} kwok nodes, a DevicePlugin profile selecting them, its {nodes} agent pods",
             )
         r.figure(
-            "operator: start -> every report held",
+            f"operator: start -> every report held{against}",
             "s",
             {names[s]: [x["held"] for x in v] for s, v in got.items()},
         )
         r.figure(
-            "operator: start -> /healthz answers (its first LISTs done)",
+            f"operator: start -> /healthz answers (its first LISTs done){against}",
             "s",
             {names[s]: [x["live"] for x in v] for s, v in got.items()},
-            headline=True,
+            headline=not baseline,
             note="the chart's startup probe holds the liveness probe off for operator.startupSeconds (600)",
         )
-    decoder(r, nodes)
+    if not r.text("baseline"):
+        decoder(r, nodes)
 
 
 SCENARIO = Scenario(
@@ -251,6 +309,11 @@ SCENARIO = Scenario(
         "rounds": Param(5, 1, "interleaved rounds (bounds, small), a fresh operator each"),
         "sample": Param(20, 2, "reports per round for the per-report baselines"),
         "settle": Param(3.0, 0.5, "seconds after the status computation before memory is read"),
+        "baseline": Param(
+            "",
+            "",
+            "a checkout (git worktree) whose operator is the baseline side instead of small reports",
+        ),
     },
     figures=(
         "operator: peak RSS (VmHWM) with a report per node",

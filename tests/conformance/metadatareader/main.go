@@ -2,7 +2,8 @@
 // k8s.io/dynamic-resource-allocation/devicemetadata, as a workload in a container would, and
 // prints what it understood as one JSON object: the test peer of Patchbay's metadata writer
 // (tests/conformance/test_device_metadata_conformance.py). Built against one library release by
-// build.sh; check_*.go adds what only some releases have (the v0.37 decoder validates).
+// hack/go-peer.sh (tests/support/gopeer.py); check_v036.go or, with the build tag dra_v037,
+// check_v037.go adds what only some releases have (the v0.37 decoder validates).
 package main
 
 import (

@@ -12,33 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubernetes.client.rest import ApiException
 from support.clusters import TEST_LABEL, Cluster, wait_for
 from support.operator import Operator, agent_object, assert_applied_for
 from support.releases import has
 
 
 def spec(cluster: Cluster, mode: str = "DRA") -> dict[str, Any]:
-    return {
-        # A resource name of this test's own: other tests' profiles never share it.
-        "resourceName": f"example.com/{cluster.prefix}serial",
-        "mode": mode,
-        "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
-        "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}},
-        "agent": {"tolerations": [{"operator": "Exists"}]},
-    }
-
-
-def device_class(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = cluster.custom.get_cluster_custom_object(
-            "resource.k8s.io", "v1", "deviceclasses", name
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return obj
+    return cluster.agent_spec("serial", mode)
 
 
 def daemonset(cluster: Cluster, profile: str) -> dict[str, Any] | None:
@@ -74,7 +54,7 @@ def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_
     # Its own driver's directory only, the one the agent makes its socket in.
     assert mounts["kubelet-plugins"] == f"{root}/plugins/{driver}"
 
-    dc = wait_for("the DeviceClass", lambda: device_class(cluster, driver))
+    dc = wait_for("the DeviceClass", lambda: cluster.device_class(driver))
     assert dc["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{driver}"'}}]
     resource = f"example.com/{cluster.prefix}serial"
     served = has("dra-extended-resource", kube_release)
@@ -135,7 +115,7 @@ def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_
     wait_for("the DRA agents back on both nodes", lambda: scheduled() == 2)
 
     cluster.delete_profile(name)
-    wait_for("the DeviceClass gone", lambda: device_class(cluster, driver) is None)
+    wait_for("the DeviceClass gone", lambda: cluster.device_class(driver) is None)
     wait_for("the agents gone", lambda: daemonset(cluster, name) is None)
     wait_for("the profile gone", lambda: cluster.profile(name) is None)
 
@@ -145,9 +125,9 @@ def test_leaving_dra_mode_removes_the_device_class(cluster: Cluster, operator: O
     name = f"{cluster.prefix}dra"
     driver = f"{name}.patchbay.dev"
     cluster.create_profile(name, spec(cluster))
-    wait_for("the DeviceClass", lambda: device_class(cluster, driver))
+    wait_for("the DeviceClass", lambda: cluster.device_class(driver))
     cluster.patch_spec(name, {"mode": "DevicePlugin"})
-    wait_for("the DeviceClass gone", lambda: device_class(cluster, driver) is None)
+    wait_for("the DeviceClass gone", lambda: cluster.device_class(driver) is None)
     ds = wait_for(
         "the DevicePlugin agents",
         lambda: (

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
+from support.clusters import NAMESPACE, Cluster, wait_for
 from support.operator import Operator, agent_object
 
 BOUND = 10.0
@@ -20,26 +19,8 @@ BOUND = 10.0
 
 
 def spec(cluster: Cluster) -> dict[str, Any]:
-    return {
-        "resourceName": f"example.com/{cluster.prefix}repaired",
-        "mode": "DRA",
-        "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
-        "plugin": {"discovery": {"virtual": {"count": 2}}},
-        # An agent of its own: its ConfigMap and DaemonSet are this test's alone.
-        "agent": {"tolerations": [{"operator": "Exists"}]},
-    }
-
-
-def device_class(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = cluster.custom.get_cluster_custom_object(
-            "resource.k8s.io", "v1", "deviceclasses", name
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return obj
+    # An agent of its own: its ConfigMap and DaemonSet are this test's alone.
+    return cluster.agent_spec("repaired", "DRA", {"virtual": {"count": 2}})
 
 
 def events(cluster: Cluster, profile: str, reason: str) -> list[str]:
@@ -72,7 +53,7 @@ def test_deleted_and_edited_objects_are_put_back_and_a_take_over_is_left_alone(
     cluster.create_profile(name, spec(cluster))
     wait_for(
         "the agent objects",
-        lambda: agent_object(cluster, "ConfigMap", name) and device_class(cluster, driver),
+        lambda: agent_object(cluster, "ConfigMap", name) and cluster.device_class(driver),
     )
     ds = wait_for("the DaemonSet", lambda: agent_object(cluster, "DaemonSet", name))
     rendered = ds["spec"]["template"]["spec"]["containers"][0]["image"]
@@ -83,7 +64,7 @@ def test_deleted_and_edited_objects_are_put_back_and_a_take_over_is_left_alone(
         name,
         "Recreated",
         f"DeviceClass {driver} was deleted; recreated",
-        lambda: device_class(cluster, driver),
+        lambda: cluster.device_class(driver),
         0,
     )
     cluster.core.delete_namespaced_config_map(own, NAMESPACE)
@@ -145,7 +126,7 @@ def test_deleted_and_edited_objects_are_put_back_and_a_take_over_is_left_alone(
             cluster.profile(name) is None
             and agent_object(cluster, "DaemonSet", name) is None
             and agent_object(cluster, "ConfigMap", name) is None
-            and device_class(cluster, driver) is None
+            and cluster.device_class(driver) is None
         ),
         60,
     )
@@ -156,5 +137,5 @@ def test_deleted_and_edited_objects_are_put_back_and_a_take_over_is_left_alone(
     assert (
         agent_object(cluster, "DaemonSet", name) is None and agent_object(cluster, "ConfigMap", name) is None
     )
-    assert device_class(cluster, driver) is None
+    assert cluster.device_class(driver) is None
     assert len(events(cluster, name, "Recreated")) == 3

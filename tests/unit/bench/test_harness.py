@@ -106,6 +106,26 @@ def test_the_headline_rows_come_from_the_newest_full_record(tmp_path: Path) -> N
     assert len(saved["machine"]["load_start"]) == 3
 
 
+def test_a_run_against_another_checkout_never_hides_the_scenarios_headline_rows(tmp_path: Path) -> None:
+    def measures(r: Run) -> None:
+        against = bool(r.text("baseline"))
+        r.figure(
+            "rss" + (", against an older one" if against else ""), "MiB", {"x": [1.0]}, headline=not against
+        )
+
+    sc = Scenario("mem", "x", measures, params={"baseline": Param("", "")})
+    own, against = (
+        execute(sc, {"baseline": ""}, quick=False),
+        execute(sc, {"baseline": "/work/old"}, quick=False),
+    )
+    against.date = "9" + against.date[1:]  # the newest by far
+    for rec in (own, against):
+        records.write(rec, tmp_path)
+    assert [row.split(" | ")[0] for row in records.table(tmp_path).splitlines()[2:]] == ["| rss"]
+    every = records.table(tmp_path, everything=True)
+    assert "rss, against an older one" in every and "| rss |" in every
+
+
 def test_a_scale_figure_says_the_size_it_was_measured_at(tmp_path: Path) -> None:
     def measures(r: Run) -> None:
         r.figure("apply", "s", {"operator": [1.0]}, headline=True)

@@ -19,14 +19,17 @@ import pytest
 import yaml
 from support.kubectlviews import load
 
-from patchbay_kubectl import agentpods, cli, kube, output, views
+from patchbay_kubectl import agentpods, cli, kube, output
+from patchbay_kubectl.views.devices import device_rows
+from patchbay_kubectl.views.nodes import node_rows, profile_agents
+from patchbay_kubectl.views.objects import Inputs
 
 STATES = ("shared", "own", "rollout")
 Obj = dict[str, Any]
 
 
-def inputs(objects: Obj, config: bool = True) -> views.Inputs:
-    return views.Inputs(
+def inputs(objects: Obj, config: bool = True) -> Inputs:
+    return Inputs(
         profiles=objects["profiles"],
         nodes=objects["nodes"],
         pods=objects["pods"],
@@ -43,9 +46,9 @@ def by_mode(objects: Obj) -> tuple[Obj, Obj]:
     return dp, dra
 
 
-def rows(data: views.Inputs, **filters: Any) -> dict[str, Obj]:
+def rows(data: Inputs, **filters: Any) -> dict[str, Obj]:
     """profile -> its row on the (one) node, as `-o json` prints it."""
-    doc = json.loads(output.nodes(views.node_rows(data, **filters), "json"))
+    doc = json.loads(output.nodes(node_rows(data, **filters), "json"))
     return {r["profile"]: r for r in doc["items"]}
 
 
@@ -68,9 +71,9 @@ def test_the_views_give_the_rows_printed_on_the_real_node(state: str) -> None:
         name = p["metadata"]["name"]
         (printed,) = answers[f"nodes --profile {name}"]["items"]
         assert rows(data, profile=name, node=node) == {name: printed}
-        devices = views.device_rows(data, profile=name)
+        devices = device_rows(data, profile=name)
         assert [d.as_dict() for d in devices] == answers[f"devices --profile {name}"]["items"]
-        agents = views.profile_agents(p, data)
+        agents = profile_agents(p, data)
         assert len(agents) == answers[f"why {name}"]["agentPods"]["total"], state
     # Without the node agent's config (not readable): the profiles' own selection stands in.
     assert rows(inputs(objects, config=False)) == rows(data)
@@ -85,7 +88,7 @@ def test_the_node_agent_serves_both_shared_profiles_and_is_registered() -> None:
     for p in (dp, dra):
         row = got[p["metadata"]["name"]]
         assert (row["agents"], row["registered"], row["agentError"]) == (shared, "yes", ""), row
-    assert "<none>" not in output.nodes(views.node_rows(inputs(objects)), None)
+    assert "<none>" not in output.nodes(node_rows(inputs(objects)), None)
 
 
 def test_a_profile_with_an_agent_of_its_own_is_served_by_its_pods_only() -> None:
@@ -139,7 +142,7 @@ def test_a_profile_the_node_agent_cannot_serve_is_not_registered_and_says_why() 
         "AgentFailed",
     )
     assert got[dra["metadata"]["name"]]["registered"] == "yes"  # the node agent's other profile serves on
-    wide = output.nodes(views.node_rows(inputs(objects)), "wide").splitlines()
+    wide = output.nodes(node_rows(inputs(objects)), "wide").splitlines()
     assert wide[0].split()[-1] == "AGENT-ERROR" and "AgentFailed" in " ".join(wide[1:])
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from patchbay_kubectl import maintenance as m
+from patchbay_kubectl.views.devices import device_rows
+from patchbay_kubectl.views.objects import Inputs
 
 
 def test_the_rule_selects_the_profiles_pool_on_the_node_and_one_device_or_all() -> None:
@@ -77,8 +79,6 @@ def test_the_controllers_answer_counts_only_for_the_current_spec() -> None:
 
 
 def test_a_cordoned_or_drained_device_shows_as_maintenance_in_devices() -> None:
-    from patchbay_kubectl import views
-
     profile = {"metadata": {"name": "serial"}, "spec": {"mode": "DRA", "resourceName": "example.com/serial"}}
     slc = {
         "spec": {
@@ -99,16 +99,14 @@ def test_a_cordoned_or_drained_device_shows_as_maintenance_in_devices() -> None:
     drain = m.rule("serial.n1", "serial.patchbay.dev", "n1", None, effect="NoExecute", reason="")
     preview = m.rule("serial.n1.tty1", "serial.patchbay.dev", "n1", "tty1", effect="None", reason="")
     other = m.rule("gpu.n1", "gpu.example.com", "n1", None, effect="NoExecute", reason="")
-    rows = views.device_rows(views.Inputs(profiles=[profile], slices=[slc], rules=[preview, other]))
+    rows = device_rows(Inputs(profiles=[profile], slices=[slc], rules=[preview, other]))
     assert [r.health for r in rows] == ["Healthy", "Healthy", "Unhealthy"]  # a preview changes nothing
-    rows = views.device_rows(views.Inputs(profiles=[profile], slices=[slc], rules=[drain, preview]))
+    rows = device_rows(Inputs(profiles=[profile], slices=[slc], rules=[drain, preview]))
     assert [(r.device, r.health, r.reason) for r in rows] == [
         ("ttyUSB0", "Maintenance", "NoExecute"),
         ("ttyUSB1", "Maintenance", "NoExecute"),
         ("ttyUSB2", "Unhealthy", "Vanished"),  # sick first: its fault is what matters
     ]
     assert rows[0].message == "DeviceTaintRule serial.n1" and rows[0].source == "DeviceTaintRule"
-    unhealthy = views.device_rows(
-        views.Inputs(profiles=[profile], slices=[slc], rules=[drain]), unhealthy=True
-    )
+    unhealthy = device_rows(Inputs(profiles=[profile], slices=[slc], rules=[drain]), unhealthy=True)
     assert len(unhealthy) == 3

@@ -9,8 +9,12 @@ from typing import Any
 
 import yaml
 
-from patchbay_kubectl import output, views
+from patchbay_kubectl import output
 from patchbay_kubectl.cli import build_parser, completions
+from patchbay_kubectl.views import diagnosis
+from patchbay_kubectl.views.devices import device_rows
+from patchbay_kubectl.views.diagnosis import pod_trouble
+from patchbay_kubectl.views.objects import Inputs, age, selector_matches
 
 REPO = Path(__file__).resolve().parents[3]
 NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -22,27 +26,25 @@ def ts(delta: timedelta) -> str:
 
 def test_selector_matches_labels_and_expressions() -> None:
     labels = {"zone": "a", "gpu": "yes"}
-    assert views.selector_matches(None, labels) and views.selector_matches({}, labels)
-    assert views.selector_matches({"matchLabels": {"zone": "a"}}, labels)
-    assert not views.selector_matches({"matchLabels": {"zone": "b"}}, labels)
+    assert selector_matches(None, labels) and selector_matches({}, labels)
+    assert selector_matches({"matchLabels": {"zone": "a"}}, labels)
+    assert not selector_matches({"matchLabels": {"zone": "b"}}, labels)
     expr = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
-    assert views.selector_matches(expr, labels)
-    assert not views.selector_matches(
-        {"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}, labels
-    )
-    assert views.selector_matches(
+    assert selector_matches(expr, labels)
+    assert not selector_matches({"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}, labels)
+    assert selector_matches(
         {"matchExpressions": [{"key": "x", "operator": "NotIn", "values": ["1"]}]}, labels
     )
-    assert not views.selector_matches({"matchExpressions": [{"key": "x", "operator": "Exists"}]}, labels)
+    assert not selector_matches({"matchExpressions": [{"key": "x", "operator": "Exists"}]}, labels)
 
 
 def test_age_is_kubectls_short_form() -> None:
-    assert views.age(ts(timedelta(seconds=45)), NOW) == "45s"
-    assert views.age(ts(timedelta(minutes=7, seconds=3)), NOW) == "7m3s"
-    assert views.age(ts(timedelta(minutes=42)), NOW) == "42m"
-    assert views.age(ts(timedelta(hours=5, minutes=2)), NOW) == "5h2m"
-    assert views.age(ts(timedelta(days=3, hours=4)), NOW) == "3d4h"
-    assert views.age(None, NOW) == "<unknown>" and views.age("garbage", NOW) == "<unknown>"
+    assert age(ts(timedelta(seconds=45)), NOW) == "45s"
+    assert age(ts(timedelta(minutes=7, seconds=3)), NOW) == "7m3s"
+    assert age(ts(timedelta(minutes=42)), NOW) == "42m"
+    assert age(ts(timedelta(hours=5, minutes=2)), NOW) == "5h2m"
+    assert age(ts(timedelta(days=3, hours=4)), NOW) == "3d4h"
+    assert age(None, NOW) == "<unknown>" and age("garbage", NOW) == "<unknown>"
 
 
 def test_a_crash_looping_agent_pod_is_explained_with_its_last_exit_and_events() -> None:
@@ -69,7 +71,7 @@ def test_a_crash_looping_agent_pod_is_explained_with_its_last_exit_and_events() 
         },
     }
     events = [{"reason": "BackOff", "message": "Back-off restarting failed container", "count": 5}]
-    t = views.pod_trouble(pod, events)
+    t = pod_trouble(pod, events)
     assert t is not None
     # The operator's words for it (the API package's one explanation), not the kubelet's back-off.
     assert (t["reason"], t["message"], t["node"]) == (
@@ -82,7 +84,7 @@ def test_a_crash_looping_agent_pod_is_explained_with_its_last_exit_and_events() 
         {"reason": "BackOff", "message": "Back-off restarting failed container", "count": 5}
     ]
     ready = {**pod, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
-    assert views.pod_trouble(ready, []) is None
+    assert pod_trouble(ready, []) is None
 
 
 def test_an_unschedulable_agent_pod_says_the_schedulers_words() -> None:
@@ -96,35 +98,73 @@ def test_an_unschedulable_agent_pod_says_the_schedulers_words() -> None:
             ],
         },
     }
-    t = views.pod_trouble(pod, [])
+    t = pod_trouble(pod, [])
     assert t is not None and (t["reason"], t["message"]) == ("Unschedulable", "0/5 nodes")
 
 
-def test_why_names_what_to_do_for_each_reason_once() -> None:
-    profile = {
-        "metadata": {"name": "serial", "generation": 2},
+def serial(generation: int = 1, **status: Any) -> dict[str, Any]:
+    """The DevicePlugin profile ``serial`` at ``generation``, observed, with ``status``."""
+    return {
+        "metadata": {"name": "serial", "generation": generation},
         "spec": {"mode": "DevicePlugin", "resourceName": "example.com/serial"},
-        "status": {
-            "observedGeneration": 2,
-            "conditions": [
-                {"type": "Ready", "status": "False", "reason": "NodesNotReady", "message": "1/2"},
-                {"type": "Stalled", "status": "True", "reason": "ErrImageNeverPull", "message": "x"},
-                {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": ""},
-            ],
-            "problemCount": 2,
-            "problems": [
-                {"node": "n1", "reason": "ErrImageNeverPull", "message": "x"},
-                {"node": "n2", "device": "d0", "reason": "Vanished", "message": "gone"},
-            ],
-        },
+        "status": {"observedGeneration": generation, **status},
     }
-    doc = views.why(profile, [], [], NOW)
+
+
+def test_why_names_what_to_do_for_each_reason_once() -> None:
+    profile = serial(
+        generation=2,
+        conditions=[
+            {"type": "Ready", "status": "False", "reason": "NodesNotReady", "message": "1/2"},
+            {"type": "Stalled", "status": "True", "reason": "ErrImageNeverPull", "message": "x"},
+            {"type": "Degraded", "status": "False", "reason": "AsExpected", "message": ""},
+        ],
+        problemCount=2,
+        problems=[
+            {"node": "n1", "reason": "ErrImageNeverPull", "message": "x"},
+            {"node": "n2", "device": "d0", "reason": "Vanished", "message": "gone"},
+        ],
+    )
+    doc = diagnosis.why(profile, [], [], NOW)
     assert not doc["ready"]
     assert [h["reason"] for h in doc["next"]] == ["NodesNotReady", "ErrImageNeverPull", "Vanished"]
     text = output.why(doc, None)
     assert "Profile serial (DevicePlugin, example.com/serial): NOT Ready" in text
     assert "  - Vanished: the hardware" in text
-    assert views.why({"metadata": {"name": "x"}, "spec": {}}, [], [], NOW)["next"][0]["reason"] == "NoStatus"
+    assert (
+        diagnosis.why({"metadata": {"name": "x"}, "spec": {}}, [], [], NOW)["next"][0]["reason"] == "NoStatus"
+    )
+
+
+def test_why_names_a_missing_configmap_as_the_cause_not_a_wait() -> None:
+    profile = serial(
+        conditions=[
+            {"type": "Ready", "status": "False", "reason": "NodesNotReady"},
+            {"type": "Reconciling", "status": "True", "reason": "RollingOut"},
+        ],
+        problems=[{"node": "n1", "reason": "FailedMount", "message": "MountVolume.SetUp failed"}],
+    )
+    pod = {
+        "metadata": {"name": "patchbay-node-agent-x", "namespace": "patchbay-system"},
+        "spec": {"nodeName": "n1"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [{"ready": False, "state": {"waiting": {"reason": "ContainerCreating"}}}],
+        },
+    }
+    warning = {
+        "type": "Warning",
+        "reason": "FailedMount",
+        "message": 'MountVolume.SetUp failed for volume "config" : configmap "patchbay-node-agent" not found',
+        "involvedObject": {"kind": "Pod", "name": "patchbay-node-agent-x", "namespace": "patchbay-system"},
+    }
+    out = diagnosis.why(profile, [pod], [warning], NOW)
+    reasons = [h["reason"] for h in out["next"]]
+    assert reasons[0] == "OwnedObjectMissing" and "patchbay-node-agent" in out["next"][0]["do"]
+    assert "NodesNotReady" not in reasons and "RollingOut" not in reasons
+    # Without a missing object, the waits keep their hints.
+    out = diagnosis.why(profile, [], [], NOW)
+    assert [h["reason"] for h in out["next"]][:2] == ["NodesNotReady", "RollingOut"]
 
 
 def test_static_rows_compare_allocatable_with_the_intended_count() -> None:
@@ -141,7 +181,7 @@ def test_static_rows_compare_allocatable_with_the_intended_count() -> None:
         {"metadata": {"name": "b", "labels": {"n": "4"}}, "status": {"allocatable": {"example.com/d": "2"}}},
         {"metadata": {"name": "c", "labels": {}}, "status": {}},
     ]
-    rows = views.device_rows(views.Inputs(profiles=[profile], nodes=nodes))
+    rows = device_rows(Inputs(profiles=[profile], nodes=nodes))
     assert [(r.node, r.health, r.reason) for r in rows] == [
         ("a", "Healthy", ""),
         ("b", "Unhealthy", "ValueMismatch"),
@@ -185,8 +225,6 @@ def test_the_krew_manifest_has_what_krew_requires() -> None:
 
 
 def test_a_dra_partition_is_a_row_named_by_its_slots_and_its_device_is_not_listed_again() -> None:
-    from patchbay_kubectl import views
-
     profile = {"metadata": {"name": "fpga"}, "spec": {"mode": "DRA", "resourceName": "example.com/fpga"}}
     attrs = {"patchbay.dev/id": {"string": "fpga0"}}
 
@@ -218,6 +256,6 @@ def test_a_dra_partition_is_a_row_named_by_its_slots_and_its_device_is_not_liste
         }
     }
     report = {"profile": "fpga", "nodeName": "n1", "devices": [{"id": "fpga0", "health": "Healthy"}]}
-    rows = views.device_rows(views.Inputs(profiles=[profile], slices=[counters, slc], reports=[report]))
+    rows = device_rows(Inputs(profiles=[profile], slices=[counters, slc], reports=[report]))
     assert [r.device for r in rows] == ["fpga0 slots 0-0", "fpga0 slots 0-1"]
     assert [r.physical for r in rows] == ["fpga0", "fpga0"]

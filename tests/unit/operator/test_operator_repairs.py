@@ -10,14 +10,12 @@ tests/e2e/test_operator_repairs_on_real_node.py."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from fakekube import FakeKube
 from support.agentrun import until
 
-from patchbay_kubectl import views
 from patchbay_operator import render, repairs
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import FIELD_MANAGER, SHARED_KEY
@@ -98,7 +96,7 @@ def test_a_conflict_names_its_managers_and_only_appliers_took_fields_over() -> N
 def test_repairs_of_one_object_are_rate_limited_not_refused() -> None:
     now = [0.0]
     r = Controller(SETTINGS, FakeKube()).repairs  # type: ignore[arg-type]
-    r._clock = lambda: now[0]
+    r.clock = lambda: now[0]
     key = ("ConfigMap", "x")
     assert [r._wait(key) for _ in range(repairs.BURST)] == [0.0] * repairs.BURST
     wait = r._wait(key)
@@ -254,39 +252,3 @@ async def test_nothing_is_recreated_for_a_profile_being_deleted_or_gone() -> Non
         assert events(kube, "Recreated") == [] and c.repairs.problems(["own"]) == []
     finally:
         await c.stop()
-
-
-def test_why_names_a_missing_configmap_as_the_cause_not_a_wait() -> None:
-    profile = {
-        "metadata": {"name": "serial", "generation": 1},
-        "spec": {"mode": "DevicePlugin", "resourceName": "example.com/serial"},
-        "status": {
-            "observedGeneration": 1,
-            "conditions": [
-                {"type": "Ready", "status": "False", "reason": "NodesNotReady"},
-                {"type": "Reconciling", "status": "True", "reason": "RollingOut"},
-            ],
-            "problems": [{"node": "n1", "reason": "FailedMount", "message": "MountVolume.SetUp failed"}],
-        },
-    }
-    pod = {
-        "metadata": {"name": "patchbay-node-agent-x", "namespace": "patchbay-system"},
-        "spec": {"nodeName": "n1"},
-        "status": {
-            "phase": "Pending",
-            "containerStatuses": [{"ready": False, "state": {"waiting": {"reason": "ContainerCreating"}}}],
-        },
-    }
-    warning = {
-        "type": "Warning",
-        "reason": "FailedMount",
-        "message": 'MountVolume.SetUp failed for volume "config" : configmap "patchbay-node-agent" not found',
-        "involvedObject": {"kind": "Pod", "name": "patchbay-node-agent-x", "namespace": "patchbay-system"},
-    }
-    out = views.why(profile, [pod], [warning], datetime.now(UTC))
-    reasons = [h["reason"] for h in out["next"]]
-    assert reasons[0] == "OwnedObjectMissing" and "patchbay-node-agent" in out["next"][0]["do"]
-    assert "NodesNotReady" not in reasons and "RollingOut" not in reasons
-    # Without a missing object, the waits keep their hints.
-    out = views.why(profile, [], [], datetime.now(UTC))
-    assert [h["reason"] for h in out["next"]][:2] == ["NodesNotReady", "RollingOut"]

@@ -1,3 +1,5 @@
+//go:build dra_v037
+
 package main
 
 import (
