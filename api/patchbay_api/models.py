@@ -59,6 +59,27 @@ class AgentSpec(TypedDict, total=False):
     updateStrategy: dict[str, Any]
 
 
+class CanarySpec(TypedDict, total=False):
+    #: absent: 1; 0: no canary wave
+    nodes: int
+    nodeSelector: LabelSelectorSpec
+
+
+class RolloutSpec(TypedDict, total=False):
+    """``spec.rollout``: how a new revision reaches the nodes (docs/design/staged-rollouts.md).
+    Every field may be absent; absent means the documented default, never written back."""
+
+    strategy: str  # Staged (absent) | Immediate
+    paused: bool
+    canary: CanarySpec
+    #: a count, or a percentage string such as "25%" (absent: 25%)
+    maxNodesPerWave: int | str
+    healthySeconds: int
+    minHealthyPercent: int
+    progressDeadlineSeconds: int
+    onFailure: str  # Rollback (absent) | Pause
+
+
 class ProfileSpec(TypedDict, total=False):
     resourceName: str
     mode: str  # constants.Mode
@@ -71,6 +92,7 @@ class ProfileSpec(TypedDict, total=False):
     agent: AgentSpec
     #: old ControllerRevisions kept besides the one in use (absent: revisions.DEFAULT_HISTORY_LIMIT)
     revisionHistoryLimit: int
+    rollout: RolloutSpec
 
 
 class Condition(TypedDict, total=False):

@@ -199,6 +199,46 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         with_(PLUGIN, "agent", {"tolerations": [{"effect": "Sometimes"}]}),
         "spec.agent.tolerations[0].effect",
     ),
+    (
+        "rollout strategy unknown",
+        with_(PLUGIN, "rollout", {"strategy": "AllAtOnce"}),
+        "spec.rollout.strategy",
+    ),
+    (
+        "rollout wave of 0 nodes",
+        with_(PLUGIN, "rollout", {"maxNodesPerWave": 0}),
+        "spec.rollout.maxNodesPerWave",
+    ),
+    (
+        "rollout wave of 0%",
+        with_(PLUGIN, "rollout", {"maxNodesPerWave": "0%"}),
+        "spec.rollout.maxNodesPerWave",
+    ),
+    (
+        "rollout wave over 100%",
+        with_(PLUGIN, "rollout", {"maxNodesPerWave": "150%"}),
+        "spec.rollout.maxNodesPerWave",
+    ),
+    (
+        "rollout canary count and selector",
+        with_(PLUGIN, "rollout", {"canary": {"nodes": 2, "nodeSelector": {"matchLabels": {"a": "b"}}}}),
+        "spec.rollout.canary",
+    ),
+    (
+        "rollout Immediate with a wave size",
+        with_(PLUGIN, "rollout", {"strategy": "Immediate", "maxNodesPerWave": 3}),
+        "spec.rollout",
+    ),
+    (
+        "rollout onFailure unknown",
+        with_(PLUGIN, "rollout", {"onFailure": "Ignore"}),
+        "spec.rollout.onFailure",
+    ),
+    (
+        "rollout minHealthyPercent over 100",
+        with_(PLUGIN, "rollout", {"minHealthyPercent": 101}),
+        "spec.rollout.minHealthyPercent",
+    ),
     ("DRA without plugin", with_(DRA, "plugin", None), "spec.plugin is required when spec.mode is DRA"),
     ("DRA with static", with_(DRA, "static", {"capacity": 1}), "spec.static must not be set"),
     (
@@ -250,6 +290,32 @@ def test_invalid_profile_is_rejected_naming_the_field(
 ) -> None:
     message = rejection(api, f"{name_prefix}bad", spec)
     assert field in message, message
+
+
+@pytest.mark.parametrize(
+    "rollout",
+    [
+        {},
+        {"strategy": "Immediate"},
+        {"strategy": "Immediate", "paused": True},
+        {"canary": {"nodes": 0}, "maxNodesPerWave": "10%", "healthySeconds": 0},
+        {"canary": {"nodeSelector": {"matchLabels": {"canary": "true"}}}, "maxNodesPerWave": 50},
+        {
+            "maxNodesPerWave": "100%",
+            "minHealthyPercent": 50,
+            "progressDeadlineSeconds": 60,
+            "onFailure": "Pause",
+        },
+    ],
+    ids=["empty", "immediate", "immediate-paused", "no-canary", "canary-selector", "pause-on-failure"],
+)
+def test_rollout_settings_are_accepted_as_written(
+    api: client.ApiClient, crd: dict[str, Any], name_prefix: str, rollout: dict[str, Any]
+) -> None:
+    """No default is written into spec.rollout: absent fields mean the documented defaults, so a
+    GitOps tool comparing its manifest with the object sees no drift."""
+    obj = create(api, f"{name_prefix}rollout", with_(PLUGIN, "rollout", rollout))
+    assert obj["spec"]["rollout"] == rollout
 
 
 def test_spec_is_required(api: client.ApiClient, crd: dict[str, Any], name_prefix: str) -> None:
