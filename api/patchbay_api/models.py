@@ -118,6 +118,19 @@ class NodeGroupStatus(TypedDict, total=False):
     matching: int
 
 
+class RolloutStatus(TypedDict, total=False):
+    """``status.rollout``: where the change from currentRevision to updateRevision stands."""
+
+    phase: str  # Progressing | Paused | Halted | Complete
+    wave: int
+    waveStartTime: str
+    waveNodes: int
+    #: a decimal string: the threshold reaches 2^64, past a JSON int64
+    threshold: str
+    haltedNodes: list[str]
+    message: str
+
+
 class ProfileStatus(TypedDict, total=False):
     observedGeneration: int
     conditions: list[Condition]
@@ -134,6 +147,7 @@ class ProfileStatus(TypedDict, total=False):
     desiredNumberScheduled: int
     updatedNumberScheduled: int
     updatedNumberReady: int
+    rollout: RolloutStatus
 
 
 class Profile(TypedDict, total=False):
