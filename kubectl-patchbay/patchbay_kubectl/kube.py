@@ -116,8 +116,9 @@ class Kube:
 
     def watch(self, collection: str, name: str, seconds: float) -> Iterator[Obj]:
         """The object ``name`` of ``collection`` as it changes, for about ``seconds``: its current
-        state first, then one per change (a WATCH from its resourceVersion, started again when
-        the server ends it, as kubectl's watch does); None-free: a deletion ends it."""
+        state first, then one per change (a WATCH from the LIST's resourceVersion, started again
+        when the server ends it, listed again when the version is too old, as kubectl's watch
+        does). The iteration ends at the deadline, or when the object is deleted or absent."""
         deadline = time.monotonic() + seconds
         field = f"metadata.name={name}"
         while True:

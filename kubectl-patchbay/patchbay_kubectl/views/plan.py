@@ -10,8 +10,9 @@ A device is kept when the node's new discovery (its group's ``plugin`` merged ov
 ``spec.plugin``, docs/api.md#node-groups) still names it: a glob still matching its ID (a glob's
 device ID is the path below /dev with "/" as "_", so the glob is read the same way), a group
 still listing it, a virtual token still counted. What only the node can know is said as such,
-never guessed: files a new glob may match that are not in the report, and what a PCI, USB or
-NVML filter finds.
+never guessed: files a new glob may match that are not in the report, what a PCI, USB or NVML
+filter finds, and which share of a device a holder has when ``sharing.replicas`` is lowered (a
+device with more holders than the new count loses some for certain: counted).
 """
 
 from __future__ import annotations
@@ -230,13 +231,31 @@ def node_plan(before: Obj | None, after: Obj, node: Obj, report: Obj | None) -> 
         plan.unknown = ["no DeviceReport from this node: what it serves now is not known"]
         return plan
     renamed = spec(after).get("resourceName") != (spec(before).get("resourceName") if before else None)
+    was, now = _replicas(old_plugin), _replicas(new_plugin)
+    shared_unknown = False
     for d in report.get("devices") or []:
         dev = str(d.get("id", ""))
         why = RENAMED if renamed else _verdict(dev, old_disc, new_disc)
+        holders = _holders(d)
+        if not why and now < was and len(holders) > now:
+            why = f"sharing.replicas {was} -> {now}: {len(holders)} pods hold it"
+        elif not why and now < was and holders:
+            shared_unknown = True
         if why:
-            plan.lost.append(Lost(dev, why, _holders(d)))
+            plan.lost.append(Lost(dev, why, holders))
     plan.unknown = _unknowns(old_disc, new_disc)
+    if shared_unknown:
+        plan.unknown.append(
+            f"sharing.replicas {was} -> {now}: whether a holder's share is one that goes, only the "
+            "kubelet (DevicePlugin) or its claim (DRA) knows"
+        )
     return plan
+
+
+def _replicas(plugin: Mapping[str, Any]) -> int:
+    """How many pods (or claims) may use a device at once: ``sharing.replicas``, absent 1."""
+    value = (plugin.get("sharing") or {}).get("replicas")
+    return value if isinstance(value, int) and value > 0 else 1
 
 
 def profile_plan(

@@ -168,3 +168,16 @@ def test_profile_plan_and_its_outputs() -> None:
         }
     ]
     assert yaml.safe_load(output.plan([plan], "yaml")) == doc
+
+
+def test_fewer_replicas_lose_a_device_with_more_holders_than_the_new_count() -> None:
+    def shared(replicas: int) -> dict[str, Any]:
+        return prof({**SERIAL, "plugin": {**SERIAL["plugin"], "sharing": {"replicas": replicas}}})
+
+    r = report("n1", [("ttyUSB0", ["a/p1", "a/p2", "a/p3"]), ("ttyUSB1", ["a/p4"]), ("ttyUSB2", [])])
+    plan = node_plan(shared(4), shared(2), node("n1"), r)
+    assert [(lo.device, lo.reason) for lo in plan.lost] == [
+        ("ttyUSB0", "sharing.replicas 4 -> 2: 3 pods hold it")
+    ]
+    assert plan.unknown and plan.unknown[0].startswith("sharing.replicas 4 -> 2: whether a holder's share")
+    assert not node_plan(shared(2), shared(4), node("n1"), r).loses
