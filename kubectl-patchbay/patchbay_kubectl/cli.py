@@ -702,6 +702,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 NO_FILE_COMP = 4
 """cobra's ShellCompDirectiveNoFileComp: the shell offers no file names."""
+FILE_COMP = 0
+"""cobra's ShellCompDirectiveDefault: the shell offers its file names."""
 VALUE_FLAGS = {
     "--kubeconfig",
     "--context",
@@ -813,7 +815,9 @@ def complete_main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     for c in completions(words, _lookup(words)):
         print(c)
-    print(f":{NO_FILE_COMP}")
+    # `diff -f <TAB>`: the shell's own file names (cobra's ShellCompDirectiveDefault).
+    files = len(words) >= 2 and words[-2] in ("-f", "--filename")
+    print(f":{FILE_COMP if files else NO_FILE_COMP}")
     return 0
 
 

@@ -195,3 +195,12 @@ def test_rollout_parser_durations_and_completion() -> None:
     assert completions(["rollout", "undo", "s"], lambda kind: ["serial", "x"]) == ["serial"]
     assert "--to-revision" in completions(["rollout", "undo", "--"], lambda kind: [])
     assert "diff" in completions([""], lambda kind: [])
+
+
+def test_diff_completes_file_names_after_f(capsys: pytest.CaptureFixture[str]) -> None:
+    from patchbay_kubectl.cli import complete_main
+
+    complete_main(["diff", "-f", "prof"])
+    assert capsys.readouterr().out.splitlines()[-1] == ":0"
+    complete_main(["diff", ""])
+    assert capsys.readouterr().out.splitlines()[-1] == ":4"
