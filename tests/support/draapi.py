@@ -1,4 +1,4 @@
-"""An in-memory stand-in for the API server's side of a DRA agent (`dra.plugin.DraClient`): the
+"""An in-memory stand-in for the API server's side of a DRA agent (`dra.preparer.DraClient`): the
 tiers without a control plane (tests/sockets, tests/fuzz) use it; the real calls are tried in
 tests/integration/agent/test_agent_dra_on_the_api_server.py."""
 

@@ -30,20 +30,18 @@ from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.dra.claimstatus import ClaimStatusWriter
 from patchbay_agent.dra.healthservice import DraHealthServicer, HealthReports
 from patchbay_agent.dra.metadata import HOST_SUBDIR, DeviceMetadataFiles
-from patchbay_agent.dra.plugin import (
+from patchbay_agent.dra.preparer import AsyncClaimRead, ClaimPreparer, DraClient
+from patchbay_agent.dra.slicepublisher import SlicePublisher, slice_watch
+from patchbay_agent.dra.slices import slice_devices
+from patchbay_agent.kubelet.draplugin import (
     LOCK_FILE_NAME,
     REGISTRY_DIR,
-    AsyncClaimRead,
     CallActivity,
-    ClaimPreparer,
-    DraClient,
     DraPlugin,
     registry_socket_name,
     service_dir,
     service_socket_name,
 )
-from patchbay_agent.dra.slicepublisher import SlicePublisher, slice_watch
-from patchbay_agent.dra.slices import slice_devices
 from patchbay_agent.kubelet.sockets import check_path, new_instance
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.options import AgentOptions
