@@ -18,6 +18,9 @@ class InMemoryApi:
         self.slices: dict[str, dict[str, Any]] = {}
         self.applies = 0
 
+    def claim_read_async(self) -> None:
+        """No GET on the event loop: the agent reads claims with `resource_claim` in a thread."""
+
     def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         try:
             return self.claims[namespace, name]

@@ -65,6 +65,11 @@ class DraClient(ClaimReader, ClaimStatusClient, SliceClient, Protocol):
     """Everything DRA mode needs of the API: claims to read and their status to write, slices
     to write."""
 
+    def claim_read_async(self) -> AsyncClaimRead | None:
+        """Prepare's claim GET on the event loop (the agent's client: keep-alive connections,
+        `apiget.py`), or None when the client has none: `resource_claim` then runs in a worker
+        thread. Call it on the loop that will use the reader."""
+
 
 class ClaimPreparer:
     """NodePrepareResources / NodeUnprepareResources as plain Python (see the module doc)."""
