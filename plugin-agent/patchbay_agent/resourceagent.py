@@ -57,8 +57,9 @@ if TYPE_CHECKING:
     from patchbay_agent.deviceplugin.registration import Registrar
     from patchbay_agent.deviceplugin.server import DevicePluginServicer
     from patchbay_agent.dra.claimstatus import ClaimStatusWriter
-    from patchbay_agent.dra.plugin import DraClient, DraPlugin
+    from patchbay_agent.dra.preparer import DraClient
     from patchbay_agent.dra.slicepublisher import SlicePublisher
+    from patchbay_agent.kubelet.draplugin import DraPlugin
     from patchbay_agent.kubelet.podresources import Container
     from patchbay_agent.report.devicereport import SliceState
     from patchbay_agent.report.reporter import ReportClient, Reporter

@@ -41,8 +41,9 @@ from support.fuzzing import PROVE, LoopThread, tally
 from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
 from patchbay_agent.config import Allocation
 from patchbay_agent.core.inventory import Inventory
-from patchbay_agent.dra.plugin import ClaimPreparer, ClaimRef, ClaimResult, DraPlugin, service_dir
+from patchbay_agent.dra.preparer import ClaimPreparer
 from patchbay_agent.dra.slices import device_name
+from patchbay_agent.kubelet.draplugin import ClaimRef, ClaimResult, DraPlugin, service_dir
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.options import AgentOptions, DraOptions
 from patchbay_agent.resourceagent import ResourceAgent

@@ -426,11 +426,18 @@ from patchbay_agent.config import parse
 from patchbay_agent.options import AgentOptions, DraOptions
 from patchbay_agent.resourceagent import ResourceAgent
 
+
+class NeverCalled:  # an API client nothing calls here: only asked whether it reads claims on the loop
+
+    def claim_read_async(self):
+        return None
+
+
 config = parse({{"resourceName": "example.com/x", "plugin": {{"discovery": {{"virtual": {{"count": 1}}}}}}}})
 options = dict(node_name="n", plugin_dir=Path({str(short_dir)!r}), host_root=Path("/"))
 mode = sys.argv[1]
 dra = DraOptions("x.patchbay.dev", Path({str(short_dir)!r})) if mode == "dra" else None
-agent = ResourceAgent(config, AgentOptions(**options, dra=dra), object() if dra else None)
+agent = ResourceAgent(config, AgentOptions(**options, dra=dra), NeverCalled() if dra else None)
 parts = [agent.servicer is not None, agent.registrar is not None, agent.dra is not None]
 other = "patchbay_agent.deviceplugin" if mode == "dra" else "patchbay_agent.dra"
 print(parts, sorted(m for m in sys.modules if m == other or m.startswith(other + ".")))

@@ -128,7 +128,12 @@ STEPS: tuple[Step, ...] = (
     Step(
         "dra",
         "DRA, which DevicePlugin profiles never load: the driver, its stubs, slices, claims",
-        ("patchbay_agent.dra.plugin", "patchbay_agent.dra.slicepublisher", "patchbay_agent.dra.claimstatus"),
+        (
+            "patchbay_agent.dra.preparer",
+            "patchbay_agent.kubelet.draplugin",
+            "patchbay_agent.dra.slicepublisher",
+            "patchbay_agent.dra.claimstatus",
+        ),
     ),
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from patchbay_agent.dra.plugin import node_lock
+from patchbay_agent.kubelet.draplugin import node_lock
 
 
 def test_calls_holding_the_node_lock_never_overlap_and_a_cancelled_waiter_leaves_it_free(
