@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog="kubectl patchbay",
-        description="Patchbay at a glance: devices, nodes, and why a DevicePluginProfile is not Ready.",
+        description="Patchbay at a glance: devices, nodes, and why a DevicePluginProfile is not Ready; "
+        "a profile's rollout (kubectl rollout's verbs) and what a change would take (diff).",
         parents=[common],
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
