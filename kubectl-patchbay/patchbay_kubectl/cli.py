@@ -626,6 +626,15 @@ def _documents(filename: str) -> list[Obj]:
     return profiles
 
 
+def diff_collection(doc: Obj) -> str:
+    """Where a file's profile is read and dry-run: its own ``apiVersion`` when it is one of
+    Patchbay's group, else the version the plugin reads."""
+    api_version = str(doc.get("apiVersion") or "")
+    if api_version.startswith(f"{kube.GROUP}/"):
+        return f"/apis/{api_version}/devicepluginprofiles"
+    return kube.PROFILES
+
+
 def cmd_diff(k: Kube, args: argparse.Namespace) -> str:
     try:
         docs = _documents(args.filename)
@@ -635,13 +644,18 @@ def cmd_diff(k: Kube, args: argparse.Namespace) -> str:
     plans = []
     for doc in docs:
         name = name_of(doc)
-        live = k.get(kube.profile_path(name))
+        if not name:
+            raise KubeError(f"a DevicePluginProfile in {args.filename} has no metadata.name")
+        # The file's own API version (v1alpha1 too): the server converts, both sides alike.
+        collection = diff_collection(doc)
+        path = f"{collection}/{quote(name, safe='')}"
+        live = k.get(path)
         if live is None:
-            after, action = k.create(kube.PROFILES, doc, dry_run=True), "created"
+            after, action = k.create(collection, doc, dry_run=True), "created"
         else:
             wanted = copy.deepcopy(doc)
             wanted.setdefault("metadata", {})["resourceVersion"] = live["metadata"]["resourceVersion"]
-            after = k.replace(kube.profile_path(name), wanted, dry_run=True)
+            after = k.replace(path, wanted, dry_run=True)
             action = "configured" if spec_of(after) != spec_of(live) else "unchanged"
         if nodes is None:
             nodes = k.list("/api/v1/nodes")

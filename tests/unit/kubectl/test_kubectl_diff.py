@@ -181,3 +181,13 @@ def test_fewer_replicas_lose_a_device_with_more_holders_than_the_new_count() -> 
     ]
     assert plan.unknown and plan.unknown[0].startswith("sharing.replicas 4 -> 2: whether a holder's share")
     assert not node_plan(shared(2), shared(4), node("n1"), r).loses
+
+
+def test_a_file_is_dry_run_in_its_own_api_version() -> None:
+    from patchbay_kubectl.cli import diff_collection
+
+    old = {"apiVersion": "patchbay.dev/v1alpha1", "kind": "DevicePluginProfile"}
+    assert diff_collection(old) == "/apis/patchbay.dev/v1alpha1/devicepluginprofiles"
+    assert (
+        diff_collection({"kind": "DevicePluginProfile"}) == "/apis/patchbay.dev/v1beta1/devicepluginprofiles"
+    )
