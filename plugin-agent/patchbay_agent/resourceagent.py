@@ -146,9 +146,9 @@ class ResourceAgent:
     def __init__(self, config: AgentConfig, options: AgentOptions, client: AgentClient | None = None) -> None:
         """`client`: the API client (`kubeclient.KubeClient` or a test's): writes the DeviceReport
         when `options.report` is set, reads claims and writes ResourceSlices when `options.dra`
-        is, and tells a device plugin its kubelet's version. None: `KubeClient` from the options'
-        kubeconfig when reports or DRA need one (imported only then); raises
-        kubeclient.ClientConfigError."""
+        is, and tells a device plugin its kubelet's version; built by the command (main.py) or the
+        node agent, never here. None: no API at all (a device plugin without a report); ValueError
+        when reports or DRA need one."""
         self.config = config
         self.options = options
         self.metrics = Metrics(
@@ -161,10 +161,9 @@ class ResourceAgent:
         self.backend = make_backend(config.discovery, host_root)
         self.monitor = Monitor(self.backend, host_root, config.health, self.inventory, self.metrics)
         self.started = asyncio.Event()
-        if client is None and (source := options.report or options.dra) is not None:
-            from patchbay_agent.kubeclient import KubeClient
-
-            client = KubeClient(source.kubeconfig)
+        if client is None and (options.report or options.dra) is not None:
+            # One place builds the agent's API client: the command (main.py) or the node agent.
+            raise ValueError("an agent with a DeviceReport or a DRA driver needs an API client")
         #: the PodResources reader and the DeviceReport's writer, with a profile only
         self.holders: PodHolders | None = None
         self.reporter: Reporter | None = None
