@@ -33,6 +33,7 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.agentparts import dra_of
 from support.agentrun import make_config
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
@@ -113,8 +114,8 @@ def dra(loop_thread: LoopThread, module_dir: Path) -> Iterator[Dra]:
         return agent, task
 
     agent, task = loop_thread.run(start())
-    assert agent.dra is not None
-    channel = grpc.insecure_channel(f"unix://{agent.dra.service_socket}")
+    dra_of(agent)  # a DRA agent (asserts it)
+    channel = grpc.insecure_channel(f"unix://{dra_of(agent).service_socket}")
     copies = service_dir(module_dir / "k", DRIVER) / "cdi"
     try:
         yield Dra(

@@ -52,7 +52,7 @@ from packaging.requirements import Requirement
 
 from patchbay_bench import REPO
 from patchbay_bench.fakeapi import FakeApi
-from patchbay_bench.harness import Param, Run, Scenario, Value, interleave, wait
+from patchbay_bench.harness import Param, Run, Scenario, Target, Value, interleave, wait
 from patchbay_bench.peers import FakeHardware, KubeletPeer, PodResourcesPeer, ThreadedPeers, build_peer
 from patchbay_bench.setup import AGENT, IMAGE_ENV, Child, host_agent_args, rss_pss_mib
 
@@ -523,4 +523,5 @@ SCENARIO = Scenario(
     figures=figure_names,
     needs=("go",),
     quick_note="builds the conformance peer (Go) when it is not cached",
+    targets=(Target("agent_memory: node agent serving 3 profiles", 45.0, None, "RSS"),),
 )

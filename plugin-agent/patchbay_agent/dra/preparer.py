@@ -152,14 +152,24 @@ class ClaimPreparer:
         return self.metadata.refresh(self.metadata_attributes)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
-        """Every claim's outcome by UID; the claims are read in parallel."""
-        async with self.calls.call(), node_lock(self.lock_path):
-            results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
+        """Every claim's outcome by UID. The claims are read in parallel BEFORE the node lock is
+        taken (a read changes nothing on the node, and concurrent calls, of this instance or
+        another, then overlap their GETs instead of queueing them behind the lock); only what
+        writes to the node (the CDI spec, the metadata files) runs under it, against the
+        inventory as it is then."""
+        async with self.calls.call():
+            read = await asyncio.gather(*(self._read(c) for c in claims))
+            async with node_lock(self.lock_path):
+                results = [
+                    obj if isinstance(obj, ClaimResult) else self._prepare_read(claim, obj)
+                    for claim, obj in zip(claims, read, strict=True)
+                ]
         if self._on_change is not None:
             self._on_change()
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
 
-    async def _prepare_one(self, claim: ClaimRef) -> ClaimResult:
+    async def _read(self, claim: ClaimRef) -> dict[str, Any] | ClaimResult:
+        """The claim object from the API server, or the claim's failed result."""
         where = f"ResourceClaim {claim.namespace}/{claim.name}"
         if (bad := check_claim_name(claim.namespace, claim.name)) is not None:
             return ClaimResult(error=f"ResourceClaim {claim.uid[:80]!r}: {bad}")
@@ -182,6 +192,11 @@ class ClaimPreparer:
             return ClaimResult(error=f"cannot read {where}: {e}")
         if self._metrics is not None:
             self._metrics.dra_claim_read_seconds.observe(time.perf_counter() - started)
+        return obj
+
+    def _prepare_read(self, claim: ClaimRef, obj: dict[str, Any]) -> ClaimResult:
+        """The read claim's devices, CDI spec and metadata files (under the node lock)."""
+        where = f"ResourceClaim {claim.namespace}/{claim.name}"
         snap = self._inventory.current
         try:
             pool = self._pool(snap)
