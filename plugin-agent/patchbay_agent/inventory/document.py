@@ -19,7 +19,7 @@ address a device's `pciAddress`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from patchbay_agent.constants import (
@@ -89,7 +89,9 @@ def _clean(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if v is not None and v != []}
 
 
-def entries(hw: Hardware, served: Served) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+def entries(
+    hw: Hardware, served: Served, exists: Callable[[str], bool] = lambda _path: True
+) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """Every entry of each kind with its group (for `omitted`), unbounded, in the CRD's shape."""
     pci = [
         (
@@ -148,7 +150,7 @@ def entries(hw: Hardware, served: Served) -> dict[str, list[tuple[str, dict[str,
     char += [
         ("paths", {"path": path[:128], "class": "paths", "servedBy": profiles[:MAX_SERVED_BY]})
         for path, profiles in sorted(served.files().items())
-        if path not in listed
+        if path not in listed and exists(path)
     ]
     gpus = [
         (
@@ -202,9 +204,12 @@ def build_inventory(
     node_uid: str | None = None,
     *,
     max_entries: int = MAX_ENTRIES,
+    exists: Callable[[str], bool] = lambda _path: True,
 ) -> dict[str, Any]:
-    """The NodeInventory to write (without observedAt: two are compared without it)."""
-    all_entries = entries(hw, Served(served))
+    """The NodeInventory to write (without observedAt: two are compared without it). `exists`:
+    whether a device file is on the host now (a profile keeps a vanished device, Unhealthy, in its
+    devices for a while: its file is not listed once it is gone)."""
+    all_entries = entries(hw, Served(served), exists)
     kept, omitted = bounded(all_entries, max_entries)
     metadata: dict[str, Any] = {"name": node_name, "labels": {LABEL_MANAGED_BY: FIELD_MANAGER}}
     if node_uid:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -113,10 +114,19 @@ class InventoryKeeper(ChangeWriter):
     async def build(self) -> dict[str, Any]:
         hw = await asyncio.to_thread(self._scan, self._root)
         self.scans += 1
+        served = self._served()
         if self._watcher is not None:
-            # A new bus directory (/dev/bus/usb/003) is watched as soon as it is seen.
-            self._watcher.ensure(self._dirs())
-        return build_inventory(self._node, self._agent, hw, self._served(), self.node_uid)
+            # A new bus directory (/dev/bus/usb/003) is watched as soon as it is seen, and so is
+            # every directory of a file a profile serves: its going is seen at once, while the
+            # profile keeps the vanished device (Unhealthy) for a while.
+            files = {p for devices in served.values() for d in devices for p in d.dev_paths}
+            self._watcher.ensure(
+                [*self._dirs(), *(self._root.path(os.path.dirname(p)) for p in sorted(files))]
+            )
+        return build_inventory(self._node, self._agent, hw, served, self.node_uid, exists=self._exists)
+
+    def _exists(self, host_path: str) -> bool:
+        return os.path.lexists(self._root.path(host_path))
 
     async def sync(self) -> bool:
         doc = await self.build()

@@ -7,7 +7,9 @@ nothing written while nothing changes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +144,23 @@ class Recorder:
         return "uid-1"
 
 
+@contextlib.asynccontextmanager
+async def keeping(root: Path, served: Any = dict) -> AsyncIterator[tuple[InventoryKeeper, Recorder]]:
+    """A keeper running on the test's loop (coalescing 50 ms, the backstop rescan an hour away,
+    so only inotify events cause writes), with a recording client."""
+    client = Recorder()
+    keeper = InventoryKeeper(
+        HostRoot(root), "node-1", "agent-x", client, served, coalesce=0.05, rescan=3600, gpus=False
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(keeper.run(stop))
+    try:
+        yield keeper, client
+    finally:
+        stop.set()
+        await task
+
+
 @pytest.mark.asyncio
 async def test_hot_plug_is_written_once_each_way_and_nothing_while_quiet(tmp_path: Path) -> None:
     """An adapter plugged in (its /dev/ttyUSB0 appears) is in the next write, unplugged it is
@@ -149,13 +168,7 @@ async def test_hot_plug_is_written_once_each_way_and_nothing_while_quiet(tmp_pat
     an hour here, so only /dev's inotify events can have caused the writes."""
     hw = FakeHardware(tmp_path)
     fakemachines.usb_camera(hw)
-    client = Recorder()
-    keeper = InventoryKeeper(
-        HostRoot(tmp_path), "node-1", "agent-x", client, dict, coalesce=0.05, rescan=3600, gpus=False
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(keeper.run(stop))
-    try:
+    async with keeping(tmp_path) as (keeper, client):
         await until(lambda: len(client.applied) == 1)
         assert [u["port"] for u in client.applied[0]["usb"]] == ["1-3"]
         assert client.applied[0]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -172,9 +185,6 @@ async def test_hot_plug_is_written_once_each_way_and_nothing_while_quiet(tmp_pat
         await until(lambda: keeper.scans > scans)
         await asyncio.sleep(0.2)
         assert len(client.applied) == 3 and keeper.unchanged >= 1
-    finally:
-        stop.set()
-        await task
 
 
 @pytest.mark.asyncio
@@ -182,22 +192,13 @@ async def test_a_change_of_what_is_served_is_written(tmp_path: Path) -> None:
     hw = FakeHardware(tmp_path)
     fakemachines.ftdi_serial_adapter(hw)
     served: dict[str, list[PhysicalDevice]] = {}
-    client = Recorder()
-    keeper = InventoryKeeper(
-        HostRoot(tmp_path), "node-1", None, client, lambda: served, coalesce=0.05, rescan=3600, gpus=False
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(keeper.run(stop))
-    try:
+    async with keeping(tmp_path, lambda: served) as (keeper, client):
         await until(lambda: len(client.applied) == 1)
         assert "servedBy" not in client.applied[0]["usb"][0]
         served["serial"] = [PhysicalDevice("ttyUSB0", ("/dev/ttyUSB0",), ("/dev/ttyUSB0",))]
         keeper.notify()
         await until(lambda: len(client.applied) == 2)
         assert client.applied[1]["usb"][0]["servedBy"] == ["serial"]
-    finally:
-        stop.set()
-        await task
 
 
 def test_device_files_a_profile_serves_that_sysfs_does_not_list_are_listed(tmp_path: Path) -> None:
@@ -216,3 +217,24 @@ def test_device_files_a_profile_serves_that_sysfs_does_not_list_are_listed(tmp_p
         ("/dev/patchbay-demo/sensor0", "paths", ["sensors"]),
     ]
     assert doc["usb"][0]["servedBy"] == ["raw-usb", "serial"]
+    # A profile keeps a vanished device (Unhealthy) for a while: its file is not listed once gone.
+    gone = build_inventory(
+        "n", None, scan(HostRoot(tmp_path), gpus=False), served, exists=lambda p: "demo" not in p
+    )
+    assert [c["path"] for c in gone["char"]] == ["/dev/ttyUSB0"]
+
+
+async def test_a_served_file_that_goes_leaves_at_once(tmp_path: Path) -> None:
+    """A profile keeps a vanished device in its devices (Unhealthy) for a while: the keeper
+    watches the served files' directories, so the file leaves the inventory when it goes."""
+    hw = FakeHardware(tmp_path)
+    hw.add_dev("/dev/patchbay-demo/sensor0")
+    served = {
+        "sensors": [PhysicalDevice("s0", ("/dev/patchbay-demo/sensor0",), ("/dev/patchbay-demo/sensor0",))]
+    }
+    async with keeping(tmp_path, lambda: served) as (_keeper, client):
+        await until(lambda: len(client.applied) == 1)
+        assert [c["path"] for c in client.applied[0]["char"]] == ["/dev/patchbay-demo/sensor0"]
+        hw.remove_dev("/dev/patchbay-demo/sensor0")
+        await until(lambda: len(client.applied) == 2)
+        assert "char" not in client.applied[1]
