@@ -193,8 +193,18 @@ def test_completion_candidates() -> None:
     def lookup(kind: str) -> list[str]:
         return {"profiles": ["serial", "sensors"], "nodes": ["n1", "n2"]}.get(kind, [])
 
-    assert completions([""], lookup) == ["cordon", "devices", "discover", "drain", "nodes", "uncordon", "why"]
-    assert completions(["d"], lookup) == ["devices", "discover", "drain"]
+    assert completions([""], lookup) == [
+        "cordon",
+        "devices",
+        "diff",
+        "discover",
+        "drain",
+        "nodes",
+        "rollout",
+        "uncordon",
+        "why",
+    ]
+    assert completions(["d"], lookup) == ["devices", "diff", "discover", "drain"]
     assert completions(["drain", "se"], lookup) == ["sensors", "serial"]
     assert "--preview" in completions(["drain", "serial", "--"], lookup)
     assert "--device" in completions(["uncordon", "serial", "--"], lookup)
