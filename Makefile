@@ -185,8 +185,8 @@ images: setup ## Build the operator and agent images (podman, local Debian base;
 ##@ Release
 
 .PHONY: release
-release: setup ## dist/<VERSION>/: the packaged chart, the images as OCI archives, SHA256SUMS (docs/install.md)
-	$(PY) hack/release.py
+release: setup ## dist/<VERSION>/: the packaged chart, the images as OCI archives, SHA256SUMS (docs/install.md); REGISTRY=host/path also pushes them there
+	$(PY) hack/release.py $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(REGISTRY_CA),--ca-file $(REGISTRY_CA))
 
 ##@ Local cluster
 
