@@ -168,23 +168,22 @@ def _podman(step: str, argv: list[str], timeout: float = 600) -> str:
 
 def push_image(image: BuiltImage, registry: oci.Registry) -> Published:
     """``podman push`` the built image to ``registry`` as
-    ``<registry>/kube-patchbay/patchbay-<program>:<tag>`` (skipped when the registry has that tag
-    already: tags are content hashes); the digest is the registry's. An image only in the archive
-    cache (not in podman's storage) is loaded first."""
+    ``<registry>/kube-patchbay/patchbay-<program>:<tag>``; the digest is the one the push recorded.
+    Pushed every time, never skipped because the tag is there: a tag can be moved (the e2e suite
+    moves one), and a second push of the same image is quick (the registry has its blobs). An
+    image only in the archive cache (not in podman's storage) is loaded first."""
     repository = registry.repository(image.program)
-    digest = registry.manifest_digest(repository, image.tag)
-    if digest is None:
-        exists = subprocess.run(["podman", "image", "exists", image.ref], capture_output=True, check=False)
-        if exists.returncode != 0:
-            _podman(f"loading {image.archive}", ["load", "--input", str(image.archive)])
-        with tempfile.TemporaryDirectory() as tmp:
-            digestfile = Path(tmp) / "digest"
-            creds = []
-            if registry.credentials is not None:
-                creds = ["--creds", f"{registry.credentials.username}:{registry.credentials.password}"]
-            argv = ["push", "--quiet", "--cert-dir", str(registry.cert_dir), "--digestfile", str(digestfile)]
-            _podman(f"pushing {image.ref}", [*argv, *creds, image.ref, f"docker://{repository}:{image.tag}"])
-            digest = digestfile.read_text().strip()
+    exists = subprocess.run(["podman", "image", "exists", image.ref], capture_output=True, check=False)
+    if exists.returncode != 0:
+        _podman(f"loading {image.archive}", ["load", "--input", str(image.archive)])
+    with tempfile.TemporaryDirectory() as tmp:
+        digestfile = Path(tmp) / "digest"
+        creds = []
+        if registry.credentials is not None:
+            creds = ["--creds", f"{registry.credentials.username}:{registry.credentials.password}"]
+        argv = ["push", "--quiet", "--cert-dir", str(registry.cert_dir), "--digestfile", str(digestfile)]
+        _podman(f"pushing {image.ref}", [*argv, *creds, image.ref, f"docker://{repository}:{image.tag}"])
+        digest = digestfile.read_text().strip()
     if not digest.startswith("sha256:"):
         raise ClusterError(f"pushing {image.ref} to {registry.host}: no digest recorded ({digest!r})")
     return Published(image.program, repository, image.tag, digest)

@@ -105,15 +105,16 @@ def test_chart_and_images_from_the_registry_by_digest(
     assert listed.get(agent_ref) == agent_ref.rsplit("@", 1)[1], listed
     print(json.dumps({k: v for k, v in listed.items() if k.startswith(reg.host)}, indent=2))
 
-    # A digest pinned in values: the tag moved to another image after the push, the pod keeps the
-    # pinned digest (the reference the chart renders is repository@digest).
-    moved = _move_tag(relabelled["operator"], relabelled["agent"], reg)
+    # A digest pinned in values wins over a tag that names another image: the operator's
+    # repository's tag "moved" points at the agent's image, values give that tag AND the digest;
+    # the chart renders repository@digest, and the node runs the pinned digest.
+    moved = _move_tag(relabelled["agent"], reg, "moved")
     assert moved != operator_digest
     pinned = helm_install(
         e2e_cluster,
         patchbay.release.chart,
         relabelled,
-        {"image": {"tag": relabelled["operator"].tag, "digest": operator_digest}},
+        {"image": {"tag": "moved", "digest": operator_digest}},
         registry=reg,
     )
     assert pinned.values["image"]["digest"] == operator_digest
@@ -121,12 +122,12 @@ def test_chart_and_images_from_the_registry_by_digest(
     assert _container(pod)[1].endswith(operator_digest), (_container(pod), moved)
 
 
-def _move_tag(operator: BuiltImage, other: BuiltImage, reg: Registry) -> str:
-    """Push ``other`` as the operator's tag in ``reg`` (a tag moved after a release); the new digest."""
-    target = f"docker://{reg.repository('operator')}:{operator.tag}"
+def _move_tag(other: BuiltImage, reg: Registry, tag: str) -> str:
+    """Push ``other`` as ``tag`` of the operator's repository in ``reg``; the digest it now names."""
+    target = f"docker://{reg.repository('operator')}:{tag}"
     argv = ["podman", "push", "--quiet", "--cert-dir", str(reg.cert_dir), other.ref, target]
     subprocess.run(argv, check=True, capture_output=True, timeout=300)
-    digest = reg.manifest_digest(reg.repository("operator"), operator.tag)
+    digest = reg.manifest_digest(reg.repository("operator"), tag)
     assert digest is not None
     return digest
 
