@@ -64,8 +64,9 @@ $(VENV_STAMP): $(PYPROJECTS)
 	@touch $@
 
 .PHONY: kube-binaries
-kube-binaries: ## Build (or reuse from the cache) etcd, kube-*, kubelet, kubectl, kwok, helm for K8S_VERSION (an older host Go fetches the Go they need)
+kube-binaries: ## Build (or reuse from the cache) etcd, kube-*, kubelet, kubectl, kwok, helm for K8S_VERSION (an older host Go fetches the Go they need), and the OCI registry
 	@hack/kube-binaries.sh
+	@hack/registry-binary.sh >/dev/null
 
 .PHONY: kube-binaries-matrix
 kube-binaries-matrix: ## Build (or reuse) the Kubernetes binaries of every release of the matrix
@@ -184,8 +185,8 @@ images: setup ## Build the operator and agent images (podman, local Debian base;
 ##@ Release
 
 .PHONY: release
-release: setup ## dist/<VERSION>/: the packaged chart, the images as OCI archives, SHA256SUMS (docs/install.md)
-	$(PY) hack/release.py
+release: setup ## dist/<VERSION>/: the packaged chart, the images as OCI archives, SHA256SUMS (docs/install.md); REGISTRY=host/path also pushes them there
+	$(PY) hack/release.py $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(REGISTRY_CA),--ca-file $(REGISTRY_CA))
 
 ##@ Local cluster
 

@@ -36,9 +36,10 @@ import yaml
 from kubernetes import client, config
 
 from patchbay_devcluster import DevCluster, default_state_dir, find_bin_dir, real_node_holder
+from patchbay_devcluster import registry as oci
 from patchbay_devcluster.imagebuild import build_all
 from patchbay_devcluster.images import BUSYBOX_IMAGE
-from patchbay_devcluster.install import helm_install, local_values
+from patchbay_devcluster.install import helm_install, local_values, node_images
 from patchbay_devcluster.poll import poll_until
 from patchbay_devcluster.releases import has, release_of
 
@@ -117,13 +118,40 @@ def up(cluster: DevCluster) -> None:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
 
     step("helm install: the chart's defaults; the operator is its Deployment pod on the real node")
-    print(
-        "    Its pods reach the API server through the kubernetes Service, as in any cluster; the only\n"
-        "    values are the images built here (no registry: imported into the node)."
-    )
-    print(f"$ helm upgrade --install {RELEASE} charts/patchbay -n {NAMESPACE} --values <images> --wait")
-    print("    " + json.dumps(local_values(cluster, images)))
-    helm_install(cluster, REPO / "charts" / "patchbay", images, release=RELEASE, namespace=NAMESPACE)
+    if oci.enabled():
+        registry = cluster.start_registry()
+        print(
+            "    Its pods reach the API server through the kubernetes Service, as in any cluster. The\n"
+            f"    images and the chart go to the cluster's OCI registry ({registry.host}, TLS with the\n"
+            "    cluster's CA; PATCHBAY_REGISTRY=1): the node's containerd pulls the images BY DIGEST."
+        )
+        print(f"$ podman push <images> docker://{registry.host}/kube-patchbay/...")
+        print(f"$ helm push patchbay-<version>.tgz {registry.charts}")
+        print(
+            f"$ helm upgrade --install {RELEASE} {registry.charts}/patchbay --version <version> "
+            f"-n {NAMESPACE} --values <images by digest> --wait"
+        )
+        release = helm_install(
+            cluster,
+            REPO / "charts" / "patchbay",
+            images,
+            release=RELEASE,
+            namespace=NAMESPACE,
+            registry=registry,
+        )
+        print("    " + json.dumps(release.values))
+        for ref in sorted(node_images(cluster)):
+            if ref.startswith(registry.host):
+                print(f"    pulled by the node: {ref}")
+    else:
+        print(
+            "    Its pods reach the API server through the kubernetes Service, as in any cluster; the only\n"
+            "    values are the images built here (imported into the node; PATCHBAY_REGISTRY=1 pulls them\n"
+            "    from the cluster's own OCI registry instead)."
+        )
+        print(f"$ helm upgrade --install {RELEASE} charts/patchbay -n {NAMESPACE} --values <images> --wait")
+        print("    " + json.dumps(local_values(cluster, images)))
+        helm_install(cluster, REPO / "charts" / "patchbay", images, release=RELEASE, namespace=NAMESPACE)
     tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide")
 
     step("Static: 4 example.com/dongle on every node labelled example.com/dongle-port=true")
@@ -469,7 +497,11 @@ def main() -> None:
     elif sys.argv[1:] in ([], ["up"]):
         up(cluster)
     else:
-        raise SystemExit("usage: hack/demo.py [up|down|make-room]")
+        raise SystemExit(
+            "usage: hack/demo.py [up|down|make-room]\n"
+            "  PATCHBAY_REGISTRY=1: install through the cluster's OCI registry (images by digest, the chart\n"
+            "  from oci://), not by importing the images into the node"
+        )
 
 
 if __name__ == "__main__":

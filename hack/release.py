@@ -10,6 +10,13 @@
   only the name in the archive's index differs;
 - ``SHA256SUMS``: the sha256 of every file above, in ``sha256sum --check`` format.
 
+With ``--registry HOST/PATH`` (``make release REGISTRY=...``) the release is also pushed, as a user
+fetches it: the images as ``HOST/PATH/patchbay-<program>:<version>`` (``podman push``) and the
+chart to ``oci://HOST/PATH/charts`` (``helm push``); the digests are printed and written to
+``dist/<version>.pushed.json`` (beside the directory, not in it: SHA256SUMS covers the directory).
+Credentials are the user's own logins (``podman login``, ``helm registry login``); ``--ca-file``
+names a private CA.
+
 The version is the ``VERSION`` file's; the generated files must be up to date (``make verify``).
 Progress is printed step by step; a failure names the step.
 """
@@ -26,10 +33,14 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from patchbay_devcluster.imagebuild import BuiltImage
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -95,9 +106,44 @@ def helm_binary() -> Path:
     return Path(out.stdout.strip()) / "helm"
 
 
+def push_release(
+    registry: str, version: str, images: Mapping[str, BuiltImage], chart: Path, ca_file: Path | None = None
+) -> dict[str, str]:
+    """Push the images and the chart to ``registry`` (``HOST[:PORT]/PATH``); returns
+    ``{reference: digest}`` for each (the chart's as ``oci://...:<version>``)."""
+    pushed: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cert: list[str] = []
+        helm_ca: list[str] = []
+        if ca_file is not None:
+            shutil.copyfile(ca_file, Path(tmp) / "ca.crt")  # podman: every *.crt of --cert-dir is a CA
+            cert, helm_ca = ["--cert-dir", tmp], ["--ca-file", str(ca_file)]
+        for program, image in images.items():
+            target = f"{registry}/patchbay-{program}:{version}"
+            digestfile = Path(tmp) / f"{program}.digest"
+            argv = ["podman", "push", "--quiet", *cert, "--digestfile", str(digestfile), image.ref]
+            subprocess.run([*argv, f"docker://{target}"], check=True, capture_output=True, text=True)
+            pushed[target] = digestfile.read_text().strip()
+        res = subprocess.run(
+            [str(helm_binary()), "push", str(chart), f"oci://{registry}/charts", *helm_ca],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        digest = next(
+            (ln.split()[-1] for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("Digest:")), ""
+        )
+        pushed[f"oci://{registry}/charts/patchbay:{version}"] = digest
+    return pushed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dist", type=Path, default=REPO / "dist", help="where dist/<version>/ goes")
+    parser.add_argument("--registry", default="", help="also push the images and the chart to HOST/PATH")
+    parser.add_argument(
+        "--ca-file", type=Path, default=None, help="the registry's CA, if it is not a public one"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="    %(message)s")
 
@@ -156,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in sums.read_text().splitlines():
         print(f"    {line}", flush=True)
     print(f"Check with: (cd {out} && sha256sum --check SHA256SUMS); install: docs/install.md", flush=True)
+    if args.registry:
+        pushed = push_release(args.registry, version, images, chart, args.ca_file)
+        (out.parent / f"{version}.pushed.json").write_text(json.dumps(pushed, indent=2) + "\n")
+        print(f"Pushed to {args.registry}:", flush=True)
+        for ref, digest in pushed.items():
+            print(f"    {ref}  {digest}", flush=True)
     return 0
 
 

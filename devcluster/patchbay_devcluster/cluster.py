@@ -31,7 +31,8 @@ from typing import Any
 
 from kubernetes import client
 
-from patchbay_devcluster import controlplane, kubeapi
+from patchbay_devcluster import controlplane, kubeapi, pki
+from patchbay_devcluster import registry as oci
 from patchbay_devcluster.controlplane import COMPONENTS, KWOK_NODE_LABEL, kwok_node
 from patchbay_devcluster.node import (
     KUBERNETES_SERVICE_PORT,
@@ -457,6 +458,75 @@ class DevCluster:
             t0 = time.monotonic()
             if node.import_archive(ref, archive):
                 log.info("  imported %s into the real node in %.1fs", ref, time.monotonic() - t0)
+
+    # --- the OCI registry ------------------------------------------------------------------
+
+    def registry(self, name: str = "registry") -> oci.Registry | None:
+        """The cluster's registry called ``name`` if it runs (``start_registry``), else None."""
+        if not any(p.name == name and p.runs() for p in self.state().procs):
+            return None
+        return oci.load_record(self.dir / "registry" / name / "registry.json")
+
+    def start_registry(
+        self, name: str = "registry", credentials: oci.Credentials | None = None, timeout: float = 60.0
+    ) -> oci.Registry:
+        """Run distribution's registry as a process of the cluster (:mod:`patchbay_devcluster.registry`):
+        on 127.0.0.1, TLS with the cluster's CA, storage under the state directory, htpasswd auth
+        with ``credentials``; and tell the real node's containerd about it (a hosts file in its
+        ``config_path``). Kept when it already runs; started again on its port and storage when it
+        was stopped (``stop_registry``). Needs the real node."""
+        if (running := self.registry(name)) is not None:
+            return running
+        if not any(p.name == "containerd" for p in self.running()):
+            raise ClusterError("no real node is running: start it with `up --real-node` first")
+        st = self.state()
+        home = self.dir / "registry" / name
+        home.mkdir(parents=True, exist_ok=True)
+        port = st.ports.get(name) or free_port()
+        st.ports[name] = port
+        ca = pki.CertificateAuthority(self.pki_dir)
+        serving = ca.issue("registry-serving", "patchbay-registry", server=True)
+        htpasswd = None
+        if credentials is not None:
+            htpasswd = home / "htpasswd"
+            htpasswd.write_text(oci.htpasswd_line(credentials))
+        conf = home / "config.yml"
+        storage = home / "storage"
+        conf.write_text(json.dumps(oci.config(storage, port, serving.cert, serving.key, htpasswd), indent=2))
+        reg = oci.Registry(
+            name, port, ca.pair.cert, oci.write_cert_dir(ca.pair.cert, home / "certs.d"), credentials
+        )
+        node = RealNode(self.dir, self.pki_dir, self._bin_dir)
+        hosts = node.paths.root / "registry" / reg.host / "hosts.toml"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(oci.hosts_toml(reg))
+        try:
+            argv = [str(oci.binary()), "serve", str(conf)]
+        except oci.RegistryError as e:
+            raise ClusterError(str(e)) from None
+        st.procs = [p for p in st.procs if p.name != name]
+        proc, child = self._spawn(name, argv, env=oci.env())
+        st.procs.append(proc)
+        st.save(self.state_file)
+
+        def answers() -> bool:
+            if child.poll() is not None:
+                raise ClusterError(f"the registry {name} exited\n{tail(Path(proc.log))}")
+            return reg.answers()
+
+        try:
+            _wait(f"the registry on {reg.host}", answers, timeout, lambda: tail(Path(proc.log)))
+        except BaseException:
+            stop_child(child)
+            raise
+        oci.save_record(home / "registry.json", reg)
+        log.info("  registry %s on https://%s (pid %d)", name, reg.host, proc.pid)
+        return reg
+
+    def stop_registry(self, name: str = "registry") -> bool:
+        """Stop the registry ``name`` by PID (its storage, port and hosts file stay, so
+        ``start_registry`` brings the same one back); False if it was not running."""
+        return any(stop_pid(p, grace=5) for p in self.state().procs if p.name == name)
 
     def start_kubelet(self) -> Proc:
         """Start (or start again, after ``stop_kubelet``) the real node's kubelet."""

@@ -94,7 +94,13 @@ def test_an_agent_pod_that_cannot_start_is_failed_and_recovers_when_fixed(
 
         # The fix: the right image. The DaemonSet rolls, the agent registers, Current again.
         cluster.patch_spec(
-            name, {"agent": {"image": patchbay.images["agent"].ref, "imagePullPolicy": "IfNotPresent"}}
+            name,
+            {
+                "agent": {
+                    "image": patchbay.release.values["agent"]["image"],
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            },
         )
 
         def current() -> bool:

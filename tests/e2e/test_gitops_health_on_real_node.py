@@ -119,7 +119,13 @@ def test_argo_cd_and_flux_agree_on_every_state_of_a_profile_on_the_real_node(
         # 2. The fix: the agents roll (Reconciling), then every device is served (Ready).
         recorder.enter("fixed")
         cluster.patch_spec(
-            name, {"agent": {"image": patchbay.images["agent"].ref, "imagePullPolicy": "IfNotPresent"}}
+            name,
+            {
+                "agent": {
+                    "image": patchbay.release.values["agent"]["image"],
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            },
         )
 
         def served() -> bool:

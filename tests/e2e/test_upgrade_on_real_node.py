@@ -336,7 +336,7 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
             wait_for(f"{name} Running", partial(running, name), 180)
         all_current(cluster, profiles, "0.1.0")
         before = {name: holder_state(core, namespace, name) for name in holders}
-        old_agent = old_images["agent"].ref
+        old_agent = old_release.values["agent"]["image"]  # as installed: imported, or from a registry
         own_selector = f"{AGENT_SELECTOR},patchbay.dev/profile={own}"
         for daemonset, selector in (
             ("patchbay-node-agent", SHARED_SELECTOR),
@@ -349,7 +349,7 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
             )
 
         # --- helm upgrade to this release, sampled all along --------------------------------------
-        new_agent = patchbay.images["agent"].ref
+        new_agent = patchbay.release.values["agent"]["image"]
 
         def static_allocatable() -> int | None:
             value = cluster.values(real_node, static_resource)[1]

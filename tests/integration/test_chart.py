@@ -179,6 +179,38 @@ def _operator_pod(tools: Tools, *values: str) -> tuple[dict[str, Any], dict[str,
     return pod, pod["spec"]["containers"][0]
 
 
+def test_a_digest_pins_the_operator_image_and_pull_secrets_reach_every_pod(tools: Tools) -> None:
+    """``image.digest`` renders ``repository@digest`` (the tag then unused); ``imagePullSecrets``
+    go on the operator's pod and on every ServiceAccount the chart makes, the agents' among them:
+    the operator creates the agents' pods, and the API server copies the ServiceAccount's pull
+    secrets into them."""
+    digest = "sha256:" + "ab" * 32
+    secret = "imagePullSecrets[0].name=regcred"
+    pod, c = _operator_pod(tools, f"image.digest={digest}", "image.tag=moved", secret)
+    assert c["image"] == f"ghcr.io/kube-patchbay/patchbay-operator@{digest}"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    _, c = _operator_pod(tools, "image.tag=1.2.3")
+    assert c["image"] == "ghcr.io/kube-patchbay/patchbay-operator:1.2.3"
+    rendered = tools.helm("template", "patchbay", str(CHART), "-n", "patchbay-system", "--set", secret).stdout
+    accounts = {
+        d["metadata"]["name"]: d.get("imagePullSecrets")
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "ServiceAccount"
+    }
+    wanted = [{"name": "regcred"}]
+    # The uninstall hook's pod names the pull secrets itself (its ServiceAccount lives only while it runs).
+    assert accounts == {
+        **{name: wanted for name in ("patchbay", "patchbay-agent", "patchbay-agent-dra")},
+        "patchbay-uninstall": None,
+    }
+    plain = tools.helm("template", "patchbay", str(CHART), "-n", "patchbay-system").stdout
+    assert all(
+        "imagePullSecrets" not in d for d in yaml.safe_load_all(plain) if d and d["kind"] == "ServiceAccount"
+    )
+    res = tools.helm("template", "x", str(CHART), "--set", "image.digest=latest", check=False)
+    assert res.returncode != 0 and "image.digest" in res.stderr.replace("/", "."), res.stderr
+
+
 def test_host_network_keeps_health_on_loopback_and_names_the_api_server(tools: Tools) -> None:
     """The option for clusters without kube-proxy: off by default; when on, the pod is on the
     node's network, its health endpoint listens on 127.0.0.1 only (the probe asks there), and

@@ -36,7 +36,11 @@ app.kubernetes.io/component: operator
 {{- end -}}
 
 {{- define "patchbay.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A map of labels as KEY=VALUE,KEY=VALUE (sorted: a stable string for an env var). */}}
