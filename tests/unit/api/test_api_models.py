@@ -49,6 +49,8 @@ def type_mismatches(hint: Any, node: dict[str, Any], where: str) -> list[str]:
             return [f"{where}: the CRD says {node.get('type')}, the model an object"]
         return mismatches(hint, node, where)
     origin = get_origin(hint) or hint
+    if (origin is typing.Union or origin is types.UnionType) and node.get("x-kubernetes-int-or-string"):
+        return [] if set(get_args(hint)) == {int, str} else [f"{where}: int-or-string, the model {hint}"]
     if origin is typing.Union or origin is types.UnionType:
         return [] if any(not type_mismatches(a, node, where) for a in get_args(hint)) else [f"{where}: type"]
     if node.get("type") != SCHEMA_TYPES.get(origin):
