@@ -368,6 +368,15 @@ def data_size(configmap: Mapping[str, Any]) -> int:
     return sum(len(k.encode()) + len(str(v).encode()) for k, v in (configmap.get("data") or {}).items())
 
 
+def once(profiles: Sequence[tuple[Profile, Selector | None]], stage: Stage | None) -> Stage | None:
+    """`stage` asked once per profile (the size check and the config then agree, and the rollout's
+    state is read once per write)."""
+    if stage is None:
+        return None
+    table = {p.name: stage(p) for p, _ in profiles}
+    return lambda p: table[p.name]
+
+
 def _entry(profile: Profile, exclude: Selector | None, stage: Stage | None) -> dict[str, Any]:
     """The profile's entry, staged when `stage` says a rollout is in progress."""
     if stage is None:

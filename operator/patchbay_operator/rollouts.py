@@ -38,6 +38,7 @@ from typing import Any
 
 from patchbay_api.revisions import EVERYONE, NOBODY, Rollout, node_hash, threshold_for
 from patchbay_api.selectors import label_selector_matches
+from patchbay_operator.constants import Reason
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.timestamps import parse_rfc3339, rfc3339
 
@@ -47,7 +48,7 @@ DEFAULT_CANARY_NODES = 1
 DEFAULT_MAX_PER_WAVE = "25%"
 DEFAULT_HEALTHY_SECONDS = 30
 DEFAULT_DEADLINE_SECONDS = 600
-ROLLOUT_HALTED = "RolloutHalted"
+ROLLOUT_HALTED = Reason.ROLLOUT_HALTED.value
 """The stalled problem's reason (the Stalled condition's, and the Warning Event's)."""
 MAX_NAMED = 10
 """Nodes named in a message; the rest are counted."""

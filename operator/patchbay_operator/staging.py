@@ -88,9 +88,10 @@ class Staging:
         self.waves = 0
 
     def in_use(self, profile: Profile) -> set[str]:
-        """The ControllerRevisions the profile's nodes may serve (never pruned)."""
-        st = self.states.get(profile.name)
-        return set() if st is None else {revision_name(profile.name, st.current)}
+        """The ControllerRevisions the profile's nodes may serve (never pruned): its spec's, and
+        the current one while a rollout from it is in progress."""
+        st = self.state(profile)
+        return {revision_name(profile.name, st.current), revision_name(profile.name, st.update)}
 
     def state(self, profile: Profile) -> State:
         """The profile's rollout state now; a new update revision begins here."""

@@ -279,7 +279,7 @@ def test_a_new_profile_goes_at_once_and_a_change_of_it_is_staged() -> None:
     assert entry["revision"] == spec_revision(bad.spec)
     assert entry["revisions"][spec_revision(first.spec)]["plugin"] == first.spec["plugin"]
     assert entry["plugin"] == bad.spec["plugin"] and entry["rollout"] == stanza.as_dict()
-    assert s.in_use(bad) == {f"serial-{spec_revision(first.spec)}"}
+    assert s.in_use(bad) == {f"serial-{spec_revision(first.spec)}", f"serial-{spec_revision(bad.spec)}"}
 
 
 def test_what_goes_at_once() -> None:
