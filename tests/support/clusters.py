@@ -237,11 +237,11 @@ class Cluster:
         )
 
     # nodes
-    def shared_entry(self, name: str) -> dict[str, Any] | None:
+    def shared_entry(self, name: str, namespace: str = NAMESPACE) -> dict[str, Any] | None:
         """Profile `name`'s entry in the shared node agent's config (None: no ConfigMap, or no
         entry)."""
         try:
-            cm = self.core.read_namespaced_config_map("patchbay-node-agent", NAMESPACE)
+            cm = self.core.read_namespaced_config_map("patchbay-node-agent", namespace)
         except ApiException as e:
             if e.status == 404:
                 return None
