@@ -208,7 +208,10 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if cmd == "table":
         sitting_of = {name: sc.sitting for name, sc in SCENARIOS.items()}
-        print(records.table(RESULTS, everything="--all" in rest, sitting_of=sitting_of))
+        targets_of = {name: sc.targets for name, sc in SCENARIOS.items()}
+        print(
+            records.table(RESULTS, everything="--all" in rest, sitting_of=sitting_of, targets_of=targets_of)
+        )
         return 0
     return usage()
 

@@ -80,6 +80,20 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Target:
+    """A goal a figure is judged against, declared beside the scenario so that the headline table
+    computes "met" or "missed" from the record (``records.verdict``) instead of a person writing
+    it. ``against`` names the side the ratio is taken to (the figure's first side over it); None:
+    the first side's median itself, in the figure's unit."""
+
+    figure: str
+    at_most: float
+    against: str | None = None
+    #: why this target, or what missing it means (shown after the verdict)
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Scenario:
     """What one module under ``scenarios/`` declares."""
 
@@ -100,6 +114,8 @@ class Scenario:
     per_release: bool = False
     #: the sitting (``SITTINGS``) and so the headline table its rows belong to
     sitting: str = "per-node"
+    #: the goals its figures are judged against in the headline table
+    targets: Sequence[Target] = ()
 
     def figure_names(self, params: Mapping[str, Value]) -> Sequence[str]:
         return self.figures(params) if callable(self.figures) else self.figures

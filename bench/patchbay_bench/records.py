@@ -9,11 +9,11 @@ from one sitting at one commit: ``make bench-table`` prints them (``python -m pa
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from patchbay_bench.harness import SITTINGS, Record, Stats, fmt, ratio_spread, spread
+from patchbay_bench.harness import SITTINGS, Record, Stats, Target, fmt, ratio_spread, spread
 
 
 def write(record: Record, results: Path) -> Path:
@@ -61,6 +61,34 @@ def _stats(raw: dict[str, Any] | None) -> Stats | None:
     return None if raw is None else Stats(raw["median"], raw["min"], raw["max"])
 
 
+def verdict(fig: Mapping[str, Any], target: Target) -> str:
+    """ "target: at most 1.25x Go peer; met, 1.10x" from a recorded figure: the median of the
+    ratio to ``target.against`` (or of the first side, for an absolute target) against the bound.
+    A figure not measured, or without that side, says so instead of a verdict."""
+    bound = (
+        f"at most {fmt(target.at_most)}x {target.against}"
+        if target.against is not None
+        else f"at most {fmt(target.at_most)} {fig.get('unit', '')}".rstrip()
+    )
+    value: float | None = None
+    if not fig.get("missing"):
+        if target.against is None:
+            stats = (fig.get("sides") or [{}])[0].get("stats")
+            value = None if stats is None else float(stats["median"])
+        else:
+            for r in fig.get("ratios") or []:
+                if r.get("to") == target.against and r.get("stats") is not None:
+                    value = float(r["stats"]["median"])
+    if value is None:
+        got = "not measured in this run"
+    else:
+        shown = (
+            f"{fmt(value)}x" if target.against is not None else f"{fmt(value)} {fig.get('unit', '')}".rstrip()
+        )
+        got = f"{'met' if value <= target.at_most else 'missed'}, {shown}"
+    return f"target: {bound}; {got}" + (f": {target.note}" if target.note else "")
+
+
 HEADER = (
     "| figure | Patchbay: median (min-max) | baseline or peer | ratio: median (min-max) | rounds "
     "| date, machine | commit | command | from |\n"
@@ -68,8 +96,9 @@ HEADER = (
 )
 
 
-def rows(record: dict[str, Any], everything: bool = False) -> list[str]:
-    """The table rows of one record: its headline figures (every figure with ``everything``)."""
+def rows(record: dict[str, Any], everything: bool = False, targets: Sequence[Target] = ()) -> list[str]:
+    """The table rows of one record: its headline figures (every figure with ``everything``),
+    each figure with a target followed by its verdict (``verdict``)."""
     m = record["machine"]
     quiet = "quiet" if m.get("quiet") else "NOT quiet"
     when = f"{record['date'][:10]}, {m['cores']} cores, load {fmt(m['load_start'][0])} ({quiet})"
@@ -80,9 +109,12 @@ def rows(record: dict[str, Any], everything: bool = False) -> list[str]:
         if not (fig.get("headline") or everything):
             continue
         name = fig["name"]
+        judged = [verdict(fig, t) for t in targets if t.figure == name]
         # The size a scale figure was measured at, where its name does not say it already.
         if isinstance(nodes, int) and not isinstance(nodes, bool) and str(nodes) not in name.replace(",", ""):
             name = f"{name}, {nodes:,} nodes"
+        if judged:
+            name = f"{name} ({'; '.join(judged)})"
         if fig.get("missing"):
             cells = [name, "not measured", fig["missing"], "-", "-"]
         else:
@@ -125,14 +157,21 @@ def provenance(recs: list[dict[str, Any]]) -> str:
     )
 
 
-def table(results: Path, everything: bool = False, sitting_of: Mapping[str, str] | None = None) -> str:
+def table(
+    results: Path,
+    everything: bool = False,
+    sitting_of: Mapping[str, str] | None = None,
+    targets_of: Mapping[str, Sequence[Target]] | None = None,
+) -> str:
     """The headline rows of the newest full records; with ``sitting_of`` (scenario -> sitting),
-    one table per sitting, each under its heading and provenance line."""
+    one table per sitting, each under its heading and provenance line; ``targets_of`` (scenario
+    -> its targets) judges the figures that have one."""
+    targets_of = targets_of or {}
     newest = sorted(newest_full(load(results)).items())
     if sitting_of is None:
         lines = [HEADER]
         for _, rec in newest:
-            lines += rows(rec, everything)
+            lines += rows(rec, everything, targets_of.get(rec["scenario"], ()))
         return "\n".join(lines)
     groups: dict[str, list[dict[str, Any]]] = {}
     for _, rec in newest:
@@ -146,7 +185,7 @@ def table(results: Path, everything: bool = False, sitting_of: Mapping[str, str]
         recs = groups.get(name)
         if not recs:
             continue
-        lines = [line for rec in recs for line in rows(rec, everything)]
+        lines = [line for rec in recs for line in rows(rec, everything, targets_of.get(rec["scenario"], ()))]
         if not lines:
             continue
         out += [f"### The {name} table", "", provenance(recs), "", HEADER, *lines, ""]

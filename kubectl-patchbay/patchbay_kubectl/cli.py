@@ -9,7 +9,11 @@ usage error. Completion follows kubectl's plugin protocol (kubectl >= 1.26): kub
 one candidate per line and a final ``:<directive>`` line (docs/facts.md#kubectl-plugin-completion).
 
 ``cordon``, ``drain`` and ``uncordon`` take a DRA profile's devices out of service and back
-through DeviceTaintRules (Kubernetes 1.37 on; maintenance.py): the plugin's only writes.
+through DeviceTaintRules (Kubernetes 1.37 on; maintenance.py). ``rollout status|history|pause|
+resume|undo`` are kubectl's verbs for a profile's revisions (rollout.py): ``pause``, ``resume`` and
+``undo`` write the profile's spec, as ``kubectl rollout`` writes a Deployment's. ``diff -f`` asks
+the API server for a dry run and says what each node would lose (views/plan.py); its exit codes
+are kubectl diff's: 0 nothing lost, 1 something would be lost, 2 an error.
 
 Agent pods and DeviceReports live in the operator's namespace: ``-n`` names it (default
 ``$PATCHBAY_NAMESPACE``, else ``patchbay-system``, the chart's documented namespace); ``-A``
@@ -19,13 +23,19 @@ reads them in every namespace.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from urllib.parse import quote
 
-from patchbay_kubectl import agentpods, kube, maintenance, output
+import yaml
+
+from patchbay_api.revisions import spec_revision
+from patchbay_kubectl import agentpods, kube, maintenance, output, rollout
 from patchbay_kubectl.kube import Kube, KubeError, Target
 from patchbay_kubectl.views import diagnosis
 from patchbay_kubectl.views.devices import device_rows
@@ -41,12 +51,45 @@ from patchbay_kubectl.views.objects import (
     pod_ready,
     utcnow,
 )
+from patchbay_kubectl.views.objects import spec as spec_of
+from patchbay_kubectl.views.plan import profile_plan
 
 DEFAULT_NAMESPACE = "patchbay-system"
 EVENT_NAMESPACE = "default"
 """Events about a cluster-scoped profile are in "default", where the operator posts them."""
-COMMANDS = ("devices", "nodes", "why", "cordon", "drain", "uncordon")
+COMMANDS = ("devices", "nodes", "why", "cordon", "drain", "uncordon", "rollout", "diff")
 MAINTENANCE = ("cordon", "drain", "uncordon")
+ROLLOUT = ("status", "history", "pause", "resume", "undo")
+DIFF_ERROR = 2
+"""``diff``'s exit code for an error (kubectl diff's: above 1); 1 is "something would be lost"."""
+
+
+class Exit(Exception):  # noqa: N818 - a way out, not an error
+    """A command's text and its exit code other than 0 (``rollout status`` of a halted rollout,
+    ``diff`` when something would be lost)."""
+
+    def __init__(self, text: str, code: int) -> None:
+        super().__init__(text)
+        self.text, self.code = text, code
+
+
+def duration(text: str) -> float:
+    """A kubectl duration (``30s``, ``5m``, ``1h30m``; a bare number is seconds) in seconds."""
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
+        return float(text)
+    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (e.g. 30s, 5m, 1h30m)")
+    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * unit[u] for n, u in parts)
+
+
+def boolean(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r} (true or false)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "-n",
         "--namespace",
-        help=f"the operator's namespace, where agent pods and DeviceReports are "
+        help=f"the operator's namespace, where agent pods, DeviceReports and revisions are "
         f"(default: $PATCHBAY_NAMESPACE or {DEFAULT_NAMESPACE})",
     )
     common.add_argument(
@@ -73,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog="kubectl patchbay",
-        description="Patchbay at a glance: devices, nodes, and why a DevicePluginProfile is not Ready.",
+        description="Patchbay at a glance: devices, nodes, and why a DevicePluginProfile is not Ready; "
+        "a profile's rollout (kubectl rollout's verbs) and what a change would take (diff).",
         parents=[common],
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -150,7 +194,101 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="effect None: change nothing, print how many pods a drain would evict",
             )
+    _rollout_parsers(sub, common)
+    diff = sub.add_parser(
+        "diff",
+        parents=[common],
+        help="what applying a profile would take from each node, before it is applied",
+        description="The API server's dry run of the file (admission errors as it says them), then "
+        "per node: selected before/after, node group before/after, the devices it serves now that "
+        "the new settings would no longer serve (from its DeviceReport) and the pods holding them, "
+        "a Static profile's capacity before/after. What only the node can know (files a new glob "
+        "may match beyond its report, what a PCI/USB filter finds) is said as such. Exit codes, as "
+        "kubectl diff's: 0 nothing would be lost, 1 something would be lost, 2 an error (a usage "
+        "error, a refused dry run, an unreachable server).",
+    )
+    diff.add_argument(
+        "-f",
+        "--filename",
+        required=True,
+        help="the profile's YAML or JSON (several documents, or - for stdin)",
+    )
     return parser
+
+
+def _rollout_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    ro = sub.add_parser(
+        "rollout",
+        parents=[common],
+        help="a profile's rollout: status, history, pause, resume, undo",
+        description="kubectl rollout for a DevicePluginProfile: its revisions are ControllerRevisions "
+        "<profile>-<hash> in the operator's namespace (-n).",
+    )
+    verbs = ro.add_subparsers(dest="verb", required=True, metavar="VERB")
+    helps = {
+        "status": (
+            "wait for the rollout to finish",
+            "Watch the profile until every node it selects serves the update revision and is ready "
+            "(exit 0), the rollout halts (exit 1, the Stalled message), or --timeout passes (exit 1). "
+            "A paused rollout is waited for, as kubectl waits for a paused Deployment.",
+        ),
+        "history": (
+            "the profile's revisions and what each changed",
+            "REVISION and CHANGE-CAUSE: the revision's kubernetes.io/change-cause annotation, else "
+            "what it changed against the revision before. -o wide adds the ControllerRevision and "
+            "whether the status serves it (current, update).",
+        ),
+        "pause": (
+            "hold the rollout: no further node gets the update revision",
+            "Sets spec.rollout.paused (a write of the profile's spec: under GitOps, commit it instead, "
+            "or the next sync takes it back). Nodes keep the revision they serve.",
+        ),
+        "resume": (
+            "let a paused rollout go on",
+            "Removes spec.rollout.paused (a write of the profile's spec, as pause).",
+        ),
+        "undo": (
+            "put an earlier revision's settings back into the spec",
+            "Writes revision N's settings (default: the revision before the spec's) back into the "
+            "profile's spec in one patch; the operator then rolls them out as any change. A USER "
+            "action: the operator never writes the spec. Under GitOps, revert the commit in git "
+            "instead: the next sync would undo this undo.",
+        ),
+    }
+    cmds = {
+        verb: verbs.add_parser(verb, parents=[common], help=short, description=long)
+        for verb, (short, long) in helps.items()
+    }
+    cmds["status"].add_argument(
+        "-w",
+        "--watch",
+        type=boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        help="watch until done (default true); --watch=false prints the status once",
+    )
+    cmds["status"].add_argument(
+        "--timeout", type=duration, default=0.0, help="stop waiting after this long (e.g. 5m; 0: never)"
+    )
+    cmds["history"].add_argument(
+        "--revision", type=int, default=0, help="print this revision's settings as YAML"
+    )
+    cmds["undo"].add_argument(
+        "--to-revision", type=int, default=0, help="the revision to go back to (default: the previous)"
+    )
+    cmds["undo"].add_argument(
+        "--dry-run",
+        choices=("none", "server", "client"),
+        default="none",
+        nargs="?",
+        const="client",
+        help="server: the API server checks the patch and stores nothing; client: only print the target",
+    )
+    for verb in verbs.choices.values():
+        verb.add_argument("profile", help="the DevicePluginProfile")
 
 
 def namespace_of(args: argparse.Namespace) -> str | None:
@@ -390,6 +528,160 @@ def cmd_maintenance(k: Kube, args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _profile(k: Kube, name: str) -> Obj:
+    (profile,) = _profiles(k, name)
+    return profile
+
+
+def _revisions(k: Kube, args: argparse.Namespace, profile: Obj) -> list[rollout.Revision]:
+    found = k.list(
+        kube.revisions_path(namespace_of(args)), label_selector=f"{agentpods.LABEL_PROFILE}={args.profile}"
+    )
+    return rollout.revisions(found, profile)
+
+
+def cmd_rollout_status(k: Kube, args: argparse.Namespace) -> str:
+    """Print the status as it changes (only when the line changes, as kubectl does) until done,
+    halted or --timeout."""
+    if not args.watch:
+        st = rollout.rollout_status(_profile(k, args.profile))
+        if st.failed:
+            raise Exit(st.text + "\n", 1)
+        return st.text + "\n"
+    _profile(k, args.profile)  # NotFound in kubectl's words before any waiting
+    forever = args.timeout <= 0
+    seconds = 365 * 86400.0 if forever else args.timeout
+    last = ""
+    for obj in k.watch(kube.PROFILES, args.profile, seconds):
+        st = rollout.rollout_status(obj)
+        if st.text != last:
+            sys.stdout.write(st.text + "\n")
+            sys.stdout.flush()
+            last = st.text
+        if st.failed:
+            raise Exit("", 1)
+        if st.done:
+            return ""
+    if k.get(kube.profile_path(args.profile)) is None:
+        raise KubeError(f'devicepluginprofiles.patchbay.dev "{args.profile}" was deleted')
+    raise KubeError("timed out waiting for the condition")
+
+
+def cmd_rollout_history(k: Kube, args: argparse.Namespace) -> str:
+    profile = _profile(k, args.profile)
+    revs = _revisions(k, args, profile)
+    title = f"{rollout.KIND}/{args.profile}"
+    if args.revision:
+        rev = rollout.find(revs, args.revision)
+        if args.output in ("json", "yaml"):
+            return output.dump({"revision": rev.number, "name": rev.name, "data": rev.data}, args.output)
+        return f"{title} with revision #{rev.number} ({rev.name})\n" + output.dump(rev.data, "yaml")
+    if not revs:
+        print(f"No rollout history found in {title}.", file=sys.stderr)
+        return ""
+    return output.history(title, rollout.history_rows(revs, profile), args.output)
+
+
+def cmd_rollout_pause(k: Kube, args: argparse.Namespace) -> str:
+    pause = args.verb == "pause"
+    patch = rollout.pause_patch(_profile(k, args.profile), pause)
+    k.patch(kube.profile_path(args.profile), patch, "application/merge-patch+json")
+    return f"{rollout.KIND}/{args.profile} {'paused' if pause else 'resumed'}\n"
+
+
+def cmd_rollout_undo(k: Kube, args: argparse.Namespace) -> str:
+    profile = _profile(k, args.profile)
+    target = rollout.undo_target(_revisions(k, args, profile), profile, args.to_revision)
+    title = f"{rollout.KIND}/{args.profile}"
+    if target.digest == spec_revision(spec_of(profile)):
+        return f"{title} skipped rollback (current settings already match revision {target.number})\n"
+    if args.dry_run == "client":
+        return f"{title} rolled back to revision {target.number} (dry run)\n"
+    ops = rollout.undo_patch(profile, target.data)
+    rv = str((profile.get("metadata") or {}).get("resourceVersion") or "")
+    # The spec read above is the one the patch was made against: a write in between is a conflict.
+    ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+    k.patch(
+        kube.profile_path(args.profile), ops, "application/json-patch+json", dry_run=args.dry_run == "server"
+    )
+    dry = " (server dry run)" if args.dry_run == "server" else ""
+    return f"{title} rolled back to revision {target.number}{dry}\n"
+
+
+def _documents(filename: str) -> list[Obj]:
+    text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
+    docs: list[Obj] = []
+    for doc in yaml.safe_load_all(text):
+        if isinstance(doc, dict) and doc.get("kind") == "List":
+            docs += [d for d in doc.get("items") or [] if isinstance(d, dict)]
+        elif isinstance(doc, dict):
+            docs.append(doc)
+    profiles = [d for d in docs if d.get("kind") == "DevicePluginProfile"]
+    for d in docs:
+        if d.get("kind") != "DevicePluginProfile":
+            note = f"{d.get('kind')} {name_of(d)}: not a DevicePluginProfile, not compared"
+            print(f"note: {note}", file=sys.stderr)
+    if not profiles:
+        raise KubeError(f"no DevicePluginProfile in {filename}")
+    return profiles
+
+
+def diff_collection(doc: Obj) -> str:
+    """Where a file's profile is read and dry-run: its own ``apiVersion`` when it is one of
+    Patchbay's group, else the version the plugin reads."""
+    api_version = str(doc.get("apiVersion") or "")
+    if api_version.startswith(f"{kube.GROUP}/"):
+        return f"/apis/{api_version}/devicepluginprofiles"
+    return kube.PROFILES
+
+
+def cmd_diff(k: Kube, args: argparse.Namespace) -> str:
+    try:
+        docs = _documents(args.filename)
+    except (OSError, yaml.YAMLError) as e:
+        raise KubeError(f"cannot read {args.filename}: {e}") from e
+    nodes: list[Obj] | None = None
+    plans = []
+    for doc in docs:
+        name = name_of(doc)
+        if not name:
+            raise KubeError(f"a DevicePluginProfile in {args.filename} has no metadata.name")
+        # The file's own API version (v1alpha1 too): the server converts, both sides alike.
+        collection = diff_collection(doc)
+        path = f"{collection}/{quote(name, safe='')}"
+        live = k.get(path)
+        if live is None:
+            after, action = k.create(collection, doc, dry_run=True), "created"
+        else:
+            wanted = copy.deepcopy(doc)
+            wanted.setdefault("metadata", {})["resourceVersion"] = live["metadata"]["resourceVersion"]
+            after = k.replace(path, wanted, dry_run=True)
+            action = "configured" if spec_of(after) != spec_of(live) else "unchanged"
+        if nodes is None:
+            nodes = k.list("/api/v1/nodes")
+        reports = k.list(
+            kube.reports_path(namespace_of(args)), label_selector=f"{agentpods.LABEL_PROFILE}={name}"
+        )
+        plans.append(profile_plan(live, after, action, nodes, reports))
+    text = output.plan(plans, args.output)
+    if any(p.loses for p in plans):
+        raise Exit(text, 1)
+    return text
+
+
+ROLLOUT_HANDLERS: dict[str, Callable[[Kube, argparse.Namespace], str]] = {
+    "status": cmd_rollout_status,
+    "history": cmd_rollout_history,
+    "pause": cmd_rollout_pause,
+    "resume": cmd_rollout_pause,
+    "undo": cmd_rollout_undo,
+}
+
+
+def cmd_rollout(k: Kube, args: argparse.Namespace) -> str:
+    return ROLLOUT_HANDLERS[args.verb](k, args)
+
+
 HANDLERS: dict[str, Callable[[Kube, argparse.Namespace], str]] = {
     "devices": cmd_devices,
     "nodes": cmd_nodes,
@@ -397,6 +689,8 @@ HANDLERS: dict[str, Callable[[Kube, argparse.Namespace], str]] = {
     "cordon": cmd_maintenance,
     "drain": cmd_maintenance,
     "uncordon": cmd_maintenance,
+    "rollout": cmd_rollout,
+    "diff": cmd_diff,
 }
 
 
@@ -408,10 +702,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             text = HANDLERS[args.command](k, args)
         finally:
             k.close()
-    except (KubeError, maintenance.InputError) as e:
+    except Exit as e:
+        sys.stdout.write(e.text)
+        return e.code
+    except (KubeError, maintenance.InputError, rollout.RolloutError) as e:
         msg = str(e)
         print(msg if msg.startswith("Error from server") else f"error: {msg}", file=sys.stderr)
-        return 1
+        return DIFF_ERROR if args.command == "diff" else 1
     sys.stdout.write(text)
     return 0
 
@@ -420,6 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 NO_FILE_COMP = 4
 """cobra's ShellCompDirectiveNoFileComp: the shell offers no file names."""
+FILE_COMP = 0
+"""cobra's ShellCompDirectiveDefault: the shell offers its file names."""
 VALUE_FLAGS = {
     "--kubeconfig",
     "--context",
@@ -433,6 +732,11 @@ VALUE_FLAGS = {
     "--device",
     "--reason",
     "--wait",
+    "--timeout",
+    "--revision",
+    "--to-revision",
+    "-f",
+    "--filename",
 }
 
 
@@ -471,11 +775,25 @@ def completions(words: Sequence[str], lookup: Callable[[str], list[str]]) -> lis
             found.append("--preview")
         if command == "devices":
             found.append("--unhealthy")
+        if command == "diff":
+            found.append("--filename")
+        verb = next((w for w in before if w in ROLLOUT), None) if command == "rollout" else None
+        found += {
+            "status": ["--watch", "--timeout"],
+            "history": ["--revision"],
+            "undo": ["--to-revision", "--dry-run"],
+        }.get(verb or "", [])
     elif command is None:
         found = list(COMMANDS)
-    elif command in ("why", *MAINTENANCE) and not [
-        w for w in before[before.index(command) + 1 :] if not w.startswith("-")
-    ]:
+    elif command == "rollout" and not (verbs := [w for w in before if w in ROLLOUT]):
+        found = list(ROLLOUT)
+    elif (
+        command == "rollout"
+        and not [w for w in before[before.index(verbs[0]) + 1 :] if not w.startswith("-")]
+    ) or (
+        command in ("why", *MAINTENANCE)
+        and not [w for w in before[before.index(command) + 1 :] if not w.startswith("-")]
+    ):
         found = lookup("profiles")
     else:
         found = []
@@ -512,7 +830,9 @@ def complete_main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     for c in completions(words, _lookup(words)):
         print(c)
-    print(f":{NO_FILE_COMP}")
+    # `diff -f <TAB>`: the shell's own file names (cobra's ShellCompDirectiveDefault).
+    files = len(words) >= 2 and words[-2] in ("-f", "--filename")
+    print(f":{FILE_COMP if files else NO_FILE_COMP}")
     return 0
 
 

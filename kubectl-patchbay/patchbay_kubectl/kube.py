@@ -10,6 +10,7 @@ kubectl pages them, so a huge cluster never needs one huge response.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +43,10 @@ class Target:
 
 
 class Kube:
-    """GET, paged LIST, server-side apply and DELETE of raw JSON against the cluster a kubeconfig
-    names (the plugin writes only DeviceTaintRules: cordon, drain, uncordon)."""
+    """GET, paged LIST, WATCH, server-side apply, PATCH, create, replace and DELETE of raw JSON
+    against the cluster a kubeconfig names. The plugin writes DeviceTaintRules (cordon, drain,
+    uncordon) and a profile's rollout fields (``rollout pause|resume|undo``); ``diff`` only
+    writes with ``dryRun=All``."""
 
     def __init__(self, target: Target) -> None:
         cfg = client.Configuration()
@@ -98,6 +101,78 @@ class Kube:
         """Server-side apply of ``obj`` at ``path`` (the object's own URL); the stored object."""
         params = [("fieldManager", field_manager), ("force", "true")]
         return self._send("PATCH", path, params, obj, "application/apply-patch+yaml")
+
+    def patch(self, path: str, body: Any, content_type: str, *, dry_run: bool = False) -> Obj:
+        """PATCH ``body`` (a merge patch, or a JSON patch list) at ``path``; the stored object (the
+        one the server would store, with ``dry_run``)."""
+        params = [("dryRun", "All")] if dry_run else []
+        return self._send("PATCH", path, params, body, content_type)
+
+    def create(self, collection: str, obj: Obj, *, dry_run: bool = False) -> Obj:
+        return self._send("POST", collection, [("dryRun", "All")] if dry_run else [], obj)
+
+    def replace(self, path: str, obj: Obj, *, dry_run: bool = False) -> Obj:
+        return self._send("PUT", path, [("dryRun", "All")] if dry_run else [], obj)
+
+    def watch(self, collection: str, name: str, seconds: float) -> Iterator[Obj]:
+        """The object ``name`` of ``collection`` as it changes, for about ``seconds``: its current
+        state first, then one per change (a WATCH from the LIST's resourceVersion, started again
+        when the server ends it, listed again when the version is too old, as kubectl's watch
+        does). The iteration ends at the deadline, or when the object is deleted or absent."""
+        deadline = time.monotonic() + seconds
+        field = f"metadata.name={name}"
+        while True:
+            page = self._get(collection, [("fieldSelector", field)])
+            items = page.get("items") or []
+            if not items:
+                return
+            yield items[0]
+            version = str((page.get("metadata") or {}).get("resourceVersion") or "")
+            while (left := deadline - time.monotonic()) > 0:
+                params = [
+                    ("watch", "true"),
+                    ("fieldSelector", field),
+                    ("resourceVersion", version),
+                    ("timeoutSeconds", str(max(1, int(left)))),
+                ]
+                gone = False
+                for event in self._stream(collection, params, left + 5):
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":  # e.g. 410 Gone: the version is too old, LIST again
+                        gone = True
+                        break
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if kind == "DELETED":
+                        return
+                    if kind in ("ADDED", "MODIFIED"):
+                        yield obj
+                if gone:
+                    break
+            else:
+                return
+
+    def _stream(self, path: str, params: list[tuple[str, str]], seconds: float) -> Iterator[Obj]:
+        method, url, headers, _, _ = self._api.param_serialize(
+            method="GET",
+            resource_path=path + "?" + urlencode(params),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self._api.call_api(method, url, header_params=headers, _request_timeout=seconds)
+            if not 200 <= resp.status < 300:
+                raise _api_error(resp.status, resp.read())  # type: ignore[no-untyped-call]
+            buffered = b""
+            for chunk in resp.response.stream(4096):
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
+            return
+        except urllib3.exceptions.HTTPError as e:
+            raise KubeError(f"Unable to connect to the server ({self.host}): {e}") from e
 
     def delete(self, path: str) -> bool:
         """Delete the object at ``path``; False when it was not there."""
@@ -187,6 +262,10 @@ def configmaps_path(namespace: str | None) -> str:
 
 def events_path(namespace: str | None) -> str:
     return namespaced("/api/v1/events", namespace)
+
+
+def revisions_path(namespace: str | None) -> str:
+    return namespaced("/apis/apps/v1/controllerrevisions", namespace)
 
 
 def profile_path(name: str) -> str:

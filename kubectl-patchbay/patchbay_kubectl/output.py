@@ -11,9 +11,11 @@ from typing import Any
 
 import yaml
 
+from patchbay_kubectl.rollout import KIND, HistoryRow
 from patchbay_kubectl.views.devices import DeviceRow
 from patchbay_kubectl.views.nodes import NodeRow
 from patchbay_kubectl.views.objects import Obj, age
+from patchbay_kubectl.views.plan import ProfilePlan
 
 FORMATS = ("wide", "json", "yaml")
 
@@ -147,3 +149,65 @@ def why(doc: Obj, fmt: str | None) -> str:
     lines += ["", "What to do next:"]
     lines += [f"  - {h['reason']}: {h['do']}" for h in doc["next"]] or ["  nothing: the profile is Ready"]
     return "\n".join(lines) + "\n"
+
+
+def history(title: str, rows: Sequence[HistoryRow], fmt: str | None) -> str:
+    """``kubectl rollout history``: the object, then REVISION and CHANGE-CAUSE (``-o wide``: the
+    ControllerRevision and whether the status serves it as current or update)."""
+    if fmt in ("json", "yaml"):
+        return structured("RevisionList", [r.as_dict() for r in rows], fmt)
+    if fmt == "wide":
+        header = ["REVISION", "NAME", "SERVED", "CHANGE-CAUSE"]
+        cells = [[str(r.revision), r.name, r.served, r.change_cause] for r in rows]
+    else:
+        header, cells = ["REVISION", "CHANGE-CAUSE"], [[str(r.revision), r.change_cause] for r in rows]
+    return f"{title}\n" + table(header, cells)
+
+
+def _yes(b: bool) -> str:
+    return "yes" if b else "no"
+
+
+def _before_after(a: str, b: str) -> str:
+    return a if a == b else f"{a} -> {b}"
+
+
+def plan(plans: Sequence[ProfilePlan], fmt: str | None) -> str:
+    """``diff``: per profile a line (the dry run's answer and the count of nodes losing devices),
+    then one row per node where something changes; ``-o json|yaml``: every node selected before
+    or after."""
+    if fmt in ("json", "yaml"):
+        return dump({"kind": "ProfileDiffList", "items": [p.as_dict() for p in plans]}, fmt)
+    out = []
+    for p in plans:
+        losing = [n for n in p.nodes if n.loses]
+        holders = sorted({h for n in losing for h in n.holders})
+        out.append(
+            f"{KIND}/{p.profile}: {p.action} (server dry run); {len(p.nodes)} nodes selected before "
+            f"or after, {len(losing)} would lose devices, held by {len(holders)} pods"
+        )
+        rows = []
+        for n in p.nodes:
+            if not n.changed() and fmt != "wide":
+                continue
+            if n.capacity_before is not None or n.capacity_after is not None:
+                lost = _before_after(_count(n.capacity_before), _count(n.capacity_after))
+                lost = f"capacity {lost}"
+            else:
+                lost = ",".join(lo.device for lo in n.lost) or "-"
+            reasons = sorted({lo.reason for lo in n.lost}) + n.unknown
+            rows.append(
+                [
+                    n.node,
+                    _before_after(_yes(n.selected_before), _yes(n.selected_after)),
+                    _before_after(n.group_before, n.group_after),
+                    lost,
+                    ",".join(n.holders) or "-",
+                    "; ".join(reasons) or "-",
+                ]
+            )
+        if rows:
+            out.append(table(["NODE", "SELECTED", "GROUP", "LOSES", "HOLDERS", "NOTE"], rows).rstrip("\n"))
+        else:
+            out.append("no node changes")
+    return "\n".join(out) + "\n"

@@ -154,7 +154,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
         problems = static.static_problems(seen)
         new = static.static_status(profile, seen, previous, now, problems=problems)
         step = _rollout_step(inputs, [], [], [], {})
-        new = _with_revisions(_no_dra(new, previous), profile, None, step=step)
+        new = _with_revisions(_no_dra(new, previous), profile, None, step=step, now=now)
         return Evaluation(new, problems, rollout=step)
     troubles = list(inputs.troubles)
     ds = inputs.daemonset
@@ -210,7 +210,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
             maintenance=inputs.maintenance,
         )
         new = nodegroups.with_node_groups(new, profile, matching, _believed(reports, selected), previous)
-        new = _with_revisions(new, profile, _believed(reports, selected), len(selected), step)
+        new = _with_revisions(new, profile, _believed(reports, selected), len(selected), step=step, now=now)
         return Evaluation(new, problems, recheck_at, keep, retry, rollout=step)
     problems = deviceplugin.plugin_problems(profile, matching, troubles, reports)
     short = deviceplugin.kubelet_short(profile, matching, reports)
@@ -238,7 +238,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
     )
     new = nodegroups.with_node_groups(new, profile, matching, _believed(reports, selected), previous)
     believed = _believed(reports, selected)
-    new = _with_revisions(_no_dra(new, previous), profile, believed, len(selected), step)
+    new = _with_revisions(_no_dra(new, previous), profile, believed, len(selected), step=step, now=now)
     return Evaluation(new, problems, recheck_at, keep, retry, frozenset(short), step)
 
 
@@ -247,7 +247,9 @@ def _with_revisions(
     profile: Profile,
     reports: Sequence[Report] | None,
     selected: int = 0,
+    *,
     step: rollouts.Step | None = None,
+    now: str = "",
 ) -> dict[str, Any]:
     """The revisions and their node counts, in a DaemonSet's words: ``currentRevision`` and
     ``updateRevision`` (the ControllerRevisions ``<profile>-<hash>``: with every node moved at
@@ -270,6 +272,8 @@ def _with_revisions(
     current = name if step is None else revision_name(profile.name, step.state.current)
     if step is not None:
         new["rollout"] = step.state.status()
+        if step.state.phase is rollouts.Phase.PROGRESSING and not step.state.settled_now:
+            _reconciling(new, step.state.message, now)
     new.update(
         currentRevision=current,
         updateRevision=name,
@@ -278,6 +282,24 @@ def _with_revisions(
         updatedNumberReady=min(ready, desired),
     )
     return new
+
+
+def _reconciling(new: dict[str, Any], message: str, now: str) -> None:
+    """A wave moving or held by its gate is work in progress (kstatus: InProgress, so Flux and
+    Argo CD wait): Reconciling True, RollingOut, unless something already stalls the profile."""
+    conds = new.get("conditions") or []
+    if any(c.get("type") == "Stalled" and c.get("status") == "True" for c in conds):
+        return
+    for c in conds:
+        if c.get("type") == "Reconciling" and (c.get("status"), c.get("reason")) != (
+            "True",
+            Reason.ROLLING_OUT.value,
+        ):
+            if c.get("status") != "True":
+                c["lastTransitionTime"] = now
+            c.update(
+                status="True", reason=Reason.ROLLING_OUT.value, message=f"staged rollout: {message}"[:32768]
+            )
 
 
 def _believed(reports: Sequence[Report], selected: frozenset[str]) -> list[Report]:

@@ -107,7 +107,7 @@ _MAX_UNIX_SOCKET_PATH = 107
 def dra_service_dir(kubelet_root_dir: str, driver: str) -> str:
     """The one directory under the kubelet's plugins directory that an agent of `driver` makes
     its endpoint socket in: `<plugins>/<driver>`, or `<plugins>/patchbay-<hash>` when a socket
-    there would not fit sockaddr_un. The agent's own rule (`patchbay_agent.dra.plugin.service_dir`,
+    there would not fit sockaddr_un. The agent's own rule (`patchbay_agent.kubelet.draplugin.service_dir`,
     kept equal by tests/unit/operator/test_operator_dra.py): an agent of its own
     mounts only this directory, not every other driver's sockets."""
     plugins = kubelet_plugins_dir(kubelet_root_dir)

@@ -1,7 +1,7 @@
 """GET of one API object on the event loop: HTTP/1.1 keep-alive over asyncio streams.
 
 Only for the one read on a pod's start path, the ResourceClaim that NodePrepareResources needs
-(`dra/plugin.py`). The agent's client for everything else (`kubeclient.py`, synchronous, on
+(`dra/preparer.py`). The agent's client for everything else (`kubeclient.py`, synchronous, on
 http.client) runs in a worker thread; measured in one run of the dra_path benchmark
 (docs/benchmarks.md#dra-mode-on-the-real-node-benchdra_pathpy) that read cost the prepare call
 more than half its time, of which the thread hop and the client stack then used (requests) were

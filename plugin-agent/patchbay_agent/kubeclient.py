@@ -50,7 +50,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -457,6 +457,18 @@ class KubeClient(ApiConnection):
             )
         except GetError as e:
             raise ApiError(e.status, e.message) from None
+
+    def claim_read_async(self) -> Callable[[str, str, float], Awaitable[dict[str, Any]]]:
+        """A ResourceClaim GET on the event loop, on keep-alive connections of its own
+        (`getter()`; `dra.preparer.DraClient.claim_read_async`). Call it on the loop that will
+        use it."""
+        getter = self.getter()
+        log.info("Claims are read on the event loop (keep-alive connections to %s)", getter.server)
+
+        async def read(namespace: str, name: str, seconds: float) -> dict[str, Any]:
+            return await self.resource_claim_async(getter, namespace, name, seconds=seconds)
+
+        return read
 
     def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         """GET a ResourceClaim; ApiError (404 when it is gone). `timeout` bounds the request (the

@@ -501,7 +501,7 @@ class ReportOptions:
 def node_agent_plugins_dir(kubelet_root_dir: Path) -> Path:
     """`<kubelet root>/plugins/patchbay_node-agent`: the shared node agent's one directory under
     the kubelet's plugins directory, the only part of it its pod mounts, in which it keeps a
-    directory per DRA driver it serves (`dra.plugin.service_dir`). Its pod template depends on no
+    directory per DRA driver it serves (`kubelet.draplugin.service_dir`). Its pod template depends on no
     profile (the node agent is reconfigured live), so the operator mounts this whole directory
     (the same rule: `render.node_agent_plugins_dir`, kept equal by
     tests/unit/operator/test_operator_dra.py) instead of each driver's own `plugins/<driver>`; the
@@ -521,7 +521,7 @@ class DraOptions:
     #: Where the driver's directory (its service sockets, lock file and claim records) goes: None
     #: for an agent of its own, `<kubelet root>/plugins/<driver>` itself (its pod mounts exactly
     #: that); the shared node agent's units get `node_agent_plugins_dir`, and their directory
-    #: is inside it (`dra.plugin.service_dir`).
+    #: is inside it (`kubelet.draplugin.service_dir`).
     plugins_dir: Path | None = None
 
 

@@ -52,12 +52,8 @@ from patchbay_agent.options import AgentOptions, ReportOptions
 from patchbay_agent.wakeup import wait_any
 
 if TYPE_CHECKING:
-    from patchbay_agent.cdi import CdiSpecs
     from patchbay_agent.core.holders import PodHolders
-    from patchbay_agent.deviceplugin.registration import Registrar
-    from patchbay_agent.deviceplugin.server import DevicePluginServicer
-    from patchbay_agent.dra.claimstatus import ClaimStatusWriter
-    from patchbay_agent.dra.plugin import DraClient, DraPlugin
+    from patchbay_agent.dra.preparer import DraClient
     from patchbay_agent.dra.slicepublisher import SlicePublisher
     from patchbay_agent.kubelet.podresources import Container
     from patchbay_agent.report.devicereport import SliceState
@@ -150,9 +146,9 @@ class ResourceAgent:
     def __init__(self, config: AgentConfig, options: AgentOptions, client: AgentClient | None = None) -> None:
         """`client`: the API client (`kubeclient.KubeClient` or a test's): writes the DeviceReport
         when `options.report` is set, reads claims and writes ResourceSlices when `options.dra`
-        is, and tells a device plugin its kubelet's version. None: `KubeClient` from the options'
-        kubeconfig when reports or DRA need one (imported only then); raises
-        kubeclient.ClientConfigError."""
+        is, and tells a device plugin its kubelet's version; built by the command (main.py) or the
+        node agent, never here. None: no API at all (a device plugin without a report); ValueError
+        when reports or DRA need one."""
         self.config = config
         self.options = options
         self.metrics = Metrics(
@@ -165,19 +161,14 @@ class ResourceAgent:
         self.backend = make_backend(config.discovery, host_root)
         self.monitor = Monitor(self.backend, host_root, config.health, self.inventory, self.metrics)
         self.started = asyncio.Event()
-        if client is None and (source := options.report or options.dra) is not None:
-            from patchbay_agent.kubeclient import KubeClient
-
-            client = KubeClient(source.kubeconfig)
-        # The parts, for the tests and for diagnosis; None where this agent has none.
+        if client is None and (options.report or options.dra) is not None:
+            # One place builds the agent's API client: the command (main.py) or the node agent.
+            raise ValueError("an agent with a DeviceReport or a DRA driver needs an API client")
+        #: the PodResources reader and the DeviceReport's writer, with a profile only
         self.holders: PodHolders | None = None
         self.reporter: Reporter | None = None
-        self.servicer: DevicePluginServicer | None = None
-        self.registrar: Registrar | None = None
-        self.cdi: CdiSpecs | None = None
-        self.dra: DraPlugin | None = None
-        self.publisher: SlicePublisher | None = None
-        self.claim_status: ClaimStatusWriter | None = None
+        #: DRA: the slices' publisher, whose state the report carries (`_slice_state`)
+        self._publisher: SlicePublisher | None = None
         if options.report is not None:
             assert client is not None
             self.holders = pod_holders(config, options, options.report, self.inventory, self.metrics)
@@ -208,15 +199,13 @@ class ResourceAgent:
                 holders=self.holders,
                 on_state=self.reporter.notify if self.reporter is not None else None,
             )
-            self.dra, self.publisher, self.claim_status = dra.plugin, dra.publisher, dra.claim_status
+            self._publisher = dra.publisher
             return dra
         from patchbay_agent.deviceplugin.frontend import DevicePluginFrontEnd
 
-        plugin = DevicePluginFrontEnd(
+        return DevicePluginFrontEnd(
             self.config, self.options, self.inventory, self.metrics, holders=self.holders, api=client
         )
-        self.servicer, self.registrar, self.cdi = plugin.servicer, plugin.registrar, plugin.cdi
-        return plugin
 
     def _reporter(self, report: ReportOptions, holders: PodHolders, client: ReportClient) -> Reporter:
         """The DeviceReport's writer, subscribed to the snapshots and the holders."""
@@ -249,11 +238,11 @@ class ResourceAgent:
 
     def _slice_state(self) -> SliceState | None:
         """DRA: what the API server does with the slices' taints, what is left out."""
-        if self.publisher is None:
+        publisher = self._publisher
+        if publisher is None:
             return None
         from patchbay_agent.report.devicereport import SliceState
 
-        publisher = self.publisher
         return SliceState(
             publisher.taints.value,
             frozenset(publisher.withheld),

@@ -24,6 +24,7 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.agentparts import registrar_of
 from support.agentrun import make_config
 from support.fakehw import FakeHardware
 from support.fuzzing import PROVE, LoopThread, tally
@@ -76,7 +77,7 @@ def plugin(loop_thread: LoopThread, module_dir: Path) -> Iterator[Plugin]:
         return agent, task
 
     agent, task = loop_thread.run(start())
-    channel = grpc.insecure_channel(f"unix://{agent.registrar.socket_path}")
+    channel = grpc.insecure_channel(f"unix://{registrar_of(agent).socket_path}")
     try:
         yield Plugin(api_pb2_grpc.DevicePluginStub(channel), runs)
     finally:

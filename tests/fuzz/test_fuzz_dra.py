@@ -33,6 +33,7 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.agentparts import dra_of
 from support.agentrun import make_config
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
@@ -41,8 +42,9 @@ from support.fuzzing import PROVE, LoopThread, tally
 from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
 from patchbay_agent.config import Allocation
 from patchbay_agent.core.inventory import Inventory
-from patchbay_agent.dra.plugin import ClaimPreparer, ClaimRef, ClaimResult, DraPlugin, service_dir
+from patchbay_agent.dra.preparer import ClaimPreparer
 from patchbay_agent.dra.slices import device_name
+from patchbay_agent.kubelet.draplugin import ClaimRef, ClaimResult, DraPlugin, service_dir
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.options import AgentOptions, DraOptions
 from patchbay_agent.resourceagent import ResourceAgent
@@ -112,8 +114,8 @@ def dra(loop_thread: LoopThread, module_dir: Path) -> Iterator[Dra]:
         return agent, task
 
     agent, task = loop_thread.run(start())
-    assert agent.dra is not None
-    channel = grpc.insecure_channel(f"unix://{agent.dra.service_socket}")
+    dra_of(agent)  # a DRA agent (asserts it)
+    channel = grpc.insecure_channel(f"unix://{dra_of(agent).service_socket}")
     copies = service_dir(module_dir / "k", DRIVER) / "cdi"
     try:
         yield Dra(

@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
 from support.operator import Operator
 
+from patchbay_api.revisions import spec_revision
 from patchbay_devcluster import DevCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ RES_GROUP, RES_VERSION = "resource.k8s.io", "v1"
 
 
 def kubectl(
-    devcluster: DevCluster, bin_dir: Path, *args: str, check: bool = True
+    devcluster: DevCluster, bin_dir: Path, *args: str, check: bool = True, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
@@ -39,7 +40,7 @@ def kubectl(
         "KUBECONFIG": str(devcluster.kubeconfig),
     }
     proc = subprocess.run(
-        [str(bin_dir / "kubectl"), *args], capture_output=True, text=True, env=env, timeout=60
+        [str(bin_dir / "kubectl"), *args], capture_output=True, text=True, env=env, timeout=60, input=stdin
     )
     if check:
         assert proc.returncode == 0, proc.stderr
@@ -47,9 +48,9 @@ def kubectl(
 
 
 def plugin(
-    devcluster: DevCluster, bin_dir: Path, *args: str, check: bool = True
+    devcluster: DevCluster, bin_dir: Path, *args: str, check: bool = True, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return kubectl(devcluster, bin_dir, "patchbay", *args, "-n", NAMESPACE, check=check)
+    return kubectl(devcluster, bin_dir, "patchbay", *args, "-n", NAMESPACE, check=check, stdin=stdin)
 
 
 def write_report(
@@ -450,8 +451,270 @@ def _check_why(cluster: Cluster, devcluster: DevCluster, bin_dir: Path, p: dict[
 def _check_completion(devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> None:
     """kubectl's own __complete runs kubectl_complete-patchbay (kubectl >= 1.26)."""
     out = kubectl(devcluster, bin_dir, "__complete", "patchbay", "").stdout.splitlines()
-    assert out[:-1] == ["cordon", "devices", "drain", "nodes", "uncordon", "why"] and out[-1].startswith(":")
+    commands = ["cordon", "devices", "diff", "drain", "nodes", "rollout", "uncordon", "why"]
+    assert out[:-1] == commands and out[-1].startswith(":")
     out = kubectl(devcluster, bin_dir, "__complete", "patchbay", "why", p["dp"][:7]).stdout.splitlines()
     assert p["dp"] in out and p["static"] in out
     out = kubectl(devcluster, bin_dir, "__complete", "patchbay", "devices", "--node", p["nodes"][0]).stdout
     assert p["nodes"][0] in out.splitlines()
+
+
+# --- rollout and diff (issue 45, steps 4-5) -----------------------------------------------------
+
+
+def _counted(name: str, cluster: Cluster, n: int) -> list[int]:
+    """The profile's ControllerRevisions' numbers, waited for until there are ``n``."""
+
+    def found() -> list[int]:
+        items = cluster.apps.list_namespaced_controller_revision(
+            NAMESPACE, label_selector=f"patchbay.dev/profile={name}"
+        ).items
+        return sorted(int(r.revision) for r in items)
+
+    wait_for(f"{n} revisions of {name}", lambda: len(found()) == n)
+    return found()
+
+
+def _virtual(cluster: Cluster, count: int) -> dict[str, Any]:
+    return {
+        "resourceName": f"example.com/{cluster.prefix}tokens",
+        "mode": "DevicePlugin",
+        "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
+        "plugin": {"discovery": {"virtual": {"count": count}}},
+    }
+
+
+def test_rollout_history_undo_pause_resume_with_the_operators_revisions(
+    cluster: Cluster, devcluster: DevCluster, bin_dir: Path, operator: Operator
+) -> None:
+    """The real operator makes the ControllerRevisions; the plugin reads and writes the spec."""
+    name = f"{cluster.prefix}tokens"
+    cluster.add_nodes(1)
+    cluster.create_profile(name, _virtual(cluster, 1))
+    _counted(name, cluster, 1)
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
+    _counted(name, cluster, 2)
+    cluster.patch_spec(
+        name, {"plugin": {"discovery": {"virtual": {"count": 3}}, "health": {"periodSeconds": 7}}}
+    )
+    assert _counted(name, cluster, 3) == [1, 2, 3]
+
+    out = plugin(devcluster, bin_dir, "rollout", "history", name).stdout.splitlines()
+    assert out[0] == f"devicepluginprofile.patchbay.dev/{name}"
+    assert out[1].split() == ["REVISION", "CHANGE-CAUSE"]
+    assert out[2].startswith("1 ") and "created (DevicePlugin" in out[2]
+    assert out[3].split(None, 1) == ["2", "plugin.discovery.virtual.count: 1 -> 2"]
+    assert out[4].startswith("3 ") and "(+1 more: plugin.health.periodSeconds)" in out[4]
+    one = plugin(devcluster, bin_dir, "rollout", "history", name, "--revision=1").stdout
+    assert one.startswith(f"devicepluginprofile.patchbay.dev/{name} with revision #1 ")
+    assert yaml.safe_load(one.split("\n", 1)[1])["plugin"]["discovery"] == {"virtual": {"count": 1}}
+
+    def spec_now() -> dict[str, Any]:
+        return dict((cluster.profile(name) or {})["spec"])
+
+    def revision_of(number: int) -> str:
+        items = cluster.apps.list_namespaced_controller_revision(
+            NAMESPACE, label_selector=f"patchbay.dev/profile={name}"
+        ).items
+        return next(r.metadata.labels["controller-revision-hash"] for r in items if int(r.revision) == number)
+
+    first, third = revision_of(1), revision_of(3)
+    # A server dry run: the API server checks the patch, stores nothing.
+    dry = plugin(devcluster, bin_dir, "rollout", "undo", name, "--to-revision=1", "--dry-run=server")
+    assert (
+        dry.stdout == f"devicepluginprofile.patchbay.dev/{name} rolled back to revision 1 (server dry run)\n"
+    )
+    assert spec_revision(spec_now()) == third
+    missing = plugin(devcluster, bin_dir, "rollout", "undo", name, "--to-revision=9", check=False)
+    assert (
+        missing.returncode == 1
+        and missing.stderr == "error: unable to find specified revision 9 in history\n"
+    )
+    # The undo: revision 1's settings back, whole (health.periodSeconds 7 gone), in one patch.
+    plugin(devcluster, bin_dir, "rollout", "undo", name, "--to-revision=1")
+    assert spec_revision(spec_now()) == first
+    assert spec_now()["plugin"].get("health", {}).get("periodSeconds") != 7
+    # The operator gives revision 1 the next number, as a DaemonSet does; "previous" is then 3.
+    wait_for("revision 1 renumbered", lambda: revision_of(4) == first)
+    plugin(devcluster, bin_dir, "rollout", "undo", name)
+    assert spec_revision(spec_now()) == third
+
+    # pause and resume: spec.rollout.paused, refused as kubectl refuses.
+    out = plugin(devcluster, bin_dir, "rollout", "pause", name).stdout
+    assert out == f"devicepluginprofile.patchbay.dev/{name} paused\n"
+    assert spec_now()["rollout"]["paused"] is True
+    again = plugin(devcluster, bin_dir, "rollout", "pause", name, check=False)
+    assert again.returncode == 1
+    assert again.stderr == f'error: devicepluginprofiles.patchbay.dev "{name}" is already paused\n'
+    plugin(devcluster, bin_dir, "rollout", "resume", name)
+    assert "paused" not in (spec_now().get("rollout") or {})
+    assert plugin(devcluster, bin_dir, "rollout", "resume", name, check=False).returncode == 1
+
+
+def _write_status(cluster: Cluster, name: str, status: dict[str, Any]) -> None:
+    """What the operator's waves write (status.rollout and the counts, by the CRD's contract),
+    written here through the status subresource: the operator is stopped, so it is the only
+    writer, and the plugin is judged against the contract, not against one operator's timing."""
+    obj = cluster.profile(name) or {}
+    gen = obj["metadata"]["generation"]
+    now = _ts(datetime.now(UTC))
+    conds = [
+        {"lastTransitionTime": now, "reason": "X", "message": "", **c} for c in status.pop("conditions", [])
+    ]
+    body = {"status": {"observedGeneration": gen, "conditions": conds, **status}}
+    cluster.custom.patch_cluster_custom_object_status(
+        "patchbay.dev", "v1beta1", "devicepluginprofiles", name, body
+    )
+
+
+def _counts(desired: int, updated: int, ready: int, done: bool = False) -> dict[str, Any]:
+    return {
+        "currentRevision": "p-bbbbbbbbbb" if done else "p-aaaaaaaaaa",
+        "updateRevision": "p-bbbbbbbbbb",
+        "desiredNumberScheduled": desired,
+        "updatedNumberScheduled": updated,
+        "updatedNumberReady": ready,
+    }
+
+
+def test_rollout_status_exits_as_kubectl_rollout_status_does(
+    cluster: Cluster, devcluster: DevCluster, bin_dir: Path, operator_process: Operator
+) -> None:
+    operator_process.stop()  # the test writes the status itself (see _write_status)
+    name = f"{cluster.prefix}waves"
+    cluster.create_profile(name, _virtual(cluster, 1))
+    wave2 = {"phase": "Progressing", "wave": 2, "message": "wave 2"}
+    _write_status(cluster, name, {**_counts(10, 3, 3), "rollout": wave2})
+    once = plugin(devcluster, bin_dir, "rollout", "status", name, "--watch=false")
+    assert once.stdout == (
+        f'Waiting for profile "{name}" rollout to finish: 3 out of 10 nodes have been updated (wave 2)...\n'
+    )
+
+    # Watching: a line per change, then done and exit 0.
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}:{bin_dir}:{os.environ['PATH']}",
+        "KUBECONFIG": str(devcluster.kubeconfig),
+    }
+    cmd = [str(bin_dir / "kubectl"), "patchbay", "rollout", "status", name, "-n", NAMESPACE, "--timeout=60s"]
+    watcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert watcher.stdout is not None
+        first = watcher.stdout.readline()
+        assert "3 out of 10 nodes have been updated (wave 2)" in first
+        _write_status(cluster, name, {**_counts(10, 10, 4), "rollout": {**wave2, "wave": 3}})
+        assert "4 of 10 updated nodes are ready (wave 3)" in watcher.stdout.readline()
+        _write_status(cluster, name, {**_counts(10, 10, 10, done=True), "rollout": {"phase": "Complete"}})
+        rest, err = watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0, err
+    assert rest == f'profile "{name}" successfully rolled out\n'
+
+    # Paused: said, and waited for (as kubectl waits for a paused Deployment) until --timeout.
+    _write_status(cluster, name, {**_counts(10, 1, 1), "rollout": {"phase": "Paused", "wave": 1}})
+    paused = plugin(devcluster, bin_dir, "rollout", "status", name, "--timeout=2s", check=False)
+    assert "rollout is paused, 1 of 10 nodes updated (wave 1)" in paused.stdout
+    assert paused.returncode == 1 and paused.stderr == "error: timed out waiting for the condition\n"
+
+    # Halted: exit 1 at once with the Stalled message.
+    stalled = {
+        "type": "Stalled",
+        "status": "True",
+        "reason": "RolloutHalted",
+        "message": "node n1 lost 4 of 4",
+    }
+    _write_status(
+        cluster,
+        name,
+        {**_counts(10, 1, 0), "rollout": {"phase": "Halted", "wave": 1}, "conditions": [stalled]},
+    )
+    halted = plugin(devcluster, bin_dir, "rollout", "status", name, "--timeout=60s", check=False)
+    assert halted.returncode == 1
+    assert halted.stdout == f'profile "{name}" rollout halted: node n1 lost 4 of 4\n'
+
+
+def test_diff_names_the_pods_a_change_would_strip_of_their_devices(
+    cluster: Cluster, devcluster: DevCluster, bin_dir: Path, operator_process: Operator, tmp_path: Path
+) -> None:
+    """The reports are written as agents write them (the operator stopped: nothing else writes)."""
+    operator_process.stop()
+    n1, n2 = cluster.add_nodes(2)
+    name = f"{cluster.prefix}serial"
+    spec = cluster.agent_spec("serial", "DevicePlugin")
+    cluster.create_profile(name, spec)
+    for node, devices in ((n1, ["ttyUSB0", "ttyACM0"]), (n2, ["ttyACM1"])):
+        body = {
+            "apiVersion": "patchbay.dev/v1beta1",
+            "kind": "DeviceReport",
+            "metadata": {
+                "name": f"{name}.{node}",
+                "namespace": NAMESPACE,
+                "labels": {"patchbay.dev/profile": name},
+            },
+            "profile": name,
+            "nodeName": node,
+            "agent": f"agent-{node}",
+            "resourceName": spec["resourceName"],
+            "observedAt": _ts(datetime.now(UTC)),
+            "summary": {"total": len(devices), "healthy": len(devices), "unhealthy": 0, "allocated": 1},
+            "devices": [
+                {
+                    "id": d,
+                    "health": "Healthy",
+                    "pods": [{"namespace": "apps", "name": f"holder-{d}", "container": "c"}],
+                }
+                for d in devices
+            ],
+        }
+        cluster.custom.create_namespaced_custom_object(
+            "patchbay.dev", "v1beta1", NAMESPACE, "devicereports", body
+        )
+
+    def doc(globs: list[str]) -> str:
+        new = {**spec, "plugin": {"discovery": {"paths": {"globs": globs}}}}
+        return yaml.safe_dump(
+            {
+                "apiVersion": "patchbay.dev/v1beta1",
+                "kind": "DevicePluginProfile",
+                "metadata": {"name": name},
+                "spec": new,
+            }
+        )
+
+    changed = tmp_path / "profile.yaml"
+    changed.write_text(doc(["/dev/ttyACM*"]))
+    out = plugin(devcluster, bin_dir, "diff", "-f", str(changed), check=False)
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(
+        f"devicepluginprofile.patchbay.dev/{name}: configured (server dry run); 2 nodes"
+    )
+    assert "1 would lose devices, held by 1 pods" in lines[0]
+    row = next(line.split() for line in lines if line.startswith(n1))
+    assert row[:5] == [n1, "yes", "-", "ttyUSB0", "apps/holder-ttyUSB0"]
+    # n2's device still matches; what else the new glob finds there only n2 can say.
+    row = next(line.split(None, 5) for line in lines if line.startswith(n2))
+    assert row[:5] == [n2, "yes", "-", "-", "-"] and "known once the node runs it" in row[5]
+    # Nothing was written: a dry run.
+    assert (cluster.profile(name) or {})["spec"]["plugin"]["discovery"]["paths"]["globs"] == ["/dev/ttyUSB*"]
+    as_json = json.loads(
+        plugin(devcluster, bin_dir, "diff", "-f", str(changed), "-o", "json", check=False).stdout
+    )
+    assert as_json["items"][0]["nodes"][0]["holders"] == ["apps/holder-ttyUSB0"]
+
+    # A change that keeps every reported device: exit 0, and what only the node knows is said.
+    kept = tmp_path / "kept.yaml"
+    kept.write_text(doc(["/dev/ttyUSB*", "/dev/ttyACM*", "/dev/ttyS*"]))
+    fine = plugin(devcluster, bin_dir, "diff", "-f", "-", check=False, stdin=kept.read_text())
+    assert fine.returncode == 0, fine.stderr
+    assert "0 would lose devices" in fine.stdout and "known once the node runs it" in fine.stdout
+
+    # Admission refuses: the API server's words, exit 2 (kubectl diff's "an error").
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(doc(["/dev/ttyUSB*"]).replace("DevicePlugin\n", "Sideways\n"))
+    refused = plugin(devcluster, bin_dir, "diff", "-f", str(bad), check=False)
+    assert refused.returncode == 2 and refused.stderr.startswith("Error from server (Invalid): "), (
+        refused.stderr
+    )
+    assert "spec.mode" in refused.stderr

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import grpc
+from support.agentparts import cdi_of, dra_of
 from support.agentrun import make_config, running_agent, until
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
@@ -46,8 +47,8 @@ def _dra_agent(short_dir: Path, hw: FakeHardware, api: InMemoryApi) -> ResourceA
 
 
 async def _prepare(agent: ResourceAgent, uid: str, name: str, op: str = "prepare") -> str:
-    assert agent.dra is not None
-    async with grpc.aio.insecure_channel(f"unix://{agent.dra.service_socket}") as channel:
+    dra_of(agent)  # a DRA agent (asserts it)
+    async with grpc.aio.insecure_channel(f"unix://{dra_of(agent).service_socket}") as channel:
         stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
         claim = dra_v1_pb2.Claim(namespace="ns", uid=uid, name=name)
         if op == "prepare":
@@ -89,13 +90,13 @@ def test_dra_claim_specs_come_back_after_the_cdi_directory_was_emptied(
         # A reboot: the CDI directory is empty (gone, even); a new agent starts.
         shutil.rmtree(cdi)
         second = _dra_agent(short_dir, hw, api)
-        assert second.dra is not None
+        assert dra_of(second) is not None
         stop = asyncio.Event()
         task = asyncio.create_task(second.run(stop))
         try:
             await asyncio.wait_for(second.started.wait(), 10)
             # Written before the sockets the kubelet registers through were served.
-            assert second.dra.registry_socket.exists()
+            assert dra_of(second).registry_socket.exists()
             assert json.loads(spec1.read_text()) == kept
             assert not spec2.exists()  # unprepared: never brought back
             # Deleted while the agent runs: written again at once.
@@ -125,8 +126,8 @@ def test_a_device_plugin_spec_deleted_while_the_agent_runs_is_written_again(
 
     async def scenario() -> None:
         async with running_agent(plugin, plugin_dir, hw.root, cdi_spec_dir=cdi, poll_interval=3600) as agent:
-            assert agent.cdi is not None
-            spec = agent.cdi.path
+            assert cdi_of(agent) is not None
+            spec = cdi_of(agent).path
             before = json.loads(spec.read_text())
             spec.unlink()
             await until(spec.exists, within=10)

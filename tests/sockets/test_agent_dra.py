@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from support.agentparts import dra_of
 from support.agentrun import make_config, until
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware, live_socket
@@ -109,9 +110,9 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
         ),
         client=api,
     )
-    assert agent.dra is not None
-    registry = agent.dra.registry_socket
-    service = agent.dra.service_socket
+    dra_of(agent)  # a DRA agent (asserts it)
+    registry = dra_of(agent).registry_socket
+    service = dra_of(agent).service_socket
     assert registry == root / "plugins_registry" / f"{DRIVER}-{agent.instance}.sock"
     assert service == root / "plugins" / DRIVER / f"dra-{agent.instance}.sock"
     # Another agent of the driver (a rollout's other half) serves its own socket: it stays.
@@ -356,7 +357,7 @@ async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: F
         ),
         client=InMemoryApi(),
     )
-    assert agent.dra is not None and agent.dra.health is not None
+    assert dra_of(agent).health is not None
     names = [device_name(f"ttyUSB{i}") for i in range(3)]
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
@@ -364,8 +365,8 @@ async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: F
         await asyncio.wait_for(agent.started.wait(), timeout=10)
         # As the kubelet does: one connection to the endpoint GetInfo names, one stream on it.
         async with (
-            grpc.aio.insecure_channel(f"unix://{agent.dra.service_socket}") as channel,
-            grpc.aio.insecure_channel(f"unix://{agent.dra.service_socket}") as other,
+            grpc.aio.insecure_channel(f"unix://{dra_of(agent).service_socket}") as channel,
+            grpc.aio.insecure_channel(f"unix://{dra_of(agent).service_socket}") as other,
         ):
             call = dra_health_v1_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
                 dra_health_v1_pb2.NodeWatchResourcesRequest()
@@ -384,8 +385,8 @@ async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: F
             assert isinstance(alpha_first, dra_health_v1alpha1_pb2.NodeWatchResourcesResponse)
             assert _health(alpha_first) == _health(first)
             assert {d.health_check_timeout_seconds for d in alpha_first.devices} == {30}
-            assert agent.dra.health.streams == 2
-            assert agent.dra.health.opened == {"v1": 1, "v1alpha1": 1}
+            assert dra_of(agent).health.streams == 2
+            assert dra_of(agent).health.opened == {"v1": 1, "v1alpha1": 1}
 
             hw.remove_dev("/dev/ttyUSB1")
             for stream in (call, alpha):
@@ -409,7 +410,7 @@ async def test_dra_health_stream_reports_a_removed_device(short_dir: Path, hw: F
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=15)
-    assert agent.dra.health.streams == 0
+    assert dra_of(agent).health.streams == 0
 
 
 def test_each_agent_builds_only_its_own_front_end(short_dir: Path) -> None:
@@ -426,17 +427,24 @@ from patchbay_agent.config import parse
 from patchbay_agent.options import AgentOptions, DraOptions
 from patchbay_agent.resourceagent import ResourceAgent
 
+
+class NeverCalled:  # an API client nothing calls here: only asked whether it reads claims on the loop
+
+    def claim_read_async(self):
+        return None
+
+
 config = parse({{"resourceName": "example.com/x", "plugin": {{"discovery": {{"virtual": {{"count": 1}}}}}}}})
 options = dict(node_name="n", plugin_dir=Path({str(short_dir)!r}), host_root=Path("/"))
 mode = sys.argv[1]
 dra = DraOptions("x.patchbay.dev", Path({str(short_dir)!r})) if mode == "dra" else None
-agent = ResourceAgent(config, AgentOptions(**options, dra=dra), object() if dra else None)
-parts = [agent.servicer is not None, agent.registrar is not None, agent.dra is not None]
+agent = ResourceAgent(config, AgentOptions(**options, dra=dra), NeverCalled() if dra else None)
+parts = type(agent.front).__name__
 other = "patchbay_agent.deviceplugin" if mode == "dra" else "patchbay_agent.dra"
 print(parts, sorted(m for m in sys.modules if m == other or m.startswith(other + ".")))
 """
     run = [sys.executable, "-c", code]
     dra = subprocess.run([*run, "dra"], capture_output=True, text=True, timeout=30, check=True)
-    assert dra.stdout.strip() == "[False, False, True] []"
+    assert dra.stdout.strip() == "DraFrontEnd []"
     plugin = subprocess.run([*run, "device-plugin"], capture_output=True, text=True, timeout=30, check=True)
-    assert plugin.stdout.strip() == "[True, True, False] []"
+    assert plugin.stdout.strip() == "DevicePluginFrontEnd []"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from support.agentparts import registrar_of, servicer_of
 from support.agentrun import plugin_client, running_agent, until
 from support.fakehw import FakeHardware
 from support.promtext import histogram_parts, parse, value
@@ -242,10 +243,10 @@ def test_a_running_agent_exports_what_it_did(plugin_dir: Path, hw: FakeHardware)
         async with (
             PyKubelet(plugin_dir, refuse=2) as kubelet,
             running_agent(SERIAL, plugin_dir, hw.root, backoff=(0.01, 0.05)) as agent,
-            plugin_client(agent.registrar.socket_path) as client,
+            plugin_client(registrar_of(agent).socket_path) as client,
         ):
             await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
-            await until(lambda: agent.registrar.registered and agent.servicer.open_streams == 1)
+            await until(lambda: registrar_of(agent).registered and servicer_of(agent).open_streams == 1)
             ok = api_pb2.AllocateRequest(
                 container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["ttyUSB1"])]
             )
@@ -277,7 +278,7 @@ def test_a_running_agent_exports_what_it_did(plugin_dir: Path, hw: FakeHardware)
             assert value(families, "patchbay_agent_devices", health="Unhealthy") == 0
             assert value(families, "patchbay_agent_physical_devices") == 2
             assert value(families, "patchbay_agent_list_and_watch_bytes") == (
-                agent.servicer.encoder.size_bytes
+                servicer_of(agent).encoder.size_bytes
             )
             rpcs = {
                 (s.labels["method"], s.labels["code"]): s.value

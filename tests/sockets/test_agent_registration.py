@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from support.agentparts import registrar_of, servicer_of
 from support.agentrun import running_agent, until
 from support.fakehw import FakeHardware
 from support.pykubelet import PyKubelet
@@ -60,7 +61,11 @@ def test_registers_only_after_serving_with_the_right_request(plugin_dir: Path, h
                 assert reg.request.version == "v1beta1"
                 # Its own socket: the resource plus this process's instance.
                 assert re.fullmatch(r"patchbay-example\.com_serial-[0-9a-f]{8}\.sock", reg.request.endpoint)
-                assert reg.request.endpoint == agent.registrar.endpoint == agent.registrar.socket_path.name
+                assert (
+                    reg.request.endpoint
+                    == registrar_of(agent).endpoint
+                    == registrar_of(agent).socket_path.name
+                )
                 assert reg.request.resource_name == RESOURCE
                 assert reg.request.options.get_preferred_allocation_available
                 assert not reg.request.options.pre_start_required
@@ -78,10 +83,10 @@ def test_waits_for_a_kubelet_then_registers_and_reports_ready(plugin_dir: Path, 
         async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
             assert await _get(agent, "/healthz") == (200, "ok\n")
             assert (await _get(agent, "/readyz"))[0] == 503
-            assert agent.registrar.registration_count == 0
+            assert registrar_of(agent).registration_count == 0
             async with PyKubelet(plugin_dir) as kubelet:
                 await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
-                await until(lambda: agent.registrar.registered)
+                await until(lambda: registrar_of(agent).registered)
                 assert await _get(agent, "/readyz") == (200, "ready\n")
                 status, metrics = await _get(agent, "/metrics")
                 assert status == 200
@@ -89,7 +94,7 @@ def test_waits_for_a_kubelet_then_registers_and_reports_ready(plugin_dir: Path, 
                 assert 'patchbay_agent_devices{health="Healthy"} 1.0' in metrics
                 assert 'patchbay_agent_registrations_total{result="success"} 1.0' in metrics
             # The kubelet went away: not ready any more.
-            await until(lambda: not agent.registrar.registered)
+            await until(lambda: not registrar_of(agent).registered)
             assert (await _get(agent, "/readyz"))[0] == 503
 
     asyncio.run(scenario())
@@ -103,7 +108,7 @@ def test_backs_off_while_the_kubelet_refuses(plugin_dir: Path, hw: FakeHardware)
         ):
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
             assert kubelet.refused == 3
-            await until(lambda: agent.registrar.registered)
+            await until(lambda: registrar_of(agent).registered)
             _, metrics = await _get(agent, "/metrics")
             assert 'patchbay_agent_registrations_total{result="failure"} 3.0' in metrics
 
@@ -113,7 +118,7 @@ def test_backs_off_while_the_kubelet_refuses(plugin_dir: Path, hw: FakeHardware)
 def test_reregisters_after_a_kubelet_restart_through_inotify(plugin_dir: Path, hw: FakeHardware) -> None:
     async def scenario() -> None:
         async with serving(plugin_dir, hw) as (kubelet, agent):
-            first_identity = agent.registrar.server.identity if agent.registrar.server else None
+            first_identity = registrar_of(agent).server.identity if registrar_of(agent).server else None
             for _ in range(2):
                 # Stop, delete every socket (ours too), listen again: what a new kubelet does.
                 # At least one new registration each time (under load the stream's end may be
@@ -124,9 +129,9 @@ def test_reregisters_after_a_kubelet_restart_through_inotify(plugin_dir: Path, h
                     lambda before=before: len(kubelet.registrations) > before and RESOURCE in kubelet.devices
                 )
                 assert kubelet.registrations[-1].plugin_was_serving
-            assert agent.registrar.server is not None
-            assert agent.registrar.server.identity != first_identity
-            assert agent.registrar.socket_path.exists()
+            assert registrar_of(agent).server is not None
+            assert registrar_of(agent).server.identity != first_identity
+            assert registrar_of(agent).socket_path.exists()
 
     asyncio.run(scenario())
 
@@ -142,11 +147,11 @@ def test_serves_again_when_its_own_socket_is_deleted(plugin_dir: Path, hw: FakeH
             # a socket deleted before then is served again while Register is in flight (a
             # kubelet restart's case, registration.py), the kubelet's stream comes through the
             # new one, and no second registration is needed. Here the agent stands registered.
-            await until(lambda: agent.registrar.streaming)
-            agent.registrar.socket_path.unlink()
+            await until(lambda: registrar_of(agent).streaming)
+            registrar_of(agent).socket_path.unlink()
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
             assert kubelet.registrations[-1].plugin_was_serving
-            assert agent.registrar.server is not None and agent.registrar.server.socket_intact()
+            assert registrar_of(agent).server is not None and registrar_of(agent).server.socket_intact()
 
     asyncio.run(scenario())
 
@@ -156,7 +161,7 @@ def test_registers_again_when_the_kubelet_drops_the_stream(plugin_dir: Path, hw:
         async with serving(plugin_dir, hw) as (kubelet, agent):
             await kubelet.drop_streams()
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 2 and RESOURCE in kubelet.devices)
-            await until(lambda: agent.registrar.registered and agent.servicer.open_streams == 1)
+            await until(lambda: registrar_of(agent).registered and servicer_of(agent).open_streams == 1)
 
     asyncio.run(scenario())
 
@@ -188,16 +193,16 @@ def test_poll_backstop_recovers_when_the_directory_itself_is_replaced(
                 else:
                     raise AssertionError(f"{plugin_dir} could not be removed")
                 # While the directory is gone the agent cannot serve; it must keep trying, not die.
-                tried = agent.registrar.socket.serve_failures
-                await until(lambda: agent.registrar.socket.serve_failures >= tried + 2)
-                assert not agent.registrar.registered
+                tried = registrar_of(agent).socket.serve_failures
+                await until(lambda: registrar_of(agent).socket.serve_failures >= tried + 2)
+                assert not registrar_of(agent).registered
                 await asyncio.to_thread(plugin_dir.mkdir)
                 kubelet = PyKubelet(plugin_dir)
                 await kubelet.start()
                 await kubelet.wait_for(
                     lambda: len(kubelet.registrations) == 1 and RESOURCE in kubelet.devices
                 )
-                assert agent.registrar.socket_path.exists()
+                assert registrar_of(agent).socket_path.exists()
         finally:
             await kubelet.stop()
 
@@ -209,7 +214,7 @@ def test_shutdown_removes_the_socket_and_ends_streams(plugin_dir: Path, hw: Fake
         async with PyKubelet(plugin_dir) as kubelet:
             async with running_agent(SERIAL, plugin_dir, hw.root) as agent:
                 await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
-                socket = agent.registrar.socket_path
+                socket = registrar_of(agent).socket_path
                 assert socket.exists()
             assert not socket.exists()
             assert sorted(os.listdir(plugin_dir)) == ["kubelet.sock"]

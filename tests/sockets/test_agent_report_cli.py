@@ -143,3 +143,23 @@ def test_report_flags_without_profile_are_ignored_with_a_warning(config: Path, s
     )
     assert "--kubeconfig, --pod-resources-period ignored: there is no report without --profile" in out.stderr
     assert "--kubeconfig /" not in out.stderr  # no attempt to use it
+
+
+def test_an_agent_with_a_report_is_given_its_api_client(short_dir: Path) -> None:
+    """The command or the node agent builds the one API client and hands it in; a ResourceAgent
+    asked for a report without one refuses, rather than building a second client of its own."""
+    from patchbay_agent.config import parse
+    from patchbay_agent.options import AgentOptions, ReportOptions
+    from patchbay_agent.resourceagent import ResourceAgent
+
+    options = AgentOptions(
+        node_name="n",
+        plugin_dir=short_dir,
+        host_root=Path("/"),
+        report=ReportOptions("serial", "patchbay", pod_resources_socket=short_dir / "absent.sock"),
+    )
+    with pytest.raises(ValueError, match="needs an API client"):
+        ResourceAgent(
+            parse({"resourceName": "example.com/x", "plugin": {"discovery": {"virtual": {"count": 1}}}}),
+            options,
+        )

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from support.agentparts import registrar_of
 from support.agentrun import make_config, plugin_client, until
 from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer
@@ -106,7 +107,7 @@ def test_reports_follow_allocations_and_health_with_one_write_per_change(
         try:
             async with (
                 reporting_agent(plugin_dir, hw, peer.socket, client) as agent,
-                plugin_client(agent.registrar.socket_path) as stub,
+                plugin_client(registrar_of(agent).socket_path) as stub,
             ):
                 assert agent.reporter is not None
                 assert agent.holders is not None
@@ -249,8 +250,8 @@ def test_a_hanging_write_delays_neither_allocate_nor_the_socket_removal_at_shutd
         task = asyncio.create_task(agent.run(stop))
         try:
             await until(client.entered.is_set, within=15)
-            await until(lambda: agent.registrar.registered)
-            socket_path = agent.registrar.socket_path
+            await until(lambda: registrar_of(agent).registered)
+            socket_path = registrar_of(agent).socket_path
             async with plugin_client(socket_path) as stub:
                 response = await stub.Allocate(
                     api_pb2.AllocateRequest(

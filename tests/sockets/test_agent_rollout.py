@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from support.agentparts import registrar_of, servicer_of
 from support.agentrun import plugin_client, running_agent, until
 from support.fakehw import FakeHardware, live_socket, stale_socket
 from support.pykubelet import PyKubelet
@@ -59,16 +60,16 @@ def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket
             # Registered, and the kubelet's stream of it open (it opens after Register answers).
             await kubelet.wait_for(lambda: len(kubelet.first_lists) == 2)
             endpoints = [r.request.endpoint for r in kubelet.registrations]
-            assert endpoints == [a.registrar.endpoint, b.registrar.endpoint]
+            assert endpoints == [registrar_of(a).endpoint, registrar_of(b).endpoint]
             assert all(NAME.fullmatch(e) for e in endpoints), endpoints
             assert endpoints[0] != endpoints[1]
-            assert a.registrar.socket_path.exists() and b.registrar.socket_path.exists()
+            assert registrar_of(a).socket_path.exists() and registrar_of(b).socket_path.exists()
             # The old agent stops (SIGTERM in a rollout): its socket goes, the new one's stays.
             await old.aclose()
-            assert not a.registrar.socket_path.exists()
-            assert b.registrar.socket_path.exists()
-            assert b.registrar.registered
-            async with plugin_client(b.registrar.socket_path) as client:
+            assert not registrar_of(a).socket_path.exists()
+            assert registrar_of(b).socket_path.exists()
+            assert registrar_of(b).registered
+            async with plugin_client(registrar_of(b).socket_path) as client:
                 req = api_pb2.AllocateRequest(
                     container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["ttyUSB0"])]
                 )
@@ -76,9 +77,9 @@ def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket
                 assert resp.container_responses[0].devices[0].host_path == "/dev/ttyUSB0"
             # No re-registration is needed: the kubelet still holds b's stream (an agent registers
             # again only after its last stream ended), and each agent registered once.
-            assert b.servicer.open_streams == 1
+            assert servicer_of(b).open_streams == 1
             assert len(kubelet.registrations) == 2
-            assert (a.registrar.registration_count, b.registrar.registration_count) == (1, 1)
+            assert (registrar_of(a).registration_count, registrar_of(b).registration_count) == (1, 1)
 
     asyncio.run(scenario())
 
@@ -100,7 +101,13 @@ def test_stale_sockets_of_the_resource_go_at_start_live_and_foreign_ones_stay(
             async with running_agent(SERIAL, plugin_dir, hw.root) as agent:
                 left = sorted(os.listdir(plugin_dir))
                 assert left == sorted(
-                    [live, foreign, foreign_legacy, "kubelet_internal_checkpoint", agent.registrar.endpoint]
+                    [
+                        live,
+                        foreign,
+                        foreign_legacy,
+                        "kubelet_internal_checkpoint",
+                        registrar_of(agent).endpoint,
+                    ]
                 )
             # Its own socket goes on shutdown; the rest stays as it was.
             assert sorted(os.listdir(plugin_dir)) == sorted(
@@ -132,7 +139,7 @@ def test_a_stale_socket_of_the_same_instance_is_taken_over(plugin_dir: Path, hw:
         ):
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
             assert kubelet.registrations[0].request.endpoint == socket_name(RESOURCE, "mine")
-            assert agent.registrar.server is not None and agent.registrar.server.socket_intact()
+            assert registrar_of(agent).server is not None and registrar_of(agent).server.socket_intact()
 
     asyncio.run(scenario())
 
@@ -157,7 +164,7 @@ def test_already_connected_moves_the_agent_to_a_new_socket(plugin_dir: Path, hw:
                 assert first != second
                 assert all(NAME.fullmatch(e) for e in (first, second))
                 (reg,) = kubelet.registrations
-                assert reg.request.endpoint == second == agent.registrar.endpoint
+                assert reg.request.endpoint == second == registrar_of(agent).endpoint
                 assert reg.plugin_was_serving
                 assert not (plugin_dir / first).exists()
                 assert (plugin_dir / second).exists()
@@ -184,15 +191,15 @@ def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_regis
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
-            await until(lambda: b.servicer.open_streams == 1)
+            await until(lambda: servicer_of(b).open_streams == 1)
             assert kubelet.dropped == []
             await old.aclose()  # SIGTERM to the old pod
             await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 3 and kubelet.healthy(RESOURCE) == 2)
-            assert kubelet.registrations[-1].request.endpoint == b.registrar.endpoint
-            assert (a.registrar.registration_count, b.registrar.registration_count) == (1, 2)
-            assert b.registrar.streams.drops == 1
-            await until(lambda: b.registrar.registered and b.servicer.open_streams == 1)
+            assert kubelet.registrations[-1].request.endpoint == registrar_of(b).endpoint
+            assert (registrar_of(a).registration_count, registrar_of(b).registration_count) == (1, 2)
+            assert registrar_of(b).streams.drops == 1
+            await until(lambda: registrar_of(b).registered and servicer_of(b).open_streams == 1)
 
     asyncio.run(scenario())
 
@@ -213,13 +220,13 @@ def test_a_registration_dropped_before_its_stream_opened_is_made_again_and_never
             running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent,
         ):
             await kubelet.wait_for(lambda: kubelet.dropped_before_stream == 1)
-            await until(lambda: agent.registrar.registered)
+            await until(lambda: registrar_of(agent).registered)
             assert len(kubelet.registrations) == 1
             assert not agent.ready  # registered, but the kubelet holds no stream of it
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 1)
             assert len(kubelet.registrations) == 2
-            assert agent.registrar.streams.unopened == 1
-            assert agent.registrar.streams.drops == 0
+            assert registrar_of(agent).streams.unopened == 1
+            assert registrar_of(agent).streams.drops == 0
             await until(lambda: agent.ready)
 
     asyncio.run(scenario())
@@ -248,9 +255,9 @@ def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
             )
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 4 and kubelet.healthy(RESOURCE) == 2)
             assert (
-                b.registrar.streams.drops,
-                b.registrar.streams.unopened,
-                b.registrar.registration_count,
+                registrar_of(b).streams.drops,
+                registrar_of(b).streams.unopened,
+                registrar_of(b).registration_count,
             ) == (1, 1, 3)
             await until(lambda: b.ready)
 
@@ -281,7 +288,7 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             )
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             await until(lambda: a.ready)
-            assert a.registrar.handover.count == 0  # alone: nothing to hand over from
+            assert registrar_of(a).handover.count == 0  # alone: nothing to hand over from
             # A busy kubelet, slower than the agent's hand-over deadline once was (2 s): the new
             # agent is not Ready while its hand-over is unanswered (a rollout would remove the old
             # agent, whose exit closes the new one's stream), however long the answer takes.
@@ -294,12 +301,12 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             await kubelet.wait_for(lambda: kubelet.held)
             await asyncio.sleep(SLOWER_THAN_THE_OLD_DEADLINE)  # the kubelet's delay, not a wait
             assert not b.ready
-            assert b.registrar.handover.in_flight
+            assert registrar_of(b).handover.in_flight
             kubelet.release_dials()
             await until(lambda: b.ready)
-            assert b.registrar.handover.count == 1
+            assert registrar_of(b).handover.count == 1
             (handover,) = kubelet.failed_connects
-            assert handover == b.registrar.endpoint.removesuffix(".sock") + "-handover.sock"
+            assert handover == registrar_of(b).endpoint.removesuffix(".sock") + "-handover.sock"
             assert not (plugin_dir / handover).exists()  # the throw-away socket is gone
             assert RESOURCE not in kubelet.clients  # the kubelet holds no client to close
             ended = kubelet.streams_ended
@@ -307,8 +314,8 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             await kubelet.wait_for(lambda: kubelet.streams_ended > ended)  # the old stream's end
             assert kubelet.dropped == []
             assert kubelet.healthy(RESOURCE) == 2
-            assert b.registrar.registration_count == 1 and b.registrar.streams.drops == 0
-            assert b.servicer.open_streams == 1
+            assert registrar_of(b).registration_count == 1 and registrar_of(b).streams.drops == 0
+            assert servicer_of(b).open_streams == 1
             # The last agent leaves: it registers again, so its exit makes the kubelet drop the
             # resource (nothing may keep advertising devices nobody serves).
             await new.aclose()
@@ -335,7 +342,7 @@ def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
                 running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=NEWEST)
             )
             await until(lambda: b.ready)
-            assert b.registrar.handover.count == 0
+            assert registrar_of(b).handover.count == 0
             assert kubelet.attempts == [r.request.endpoint for r in kubelet.registrations]
 
     asyncio.run(scenario())
@@ -370,7 +377,7 @@ def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_age
                 await until(lambda: agents[-1].ready)
                 await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
                 if n > 0:
-                    assert agents[-1].registrar.handover.count == 1
+                    assert registrar_of(agents[-1]).handover.count == 1
                     attempts, ended = len(kubelet.attempts), kubelet.streams_ended
                     await stacks[n - 1].aclose()  # SIGTERM to the previous agent
                     # Whatever it registered as it left was sent before it stopped; its stream's
@@ -379,7 +386,7 @@ def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_age
                     assert kubelet.attempts[attempts:] == [], "a leaving agent registered again"
                     assert kubelet.dropped == []
                     assert kubelet.healthy(RESOURCE) == 2
-            assert [a.registrar.registration_count for a in agents] == [1, 1, 1]
+            assert [registrar_of(a).registration_count for a in agents] == [1, 1, 1]
         finally:
             for stack in reversed(stacks):
                 await stack.aclose()
@@ -415,16 +422,16 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
             async def kubelet_count() -> int:
                 return kubelet.healthy(RESOURCE)
 
-            b.registrar.check.view = KubeletView(kubelet_count, b.front.advertised_healthy)
+            registrar_of(b).check.view = KubeletView(kubelet_count, b.front.advertised_healthy)
             # What the old release did as it left: its socket registered again, then its exit.
-            await a.registrar.socket.register()
+            await registrar_of(a).socket.register()
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 3)  # A, B, A (hand-over refused)
             await kubelet.wait_for(lambda: len(kubelet.first_lists) == 3)  # ... and its stream open
             await old.aclose()
             await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
-            assert b.registrar.check.retakes == 1
-            assert kubelet.registrations[-1].request.endpoint == b.registrar.endpoint
+            assert registrar_of(b).check.retakes == 1
+            assert kubelet.registrations[-1].request.endpoint == registrar_of(b).endpoint
             await until(lambda: b.ready)
 
     asyncio.run(scenario())

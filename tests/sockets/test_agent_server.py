@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from support.agentparts import registrar_of
 from support.agentrun import plugin_client, running_agent, until
 from support.fakehw import FakeHardware
 
@@ -43,7 +44,7 @@ def test_list_and_watch_full_list_then_every_change(plugin_dir: Path, hw: FakeHa
     async def scenario() -> None:
         async with (
             running_agent(config, plugin_dir, hw.root) as agent,
-            plugin_client(agent.registrar.socket_path) as client,
+            plugin_client(registrar_of(agent).socket_path) as client,
         ):
             stream = client.ListAndWatch(api_pb2.Empty())
             first = await asyncio.wait_for(stream.read(), 5)
@@ -71,14 +72,14 @@ def test_options_tell_the_truth(plugin_dir: Path, hw: FakeHardware) -> None:
         plain = dict(SERIAL)
         async with (
             running_agent(plain, plugin_dir, hw.root) as agent,
-            plugin_client(agent.registrar.socket_path) as client,
+            plugin_client(registrar_of(agent).socket_path) as client,
         ):
             opts = await client.GetDevicePluginOptions(api_pb2.Empty())
             assert (opts.pre_start_required, opts.get_preferred_allocation_available) == (False, False)
         rich = dict(SERIAL, preferredAllocation={"policy": "Spread"}, preStart={"command": ["/bin/true"]})
         async with (
             running_agent(rich, plugin_dir, hw.root) as agent,
-            plugin_client(agent.registrar.socket_path) as client,
+            plugin_client(registrar_of(agent).socket_path) as client,
         ):
             opts = await client.GetDevicePluginOptions(api_pb2.Empty())
             assert (opts.pre_start_required, opts.get_preferred_allocation_available) == (True, True)
@@ -107,7 +108,7 @@ def test_allocate_response_and_refusals(plugin_dir: Path, hw: FakeHardware) -> N
     async def scenario() -> None:
         async with (
             running_agent(plugin, plugin_dir, hw.root) as agent,
-            plugin_client(agent.registrar.socket_path) as client,
+            plugin_client(registrar_of(agent).socket_path) as client,
         ):
             req = api_pb2.AllocateRequest(
                 container_requests=[
@@ -167,7 +168,7 @@ def test_get_preferred_allocation_pack_over_rpc(plugin_dir: Path, hw: FakeHardwa
     async def scenario() -> None:
         async with (
             running_agent(plugin, plugin_dir, hw.root) as agent,
-            plugin_client(agent.registrar.socket_path) as client,
+            plugin_client(registrar_of(agent).socket_path) as client,
         ):
             ids = ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0", "0000:04:00.0"]
             resp = await client.GetPreferredAllocation(
@@ -222,7 +223,7 @@ def test_pre_start_container_runs_the_command_only_when_configured_for_ids_it_se
             plugin = dict(SERIAL, preStart={"command": [cmd], "timeoutSeconds": 5})
             async with (
                 running_agent(plugin, plugin_dir, hw.root) as agent,
-                plugin_client(agent.registrar.socket_path) as client,
+                plugin_client(registrar_of(agent).socket_path) as client,
             ):
                 req = api_pb2.PreStartContainerRequest(devices_ids=["ttyUSB0"])
                 if expect is None:
@@ -247,7 +248,7 @@ def test_pre_start_container_runs_the_command_only_when_configured_for_ids_it_se
         )
         async with (
             running_agent(hang, plugin_dir, hw.root) as agent,
-            plugin_client(agent.registrar.socket_path) as client,
+            plugin_client(registrar_of(agent).socket_path) as client,
         ):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await client.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=["ttyUSB0"]))
@@ -277,7 +278,7 @@ def test_allocate_is_not_blocked_by_a_hung_health_probe(
     async def scenario() -> None:
         async with (
             running_agent(plugin, plugin_dir, hw.root) as agent,
-            plugin_client(agent.registrar.socket_path) as client,
+            plugin_client(registrar_of(agent).socket_path) as client,
         ):
             # The second probe started (and hangs).
             await until((short_dir / "blocked").exists)
@@ -322,7 +323,7 @@ def test_allocate_is_refused_when_the_cdi_spec_cannot_be_written(plugin_dir: Pat
     async def scenario() -> None:
         async with (
             running_agent(plugin, plugin_dir, hw.root, cdi_spec_dir=blocker / "cdi") as agent,
-            plugin_client(agent.registrar.socket_path) as client,
+            plugin_client(registrar_of(agent).socket_path) as client,
         ):
             refused = await refused_allocate(client, ["ttyUSB0"])
             assert refused.code() is grpc.StatusCode.INTERNAL

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from support.agentparts import dra_of, registrar_of, servicer_of
 from support.agentrun import plugin_client, until
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
@@ -259,7 +260,7 @@ def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
 
             # Serial was untouched until its label went: one registration, one stream, no dip.
             assert sum(r.request.resource_name == "example.com/serial" for r in kubelet.registrations) == 1
-            assert serial_agent.servicer.streams_opened == 1
+            assert servicer_of(serial_agent).streams_opened == 1
             sampler.cancel()
             assert lowest and min(lowest) == 2
 
@@ -396,7 +397,7 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
         async def allocate_env(device: str) -> dict[str, str]:
             agent = node.units["serial"].agent
             assert agent is not None
-            async with plugin_client(agent.registrar.socket_path) as client:
+            async with plugin_client(registrar_of(agent).socket_path) as client:
                 request = api_pb2.AllocateRequest(
                     container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[device])]
                 )
@@ -438,7 +439,7 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
             sampler.cancel()
             assert min(lowest) >= 2, f"the kubelet's count dipped to {min(lowest)}"
             assert sum(r.request.resource_name == resource for r in kubelet.registrations) == 1
-            assert agent.servicer.streams_opened == 1
+            assert servicer_of(agent).streams_opened == 1
             assert kubelet.dropped == []
 
             # A preStart hook changes what the kubelet was told at registration: a new agent.
@@ -506,12 +507,12 @@ def test_a_dra_profile_of_the_node_agent_keeps_its_driver_inside_the_node_agents
 
             def dra_agent() -> ResourceAgent | None:
                 unit = node.units.get("serial")
-                return unit.agent if unit is not None and unit.agent is not None and unit.agent.dra else None
+                return unit.agent if unit is not None else None
 
             await until(dra_agent)
             agent = dra_agent()
-            assert agent is not None and agent.dra is not None
-            plugin = agent.dra
+            assert agent is not None
+            plugin = dra_of(agent)
             await until(lambda: plugin.registry_socket.exists() and plugin.service_socket.exists())
             assert plugin.registry_socket.parent == root / "plugins_registry"
             assert plugin.service_socket == own / driver / f"dra-{agent.instance}.sock"
@@ -594,12 +595,12 @@ def test_a_label_change_that_moves_the_node_to_another_node_group_reconfigures_i
             await kubelet.wait_for(lambda: kubelet.healthy("example.com/gpus") == 2)
             await until(lambda: group() == "default")
             agent = node.units["gpus"].agent
-            assert agent is not None and agent.servicer is not None
+            assert agent is not None
 
             assert await relabel({"many": "yes"}) == {"gpus": "reconfigured"}
             await kubelet.wait_for(lambda: kubelet.healthy("example.com/gpus") == 5)
             await until(lambda: group() == "many")
-            assert node.units["gpus"].agent is agent and agent.servicer.streams_opened == 1
+            assert node.units["gpus"].agent is agent and servicer_of(agent).streams_opened == 1
             assert sum(r.request.resource_name == "example.com/gpus" for r in kubelet.registrations) == 1
 
             # Both groups select the node now: the first listed (many) stays; nothing to do.

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from support.agentparts import registrar_of
 from support.converge import until as converge
 
 from patchbay_agent.api import api_pb2_grpc
@@ -79,7 +80,7 @@ async def running_agent(
     try:
         await asyncio.wait_for(agent.started.wait(), timeout=10)
         # Serving is the registrar's first step.
-        await until(lambda: agent.registrar.server is not None and agent.registrar.server.serving)
+        await until(lambda: registrar_of(agent).server is not None and registrar_of(agent).server.serving)
         yield agent
     finally:
         stop.set()

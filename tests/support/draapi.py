@@ -1,4 +1,4 @@
-"""An in-memory stand-in for the API server's side of a DRA agent (`dra.plugin.DraClient`): the
+"""An in-memory stand-in for the API server's side of a DRA agent (`dra.preparer.DraClient`): the
 tiers without a control plane (tests/sockets, tests/fuzz) use it; the real calls are tried in
 tests/integration/agent/test_agent_dra_on_the_api_server.py."""
 
@@ -17,6 +17,9 @@ class InMemoryApi:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.slices: dict[str, dict[str, Any]] = {}
         self.applies = 0
+
+    def claim_read_async(self) -> None:
+        """No GET on the event loop: the agent reads claims with `resource_claim` in a thread."""
 
     def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
         try:

@@ -74,8 +74,9 @@ def agrees(obj: dict[str, Any], verdict: Verdict) -> str | None:
     not Stalled), where Argo CD says Degraded and kstatus what Ready says (Current, or
     InProgress); and it reads an object with no status at all (a profile the operator has not
     written to yet, in the moment after its creation) as Current, where the check says
-    Progressing. The script gives the same answer with argocd-cm's libraries as with all of
-    them."""
+    Progressing; and it has no Suspended (a paused rollout, as Argo CD says of a paused
+    Deployment), where kstatus says what the conditions say. The script gives the same answer
+    with argocd-cm's libraries as with all of them."""
     argo, ks = verdict.argocd[0], verdict.kstatus[0]
     if verdict.argocd != verdict.argocd_open_libs:
         return (
@@ -91,6 +92,9 @@ def agrees(obj: dict[str, Any], verdict: Verdict) -> str | None:
         expected = {"InProgress", "Terminating"} | ({"Current"} if not obj.get("status") else set())
     elif argo == "Degraded":
         expected = {"Failed"} if stalled else {"Current", "InProgress"}
+    elif argo == "Suspended":
+        # kstatus has no "paused": what the conditions say (a paused rollout is not finished).
+        expected = {"Current", "InProgress"}
     else:
         return f"Argo CD status {argo!r} is not one the check should give for a profile"
     if ks not in expected:

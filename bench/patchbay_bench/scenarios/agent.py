@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from patchbay_agent.kubelet.sockets import socket_name
-from patchbay_bench.harness import Param, Run, Scenario, interleave
+from patchbay_bench.harness import Param, Run, Scenario, Target, interleave
 from patchbay_bench.peers import AgentProcess, FakeHardware, KubeletPeer, Process, build_peer
 from patchbay_bench.setup import bytecode_ahead, status_mib
 
@@ -359,4 +359,19 @@ SCENARIO = Scenario(
     ),
     needs=("go",),
     quick_note="builds the conformance peer (Go) when it is not cached",
+    targets=(
+        Target(
+            "agent: exec -> the kubelet sees its devices",
+            2.0,
+            "squat",
+            "a bare python -c pass alone is 3.4x squat's whole start (docs/benchmarks.md)",
+        ),
+        Target(
+            "agent: exec -> the kubelet sees its devices",
+            1.2,
+            "Python gRPC floor",
+            "the target that means something for a Python program: Python's own floor",
+        ),
+        Target("agent: Allocate p99", 1.0, "squat", "Python's bare gRPC server alone is 2.5x squat"),
+    ),
 )

@@ -52,7 +52,7 @@ from packaging.requirements import Requirement
 
 from patchbay_bench import REPO
 from patchbay_bench.fakeapi import FakeApi
-from patchbay_bench.harness import Param, Run, Scenario, Value, interleave, wait
+from patchbay_bench.harness import Param, Run, Scenario, Target, Value, interleave, wait
 from patchbay_bench.peers import FakeHardware, KubeletPeer, PodResourcesPeer, ThreadedPeers, build_peer
 from patchbay_bench.setup import AGENT, IMAGE_ENV, Child, host_agent_args, rss_pss_mib
 
@@ -128,7 +128,12 @@ STEPS: tuple[Step, ...] = (
     Step(
         "dra",
         "DRA, which DevicePlugin profiles never load: the driver, its stubs, slices, claims",
-        ("patchbay_agent.dra.plugin", "patchbay_agent.dra.slicepublisher", "patchbay_agent.dra.claimstatus"),
+        (
+            "patchbay_agent.dra.preparer",
+            "patchbay_agent.kubelet.draplugin",
+            "patchbay_agent.dra.slicepublisher",
+            "patchbay_agent.dra.claimstatus",
+        ),
     ),
 )
 
@@ -518,4 +523,5 @@ SCENARIO = Scenario(
     figures=figure_names,
     needs=("go",),
     quick_note="builds the conformance peer (Go) when it is not cached",
+    targets=(Target("agent_memory: node agent serving 3 profiles", 45.0, None, "RSS"),),
 )

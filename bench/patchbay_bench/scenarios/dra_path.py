@@ -36,7 +36,7 @@ import yaml
 from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
 from patchbay_agent.core.health import FLAP_WINDOW
 from patchbay_agent.kubeclient import KubeClient
-from patchbay_bench.harness import Param, Run, Scenario, interleave, pct, wait
+from patchbay_bench.harness import Param, Run, Scenario, Target, interleave, pct, wait
 from patchbay_bench.kube import PROFILES, Api, Metrics, profile, reports
 from patchbay_bench.peers import drapeer
 from patchbay_bench.setup import (
@@ -431,4 +431,8 @@ SCENARIO = Scenario(
     needs=("real-node", "images", "go"),
     quick_note="the Go peer only if bench/drapeer is built already (a cold build downloads and compiles "
     "client-go: 331 s here); `PYTHONPATH=tests .venv/bin/python -m support.gopeer drapeer` builds it",
+    targets=(
+        Target("DRA NodePrepareResources p50", 1.25, "Go peer via the relay"),
+        Target("DRA NodePrepareResources p99", 1.25, "Go peer via the relay"),
+    ),
 )

@@ -1,5 +1,5 @@
 """DRA mode's claims: from a ResourceClaim's allocation to a CDI spec file and the kubelet's answer.
-Pure: no I/O (`dra/plugin.py` reads the claim and writes the file).
+Pure: no I/O (`dra/preparer.py` reads the claim and writes the file).
 
 NodePrepareResources hands the kubelet CDI device IDs, which the container runtime resolves in the
 spec files of its CDI directories (docs/cdi.md). A claim's devices are fixed for the claim's

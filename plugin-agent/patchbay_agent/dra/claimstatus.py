@@ -16,7 +16,7 @@ Rules this module keeps:
 * never on the prepare path: the kubelet's NodePrepareResources is answered first; the status is
   written by a background task, the one change-writer loop (`changewriter.py`; a claim whose
   status cannot be written is still prepared), and only once prepare calls have been quiet for a
-  moment (`dra.plugin.CallActivity.quiet`: a burst of pod starts is not slowed by its own status
+  moment (`kubelet.draplugin.CallActivity.quiet`: a burst of pod starts is not slowed by its own status
   writes);
 * server-side apply on the `status` subresource with a field manager of our driver, so entries of
   other drivers in the same claim are never touched, and applying no entry (after unprepare)
@@ -188,7 +188,7 @@ class ClaimStatusWriter(ChangeWriter):
         quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """`state_dir`: where the prepared claims are recorded (None: in memory only). `quiet`:
-        awaited before each round of writes (`dra.plugin.CallActivity.quiet`: prepare calls
+        awaited before each round of writes (`kubelet.draplugin.CallActivity.quiet`: prepare calls
         first); None: no wait."""
         super().__init__(coalesce=0.0, backoff=backoff or Backoff(initial=0.5, maximum=30.0))
         self.driver = driver

@@ -21,7 +21,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.cdi import SpecCopies, SpecGuard
@@ -30,20 +30,18 @@ from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.dra.claimstatus import ClaimStatusWriter
 from patchbay_agent.dra.healthservice import DraHealthServicer, HealthReports
 from patchbay_agent.dra.metadata import HOST_SUBDIR, DeviceMetadataFiles
-from patchbay_agent.dra.plugin import (
+from patchbay_agent.dra.preparer import ClaimPreparer, DraClient
+from patchbay_agent.dra.slicepublisher import SlicePublisher, slice_watch
+from patchbay_agent.dra.slices import slice_devices
+from patchbay_agent.kubelet.draplugin import (
     LOCK_FILE_NAME,
     REGISTRY_DIR,
-    AsyncClaimRead,
     CallActivity,
-    ClaimPreparer,
-    DraClient,
     DraPlugin,
     registry_socket_name,
     service_dir,
     service_socket_name,
 )
-from patchbay_agent.dra.slicepublisher import SlicePublisher, slice_watch
-from patchbay_agent.dra.slices import slice_devices
 from patchbay_agent.kubelet.sockets import check_path, new_instance
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.options import AgentOptions
@@ -62,22 +60,6 @@ def _free_instance(registry_dir: Path, services: Path, driver: str) -> str:
             not os.path.lexists(services / service_socket_name(instance))
         ):
             return instance
-
-
-def claim_read(client: DraClient) -> AsyncClaimRead | None:
-    """Prepare's claim GET on the event loop where the client can give one (`apiget.py`: the
-    agent's real client); else None (a test's client), the thread path."""
-    from patchbay_agent.kubeclient import KubeClient
-
-    if not isinstance(client, KubeClient):
-        return None
-    real, getter = client, client.getter()
-    log.info("Claims are read on the event loop (keep-alive connections to %s)", getter.server)
-
-    async def read(namespace: str, name: str, seconds: float) -> dict[str, Any]:
-        return await real.resource_claim_async(getter, namespace, name, seconds=seconds)
-
-    return read
 
 
 class DraFrontEnd:
@@ -145,7 +127,7 @@ class DraFrontEnd:
             allocation=config.allocation,
             cdi_spec_dir=options.cdi_spec_dir,
             lock_path=services / LOCK_FILE_NAME,
-            read_async=claim_read(client),
+            read_async=client.claim_read_async(),
             copies=SpecCopies(options.cdi_spec_dir, services),
             calls=calls,
             status=self.claim_status,

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from patchbay_agent.kubelet.draplugin import base_request
+
 log = logging.getLogger(__name__)
 
 #: The API group of the file's objects, and its versions, newest first (what the stream holds).
@@ -64,11 +66,6 @@ HEALTHY_ATTRIBUTE = "patchbay.dev/healthy"
 
 #: Attributes by slice device name (what `DeviceMetadataFiles` asks for at prepare and refresh).
 Attributes = Mapping[str, Mapping[str, Any]]
-
-
-def base_request(name: str) -> str:
-    """`gpu` for `gpu/high-memory`: a subrequest's file is its request's (upstream's rule)."""
-    return name.split("/", 1)[0]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 What the scheduler allocates from is the devices a driver publishes in ResourceSlices; a claim's
 allocation names a device by (driver, pool, device name). So the names here are the contract
-between the slices (`dra/slicepublisher.py`) and NodePrepareResources (`dra/plugin.py`): both derive
+between the slices (`dra/slicepublisher.py`) and NodePrepareResources (`dra/preparer.py`): both derive
 them from the same physical IDs with `device_name`.
 
 The shape follows the API server's validation of resource.k8s.io/v1 (docs/dra.md#slice-rules):

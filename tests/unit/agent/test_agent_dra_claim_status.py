@@ -195,7 +195,8 @@ def test_status_writes_wait_until_prepare_calls_are_quiet(tmp_path: Path) -> Non
     in flight and for the settle time after the last one (CallActivity.quiet, which the preparer
     marks its calls in), and writes at the latest after the longest wait even if calls never stop."""
     from patchbay_agent.config import Allocation
-    from patchbay_agent.dra.plugin import CallActivity, ClaimPreparer
+    from patchbay_agent.dra.preparer import ClaimPreparer
+    from patchbay_agent.kubelet.draplugin import CallActivity
 
     async def scenario() -> None:
         inv, _ = _setup()

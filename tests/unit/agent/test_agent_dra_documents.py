@@ -21,7 +21,6 @@ from patchbay_agent.dra.claims import (
     claim_spec_document,
     spec_file_name,
 )
-from patchbay_agent.dra.plugin import registry_socket_name, service_dir
 from patchbay_agent.dra.slices import (
     CHECKED_PREFIX,
     MAX_DEVICES_PER_SLICE,
@@ -42,6 +41,7 @@ from patchbay_agent.dra.slices import (
     taints_kept,
     with_generation,
 )
+from patchbay_agent.kubelet.draplugin import registry_socket_name, service_dir
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DRIVER = "serial.patchbay.dev"

@@ -21,6 +21,7 @@ from patchbay_bench.harness import (
     Param,
     Run,
     Scenario,
+    Target,
     execute,
     interleave,
     others_running,
@@ -135,6 +136,40 @@ def test_a_scale_figure_says_the_size_it_was_measured_at(tmp_path: Path) -> None
     records.write(execute(sc, {"nodes": 5000}, quick=False), tmp_path)
     names = [row.split(" | ")[0].removeprefix("| ") for row in records.table(tmp_path).splitlines()[2:]]
     assert names == ["apply, 5,000 nodes", "the reports of 5000 nodes"]
+
+
+def test_the_table_says_met_or_missed_from_the_targets_in_code(tmp_path: Path) -> None:
+    """A target declared beside the scenario is judged on the record's median ratio (or the first
+    side's median, for an absolute bound): nobody writes "met" by hand."""
+
+    def measures(r: Run) -> None:
+        r.figure("p50", "ms", {"agent": [2.0, 3.0, 2.2], "peer": [1.0, 1.0, 2.0], "floor": [2.0, 2.0, 2.0]})
+        r.figure("rss", "MiB", {"agent": [44.0, 46.0, 44.5]}, ratio=False)
+        r.figure("never", "ms", {"agent": [1.0]})
+
+    targets = (
+        Target("p50", 1.25, "peer", "the peer does the same work"),
+        Target("p50", 1.2, "floor"),
+        Target("rss", 45.0),
+        Target("never", 1.0, "squat"),
+    )
+    sc = Scenario("judged", "x", measures, targets=targets)
+    records.write(execute(sc, {}, quick=False), tmp_path)
+    rows = records.table(tmp_path, everything=True, targets_of={"judged": targets}).splitlines()[2:]
+    names = {row.split(" | ")[0].removeprefix("| ").split(" (")[0]: row.split(" | ")[0] for row in rows}
+    assert "target: at most 1.25x peer; missed, 2.00x: the peer does the same work" in names["p50"]
+    assert "target: at most 1.20x floor; met, 1.10x" in names["p50"]
+    assert "target: at most 45.0 MiB; met, 44.5 MiB" in names["rss"]
+    assert "target: at most 1.00x squat; not measured in this run" in names["never"]
+    assert "target" not in records.table(tmp_path, everything=True)  # no targets given: no verdict
+
+
+def test_the_targets_in_code_name_figures_their_scenarios_record() -> None:
+    """A target whose figure no scenario records would never be judged: names must match."""
+    for sc in bench_main.SCENARIOS.values():
+        names = set(sc.figure_names({k: p.full for k, p in sc.params.items()}))
+        for t in sc.targets:
+            assert t.figure in names, (sc.name, t.figure)
 
 
 @pytest.mark.parametrize(("text", "value"), [("7", 7), ("true", True), ("0.5", 0.5), ("a,b", "a,b")])

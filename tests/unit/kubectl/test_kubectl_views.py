@@ -193,8 +193,17 @@ def test_completion_candidates() -> None:
     def lookup(kind: str) -> list[str]:
         return {"profiles": ["serial", "sensors"], "nodes": ["n1", "n2"]}.get(kind, [])
 
-    assert completions([""], lookup) == ["cordon", "devices", "drain", "nodes", "uncordon", "why"]
-    assert completions(["d"], lookup) == ["devices", "drain"]
+    assert completions([""], lookup) == [
+        "cordon",
+        "devices",
+        "diff",
+        "drain",
+        "nodes",
+        "rollout",
+        "uncordon",
+        "why",
+    ]
+    assert completions(["d"], lookup) == ["devices", "diff", "drain"]
     assert completions(["drain", "se"], lookup) == ["sensors", "serial"]
     assert "--preview" in completions(["drain", "serial", "--"], lookup)
     assert "--device" in completions(["uncordon", "serial", "--"], lookup)

@@ -16,7 +16,7 @@ from fakekube import FakeKube, started
 from support.agentrun import until
 from support.clusters import kstatus
 
-from patchbay_agent.dra.plugin import service_dir
+from patchbay_agent.kubelet.draplugin import service_dir
 from patchbay_agent.options import node_agent_plugins_dir
 from patchbay_operator import render
 from patchbay_operator.capacity import NodeState

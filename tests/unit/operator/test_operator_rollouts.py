@@ -321,3 +321,35 @@ def test_a_restarted_operator_resumes_from_the_status() -> None:
     assert (
         as_revision(bad, {**bad.spec, "plugin": first.spec["plugin"]}).spec["plugin"] == first.spec["plugin"]
     )
+
+
+def test_the_status_of_a_rolling_profile_reconciles_and_a_halted_one_stalls() -> None:
+    """evaluate() with the rollout: currentRevision is the rollout's, status.rollout is written,
+    a moving wave is Reconciling (RollingOut: Flux and Argo CD wait), a halt is Stalled."""
+    from patchbay_operator.devicereports import Report
+    from patchbay_operator.evaluation import Inputs, evaluate
+
+    first, bad = profile(), profile("/dev/none*")
+    old, new = spec_revision(first.spec), spec_revision(bad.spec)
+    nodes = [NodeState(n, labels={}) for n in NAMES]
+    reports = [Report(f"serial.{n}", "serial", n, revision=old) for n in NAMES]
+    state = State.begin(old, new)
+
+    def conds(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+        return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+    result = evaluate(Inputs(bad, {}, "2026-11-29T00:00:00Z", nodes, reports=reports, rollout=(FAST, state)))
+    assert result.rollout is not None and result.rollout.state.wave_nodes == 1
+    status = result.status
+    assert status is not None
+    assert (status["currentRevision"], status["updateRevision"]) == (f"serial-{old}", f"serial-{new}")
+    assert status["rollout"]["phase"] == "Progressing" and conds(status)["Reconciling"] == (
+        "True",
+        "RollingOut",
+    )
+    halted = step(FAST, UID, fleet(result.rollout.state, NAMES, error="x"), result.rollout.state, T0).state
+    status = evaluate(
+        Inputs(bad, {}, "2026-11-29T00:00:01Z", nodes, reports=reports, rollout=(FAST, halted))
+    ).status
+    assert status is not None and conds(status)["Stalled"] == ("True", ROLLOUT_HALTED)
+    assert conds(status)["Reconciling"][0] == "False"

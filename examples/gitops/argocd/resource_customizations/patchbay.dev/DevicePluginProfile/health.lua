@@ -6,7 +6,10 @@
 -- do not work). This maps them to Argo CD's health:
 --   being deleted, or the operator not yet at this generation   -> Progressing
 --   Stalled=True                                                -> Degraded (its message)
+--   status.rollout.phase Halted (a change halted by its gate)   -> Degraded (the rollout's message)
+--   spec.rollout.paused, or status.rollout.phase Paused         -> Suspended (as a paused Deployment)
 --   Degraded=True                                               -> Degraded (its message)
+--   status.rollout.phase Progressing (waves moving)             -> Progressing (the rollout's message)
 --   Reconciling=True                                            -> Progressing (its message)
 --   Ready=True                                                  -> Healthy
 --   Ready=False or Unknown, or no Ready condition yet           -> Progressing
@@ -59,9 +62,35 @@ if conds.Stalled ~= nil and conds.Stalled.status == "True" then
   hs.message = say(conds.Stalled, "Stalled")
   return hs
 end
+local rollout = obj.status.rollout
+if rollout == nil then
+  rollout = {}
+end
+local function rolling(default)
+  if rollout.message ~= nil and rollout.message ~= "" then
+    return rollout.message
+  end
+  return default
+end
+local paused = obj.spec ~= nil and obj.spec.rollout ~= nil and obj.spec.rollout.paused == true
+if rollout.phase == "Halted" then
+  hs.status = "Degraded"
+  hs.message = rolling("Rollout halted")
+  return hs
+end
+if paused or rollout.phase == "Paused" then
+  hs.status = "Suspended"
+  hs.message = rolling("Rollout paused")
+  return hs
+end
 if conds.Degraded ~= nil and conds.Degraded.status == "True" then
   hs.status = "Degraded"
   hs.message = say(conds.Degraded, "Degraded")
+  return hs
+end
+if rollout.phase == "Progressing" then
+  hs.status = "Progressing"
+  hs.message = rolling("Rollout in progress")
   return hs
 end
 if conds.Reconciling ~= nil and conds.Reconciling.status == "True" then

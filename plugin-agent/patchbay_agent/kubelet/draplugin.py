@@ -1,4 +1,5 @@
-"""DRA mode's kubelet plugin: the registration socket, the DRA service and what its calls do.
+"""The kubelet's side of a DRA driver: its two sockets, registration, the DRA API versions, the
+node lock; the driver underneath (`dra/preparer.py`) only prepares and unprepares claims.
 
 The kubelet finds DRA drivers through its plugin watcher (docs/dra.md#kubelet-registration): a Unix socket
 appearing in `<kubelet root>/plugins_registry/` is dialled, asked `GetInfo` (1 s deadline) and told
@@ -12,8 +13,8 @@ and refuses a second registration of the same endpoint):
   `<root>/plugins/patchbay_node-agent/<driver>/dra-<instance>.sock`, see `service_dir`):
   `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and
   the same handlers under `...v1beta1.DRAPlugin`, and `v1.DRAResourceHealth` and
-  `v1alpha1.DRAResourceHealth` (`dra/healthservice.py`), which GetInfo then lists in
-  supported_versions.
+  `v1alpha1.DRAResourceHealth` (the driver's health streams, `dra/healthservice.py`), which GetInfo
+  then lists in supported_versions.
 
 The DRA socket is served first, so the endpoint answers by the time the kubelet learns it. Ready
 means the kubelet said `plugin_registered=true`. A socket file that disappears (someone wiped
@@ -21,10 +22,9 @@ the directory) is served again, which makes the watcher register it again. At sh
 registration socket goes first (the kubelet deregisters the endpoint), then the DRA socket; only
 files that are still ours are removed.
 
-NodePrepareResources reads each claim from the API server off the event loop with a deadline, maps
-its allocation results of our driver and pool to physical devices, and writes the claim's CDI spec
-file (`dra/claims.py`); NodeUnprepareResources deletes that file. Per-claim failures go in the
-claim's `error`, never fail the call (the kubelet retries just those claims).
+Like upstream's kubeletplugin helper, this layer knows nothing of devices, claims' contents or
+CDI: it turns the kubelet's calls into `ClaimDriver.prepare` / `unprepare` on `ClaimRef`s and
+their `ClaimResult`s back into the version's messages.
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ import asyncio
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,24 +55,7 @@ from patchbay_agent.api import (
     pluginregistration_pb2_grpc,
 )
 from patchbay_agent.backoff import Backoff
-from patchbay_agent.cdi import SpecCopies, write_spec
-from patchbay_agent.config import Allocation, Partitions
 from patchbay_agent.constants import DRA_HEALTH_SERVICES, DRA_PLUGIN_TYPE, DRA_SERVICES, INSTANCE_RE
-from patchbay_agent.core.inventory import Inventory, Snapshot
-from patchbay_agent.dra.claims import (
-    AllocatedDevice,
-    ClaimError,
-    allocated_devices,
-    cdi_device_id,
-    check_claim_name,
-    check_claim_uid,
-    claim_spec_document,
-    spec_file_name,
-)
-from patchbay_agent.dra.claimstatus import ClaimStatusClient, ClaimStatusWriter
-from patchbay_agent.dra.healthservice import DraHealthServicer
-from patchbay_agent.dra.metadata import HEALTHY_ATTRIBUTE, ClaimInfo, DeviceMetadataFiles, base_request
-from patchbay_agent.dra.slices import SliceClient, pool_devices
 from patchbay_agent.kubelet.pluginserver import PluginServer
 from patchbay_agent.kubelet.sockets import MAX_UNIX_SOCKET_PATH, probe, remove_stale
 from patchbay_agent.metrics import Metrics
@@ -88,15 +70,18 @@ LOCK_FILE_NAME = "calls.lock"
 
 REGISTRY_DIR = "plugins_registry"
 PLUGINS_DIR = "plugins"
-#: The kubelet's deadline for a whole NodePrepareResources / NodeUnprepareResources call is 45 s
-#: (docs/dra.md#kubelet-registration); one claim read gets at most this long.
-CLAIM_READ_TIMEOUT = 10.0
 #: Claims' status.devices are written once no prepare or unprepare has run for QUIET_SECONDS (a
 #: burst of pod starts is answered first, its status writes follow it), and at the latest after
 #: QUIET_MAX_SECONDS of waiting: the status is informational, the calls are on pods' start path.
 QUIET_SECONDS = 0.05
 QUIET_MAX_SECONDS = 5.0
 _HASH_LENGTH = 8
+
+
+def base_request(name: str) -> str:
+    """`gpu` for `gpu/high-memory`: the kubelet stores a subrequest's devices, and a device
+    metadata file names them, under its request (upstream's rule)."""
+    return name.split("/", 1)[0]
 
 
 def registry_socket_name(driver: str, instance: str, directory: Path) -> str:
@@ -168,20 +153,23 @@ class ClaimResult:
     error: str = ""
 
 
-class ClaimReader(Protocol):
-    """What preparing needs of the API (synchronous; `kubeclient.KubeClient` in the agent)."""
+class ClaimDriver(Protocol):
+    """What the kubelet's calls need of a DRA driver (`dra.preparer.ClaimPreparer`)."""
 
-    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
-        """The ResourceClaim object; raise when it cannot be read."""
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        """Every claim's outcome by UID; a claim's failure is its result's error, never a raise."""
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Every claim's error ("" when done) by UID."""
 
 
-#: The claim's GET on the event loop: (namespace, name, timeout in seconds) -> the claim.
-AsyncClaimRead = Callable[[str, str, float], Awaitable[dict[str, Any]]]
+class HealthService(Protocol):
+    """The driver's `v1.DRAResourceHealth` servicer, with its `v1alpha1` twin
+    (`dra.healthservice.DraHealthServicer`)."""
 
-
-class DraClient(ClaimReader, ClaimStatusClient, SliceClient, Protocol):
-    """Everything DRA mode needs of the API: claims to read and their status to write, slices
-    to write."""
+    @property
+    def v1alpha1(self) -> Any:
+        """The same streams under `v1alpha1.DRAResourceHealth`."""
 
 
 @contextlib.asynccontextmanager
@@ -246,247 +234,6 @@ class CallActivity:
                 return
 
 
-class ClaimPreparer:
-    """NodePrepareResources / NodeUnprepareResources as plain Python (see the module doc)."""
-
-    def __init__(
-        self,
-        driver: str,
-        pool: str,
-        reader: ClaimReader,
-        inventory: Inventory,
-        *,
-        allocation: Allocation,
-        cdi_spec_dir: Path,
-        read_timeout: float = CLAIM_READ_TIMEOUT,
-        lock_path: Path | None = None,
-        read_async: AsyncClaimRead | None = None,
-        copies: SpecCopies | None = None,
-        calls: CallActivity | None = None,
-        status: ClaimStatusWriter | None = None,
-        on_change: Callable[[], None] | None = None,
-        metrics: Metrics | None = None,
-        metadata: DeviceMetadataFiles | None = None,
-        partitions: Partitions | None = None,
-    ) -> None:
-        """`lock_path`: the file whose lock serialises calls across instances (`node_lock`).
-        `read_async`: the claim's GET on the event loop (`KubeClient.getter`, `apiget.py`); None:
-        `reader` in a worker thread. `copies`: where each claim's CDI spec is also kept, so that
-        it can be written again after a reboot emptied the CDI directory (cdi.py). `calls`: where
-        its calls are marked in flight (the claim status writer waits until they are quiet).
-        `status`: told of every claim prepared or unprepared (writes the claims'
-        status.devices). `on_change`: called after claims were prepared or unprepared (the
-        holders read PodResources again). `metrics`: where the time of a prepare's two slow steps
-        goes (the claim's GET, the CDI write). `metadata`: where each prepared request's device
-        metadata file goes (None: none is written, `allocation.deviceMetadata: false`).
-        `partitions`: how the devices are cut (`plugin.partitions`): a claim may name a partition
-        (its place goes into the container's env) or, where the API server dropped the counters,
-        the whole device."""
-        self.driver = driver
-        self.pool = pool
-        self._reader = reader
-        self._read_async = read_async
-        self._inventory = inventory
-        self._allocation = allocation
-        self.cdi_spec_dir = cdi_spec_dir
-        self._read_timeout = read_timeout
-        self.lock_path = lock_path
-        self.copies = copies
-        #: the pool's device names (whole devices and partitions), once per snapshot
-        self._pool = pool_devices(partitions)
-        self.calls = calls or CallActivity()
-        self._status = status
-        self._on_change = on_change
-        self._metrics = metrics
-        self.metadata = metadata
-        #: (snapshot version, slice device name -> its metadata attributes)
-        self._attributes: tuple[int, dict[str, dict[str, Any]]] = (-1, {})
-
-    def spec_path(self, claim_uid: str) -> Path:
-        return self.cdi_spec_dir / spec_file_name(self.driver, claim_uid)
-
-    def metadata_attributes(self, snap: Snapshot | None = None) -> dict[str, dict[str, Any]]:
-        """Each device's attributes as its slice shows them, and whether it is healthy now
-        (`patchbay.dev/healthy`): what a device metadata file lists; once per snapshot."""
-        snap = snap or self._inventory.current
-        if self._attributes[0] != snap.version:
-            self._attributes = (
-                snap.version,
-                {
-                    d.name: {**d.attributes, HEALTHY_ATTRIBUTE: {"bool": d.unhealthy is None}}
-                    for d in self._pool(snap).devices
-                },
-            )
-        return self._attributes[1]
-
-    def refresh_metadata(self) -> int:
-        """Rewrite the metadata files whose devices changed (a health change, new attributes);
-        how many it rewrote."""
-        if self.metadata is None:
-            return 0
-        return self.metadata.refresh(self.metadata_attributes)
-
-    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
-        """Every claim's outcome by UID; the claims are read in parallel."""
-        async with self.calls.call(), node_lock(self.lock_path):
-            results = await asyncio.gather(*(self._prepare_one(c) for c in claims))
-        if self._on_change is not None:
-            self._on_change()
-        return {c.uid: r for c, r in zip(claims, results, strict=True)}
-
-    async def _prepare_one(self, claim: ClaimRef) -> ClaimResult:
-        where = f"ResourceClaim {claim.namespace}/{claim.name}"
-        if (bad := check_claim_name(claim.namespace, claim.name)) is not None:
-            return ClaimResult(error=f"ResourceClaim {claim.uid[:80]!r}: {bad}")
-        if (bad := check_claim_uid(claim.uid)) is not None:
-            return ClaimResult(error=f"{where}: {bad}")
-        started = time.perf_counter()
-        try:
-            if self._read_async is not None:
-                obj = await self._read_async(claim.namespace, claim.name, self._read_timeout)
-            else:
-                obj = await asyncio.wait_for(
-                    asyncio.to_thread(
-                        self._reader.resource_claim, claim.namespace, claim.name, timeout=self._read_timeout
-                    ),
-                    self._read_timeout + 1.0,
-                )
-        except TimeoutError:
-            return ClaimResult(error=f"cannot read {where}: no answer within {self._read_timeout:g}s")
-        except Exception as e:
-            return ClaimResult(error=f"cannot read {where}: {e}")
-        if self._metrics is not None:
-            self._metrics.dra_claim_read_seconds.observe(time.perf_counter() - started)
-        snap = self._inventory.current
-        try:
-            pool = self._pool(snap)
-            devices = allocated_devices(
-                obj, claim.uid, self.driver, self.pool, pool.physical, places=pool.places
-            )
-        except ClaimError as e:
-            return ClaimResult(error=f"{where}: {e}")
-        healthy = snap.healthy_physical
-        sick = [d.device_name for d in devices if d.physical_id not in healthy]
-        if sick:
-            return ClaimResult(error=f"{where}: device(s) {', '.join(sick)} are unhealthy now")
-        doc = claim_spec_document(self.driver, claim.uid, devices, snap.specs, self._allocation)
-        extra = self._write_metadata(obj, claim, devices, snap, doc)
-        path = self.spec_path(claim.uid)
-        started = time.perf_counter()
-        try:
-            # On the loop, not a worker thread: a spec is a few hundred bytes written to the page
-            # cache (no fsync), about 0.1 ms, less than the hop to a thread and back costs in a
-            # busy pod (the dra_path benchmark: docs/benchmarks.md).
-            _write_if_changed(path, doc)
-        except OSError as e:
-            return ClaimResult(error=f"{where}: cannot write the CDI spec {path}: {e}")
-        if self.copies is not None:
-            try:
-                _write_if_changed(self.copies.dir / path.name, doc)
-            except OSError as e:
-                # The claim works now; only a reboot would lose its spec. Said loudly.
-                log.error("%s: cannot keep a copy of its CDI spec in %s: %s", where, self.copies.dir, e)
-        if self._metrics is not None:
-            self._metrics.dra_cdi_write_seconds.observe(time.perf_counter() - started)
-        log.info("Prepared %s (%s): %d device(s), CDI spec %s", where, claim.uid, len(devices), path)
-        prepared = tuple(
-            PreparedDevice(
-                d.request,
-                self.pool,
-                d.device_name,
-                cdi_device_id(self.driver, claim.uid, d.device_name),
-                d.share_id,
-                (extra.pop(base_request(d.request)),) if base_request(d.request) in extra else (),
-            )
-            for d in devices
-        )
-        if self._status is not None:
-            self._status.prepared(
-                claim.namespace,
-                claim.name,
-                claim.uid,
-                [
-                    (d.device_name, d.physical_id, p.cdi_id, d.share_id)
-                    for d, p in zip(devices, prepared, strict=True)
-                ],
-            )
-        return ClaimResult(prepared)
-
-    def _write_metadata(
-        self,
-        obj: Mapping[str, Any],
-        claim: ClaimRef,
-        devices: Sequence[AllocatedDevice],
-        snap: Snapshot,
-        doc: dict[str, Any],
-    ) -> dict[str, str]:
-        """Write the claim's device metadata files and add the CDI devices that mount them to
-        its spec `doc`; returns their CDI IDs by request. A file that cannot be written costs
-        the container its metadata, never the claim (upstream's library does the same): said
-        loudly."""
-        if self.metadata is None or not devices:
-            return {}
-        try:
-            info = ClaimInfo.of(obj, claim.namespace, claim.name, claim.uid)
-            mounts = self.metadata.write(
-                info, [(d.request, d.device_name) for d in devices], self.metadata_attributes(snap)
-            )
-        except (OSError, ValueError) as e:
-            log.error(
-                "ResourceClaim %s/%s: cannot write its device metadata in %s: %s",
-                claim.namespace,
-                claim.name,
-                self.metadata.root,
-                e,
-            )
-            return {}
-        doc["devices"].extend(mounts.values())
-        kind = doc["kind"]
-        return {request: f"{kind}={device['name']}" for request, device in mounts.items()}
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """Every claim's error ("" when done) by UID: its spec file deleted (absent is fine)."""
-        out = {}
-        async with self.calls.call(), node_lock(self.lock_path):
-            for claim in claims:
-                if (bad := check_claim_uid(claim.uid)) is not None:
-                    out[claim.uid] = bad
-                    continue
-                path = self.spec_path(claim.uid)
-                try:
-                    # The copy first: a spec deleted while its copy is still there would be
-                    # written again (cdi.SpecGuard).
-                    if self.copies is not None:
-                        self.copies.forget(path.name)
-                    path.unlink(missing_ok=True)
-                except OSError as e:
-                    out[claim.uid] = f"cannot delete the CDI spec {path}: {e}"
-                    continue
-                if self.metadata is not None and check_claim_name(claim.namespace, claim.name) is None:
-                    # A claim whose names could not be a claim's was never prepared (above):
-                    # it has no metadata files, and its names must not reach a path.
-                    try:
-                        self.metadata.remove(claim.namespace, claim.name, claim.uid)
-                    except OSError as e:
-                        out[claim.uid] = f"cannot delete the device metadata in {self.metadata.root}: {e}"
-                        continue
-                out[claim.uid] = ""
-                log.info("Unprepared ResourceClaim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
-                if self._status is not None:
-                    self._status.unprepared(claim.namespace, claim.name, claim.uid)
-        if self._on_change is not None:
-            self._on_change()
-        return out
-
-
-def _write_if_changed(path: Path, doc: dict[str, Any]) -> None:
-    """Prepare twice = the same file, written once (the runtime re-reads on every write)."""
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads(path.read_text()) == doc:
-            return
-    write_spec(path, doc)
-
-
 def _prepare_response(pb2: Any, results: Mapping[str, ClaimResult]) -> Any:
     response = pb2.NodePrepareResourcesResponse()
     for uid, result in results.items():
@@ -525,7 +272,7 @@ def _refs(claims: Any) -> list[ClaimRef]:
 class _DraCalls:
     """The handlers both DRA service versions share; `pb2` is the version's message module."""
 
-    def __init__(self, preparer: ClaimPreparer, metrics: Metrics, pb2: Any) -> None:
+    def __init__(self, preparer: ClaimDriver, metrics: Metrics, pb2: Any) -> None:
         self._preparer = preparer
         self._metrics = metrics
         self._pb2 = pb2
@@ -559,7 +306,7 @@ class _DraCalls:
 class DraV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
     """`k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`."""
 
-    def __init__(self, preparer: ClaimPreparer, metrics: Metrics) -> None:
+    def __init__(self, preparer: ClaimDriver, metrics: Metrics) -> None:
         self._calls = _DraCalls(preparer, metrics, dra_v1_pb2)
 
     async def NodePrepareResources(  # noqa: N802 - the gRPC method name
@@ -578,7 +325,7 @@ class DraV1Servicer(dra_v1_pb2_grpc.DRAPluginServicer):
 class DraV1beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
     """`k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`: the same handlers, for older kubelets."""
 
-    def __init__(self, preparer: ClaimPreparer, metrics: Metrics) -> None:
+    def __init__(self, preparer: ClaimDriver, metrics: Metrics) -> None:
         self._calls = _DraCalls(preparer, metrics, dra_v1beta1_pb2)
 
     async def NodePrepareResources(  # noqa: N802 - the gRPC method name
@@ -638,12 +385,12 @@ class DraPlugin:
         driver: str,
         kubelet_root: Path,
         instance: str,
-        preparer: ClaimPreparer,
+        preparer: ClaimDriver,
         metrics: Metrics,
         *,
         poll_interval: float = 10.0,
         backoff: Backoff | None = None,
-        health: DraHealthServicer | None = None,
+        health: HealthService | None = None,
         plugins_dir: Path | None = None,
         on_registered: Callable[[], None] | None = None,
     ) -> None:

@@ -1,0 +1,272 @@
+"""``kubectl patchbay diff``: what a profile change would take from each node, before it is applied.
+
+Pure: the profile as it is (``before``, None for a new one), as the API server's dry run says it
+would be (``after``), the nodes and the profile's DeviceReports in; per node out: selected before
+/ after (``spec.nodeSelector``), node group before / after (the first group whose selector matches;
+before: what the agent reports), the devices it serves now that the new settings would no longer
+serve, the pods holding them (the report's ``pods``), and for Static the capacity before / after.
+
+A device is kept when the node's new discovery (its group's ``plugin`` merged over
+``spec.plugin``, docs/api.md#node-groups) still names it: a glob still matching its ID (a glob's
+device ID is the path below /dev with "/" as "_", so the glob is read the same way), a group
+still listing it, a virtual token still counted. What only the node can know is said as such,
+never guessed: files a new glob may match that are not in the report, what a PCI, USB or NVML
+filter finds, and which share of a device a holder has when ``sharing.replicas`` is lowered (a
+device with more holders than the new count loses some for certain: counted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+from patchbay_kubectl.views.objects import (
+    STATIC,
+    Obj,
+    name_of,
+    report_index,
+    selector_matches,
+    spec,
+    static_desired,
+)
+
+DEFAULT_GROUP = "default"
+RENAMED = "resourceName changes: the pods asked for the old one"
+
+
+@dataclass
+class Lost:
+    device: str
+    reason: str
+    holders: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "reason": self.reason, "holders": self.holders}
+
+
+@dataclass
+class NodePlan:
+    node: str
+    selected_before: bool
+    selected_after: bool
+    group_before: str = "-"
+    group_after: str = "-"
+    lost: list[Lost] = field(default_factory=list)
+    #: Static: the node's capacity before and after (None: not selected, or a label not a count)
+    capacity_before: int | None = None
+    capacity_after: int | None = None
+    #: what cannot be known before the node runs the change
+    unknown: list[str] = field(default_factory=list)
+
+    @property
+    def loses(self) -> bool:
+        cap_lower = (self.capacity_before or 0) > (self.capacity_after or 0)
+        return bool(self.lost) or cap_lower
+
+    @property
+    def holders(self) -> list[str]:
+        return sorted({h for lo in self.lost for h in lo.holders})
+
+    def changed(self) -> bool:
+        return (
+            self.selected_before != self.selected_after
+            or self.group_before != self.group_after
+            or self.capacity_before != self.capacity_after
+            or bool(self.lost or self.unknown)
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "node": self.node,
+            "selectedBefore": self.selected_before,
+            "selectedAfter": self.selected_after,
+            "groupBefore": self.group_before,
+            "groupAfter": self.group_after,
+            "lost": [lo.as_dict() for lo in self.lost],
+            "holders": self.holders,
+            "unknown": self.unknown,
+        }
+        if self.capacity_before is not None or self.capacity_after is not None:
+            d["capacityBefore"], d["capacityAfter"] = self.capacity_before, self.capacity_after
+        return d
+
+
+@dataclass
+class ProfilePlan:
+    profile: str
+    #: what the dry run says the apply would do: created, configured, unchanged
+    action: str
+    nodes: list[NodePlan] = field(default_factory=list)
+
+    @property
+    def loses(self) -> bool:
+        return any(n.loses for n in self.nodes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "action": self.action,
+            "loses": self.loses,
+            "nodes": [n.as_dict() for n in self.nodes],
+        }
+
+
+def merged(base: Mapping[str, Any], override: Mapping[str, Any], *, top: bool = True) -> dict[str, Any]:
+    """A node group's ``plugin`` over ``spec.plugin``: mappings merge key by key, lists and
+    values replace, and ``discovery`` (at the top) replaces whole (docs/api.md#node-groups)."""
+    out = dict(base)
+    for k, v in override.items():
+        old = out.get(k)
+        if isinstance(v, Mapping) and isinstance(old, Mapping) and not (top and k == "discovery"):
+            out[k] = merged(old, v, top=False)
+        else:
+            out[k] = v
+    return out
+
+
+def group_of(profile: Obj, labels: Mapping[str, str]) -> tuple[str, Obj]:
+    """The node group a node's labels choose and the settings it gets; ("-", spec.plugin)
+    for a profile without groups."""
+    sp = spec(profile)
+    plugin = sp.get("plugin") or {}
+    groups = sp.get("nodeGroups") or []
+    if not groups:
+        return "-", plugin
+    for g in groups:
+        if selector_matches(g.get("nodeSelector"), labels):
+            return str(g.get("name", "")), merged(plugin, g.get("plugin") or {})
+    return DEFAULT_GROUP, plugin
+
+
+def _backend(discovery: Mapping[str, Any]) -> str:
+    return next((k for k in ("paths", "pci", "usb", "nvml", "virtual") if k in discovery), "")
+
+
+def _glob_as_id(pattern: str) -> str:
+    """A glob over /dev read the way device IDs are made: the part below /dev, "/" as "_"."""
+    return pattern.removeprefix("/dev/").replace("/", "_")
+
+
+def _virtual_ids(count: int) -> set[str]:
+    width = len(str(max(count, 1) - 1))
+    return {f"virtual-{i:0{width}d}" for i in range(count)}
+
+
+def _verdict(device: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    """Why ``device`` (an ID the node reports under discovery ``old``) would not be served under
+    ``new``; None when it still would be, or when only the node can tell (see ``_unknowns``)."""
+    if old == new:
+        return None
+    kind, was = _backend(new), _backend(old)
+    if kind != was:
+        return f"discovery {was or '<none>'} -> {kind or '<none>'}: the node's devices get other IDs"
+    spec_new = new.get(kind) or {}
+    if kind == "paths":
+        if device in {str(g.get("id")) for g in spec_new.get("groups") or []}:
+            return None
+        if any(fnmatchcase(device, _glob_as_id(str(p))) for p in spec_new.get("globs") or []):
+            return None
+        return "no glob or group of the new settings matches it"
+    if kind == "virtual":
+        count = int(spec_new.get("count") or 0)
+        if device in _virtual_ids(count):
+            return None
+        before = int((old.get(kind) or {}).get("count") or 0)
+        return f"virtual.count {before} -> {count}"
+    return None  # pci, usb, nvml: the filter's answer is the node's (an unknown)
+
+
+def _unknowns(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What the node alone can answer about ``new`` discovery."""
+    if old == new:
+        return []
+    kind = _backend(new)
+    spec_new, spec_old = new.get(kind) or {}, old.get(kind) or {}
+    if kind == "paths":
+        added = [g for g in spec_new.get("globs") or [] if g not in (spec_old.get("globs") or [])]
+        if added and _backend(old) == "paths":
+            return [f"files {', '.join(added)} may match beyond the report: known once the node runs it"]
+        if added:
+            return [f"what {', '.join(added)} match: known once the node runs it"]
+        return []
+    if kind in ("pci", "usb", "nvml"):
+        return [f"what the new {kind} filter finds: known once the node runs it"]
+    return []
+
+
+def _holders(device: Obj) -> list[str]:
+    return sorted(f"{p.get('namespace', '')}/{p.get('name', '')}" for p in device.get("pods") or [])
+
+
+def node_plan(before: Obj | None, after: Obj, node: Obj, report: Obj | None) -> NodePlan:
+    """One node's plan (the module doc)."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    sel_before = before is not None and selector_matches(spec(before).get("nodeSelector"), labels)
+    sel_after = selector_matches(spec(after).get("nodeSelector"), labels)
+    plan = NodePlan(name_of(node), sel_before, sel_after)
+    old_group, old_plugin = group_of(before, labels) if before is not None else ("-", {})
+    new_group, new_plugin = group_of(after, labels)
+    if sel_before:
+        plan.group_before = str((report or {}).get("nodeGroup") or old_group)
+    if sel_after:
+        plan.group_after = new_group
+    if spec(after).get("mode") == STATIC or (before is not None and spec(before).get("mode") == STATIC):
+        plan.capacity_before = static_desired(before, labels) if sel_before and before else None
+        plan.capacity_after = static_desired(after, labels) if sel_after else None
+        return plan
+    if not sel_after:
+        if sel_before and report is not None:
+            plan.lost = [
+                Lost(str(d.get("id", "")), "the node is no longer selected", _holders(d))
+                for d in report.get("devices") or []
+            ]
+        return plan
+    old_disc, new_disc = old_plugin.get("discovery") or {}, new_plugin.get("discovery") or {}
+    if not sel_before:
+        plan.unknown = ["newly selected: what it finds is known once its agent runs"]
+        return plan
+    if report is None:
+        plan.unknown = ["no DeviceReport from this node: what it serves now is not known"]
+        return plan
+    renamed = spec(after).get("resourceName") != (spec(before).get("resourceName") if before else None)
+    was, now = _replicas(old_plugin), _replicas(new_plugin)
+    shared_unknown = False
+    for d in report.get("devices") or []:
+        dev = str(d.get("id", ""))
+        why = RENAMED if renamed else _verdict(dev, old_disc, new_disc)
+        holders = _holders(d)
+        if not why and now < was and len(holders) > now:
+            why = f"sharing.replicas {was} -> {now}: {len(holders)} pods hold it"
+        elif not why and now < was and holders:
+            shared_unknown = True
+        if why:
+            plan.lost.append(Lost(dev, why, holders))
+    plan.unknown = _unknowns(old_disc, new_disc)
+    if shared_unknown:
+        plan.unknown.append(
+            f"sharing.replicas {was} -> {now}: whether a holder's share is one that goes, only the "
+            "kubelet (DevicePlugin) or its claim (DRA) knows"
+        )
+    return plan
+
+
+def _replicas(plugin: Mapping[str, Any]) -> int:
+    """How many pods (or claims) may use a device at once: ``sharing.replicas``, absent 1."""
+    value = (plugin.get("sharing") or {}).get("replicas")
+    return value if isinstance(value, int) and value > 0 else 1
+
+
+def profile_plan(
+    before: Obj | None, after: Obj, action: str, nodes: Sequence[Obj], reports: Sequence[Obj]
+) -> ProfilePlan:
+    """Every node the profile selects before or after, with what changes on it."""
+    name = name_of(after)
+    index = report_index(reports)
+    plan = ProfilePlan(name, action)
+    for node in sorted(nodes, key=name_of):
+        np = node_plan(before, after, node, index.get((name, name_of(node))))
+        if np.selected_before or np.selected_after:
+            plan.nodes.append(np)
+    return plan

@@ -1,0 +1,327 @@
+"""DRA mode's driver: what NodePrepareResources and NodeUnprepareResources do to claims, under
+the kubelet-plugin layer (`kubelet/draplugin.py`: sockets, registration, API versions, the lock).
+
+NodePrepareResources reads each claim from the API server off the event loop with a deadline, maps
+its allocation results of our driver and pool to physical devices, and writes the claim's CDI spec
+file (`dra/claims.py`); NodeUnprepareResources deletes that file. Per-claim failures go in the
+claim's `error`, never fail the call (the kubelet retries just those claims).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from patchbay_agent.cdi import SpecCopies, write_spec
+from patchbay_agent.config import Allocation, Partitions
+from patchbay_agent.core.inventory import Inventory, Snapshot
+from patchbay_agent.dra.claims import (
+    AllocatedDevice,
+    ClaimError,
+    allocated_devices,
+    cdi_device_id,
+    check_claim_name,
+    check_claim_uid,
+    claim_spec_document,
+    spec_file_name,
+)
+from patchbay_agent.dra.claimstatus import ClaimStatusClient, ClaimStatusWriter
+from patchbay_agent.dra.metadata import HEALTHY_ATTRIBUTE, ClaimInfo, DeviceMetadataFiles
+from patchbay_agent.dra.slices import SliceClient, pool_devices
+from patchbay_agent.kubelet.draplugin import (
+    CallActivity,
+    ClaimRef,
+    ClaimResult,
+    PreparedDevice,
+    base_request,
+    node_lock,
+)
+from patchbay_agent.metrics import Metrics
+
+log = logging.getLogger(__name__)
+#: The kubelet's deadline for a whole NodePrepareResources / NodeUnprepareResources call is 45 s
+#: (docs/dra.md#kubelet-registration); one claim read gets at most this long.
+CLAIM_READ_TIMEOUT = 10.0
+
+
+class ClaimReader(Protocol):
+    """What preparing needs of the API (synchronous; `kubeclient.KubeClient` in the agent)."""
+
+    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """The ResourceClaim object; raise when it cannot be read."""
+
+
+#: The claim's GET on the event loop: (namespace, name, timeout in seconds) -> the claim.
+AsyncClaimRead = Callable[[str, str, float], Awaitable[dict[str, Any]]]
+
+
+class DraClient(ClaimReader, ClaimStatusClient, SliceClient, Protocol):
+    """Everything DRA mode needs of the API: claims to read and their status to write, slices
+    to write."""
+
+    def claim_read_async(self) -> AsyncClaimRead | None:
+        """Prepare's claim GET on the event loop (the agent's client: keep-alive connections,
+        `apiget.py`), or None when the client has none: `resource_claim` then runs in a worker
+        thread. Call it on the loop that will use the reader."""
+
+
+class ClaimPreparer:
+    """NodePrepareResources / NodeUnprepareResources as plain Python (see the module doc)."""
+
+    def __init__(
+        self,
+        driver: str,
+        pool: str,
+        reader: ClaimReader,
+        inventory: Inventory,
+        *,
+        allocation: Allocation,
+        cdi_spec_dir: Path,
+        read_timeout: float = CLAIM_READ_TIMEOUT,
+        lock_path: Path | None = None,
+        read_async: AsyncClaimRead | None = None,
+        copies: SpecCopies | None = None,
+        calls: CallActivity | None = None,
+        status: ClaimStatusWriter | None = None,
+        on_change: Callable[[], None] | None = None,
+        metrics: Metrics | None = None,
+        metadata: DeviceMetadataFiles | None = None,
+        partitions: Partitions | None = None,
+    ) -> None:
+        """`lock_path`: the file whose lock serialises calls across instances (`node_lock`).
+        `read_async`: the claim's GET on the event loop (`KubeClient.getter`, `apiget.py`); None:
+        `reader` in a worker thread. `copies`: where each claim's CDI spec is also kept, so that
+        it can be written again after a reboot emptied the CDI directory (cdi.py). `calls`: where
+        its calls are marked in flight (the claim status writer waits until they are quiet).
+        `status`: told of every claim prepared or unprepared (writes the claims'
+        status.devices). `on_change`: called after claims were prepared or unprepared (the
+        holders read PodResources again). `metrics`: where the time of a prepare's two slow steps
+        goes (the claim's GET, the CDI write). `metadata`: where each prepared request's device
+        metadata file goes (None: none is written, `allocation.deviceMetadata: false`).
+        `partitions`: how the devices are cut (`plugin.partitions`): a claim may name a partition
+        (its place goes into the container's env) or, where the API server dropped the counters,
+        the whole device."""
+        self.driver = driver
+        self.pool = pool
+        self._reader = reader
+        self._read_async = read_async
+        self._inventory = inventory
+        self._allocation = allocation
+        self.cdi_spec_dir = cdi_spec_dir
+        self._read_timeout = read_timeout
+        self.lock_path = lock_path
+        self.copies = copies
+        #: the pool's device names (whole devices and partitions), once per snapshot
+        self._pool = pool_devices(partitions)
+        self.calls = calls or CallActivity()
+        self._status = status
+        self._on_change = on_change
+        self._metrics = metrics
+        self.metadata = metadata
+        #: (snapshot version, slice device name -> its metadata attributes)
+        self._attributes: tuple[int, dict[str, dict[str, Any]]] = (-1, {})
+
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_spec_dir / spec_file_name(self.driver, claim_uid)
+
+    def metadata_attributes(self, snap: Snapshot | None = None) -> dict[str, dict[str, Any]]:
+        """Each device's attributes as its slice shows them, and whether it is healthy now
+        (`patchbay.dev/healthy`): what a device metadata file lists; once per snapshot."""
+        snap = snap or self._inventory.current
+        if self._attributes[0] != snap.version:
+            self._attributes = (
+                snap.version,
+                {
+                    d.name: {**d.attributes, HEALTHY_ATTRIBUTE: {"bool": d.unhealthy is None}}
+                    for d in self._pool(snap).devices
+                },
+            )
+        return self._attributes[1]
+
+    def refresh_metadata(self) -> int:
+        """Rewrite the metadata files whose devices changed (a health change, new attributes);
+        how many it rewrote."""
+        if self.metadata is None:
+            return 0
+        return self.metadata.refresh(self.metadata_attributes)
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        """Every claim's outcome by UID. The claims are read in parallel BEFORE the node lock is
+        taken (a read changes nothing on the node, and concurrent calls, of this instance or
+        another, then overlap their GETs instead of queueing them behind the lock); only what
+        writes to the node (the CDI spec, the metadata files) runs under it, against the
+        inventory as it is then."""
+        async with self.calls.call():
+            read = await asyncio.gather(*(self._read(c) for c in claims))
+            async with node_lock(self.lock_path):
+                results = [
+                    obj if isinstance(obj, ClaimResult) else self._prepare_read(claim, obj)
+                    for claim, obj in zip(claims, read, strict=True)
+                ]
+        if self._on_change is not None:
+            self._on_change()
+        return {c.uid: r for c, r in zip(claims, results, strict=True)}
+
+    async def _read(self, claim: ClaimRef) -> dict[str, Any] | ClaimResult:
+        """The claim object from the API server, or the claim's failed result."""
+        where = f"ResourceClaim {claim.namespace}/{claim.name}"
+        if (bad := check_claim_name(claim.namespace, claim.name)) is not None:
+            return ClaimResult(error=f"ResourceClaim {claim.uid[:80]!r}: {bad}")
+        if (bad := check_claim_uid(claim.uid)) is not None:
+            return ClaimResult(error=f"{where}: {bad}")
+        started = time.perf_counter()
+        try:
+            if self._read_async is not None:
+                obj = await self._read_async(claim.namespace, claim.name, self._read_timeout)
+            else:
+                obj = await asyncio.wait_for(
+                    asyncio.to_thread(
+                        self._reader.resource_claim, claim.namespace, claim.name, timeout=self._read_timeout
+                    ),
+                    self._read_timeout + 1.0,
+                )
+        except TimeoutError:
+            return ClaimResult(error=f"cannot read {where}: no answer within {self._read_timeout:g}s")
+        except Exception as e:
+            return ClaimResult(error=f"cannot read {where}: {e}")
+        if self._metrics is not None:
+            self._metrics.dra_claim_read_seconds.observe(time.perf_counter() - started)
+        return obj
+
+    def _prepare_read(self, claim: ClaimRef, obj: dict[str, Any]) -> ClaimResult:
+        """The read claim's devices, CDI spec and metadata files (under the node lock)."""
+        where = f"ResourceClaim {claim.namespace}/{claim.name}"
+        snap = self._inventory.current
+        try:
+            pool = self._pool(snap)
+            devices = allocated_devices(
+                obj, claim.uid, self.driver, self.pool, pool.physical, places=pool.places
+            )
+        except ClaimError as e:
+            return ClaimResult(error=f"{where}: {e}")
+        healthy = snap.healthy_physical
+        sick = [d.device_name for d in devices if d.physical_id not in healthy]
+        if sick:
+            return ClaimResult(error=f"{where}: device(s) {', '.join(sick)} are unhealthy now")
+        doc = claim_spec_document(self.driver, claim.uid, devices, snap.specs, self._allocation)
+        extra = self._write_metadata(obj, claim, devices, snap, doc)
+        path = self.spec_path(claim.uid)
+        started = time.perf_counter()
+        try:
+            # On the loop, not a worker thread: a spec is a few hundred bytes written to the page
+            # cache (no fsync), about 0.1 ms, less than the hop to a thread and back costs in a
+            # busy pod (the dra_path benchmark: docs/benchmarks.md).
+            _write_if_changed(path, doc)
+        except OSError as e:
+            return ClaimResult(error=f"{where}: cannot write the CDI spec {path}: {e}")
+        if self.copies is not None:
+            try:
+                _write_if_changed(self.copies.dir / path.name, doc)
+            except OSError as e:
+                # The claim works now; only a reboot would lose its spec. Said loudly.
+                log.error("%s: cannot keep a copy of its CDI spec in %s: %s", where, self.copies.dir, e)
+        if self._metrics is not None:
+            self._metrics.dra_cdi_write_seconds.observe(time.perf_counter() - started)
+        log.info("Prepared %s (%s): %d device(s), CDI spec %s", where, claim.uid, len(devices), path)
+        prepared = tuple(
+            PreparedDevice(
+                d.request,
+                self.pool,
+                d.device_name,
+                cdi_device_id(self.driver, claim.uid, d.device_name),
+                d.share_id,
+                (extra.pop(base_request(d.request)),) if base_request(d.request) in extra else (),
+            )
+            for d in devices
+        )
+        if self._status is not None:
+            self._status.prepared(
+                claim.namespace,
+                claim.name,
+                claim.uid,
+                [
+                    (d.device_name, d.physical_id, p.cdi_id, d.share_id)
+                    for d, p in zip(devices, prepared, strict=True)
+                ],
+            )
+        return ClaimResult(prepared)
+
+    def _write_metadata(
+        self,
+        obj: Mapping[str, Any],
+        claim: ClaimRef,
+        devices: Sequence[AllocatedDevice],
+        snap: Snapshot,
+        doc: dict[str, Any],
+    ) -> dict[str, str]:
+        """Write the claim's device metadata files and add the CDI devices that mount them to
+        its spec `doc`; returns their CDI IDs by request. A file that cannot be written costs
+        the container its metadata, never the claim (upstream's library does the same): said
+        loudly."""
+        if self.metadata is None or not devices:
+            return {}
+        try:
+            info = ClaimInfo.of(obj, claim.namespace, claim.name, claim.uid)
+            mounts = self.metadata.write(
+                info, [(d.request, d.device_name) for d in devices], self.metadata_attributes(snap)
+            )
+        except (OSError, ValueError) as e:
+            log.error(
+                "ResourceClaim %s/%s: cannot write its device metadata in %s: %s",
+                claim.namespace,
+                claim.name,
+                self.metadata.root,
+                e,
+            )
+            return {}
+        doc["devices"].extend(mounts.values())
+        kind = doc["kind"]
+        return {request: f"{kind}={device['name']}" for request, device in mounts.items()}
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Every claim's error ("" when done) by UID: its spec file deleted (absent is fine)."""
+        out = {}
+        async with self.calls.call(), node_lock(self.lock_path):
+            for claim in claims:
+                if (bad := check_claim_uid(claim.uid)) is not None:
+                    out[claim.uid] = bad
+                    continue
+                path = self.spec_path(claim.uid)
+                try:
+                    # The copy first: a spec deleted while its copy is still there would be
+                    # written again (cdi.SpecGuard).
+                    if self.copies is not None:
+                        self.copies.forget(path.name)
+                    path.unlink(missing_ok=True)
+                except OSError as e:
+                    out[claim.uid] = f"cannot delete the CDI spec {path}: {e}"
+                    continue
+                if self.metadata is not None and check_claim_name(claim.namespace, claim.name) is None:
+                    # A claim whose names could not be a claim's was never prepared (above):
+                    # it has no metadata files, and its names must not reach a path.
+                    try:
+                        self.metadata.remove(claim.namespace, claim.name, claim.uid)
+                    except OSError as e:
+                        out[claim.uid] = f"cannot delete the device metadata in {self.metadata.root}: {e}"
+                        continue
+                out[claim.uid] = ""
+                log.info("Unprepared ResourceClaim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
+                if self._status is not None:
+                    self._status.unprepared(claim.namespace, claim.name, claim.uid)
+        if self._on_change is not None:
+            self._on_change()
+        return out
+
+
+def _write_if_changed(path: Path, doc: dict[str, Any]) -> None:
+    """Prepare twice = the same file, written once (the runtime re-reads on every write)."""
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text()) == doc:
+            return
+    write_spec(path, doc)
