@@ -196,6 +196,8 @@ def grpc_stubs() -> Generated:
 #: Patchbay's own CRDs (crds/, the source of truth): their stored version is written by hand, the
 #: older versions still served are generated copies of it (``crd_served_versions``).
 PATCHBAY_CRDS = ("patchbay.dev_devicepluginprofiles.yaml", "patchbay.dev_devicereports.yaml")
+#: CRDs new in v1beta1 (no older version is served): in the API reference, not copied.
+NEW_CRDS = ("patchbay.dev_nodeinventories.yaml",)
 STORAGE_VERSION = "v1beta1"
 #: Versions served beside the storage version, with the SAME schema (conversion strategy None
 #: changes only apiVersion, so it is right only where the schemas are identical: copying makes
@@ -420,7 +422,7 @@ def api_reference() -> Generated:
     import yaml
 
     doc = REPO / "docs" / "api.md"
-    paths = [REPO / "crds" / f for f in PATCHBAY_CRDS]
+    paths = [REPO / "crds" / f for f in (*PATCHBAY_CRDS, *NEW_CRDS)]
     if not all(p.exists() for p in paths):
         return {}
     head, sep, _ = doc.read_text().partition(API_REFERENCE_MARKER) if doc.exists() else ("", "", "")

@@ -17,6 +17,12 @@ PROFILE_KIND = "DevicePluginProfile"
 PROFILE_PLURAL = "devicepluginprofiles"
 REPORT_KIND = "DeviceReport"
 REPORT_PLURAL = "devicereports"
+INVENTORY_KIND = "NodeInventory"
+INVENTORY_PLURAL = "nodeinventories"
+"""What hardware one node has (cluster-scoped, named after the node), kept by the shared node agent."""
+INVENTORY_LABEL_PREFIX = "inventory.patchbay.dev/"
+"""Opt-in node labels saying a kind of device is present: ``inventory.patchbay.dev/usb-0403-6001``,
+``inventory.patchbay.dev/pci-10de-2330`` (value ``present``)."""
 
 LABEL_PROFILE = "patchbay.dev/profile"
 """On every object made for one profile (its agent's ConfigMap, DaemonSet and pods, its reports)."""

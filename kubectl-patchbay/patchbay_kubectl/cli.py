@@ -37,7 +37,7 @@ import yaml
 from patchbay_api.revisions import spec_revision
 from patchbay_kubectl import agentpods, kube, maintenance, output, rollout
 from patchbay_kubectl.kube import Kube, KubeError, Target
-from patchbay_kubectl.views import diagnosis
+from patchbay_kubectl.views import diagnosis, discover
 from patchbay_kubectl.views.devices import device_rows
 from patchbay_kubectl.views.nodes import node_rows, profile_agents
 from patchbay_kubectl.views.objects import (
@@ -57,7 +57,7 @@ from patchbay_kubectl.views.plan import profile_plan
 DEFAULT_NAMESPACE = "patchbay-system"
 EVENT_NAMESPACE = "default"
 """Events about a cluster-scoped profile are in "default", where the operator posts them."""
-COMMANDS = ("devices", "nodes", "why", "cordon", "drain", "uncordon", "rollout", "diff")
+COMMANDS = ("devices", "nodes", "why", "discover", "cordon", "drain", "uncordon", "rollout", "diff")
 MAINTENANCE = ("cordon", "drain", "uncordon")
 ROLLOUT = ("status", "history", "pause", "resume", "undo")
 DIFF_ERROR = 2
@@ -146,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Events, and what to do next.",
     )
     why.add_argument("profile", help="the DevicePluginProfile")
+    discover.add_arguments(
+        sub.add_parser(
+            "discover",
+            parents=[common],
+            help="what hardware the nodes have, by kind, and what serves it; --propose a profile",
+            description="From the NodeInventories the shared node agents keep (views/discover.py).",
+        )
+    )
     helps = {
         "cordon": (
             "keep new claims off a DRA profile's devices on a node (DeviceTaintRule, NoSchedule)",
@@ -397,6 +405,27 @@ def cmd_devices(k: Kube, args: argparse.Namespace) -> str:
     if not rows and args.output not in ("json", "yaml"):
         print("No devices found.", file=sys.stderr)
     return output.devices(rows, args.output, utcnow())
+
+
+def cmd_discover(k: Kube, args: argparse.Namespace) -> str:
+    """The NodeInventories (one GET with --node), grouped by kind; --propose reads the Nodes too."""
+    if args.node is not None:
+        inventories = [i for i in [k.get(f"{kube.INVENTORIES}/{quote(args.node, safe='')}")] if i is not None]
+    else:
+        inventories = k.list(kube.INVENTORIES)
+    kinds = discover.select(discover.kinds_of(inventories), unserved=args.unserved, kind=args.kind)
+    if args.propose is not None:
+        if len(kinds) != 1:
+            raise KubeError(
+                f"--propose needs one KIND of: {', '.join(x.key for x in kinds) or '(none found)'}"
+            )
+        return discover.propose(kinds[0], args.propose, args.mode, _nodes(k, None))
+    if not kinds and args.output not in ("json", "yaml"):
+        print(
+            "No devices found (is the shared node agent running? kubectl get nodeinventories).",
+            file=sys.stderr,
+        )
+    return discover.render(kinds, discover.omitted_count(inventories), args.output)
 
 
 def cmd_nodes(k: Kube, args: argparse.Namespace) -> str:
@@ -686,6 +715,7 @@ HANDLERS: dict[str, Callable[[Kube, argparse.Namespace], str]] = {
     "devices": cmd_devices,
     "nodes": cmd_nodes,
     "why": cmd_why,
+    "discover": cmd_discover,
     "cordon": cmd_maintenance,
     "drain": cmd_maintenance,
     "uncordon": cmd_maintenance,
@@ -732,6 +762,8 @@ VALUE_FLAGS = {
     "--device",
     "--reason",
     "--wait",
+    "--propose",
+    "--mode",
     "--timeout",
     "--revision",
     "--to-revision",

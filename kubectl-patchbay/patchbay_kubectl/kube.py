@@ -24,6 +24,7 @@ Obj = dict[str, Any]
 
 GROUP, VERSION = "patchbay.dev", "v1beta1"
 PROFILES = f"/apis/{GROUP}/{VERSION}/devicepluginprofiles"
+INVENTORIES = f"/apis/{GROUP}/{VERSION}/nodeinventories"
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 PAGE = 1000
 """Objects per LIST page: 5,000 nodes in five requests; kubectl's own chunk is 500."""

@@ -44,6 +44,9 @@ REPORT_GROUP = api.API_GROUP
 REPORT_KIND = api.REPORT_KIND
 REPORT_PLURAL = api.REPORT_PLURAL
 REPORT_VERSION = api.API_VERSION
+#: The NodeInventory API (crds/patchbay.dev_nodeinventories.yaml): one object per node.
+INVENTORY_KIND = api.INVENTORY_KIND
+INVENTORY_PLURAL = api.INVENTORY_PLURAL
 #: The server-side apply field manager of the agent's writes, and its managed-by label value.
 FIELD_MANAGER = "patchbay-agent"
 LABEL_MANAGED_BY = api.LABEL_MANAGED_BY

@@ -61,6 +61,7 @@ from patchbay_agent.apiget import AsyncGetter, GetError
 from patchbay_agent.constants import (
     DRA_GROUP_VERSION,
     FIELD_MANAGER,
+    INVENTORY_PLURAL,
     REPORT_GROUP,
     REPORT_PLURAL,
     REPORT_VERSION,
@@ -377,6 +378,19 @@ class KubeClient(ApiConnection):
             url=f"{REPORT_PLURAL}/{meta['name']}",
             params={"fieldManager": FIELD_MANAGER, "force": "true"},
             data=json.dumps(report, separators=(",", ":")),
+            headers={"Content-Type": APPLY_CONTENT_TYPE},
+        )
+        return str((response.json().get("metadata") or {}).get("resourceVersion") or "")
+
+    def apply_inventory(self, doc: Mapping[str, Any]) -> str:
+        """Server-side apply of the node's whole NodeInventory (cluster-scoped); its
+        resourceVersion; ApiError on failure."""
+        response = self._send(
+            "PATCH",
+            version=f"{REPORT_GROUP}/{REPORT_VERSION}",
+            url=f"{INVENTORY_PLURAL}/{doc['metadata']['name']}",
+            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            data=json.dumps(doc, separators=(",", ":")),
             headers={"Content-Type": APPLY_CONTENT_TYPE},
         )
         return str((response.json().get("metadata") or {}).get("resourceVersion") or "")

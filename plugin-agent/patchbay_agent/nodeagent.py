@@ -46,6 +46,8 @@ from patchbay_agent.report.devicereport import ReportTarget, failure_report
 from patchbay_agent.report.reporter import ReportClient, Reporter, report_watch
 
 if TYPE_CHECKING:
+    from patchbay_agent.discovery.base import PhysicalDevice
+    from patchbay_agent.inventory.keeper import InventoryKeeper
     from patchbay_agent.resourceagent import ResourceAgent
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,8 @@ class NodeOptions:
     kubeconfig: Path | None = None
     restart_initial: float = RESTART_INITIAL
     restart_max: float = RESTART_MAX
+    #: `--inventory-rescan`: the NodeInventory's backstop rescan, seconds; 0 keeps no inventory
+    inventory_rescan: float = DEFAULTS["inventory_rescan"]
 
 
 @dataclass
@@ -122,6 +126,8 @@ class NodeAgent:
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._pending: asyncio.Task[dict[str, str]] | None = None
+        #: the NodeInventory's writer while it runs (`--inventory-rescan` above 0)
+        self.keeper: InventoryKeeper | None = None
         self.http = HttpEndpoint(
             _Metrics(MergedRegistry(self._registries)),
             self._healthy,
@@ -172,6 +178,8 @@ class NodeAgent:
         if self.options.agent.http_address is not None:
             await self.http.start(*self.options.agent.http_address)
         await self.reconfigure()
+        keeper_stop = asyncio.Event()
+        keeper_task = self._start_inventory(keeper_stop)
         followers: list[Follower] = []
         if self.follow is not None:
             client: Any = self.client  # kubeclient.KubeClient: a FollowClient too
@@ -188,12 +196,47 @@ class NodeAgent:
         finally:
             for f in followers:
                 f.stop()
+            keeper_stop.set()
+            if keeper_task is not None:
+                await asyncio.gather(keeper_task, return_exceptions=True)
             async with self._lock:
                 for name in list(self.units):
                     self.units[name].stop.set()
                 tasks = [u.task for u in self.units.values() if u.task is not None]
                 await asyncio.gather(*tasks, return_exceptions=True)
             await self.http.stop()
+
+    def _start_inventory(self, stop: asyncio.Event) -> asyncio.Task[None] | None:
+        """The NodeInventory's writer (`inventory.keeper`), for a client that can write it."""
+        if self.options.inventory_rescan <= 0 or not hasattr(self.client, "apply_inventory"):
+            return None
+        from patchbay_agent.discovery.base import HostRoot
+        from patchbay_agent.inventory.keeper import InventoryKeeper
+
+        agent = self.options.agent
+        pod = agent.report.pod_name if agent.report is not None else None
+        client: Any = self.client
+        self.keeper = InventoryKeeper(
+            HostRoot(agent.host_root),
+            agent.node_name,
+            pod,
+            client,
+            self.served,
+            rescan=self.options.inventory_rescan,
+        )
+        return asyncio.create_task(self.keeper.run(stop), name="node-inventory")
+
+    def served(self) -> dict[str, list[PhysicalDevice]]:
+        """Each running profile's devices now (what the NodeInventory says serves what)."""
+        out: dict[str, list[PhysicalDevice]] = {}
+        for name, unit in self.units.items():
+            if unit.agent is not None and unit.agent.started.is_set():
+                out[name] = list(unit.agent.inventory.current.physical.values())
+        return out
+
+    def _served_changed(self) -> None:
+        if self.keeper is not None:
+            self.keeper.notify()
 
     async def _read_labels(self, stop: asyncio.Event) -> dict[str, str] | None:
         """The Node's labels, asked again with backoff while the API server does not answer (an
@@ -271,7 +314,9 @@ class NodeAgent:
 
     def _start_unit(self, entry: ProfileEntry) -> None:
         unit = self.units[entry.profile] = Unit(entry)
-        supervisor = UnitSupervisor(unit, self.options, self.client, self.unit_options)
+        supervisor = UnitSupervisor(
+            unit, self.options, self.client, self.unit_options, changed=self._served_changed
+        )
         unit.task = asyncio.create_task(supervisor.run(self._stop), name=f"profile-{entry.profile}")
 
     async def _stop_unit(self, name: str) -> None:
@@ -279,6 +324,7 @@ class NodeAgent:
         unit.stop.set()
         if unit.task is not None:
             await asyncio.gather(unit.task, return_exceptions=True)
+        self._served_changed()
 
     def update(
         self, entries: Sequence[ProfileEntry] | None = None, labels: Mapping[str, str] | None = None
@@ -318,9 +364,13 @@ class UnitSupervisor:
         options: NodeOptions,
         client: NodeClient,
         unit_options: Callable[[ProfileEntry], AgentOptions],
+        *,
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
-        """`unit_options`: the options of a profile's agent (`NodeAgent.unit_options`)."""
+        """`unit_options`: the options of a profile's agent (`NodeAgent.unit_options`); `changed`:
+        called when the profile's devices change (the NodeInventory says what serves what)."""
         self.unit = unit
+        self._changed = changed
         self._options = options
         self._client = client
         self._unit_options = unit_options
@@ -399,6 +449,8 @@ class UnitSupervisor:
         from now on, so the failure report stops; ready once the kubelet has it."""
         unit = self.unit
         await agent.started.wait()
+        agent.inventory.subscribe(lambda _snapshot: self._changed())
+        self._changed()
         await self._stop_failure_report()
         unit.failure = None
         while not agent.ready:  # noqa: ASYNC110 - the front-ends have no event for it; a 0.1 s look

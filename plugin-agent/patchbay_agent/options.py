@@ -199,6 +199,16 @@ OPTIONS: tuple[Option, ...] = (
         metavar="CONFIGMAP",
     ),
     Option(
+        "--inventory-rescan",
+        "with --node-config: keep this node's NodeInventory (what hardware it has, written only "
+        "when it changes: a device file coming or going under /dev, at once; anything else, "
+        "found by a rescan of /sys this often); 0 keeps none (default: %(default)s)",
+        seconds_or_zero,
+        "60",
+        "SECONDS",
+        into=("node.inventory_rescan",),
+    ),
+    Option(
         "--node-name", "this node's name (labels metrics and logs)", required=True, into=("agent.node_name",)
     ),
     Option(

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -407,9 +408,31 @@ def installed(tools: Tools) -> Iterator[str]:
     ns = "patchbay-rbac"
     # With the CRD (crds.keep=false, so the release takes it away again): `can-i` asks discovery.
     tools.helm("install", "rbac", str(CHART), "-n", ns, "--create-namespace", "--set", "crds.keep=false")
+    _node_scope_in_force(tools, ns)
     yield ns
     tools.helm("uninstall", "rbac", "-n", ns, "--wait=false", "--no-hooks")  # no pods run here
     # Nothing installs on this control plane after the module's tests; it goes next.
+
+
+def _node_scope_in_force(tools: Tools, ns: str) -> None:
+    """Wait until the API server enforces the agents' node-scope policies: it loads a policy, and
+    the CRDs it names, a moment after the install returns (a dry run for another node, refused)."""
+    extra = {
+        "authentication.kubernetes.io/node-name": "node-a",
+        "authentication.kubernetes.io/pod-name": "agent-node-a",
+    }
+    agent = tools.impersonating(f"system:serviceaccount:{ns}:patchbay-agent-dra", extra)
+    apply = ("apply", "--server-side", "--dry-run=server", "--field-manager=patchbay-agent", "-f", "-")
+
+    def refused() -> bool:
+        report = agent.kubectl(*apply, "-n", ns, stdin=_report("node-b", agent="agent-node-a"), check=False)
+        inventory = agent.kubectl(*apply, stdin=_inventory("node-b", agent="agent-node-a"), check=False)
+        return "Forbidden" in report.stderr and "Forbidden" in inventory.stderr
+
+    deadline = time.monotonic() + 60
+    while not refused():
+        assert time.monotonic() < deadline, "the agents' node-scope policies were not in force within 60 s"
+        time.sleep(0.5)
 
 
 def _can(tools: Tools, ns: str, verb: str, resource: str, namespace: str | None = None) -> bool:
@@ -574,6 +597,77 @@ def test_an_agent_writes_only_its_own_nodes_report(tools: Tools, installed: str)
     # The policy binds the agents only: the operator (or an admin) is not node-scoped.
     assert tools.kubectl(*apply, "-n", ns, stdin=_report("node-b")).returncode == 0
     tools.kubectl("delete", "devicereports", "--all", "-n", ns)
+
+
+def _inventory(node: str, agent: str | None = None) -> str:
+    """A NodeInventory as the shared node agent on ``node`` writes it (one FTDI adapter)."""
+    return json.dumps(
+        {
+            "apiVersion": "patchbay.dev/v1beta1",
+            "kind": "NodeInventory",
+            "metadata": {"name": node},
+            "nodeName": node,
+            "agent": f"agent-{node}" if agent is None else agent,
+            "summary": {"pci": 0, "usb": 1, "char": 1, "gpus": 0},
+            "usb": [{"port": "1-1", "vendor": "0403", "product": "6001", "devNodes": ["/dev/ttyUSB0"]}],
+        }
+    )
+
+
+def test_an_agent_writes_only_its_own_nodes_inventory(tools: Tools, installed: str) -> None:
+    """The NodeInventory policy, by impersonation of the shared node agent's pod-bound token: its
+    own node's inventory is written; another node's is refused, by the API server's policy (RBAC
+    alone would allow it: cluster-scoped); the view role reads them all."""
+    ns = installed
+    claim, pod_claim = "authentication.kubernetes.io/node-name", "authentication.kubernetes.io/pod-name"
+
+    def as_agent(node: str | None, *args: str, stdin: str | None = None, pod: str | None = None) -> Any:
+        extra = {claim: node, pod_claim: pod or f"agent-{node}"} if node else None
+        who = tools.impersonating(f"system:serviceaccount:{ns}:patchbay-agent-dra", extra)
+        return who.kubectl(*args, stdin=stdin, check=False)
+
+    apply = ("apply", "--server-side", "--field-manager=patchbay-agent", "-f", "-")
+    own = as_agent("node-a", *apply, stdin=_inventory("node-a"))
+    assert own.returncode == 0, own.stderr
+    again = as_agent("node-a", *apply, stdin=_inventory("node-a").replace("6001", "6015"))
+    assert again.returncode == 0, again.stderr
+    other = as_agent("node-a", *apply, stdin=_inventory("node-b", agent="agent-node-a"))
+    assert other.returncode != 0
+    assert (
+        "an agent on node node-a may write only its own node's NodeInventory, not the one of node node-b"
+        in (" ".join(other.stderr.split()))
+    ), other.stderr
+    forged = as_agent("node-a", *apply, stdin=_inventory("node-a", agent="someone-else"))
+    assert forged.returncode != 0 and "must name the pod that writes it" in forged.stderr, forged.stderr
+    unbound = as_agent(None, *apply, stdin=_inventory("node-c"))
+    assert unbound.returncode != 0 and "names no node" in unbound.stderr, unbound.stderr
+    # The name is the node's (the CRD's own rule), so an agent cannot file another node's
+    # inventory under its own name either.
+    misnamed = as_agent(
+        "node-a", *apply, stdin=_inventory("node-a").replace('"nodeName": "node-a"', '"nodeName": "x"')
+    )
+    assert misnamed.returncode != 0 and "metadata.name must be the nodeName" in misnamed.stderr, (
+        misnamed.stderr
+    )
+    # A profile's own device-plugin agent (the other ServiceAccount) keeps no inventory.
+    plugin_agent = tools.impersonating(
+        f"system:serviceaccount:{ns}:patchbay-agent", {claim: "node-a", pod_claim: "agent-node-a"}
+    )
+    denied = plugin_agent.kubectl(*apply, stdin=_inventory("node-a"), check=False)
+    assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), denied.stderr
+    # Whoever holds the built-in view role reads them (aggregated), and writes none.
+    viewer = tools.impersonating("jane", groups=["viewers"])
+    tools.kubectl(
+        "create", "clusterrolebinding", "inventory-viewers", "--clusterrole=view", "--group=viewers"
+    )
+    try:
+        listed = viewer.kubectl("get", "nodeinventories", "-o", "name", check=False)
+        assert listed.returncode == 0 and "nodeinventory.patchbay.dev/node-a" in listed.stdout, listed.stderr
+        written = viewer.kubectl(*apply, stdin=_inventory("node-x"), check=False)
+        assert written.returncode != 0 and "forbidden" in written.stderr.lower(), written.stderr
+    finally:
+        tools.kubectl("delete", "clusterrolebinding", "inventory-viewers")
+    tools.kubectl("delete", "nodeinventories", "--all")
 
 
 def _slice(node: str, name: str = "", driver: str = "p.patchbay.dev", **spec: Any) -> str:

@@ -451,7 +451,7 @@ def _check_why(cluster: Cluster, devcluster: DevCluster, bin_dir: Path, p: dict[
 def _check_completion(devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> None:
     """kubectl's own __complete runs kubectl_complete-patchbay (kubectl >= 1.26)."""
     out = kubectl(devcluster, bin_dir, "__complete", "patchbay", "").stdout.splitlines()
-    commands = ["cordon", "devices", "diff", "drain", "nodes", "rollout", "uncordon", "why"]
+    commands = ["cordon", "devices", "diff", "discover", "drain", "nodes", "rollout", "uncordon", "why"]
     assert out[:-1] == commands and out[-1].startswith(":")
     out = kubectl(devcluster, bin_dir, "__complete", "patchbay", "why", p["dp"][:7]).stdout.splitlines()
     assert p["dp"] in out and p["static"] in out

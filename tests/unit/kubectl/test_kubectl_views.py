@@ -197,13 +197,14 @@ def test_completion_candidates() -> None:
         "cordon",
         "devices",
         "diff",
+        "discover",
         "drain",
         "nodes",
         "rollout",
         "uncordon",
         "why",
     ]
-    assert completions(["d"], lookup) == ["devices", "diff", "drain"]
+    assert completions(["d"], lookup) == ["devices", "diff", "discover", "drain"]
     assert completions(["drain", "se"], lookup) == ["sensors", "serial"]
     assert "--preview" in completions(["drain", "serial", "--"], lookup)
     assert "--device" in completions(["uncordon", "serial", "--"], lookup)

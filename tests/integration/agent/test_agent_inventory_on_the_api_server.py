@@ -1,0 +1,131 @@
+"""The node agent's NodeInventory on the REAL API server: the `patchbay-agent --node-config` process
+on the host, with --kubeconfig (the session cluster's admin), serving no profile, reading a FAKE
+HARDWARE tree shaped like a real workstation (support/fakemachines.py: a USB camera, an NVIDIA
+GPU, an FPGA card) under its --host-root.
+
+Checked: the inventory lands through server-side apply, validated by the real CRD schema, named
+after and owned by a real (kwok) Node; a USB serial adapter plugged in (its sysfs entries and
+device files added) is in the stored inventory, and gone after its removal (the seconds each
+took printed: the issue asks for 5 s; the wait allows 30, not a timing assertion); nothing more
+is written while nothing changes (the object's resourceVersion stays through a quiet period
+longer than the coalescing)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from support import fakemachines
+from support.clusters import REPO, apply_crd, wait_for
+from support.fakehw import FakeHardware
+
+from patchbay_devcluster import DevCluster
+
+CRD_FILE = REPO / "crds" / "patchbay.dev_nodeinventories.yaml"
+GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "nodeinventories"
+
+
+@pytest.fixture(scope="module")
+def inventory_crd(api: client.ApiClient) -> None:
+    """The NodeInventory CRD from crds/, Established and served (a LIST answers)."""
+    apply_crd(api, CRD_FILE)
+    custom = client.CustomObjectsApi(api)
+    with_list = functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+    wait_for("the NodeInventory API to be served", lambda: _answers(with_list))
+
+
+def _answers(call: Any) -> bool:
+    try:
+        call()
+    except ApiException:
+        return False
+    return True
+
+
+def test_the_node_agent_keeps_its_nodes_inventory(
+    api: client.ApiClient,
+    devcluster: DevCluster,
+    inventory_crd: None,
+    namespace: str,
+    node: tuple[str, str],
+    workdir: Path,
+) -> None:
+    node_name, node_uid = node
+    custom = client.CustomObjectsApi(api)
+    hw = FakeHardware(workdir / "host")
+    fakemachines.usb_camera(hw)
+    fakemachines.nvidia_h100(hw)
+    fakemachines.alveo_u250(hw)
+    config = workdir / "node.yaml"
+    config.write_text(yaml.safe_dump({"profiles": []}))
+
+    def stored() -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, node_name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return obj
+
+    def ports() -> list[str]:
+        obj = stored() or {}
+        return [u["port"] for u in obj.get("usb", [])]
+
+    argv = [
+        sys.executable, "-m", "patchbay_agent.main", "--node-config", str(config), "--node-name", node_name,
+        "--report-namespace", namespace, "--kubeconfig", str(devcluster.kubeconfig),
+        "--host-root", str(hw.root),
+        "--pod-name", "patchbay-node-agent-x1", "--http-address", "127.0.0.1:0", "--device-plugin-dir",
+        str(workdir / "dp"), "--kubelet-root-dir", str(workdir / "kubelet"),
+    ]  # fmt: skip
+    log = (workdir / "agent.log").open("wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        first = wait_for("the NodeInventory", stored, timeout=30)
+        assert first["metadata"]["ownerReferences"][0]["uid"] == node_uid
+        assert (first["nodeName"], first["agent"]) == (node_name, "patchbay-node-agent-x1")
+        assert first["summary"] == {"pci": 2, "usb": 1, "char": 1, "gpus": 0}
+        pci = {p["address"]: p for p in first["pci"]}
+        assert pci["0000:3b:00.0"]["numaNode"] == 1 and pci["0000:3b:00.0"]["driver"] == "nvidia"
+        assert [u["port"] for u in first["usb"]] == ["1-3"]
+        assert first["usb"][0]["devNodes"] == ["/dev/video0"]
+
+        t0 = time.monotonic()
+        fakemachines.ftdi_serial_adapter(hw)
+        wait_for("the adapter in the inventory", lambda: ports() == ["1-2", "1-3"], timeout=30)
+        appeared = time.monotonic() - t0
+        with_adapter = stored()
+        assert with_adapter is not None
+        assert any(c["path"] == "/dev/ttyUSB0" and c["parent"] == "1-2" for c in with_adapter["char"])
+        t0 = time.monotonic()
+        fakemachines.remove_ftdi_serial_adapter(hw)
+        wait_for("the adapter gone from the inventory", lambda: ports() == ["1-3"], timeout=30)
+        left = time.monotonic() - t0
+        print(f"USB serial adapter: in the stored inventory after {appeared:.2f} s, out after {left:.2f} s")
+
+        # Quiet: no write for longer than the coalescing several times over.
+        version = (stored() or {})["metadata"]["resourceVersion"]
+        time.sleep(3)
+        assert (stored() or {})["metadata"]["resourceVersion"] == version
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        log.close()
+        print((workdir / "agent.log").read_text(errors="replace")[-3000:])
+        custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, node_name)
