@@ -125,6 +125,9 @@ class Reason(StrEnum):
     #: a shared profile whose settings would take the node agent's ConfigMap past 1 MiB: refused
     #: (the ConfigMap is not written: docs/design/staged-rollouts.md)
     CONFIG_TOO_LARGE = "AgentConfigTooLarge"
+    #: a staged rollout halted: a wave failed its health gate or its deadline (Stalled; the
+    #: failed nodes put back: docs/operations.md#staged-rollouts)
+    ROLLOUT_HALTED = "RolloutHalted"
     #: Events of a repair (Normal): an owned object recreated, or an edit of it undone
     RECREATED = "Recreated"
     RESTORED = "Restored"

@@ -129,6 +129,9 @@ class RolloutStatus(TypedDict, total=False):
     threshold: str
     haltedNodes: list[str]
     message: str
+    #: node of the current wave -> the healthy devices it reported before it moved (the gate's
+    #: "not fewer than before", kept for a restarted operator)
+    baseline: dict[str, int]
 
 
 class ProfileStatus(TypedDict, total=False):

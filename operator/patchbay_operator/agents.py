@@ -87,7 +87,8 @@ class Agents(Part):
         """The shared node agent becomes what the shared profiles say now (each with the nodes its
         agents leave out, see `render.shared_agent_objects`); with no profile left, it goes."""
         profiles = [(p, self.registry.exclusion(p)) for p in self.registry.shared_agent_profiles()]
-        refused = render.over_limit(profiles)
+        stage = render.once(profiles, self.stage)
+        refused = render.over_limit(profiles, stage)
         if refused or self.refused:
             self._refuse(refused)
         if refused:
@@ -96,7 +97,7 @@ class Agents(Part):
         if not profiles:
             await self._delete_objects(render.SHARED_AGENT, "no profile uses the shared agent")
             return
-        for obj in render.shared_agent_objects(profiles, self.settings):
+        for obj in render.shared_agent_objects(profiles, self.settings, stage):
             await self._apply_object(obj)
 
     def _refuse(self, names: list[str]) -> None:

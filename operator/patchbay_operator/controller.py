@@ -94,6 +94,7 @@ class Controller:
             classes=self.classes,
             repairs=self.repairs,
             agents=self.agents,
+            revisions=self.revisions,
             dirty=dirty,
             gate=gate,
         )
@@ -265,6 +266,7 @@ class Controller:
         self.status.paused = True
 
     async def _take_over(self) -> None:
+        self.statuses.staging.states.clear()  # resumed from the status it finds (staging.py)
         await self.refresh_profiles()
         self.nodes.queue.resume()
         self.status.paused = False
@@ -298,6 +300,7 @@ class Controller:
             "driftReassertions": n.drift_reassertions,
             "repairs": dict(self.repairs.repairs),
             "revisions": self.revisions.counts(),
+            **self.statuses.staging.stats(),
             "fieldsTakenOver": dict(self.repairs.taken_over),
             "apiRequests": dict(getattr(self.kube, "requests", {})),
         }

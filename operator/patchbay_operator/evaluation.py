@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from patchbay_api.revisions import revision_name, spec_revision
-from patchbay_operator import capacity
+from patchbay_operator import capacity, rollouts
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.constants import KUBELET_BEHIND_GRACE, Mode, Reason
@@ -77,6 +77,9 @@ class Inputs:
     #: agent modes: the objects the operator renders for it that are missing (being recreated) or
     #: whose fields another manager took (repairs.py)
     owned: Sequence[Problem] = ()
+    #: the rollout's policy (spec.rollout) and state (staging.py); None: not staged (every node
+    #: serves the spec's revision, as before staged rollouts)
+    rollout: tuple[rollouts.Policy, rollouts.State] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,45 @@ class Evaluation:
     #: DevicePlugin mode: the nodes that count fewer devices allocatable than their agent serves
     #: healthy now (profilestatus.py keeps since when, for `Inputs.short_since`)
     short_nodes: frozenset[str] = frozenset()
+    #: the rollout's next state (None: not staged)
+    rollout: rollouts.Step | None = None
+
+
+def _rollout_step(
+    inputs: Inputs,
+    matching: Sequence[NodeState],
+    reports: Sequence[Report],
+    troubles: Sequence[Trouble],
+    short: Mapping[str, str],
+) -> rollouts.Step | None:
+    """The rollout's next state from what the selected nodes say now (rollouts.step)."""
+    if inputs.rollout is None:
+        return None
+    policy, state = inputs.rollout
+    clock = parse_rfc3339(inputs.now)
+    if clock is None:
+        return rollouts.Step(state)
+    by_node = {r.node: r for r in reports}
+    stuck = {t.node: t.message for t in troubles if t.stalled and t.node}
+    views = []
+    for n in matching:
+        r = by_node.get(n.name)
+        views.append(
+            rollouts.NodeView(
+                n.name,
+                n.labels,
+                r.revision if r is not None else "",
+                r.healthy if r is not None else None,
+                r.error.message if r is not None and r.error is not None else "",
+                short.get(n.name, ""),
+                stuck.get(n.name, ""),
+            )
+        )
+    return rollouts.step(policy, inputs.profile.uid, views, state, clock)
+
+
+def _sooner(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def evaluate(inputs: Inputs) -> Evaluation:
@@ -111,7 +153,9 @@ def evaluate(inputs: Inputs) -> Evaluation:
         ]
         problems = static.static_problems(seen)
         new = static.static_status(profile, seen, previous, now, problems=problems)
-        return Evaluation(_with_revisions(_no_dra(new, previous), profile, None), problems)
+        step = _rollout_step(inputs, [], [], [], {})
+        new = _with_revisions(_no_dra(new, previous), profile, None, step=step, now=now)
+        return Evaluation(new, problems, rollout=step)
     troubles = list(inputs.troubles)
     ds = inputs.daemonset
     refused = None
@@ -147,6 +191,10 @@ def evaluate(inputs: Inputs) -> Evaluation:
         problems += dra.served_twice_problems(profile, twin_name, twice)
         problems += overlaps
         problems += inputs.owned
+        step = _rollout_step(inputs, matching, _believed(reports, selected), troubles, {})
+        if step is not None:
+            problems += step.problems
+            recheck_at = _sooner(recheck_at, step.recheck_at)
         new = dra.dra_status(
             profile,
             ds,
@@ -162,8 +210,8 @@ def evaluate(inputs: Inputs) -> Evaluation:
             maintenance=inputs.maintenance,
         )
         new = nodegroups.with_node_groups(new, profile, matching, _believed(reports, selected), previous)
-        new = _with_revisions(new, profile, _believed(reports, selected), len(selected))
-        return Evaluation(new, problems, recheck_at, keep, retry)
+        new = _with_revisions(new, profile, _believed(reports, selected), len(selected), step=step, now=now)
+        return Evaluation(new, problems, recheck_at, keep, retry, rollout=step)
     problems = deviceplugin.plugin_problems(profile, matching, troubles, reports)
     short = deviceplugin.kubelet_short(profile, matching, reports)
     clock = parse_rfc3339(now)
@@ -180,17 +228,28 @@ def evaluate(inputs: Inputs) -> Evaluation:
     problems += deviceplugin.kubelet_short_problems(short, past_grace)
     problems += overlaps
     problems += inputs.owned
+    gone_short = {n: m for n, m in short.items() if n in past_grace}
+    step = _rollout_step(inputs, matching, _believed(reports, selected), troubles, gone_short)
+    if step is not None:
+        problems += step.problems
+        recheck_at = _sooner(recheck_at, step.recheck_at)
     new = deviceplugin.plugin_status(
         profile, ds, nodes, previous, now, troubles=troubles, reports=reports, problems=problems
     )
     new = nodegroups.with_node_groups(new, profile, matching, _believed(reports, selected), previous)
     believed = _believed(reports, selected)
-    new = _with_revisions(_no_dra(new, previous), profile, believed, len(selected))
-    return Evaluation(new, problems, recheck_at, keep, retry, frozenset(short))
+    new = _with_revisions(_no_dra(new, previous), profile, believed, len(selected), step=step, now=now)
+    return Evaluation(new, problems, recheck_at, keep, retry, frozenset(short), step)
 
 
 def _with_revisions(
-    new: dict[str, Any], profile: Profile, reports: Sequence[Report] | None, selected: int = 0
+    new: dict[str, Any],
+    profile: Profile,
+    reports: Sequence[Report] | None,
+    selected: int = 0,
+    *,
+    step: rollouts.Step | None = None,
+    now: str = "",
 ) -> dict[str, Any]:
     """The revisions and their node counts, in a DaemonSet's words: ``currentRevision`` and
     ``updateRevision`` (the ControllerRevisions ``<profile>-<hash>``: with every node moved at
@@ -198,7 +257,8 @@ def _with_revisions(
     profile: the `selected` ones), ``updatedNumberScheduled`` (of them, those whose agent says it
     serves the update revision: its DeviceReport's ``revision``) and ``updatedNumberReady`` (of
     those, the ones serving it without an agent error). Static (``reports`` None): no agent, the
-    node's capacity as intended is the update revision served."""
+    node's capacity as intended is the update revision served. Staged (`step`): the current
+    revision is the rollout's, and ``status.rollout`` says where it stands."""
     digest = spec_revision(profile.spec)
     nodes = new.get("nodes") or {}
     desired = selected
@@ -209,14 +269,37 @@ def _with_revisions(
         on_update = [r for r in reports if r.revision == digest]
         updated, ready = len(on_update), sum(r.error is None for r in on_update)
     name = revision_name(profile.name, digest)
+    current = name if step is None else revision_name(profile.name, step.state.current)
+    if step is not None:
+        new["rollout"] = step.state.status()
+        if step.state.phase is rollouts.Phase.PROGRESSING and not step.state.settled_now:
+            _reconciling(new, step.state.message, now)
     new.update(
-        currentRevision=name,
+        currentRevision=current,
         updateRevision=name,
         desiredNumberScheduled=desired,
         updatedNumberScheduled=min(updated, desired),
         updatedNumberReady=min(ready, desired),
     )
     return new
+
+
+def _reconciling(new: dict[str, Any], message: str, now: str) -> None:
+    """A wave moving or held by its gate is work in progress (kstatus: InProgress, so Flux and
+    Argo CD wait): Reconciling True, RollingOut, unless something already stalls the profile."""
+    conds = new.get("conditions") or []
+    if any(c.get("type") == "Stalled" and c.get("status") == "True" for c in conds):
+        return
+    for c in conds:
+        if c.get("type") == "Reconciling" and (c.get("status"), c.get("reason")) != (
+            "True",
+            Reason.ROLLING_OUT.value,
+        ):
+            if c.get("status") != "True":
+                c["lastTransitionTime"] = now
+            c.update(
+                status="True", reason=Reason.ROLLING_OUT.value, message=f"staged rollout: {message}"[:32768]
+            )
 
 
 def _believed(reports: Sequence[Report], selected: frozenset[str]) -> list[Report]:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from patchbay_operator.constants import API_GROUP, API_VERSION, FIELD_MANAGER, KIND
+from patchbay_operator.constants import API_GROUP, API_VERSION, FIELD_MANAGER, KIND, Reason
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.timestamps import rfc3339_now
@@ -42,7 +42,8 @@ def _where(p: Problem, text: str) -> str:
     """``text`` said of where the problem is; a problem of no node (pods the API server refused
     to create, agentpods.refusal) names its DaemonSet in its own message."""
     if not p.node:
-        return f"agent DaemonSet: {text}"
+        # A halted rollout names its nodes itself (rollouts.py); any other is the DaemonSet's.
+        return text if p.reason == Reason.ROLLOUT_HALTED else f"agent DaemonSet: {text}"
     return f"node {p.node}" + (f", device {p.device}" if p.device else "") + f": {text}"
 
 

@@ -76,6 +76,21 @@ LABELLED = {
 }
 
 
+ROLLOUT = {
+    "rolloutHalted": (
+        "patchbay_rollout_halted",
+        "gauge",
+        "1 while a profile's staged rollout is halted (a wave failed its gate or its deadline), else 0.",
+    ),
+    "rolloutWaves": (
+        "patchbay_rollout_waves",
+        "counter",
+        "Waves of staged rollouts begun (the canary counts).",
+    ),
+}
+"""The staged rollouts' metrics, named as docs/design/staged-rollouts.md names them."""
+
+
 def metric_name(key: str) -> str:
     """``nodePatches`` -> ``patchbay_operator_node_patches`` (counters get ``_total`` when exposed)."""
     snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
@@ -101,6 +116,12 @@ class StatsCollector(Collector):
                 values = [str(value)] if isinstance(label, str) else [str(v) for v in value]
                 family.add_metric(values, float(n))
             yield family
+        halted = GaugeMetricFamily(*ROLLOUT["rolloutHalted"][::2], labels=["profile"])
+        for profile, n in sorted((s.get("rolloutHalted") or {}).items()):
+            halted.add_metric([profile], float(n))
+        yield halted
+        name, _, text = ROLLOUT["rolloutWaves"]
+        yield CounterMetricFamily(name, text, value=float(s.get("rolloutWaves", 0)))
 
 
 def serve(address: tuple[str, int], stats: Callable[[], Mapping[str, Any]]) -> None:

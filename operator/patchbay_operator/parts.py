@@ -12,6 +12,7 @@ from typing import Any
 from patchbay_operator.config import Settings
 from patchbay_operator.kube import KubeAPI
 from patchbay_operator.profiles import Registry
+from patchbay_operator.render import Stage
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -23,3 +24,5 @@ class Part:
     settings: Settings
     _: KW_ONLY
     registry: Registry
+    #: how the shared agents' config renders a profile mid-rollout (staging.py; None: unstaged)
+    stage: Stage | None = None

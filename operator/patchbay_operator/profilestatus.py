@@ -21,7 +21,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from patchbay_operator import evaluation, maintenance, render
+from patchbay_operator import evaluation, maintenance, render, rollouts
 from patchbay_operator.agents import Agents
 from patchbay_operator.agentwatch import AgentWatch
 from patchbay_operator.config import Settings
@@ -34,7 +34,9 @@ from patchbay_operator.nodes import NodeSync
 from patchbay_operator.peering import Gate, writes
 from patchbay_operator.profiles import Profile, Registry
 from patchbay_operator.repairs import Repairs
+from patchbay_operator.revisions import Revisions
 from patchbay_operator.scheduler import OnPending, Timers
+from patchbay_operator.staging import Staging
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.statuswriter import Dirty, StatusWriter
 from patchbay_operator.timestamps import rfc3339_now
@@ -62,11 +64,24 @@ class ProfileStatus:
         dirty: Dirty,
         gate: Gate | None = None,
         agents: Agents | None = None,
+        revisions: Revisions | None = None,
     ) -> None:
         self._settings, self._kube, self._call, self._registry = settings, kube, call, registry
         self._nodes, self._watch, self._classes, self._gate = nodes, watch, classes, gate
         self._repairs, self._agents = repairs, agents
         self.writer = StatusWriter(self.compute, self.write, settings.status_debounce, dirty)
+        #: each profile's staged rollout (staging.py); without revisions, none: every node at once
+        data = revisions.data if revisions is not None else lambda _p, _d: None
+        nodes_now = lambda: self._nodes.states.values()  # noqa: E731, PLW0108 (a resync replaces the dict)
+        self.staging = Staging(data, nodes_now, self.writer.previous)
+        self._staged = revisions is not None
+        if revisions is not None:
+            revisions.in_use = self.staging.in_use
+            if agents is not None:
+                agents.stage = repairs.stage = self.staging.entry
+        #: the shared agents' config written again after a wave moved (one timer: a burst of
+        #: waves of several profiles is one write)
+        self._waves: Timers[str] = Timers(OnPending.KEEP)
         self.events = EventRecorder(lambda ns, body: call(kube.create_event, ns, body))
         #: DeviceTaintRules (device maintenance), where the API server serves them
         self.rules: Store[maintenance.Rule] = Store(lambda r: r.name, self._rule_changed)
@@ -109,7 +124,14 @@ class ProfileStatus:
             self._prunes.schedule(name, 0.0, prune)
         if result.retry_create is not None:
             self._retry_create_later(result.retry_create, name)
+        if result.rollout is not None and self.staging.commit(name, result.rollout) and self._agents:
+            self._waves.schedule(SHARED_KEY, 0.0, self._write_wave)
         return result.status
+
+    async def _write_wave(self) -> None:
+        """A rollout moved (a wave, a halt's put-back, the end): the shared agents' config says so."""
+        if self._agents is not None and writes(self._gate):
+            await self._agents.apply_shared()
 
     def _inputs(self, profile: Profile) -> evaluation.Inputs:
         """What the caches say about ``profile`` now."""
@@ -128,6 +150,9 @@ class ProfileStatus:
         )
         if base.winner is not None:
             return base
+        if self._staged:
+            policy = rollouts.Policy.parse(profile.spec.get("rollout"))
+            base = replace(base, rollout=(policy, self.staging.state(profile)))
         if profile.mode is Mode.STATIC:
             return replace(base, failures=dict(self._nodes.failures))
         shared = profile.uses_shared_agent
@@ -189,5 +214,5 @@ class ProfileStatus:
         self.writer.mark(p.name for p in self._registry if p.mode is Mode.DRA)
 
     async def close(self) -> None:
-        for timers in (self._rechecks, self._prunes, self._retries):
+        for timers in (self._rechecks, self._prunes, self._retries, self._waves):
             await timers.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -303,8 +303,16 @@ def shared_labels() -> dict[str, str]:
     }
 
 
+Stage = Callable[[Profile], tuple[Profile | None, Rollout]]
+"""A profile -> its current revision as a profile (None: every node serves the spec's) and the
+rollout stanza (staging.py's ``Staging.entry``)."""
+
+
 def node_entry(
-    profile: Profile, exclude: Selector | None = None, current: Profile | None = None
+    profile: Profile,
+    exclude: Selector | None = None,
+    current: Profile | None = None,
+    rollout: Rollout | None = None,
 ) -> dict[str, Any]:
     """One profile in the node agent's config (nodeconfig.py in the agent reads it): its name and
     uid, the revision it is (`revision`, the hash) and which revision each node serves
@@ -317,15 +325,15 @@ def node_entry(
 
     `current`: the profile as its current revision had it, when nodes are still to move from it
     (staged rollouts: its settings go under ``revisions`` and the stanza keeps every node on it
-    but the ones it moves). None, as for every profile now: every node serves ``profile``."""
+    but the ones `rollout` moves, NOBODY when not given). None: every node serves ``profile``."""
     revision = spec_revision(profile.spec)
-    rollout = Rollout.settled(revision)
+    stanza = Rollout.settled(revision)
     entry: dict[str, Any] = {"profile": profile.name, "uid": profile.uid, "revision": revision}
     entry |= _revision_body(profile, exclude)
     if current is not None and (was := spec_revision(current.spec)) != revision:
-        rollout = Rollout(was, revision, threshold=NOBODY)
+        stanza = rollout if rollout is not None else Rollout(was, revision, threshold=NOBODY)
         entry["revisions"] = {was: _revision_body(current, exclude)}
-    entry["rollout"] = rollout.as_dict()
+    entry["rollout"] = stanza.as_dict()
     return entry
 
 
@@ -360,13 +368,32 @@ def data_size(configmap: Mapping[str, Any]) -> int:
     return sum(len(k.encode()) + len(str(v).encode()) for k, v in (configmap.get("data") or {}).items())
 
 
-def entry_sizes(profiles: Sequence[tuple[Profile, Selector | None]]) -> dict[str, int]:
+def once(profiles: Sequence[tuple[Profile, Selector | None]], stage: Stage | None) -> Stage | None:
+    """`stage` asked once per profile (the size check and the config then agree, and the rollout's
+    state is read once per write)."""
+    if stage is None:
+        return None
+    table = {p.name: stage(p) for p, _ in profiles}
+    return lambda p: table[p.name]
+
+
+def _entry(profile: Profile, exclude: Selector | None, stage: Stage | None) -> dict[str, Any]:
+    """The profile's entry, staged when `stage` says a rollout is in progress."""
+    if stage is None:
+        return node_entry(profile, exclude)
+    current, rollout = stage(profile)
+    return node_entry(profile, exclude, current, rollout)
+
+
+def entry_sizes(
+    profiles: Sequence[tuple[Profile, Selector | None]], stage: Stage | None = None
+) -> dict[str, int]:
     """Each profile's bytes in the node agent's ConfigMap, exactly: the file is the entries' dumps
     one after the other under ``profiles:``, so each is dumped alone. One whose JSON is already
     twice `CONFIGMAP_LIMIT` is not dumped (counted as the limit and one)."""
     sizes: dict[str, int] = {}
     for p, exclude in profiles:
-        entry = node_entry(p, exclude)
+        entry = _entry(p, exclude, stage)
         if len(json.dumps(entry)) > 2 * CONFIGMAP_LIMIT:
             sizes[p.name] = CONFIGMAP_LIMIT + 1
         else:
@@ -378,10 +405,10 @@ def entry_sizes(profiles: Sequence[tuple[Profile, Selector | None]]) -> dict[str
 _HEADER = "profiles:\n"
 
 
-def over_limit(profiles: Sequence[tuple[Profile, Selector | None]]) -> list[str]:
+def over_limit(profiles: Sequence[tuple[Profile, Selector | None]], stage: Stage | None = None) -> list[str]:
     """The shared profiles that do not fit in the node agent's ConfigMap: taken oldest first, the
     ones whose entry would take it past `CONFIGMAP_LIMIT` (none when the whole config fits)."""
-    sizes = entry_sizes(profiles)
+    sizes = entry_sizes(profiles, stage)
     total = len(NODE_CONFIG_KEY) + len(_HEADER)
     if total + sum(sizes.values()) <= CONFIGMAP_LIMIT:
         return []
@@ -394,21 +421,21 @@ def over_limit(profiles: Sequence[tuple[Profile, Selector | None]]) -> list[str]
     return refused
 
 
-def node_config(profiles: Sequence[tuple[Profile, Selector | None]]) -> str:
+def node_config(profiles: Sequence[tuple[Profile, Selector | None]], stage: Stage | None = None) -> str:
     """The node agent's config file: every shared profile, sorted by name (a stable hash)."""
-    entries = [node_entry(p, exclude) for p, exclude in sorted(profiles, key=lambda pe: pe[0].name)]
+    entries = [_entry(p, exclude, stage) for p, exclude in sorted(profiles, key=lambda pe: pe[0].name)]
     return yaml.safe_dump({"profiles": entries}, sort_keys=True, default_flow_style=False)
 
 
 def shared_agent_objects(
-    profiles: Sequence[tuple[Profile, Selector | None]], settings: Settings
+    profiles: Sequence[tuple[Profile, Selector | None]], settings: Settings, stage: Stage | None = None
 ) -> list[dict[str, Any]]:
     """[ConfigMap, DaemonSet] of the shared node agent serving `profiles` (each with the selector
     its agents must leave out, as in `agent_objects`): each profile's node selector terms are in
     the config, which the agents evaluate against their node's labels; the DaemonSet's pod
     template depends on none of them (see below). Every profile is an owner (none the
     controller), so the garbage collector removes the objects with the last of them."""
-    text = node_config(profiles)
+    text = node_config(profiles, stage)
     owners = [{**owner_reference(p), "controller": False, "blockOwnerDeletion": False} for p, _ in profiles]
     common = {
         "name": SHARED_AGENT,

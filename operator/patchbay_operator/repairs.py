@@ -165,7 +165,9 @@ class Repairs(Part):
             profiles = reg.shared_agent_profiles()
             if not profiles or name != render.SHARED_AGENT:
                 return None
-            objects = render.shared_agent_objects([(p, reg.exclusion(p)) for p in profiles], self.settings)
+            objects = render.shared_agent_objects(
+                [(p, reg.exclusion(p)) for p in profiles], self.settings, self.stage
+            )
         else:
             p = reg.get(whose)
             if (

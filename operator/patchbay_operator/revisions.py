@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -49,7 +49,8 @@ RETRY_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class Kept:
-    """One ControllerRevision as the operator keeps it (no copy of its data)."""
+    """One ControllerRevision as the operator keeps it, with its data (the body of a revision
+    that nodes may still serve mid-rollout: a few KiB per revision kept)."""
 
     name: str
     profile: str
@@ -57,6 +58,8 @@ class Kept:
     revision: int
     #: the uid of the profile that owns it ("" when none)
     owner: str = ""
+    #: what it holds (`revision_data`): the body a node still on it is served (staged rollouts)
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Kept:
@@ -69,6 +72,7 @@ class Kept:
             str(labels.get(LABEL_REVISION_HASH) or ""),
             int(obj.get("revision") or 0),
             str(owners[0].get("uid") or "") if owners else "",
+            dict(obj.get("data") or {}),
         )
 
 
@@ -131,6 +135,8 @@ class Revisions:
     ) -> None:
         self._kube, self._call, self._settings = kube, call, settings
         self._registry, self._mark, self._gate = registry, mark, gate
+        #: the revisions a profile's nodes may still serve besides its spec's (staging.py): kept
+        self.in_use: Callable[[Profile], Iterable[str]] = lambda _p: ()
         self.store: Store[Kept] = Store(attrgetter("name"), self._changed)
         self._timers: Timers[str] = Timers(OnPending.KEEP)
         #: revisions written, deleted (pruned) and recreated (/metrics, tests)
@@ -170,7 +176,7 @@ class Revisions:
             self.created += 1
             log.info("DevicePluginProfile %s is revision %d (%s)", profile.name, obj["revision"], name)
             self._mark([profile.name])
-        for old in to_prune(self.of(profile), {name}, history_limit(profile)):
+        for old in to_prune(self.of(profile), {name, *self.in_use(profile)}, history_limit(profile)):
             try:
                 await self._call(self._kube.delete, Ref(collection(API_VERSION, KIND, ns), old.name))
             except (KubeError, OSError) as e:
@@ -183,6 +189,11 @@ class Revisions:
         """The profile's revision in use (its spec's), as watched; None before it is written."""
         digest = revision_hash(revision_data(profile.spec))
         return self.store.items.get(revision_name(profile.name, digest))
+
+    def data(self, profile: str, digest: str) -> Mapping[str, Any] | None:
+        """The data of the profile's revision ``digest``, as watched (None when not known)."""
+        kept = self.store.items.get(revision_name(profile, digest))
+        return kept.data if kept is not None and kept.data else None
 
     def _changed(self, old: Kept | None, new: Kept | None) -> None:
         """A revision deleted by someone else: the one in use is written again soon."""

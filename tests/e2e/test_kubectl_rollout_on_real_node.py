@@ -3,9 +3,8 @@ profile served by the shared node agent over FAKE devices, a pod holding one of 
 glob that matches nothing exits 1 naming that pod (and writes nothing); a change that keeps every
 device exits 0. Then the bad change applied as a user would: the node's allocatable drops to 0,
 `rollout undo` puts the previous revision's settings back in one patch, the devices come back, the
-holder never restarted, and `rollout status` says the profile rolled out. Every node still moves at
-once here (the operator's waves are built on their own): this proves the verbs on the real agent,
-not the waves."""
+holder never restarted, and `rollout status` says the profile rolled out. Every node moves at once
+here (`rollout.strategy: Immediate`): this proves the verbs on the real agent, not the waves."""
 
 from __future__ import annotations
 
@@ -41,6 +40,9 @@ def test_diff_names_the_holder_a_bad_glob_would_strip_and_undo_puts_it_back(
     patchbay, cluster, _, real_node, namespace, fake_dev = on_node
     core, ns = cluster.core, patchbay.namespace
     name, resource = serial_profile(cluster, fake_dev, real_node, agent=None)
+    # Every node at once: a staged rollout would halt the bad change and put the node back by
+    # itself (tests/e2e/test_staged_rollouts_on_real_node.py); this test is about the verbs.
+    cluster.patch_spec(name, {"rollout": {"strategy": "Immediate"}})
     full = (str(DEVICES), str(DEVICES))
     wait_for(f"{DEVICES} devices on the node", lambda: cluster.values(real_node, resource) == full, 180)
     holder = "diff-holder"

@@ -26,6 +26,7 @@ ALERTS = {
     "PatchbayDeviceUnhealthy",
     "PatchbayProfileStalled",
     "PatchbayProfileDegraded",
+    "PatchbayRolloutHalted",
     "PatchbayNodeCapacityDrift",
     "PatchbayOperatorWatchRestarts",
     "PatchbayDRAPrepareErrors",

@@ -237,6 +237,25 @@ class Cluster:
         )
 
     # nodes
+    def shared_entry(self, name: str, namespace: str = NAMESPACE) -> dict[str, Any] | None:
+        """Profile `name`'s entry in the shared node agent's config (None: no ConfigMap, or no
+        entry)."""
+        try:
+            cm = self.core.read_namespaced_config_map("patchbay-node-agent", namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        doc = yaml.safe_load((cm.data or {}).get("node.yaml") or "{}") or {}
+        return next((e for e in doc.get("profiles") or [] if e.get("profile") == name), None)
+
+    def shared_agent_pod(self, node: str) -> str:
+        """The shared node agent's pod on `node` (kwok runs it): the writer a report must name."""
+        pods = self.core.list_namespaced_pod(
+            NAMESPACE, label_selector="patchbay.dev/agent=shared", field_selector=f"spec.nodeName={node}"
+        ).items
+        return str(pods[0].metadata.name) if pods else ""
+
     def add_nodes(self, count: int, labels: dict[str, str] | None = None, start: int = 0) -> list[str]:
         names = self.devcluster.add_kwok_nodes(
             count, prefix=f"{self.prefix}n", labels={TEST_LABEL: self.tag, **(labels or {})}, start=start

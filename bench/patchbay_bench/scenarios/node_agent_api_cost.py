@@ -56,6 +56,8 @@ def profile(i: int, own_agent: bool) -> dict[str, Any]:
         "mode": "DevicePlugin",
         "nodeSelector": {"matchLabels": {"type": "kwok"}},
         "plugin": {"discovery": {"virtual": {"count": 2}}},
+        # The API cost of a change that reaches every node (staged rollouts move one wave at a time).
+        "rollout": {"strategy": "Immediate"},
     }
     if own_agent:  # kwok nodes are tainted; the shared agent tolerates every taint, an own agent what it says
         spec["agent"] = {

@@ -59,6 +59,9 @@ def profile(name: str, resource: str, plugin: dict[str, Any]) -> dict[str, Any]:
         "mode": "DevicePlugin",
         "nodeSelector": {"matchLabels": {LABEL: "yes"}},
         "plugin": plugin,
+        # What is measured is the agent's side of a change (a rollout of its pods, or the shared
+        # agent's live change), as before staged rollouts: every node at once.
+        "rollout": {"strategy": "Immediate"},
     }
     return kube.profile(name, spec)
 

@@ -12,10 +12,9 @@ import json
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from support.clusters import GROUP, NAMESPACE, PLURAL, TEST_LABEL, VERSION, Cluster, wait_for
+from support.clusters import GROUP, PLURAL, TEST_LABEL, VERSION, Cluster, wait_for
 from support.operator import Operator
 
 SHARED = "patchbay-node-agent"
@@ -166,27 +165,9 @@ def test_a_group_gets_none_of_the_plugins_defaults(
         assert groups == GROUPS
 
 
-def shared_entry(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    try:
-        cm = cluster.core.read_namespaced_config_map(SHARED, NAMESPACE)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    entries = yaml.safe_load(cm.data["node.yaml"])["profiles"]
-    return next((e for e in entries if e["profile"] == name), None)
-
-
 def groups_status(cluster: Cluster, name: str) -> dict[str, tuple[int, int]]:
     st = (cluster.profile(name) or {}).get("status") or {}
     return {g["name"]: (g.get("nodes", 0), g.get("matching", 0)) for g in st.get("nodeGroups") or []}
-
-
-def shared_pod(cluster: Cluster, node: str) -> str:
-    pods = cluster.core.list_namespaced_pod(
-        NAMESPACE, label_selector="patchbay.dev/agent=shared", field_selector=f"spec.nodeName={node}"
-    ).items
-    return str(pods[0].metadata.name) if pods else ""
 
 
 def test_the_groups_reach_the_node_agent_merged_and_the_status_counts_their_nodes(
@@ -198,7 +179,7 @@ def test_the_groups_reach_the_node_agent_merged_and_the_status_counts_their_node
     name = f"{cluster.prefix}grouped"
     cluster.create_profile(name, spec(tag=cluster.tag))
 
-    entry = wait_for("the node agent's config lists the profile", lambda: shared_entry(cluster, name))
+    entry = wait_for("the node agent's config lists the profile", lambda: cluster.shared_entry(name))
     first, second = entry["nodeGroups"]
     assert first["name"] == "shared" and second["name"] == "many"
     assert first["nodeSelectorTerms"] == [[{"key": "sharing", "operator": "In", "values": ["yes"]}]]
@@ -224,7 +205,7 @@ def test_the_groups_reach_the_node_agent_merged_and_the_status_counts_their_node
 
     # The agents report which group they serve (as the node agent on each node would).
     for node, group in ((shared[0], "shared"), (plain[0], "default")):
-        pod = wait_for(f"the shared agent pod on {node}", lambda node=node: shared_pod(cluster, node))
+        pod = wait_for(f"the shared agent pod on {node}", lambda node=node: cluster.shared_agent_pod(node))
         cluster.apply_report(name, node, pod, [{"id": "d0", "health": "Healthy"}], R, nodeGroup=group)
     wait_for(
         "the agents' groups counted",
@@ -250,7 +231,7 @@ def test_the_groups_reach_the_node_agent_merged_and_the_status_counts_their_node
     )
     wait_for("groups gone from the status", lambda: groups_status(cluster, name) == {})
     wait_for(
-        "groups gone from the config", lambda: "nodeGroups" not in (shared_entry(cluster, name) or {"x": 1})
+        "groups gone from the config", lambda: "nodeGroups" not in (cluster.shared_entry(name) or {"x": 1})
     )
     cluster.delete_profile(name)
 
@@ -264,7 +245,7 @@ def test_a_dra_profiles_groups_reach_the_node_agent_and_its_status(
     cluster.add_nodes(1, start=1)
     name = f"{cluster.prefix}dra"
     cluster.create_profile(name, spec("DRA", tag=cluster.tag))
-    entry = wait_for("the node agent's config lists the profile", lambda: shared_entry(cluster, name))
+    entry = wait_for("the node agent's config lists the profile", lambda: cluster.shared_entry(name))
     assert entry["mode"] == "DRA" and entry["driver"] == f"{name}.patchbay.dev"
     assert [g["name"] for g in entry["nodeGroups"]] == ["shared", "many"]
     assert entry["nodeGroups"][0]["plugin"]["sharing"] == {"replicas": 4}

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-from kubernetes.client.rest import ApiException
 from support.clusters import GROUP, NAMESPACE, TEST_LABEL, Cluster, wait_for
 from support.operator import Operator
 
@@ -24,6 +22,9 @@ def spec(cluster: Cluster, count: int, limit: int = 2) -> dict[str, Any]:
         "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
         "plugin": {"discovery": {"virtual": {"count": count}}},
         "revisionHistoryLimit": limit,
+        # Every node at once: this test is about the revisions kept, not the waves
+        # (test_operator_rollouts_on_the_api_server.py), and no agent reports here to pass a gate.
+        "rollout": {"strategy": "Immediate"},
     }
 
 
@@ -45,27 +46,8 @@ def numbers(cluster: Cluster, name: str) -> list[int]:
     return sorted(int(r["revision"]) for r in revisions(cluster, name).values())
 
 
-def shared_pod(cluster: Cluster, node: str) -> str:
-    """The shared node agent's pod on `node` (kwok runs it): the writer a report must name."""
-    pods = cluster.core.list_namespaced_pod(
-        NAMESPACE, label_selector="patchbay.dev/agent=shared", field_selector=f"spec.nodeName={node}"
-    ).items
-    return str(pods[0].metadata.name) if pods else ""
-
-
 def status(cluster: Cluster, name: str) -> dict[str, Any]:
     return dict((cluster.profile(name) or {}).get("status") or {})
-
-
-def shared_entry(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    try:
-        cm = cluster.core.read_namespaced_config_map("patchbay-node-agent", NAMESPACE)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    doc = yaml.safe_load((cm.data or {}).get("node.yaml") or "{}") or {}
-    return next((e for e in doc.get("profiles") or [] if e.get("profile") == name), None)
 
 
 def test_revisions_follow_the_changes_and_the_one_in_use_is_kept(
@@ -106,7 +88,7 @@ def test_revisions_follow_the_changes_and_the_one_in_use_is_kept(
     assert status(cluster, name)["updatedNumberScheduled"] == 0
     device = [{"id": "virtual-0", "health": "Healthy"}]
     for node, revision in ((nodes[0], digest), (nodes[1], "0000000000")):
-        pod = wait_for(f"the shared agent pod on {node}", lambda node=node: shared_pod(cluster, node))
+        pod = wait_for(f"the shared agent pod on {node}", lambda node=node: cluster.shared_agent_pod(node))
         cluster.apply_report(name, node, pod, device, first["resourceName"], revision=revision)
     wait_for(
         "one node counted on the update revision",
@@ -120,7 +102,7 @@ def test_revisions_follow_the_changes_and_the_one_in_use_is_kept(
     )
 
     # The node agent's entry: the revision, and every node on it.
-    entry = wait_for("the shared agent's entry", lambda: shared_entry(cluster, name))
+    entry = wait_for("the shared agent's entry", lambda: cluster.shared_entry(name))
     assert entry["revision"] == digest and entry["uid"] == created["metadata"]["uid"]
     assert entry["rollout"] == {
         "current": digest,

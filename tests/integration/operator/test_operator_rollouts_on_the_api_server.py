@@ -1,0 +1,206 @@
+"""Staged rollouts on the real API server (issue 45, step 3): a change of a shared profile rolls in
+waves (the canary, then ``maxNodesPerWave``), each held for its gate; a regression on the canary
+halts it (Stalled naming the node, a Warning Event, the metric, the node put back); the revert
+settles it; an operator stopped mid-rollout and a new one started resumes it where it was.
+
+No agent runs on kwok nodes: the test writes each node's DeviceReport itself, as the shared node
+agent would, naming the shared agent's pod on the node and the revision the agents' ConfigMap
+assigns the node (``Rollout.served``, the function the agents use)."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from support.clusters import TEST_LABEL, Cluster, wait_for
+from support.operator import Operator
+
+from patchbay_api.revisions import Rollout, spec_revision
+
+
+def spec(cluster: Cluster, count: int, **rollout: Any) -> dict[str, Any]:
+    return {
+        "resourceName": f"example.com/{cluster.prefix}waves",
+        "mode": "DevicePlugin",
+        "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
+        "plugin": {"discovery": {"virtual": {"count": count}}},
+        "rollout": {"healthySeconds": 1, "maxNodesPerWave": 2, "progressDeadlineSeconds": 120, **rollout},
+    }
+
+
+class Agents:
+    """The nodes' shared agents, simulated: each reports the revision its node is assigned."""
+
+    def __init__(self, cluster: Cluster, name: str, nodes: list[str]) -> None:
+        self.cluster, self.name, self.nodes = cluster, name, nodes
+        self.pods = {
+            n: wait_for(f"the agent pod on {n}", lambda n=n: cluster.shared_agent_pod(n)) for n in nodes
+        }
+        self.reported: dict[str, tuple[str, int]] = {}
+        #: node -> every revision it was assigned, in order
+        self.history: dict[str, list[str]] = {n: [] for n in nodes}
+
+    def stanza(self) -> tuple[str, Rollout]:
+        entry = wait_for("the profile's entry", lambda: self.cluster.shared_entry(self.name))
+        return entry["uid"], Rollout.from_dict(entry["rollout"])
+
+    def report(self, healthy: Callable[[str, str], int] = lambda _n, _r: 2) -> dict[str, str]:
+        """Each node's report on the revision it is assigned now; node -> that revision."""
+        uid, stanza = self.stanza()
+        resource = f"example.com/{self.cluster.prefix}waves"
+        out = {}
+        for node in self.nodes:
+            revision = stanza.served(uid, node, {TEST_LABEL: self.cluster.tag})
+            out[node] = revision
+            if not self.history[node] or self.history[node][-1] != revision:
+                self.history[node].append(revision)
+            count = healthy(node, revision)
+            if self.reported.get(node) != (revision, count):
+                devices = [
+                    {"id": f"virtual-{i}", "health": "Healthy" if i < count else "Unhealthy"}
+                    for i in range(max(2, count))
+                ]
+                self.cluster.apply_report(
+                    self.name, node, self.pods[node], devices, resource, revision=revision
+                )
+                self.reported[node] = (revision, count)
+        return out
+
+
+def status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return dict((cluster.profile(name) or {}).get("status") or {})
+
+
+def digest(cluster: Cluster, name: str) -> str:
+    return spec_revision(dict((cluster.profile(name) or {})["spec"]))
+
+
+def settle(cluster: Cluster, agents: Agents, name: str, operator: Operator) -> list[tuple[int, int]]:
+    """Report as agents until every node is on the spec's revision and the rollout complete; the
+    (wave, nodes on the update) pairs seen, in order."""
+    target = f"{name}-{digest(cluster, name)}"
+    seen: list[tuple[int, int]] = []
+
+    def done() -> bool:
+        served = agents.report()
+        st = status(cluster, name)
+        rollout = st.get("rollout") or {}
+        if rollout.get("phase") == "Progressing":
+            step = (
+                int(rollout.get("wave") or 0),
+                sum(r == target.rpartition("-")[2] for r in served.values()),
+            )
+            if not seen or seen[-1] != step:
+                seen.append(step)
+        return st.get("currentRevision") == target and rollout.get("phase") == "Complete"
+
+    wait_for(
+        "the rollout complete", done, 120, detail=lambda: f"{status(cluster, name)}\n{operator.log()[-3000:]}"
+    )
+    return seen
+
+
+def metrics(operator: Operator) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
+    cluster: Cluster, operator: Operator
+) -> None:
+    name = f"{cluster.prefix}waves"
+    nodes = cluster.add_nodes(4)
+    cluster.create_profile(name, spec(cluster, 1))
+    agents = Agents(cluster, name, nodes)
+    first = digest(cluster, name)
+    assert set(agents.report().values()) == {first}, "a new profile: every node at once"
+    wait_for("every node counted", lambda: status(cluster, name).get("updatedNumberScheduled") == 4)
+
+    # A good change: the canary, then waves of 2, each held for its gate; then current = update.
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
+    second = digest(cluster, name)
+    entry = wait_for(
+        "the rollout begun", lambda: (e := cluster.shared_entry(name)) and e["revision"] == second and e
+    )
+    assert entry["revisions"][first]["plugin"]["discovery"]["virtual"]["count"] == 1
+    seen = settle(cluster, agents, name, operator)
+    counts = [n for _, n in seen]
+    assert counts == sorted(counts), f"never fewer nodes moved: {seen}"
+    moved = {w: n for w, n in seen}
+    assert moved.get(0) == 1 and moved.get(1) == 3, f"canary 1, then +2 a wave: {seen}"
+    assert all(h == [first, second] for h in agents.history.values()), agents.history
+    st = status(cluster, name)
+    assert st["rollout"]["phase"] == "Complete" and st["updatedNumberScheduled"] == 4
+    assert "revisions" not in (cluster.shared_entry(name) or {}), "one body once every node moved"
+
+    # A bad change: the canary's agent serves it with no device (as a glob matching nothing).
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 3}}}})
+    bad = digest(cluster, name)
+
+    def halted() -> dict[str, Any] | None:
+        agents.report(lambda _n, r: 0 if r == bad else 2)
+        rollout = status(cluster, name).get("rollout") or {}
+        return rollout if rollout.get("phase") == "Halted" else None
+
+    rollout = wait_for("the rollout halted", halted, 60, detail=lambda: operator.log()[-3000:])
+    canary = [n for n, h in agents.history.items() if bad in h]
+    assert len(canary) == 1 and rollout["haltedNodes"] == canary, (canary, rollout)
+    assert canary[0] in rollout["message"] and "0 healthy devices, 2 before the change" in rollout["message"]
+    _, stanza = agents.stanza()
+    assert stanza.exceptions == {canary[0]: second}, "put back on the last good revision"
+    assert agents.report()[canary[0]] == second
+    stalled = wait_for(
+        "Stalled", lambda: (c := cluster.condition(name, "Stalled")) and c["status"] == "True" and c
+    )
+    assert stalled["reason"] == "RolloutHalted" and canary[0] in stalled["message"]
+    events = cluster.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+    assert any(e.reason == "RolloutHalted" and e.type == "Warning" for e in events), [
+        e.reason for e in events
+    ]
+    assert f'patchbay_rollout_halted{{profile="{name}"}} 1.0' in metrics(operator)
+    # Frozen: no other node is ever given the bad revision, whatever the time.
+    for _ in range(3):
+        agents.report(lambda _n, r: 0 if r == bad else 2)
+        assert agents.stanza()[1].threshold == stanza.threshold
+    assert [n for n, h in agents.history.items() if bad in h] == canary
+
+    # The revert (a new commit): update == current, settled, the exception and Stalled gone.
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
+    wait_for(
+        "settled on the revert",
+        lambda: (
+            (status(cluster, name).get("rollout") or {}).get("phase") == "Complete"
+            and (cluster.condition(name, "Stalled") or {}).get("status") == "False"
+        ),
+        60,
+    )
+    assert set(agents.report().values()) == {second}
+    assert f'patchbay_rollout_halted{{profile="{name}"}} 0.0' in metrics(operator)
+
+
+def test_an_operator_stopped_mid_rollout_and_a_new_one_resume_it(
+    cluster: Cluster, operator: Operator
+) -> None:
+    name = f"{cluster.prefix}waves"
+    nodes = cluster.add_nodes(4)
+    cluster.create_profile(name, spec(cluster, 1, maxNodesPerWave=1, healthySeconds=2))
+    agents = Agents(cluster, name, nodes)
+    first = digest(cluster, name)
+    agents.report()
+    wait_for("every node counted", lambda: status(cluster, name).get("updatedNumberScheduled") == 4)
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
+    second = digest(cluster, name)
+
+    def wave(n: int) -> bool:
+        agents.report()
+        return int((status(cluster, name).get("rollout") or {}).get("wave") or 0) >= n
+
+    wait_for("the second wave", lambda: wave(1), 60)
+    threshold = agents.stanza()[1].threshold
+    operator.stop()
+    operator.start()
+    seen = settle(cluster, agents, name, operator)
+    assert seen and min(w for w, _ in seen) >= 1, f"resumed, not started again from the canary: {seen}"
+    assert agents.stanza()[1].threshold >= threshold
+    assert all(h == [first, second] for h in agents.history.values()), agents.history
