@@ -1,12 +1,12 @@
-"""``kubectl patchbay``: the command line, kubectl's conventions, and shell completion.
+"""``kubectl patchbay``: the commands, kubectl's conventions, and the entry points.
 
 kubectl runs ``kubectl-patchbay`` from PATH with the words after ``patchbay`` and passes none of
 its own flags, so the plugin takes kubectl's: ``--kubeconfig``, ``--context``, ``-n``, ``-A``,
 ``-o wide|json|yaml``, ``--request-timeout``. Exit codes are kubectl's: 0 done, 1 an error from
 the server or the kubeconfig (printed as ``error: ...`` or ``Error from server (...)``), 2 a
-usage error. Completion follows kubectl's plugin protocol (kubectl >= 1.26): kubectl runs
-``kubectl_complete-patchbay`` with the words typed so far, the last one being completed, and reads
-one candidate per line and a final ``:<directive>`` line (docs/facts.md#kubectl-plugin-completion).
+usage error. The commands and their flags are declared in arguments.py; shell completion, by
+kubectl's plugin protocol, is completion.py (``complete_main``, the ``kubectl_complete-patchbay``
+entry point, is exported here).
 
 ``cordon``, ``drain`` and ``uncordon`` take a DRA profile's devices out of service and back
 through DeviceTaintRules (Kubernetes 1.37 on; maintenance.py). ``rollout status|history|pause|
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +35,8 @@ import yaml
 
 from patchbay_api.revisions import spec_revision
 from patchbay_kubectl import agentpods, kube, maintenance, output, rollout
+from patchbay_kubectl.arguments import DEFAULT_NAMESPACE, build_parser
+from patchbay_kubectl.completion import complete_main
 from patchbay_kubectl.kube import Kube, KubeError, Target
 from patchbay_kubectl.views import diagnosis, discover
 from patchbay_kubectl.views.devices import device_rows
@@ -54,12 +55,8 @@ from patchbay_kubectl.views.objects import (
 from patchbay_kubectl.views.objects import spec as spec_of
 from patchbay_kubectl.views.plan import profile_plan
 
-DEFAULT_NAMESPACE = "patchbay-system"
 EVENT_NAMESPACE = "default"
 """Events about a cluster-scoped profile are in "default", where the operator posts them."""
-COMMANDS = ("devices", "nodes", "why", "discover", "cordon", "drain", "uncordon", "rollout", "diff")
-MAINTENANCE = ("cordon", "drain", "uncordon")
-ROLLOUT = ("status", "history", "pause", "resume", "undo")
 DIFF_ERROR = 2
 """``diff``'s exit code for an error (kubectl diff's: above 1); 1 is "something would be lost"."""
 
@@ -71,232 +68,6 @@ class Exit(Exception):  # noqa: N818 - a way out, not an error
     def __init__(self, text: str, code: int) -> None:
         super().__init__(text)
         self.text, self.code = text, code
-
-
-def duration(text: str) -> float:
-    """A kubectl duration (``30s``, ``5m``, ``1h30m``; a bare number is seconds) in seconds."""
-    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text):
-        return float(text)
-    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (e.g. 30s, 5m, 1h30m)")
-    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-    return sum(float(n) * unit[u] for n, u in parts)
-
-
-def boolean(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"invalid boolean {text!r} (true or false)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--kubeconfig", help="path to the kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
-    )
-    common.add_argument("--context", help="the kubeconfig context to use")
-    common.add_argument(
-        "-n",
-        "--namespace",
-        help=f"the operator's namespace, where agent pods, DeviceReports and revisions are "
-        f"(default: $PATCHBAY_NAMESPACE or {DEFAULT_NAMESPACE})",
-    )
-    common.add_argument(
-        "-A",
-        "--all-namespaces",
-        action="store_true",
-        help="read agent pods and DeviceReports in every namespace",
-    )
-    common.add_argument("-o", "--output", choices=output.FORMATS, help="output format: wide, json or yaml")
-    common.add_argument(
-        "--request-timeout", type=float, default=30.0, metavar="SECONDS", help="per request (default 30)"
-    )
-    parser = argparse.ArgumentParser(
-        prog="kubectl patchbay",
-        description="Patchbay at a glance: devices, nodes, and why a DevicePluginProfile is not Ready; "
-        "a profile's rollout (kubectl rollout's verbs) and what a change would take (diff).",
-        parents=[common],
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    dev = sub.add_parser(
-        "devices",
-        parents=[common],
-        help="every device of every profile: health, reason, since, holder pod",
-        description="One row per device across every profile and mode (DRA: from the ResourceSlices "
-        "and ResourceClaims; Static: one row per node).",
-    )
-    dev.add_argument("--node", help="only this node")
-    dev.add_argument("--profile", help="only this DevicePluginProfile")
-    dev.add_argument("--unhealthy", action="store_true", help="only devices that are not Healthy")
-    nodes = sub.add_parser(
-        "nodes",
-        parents=[common],
-        help="per node: the profiles serving it, agent pod, registered, devices healthy/total",
-    )
-    nodes.add_argument("--node", help="only this node")
-    nodes.add_argument("--profile", help="only the nodes this DevicePluginProfile selects")
-    why = sub.add_parser(
-        "why",
-        parents=[common],
-        help="why a profile is not Ready, in one screen",
-        description="Conditions, problems, the agent pods' trouble in the kubelet's words, the last "
-        "Events, and what to do next.",
-    )
-    why.add_argument("profile", help="the DevicePluginProfile")
-    discover.add_arguments(
-        sub.add_parser(
-            "discover",
-            parents=[common],
-            help="what hardware the nodes have, by kind, and what serves it; --propose a profile",
-            description="From the NodeInventories the shared node agents keep (views/discover.py).",
-        )
-    )
-    helps = {
-        "cordon": (
-            "keep new claims off a DRA profile's devices on a node (DeviceTaintRule, NoSchedule)",
-            "Taints the devices (all of the node's, or --device) with patchbay.dev/maintenance, effect "
-            "NoSchedule: the scheduler allocates them to no new claim; pods using them keep running.",
-        ),
-        "drain": (
-            "evict the pods using a DRA profile's devices on a node (DeviceTaintRule, NoExecute)",
-            "Taints the devices with patchbay.dev/maintenance, effect NoExecute: no new claims, and the "
-            "pods using them are evicted (a pod that tolerates the taint for N seconds stays that long). "
-            "--preview first: effect None, and the cluster says how many pods WOULD be evicted.",
-        ),
-        "uncordon": (
-            "return a DRA profile's devices on a node to service (deletes the DeviceTaintRule)",
-            "Deletes the DeviceTaintRule that cordon or drain wrote for the same devices.",
-        ),
-    }
-    for command, (short, long) in helps.items():
-        cmd = sub.add_parser(
-            command,
-            parents=[common],
-            help=short,
-            description=long + " Needs Kubernetes 1.37 (DeviceTaintRules) and a DRA profile.",
-        )
-        cmd.add_argument("profile", help="the DevicePluginProfile (mode DRA)")
-        cmd.add_argument("--node", required=True, help="the node whose devices (its agent's pool)")
-        cmd.add_argument(
-            "--device",
-            help="one device: its ID as `kubectl patchbay devices` shows it, or its ResourceSlice name "
-            "(default: every device)",
-        )
-        if command != "uncordon":
-            cmd.add_argument(
-                "--reason", default="", help="the taint's value: why (a label value, <= 63 chars)"
-            )
-            cmd.add_argument(
-                "--wait",
-                type=float,
-                default=30.0,
-                metavar="SECONDS",
-                help="how long to wait for the cluster's answer about the pods (default 30; 0: do not wait)",
-            )
-        if command == "drain":
-            cmd.add_argument(
-                "--preview",
-                action="store_true",
-                help="effect None: change nothing, print how many pods a drain would evict",
-            )
-    _rollout_parsers(sub, common)
-    diff = sub.add_parser(
-        "diff",
-        parents=[common],
-        help="what applying a profile would take from each node, before it is applied",
-        description="The API server's dry run of the file (admission errors as it says them), then "
-        "per node: selected before/after, node group before/after, the devices it serves now that "
-        "the new settings would no longer serve (from its DeviceReport) and the pods holding them, "
-        "a Static profile's capacity before/after. What only the node can know (files a new glob "
-        "may match beyond its report, what a PCI/USB filter finds) is said as such. Exit codes, as "
-        "kubectl diff's: 0 nothing would be lost, 1 something would be lost, 2 an error (a usage "
-        "error, a refused dry run, an unreachable server).",
-    )
-    diff.add_argument(
-        "-f",
-        "--filename",
-        required=True,
-        help="the profile's YAML or JSON (several documents, or - for stdin)",
-    )
-    return parser
-
-
-def _rollout_parsers(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    ro = sub.add_parser(
-        "rollout",
-        parents=[common],
-        help="a profile's rollout: status, history, pause, resume, undo",
-        description="kubectl rollout for a DevicePluginProfile: its revisions are ControllerRevisions "
-        "<profile>-<hash> in the operator's namespace (-n).",
-    )
-    verbs = ro.add_subparsers(dest="verb", required=True, metavar="VERB")
-    helps = {
-        "status": (
-            "wait for the rollout to finish",
-            "Watch the profile until every node it selects serves the update revision and is ready "
-            "(exit 0), the rollout halts (exit 1, the Stalled message), or --timeout passes (exit 1). "
-            "A paused rollout is waited for, as kubectl waits for a paused Deployment.",
-        ),
-        "history": (
-            "the profile's revisions and what each changed",
-            "REVISION and CHANGE-CAUSE: the revision's kubernetes.io/change-cause annotation, else "
-            "what it changed against the revision before. -o wide adds the ControllerRevision and "
-            "whether the status serves it (current, update).",
-        ),
-        "pause": (
-            "hold the rollout: no further node gets the update revision",
-            "Sets spec.rollout.paused (a write of the profile's spec: under GitOps, commit it instead, "
-            "or the next sync takes it back). Nodes keep the revision they serve.",
-        ),
-        "resume": (
-            "let a paused rollout go on",
-            "Removes spec.rollout.paused (a write of the profile's spec, as pause).",
-        ),
-        "undo": (
-            "put an earlier revision's settings back into the spec",
-            "Writes revision N's settings (default: the revision before the spec's) back into the "
-            "profile's spec in one patch; the operator then rolls them out as any change. A USER "
-            "action: the operator never writes the spec. Under GitOps, revert the commit in git "
-            "instead: the next sync would undo this undo.",
-        ),
-    }
-    cmds = {
-        verb: verbs.add_parser(verb, parents=[common], help=short, description=long)
-        for verb, (short, long) in helps.items()
-    }
-    cmds["status"].add_argument(
-        "-w",
-        "--watch",
-        type=boolean,
-        nargs="?",
-        const=True,
-        default=True,
-        help="watch until done (default true); --watch=false prints the status once",
-    )
-    cmds["status"].add_argument(
-        "--timeout", type=duration, default=0.0, help="stop waiting after this long (e.g. 5m; 0: never)"
-    )
-    cmds["history"].add_argument(
-        "--revision", type=int, default=0, help="print this revision's settings as YAML"
-    )
-    cmds["undo"].add_argument(
-        "--to-revision", type=int, default=0, help="the revision to go back to (default: the previous)"
-    )
-    cmds["undo"].add_argument(
-        "--dry-run",
-        choices=("none", "server", "client"),
-        default="none",
-        nargs="?",
-        const="client",
-        help="server: the API server checks the patch and stores nothing; client: only print the target",
-    )
-    for verb in verbs.choices.values():
-        verb.add_argument("profile", help="the DevicePluginProfile")
 
 
 def namespace_of(args: argparse.Namespace) -> str | None:
@@ -743,130 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-# --- completion (kubectl's plugin protocol) -----------------------------------------------------
-
-NO_FILE_COMP = 4
-"""cobra's ShellCompDirectiveNoFileComp: the shell offers no file names."""
-FILE_COMP = 0
-"""cobra's ShellCompDirectiveDefault: the shell offers its file names."""
-VALUE_FLAGS = {
-    "--kubeconfig",
-    "--context",
-    "-n",
-    "--namespace",
-    "-o",
-    "--output",
-    "--node",
-    "--profile",
-    "--request-timeout",
-    "--device",
-    "--reason",
-    "--wait",
-    "--propose",
-    "--mode",
-    "--timeout",
-    "--revision",
-    "--to-revision",
-    "-f",
-    "--filename",
-}
-
-
-def completions(words: Sequence[str], lookup: Callable[[str], list[str]]) -> list[str]:
-    """Candidates for the last word of ``words`` (the words after ``patchbay``). ``lookup(kind)``
-    names live objects: ``profiles``, ``nodes``, ``contexts``, ``namespaces``; pure otherwise."""
-    *before, current = words or [""]
-    prev = before[-1] if before else ""
-    command = next((w for w in before if w in COMMANDS), None)
-    if prev in ("-o", "--output"):
-        found = list(output.FORMATS)
-    elif prev == "--profile":
-        found = lookup("profiles")
-    elif prev == "--node":
-        found = lookup("nodes")
-    elif prev == "--context":
-        found = lookup("contexts")
-    elif prev in ("-n", "--namespace"):
-        found = lookup("namespaces")
-    elif prev in VALUE_FLAGS:
-        found = []
-    elif current.startswith("-"):
-        found = [
-            "--kubeconfig",
-            "--context",
-            "--namespace",
-            "--all-namespaces",
-            "--output",
-            "--request-timeout",
-        ]
-        if command in ("devices", "nodes"):
-            found += ["--node", "--profile"]
-        if command in MAINTENANCE:
-            found += ["--node", "--device"] + (["--reason", "--wait"] if command != "uncordon" else [])
-        if command == "drain":
-            found.append("--preview")
-        if command == "devices":
-            found.append("--unhealthy")
-        if command == "diff":
-            found.append("--filename")
-        verb = next((w for w in before if w in ROLLOUT), None) if command == "rollout" else None
-        found += {
-            "status": ["--watch", "--timeout"],
-            "history": ["--revision"],
-            "undo": ["--to-revision", "--dry-run"],
-        }.get(verb or "", [])
-    elif command is None:
-        found = list(COMMANDS)
-    elif command == "rollout" and not (verbs := [w for w in before if w in ROLLOUT]):
-        found = list(ROLLOUT)
-    elif (
-        command == "rollout"
-        and not [w for w in before[before.index(verbs[0]) + 1 :] if not w.startswith("-")]
-    ) or (
-        command in ("why", *MAINTENANCE)
-        and not [w for w in before[before.index(command) + 1 :] if not w.startswith("-")]
-    ):
-        found = lookup("profiles")
-    else:
-        found = []
-    return sorted(c for c in found if c.startswith(current))
-
-
-def _lookup(words: Sequence[str]) -> Callable[[str], list[str]]:
-    def flag(*names: str) -> str | None:
-        for i, w in enumerate(words[:-1]):
-            if w in names:
-                return words[i + 1]
-            for n in names:
-                if w.startswith(n + "="):
-                    return w.split("=", 1)[1]
-        return None
-
-    def lookup(kind: str) -> list[str]:
-        if kind == "contexts":
-            return kube.contexts(flag("--kubeconfig"))
-        paths = {"profiles": kube.PROFILES, "nodes": "/api/v1/nodes", "namespaces": "/api/v1/namespaces"}
-        try:
-            k = Kube(Target(flag("--kubeconfig"), flag("--context"), 5.0))
-            try:
-                return [name_of(o) for o in k.list(paths[kind])]
-            finally:
-                k.close()
-        except KubeError:
-            return []
-
-    return lookup
-
-
-def complete_main(argv: Sequence[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
-    for c in completions(words, _lookup(words)):
-        print(c)
-    # `diff -f <TAB>`: the shell's own file names (cobra's ShellCompDirectiveDefault).
-    files = len(words) >= 2 and words[-2] in ("-f", "--filename")
-    print(f":{FILE_COMP if files else NO_FILE_COMP}")
-    return 0
-
+__all__ = ["complete_main", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

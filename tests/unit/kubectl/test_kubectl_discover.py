@@ -20,7 +20,7 @@ from patchbay_agent.discovery.base import HostRoot, PhysicalDevice
 from patchbay_agent.inventory.document import build_inventory
 from patchbay_agent.inventory.sysfs import scan
 from patchbay_api.selectors import label_selector_matches
-from patchbay_kubectl.cli import build_parser
+from patchbay_kubectl.arguments import build_parser
 from patchbay_kubectl.views import discover
 
 SERIAL = [PhysicalDevice("ttyUSB0", ("/dev/ttyUSB0",), ("/dev/ttyUSB0",))]

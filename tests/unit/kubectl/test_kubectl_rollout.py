@@ -10,7 +10,8 @@ import pytest
 
 from patchbay_api.revisions import revision_data, revision_hash, spec_revision
 from patchbay_kubectl import rollout
-from patchbay_kubectl.cli import build_parser, completions, duration
+from patchbay_kubectl.arguments import build_parser, duration
+from patchbay_kubectl.completion import completions
 
 
 def profile(
@@ -198,7 +199,7 @@ def test_rollout_parser_durations_and_completion() -> None:
 
 
 def test_diff_completes_file_names_after_f(capsys: pytest.CaptureFixture[str]) -> None:
-    from patchbay_kubectl.cli import complete_main
+    from patchbay_kubectl.completion import complete_main
 
     complete_main(["diff", "-f", "prof"])
     assert capsys.readouterr().out.splitlines()[-1] == ":0"

@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from patchbay_kubectl import output
-from patchbay_kubectl.cli import build_parser, completions
+from patchbay_kubectl.arguments import build_parser
+from patchbay_kubectl.completion import completions
 from patchbay_kubectl.views import diagnosis
 from patchbay_kubectl.views.devices import device_rows
 from patchbay_kubectl.views.diagnosis import pod_trouble
