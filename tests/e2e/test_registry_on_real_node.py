@@ -95,7 +95,7 @@ def test_chart_and_images_from_the_registry_by_digest(
 
     name, resource = serial_profile(cluster, fake_dev, real_node)
     wait_for("the agent serves the devices", lambda: _served(cluster, real_node, resource), 180)
-    (agent,) = patchbay.ready_agents(name)
+    agent = _one_ready_agent(patchbay, name)
     assert _container(agent)[0] == agent_ref
     assert _container(agent)[1].endswith(agent_ref.rsplit("@", 1)[1]), _container(agent)
 
@@ -165,11 +165,23 @@ def test_pull_with_credentials_from_a_registry_with_auth(
     wait_for(
         "the agent, pulled with the pull secret, serves", lambda: _served(cluster, real_node, resource), 180
     )
-    (pod,) = patchbay.ready_agents(name)
+    pod = _one_ready_agent(patchbay, name)
     assert _container(pod)[0] == agent.ref
     # The ServiceAccount's pull secret, which admission copies into every pod that runs as it.
     assert [s.name for s in pod.spec.image_pull_secrets or []] == ["patchbay-registry"], pod.spec
     assert node_images(e2e_cluster).get(agent.ref) == agent.digest
+
+
+def _one_ready_agent(patchbay: Any, name: str) -> Any:
+    """The profile's one Ready agent pod. The kubelet counts the devices as soon as the plugin
+    registers, a moment before the pod's readiness probe passes: so wait for it (bounded)."""
+    (pod,) = wait_for(
+        "the profile's agent pod Ready",
+        lambda: pods if len(pods := patchbay.ready_agents(name)) == 1 else None,
+        120,
+        detail=lambda: f"ready agent pods: {[p.metadata.name for p in patchbay.ready_agents(name)]}",
+    )
+    return pod
 
 
 def _pod(name: str, node: str, image: str) -> dict[str, Any]:
@@ -206,7 +218,7 @@ def test_registry_down_while_the_agents_roll(
     )
     name, resource = serial_profile(cluster, fake_dev, real_node)
     wait_for("the agent serves the devices", lambda: _served(cluster, real_node, resource), 180)
-    (old,) = patchbay.ready_agents(name)
+    old = _one_ready_agent(patchbay, name)
     assert _container(old)[0] == release.values["agent"]["image"]
 
     assert e2e_cluster.stop_registry()
