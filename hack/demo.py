@@ -326,7 +326,24 @@ def live_change(tools: Tools, core: client.CoreV1Api, cluster: DevCluster, profi
     from patchbay_agent.kubelet.podresources import get_allocatable_resources
 
     step("A profile change, applied live: no pod restarts, the other resource never dips")
+
+    def settled() -> bool:
+        # The apply above processed and served everywhere first: a run over a cluster an earlier
+        # run set up (after `helm uninstall` and install) would otherwise see the apply and the
+        # patch below folded into one change, or into none.
+        got = json.loads(tools.kubectl("get", "dpp", profile, "-o", "json", show=False))
+        st = got.get("status") or {}
+        return (
+            st.get("observedGeneration") == got["metadata"]["generation"]
+            and bool(st.get("currentRevision"))
+            and st.get("currentRevision") == st.get("updateRevision")
+        )
+
+    wait_for(f"{profile}'s status up to date", settled, 120)
     before = the_agent_pod(core)
+    restarts_before = tools.kubectl("-n", NAMESPACE, "logs", before.metadata.name, show=False).count(
+        f"{profile} restarted"
+    )
     socket = cluster.real_node().paths.pod_resources_socket
     samples: list[int] = []
     done = threading.Event()
@@ -343,13 +360,18 @@ def live_change(tools: Tools, core: client.CoreV1Api, cluster: DevCluster, profi
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     time.sleep(0.5)
-    patch = {"spec": {"plugin": {"health": {"periodSeconds": 10}}}}
+    # A real change whatever an earlier run left (a run over a cluster it set up before, after
+    # `helm uninstall` and install, finds 10 already: patching 10 again would change nothing).
+    current = json.loads(
+        tools.kubectl("get", "dpp", profile, "-o", "jsonpath={.spec.plugin.health}", show=False) or "{}"
+    ).get("periodSeconds")
+    patch = {"spec": {"plugin": {"health": {"periodSeconds": 7 if current == 10 else 10}}}}
     t0 = time.monotonic()
     tools.kubectl("patch", "dpp", profile, "--type", "merge", "-p", json.dumps(patch))
 
     def applied() -> bool:
         log = tools.kubectl("-n", NAMESPACE, "logs", before.metadata.name, show=False)
-        return f"{profile} restarted" in log
+        return log.count(f"{profile} restarted") > restarts_before
 
     wait_for(f"the agent to restart {profile} alone", applied, 120)
     took = time.monotonic() - t0
