@@ -9,14 +9,12 @@ devices the fixture makes under /dev)."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
-from support.clusters import Cluster
 from support.realnode import (
     DEVICES,
     SHARED_SELECTOR,
-    Installed,
+    OnNode,
     busybox_pod,
     kubectl_patchbay,
     limits,
@@ -27,17 +25,12 @@ from support.realnode import (
 )
 
 from patchbay_api.revisions import spec_revision
-from patchbay_devcluster import DevCluster
 
 
 def test_a_bad_change_halts_after_the_canary_and_the_node_is_put_back(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
+    on_node: OnNode,
 ) -> None:
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     ns = patchbay.namespace
     # A short gate and deadline (the defaults are 30 s and 600 s); not a revision (not what agents act on).
     rollout_spec = {"healthySeconds": 5, "progressDeadlineSeconds": 120}
