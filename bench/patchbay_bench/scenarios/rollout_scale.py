@@ -17,9 +17,9 @@ the rollout complete). Staged, the gates' own waiting (``healthySeconds`` per wa
 what is left is what staging costs beyond its deliberate waits. A wave starts when the simulated
 agents first see its threshold in the ConfigMap; it ends when the next one starts (the last: when
 the status says complete). The API requests per node changed come from the API server's metrics
-over the rollout, less the idle rate over as long. The operator's memory (VmRSS, VmHWM) with the
-profile's first revision only, and once ``revisions`` changes have been rolled (the default
-``revisionHistoryLimit`` keeps 10): not interleaved (revisions only accumulate), read in the same
+over the rollout, less the rate of an idle window just before it (each side's own). The
+operator's memory (VmRSS, VmHWM) with the profile's first revision only, and once ``revisions``
+changes have been rolled (the default ``revisionHistoryLimit`` keeps 10): not interleaved (revisions only accumulate), read in the same
 process. Then ``halts`` bad changes (a glob that matches nothing: 0 healthy devices), each reverted
 after its halt: the nodes that ever served the bad revision (at most the canary: one wave) and the
 time from the change to ``Halted``.
@@ -74,13 +74,14 @@ def less(counts: Counts, own: dict[str, float], before: dict[str, float]) -> Cou
 
 def per_node(
     counts: Counts, idle: Counts, seconds: float, idle_seconds: float, nodes: int
-) -> tuple[float, float]:
-    """(requests, writes) per node changed: those served during the rollout less the idle rate over
-    as many seconds, over the nodes changed."""
+) -> tuple[float, float, float]:
+    """(requests, writes, watch events) per node changed: those served during the rollout less the
+    idle rate over as many seconds, over the nodes changed."""
     scale = seconds / idle_seconds if idle_seconds else 0.0
     req = sum(counts["requests"].values()) - scale * sum(idle["requests"].values())
     wr = writes(counts["requests"]) - scale * writes(idle["requests"])
-    return max(0.0, req) / nodes, max(0.0, wr) / nodes
+    ev = sum(counts["events"].values()) - scale * sum(idle["events"].values())
+    return max(0.0, req) / nodes, max(0.0, wr) / nodes, max(0.0, ev) / nodes
 
 
 class Fleet:
@@ -191,17 +192,19 @@ def run(r: Run) -> None:
                 time.sleep(r.number("settle"))
                 rss1 = (status_mib(op.proc.pid, "VmRSS"), status_mib(op.proc.pid, "VmHWM"))
                 idle_s = r.number("idle")
-                before = api.metrics()
-                time.sleep(idle_s)
-                idle = served(before, api.metrics())
                 took: dict[str, list[float]] = {"staged": [], "immediate": []}
                 beyond, gates, waves_n, per_wave = [], [], [], []
                 reqs: dict[str, list[float]] = {"staged": [], "immediate": []}
                 wrs: dict[str, list[float]] = {"staged": [], "immediate": []}
+                evs: dict[str, list[float]] = {"staged": [], "immediate": []}
                 changes = 0
                 for i in range(rounds):
                     for side in ("staged", "immediate"):
                         rollout = staged if side == "staged" else IMMEDIATE
+                        # The background just before this change (kwok's pod status, informers' relists).
+                        before = api.metrics()
+                        time.sleep(idle_s)
+                        idle = served(before, api.metrics())
                         before, own = api.metrics(), dict(fleet.own)
                         start = time.monotonic()
                         digest = fleet.change(rollout)
@@ -215,9 +218,10 @@ def run(r: Run) -> None:
                         counts = less(served(before, api.metrics()), fleet.own, own)
                         changes += 1
                         took[side].append(end - start)
-                        rq, wr = per_node(counts, idle, end - start, idle_s, n)
+                        rq, wr, ev = per_node(counts, idle, end - start, idle_s, n)
                         reqs[side].append(rq)
                         wrs[side].append(wr)
+                        evs[side].append(ev)
                         if side == "staged":
                             starts = fleet.wave_starts(digest, start)
                             over = wave_overheads(starts, end, healthy)
@@ -233,7 +237,10 @@ def run(r: Run) -> None:
                             )
                         else:
                             r.log(f"round {i + 1}: immediate {end - start:.1f} s")
-                        r.note(f"round {i + 1}, {side}: {json.dumps(counts)}")
+                        r.note(
+                            f"round {i + 1}, {side}: {json.dumps(counts)}; "
+                            f"idle {idle_s:g} s before: {json.dumps(idle)}"
+                        )
                 while changes < r.integer("revisions"):
                     digest = fleet.change(IMMEDIATE)
                     wait(
@@ -313,6 +320,12 @@ def run(r: Run) -> None:
         {"staged": wrs["staged"], "Immediate": wrs["immediate"]},
         note=note,
     )
+    r.figure(
+        "rollout at scale: API watch events per node changed",
+        "events",
+        {"staged": evs["staged"], "Immediate": evs["immediate"]},
+        note=note + "; every write of the node agent's ConfigMap (one per wave) goes to every node's watch",
+    )
     rev_note = (
         f"{n} kwok nodes; {changes} changes rolled, {kept} ControllerRevisions kept; read in the same "
         "operator process after the first report of every node and after the changes "
@@ -352,13 +365,14 @@ SCENARIO = Scenario(
         "healthy": Param(2.0, 1.0, "healthySeconds of each wave's gate"),
         "revisions": Param(10, 2, "changes rolled before the operator's memory is read again"),
         "halts": Param(3, 1, "bad changes (each halted, then reverted)"),
-        "idle": Param(10.0, 1.0, "seconds of nothing happening, for the background rate"),
+        "idle": Param(5.0, 0.5, "seconds of nothing happening before each change, for the background rate"),
         "settle": Param(3.0, 0.2, "seconds before the operator's memory is read"),
         "after_halt": Param(3.0, 1.0, "seconds after the halt before the nodes that served it are counted"),
     },
     figures=(
         "rollout at scale: a change on every node, beyond the gates' own waiting",
         "rollout at scale: API requests per node changed",
+        "rollout at scale: API watch events per node changed",
         "rollout at scale: operator RSS (VmRSS) with 10 revisions kept",
         HALT_FIGURE,
     ),

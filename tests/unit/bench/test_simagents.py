@@ -137,10 +137,13 @@ def test_wave_overheads_take_each_gates_wait_out() -> None:
 
 
 def test_per_node_takes_the_idle_rate_out() -> None:
-    counts = {"requests": {"PATCH/devicereports": 100.0, "GET/configmaps": 20.0}, "events": {}}
-    idle = {"requests": {"GET/configmaps": 10.0}, "events": {}}
-    # 20 s of rollout against a 10 s idle window: 20 background requests, 100 writes, 50 nodes.
-    assert per_node(counts, idle, 20.0, 10.0, 50) == (2.0, 2.0)
+    counts = {
+        "requests": {"PATCH/devicereports": 100.0, "GET/configmaps": 20.0},
+        "events": {"configmaps": 60.0},
+    }
+    idle = {"requests": {"GET/configmaps": 10.0}, "events": {"configmaps": 5.0}}
+    # 20 s of rollout against a 10 s idle window: 20 background requests, 10 events; 50 nodes.
+    assert per_node(counts, idle, 20.0, 10.0, 50) == (2.0, 2.0, 1.0)
 
 
 def test_served_counts_only_what_a_change_can_touch() -> None:
