@@ -19,10 +19,10 @@ agents first see its threshold in the ConfigMap; it ends when the next one start
 the status says complete). The API requests per node changed come from the API server's metrics
 over the rollout, less the rate of an idle window just before it (each side's own). The
 operator's memory (VmRSS, VmHWM) with the profile's first revision only, and once ``revisions``
-changes have been rolled (the default ``revisionHistoryLimit`` keeps 10): not interleaved (revisions only accumulate), read in the same
-process. Then ``halts`` bad changes (a glob that matches nothing: 0 healthy devices), each reverted
-after its halt: the nodes that ever served the bad revision (at most the canary: one wave) and the
-time from the change to ``Halted``.
+changes have been rolled (the default ``revisionHistoryLimit`` keeps 10): not interleaved
+(revisions only accumulate), read in the same process. Then ``halts`` bad changes (a glob that
+matches nothing: 0 healthy devices), each reverted after its halt: the nodes that ever served the
+bad revision (at most the canary: one wave) and the time from the change to ``Halted``.
 """
 
 from __future__ import annotations
