@@ -253,13 +253,13 @@ def agent_gate(policy: Policy, node: NodeView, before: int, update: str) -> str 
 
 
 def capacity_gate(policy: Policy, node: NodeView, before: int, update: str) -> str | None:
-    """A Static node: the operator's write of its capacity failed (``error``: halt at once), or its
-    status shows the capacity ``update`` says (``revision``), or not yet."""
+    """A Static node: its status shows the capacity ``update`` says (``revision``: through), or the
+    operator's write of it failed (``error``: halt at once), or not yet."""
+    if node.revision == update:
+        return node.short
     if node.error:
         return f"writing its capacity failed: {node.error}"
-    if node.revision != update:
-        return None
-    return node.short
+    return None
 
 
 def _names(nodes: Sequence[str]) -> str:

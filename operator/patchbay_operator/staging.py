@@ -91,7 +91,7 @@ class Staging:
         #: waves begun (for /metrics)
         self.waves = 0
         #: profile -> (uid, generation, current revision) and that revision as a profile
-        self._as_current: dict[str, tuple[tuple[str, int, str], Profile | None]] = {}
+        self._as_current: dict[str, tuple[tuple[str, int, bool, str], Profile | None]] = {}
 
     def in_use(self, profile: Profile) -> set[str]:
         """The ControllerRevisions the profile's nodes may serve (never pruned): its spec's, and
@@ -160,7 +160,7 @@ class Staging:
         st = self.state(profile)
         if st.settled_now:
             return None
-        key = (profile.uid, profile.generation, st.current)
+        key = (profile.uid, profile.generation, profile.deleting, st.current)
         cached = self._as_current.get(profile.name)
         if cached is not None and cached[0] == key:
             return cached[1]

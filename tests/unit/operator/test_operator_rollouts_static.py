@@ -75,6 +75,8 @@ def test_the_capacity_gate_waits_passes_and_halts_on_a_failed_write() -> None:
     assert capacity_gate(FAST, NodeView("a", {}, "new"), 0, "new") == "", "shown: through"
     failed = capacity_gate(FAST, NodeView("a", {}, "old", error="422 Unprocessable"), 0, "new")
     assert failed == "writing its capacity failed: 422 Unprocessable", "a failed write halts at once"
+    shown = capacity_gate(FAST, NodeView("a", {}, "new", error="409 of another resource"), 0, "new")
+    assert shown == "", "shown already: a later failed write of the node is no reason to halt"
     # The agents' gate is unchanged: a report on the update with fewer healthy devices fails.
     assert agent_gate(FAST, NodeView("a", {}, "new", 1), 2, "new") == "1 healthy devices, 2 before the change"
 
@@ -237,10 +239,17 @@ def test_the_static_status_counts_nodes_by_revision_and_halts_on_a_bad_label() -
         Inputs(second, {}, later, nodes, rollout=(FAST, seen.rollout.state), current_profile=first)
     )
     assert passed.rollout is not None and passed.rollout.state.wave == 1 and passed.rollout.new_wave
-    # A failed write of the canary halts it.
+    # A failed write of the canary (its status still shows 1) halts it.
+    unwritten = [node(n, 1) for n in NAMES]
     failed = evaluate(
         Inputs(
-            second, {}, NOW, nodes, rollout=(FAST, moving), current_profile=first, failures={canary: "boom"}
+            second,
+            {},
+            NOW,
+            unwritten,
+            rollout=(FAST, moving),
+            current_profile=first,
+            failures={canary: "boom"},
         )
     )
     assert failed.rollout is not None and failed.rollout.state.halted == (canary,)
