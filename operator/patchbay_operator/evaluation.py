@@ -178,7 +178,7 @@ def _static(inputs: Inputs) -> Evaluation:
     new = _no_dra(static.static_status(profile, seen, previous, now, problems=problems), previous)
     selected = [n for n in inputs.nodes if profile.selector.matches(n.labels)]
     updated = [n.name for n in selected if capacity.shows(profile, n)]
-    counts = (len(selected), len(updated), sum(n not in failures for n in updated))
+    counts = (len(selected), len(updated), len(updated))
     new = _with_revisions(new, profile, None, step=step, now=now, counts=counts)
     return Evaluation(new, problems, step.recheck_at if step is not None else None, rollout=step)
 
@@ -314,8 +314,8 @@ def _with_revisions(
     those, the ones serving it without an agent error). Static (``reports`` None): no agent, the
     node's capacity as intended is the update revision served. Staged (`step`): the current
     revision is the rollout's, and ``status.rollout`` says where it stands. Static with
-    `counts` (selected, updated, ready): a node is updated when its capacity shows the update
-    revision, and ready when the operator's last write there did not fail."""
+    `counts` (selected, updated, ready): a node is updated, and ready, when its status shows the
+    capacity the update revision says (the API's "as intended")."""
     digest = spec_revision(profile.spec)
     nodes = new.get("nodes") or {}
     desired = selected

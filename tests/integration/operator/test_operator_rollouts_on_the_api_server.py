@@ -110,6 +110,11 @@ def settled(cluster: Cluster, name: str) -> bool:
     return complete and (cluster.condition(name, "Stalled") or {}).get("status") == "False"
 
 
+def events_of(cluster: Cluster, name: str, reason: str) -> list[Any]:
+    found = cluster.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+    return sorted((e for e in found if e.reason == reason), key=lambda e: e.metadata.creation_timestamp)
+
+
 def metrics(operator: Operator) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as r:
         return str(r.read().decode())
@@ -142,6 +147,8 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     st = status(cluster, name)
     assert st["rollout"]["phase"] == "Complete" and st["updatedNumberScheduled"] == 4
     assert "revisions" not in (cluster.shared_entry(name) or {}), "one body once every node moved"
+    notes = [e.message for e in events_of(cluster, name, "RolloutWave")]
+    assert len(notes) == 3 and notes[-1].endswith("4 of 4 updated"), f"one Normal Event per wave: {notes}"
 
     # A bad change: the canary's agent serves it with no device (as a glob matching nothing).
     cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 3}}}})
@@ -218,11 +225,6 @@ def static_spec(cluster: Cluster, count: int) -> dict[str, Any]:
     }
 
 
-def events(cluster: Cluster, name: str, reason: str) -> list[Any]:
-    found = cluster.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
-    return sorted((e for e in found if e.reason == reason), key=lambda e: e.metadata.creation_timestamp)
-
-
 def test_a_static_change_rolls_in_waves_with_an_event_each_and_a_bad_label_halts_the_canary(
     cluster: Cluster, operator: Operator
 ) -> None:
@@ -256,7 +258,7 @@ def test_a_static_change_rolls_in_waves_with_an_event_each_and_a_bad_label_halts
     assert counts == sorted(counts) and 1 in counts and 3 in counts, f"canary 1, then +2 a wave: {counts}"
     st = status(cluster, name)
     assert (st["desiredNumberScheduled"], st["updatedNumberScheduled"], st["updatedNumberReady"]) == (4, 4, 4)
-    notes = [e.message for e in events(cluster, name, "RolloutWave")]
+    notes = [e.message for e in events_of(cluster, name, "RolloutWave")]
     revision = target.rpartition("-")[2]
     assert notes == [
         f"canary wave: 1 node(s) moved to revision {revision}, 1 of 4 updated",
@@ -283,7 +285,7 @@ def test_a_static_change_rolls_in_waves_with_an_event_each_and_a_bad_label_halts
     )
     assert stalled["reason"] == "RolloutHalted" and rollout["haltedNodes"][0] in stalled["message"]
     wait_for("the canary's 2 back", lambda: set(values().values()) == {("2", "2")})
-    assert any(e.type == "Warning" for e in events(cluster, name, "RolloutHalted"))
+    assert any(e.type == "Warning" for e in events_of(cluster, name, "RolloutHalted"))
 
     # The revert settles it.
     cluster.patch_spec(name, {"static": {"capacityFromLabel": None}})
