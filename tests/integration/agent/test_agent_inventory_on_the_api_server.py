@@ -95,6 +95,8 @@ def test_the_node_agent_keeps_its_nodes_inventory(
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         first = wait_for("the NodeInventory", stored, timeout=30)
+        # No profile: the inventory only, no device-plugin socket (the chart's inventory.alwaysOn).
+        assert not list((workdir / "dp").glob("*.sock")), list((workdir / "dp").glob("*"))
         assert first["metadata"]["ownerReferences"][0]["uid"] == node_uid
         assert (first["nodeName"], first["agent"]) == (node_name, "patchbay-node-agent-x1")
         assert first["summary"] == {"pci": 2, "usb": 1, "char": 1, "gpus": 0}
