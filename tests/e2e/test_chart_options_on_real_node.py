@@ -8,20 +8,23 @@ these tests upgrade the release with one option each and put the defaults back a
   the ``kubernetes`` Service;
 - ``operator.replicas: 2``: two operator pods (which the defaults allow here: no host port to
   share), one working; deleting the working one in the middle of a profile change, the other
-  finishes it.
+  finishes it; deleting it while a staged rollout's canary wave is held for its gate, the other
+  resumes the rollout from the profile's status and completes it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 from support.clusters import Cluster
-from support.realnode import DEVICES, Installed, serial_profile, wait_for
+from support.realnode import DEVICES, Installed, serial_profile, served, staged_serial, wait_for
 
+from patchbay_api.revisions import spec_revision
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.cluster import RELAY_PORT
 from patchbay_devcluster.install import helm_install
@@ -131,21 +134,19 @@ def _working(patchbay: Installed, pods: list[client.V1Pod]) -> client.V1Pod | No
     return working[0] if len(working) == 1 else None
 
 
-def test_two_replicas_and_the_standby_finishes_a_change_the_working_one_left(
-    patchbay: Installed, cluster: Cluster, real_node: str, upgrade: Any
+def _two_ready(patchbay: Installed) -> list[client.V1Pod] | None:
+    pods = [p for p in patchbay.operator_pods() if not p.metadata.deletion_timestamp]
+    ready = [
+        p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+    ]
+    return ready if len(ready) == 2 else None
+
+
+def test_two_replicas_and_the_standby_finishes_a_change_and_a_rollout_the_working_one_left(
+    patchbay: Installed, cluster: Cluster, real_node: str, fake_dev: Path, upgrade: Any
 ) -> None:
     upgrade({"operator": {"replicas": 2}})
-
-    def ready_pods() -> list[client.V1Pod] | None:
-        pods = [p for p in patchbay.operator_pods() if not p.metadata.deletion_timestamp]
-        ready = [
-            p
-            for p in pods
-            if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-        ]
-        return ready if len(ready) == 2 else None
-
-    pods = wait_for("two operator pods Ready", ready_pods, 180)
+    pods = wait_for("two operator pods Ready", lambda: _two_ready(patchbay), 180)
     active = wait_for("one replica working", lambda: _working(patchbay, pods), 90)
     name, resource = _static(cluster, real_node, 2)
     try:
@@ -171,3 +172,38 @@ def test_two_replicas_and_the_standby_finishes_a_change_the_working_one_left(
     finally:
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {"patchbay.dev/e2e-static": None})
+    _takeover_mid_rollout(patchbay, cluster, real_node, fake_dev)
+
+
+def _takeover_mid_rollout(patchbay: Installed, cluster: Cluster, real_node: str, fake_dev: Path) -> None:
+    """A staged rollout whose canary wave (the real node) is held for its gate when the working
+    replica is deleted: the other replica resumes it from the profile's status, holds the rest of
+    the gate and completes it; the node never leaves the update revision and keeps every device."""
+    ns = patchbay.namespace
+    rollout_spec = {"healthySeconds": 45, "progressDeadlineSeconds": 300}
+    with staged_serial(cluster, fake_dev, real_node, ns, "takeover", rollout_spec) as (name, resource, _):
+        # A good change (a second glob; the same devices), so a real wave with a real gate.
+        globs = [f"{fake_dev}/ttyE2E*", f"{fake_dev}/takeover-none*"]
+        cluster.patch_spec(name, {"plugin": {"discovery": {"paths": {"globs": globs}}}})
+        update = spec_revision((cluster.profile(name) or {})["spec"])
+
+        def rollout() -> dict[str, Any]:
+            return dict(((cluster.profile(name) or {}).get("status") or {}).get("rollout") or {})
+
+        wait_for("the canary serving the update", lambda: served(cluster, ns, name, real_node) == update, 120)
+        pods = wait_for("two operator pods Ready", lambda: _two_ready(patchbay), 180)
+        active = wait_for("one replica working", lambda: _working(patchbay, pods), 90)
+        assert rollout().get("phase") == "Progressing", rollout()  # still held for its gate
+        patchbay.core.delete_namespaced_pod(active.metadata.name, ns)
+        t0 = time.monotonic()
+
+        def complete() -> dict[str, Any] | None:
+            status = (cluster.profile(name) or {}).get("status") or {}
+            done = status.get("currentRevision") == f"{name}-{update}"
+            return status if done and (status.get("rollout") or {}).get("phase") == "Complete" else None
+
+        wait_for("the other replica completing the rollout", complete, 240, detail=lambda: str(rollout()))
+        took = time.monotonic() - t0
+        assert served(cluster, ns, name, real_node) == update
+        assert cluster.values(real_node, resource) == (str(DEVICES), str(DEVICES))
+        print(f"rollout resumed and completed {took:.1f} s after the working replica was deleted mid-gate")

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-from support.clusters import GROUP, VERSION, Cluster
+from support.clusters import Cluster
 from support.realnode import (
     DEVICES,
     SHARED_SELECTOR,
@@ -20,86 +19,76 @@ from support.realnode import (
     busybox_pod,
     limits,
     pod_ready,
-    serial_profile,
+    served,
+    staged_serial,
     wait_for,
 )
 
 from patchbay_api.revisions import spec_revision
 
 
-def served(cluster: Cluster, namespace: str, name: str, node: str) -> str:
-    """The revision the node's agent reports serving ("" before a report)."""
-    try:
-        obj = cluster.custom.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, "devicereports", f"{name}.{node}"
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return ""
-        raise
-    return str(obj.get("revision") or "")
-
-
 def test_a_bad_change_halts_after_the_canary_and_the_node_is_put_back(
     patchbay: Installed, cluster: Cluster, real_node: str, namespace: str, fake_dev: Path
 ) -> None:
     ns = patchbay.namespace
-    label = "patchbay.dev/e2e-waves"
-    name, resource = serial_profile(cluster, fake_dev, real_node, suffix="waves", agent=None, label=label)
     # A short gate and deadline (the defaults are 30 s and 600 s); not a revision (not what agents act on).
-    cluster.patch_spec(name, {"rollout": {"healthySeconds": 5, "progressDeadlineSeconds": 120}})
+    rollout_spec = {"healthySeconds": 5, "progressDeadlineSeconds": 120}
     full = (str(DEVICES), str(DEVICES))
-    try:
-        wait_for("every device on the node", lambda: cluster.values(real_node, resource) == full, 180)
-        spec: dict[str, Any] = (cluster.profile(name) or {})["spec"]
-        first = spec_revision(spec)
-        wait_for("the first revision reported", lambda: served(cluster, ns, name, real_node) == first, 120)
+    with staged_serial(cluster, fake_dev, real_node, ns, "waves", rollout_spec) as (name, resource, first):
         holder = limits(busybox_pod("holder", real_node, "sleep 86400"), resource, 1)
         cluster.core.create_namespaced_pod(namespace, holder)
-        pod = wait_for(
-            "the holder running",
-            lambda: (p := cluster.core.read_namespaced_pod("holder", namespace)) and pod_ready(p) and p,
-            120,
-        )
+        try:
+            pod = wait_for(
+                "the holder running",
+                lambda: (p := cluster.core.read_namespaced_pod("holder", namespace)) and pod_ready(p) and p,
+                120,
+            )
 
-        # The bad commit: a glob that matches nothing.
-        started = time.monotonic()
-        cluster.patch_spec(name, {"plugin": {"discovery": {"paths": {"globs": [f"{fake_dev}/nothing*"]}}}})
-        bad = spec_revision((cluster.profile(name) or {})["spec"])
+            # The bad commit: a glob that matches nothing.
+            started = time.monotonic()
+            cluster.patch_spec(
+                name, {"plugin": {"discovery": {"paths": {"globs": [f"{fake_dev}/nothing*"]}}}}
+            )
+            bad = spec_revision((cluster.profile(name) or {})["spec"])
 
-        def halted() -> dict[str, Any] | None:
-            rollout = ((cluster.profile(name) or {}).get("status") or {}).get("rollout") or {}
-            return rollout if rollout.get("phase") == "Halted" else None
+            def halted() -> dict[str, Any] | None:
+                rollout = ((cluster.profile(name) or {}).get("status") or {}).get("rollout") or {}
+                return rollout if rollout.get("phase") == "Halted" else None
 
-        def agent_side() -> str:
-            pods = cluster.core.list_namespaced_pod(ns, label_selector=SHARED_SELECTOR).items
-            logs = [
-                str(cluster.core.read_namespaced_pod_log(p.metadata.name, ns, tail_lines=40)) for p in pods
-            ]
-            return f"entry {cluster.shared_entry(name, ns)}\nagent log:\n" + "\n".join(logs)
+            def agent_side() -> str:
+                pods = cluster.core.list_namespaced_pod(ns, label_selector=SHARED_SELECTOR).items
+                logs = [
+                    str(cluster.core.read_namespaced_pod_log(p.metadata.name, ns, tail_lines=40))
+                    for p in pods
+                ]
+                return f"entry {cluster.shared_entry(name, ns)}\nagent log:\n" + "\n".join(logs)
 
-        rollout = wait_for("the rollout halted", halted, 180, detail=agent_side)
-        print(agent_side())
-        took = time.monotonic() - started
-        assert rollout["haltedNodes"] == [real_node] and real_node in rollout["message"], rollout
-        assert f"0 healthy devices, {DEVICES} before the change" in rollout["message"], rollout
-        stalled = cluster.condition(name, "Stalled") or {}
-        assert stalled.get("status") == "True" and stalled.get("reason") == "RolloutHalted", stalled
-        assert real_node in stalled["message"]
+            rollout = wait_for("the rollout halted", halted, 180, detail=agent_side)
+            print(agent_side())
+            took = time.monotonic() - started
+            assert rollout["haltedNodes"] == [real_node] and real_node in rollout["message"], rollout
+            assert f"0 healthy devices, {DEVICES} before the change" in rollout["message"], rollout
+            stalled = cluster.condition(name, "Stalled") or {}
+            assert stalled.get("status") == "True" and stalled.get("reason") == "RolloutHalted", stalled
+            assert real_node in stalled["message"]
 
-        # Put back: the previous revision, every device, the holder never restarted.
-        wait_for(
-            "the node back on the first revision", lambda: served(cluster, ns, name, real_node) == first, 120
-        )
-        wait_for("every device back", lambda: cluster.values(real_node, resource) == full, 120)
-        back = time.monotonic() - started
-        after = cluster.core.read_namespaced_pod("holder", namespace)
-        assert after.metadata.uid == pod.metadata.uid and pod_ready(after)
-        assert sum(c.restart_count for c in after.status.container_statuses or []) == 0
-        status = (cluster.profile(name) or {})["status"]
-        assert status["currentRevision"] == f"{name}-{first}" and status["updateRevision"] == f"{name}-{bad}"
-        print(f"halted {took:.1f} s after the bad change; node back with {DEVICES} devices at {back:.1f} s")
-    finally:
-        cluster.core.delete_namespaced_pod("holder", namespace, grace_period_seconds=0)
-        cluster.delete_profile(name)
-        cluster.set_labels(real_node, {label: None})
+            # Put back: the previous revision, every device, the holder never restarted.
+            wait_for(
+                "the node back on the first revision",
+                lambda: served(cluster, ns, name, real_node) == first,
+                120,
+            )
+            wait_for("every device back", lambda: cluster.values(real_node, resource) == full, 120)
+            back = time.monotonic() - started
+            after = cluster.core.read_namespaced_pod("holder", namespace)
+            assert after.metadata.uid == pod.metadata.uid and pod_ready(after)
+            assert sum(c.restart_count for c in after.status.container_statuses or []) == 0
+            status = (cluster.profile(name) or {})["status"]
+            assert (
+                status["currentRevision"] == f"{name}-{first}" and status["updateRevision"] == f"{name}-{bad}"
+            )
+            print(
+                f"halted {took:.1f} s after the bad change; node back with {DEVICES} devices at {back:.1f} s"
+            )
+        finally:
+            cluster.core.delete_namespaced_pod("holder", namespace, grace_period_seconds=0)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from kubernetes import client
-from support.clusters import Cluster, kstatus, wait_for
+from kubernetes.client.rest import ApiException
+from support.clusters import GROUP, VERSION, Cluster, kstatus, wait_for
 from support.operator import scrape_stats
 
+from patchbay_api.revisions import spec_revision
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage
 from patchbay_devcluster.images import BUSYBOX_IMAGE
@@ -171,6 +174,19 @@ def limits(pod: dict[str, Any], resource: str, count: int) -> dict[str, Any]:
     return pod
 
 
+def served(cluster: Cluster, namespace: str, name: str, node: str) -> str:
+    """The revision of profile ``name`` that ``node``'s agent reports serving ("" before a report)."""
+    try:
+        obj = cluster.custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "devicereports", f"{name}.{node}"
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return ""
+        raise
+    return str(obj.get("revision") or "")
+
+
 def serial_profile(
     cluster: Cluster,
     fake_dev: Path,
@@ -211,6 +227,27 @@ def serial_profile(
         },
     )
     return name, resource
+
+
+@contextlib.contextmanager
+def staged_serial(
+    cluster: Cluster, fake_dev: Path, node: str, namespace: str, suffix: str, rollout: dict[str, Any]
+) -> Iterator[tuple[str, str, str]]:
+    """A DevicePlugin profile over the FAKE devices, served by the shared node agent on ``node``
+    (so staged), with ``spec.rollout`` set (not a revision); yields (name, resource, its first
+    revision) once the node counts every device and reports that revision; deleted afterwards."""
+    label = f"patchbay.dev/e2e-{suffix}"
+    name, resource = serial_profile(cluster, fake_dev, node, suffix=suffix, agent=None, label=label)
+    try:
+        cluster.patch_spec(name, {"rollout": rollout})
+        full = (str(DEVICES), str(DEVICES))
+        wait_for("every device on the node", lambda: cluster.values(node, resource) == full, 180)
+        first = spec_revision((cluster.profile(name) or {})["spec"])
+        wait_for("the first revision reported", lambda: served(cluster, namespace, name, node) == first, 120)
+        yield name, resource, first
+    finally:
+        cluster.delete_profile(name)
+        cluster.set_labels(node, {label: None})
 
 
 def pod_processes(e2e_cluster: DevCluster, pod: client.V1Pod) -> dict[int, dict[str, str]]:
