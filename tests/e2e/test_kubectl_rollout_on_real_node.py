@@ -8,30 +8,30 @@ here (`rollout.strategy: Immediate`): this proves the verbs on the real agent, n
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes.client.rest import ApiException
-from support.realnode import DEVICES, OnNode, busybox_pod, limits, pod_log, serial_profile, wait_for
+from support.realnode import (
+    DEVICES,
+    OnNode,
+    busybox_pod,
+    kubectl_patchbay,
+    limits,
+    pod_log,
+    serial_profile,
+    wait_for,
+)
 
 from patchbay_api.revisions import spec_revision
-
-REPO = Path(__file__).resolve().parents[2]
-PLUGIN = Path(os.environ.get("VIRTUAL_ENV") or REPO / ".venv") / "bin" / "kubectl-patchbay"
 
 
 def run(on_node: OnNode, *args: str) -> subprocess.CompletedProcess[str]:
     """The plugin as a user runs it."""
     patchbay, _, e2e_cluster, *_ = on_node
-    return subprocess.run(
-        [str(PLUGIN), *args, "--kubeconfig", str(e2e_cluster.kubeconfig), "-n", patchbay.namespace],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return kubectl_patchbay(e2e_cluster.kubeconfig, patchbay.namespace, *args)
 
 
 def test_diff_names_the_holder_a_bad_glob_would_strip_and_undo_puts_it_back(

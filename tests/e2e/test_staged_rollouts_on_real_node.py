@@ -1,22 +1,22 @@
 """A staged rollout on the real node (issue 45, step 3): with the real node as the profile's only
 node (so its canary), a bad change (a glob that matches nothing) halts after the canary wave, the
 node is put back on the previous revision with every device, the pod holding one of them is never
-restarted, and the profile is Stalled (RolloutHalted) naming the node. The shared node agent
+restarted, and the profile is Stalled (RolloutHalted) naming the node; ``kubectl patchbay rollout
+status`` exits 1 on it and ``history`` shows both revisions. The shared node agent
 serves the profile (the change and the put-back applied live). Devices are FAKE (character
 devices the fixture makes under /dev)."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
-from support.clusters import Cluster
 from support.realnode import (
     DEVICES,
     SHARED_SELECTOR,
-    Installed,
+    OnNode,
     busybox_pod,
+    kubectl_patchbay,
     limits,
     pod_ready,
     served,
@@ -28,8 +28,9 @@ from patchbay_api.revisions import spec_revision
 
 
 def test_a_bad_change_halts_after_the_canary_and_the_node_is_put_back(
-    patchbay: Installed, cluster: Cluster, real_node: str, namespace: str, fake_dev: Path
+    on_node: OnNode,
 ) -> None:
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     ns = patchbay.namespace
     # A short gate and deadline (the defaults are 30 s and 600 s); not a revision (not what agents act on).
     rollout_spec = {"healthySeconds": 5, "progressDeadlineSeconds": 120}
@@ -71,6 +72,11 @@ def test_a_bad_change_halts_after_the_canary_and_the_node_is_put_back(
             stalled = cluster.condition(name, "Stalled") or {}
             assert stalled.get("status") == "True" and stalled.get("reason") == "RolloutHalted", stalled
             assert real_node in stalled["message"]
+            # kubectl's verbs on the real halt: status exits 1 with the message, history has both.
+            status = kubectl_patchbay(e2e_cluster.kubeconfig, ns, "rollout", "status", name, "--watch=false")
+            assert status.returncode == 1 and real_node in status.stderr + status.stdout, status
+            history = kubectl_patchbay(e2e_cluster.kubeconfig, ns, "rollout", "history", name)
+            assert history.returncode == 0 and "nothing*" in history.stdout, history
 
             # Put back: the previous revision, every device, the holder never restarted.
             wait_for(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,20 @@ def add_fake_device(directory: Path, name: str) -> Path:
 def limits(pod: dict[str, Any], resource: str, count: int) -> dict[str, Any]:
     pod["spec"]["containers"][0]["resources"] = {"limits": {resource: str(count)}}
     return pod
+
+
+PLUGIN = Path(os.environ.get("VIRTUAL_ENV") or REPO / ".venv") / "bin" / "kubectl-patchbay"
+"""The kubectl plugin as the virtualenv installs it."""
+
+
+def kubectl_patchbay(kubeconfig: Path, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl patchbay ARGS`` as a user runs it, against the release in ``namespace``."""
+    return subprocess.run(
+        [str(PLUGIN), *args, "--kubeconfig", str(kubeconfig), "-n", namespace],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def served(cluster: Cluster, namespace: str, name: str, node: str) -> str:

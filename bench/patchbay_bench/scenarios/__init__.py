@@ -20,6 +20,7 @@ from patchbay_bench.scenarios import (
     node_agent_api_cost,
     node_memory,
     operator_memory,
+    rollout_scale,
     rollouts,
     static_scale,
 )
@@ -40,6 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
         kubectl_scale,
         dra_scale,
         node_agent_api_cost,
+        rollout_scale,
         images,
         cluster_path,
         dra_path,

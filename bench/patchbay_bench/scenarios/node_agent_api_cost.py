@@ -18,36 +18,20 @@ round by round: one needs N pods, the other P x N):
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
-import re
-import ssl
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from patchbay_bench import kube
+from patchbay_bench.apicost import minus, window, writes
 from patchbay_bench.harness import Param, Run, Scenario, wait
-from patchbay_bench.kube import PROFILES, WRITE_VERBS
-from patchbay_bench.setup import Cluster, kwok_cluster, operator, status_mib
+from patchbay_bench.kube import PROFILES
+from patchbay_bench.setup import kwok_cluster, operator, status_mib
+from patchbay_bench.simagents import Followers, shared_agent_pods
 
-NAMESPACE, SHARED = "patchbay-system", "patchbay-node-agent"
-#: what a profile change can cause: everything else (kwok's node heartbeats and leases, the
-#: controllers' resyncs) is background here
-RELEVANT = {
-    "configmaps",
-    "daemonsets",
-    "devicepluginprofiles",
-    "devicereports",
-    "pods",
-    "controllerrevisions",
-    "events",
-}
+NAMESPACE = "patchbay-system"
 
 
 def profile(i: int, own_agent: bool) -> dict[str, Any]:
@@ -65,132 +49,6 @@ def profile(i: int, own_agent: bool) -> dict[str, Any]:
             "tolerations": [{"operator": "Exists"}],
         }
     return kube.profile(f"p{i}", spec)
-
-
-class Followers:
-    """The simulated node agents: per node, GET then WATCH of the node agent's ConfigMap and of
-    the Node, each by metadata.name; records when each ConfigMap watch saw a MODIFIED event."""
-
-    def __init__(self, server: str, kubeconfig: dict[str, Any], tmp: Path) -> None:
-        m = re.match(r"https://([^:/]+):(\d+)", server)
-        assert m, server
-        self.host, self.port = m.group(1), int(m.group(2))
-        user, cluster = kubeconfig["users"][0]["user"], kubeconfig["clusters"][0]["cluster"]
-        for name, data in (
-            ("ca.crt", cluster["certificate-authority-data"]),
-            ("c.crt", user["client-certificate-data"]),
-            ("c.key", user["client-key-data"]),
-        ):
-            (tmp / name).write_bytes(base64.b64decode(data))
-        self.ctx = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
-        self.ctx.load_cert_chain(str(tmp / "c.crt"), str(tmp / "c.key"))
-        self.modified: list[float] = []
-        self.open = self.failed = 0
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def _request(self, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
-        reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self.ctx)
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nAccept: application/json\r\n\r\n".encode())
-        await writer.drain()
-        status = int((await reader.readline()).split()[1])
-        while (await reader.readline()) not in (b"\r\n", b""):
-            pass
-        return reader, writer, status
-
-    async def _chunks(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
-        while size := int((await reader.readline()).strip() or b"0", 16):
-            data = await reader.readexactly(size)
-            await reader.readexactly(2)
-            yield data
-
-    async def _follow(self, get_path: str, list_path: str, is_config: bool, gate: asyncio.Semaphore) -> None:
-        async with gate:
-            try:
-                reader, writer, status = await self._request(get_path)
-                body = b"".join([c async for c in self._chunks(reader)])
-                writer.close()
-                rv = json.loads(body)["metadata"]["resourceVersion"]
-                reader, _w, status = await self._request(f"{list_path}&watch=1&resourceVersion={rv}")
-                if status != 200:
-                    raise RuntimeError(f"WATCH {list_path}: {status}")
-            except Exception:
-                self.failed += 1
-                return
-        self.open += 1
-        buf = b""
-        async for data in self._chunks(reader):
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                if is_config and b'"type":"MODIFIED"' in line:
-                    self.modified.append(time.monotonic())
-
-    async def _start(self, nodes: list[str]) -> None:
-        gate = asyncio.Semaphore(64)
-        cm = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
-        for n in nodes:
-            self._tasks.append(
-                asyncio.create_task(
-                    self._follow(f"{cm}/{SHARED}", f"{cm}?fieldSelector=metadata.name%3D{SHARED}", True, gate)
-                )
-            )
-            self._tasks.append(
-                asyncio.create_task(
-                    self._follow(
-                        f"/api/v1/nodes/{n}", f"/api/v1/nodes?fieldSelector=metadata.name%3D{n}", False, gate
-                    )
-                )
-            )
-
-    def start(self, nodes: list[str]) -> None:
-        asyncio.run_coroutine_threadsafe(self._start(nodes), self.loop).result()
-
-    async def _stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(60)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
-def window(
-    cluster: Cluster, seconds: float, action: Callable[[], object] | None = None
-) -> dict[str, dict[str, float]]:
-    """Requests (by verb/resource) and watch events (by kind) the API server served in ``seconds``
-    after ``action()`` (None: an idle window), for the resources a change can touch."""
-    before = cluster.api.metrics()
-    if action is not None:
-        action()
-    time.sleep(seconds)
-    after = cluster.api.metrics()
-
-    out: dict[str, dict[str, float]] = {"requests": {}, "events": {}}
-    for part, name, keys in (
-        ("requests", "apiserver_request_total", ("verb", "resource")),
-        ("events", "apiserver_watch_events_total", ("resource",)),
-    ):
-        a, b = before.by(name, *keys), after.by(name, *keys)
-        for k, v in b.items():
-            if k[-1] in RELEVANT:
-                out[part]["/".join(k)] = v - a.get(k, 0)
-    return out
-
-
-def minus(
-    change: dict[str, dict[str, float]], idle: dict[str, dict[str, float]]
-) -> dict[str, dict[str, float]]:
-    return {
-        part: {k: v - idle[part].get(k, 0) for k, v in counts.items() if v - idle[part].get(k, 0) > 0}
-        for part, counts in change.items()
-    }
-
-
-def writes(counts: dict[str, float]) -> float:
-    return sum(v for k, v in counts.items() if k.split("/")[0] in WRITE_VERBS)
 
 
 def run(r: Run) -> None:
@@ -213,17 +71,11 @@ def run(r: Run) -> None:
         with operator(r, cluster.kubeconfig, NAMESPACE, "--agent-image", "example.invalid/agent:bench"):
             for i in range(p):
                 api.create(PROFILES, profile(i, own_agent=False))
-            wait(
-                "the node agent's pods ready on every node",
-                lambda: any(
-                    d["metadata"]["name"] == SHARED and (d.get("status") or {}).get("numberReady", 0) >= n
-                    for d in daemonsets()
-                ),
-                1800,
-                0.5,
-            )
+            shared_agent_pods(api, NAMESPACE, n)
             rss0 = status_mib(apiserver, "VmRSS")
-            followers = Followers(cluster.dev.server, yaml.safe_load(cluster.kubeconfig.read_text()), r.work)
+            followers = Followers(
+                cluster.dev.server, yaml.safe_load(cluster.kubeconfig.read_text()), r.work, NAMESPACE
+            )
             t0 = time.monotonic()
             followers.start(cluster.nodes)
             wait(
