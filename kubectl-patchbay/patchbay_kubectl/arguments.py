@@ -164,6 +164,24 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="the profile's YAML or JSON (several documents, or - for stdin)",
     )
+    diff.add_argument(
+        "--server-side",
+        action="store_true",
+        help="dry-run a server-side apply (as kubectl apply --server-side and Flux apply) instead of "
+        "a replace: fields another field manager owns stay as they are",
+    )
+    diff.add_argument(
+        "--field-manager",
+        default="kubectl",
+        help="with --server-side: the manager the apply is made as; use the one your pipeline applies "
+        "with (kubectl: kubectl, Flux: kustomize-controller, Argo CD: argocd-controller) (default: kubectl)",
+    )
+    diff.add_argument(
+        "--force-conflicts",
+        action="store_true",
+        help="with --server-side: take fields another manager owns, as kubectl apply --force-conflicts "
+        "(without it a conflict is the server's error, exit 2)",
+    )
     return parser
 
 

@@ -53,7 +53,7 @@ from patchbay_kubectl.views.objects import (
     utcnow,
 )
 from patchbay_kubectl.views.objects import spec as spec_of
-from patchbay_kubectl.views.plan import profile_plan
+from patchbay_kubectl.views.plan import lowered_static_nodes, profile_plan, static_holders
 
 EVENT_NAMESPACE = "default"
 """Events about a cluster-scoped profile are in "default", where the operator posts them."""
@@ -435,6 +435,23 @@ def diff_collection(doc: Obj) -> str:
     return kube.PROFILES
 
 
+def _dry_run(k: Kube, args: argparse.Namespace, doc: Obj, live: Obj | None) -> Obj:
+    """The profile as the API server would store it. ``--server-side``: a dry-run server-side
+    apply as ``--field-manager`` (fields other managers own stay, a conflict is the server's
+    error unless ``--force-conflicts``), as ``kubectl apply --server-side`` and Flux apply;
+    otherwise a dry-run create, or a replace of the live object by the file (fields the file
+    leaves out are dropped, as the file's owner would see after a plain replace)."""
+    collection = diff_collection(doc)
+    path = f"{collection}/{quote(name_of(doc), safe='')}"
+    if args.server_side:
+        return k.apply(path, doc, args.field_manager, force=args.force_conflicts, dry_run=True)
+    if live is None:
+        return k.create(collection, doc, dry_run=True)
+    wanted = copy.deepcopy(doc)
+    wanted.setdefault("metadata", {})["resourceVersion"] = live["metadata"]["resourceVersion"]
+    return k.replace(path, wanted, dry_run=True)
+
+
 def cmd_diff(k: Kube, args: argparse.Namespace) -> str:
     try:
         docs = _documents(args.filename)
@@ -450,19 +467,23 @@ def cmd_diff(k: Kube, args: argparse.Namespace) -> str:
         collection = diff_collection(doc)
         path = f"{collection}/{quote(name, safe='')}"
         live = k.get(path)
+        after = _dry_run(k, args, doc, live)
         if live is None:
-            after, action = k.create(collection, doc, dry_run=True), "created"
+            action = "created"
         else:
-            wanted = copy.deepcopy(doc)
-            wanted.setdefault("metadata", {})["resourceVersion"] = live["metadata"]["resourceVersion"]
-            after = k.replace(path, wanted, dry_run=True)
             action = "configured" if spec_of(after) != spec_of(live) else "unchanged"
         if nodes is None:
             nodes = k.list("/api/v1/nodes")
         reports = k.list(
             kube.reports_path(namespace_of(args)), label_selector=f"{agentpods.LABEL_PROFILE}={name}"
         )
-        plans.append(profile_plan(live, after, action, nodes, reports))
+        plan = profile_plan(live, after, action, nodes, reports)
+        resource = str(spec_of(after).get("resourceName") or "")
+        by_node = {n.node: n for n in plan.nodes}
+        for node_name in lowered_static_nodes(plan):
+            pods = k.list("/api/v1/pods", field_selector=f"spec.nodeName={node_name}")
+            static_holders(by_node[node_name], resource, pods)
+        plans.append(plan)
     text = output.plan(plans, args.output)
     if any(p.loses for p in plans):
         raise Exit(text, 1)

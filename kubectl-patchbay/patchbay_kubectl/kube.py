@@ -98,9 +98,17 @@ class Kube:
             return answer
         raise _api_error(resp.status, raw)
 
-    def apply(self, path: str, obj: Obj, field_manager: str) -> Obj:
-        """Server-side apply of ``obj`` at ``path`` (the object's own URL); the stored object."""
-        params = [("fieldManager", field_manager), ("force", "true")]
+    def apply(
+        self, path: str, obj: Obj, field_manager: str, *, force: bool = True, dry_run: bool = False
+    ) -> Obj:
+        """Server-side apply of ``obj`` at ``path`` (the object's own URL); the stored object (the
+        one the server would store, with ``dry_run``). Without ``force`` a field another manager
+        owns with another value is the server's 409 Conflict, naming the field and the manager."""
+        params = [("fieldManager", field_manager)]
+        if force:
+            params.append(("force", "true"))
+        if dry_run:
+            params.append(("dryRun", "All"))
         return self._send("PATCH", path, params, obj, "application/apply-patch+yaml")
 
     def patch(self, path: str, body: Any, content_type: str, *, dry_run: bool = False) -> Obj:

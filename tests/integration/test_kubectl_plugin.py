@@ -718,3 +718,100 @@ def test_diff_names_the_pods_a_change_would_strip_of_their_devices(
         refused.stderr
     )
     assert "spec.mode" in refused.stderr
+
+
+def test_diff_server_side_and_the_pods_over_a_lowered_static_capacity(
+    cluster: Cluster, devcluster: DevCluster, bin_dir: Path, operator_process: Operator, tmp_path: Path
+) -> None:
+    """A Static profile applied server-side by a pipeline's field manager ("gitops"), then paused
+    by someone else: ``diff --server-side`` as that manager keeps the pause (another manager's
+    field) where a replace drops it; a manager that does not own ``capacity`` gets the server's
+    conflict (exit 2) unless it forces; a lowered capacity names the pods over it."""
+    operator_process.stop()
+    n1, n2 = cluster.add_nodes(2)
+    name = f"{cluster.prefix}dongles"
+    resource = f"example.com/{cluster.prefix}dongle"
+    selector = {"matchLabels": {TEST_LABEL: cluster.tag}}
+
+    def write(capacity: int) -> Path:
+        path = tmp_path / f"dongles-{capacity}.yaml"
+        body = {
+            "apiVersion": "patchbay.dev/v1beta1",
+            "kind": "DevicePluginProfile",
+            "metadata": {"name": name},
+            "spec": {
+                "resourceName": resource,
+                "mode": "Static",
+                "nodeSelector": selector,
+                "static": {"capacity": capacity},
+            },
+        }
+        path.write_text(yaml.safe_dump(body))
+        return path
+
+    cluster.profiles.append(name)
+    kubectl(devcluster, bin_dir, "apply", "--server-side", "--field-manager=gitops", "-f", str(write(4)))
+    kubectl(
+        devcluster,
+        bin_dir,
+        "patch",
+        "devicepluginprofile",
+        name,
+        "--type=merge",
+        "-p",
+        '{"spec":{"rollout":{"paused":true}}}',
+    )
+    holders = []
+    for i, (node, count) in enumerate(((n1, 2), (n1, 1), (n2, 1))):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{cluster.prefix}uses-{i}", "namespace": NAMESPACE},
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [
+                    {"name": "c", "image": "busybox", "resources": {"limits": {resource: str(count)}}}
+                ],
+            },
+        }
+        holders.append(cluster.core.create_namespaced_pod(NAMESPACE, pod).metadata.name)
+    try:
+        same = write(4)
+        kept = plugin(
+            devcluster,
+            bin_dir,
+            "diff",
+            "--server-side",
+            "--field-manager=gitops",
+            "-f",
+            str(same),
+            check=False,
+        )
+        assert kept.returncode == 0 and ": unchanged (server dry run)" in kept.stdout, (
+            kept.stdout + kept.stderr
+        )
+        dropped = plugin(devcluster, bin_dir, "diff", "-f", str(same), check=False)
+        assert dropped.returncode == 0 and ": configured (server dry run)" in dropped.stdout, dropped.stdout
+
+        lower = write(2)
+
+        def as_other(*force: str) -> subprocess.CompletedProcess[str]:
+            args = ("diff", "--server-side", "--field-manager=other", *force, "-f", str(lower))
+            return plugin(devcluster, bin_dir, *args, check=False)
+
+        conflict = as_other()
+        assert conflict.returncode == 2, conflict.stdout + conflict.stderr
+        assert conflict.stderr.startswith("Error from server (Conflict): ") and "gitops" in conflict.stderr
+        out = as_other("--force-conflicts")
+        assert out.returncode == 1, out.stdout + out.stderr
+        row = next(line for line in out.stdout.splitlines() if line.startswith(n1))
+        assert "capacity 4 -> 2" in row and "3 in use" in row, row
+        assert f"{NAMESPACE}/{holders[0]},{NAMESPACE}/{holders[1]}" in row, row
+        # n2 uses 1 of the new 2: it loses capacity, no pod is over it.
+        row2 = next(line for line in out.stdout.splitlines() if line.startswith(n2))
+        assert holders[2] not in row2 and "in use" not in row2, row2
+        assert (cluster.profile(name) or {})["spec"]["static"]["capacity"] == 4  # a dry run
+    finally:
+        for pod_name in holders:
+            cluster.core.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)

@@ -4,7 +4,9 @@ Pure: the profile as it is (``before``, None for a new one), as the API server's
 would be (``after``), the nodes and the profile's DeviceReports in; per node out: selected before
 / after (``spec.nodeSelector``), node group before / after (the first group whose selector matches;
 before: what the agent reports), the devices it serves now that the new settings would no longer
-serve, the pods holding them (the report's ``pods``), and for Static the capacity before / after.
+serve, the pods holding them (the report's ``pods``), and for Static the capacity before / after
+and, where it is lowered, the pods on the node that use more than the new capacity
+(``static_holders``: the caller lists those nodes' pods).
 
 A device is kept when the node's new discovery (its group's ``plugin`` merged over
 ``spec.plugin``, docs/api.md#node-groups) still names it: a glob still matching its ID (a glob's
@@ -26,6 +28,7 @@ from patchbay_kubectl.views.objects import (
     STATIC,
     Obj,
     name_of,
+    quantity,
     report_index,
     selector_matches,
     spec,
@@ -256,6 +259,59 @@ def _replicas(plugin: Mapping[str, Any]) -> int:
     """How many pods (or claims) may use a device at once: ``sharing.replicas``, absent 1."""
     value = (plugin.get("sharing") or {}).get("replicas")
     return value if isinstance(value, int) and value > 0 else 1
+
+
+DONE_PHASES = ("Succeeded", "Failed")
+
+
+def pod_request(pod: Obj, resource: str) -> int:
+    """How much of ``resource`` a pod holds on its node, by the kubelet's rule: the larger of the
+    containers' sum and the largest init container's (an extended resource's request equals its
+    limit; a limit alone counts as the request). 0 for a pod that has ended."""
+    if (pod.get("status") or {}).get("phase") in DONE_PHASES:
+        return 0
+    pod_spec = pod.get("spec") or {}
+
+    def ask(container: Obj) -> int:
+        res = container.get("resources") or {}
+        value = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
+        return quantity(value) or 0
+
+    main = sum(ask(c) for c in pod_spec.get("containers") or [])
+    init = max((ask(c) for c in pod_spec.get("initContainers") or []), default=0)
+    return max(main, init)
+
+
+def static_holders(plan: NodePlan, resource: str, pods: Sequence[Obj]) -> None:
+    """A Static node whose capacity the change lowers below what its pods use: one ``Lost`` naming
+    them. They keep running (capacity is not enforced on a running pod), but the scheduler sees
+    the node over capacity, and a kubelet restart admits them again against the new capacity
+    (docs/observability.md#rollouts-and-diffs)."""
+    before, after = plan.capacity_before, plan.capacity_after or 0  # None after: nothing advertised
+    if before is None or after >= before:
+        return
+    using = {
+        f"{(p.get('metadata') or {}).get('namespace', '')}/{name_of(p)}": pod_request(p, resource)
+        for p in pods
+    }
+    using = {k: v for k, v in using.items() if v > 0}
+    in_use = sum(using.values())
+    if in_use <= after:
+        return
+    reason = (
+        f"capacity {before} -> {after}: {in_use} in use; the scheduler "
+        "sees the node over capacity, a kubelet restart admits the pods against the new capacity"
+    )
+    plan.lost.append(Lost(resource, reason, sorted(using)))
+
+
+def lowered_static_nodes(plan: ProfilePlan) -> list[str]:
+    """The nodes where a Static change lowers the capacity: the only ones whose pods ``diff`` lists."""
+    return [
+        n.node
+        for n in plan.nodes
+        if n.capacity_before is not None and (n.capacity_after or 0) < n.capacity_before
+    ]
 
 
 def profile_plan(

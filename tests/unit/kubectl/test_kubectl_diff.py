@@ -9,7 +9,14 @@ from typing import Any
 import yaml
 
 from patchbay_kubectl import output
-from patchbay_kubectl.views.plan import merged, node_plan, profile_plan
+from patchbay_kubectl.views.plan import (
+    lowered_static_nodes,
+    merged,
+    node_plan,
+    pod_request,
+    profile_plan,
+    static_holders,
+)
 
 
 def node(name: str, **labels: str) -> dict[str, Any]:
@@ -141,6 +148,44 @@ def test_static_capacity_before_and_after_and_a_new_profile() -> None:
     fresh = node_plan(None, prof(SERIAL), node("n1"), None)
     assert (fresh.selected_before, fresh.selected_after, fresh.loses) == (False, True, False)
     assert fresh.unknown == ["newly selected: what it finds is known once its agent runs"]
+
+
+def pod(name: str, limits: list[int], init: tuple[int, ...] = (), phase: str = "Running") -> dict[str, Any]:
+    def c(n: int) -> dict[str, Any]:
+        return {"name": "c", "resources": {"limits": {"example.com/dongle": str(n)}}}
+
+    return {
+        "metadata": {"name": name, "namespace": "apps"},
+        "spec": {"containers": [c(n) for n in limits], "initContainers": [c(n) for n in init]},
+        "status": {"phase": phase},
+    }
+
+
+def test_a_pod_holds_its_containers_sum_or_its_largest_init_container() -> None:
+    assert pod_request(pod("a", [1, 2]), "example.com/dongle") == 3
+    assert pod_request(pod("b", [1], init=[4, 2]), "example.com/dongle") == 4
+    assert pod_request(pod("c", [3], phase="Succeeded"), "example.com/dongle") == 0
+    assert pod_request(pod("d", [3]), "example.com/other") == 0
+    asks = {"spec": {"containers": [{"resources": {"requests": {"example.com/dongle": "2"}}}]}}
+    assert pod_request(asks, "example.com/dongle") == 2
+
+
+def test_a_lowered_static_capacity_names_the_pods_over_it() -> None:
+    before = prof({"mode": "Static", "static": {"capacity": 4}})
+    after = prof({"mode": "Static", "static": {"capacity": 2}})
+    gone = prof({"mode": "Static", "nodeSelector": {"matchLabels": {"x": "y"}}, "static": {"capacity": 4}})
+    plans = profile_plan(before, after, "configured", [node("n1"), node("n2")], [])
+    assert lowered_static_nodes(plans) == ["n1", "n2"]
+    over, under = plans.nodes
+    static_holders(over, "example.com/dongle", [pod("a", [2]), pod("b", [1]), pod("c", [5], phase="Failed")])
+    static_holders(under, "example.com/dongle", [pod("d", [2])])
+    assert [(lo.device, lo.holders) for lo in over.lost] == [("example.com/dongle", ["apps/a", "apps/b"])]
+    assert over.lost[0].reason.startswith("capacity 4 -> 2: 3 in use")
+    assert under.lost == [] and under.loses  # capacity lowered, no pod over it
+    # A node no longer selected keeps nothing: every pod using the resource is over it.
+    off = profile_plan(before, gone, "configured", [node("n1")], []).nodes[0]
+    static_holders(off, "example.com/dongle", [pod("a", [1])])
+    assert off.holders == ["apps/a"] and off.lost[0].reason.startswith("capacity 4 -> 0: 1 in use")
 
 
 def test_profile_plan_and_its_outputs() -> None:
