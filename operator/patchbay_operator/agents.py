@@ -22,10 +22,11 @@ from typing import Any
 
 from patchbay_operator import render
 from patchbay_operator.agentwatch import AgentWatch
-from patchbay_operator.constants import Mode, Reason
+from patchbay_operator.constants import SHARED_KEY, Mode, Reason
 from patchbay_operator.deviceclasses import DeviceClasses
 from patchbay_operator.kube import Ref, collection
 from patchbay_operator.parts import Part
+from patchbay_operator.peering import writes
 from patchbay_operator.profiles import Profile, Selector
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.status.daemonset import AgentDaemonSet
@@ -85,7 +86,9 @@ class Agents(Part):
 
     async def apply_shared(self) -> None:
         """The shared node agent becomes what the shared profiles say now (each with the nodes its
-        agents leave out, see `render.shared_agent_objects`); with no profile left, it goes."""
+        agents leave out, see `render.shared_agent_objects`); with no profile left, it goes, unless
+        `node_agent_always_on` keeps it (no profile in its config, no owner: it then only keeps
+        the nodes' inventories; the uninstall hook deletes it)."""
         profiles = [(p, self.registry.exclusion(p)) for p in self.registry.shared_agent_profiles()]
         stage = render.once(profiles, self.stage)
         refused = render.over_limit(profiles, stage)
@@ -94,11 +97,26 @@ class Agents(Part):
         if refused:
             # Never half-written: the agents keep serving the config they have.
             return
-        if not profiles:
+        if not profiles and not self.settings.node_agent_always_on:
             await self._delete_objects(render.SHARED_AGENT, "no profile uses the shared agent")
             return
         for obj in render.shared_agent_objects(profiles, self.settings, stage):
             await self._apply_object(obj)
+
+    async def unused_shared(self, *, taking_over: bool = False) -> None:
+        """At the operator's start (not while a peered replica stands by) or take-over (its gate
+        opens after it) with no profile using the shared node agent (no profile handler will
+        apply it): applied when `node_agent_always_on` keeps it for the inventories, deleted when
+        it is left from a time the setting was on."""
+        left = SHARED_KEY in self.watch.daemonsets.items
+        if not (taking_over or writes(self.watch.gate)) or self.registry.shared_agent_profiles():
+            return
+        if not (self.settings.node_agent_always_on or left):
+            return
+        try:
+            await self.apply_shared()
+        except Exception:
+            log.exception("Applying the shared node agent with no profile failed")
 
     def _refuse(self, names: list[str]) -> None:
         """`names` do not fit in the node agent's ConfigMap: each is refused (its status says so,

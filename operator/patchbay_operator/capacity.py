@@ -295,3 +295,22 @@ def report(profile: Profile, node: NodeState, failure: str | None = None) -> Nod
         ready=ready,
         problem=problem,
     )
+
+
+def shows(profile: Profile, node: NodeState) -> bool:
+    """Whether ``node``'s status shows what ``profile`` (one revision of it) wants there: the count
+    in capacity AND allocatable, recorded as this profile's; or, on a node it does not select,
+    nothing of its resource recorded as this profile's (a staged rollout's gate, Static mode)."""
+    want = desired(profile, node)
+    r = profile.resource
+    owner = node.owners.get(r)
+    if want.problem is not None:
+        return False
+    if want.value is None:
+        return owner is None or owner.profile != profile.name
+    return (
+        owner is not None
+        and owner.profile == profile.name
+        and node.capacity.get(r) == str(want.value)
+        and node.allocatable.get(r) == str(want.value)
+    )

@@ -89,6 +89,12 @@ class Settings:
     big cluster where few nodes have devices this keeps the idle agent off the others; a profile
     that selects a node outside it is Stalled there with reason NodeAgentExcluded."""
 
+    node_agent_always_on: bool = False
+    """Keep the shared node agent running with no profile using it (the chart's
+    ``inventory.alwaysOn``): it then serves nothing and only keeps each node's NodeInventory, so
+    ``kubectl patchbay discover`` answers before the first profile. Off: it goes with the last
+    profile (no agent pod on any node until someone asks for one)."""
+
     agent_metrics_holder_labels: bool = False
     """Agents name each container holding a device on their /metrics (namespace, pod,
     container); off, they export the total only: the port is open to the pod network."""
@@ -261,6 +267,13 @@ FLAGS: tuple[Flag, ...] = (
         "(default: every node)",
         _labels,
         unset="",
+    ),
+    Flag(
+        "node_agent_always_on",
+        "keep the shared node agent on its nodes with no profile, serving nothing but each "
+        "node's NodeInventory, so `kubectl patchbay discover` answers before the first profile "
+        "(default: it goes with the last profile)",
+        switch=True,
     ),
     Flag(
         "agent_metrics_holder_labels",

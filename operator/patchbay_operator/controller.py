@@ -112,10 +112,9 @@ class Controller:
     async def start(self) -> None:
         """Load every profile, then every node and what the agents tell, before anything is planned.
 
-        kopf runs startup handlers before it watches profiles, so when the first profile
-        handler runs the caches are complete (a deleting profile after a restart knows every
-        node it set) and resource-name conflicts are decided on full knowledge.
-        """
+        kopf runs startup handlers before it watches profiles, so when the first profile handler runs the
+        caches are complete (a deleting profile after a restart knows every node it set) and resource-name
+        conflicts are decided on full knowledge (then `Agents.unused_shared`, handlers.py)."""
         await self.refresh_profiles()
         log.info("Loaded %d DevicePluginProfiles", len(self.registry))
         await self._watch(nodes.SOURCE, self.nodes.observe, self.nodes.resync)
@@ -272,6 +271,7 @@ class Controller:
         self.status.paused = False
         self.nodes.enqueue_all()
         self.status.mark(self.registry.names())
+        await self.agents.unused_shared(taking_over=True)
 
     # --- counters ----------------------------------------------------------------------------
 

@@ -80,6 +80,9 @@ class Inputs:
     #: the rollout's policy (spec.rollout) and state (staging.py); None: not staged (every node
     #: serves the spec's revision, as before staged rollouts)
     rollout: tuple[rollouts.Policy, rollouts.State] | None = None
+    #: Static mode while a rollout is in progress: the profile as its current revision had it
+    #: (what the nodes the rollout has not moved still carry; staging.Staging.current)
+    current_profile: Profile | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,64 @@ def _rollout_step(
     return rollouts.step(policy, inputs.profile.uid, views, state, clock)
 
 
+def _static(inputs: Inputs) -> Evaluation:
+    """Static mode: the rollout's next state first (its gate is the capacity written and seen,
+    ``rollouts.capacity_gate``), then each node judged against the revision it serves after that
+    step (the spec's, or the current one while the rollout has not moved it or put it back)."""
+    profile, previous, now, failures = inputs.profile, inputs.previous, inputs.now, inputs.failures
+    old = inputs.current_profile if inputs.rollout is not None else None
+    step = None
+    clock = parse_rfc3339(now)
+    if inputs.rollout is not None:
+        policy, state = inputs.rollout
+        views = [
+            rollouts.NodeView(
+                n.name,
+                n.labels,
+                state.update
+                if capacity.shows(profile, n)
+                else state.current
+                if old is not None and capacity.shows(old, n)
+                else "",
+                error=_write_failed(profile, old, n, failures),
+            )
+            for n in inputs.nodes
+            if profile.selector.matches(n.labels) or (old is not None and old.selector.matches(n.labels))
+        ]
+        step = (
+            rollouts.step(policy, profile.uid, views, state, clock, gate=rollouts.capacity_gate)
+            if clock is not None
+            else rollouts.Step(state)
+        )
+    stanza = step.state.stanza() if step is not None else None
+
+    def served(n: NodeState) -> Profile:
+        if old is None or stanza is None or stanza.served(profile.uid, n.name, n.labels) == stanza.update:
+            return profile
+        return old
+
+    seen = [r for n in inputs.nodes if (r := capacity.report(served(n), n, failures.get(n.name))) is not None]
+    problems = static.static_problems(seen) + (step.problems if step is not None else [])
+    new = _no_dra(static.static_status(profile, seen, previous, now, problems=problems), previous)
+    selected = [n for n in inputs.nodes if profile.selector.matches(n.labels)]
+    updated = [n.name for n in selected if capacity.shows(profile, n)]
+    counts = (len(selected), len(updated), len(updated))
+    new = _with_revisions(new, profile, None, step=step, now=now, counts=counts)
+    return Evaluation(new, problems, step.recheck_at if step is not None else None, rollout=step)
+
+
+def _write_failed(profile: Profile, old: Profile | None, node: NodeState, failures: Mapping[str, str]) -> str:
+    """Why the update revision's capacity cannot be written on ``node`` ("" nothing known): the
+    operator's last patch there failed, or the change made its capacity label unusable (a problem
+    the current revision did not have there: waiting will not fix it)."""
+    if node.name in failures:
+        return failures[node.name]
+    want = capacity.desired(profile, node).problem
+    if want and (old is None or capacity.desired(old, node).problem is None):
+        return want
+    return ""
+
+
 def _sooner(a: datetime | None, b: datetime | None) -> datetime | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -148,14 +209,7 @@ def evaluate(inputs: Inputs) -> Evaluation:
         return Evaluation(_no_dra(lost, previous))
     nodes = inputs.nodes
     if profile.mode is Mode.STATIC:
-        seen = [
-            r for n in nodes if (r := capacity.report(profile, n, inputs.failures.get(n.name))) is not None
-        ]
-        problems = static.static_problems(seen)
-        new = static.static_status(profile, seen, previous, now, problems=problems)
-        step = _rollout_step(inputs, [], [], [], {})
-        new = _with_revisions(_no_dra(new, previous), profile, None, step=step, now=now)
-        return Evaluation(new, problems, rollout=step)
+        return _static(inputs)
     troubles = list(inputs.troubles)
     ds = inputs.daemonset
     refused = None
@@ -250,6 +304,7 @@ def _with_revisions(
     *,
     step: rollouts.Step | None = None,
     now: str = "",
+    counts: tuple[int, int, int] | None = None,
 ) -> dict[str, Any]:
     """The revisions and their node counts, in a DaemonSet's words: ``currentRevision`` and
     ``updateRevision`` (the ControllerRevisions ``<profile>-<hash>``: with every node moved at
@@ -258,11 +313,15 @@ def _with_revisions(
     serves the update revision: its DeviceReport's ``revision``) and ``updatedNumberReady`` (of
     those, the ones serving it without an agent error). Static (``reports`` None): no agent, the
     node's capacity as intended is the update revision served. Staged (`step`): the current
-    revision is the rollout's, and ``status.rollout`` says where it stands."""
+    revision is the rollout's, and ``status.rollout`` says where it stands. Static with
+    `counts` (selected, updated, ready): a node is updated, and ready, when its status shows the
+    capacity the update revision says (the API's "as intended")."""
     digest = spec_revision(profile.spec)
     nodes = new.get("nodes") or {}
     desired = selected
-    if reports is None:
+    if counts is not None:
+        desired, updated, ready = counts
+    elif reports is None:
         desired = int(nodes.get("desired") or 0)
         updated = ready = int(nodes.get("ready") or 0)
     else:

@@ -5,7 +5,8 @@
 same profile at most once per ``DEDUPE_WINDOW``) and rate-limited (at most ``BURST`` per profile,
 refilled at ``RATE`` per second), so a flapping device or a thousand failing nodes cannot flood
 the API server. Suppressed events are counted, not lost silently: ``kubectl describe dpp``
-still has the whole picture in the status.
+still has the whole picture in the status. ``note`` posts one Normal Event that is no transition
+(a staged rollout's wave), through the same deduplication and rate limit.
 """
 
 from __future__ import annotations
@@ -100,6 +101,15 @@ class EventRecorder:
                 self.posted[t.type] += 1
             else:
                 self.suppressed += 1
+
+    async def note(self, profile: Profile, reason: str, message: str) -> None:
+        """One Normal Event about ``profile`` that no problem's transition says (a wave moved)."""
+        t = Transition("Normal", reason, message)
+        if self._allow(profile.name, t):
+            await self._post(EVENT_NAMESPACE, event(profile, t))
+            self.posted[t.type] += 1
+        else:
+            self.suppressed += 1
 
     def _allow(self, profile: str, t: Transition) -> bool:
         now = self._clock()

@@ -74,6 +74,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         peer = Peering(ours.peering, cast(str, memo["identity"]), ours.priority)
     ctl = Controller(ours, Kube(load_configuration(ours.kubeconfig, ours.concurrency + 1)), peer)
     await ctl.start()
+    await ctl.agents.unused_shared()  # no profile handler applies it when no profile uses it
     memo["controller"] = ctl
     if ours.metrics_address is not None:
         metrics.serve(ours.metrics_address, ctl.stats)

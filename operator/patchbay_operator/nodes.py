@@ -12,6 +12,9 @@ per node per change. Failures:
 - anything else (or too many stale retries): remember the failure (the status reports it) and
   try again after a per-node backoff.
 
+During a Static profile's staged rollout a node's patch is planned for the revision the node
+serves (``serves``: staging.py), so a wave is the patches of the nodes it moved.
+
 The work queue is paused while this replica must not write (peering), and a held node is
 skipped then too.
 """
@@ -68,6 +71,15 @@ class NodeSync:
         #: (something else changed it): the drift alert's counter
         self.drift_reassertions = 0
         self._written: dict[tuple[str, str], Any] = {}
+        #: a winner as one node serves it (staged rollouts: Staging.served); None: the spec
+        self.serves: Callable[[Profile, NodeState], Profile] | None = None
+
+    def _plan(self, state: NodeState, winners: Mapping[str, Profile]) -> capacity.JsonPatch:
+        """The node's patch, each winner as the node serves it (its rollout's revision)."""
+        serves = self.serves
+        if serves is not None and winners:
+            winners = {r: serves(p, state) for r, p in winners.items()}
+        return capacity.plan(state, winners)
 
     # --- the cache -----------------------------------------------------------------------------
 
@@ -104,14 +116,14 @@ class NodeSync:
         if old is not None and replace(old, resource_version=state.resource_version) == state:
             return
         self._on_change()
-        if capacity.plan(state, self._winners()):
+        if self._plan(state, self._winners()):
             self.queue.add(name)
 
     def enqueue_all(self) -> None:
         """Queue every node whose patch is not empty (after a profile or the winners changed)."""
         winners = self._winners()
         for name, state in self.states.items():
-            if capacity.plan(state, winners):
+            if self._plan(state, winners):
                 self.queue.add(name)
 
     def carrying(self, profile: str) -> list[str]:
@@ -134,7 +146,7 @@ class NodeSync:
         state = self.states.get(name)
         if state is None or self.queue.paused:
             return  # gone, or this replica stopped writing after the node was taken
-        ops = capacity.plan(state, self._winners())
+        ops = self._plan(state, self._winners())
         if not ops:
             return
         try:

@@ -79,6 +79,7 @@ class ProfileStatus:
             revisions.in_use = self.staging.in_use
             if agents is not None:
                 agents.stage = repairs.stage = self.staging.entry
+            nodes.serves = self.staging.served
         #: the shared agents' config written again after a wave moved (one timer: a burst of
         #: waves of several profiles is one write)
         self._waves: Timers[str] = Timers(OnPending.KEEP)
@@ -86,6 +87,8 @@ class ProfileStatus:
         #: DeviceTaintRules (device maintenance), where the API server serves them
         self.rules: Store[maintenance.Rule] = Store(lambda r: r.name, self._rule_changed)
         self._problems: dict[str, list[Problem]] = {}
+        #: by profile: the Normal Events of waves that moved, posted with the next status write
+        self._notes: dict[str, list[str]] = {}
         #: profile -> node -> since when its allocatable has been short of its agent's healthy
         #: devices (evaluation.Inputs.short_since)
         self._short_since: dict[str, dict[str, datetime]] = {}
@@ -124,8 +127,14 @@ class ProfileStatus:
             self._prunes.schedule(name, 0.0, prune)
         if result.retry_create is not None:
             self._retry_create_later(result.retry_create, name)
-        if result.rollout is not None and self.staging.commit(name, result.rollout) and self._agents:
-            self._waves.schedule(SHARED_KEY, 0.0, self._write_wave)
+        if result.rollout is not None:
+            if result.rollout.note:
+                self._notes.setdefault(name, []).append(result.rollout.note)
+            if self.staging.commit(name, result.rollout):
+                if profile.mode is Mode.STATIC:
+                    self._nodes.enqueue_all()  # the nodes that moved get their capacity written
+                elif self._agents:
+                    self._waves.schedule(SHARED_KEY, 0.0, self._write_wave)
         return result.status
 
     async def _write_wave(self) -> None:
@@ -154,7 +163,8 @@ class ProfileStatus:
             policy = rollouts.Policy.parse(profile.spec.get("rollout"))
             base = replace(base, rollout=(policy, self.staging.state(profile)))
         if profile.mode is Mode.STATIC:
-            return replace(base, failures=dict(self._nodes.failures))
+            old = self.staging.current(profile) if self._staged else None
+            return replace(base, failures=dict(self._nodes.failures), current_profile=old)
         shared = profile.uses_shared_agent
         key = SHARED_KEY if shared else name
         watch = self._watch
@@ -194,8 +204,11 @@ class ProfileStatus:
         """Write the status, then post the Events of its problems' transitions."""
         await self._call(self._kube.patch_profile_status, name, new)
         profile = self._registry.get(name)
+        notes = self._notes.pop(name, [])
         if profile is not None:
             try:
+                for note in notes:  # one per wave that moved (no storm: a wave is minutes)
+                    await self.events.note(profile, rollouts.ROLLOUT_WAVE, note)
                 await self.events.record(profile, self._problems.get(name, []))
             except Exception as e:  # an Event that cannot be posted must not fail the status write
                 log.warning("Posting an Event on DevicePluginProfile %s failed: %s", name, e)

@@ -163,7 +163,7 @@ class Repairs(Part):
             return (render.device_class(p), [p]) if render.driver_name(p.name) == name else None
         if whose == SHARED_KEY:
             profiles = reg.shared_agent_profiles()
-            if not profiles or name != render.SHARED_AGENT:
+            if (not profiles and not self.settings.node_agent_always_on) or name != render.SHARED_AGENT:
                 return None
             objects = render.shared_agent_objects(
                 [(p, reg.exclusion(p)) for p in profiles], self.settings, self.stage

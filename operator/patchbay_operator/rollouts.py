@@ -21,6 +21,12 @@ a stalled ``RolloutHalted`` problem names the nodes and what regressed. Only a n
 (a spec change) starts again. When every selected node serves the update, the rollout completes:
 ``current = update``.
 
+What "through the gate" means per node is the mode's (``Gate``): ``agent_gate`` for the modes
+served by an agent (the checks above, on its DeviceReport), ``capacity_gate`` for Static, where
+the operator itself writes the count into the node's status: a node is through once its capacity
+and allocatable show what the update revision says (``NodeView.revision``), and a failed write
+of the wave's node halts at once.
+
 ``step`` takes the policy (``spec.rollout``), the selected nodes as the caches see them, the state
 (``State``: ``status.rollout`` and the revisions, plus ``gate_since``, kept in memory only: a
 restarted operator starts the healthy period of a wave's gate again) and the time, and returns the
@@ -30,7 +36,7 @@ next state; nothing here reads a clock or writes anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -50,6 +56,8 @@ DEFAULT_HEALTHY_SECONDS = 30
 DEFAULT_DEADLINE_SECONDS = 600
 ROLLOUT_HALTED = Reason.ROLLOUT_HALTED.value
 """The stalled problem's reason (the Stalled condition's, and the Warning Event's)."""
+ROLLOUT_WAVE = "RolloutWave"
+"""The reason of the ONE Normal Event a wave posts when it moves (``Step.note``)."""
 MAX_NAMED = 10
 """Nodes named in a message; the rest are counted."""
 
@@ -227,6 +235,31 @@ class Step:
     recheck_at: datetime | None = None
     #: a wave began (for the metric)
     new_wave: bool = False
+    #: what the wave that began did, for its one Normal Event ("" no wave began)
+    note: str = ""
+
+
+Gate = Callable[[Policy, NodeView, int, str], "str | None"]
+"""A mode's gate for one node of the wave: ``gate(policy, node, baseline, update)`` is None while
+the node does not show the update revision yet, "" when it shows it and nothing regressed, else
+what failed (the node halts the rollout)."""
+
+
+def agent_gate(policy: Policy, node: NodeView, before: int, update: str) -> str | None:
+    """An agent's node: its DeviceReport says it serves ``update``, and nothing regressed."""
+    if node.revision != update:
+        return None
+    return _regressed(policy, node, before)
+
+
+def capacity_gate(policy: Policy, node: NodeView, before: int, update: str) -> str | None:
+    """A Static node: its status shows the capacity ``update`` says (``revision``: through), or the
+    operator's write of it failed (``error``: halt at once), or not yet."""
+    if node.revision == update:
+        return node.short
+    if node.error:
+        return f"writing its capacity failed: {node.error}"
+    return None
 
 
 def _names(nodes: Sequence[str]) -> str:
@@ -238,8 +271,16 @@ def halt_problem(state: State) -> Problem:
     return Problem("", "", ROLLOUT_HALTED, state.message, stalled=True)
 
 
-def step(policy: Policy, uid: str, nodes: Sequence[NodeView], state: State, now: datetime) -> Step:
-    """The next state of a profile's rollout (see the module doc)."""
+def step(
+    policy: Policy,
+    uid: str,
+    nodes: Sequence[NodeView],
+    state: State,
+    now: datetime,
+    *,
+    gate: Gate = agent_gate,
+) -> Step:
+    """The next state of a profile's rollout (see the module doc); ``gate``: the mode's."""
     if state.settled_now:
         return Step(state)
     if policy.immediate:
@@ -259,7 +300,7 @@ def step(policy: Policy, uid: str, nodes: Sequence[NodeView], state: State, now:
         state = replace(state, phase=Phase.PROGRESSING, wave_start=start, gate_since="")
     if state.pending:
         return _next_wave(policy, uid, nodes, state, now)
-    return _gate(policy, uid, nodes, state, now)
+    return _gate(policy, uid, nodes, state, now, gate=gate)
 
 
 def _next_wave(policy: Policy, uid: str, nodes: Sequence[NodeView], state: State, now: datetime) -> Step:
@@ -299,7 +340,12 @@ def _next_wave(policy: Policy, uid: str, nodes: Sequence[NodeView], state: State
         message=f"{what}: {len(wave_nodes)} node(s) moving to {state.update} ({_names(wave_nodes)})",
     )
     recheck = now + timedelta(seconds=policy.deadline_seconds)
-    return Step(new, recheck_at=recheck, new_wave=True)
+    updated = len(moved) + len(wave_nodes)
+    note = (
+        f"{what}: {len(wave_nodes)} node(s) moved to revision {state.update}, "
+        f"{updated} of {len(nodes)} updated"
+    )
+    return Step(new, recheck_at=recheck, new_wave=True, note=note)
 
 
 def _regressed(policy: Policy, node: NodeView, before: int) -> str:
@@ -320,17 +366,18 @@ def _regressed(policy: Policy, node: NodeView, before: int) -> str:
     return ""
 
 
-def _gate(policy: Policy, uid: str, nodes: Sequence[NodeView], state: State, now: datetime) -> Step:
+def _gate(
+    policy: Policy, uid: str, nodes: Sequence[NodeView], state: State, now: datetime, *, gate: Gate
+) -> Step:
     by_name = {n.name: n for n in nodes}
     wave = [by_name[n] for n in sorted(state.baseline) if n in by_name]
     failed: dict[str, str] = {}
     waiting: list[str] = []
     for node in wave:
-        if node.revision != state.update:
+        why = gate(policy, node, state.baseline[node.name], state.update)
+        if why is None:
             waiting.append(node.name)
-            continue
-        why = _regressed(policy, node, state.baseline[node.name])
-        if why:
+        elif why:
             failed[node.name] = why
     if failed:
         return _halt(policy, state, failed, "failed its health gate")

@@ -4,10 +4,13 @@ from the status at start, and what the agents' config is rendered with (``entry`
 A new update revision (a spec change) begins here, when the agents' objects are rendered for it:
 at once (every node serves it, as before staged rollouts) for a new profile, ``strategy:
 Immediate``, a change that only adds nodes (the node selector widened, nothing else), a change of
-mode or resourceName, a Static profile or a profile with an agent of its own (its DaemonSet rolls
-on every revision: not staged yet, its ``status.rollout.message`` says so); otherwise staged, with
-no node moved yet (wave 0): the status loop (profilestatus.py) then moves the canary wave and the
-next ones (``rollouts.step``) and the shared agents' ConfigMap is written once per wave.
+mode or resourceName, or a profile with an agent of its own (its DaemonSet rolls on every
+revision: not staged yet, its ``status.rollout.message`` says so); otherwise staged, with no node
+moved yet (wave 0): the status loop (profilestatus.py) then moves the canary wave and the next
+ones (``rollouts.step``) and the shared agents' ConfigMap is written once per wave. A Static
+profile rolls in the same waves: the operator writes each node's capacity itself, for the
+revision the node serves (``served``: nodes.py plans its patch with it), so a wave is the node
+patches of the nodes that moved.
 
 Nothing lives only here: ``status.currentRevision``, ``updateRevision`` and ``status.rollout``
 (threshold, wave, its start, halted nodes, the wave's baseline) say all of it, so a restarted
@@ -25,7 +28,6 @@ from typing import Any
 from patchbay_api.revisions import Rollout, revision_data, revision_hash, revision_name, spec_revision
 from patchbay_api.selectors import LabelSelector
 from patchbay_operator.capacity import NodeState
-from patchbay_operator.constants import Mode
 from patchbay_operator.profiles import Profile
 from patchbay_operator.rollouts import IMMEDIATE, Phase, Policy, State, Step
 
@@ -54,8 +56,10 @@ def only_adds_nodes(old: Mapping[str, Any], new: Mapping[str, Any], nodes: Itera
 
 def as_revision(profile: Profile, data: Mapping[str, Any]) -> Profile:
     """``profile`` as its revision ``data`` had it (what its agents are rendered with)."""
-    spec = {k: v for k, v in profile.spec.items() if k not in DATA_FIELDS}
+    spec = {k: v for k, v in profile.spec.items() if k not in DATA_FIELDS and k != "static"}
     spec |= {k: data[k] for k in DATA_FIELDS if k in data}
+    if isinstance(data.get("capacity"), Mapping):  # Static: spec.static as the revision had it
+        spec["static"] = dict(data["capacity"])
     body = {
         "metadata": {
             "name": profile.name,
@@ -86,6 +90,8 @@ class Staging:
         self._uids: dict[str, str] = {}
         #: waves begun (for /metrics)
         self.waves = 0
+        #: profile -> (uid, generation, current revision) and that revision as a profile
+        self._as_current: dict[str, tuple[tuple[str, int, bool, str], Profile | None]] = {}
 
     def in_use(self, profile: Profile) -> set[str]:
         """The ControllerRevisions the profile's nodes may serve (never pruned): its spec's, and
@@ -124,8 +130,6 @@ class Staging:
         new = revision_data(profile.spec)
         if policy.immediate:
             why = f"strategy {IMMEDIATE}"
-        elif profile.mode is Mode.STATIC:
-            why = "a Static profile's capacity is not staged yet: every node at once"
         elif not profile.uses_shared_agent:
             why = "a profile with an agent of its own is not staged yet: its DaemonSet rolls every node"
         elif old is None or revision_hash(old) != current:
@@ -149,6 +153,32 @@ class Staging:
             self.states[profile.name] = State.settled(st.update, f"the revision {st.current} is gone")
             return None, Rollout.settled(st.update)
         return as_revision(profile, data), st.stanza()
+
+    def current(self, profile: Profile) -> Profile | None:
+        """The profile as its current revision had it while a rollout is in progress (None when
+        every node serves the spec, or that revision is gone)."""
+        st = self.state(profile)
+        if st.settled_now:
+            return None
+        key = (profile.uid, profile.generation, profile.deleting, st.current)
+        cached = self._as_current.get(profile.name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        data = self._data(profile.name, st.current)
+        old = as_revision(profile, data) if data is not None else None
+        self._as_current[profile.name] = (key, old)
+        return old
+
+    def served(self, profile: Profile, node: NodeState) -> Profile:
+        """The profile as ``node`` serves it now (Static: what its capacity is written for): the
+        spec, or its current revision while the rollout has not moved the node."""
+        old = self.current(profile)
+        if old is None:
+            return profile
+        st = self.states[profile.name]
+        if st.stanza().served(profile.uid, node.name, node.labels) == st.update:
+            return profile
+        return old
 
     def commit(self, name: str, step: Step) -> bool:
         """The state machine's next state; True when the stanza changed (the agents' config must

@@ -7,7 +7,9 @@ with no identity (a DRA agent then fails every claim it is asked to prepare with
 admission rules around what they write (docs/operations.md#uninstall). So before Helm deletes
 anything, this command decides:
 
-- no profile exists: nothing to do; exit 0 and say nothing;
+- no profile exists: nothing to do; exit 0 and say nothing; except that the shared node agent
+  kept for the nodes' inventories (``inventory.alwaysOn``) has no profile to own it, so it is
+  stopped as below (the operator first) and said in one line;
 - profiles exist: print ONE line naming them and the command that deletes them, and exit 1: the
   hook fails and Helm deletes nothing of the release;
 - profiles exist and the chart's ``uninstall.allowWithProfiles`` is true (``--allow-with-profiles``):
@@ -106,6 +108,12 @@ class Check:
                 raise RefusedError(f"patchbay: uninstall.allowWithProfiles: {waited}")
             self.sleep(1.0)
 
+    def agent_daemonsets(self) -> list[str]:
+        """The agent DaemonSets of the namespace, by name."""
+        daemonsets = f"/apis/apps/v1/namespaces/{self.ns}/daemonsets"
+        got = self.request("GET", daemonsets, query={"labelSelector": AGENT_SELECTOR})
+        return sorted(d["metadata"]["name"] for d in got.get("items", []))
+
     def stop_agents(self, deployment: str, operator_selector: str) -> list[str]:
         """Scale the operator to 0 and wait for its pods, then delete the agent DaemonSets and wait
         for theirs; returns the DaemonSets' names. The operator goes first: it watches its
@@ -114,8 +122,7 @@ class Check:
         self.request("PATCH", scale, {"spec": {"replicas": 0}}, content_type=MERGE_PATCH, ok=(404,))
         self.wait_gone("the operator", operator_selector)
         daemonsets = f"/apis/apps/v1/namespaces/{self.ns}/daemonsets"
-        got = self.request("GET", daemonsets, query={"labelSelector": AGENT_SELECTOR})
-        names = sorted(d["metadata"]["name"] for d in got.get("items", []))
+        names = self.agent_daemonsets()
         for name in names:
             body = {"propagationPolicy": "Background"}
             self.request("DELETE", f"{daemonsets}/{quote(name, safe='')}", body, ok=(404,))
@@ -126,7 +133,13 @@ class Check:
         """The line to print ('' for none); ``RefusedError`` when the uninstall must stop."""
         profiles = self.profiles()
         if not profiles:
-            return ""
+            if not self.agent_daemonsets():
+                return ""
+            stopped = self.stop_agents(deployment, operator_selector)
+            return (
+                f"patchbay: no profile; operator stopped, the node agent kept for the inventory "
+                f"deleted ({named(stopped) or 'none'})"
+            )
         if not allow:
             raise RefusedError(refusal(profiles))
         stopped = self.stop_agents(deployment, operator_selector)

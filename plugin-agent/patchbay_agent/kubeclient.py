@@ -382,9 +382,10 @@ class KubeClient(ApiConnection):
         )
         return str((response.json().get("metadata") or {}).get("resourceVersion") or "")
 
-    def apply_inventory(self, doc: Mapping[str, Any]) -> str:
-        """Server-side apply of the node's whole NodeInventory (cluster-scoped); its
-        resourceVersion; ApiError on failure."""
+    def apply_inventory(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of the node's whole NodeInventory (cluster-scoped); the object as
+        stored (its resourceVersion and field managers tell the keeper's repairs its own writes
+        from someone else's); ApiError on failure."""
         response = self._send(
             "PATCH",
             version=f"{REPORT_GROUP}/{REPORT_VERSION}",
@@ -393,7 +394,8 @@ class KubeClient(ApiConnection):
             data=json.dumps(doc, separators=(",", ":")),
             headers={"Content-Type": APPLY_CONTENT_TYPE},
         )
-        return str((response.json().get("metadata") or {}).get("resourceVersion") or "")
+        stored: dict[str, Any] = response.json()
+        return stored
 
     def read_report(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The stored DeviceReport, None when there is none; ApiError else."""

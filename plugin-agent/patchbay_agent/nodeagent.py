@@ -211,7 +211,7 @@ class NodeAgent:
         if self.options.inventory_rescan <= 0 or not hasattr(self.client, "apply_inventory"):
             return None
         from patchbay_agent.discovery.base import HostRoot
-        from patchbay_agent.inventory.keeper import InventoryKeeper
+        from patchbay_agent.inventory.keeper import InventoryKeeper, inventory_watch
 
         agent = self.options.agent
         pod = agent.report.pod_name if agent.report is not None else None
@@ -223,6 +223,7 @@ class NodeAgent:
             client,
             self.served,
             rescan=self.options.inventory_rescan,
+            watch=inventory_watch(client, agent.node_name),
         )
         return asyncio.create_task(self.keeper.run(stop), name="node-inventory")
 

@@ -210,8 +210,15 @@ class Repairs:
     written again ("ResourceSlice n1-d was deleted; written again")."""
 
     def __init__(
-        self, kind: str, metrics: Metrics, *, keep: int = 64, clock: Callable[[], float] = time.monotonic
+        self,
+        kind: str,
+        metrics: Metrics | None,
+        *,
+        keep: int = 64,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`metrics`: where repairs are counted; None: only logged (the node agent's NodeInventory,
+        which belongs to no profile's metrics)."""
         self.kind = kind
         self._clock = clock
         #: when the latest repairs were due (within FIGHT_WINDOW), and the backoff beyond them
@@ -298,7 +305,8 @@ class Repairs:
             if (repair := self._due.pop(name, None)) is not None:
                 cause, happened = repair
                 self.done += 1
-                self._metrics.repairs.labels(self.kind, cause).inc()
+                if self._metrics is not None:
+                    self._metrics.repairs.labels(self.kind, cause).inc()
                 log.warning("%s %s was %s; written again", self.kind, name, happened)
 
 

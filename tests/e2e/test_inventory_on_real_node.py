@@ -9,6 +9,11 @@ answer, and out of it after it is removed; the seconds each took are printed (th
 5 s; the waits allow 60, bounded waits, not timing assertions). The real node's /sys cannot be
 given a fake USB adapter: that hot-plug is proven on a fake host root by
 tests/integration/agent/test_agent_inventory_on_the_api_server.py.
+
+What the agent writes stays there: the NodeInventory deleted (`kubectl delete nodeinventory`) is
+written again, and a field someone else changed (a merge patch by the field manager
+kubectl-patch, as `kubectl patch` sends it) is put back; the seconds each took are printed, and
+the agent pod's log says each repair (bounded waits of 30 s).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client.rest import ApiException
 from support.clusters import Cluster
 from support.realnode import Installed, add_fake_device, wait_for
 
@@ -96,6 +102,45 @@ def test_discover_lists_the_real_nodes_hardware_and_follows_a_new_device_file(
         wait_for("the device file gone", lambda: kinds().get(fake_kind, {}).get("count") == 2, 60)
         left = time.monotonic() - t0
         print(f"a device file in discover's answer after {appeared:.2f} s, out after {left:.2f} s")
+
+        # Deleted by someone, edited by someone: the agent writes it again.
+        inventories = ("patchbay.dev", "v1beta1", "nodeinventories")
+
+        def stored() -> dict[str, Any] | None:
+            try:
+                obj: dict[str, Any] = cluster.custom.get_cluster_custom_object(*inventories, real_node)
+            except ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+            return obj
+
+        before = stored()
+        assert before is not None
+        t0 = time.monotonic()
+        cluster.custom.delete_cluster_custom_object(*inventories, real_node)
+        back = wait_for("the deleted NodeInventory written again", stored, 30)
+        deleted = time.monotonic() - t0
+        assert back["metadata"]["uid"] != before["metadata"]["uid"]
+        assert back["summary"] == before["summary"] and back["metadata"]["ownerReferences"]
+        usb = before["summary"]["usb"]
+        t0 = time.monotonic()
+        cluster.custom.patch_cluster_custom_object(
+            *inventories, real_node, {"summary": {"usb": usb + 7}}, field_manager="kubectl-patch"
+        )
+        wait_for(
+            "the patched NodeInventory put back",
+            lambda: (stored() or {}).get("summary", {}).get("usb") == usb,
+            30,
+        )
+        patched = time.monotonic() - t0
+        print(
+            f"NodeInventory deleted: written again after {deleted:.2f} s; "
+            f"patched: put back after {patched:.2f} s"
+        )
+        log = cluster.core.read_namespaced_pod_log(back["agent"], patchbay.namespace)  # the writer
+        assert f"NodeInventory {real_node} was deleted; written again" in log
+        assert f"NodeInventory {real_node} was edited by kubectl-patch; written again" in log
 
         # --unserved leaves the served kind out; --propose for a PCI kind names exactly it.
         unserved = {k["kind"] for k in discover("--unserved", "-o", "json")["items"]}

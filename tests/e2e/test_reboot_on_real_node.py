@@ -31,6 +31,7 @@ from support.realnode import (
     DEVICES,
     SHARED_SELECTOR,
     Installed,
+    OnNode,
     busybox_pod,
     limits,
     pod_processes,
@@ -202,22 +203,12 @@ def _scenario(
 
 
 def test_holders_run_again_after_the_cdi_directory_was_emptied_and_the_agent_restarted(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
+    on_node: OnNode,
 ) -> None:
-    _scenario(patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev, with_kubelet=False)
+    _scenario(*on_node, with_kubelet=False)
 
 
 def test_holders_run_again_after_the_same_with_a_kubelet_restart(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
+    on_node: OnNode,
 ) -> None:
-    _scenario(patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev, with_kubelet=True)
+    _scenario(*on_node, with_kubelet=True)

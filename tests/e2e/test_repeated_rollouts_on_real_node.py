@@ -33,7 +33,7 @@ from support.clusters import Cluster
 from support.realnode import (
     DEVICES,
     SHARED_SELECTOR,
-    Installed,
+    OnNode,
     busybox_pod,
     pod_ready,
     serial_profile,
@@ -41,7 +41,6 @@ from support.realnode import (
 )
 
 from patchbay_agent.kubelet.podresources import get_allocatable_resources
-from patchbay_devcluster import DevCluster
 
 ROLLOUTS = 5
 SAMPLE_EVERY = 0.01
@@ -150,13 +149,9 @@ def _conditions(cluster: Cluster, name: str) -> dict[str, str]:
 
 
 def test_five_node_agent_restarts_and_five_own_agent_rollouts_never_drop_a_device(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
+    on_node: OnNode,
 ) -> None:
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     core, apps = cluster.core, client.AppsV1Api(cluster.api)
     label = "patchbay.dev/e2e-rollouts"
     shared, shared_resource = serial_profile(
@@ -250,12 +245,7 @@ def test_five_node_agent_restarts_and_five_own_agent_rollouts_never_drop_a_devic
 
 
 def test_an_agent_deleted_before_it_looks_ready_serves_until_its_successor_is_ready(
-    patchbay: Installed,
-    cluster: Cluster,
-    e2e_cluster: DevCluster,
-    real_node: str,
-    namespace: str,
-    fake_dev: Path,
+    on_node: OnNode,
 ) -> None:
     """The DaemonSet controller deletes an out-of-date agent AT ONCE when that agent is not Ready
     (docs/facts.md#daemonset-rollouts): in a rollout that meets an agent before its readiness
@@ -271,6 +261,7 @@ def test_an_agent_deleted_before_it_looks_ready_serves_until_its_successor_is_re
     fault's condition, seen in the API, or the run proves nothing), the old agent's pod was gone
     only after its successor was Ready, and the kubelet's own count (PodResources, every 10 ms)
     never dropped, with a stream of pods asking for the devices all admitted."""
+    patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     core = cluster.core
     label = "patchbay.dev/e2e-successor"
     shared, shared_resource = serial_profile(

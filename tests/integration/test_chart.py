@@ -681,6 +681,17 @@ def test_an_agent_writes_only_its_own_nodes_inventory(tools: Tools, installed: s
     assert misnamed.returncode != 0 and "metadata.name must be the nodeName" in misnamed.stderr, (
         misnamed.stderr
     )
+    # Reading is not writing: the agent lists and watches its own inventory by name, to write it
+    # again when someone else deletes or edits it; it deletes none (the Node's garbage collection
+    # does).
+    listed = as_agent(
+        "node-a", "get", "nodeinventories", "--field-selector=metadata.name=node-a", "-o", "name"
+    )
+    assert listed.returncode == 0 and "nodeinventory.patchbay.dev/node-a" in listed.stdout, listed.stderr
+    watch = as_agent("node-a", "auth", "can-i", "watch", "nodeinventories.patchbay.dev")
+    assert watch.stdout.strip() == "yes", (watch.stdout, watch.stderr)
+    deleted = as_agent("node-a", "delete", "nodeinventory", "node-a")
+    assert deleted.returncode != 0 and "forbidden" in deleted.stderr.lower(), deleted.stderr
     # A profile's own device-plugin agent (the other ServiceAccount) keeps no inventory.
     plugin_agent = tools.impersonating(
         f"system:serviceaccount:{ns}:patchbay-agent", {claim: "node-a", pod_claim: "agent-node-a"}

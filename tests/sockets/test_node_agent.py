@@ -13,7 +13,7 @@ import contextlib
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from support.agentparts import dra_of, registrar_of, servicer_of
@@ -195,10 +195,7 @@ def test_one_process_serves_every_selected_profile_and_contains_each_failure(
             assert value(families, "patchbay_agent_physical_devices", profile="serial") == 2
             assert value(families, "patchbay_agent_physical_devices", profile="tokens") == 3
         finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=20)
-            await peer.stop()
-            await kubelet.stop()
+            await _stop(stop, task, peer, kubelet)
 
     asyncio.run(scenario())
     # Every socket the node agent served is gone with it.
@@ -267,6 +264,18 @@ def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
     asyncio.run(scenario())
 
 
+class _Stoppable(Protocol):
+    async def stop(self) -> None: ...
+
+
+async def _stop(stop: asyncio.Event, task: asyncio.Task[None], *servers: _Stoppable) -> None:
+    """End the node agent's run (bounded), then the peers it talked to, in that order."""
+    stop.set()
+    await asyncio.wait_for(task, timeout=20)
+    for server in servers:
+        await server.stop()
+
+
 @contextlib.asynccontextmanager
 async def _serving(
     short_dir: Path,
@@ -294,10 +303,7 @@ async def _serving(
     try:
         yield node, kubelet
     finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=20)
-        await peer.stop()
-        await kubelet.stop()
+        await _stop(stop, task, peer, kubelet)
 
 
 def _healthy(kubelet: PyKubelet, *names: str) -> tuple[int, ...]:
@@ -350,9 +356,7 @@ def test_the_node_agent_waits_for_the_api_server_instead_of_exiting(
             await kubelet.wait_for(lambda: _healthy(kubelet, "tokens") == (3,), within=30)
             assert client.asked == 3
         finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=20)
-            await kubelet.stop()
+            await _stop(stop, task, kubelet)
 
     asyncio.run(scenario())
 
@@ -455,10 +459,7 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
             assert kubelet.registrations[-1].options is not None
             assert kubelet.registrations[-1].options.pre_start_required
         finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=20)
-            await peer.stop()
-            await kubelet.stop()
+            await _stop(stop, task, peer, kubelet)
 
     asyncio.run(scenario())
 
@@ -542,9 +543,7 @@ def test_a_dra_profile_of_the_node_agent_keeps_its_driver_inside_the_node_agents
             assert [p.name for p in (root / "plugins").iterdir()] == ["patchbay_node-agent"]
             assert [p.name for p in own.iterdir()] == [driver]
         finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=20)
-            await peer.stop()
+            await _stop(stop, task, peer)
 
     asyncio.run(scenario())
 
@@ -677,8 +676,6 @@ def test_a_dra_profiles_node_group_changes_what_its_slices_publish_when_a_label_
             assert await node._pending == {"gpus": "restarted"}
             await until(lambda: group() == "default" and shares() == {"-"}, within=20)
         finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=20)
-            await peer.stop()
+            await _stop(stop, task, peer)
 
     asyncio.run(scenario())

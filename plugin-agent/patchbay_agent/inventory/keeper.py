@@ -13,6 +13,19 @@ to another driver): on a quiet node each costs a scan of /sys (milliseconds) and
 The owner reference needs the Node's UID: looked up before the first write, and again while it
 is unknown. A failed write (the admission policy's 403, the CRD not installed yet) is logged and
 retried with the agent's backoff; nothing raises into the node agent.
+
+What was written must stay there, as for the DeviceReport: comparing a scan with the last write
+alone would leave an inventory someone deleted (`kubectl delete nodeinventory`) gone until the
+hardware changes. So the keeper follows its own object (`inventory_watch`: an `ownwatch.OwnWatch`
+of `nodeinventories` by `metadata.name`, one watch per node) and knows the resourceVersions its
+writes returned, so the events of its own writes cost nothing. Any other event is looked at between
+writes (`verify`, one LIST of that one name): an inventory that is gone, or that another field
+manager edited (`kubectl patch`, `kubectl edit`), is written again at once; repairs that keep
+coming are paced (`ownwatch.Repairs.pace`: 1 s doubling to 120 s after the first 3 in 5 minutes).
+An edit is undone by a forced server-side apply, not by delete and create as the DeviceReport's:
+the schema prunes unknown fields and every list in it is atomic, so the apply puts every field the
+agent writes back; what stays is what the agent does not write (a label someone added), which is
+no edit to repair after that (`Repairs.wrote` keeps its manager). The agent needs no delete verb.
 """
 
 from __future__ import annotations
@@ -27,10 +40,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from patchbay_agent.changewriter import COALESCE_SECONDS, ChangeWriter
+from patchbay_agent.constants import INVENTORY_KIND, INVENTORY_PLURAL, REPORT_GROUP, REPORT_VERSION
 from patchbay_agent.discovery.base import HostRoot, PhysicalDevice
 from patchbay_agent.fswatch import DirWatcher
 from patchbay_agent.inventory.document import build_inventory
 from patchbay_agent.inventory.sysfs import Hardware, scan
+from patchbay_agent.ownwatch import OwnWatch, Repairs, Selection, WatchClient, name_of, version_of
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +64,8 @@ RESCAN_SECONDS = 60.0
 
 
 class InventoryClient(Protocol):
-    def apply_inventory(self, doc: Mapping[str, Any]) -> str | None:
-        """Server-side apply of the NodeInventory; its resourceVersion; raise on failure."""
+    def apply_inventory(self, doc: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of the NodeInventory; the object as stored; raise on failure."""
 
     def node_uid(self, node_name: str) -> str:
         """The Node's UID; raise when it cannot be found."""
@@ -71,8 +86,11 @@ class InventoryKeeper(ChangeWriter):
         rescan: float = RESCAN_SECONDS,
         gpus: bool = True,
         scanner: Callable[[HostRoot], Hardware] | None = None,
+        watch: OwnWatch | None = None,
     ) -> None:
-        super().__init__(coalesce=coalesce, resync=rescan)
+        """`watch`: the inventory followed on the API server (`inventory_watch`); without one, an
+        inventory someone else deleted or edited stays so until the hardware changes."""
+        super().__init__(coalesce=coalesce, resync=rescan, watch=watch)
         self.what = f"NodeInventory {node_name}"
         self._root = host_root
         self._node = node_name
@@ -81,10 +99,12 @@ class InventoryKeeper(ChangeWriter):
         self._served = served
         self._scan = scanner or (lambda root: scan(root, gpus=gpus))
         self.node_uid: str | None = None
-        #: the last inventory written (without observedAt); None before the first write
+        #: the last inventory written (without observedAt); None before the first write and while
+        #: a repair is due (`verify`)
         self.written: dict[str, Any] | None = None
         self.scans = 0
         self.unchanged = 0
+        self._repairs = Repairs(INVENTORY_KIND, None, keep=8)
         self._watcher: DirWatcher | None = None
 
     def _dirs(self) -> list[Path]:
@@ -143,14 +163,16 @@ class InventoryKeeper(ChangeWriter):
                 doc = await self.build()
         stamped = {**doc, "observedAt": _now()}
         try:
-            await asyncio.to_thread(self._client.apply_inventory, stamped)
+            stored = await asyncio.to_thread(self._client.apply_inventory, stamped)
         except Exception as e:
             delay = self.failed()
             log.warning("Writing NodeInventory %s failed (%s); retrying in %.1fs", self._node, e, delay)
             return False
-        first = self.written is None
+        first = self.writes == 0
         self.written = doc
+        self._repairs.wrote(version_of(stored), stored)
         self.writes += 1
+        self._repairs.written((self._node,))
         self.succeeded()
         summary = doc.get("summary", {})
         log.log(
@@ -163,6 +185,48 @@ class InventoryKeeper(ChangeWriter):
             summary.get("gpus"),
         )
         return True
+
+    @property
+    def restored(self) -> int:
+        """How often the inventory was found deleted or edited by someone else, and written again."""
+        return self._repairs.done
+
+    def seen(self, kind: str, obj: dict[str, Any]) -> bool:
+        """A watch event: may someone else have deleted or edited the inventory since this agent
+        wrote it? Not when the event is one of its own writes; nothing to guard before the first."""
+        return self.written is not None and self._repairs.suspect(kind, obj, (self._node,))
+
+    async def verify(self) -> None:
+        """Is the stored inventory still the one an agent wrote (one LIST of its name)? Gone, or
+        edited by another field manager: written again now (paced when repairs keep coming). A
+        failed LIST is logged: the next event, or a later change, looks again."""
+        if self.written is None or self._watch is None:
+            return
+        try:
+            items = await asyncio.to_thread(self._watch.list_now)
+        except Exception as e:
+            log.warning("Reading %s %s failed (%s)", INVENTORY_KIND, self._node, e)
+            return
+        if not self._repairs.look((self._node,), items):
+            return
+        if not any(name_of(i) == self._node for i in items):
+            # Its owner may be a Node replaced meanwhile (the garbage collector's deletion): the
+            # next write looks the UID up again.
+            self.node_uid = None
+        self.written = None
+        self.notify()
+        self.hold(self._repairs.pace())
+
+
+def inventory_watch(client: object, node_name: str) -> OwnWatch | None:
+    """The watch of the node's NodeInventory (a field selector on its name), for a client that can
+    watch (`kubeclient.KubeClient`, the agent's one client); None for one that cannot."""
+    if not isinstance(client, WatchClient):
+        return None
+    selection = Selection(
+        f"{REPORT_GROUP}/{REPORT_VERSION}", INVENTORY_PLURAL, None, f"metadata.name={node_name}"
+    )
+    return OwnWatch(client, selection)
 
 
 def _now() -> str:

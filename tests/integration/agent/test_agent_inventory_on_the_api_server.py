@@ -8,7 +8,9 @@ after and owned by a real (kwok) Node; a USB serial adapter plugged in (its sysf
 device files added) is in the stored inventory, and gone after its removal (the seconds each
 took printed: the issue asks for 5 s; the wait allows 30, not a timing assertion); nothing more
 is written while nothing changes (the object's resourceVersion stays through a quiet period
-longer than the coalescing)."""
+longer than the coalescing); an inventory someone deletes is written again, and a field another
+field manager changes (a merge patch, as `kubectl patch` sends it) is put back by the agent's
+apply, which leaves no other field manager behind (the seconds each took printed)."""
 
 from __future__ import annotations
 
@@ -93,6 +95,8 @@ def test_the_node_agent_keeps_its_nodes_inventory(
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         first = wait_for("the NodeInventory", stored, timeout=30)
+        # No profile: the inventory only, no device-plugin socket (the chart's inventory.alwaysOn).
+        assert not list((workdir / "dp").glob("*.sock")), list((workdir / "dp").glob("*"))
         assert first["metadata"]["ownerReferences"][0]["uid"] == node_uid
         assert (first["nodeName"], first["agent"]) == (node_name, "patchbay-node-agent-x1")
         assert first["summary"] == {"pci": 2, "usb": 1, "char": 1, "gpus": 0}
@@ -118,6 +122,32 @@ def test_the_node_agent_keeps_its_nodes_inventory(
         version = (stored() or {})["metadata"]["resourceVersion"]
         time.sleep(3)
         assert (stored() or {})["metadata"]["resourceVersion"] == version
+
+        # Deleted by someone: written again (a new object).
+        before = stored() or {}
+        t0 = time.monotonic()
+        custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, node_name)
+        back = wait_for("the deleted NodeInventory written again", stored, timeout=30)
+        deleted = time.monotonic() - t0
+        assert back["metadata"]["uid"] != before["metadata"]["uid"]
+        assert (back["summary"], back["usb"]) == (before["summary"], before["usb"])
+        # A field changed by someone else: put back, and no other field manager stays.
+        t0 = time.monotonic()
+        custom.patch_cluster_custom_object(
+            GROUP, VERSION, PLURAL, node_name, {"summary": {"usb": 9}}, field_manager="kubectl-patch"
+        )
+        wait_for(
+            "the patched NodeInventory put back",
+            lambda: (stored() or {}).get("summary", {}).get("usb") == before["summary"]["usb"],
+            timeout=30,
+        )
+        patched = time.monotonic() - t0
+        managers = {m["manager"] for m in (stored() or {})["metadata"]["managedFields"]}
+        assert managers == {"patchbay-agent"}, managers
+        print(
+            f"NodeInventory deleted: written again after {deleted:.2f} s; "
+            f"patched: put back after {patched:.2f} s"
+        )
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

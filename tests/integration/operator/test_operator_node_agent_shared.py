@@ -136,3 +136,49 @@ def test_the_node_agent_kept_to_labelled_nodes_and_a_profile_that_selects_others
     finally:
         operator.stop()
         operator.start()
+
+
+def test_the_node_agent_kept_with_no_profile_for_the_inventory(cluster: Cluster, operator: Operator) -> None:
+    """--node-agent-always-on (the chart's inventory.alwaysOn): with no profile the shared
+    DaemonSet runs (a pod per node, kwok runs them) with a config of no profile and NO owner, so
+    the garbage collector does not take it with the last profile; deleted, the operator puts it
+    back; an operator started without the setting deletes it."""
+    node = cluster.add_nodes(1, labels={"a": "yes"})
+    operator.stop()
+    operator.start("--node-agent-always-on")
+    try:
+        ds, listed = wait_for("the shared agent with no profile", lambda: (s := shared(cluster))[0] and s)
+        assert listed == [] and not ds["metadata"].get("ownerReferences"), ds["metadata"]
+        pods = lambda: {  # noqa: E731
+            p.spec.node_name
+            for p in cluster.core.list_namespaced_pod(
+                NAMESPACE, label_selector="patchbay.dev/agent=shared"
+            ).items
+        }
+        wait_for("an agent pod on the node", lambda: set(node) <= pods())
+
+        # A profile comes (it owns the objects) and goes: the agent stays, owned by nobody.
+        name = f"{cluster.prefix}first"
+        cluster.create_profile(name, spec("example.com/first", "a", cluster.tag))
+        ds, _ = wait_for(
+            "the shared agent lists the profile", lambda: (s := shared(cluster)) and name in s[1] and s
+        )
+        assert [r["name"] for r in ds["metadata"]["ownerReferences"]] == [name]
+        cluster.delete_profile(name)
+        wait_for("profile gone", lambda: cluster.profile(name) is None)
+        ds, listed = wait_for(
+            "the shared agent with no profile again", lambda: (s := shared(cluster))[0] and s[1] == [] and s
+        )
+        assert not ds["metadata"].get("ownerReferences"), ds["metadata"]
+
+        # Deleted by someone: the operator's repair puts it back (a new object).
+        cluster.apps.delete_namespaced_daemon_set(SHARED, NAMESPACE)
+        wait_for(
+            "the shared agent recreated",
+            lambda: (s := shared(cluster))[0] and s[0]["metadata"]["uid"] != ds["metadata"]["uid"],
+        )
+    finally:
+        operator.stop()
+        operator.start()
+    # The setting off: the operator's start deletes what nothing uses.
+    wait_for("the shared agent gone", lambda: shared(cluster)[0] is None)

@@ -1,7 +1,10 @@
 """Staged rollouts on the real API server (issue 45, step 3): a change of a shared profile rolls in
 waves (the canary, then ``maxNodesPerWave``), each held for its gate; a regression on the canary
 halts it (Stalled naming the node, a Warning Event, the metric, the node put back); the revert
-settles it; an operator stopped mid-rollout and a new one started resumes it where it was.
+settles it; an operator stopped mid-rollout and a new one started resumes it where it was. A
+Static profile's change rolls in the same waves, the operator writing each node's capacity as its
+wave comes (one Normal ``RolloutWave`` Event per wave); a change its canary cannot take halts it
+and puts the canary's previous capacity back.
 
 No agent runs on kwok nodes: the test writes each node's DeviceReport itself, as the shared node
 agent would, naming the shared agent's pod on the node and the revision the agents' ConfigMap
@@ -101,6 +104,17 @@ def settle(cluster: Cluster, agents: Agents, name: str, operator: Operator) -> l
     return seen
 
 
+def settled(cluster: Cluster, name: str) -> bool:
+    """The rollout complete and nothing stalled (after a revert: the exceptions gone)."""
+    complete = (status(cluster, name).get("rollout") or {}).get("phase") == "Complete"
+    return complete and (cluster.condition(name, "Stalled") or {}).get("status") == "False"
+
+
+def events_of(cluster: Cluster, name: str, reason: str) -> list[Any]:
+    found = cluster.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+    return sorted((e for e in found if e.reason == reason), key=lambda e: e.metadata.creation_timestamp)
+
+
 def metrics(operator: Operator) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as r:
         return str(r.read().decode())
@@ -133,6 +147,8 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     st = status(cluster, name)
     assert st["rollout"]["phase"] == "Complete" and st["updatedNumberScheduled"] == 4
     assert "revisions" not in (cluster.shared_entry(name) or {}), "one body once every node moved"
+    notes = [e.message for e in events_of(cluster, name, "RolloutWave")]
+    assert len(notes) == 3 and notes[-1].endswith("4 of 4 updated"), f"one Normal Event per wave: {notes}"
 
     # A bad change: the canary's agent serves it with no device (as a glob matching nothing).
     cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 3}}}})
@@ -167,14 +183,7 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
 
     # The revert (a new commit): update == current, settled, the exception and Stalled gone.
     cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
-    wait_for(
-        "settled on the revert",
-        lambda: (
-            (status(cluster, name).get("rollout") or {}).get("phase") == "Complete"
-            and (cluster.condition(name, "Stalled") or {}).get("status") == "False"
-        ),
-        60,
-    )
+    wait_for("settled on the revert", lambda: settled(cluster, name), 60)
     assert set(agents.report().values()) == {second}
     assert f'patchbay_rollout_halted{{profile="{name}"}} 0.0' in metrics(operator)
 
@@ -204,3 +213,81 @@ def test_an_operator_stopped_mid_rollout_and_a_new_one_resume_it(
     assert seen and min(w for w, _ in seen) >= 1, f"resumed, not started again from the canary: {seen}"
     assert agents.stanza()[1].threshold >= threshold
     assert all(h == [first, second] for h in agents.history.values()), agents.history
+
+
+def static_spec(cluster: Cluster, count: int) -> dict[str, Any]:
+    return {
+        "resourceName": f"example.com/{cluster.prefix}slots",
+        "mode": "Static",
+        "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
+        "static": {"capacity": count},
+        "rollout": {"healthySeconds": 1, "maxNodesPerWave": 2, "progressDeadlineSeconds": 120},
+    }
+
+
+def test_a_static_change_rolls_in_waves_with_an_event_each_and_a_bad_label_halts_the_canary(
+    cluster: Cluster, operator: Operator
+) -> None:
+    name = f"{cluster.prefix}slots"
+    resource = f"example.com/{cluster.prefix}slots"
+    nodes = cluster.add_nodes(4)
+    cluster.create_profile(name, static_spec(cluster, 1))
+
+    def values() -> dict[str, tuple[str | None, str | None]]:
+        return {n: cluster.values(n, resource) for n in nodes}
+
+    wait_for("every node at 1 (a new profile: at once)", lambda: set(values().values()) == {("1", "1")})
+    wait_for("every node counted", lambda: status(cluster, name).get("updatedNumberScheduled") == 4)
+
+    # A good change: the node status shows 2 on the canary, then on 2 more, then on all.
+    cluster.patch_spec(name, {"static": {"capacity": 2}})
+    target = f"{name}-{digest(cluster, name)}"
+    counts: list[int] = []
+
+    def done() -> bool:
+        at_two = sum(v == ("2", "2") for v in values().values())
+        if not counts or counts[-1] != at_two:
+            counts.append(at_two)
+        st = status(cluster, name)
+        complete = (st.get("rollout") or {}).get("phase") == "Complete"
+        return complete and st.get("currentRevision") == target and at_two == 4
+
+    wait_for(
+        "the rollout complete", done, 120, detail=lambda: f"{status(cluster, name)}\n{operator.log()[-3000:]}"
+    )
+    assert counts == sorted(counts) and 1 in counts and 3 in counts, f"canary 1, then +2 a wave: {counts}"
+    st = status(cluster, name)
+    assert (st["desiredNumberScheduled"], st["updatedNumberScheduled"], st["updatedNumberReady"]) == (4, 4, 4)
+    notes = [e.message for e in events_of(cluster, name, "RolloutWave")]
+    revision = target.rpartition("-")[2]
+    assert notes == [
+        f"canary wave: 1 node(s) moved to revision {revision}, 1 of 4 updated",
+        f"wave 1: 2 node(s) moved to revision {revision}, 3 of 4 updated",
+        f"wave 2: 1 node(s) moved to revision {revision}, 4 of 4 updated",
+    ], "one Normal Event per wave"
+
+    # A change the nodes cannot take: the count from a label whose value is no integer. The canary
+    # halts at once (not at the deadline) and gets its 2 back; no other node is ever touched.
+    label = f"example.com/{cluster.prefix}count"
+    for n in nodes:
+        cluster.set_labels(n, {label: "many"})
+    cluster.patch_spec(name, {"static": {"capacityFromLabel": label}})
+
+    def halted() -> dict[str, Any] | None:
+        rollout = status(cluster, name).get("rollout") or {}
+        return rollout if rollout.get("phase") == "Halted" else None
+
+    rollout = wait_for("the rollout halted", halted, 60, detail=lambda: operator.log()[-3000:])
+    assert len(rollout["haltedNodes"]) == 1 and "is not a non-negative integer" in rollout["message"], rollout
+    assert rollout["wave"] == 0, "the canary"
+    stalled = wait_for(
+        "Stalled", lambda: (c := cluster.condition(name, "Stalled")) and c["status"] == "True" and c
+    )
+    assert stalled["reason"] == "RolloutHalted" and rollout["haltedNodes"][0] in stalled["message"]
+    wait_for("the canary's 2 back", lambda: set(values().values()) == {("2", "2")})
+    assert any(e.type == "Warning" for e in events_of(cluster, name, "RolloutHalted"))
+
+    # The revert settles it.
+    cluster.patch_spec(name, {"static": {"capacityFromLabel": None}})
+    wait_for("settled on the revert", lambda: settled(cluster, name), 60)
+    assert set(values().values()) == {("2", "2")}

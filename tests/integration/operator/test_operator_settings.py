@@ -82,6 +82,8 @@ def peered_spec(cluster: Cluster) -> dict[str, Any]:
         "mode": "Static",
         "nodeSelector": {"matchLabels": {TEST_LABEL: cluster.tag}},
         "static": {"capacity": 1},
+        # Changes here test which replica writes, not waves (test_operator_rollouts_*): at once.
+        "rollout": {"strategy": "Immediate"},
     }
 
 

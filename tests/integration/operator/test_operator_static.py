@@ -19,6 +19,8 @@ def spec(prefix: str, capacity: int = 3, **extra: Any) -> dict[str, Any]:
         "mode": "Static",
         "nodeSelector": {"matchLabels": {TEST_LABEL: prefix.rstrip("-"), "dongle": "yes"}},
         "static": {"capacity": capacity, **extra},
+        # What is tested here is the node writes; a change in waves is test_operator_rollouts_*'s.
+        "rollout": {"strategy": "Immediate"},
     }
 
 

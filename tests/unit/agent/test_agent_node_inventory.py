@@ -136,9 +136,9 @@ class Recorder:
     def __init__(self) -> None:
         self.applied: list[dict[str, Any]] = []
 
-    def apply_inventory(self, doc: dict[str, Any]) -> str:
+    def apply_inventory(self, doc: dict[str, Any]) -> dict[str, Any]:
         self.applied.append(doc)
-        return str(len(self.applied))
+        return {**doc, "metadata": {**doc["metadata"], "resourceVersion": str(len(self.applied))}}
 
     def node_uid(self, node_name: str) -> str:
         return "uid-1"

@@ -1,6 +1,7 @@
 """What the agent writes is written again when someone else deletes or edits it, as its watch sees
-it (ownwatch.py, the reporter, the slice publisher): a fake API in memory stands in for the API
-server (the real one: tests/integration/agent), with a real `OwnWatch` thread following it.
+it (ownwatch.py, the reporter, the slice publisher, the node's inventory keeper): a fake API in
+memory stands in for the API server (the real one: tests/integration/agent), with a real
+`OwnWatch` thread following it.
 
 Checked: the events of the agent's own writes cost no request; a deletion and an edit by another
 field manager are each repaired by exactly one write, counted and logged in the Kubernetes style;
@@ -18,15 +19,20 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from support import fakemachines
 from support.agentrun import until
+from support.fakehw import FakeHardware
 
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.changewriter import ChangeWriter
+from patchbay_agent.discovery.base import HostRoot
 from patchbay_agent.dra.slicepublisher import SlicePublisher, slice_watch
 from patchbay_agent.dra.slices import SliceDevice
+from patchbay_agent.inventory.keeper import InventoryKeeper, inventory_watch
 from patchbay_agent.kubeclient import ApiError
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.ownwatch import LISTED, OwnWatch, Repairs, Selection
@@ -106,6 +112,12 @@ class FakeApi:
         return f"uid-of-{node_name}"
 
     def apply_slice(self, doc: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append("apply")
+        name = doc["metadata"]["name"]
+        self.write(name, {k: v for k, v in doc.items() if k != "metadata"}, "patchbay-agent")
+        return self.objects[name]
+
+    def apply_inventory(self, doc: dict[str, Any]) -> dict[str, Any]:
         self.requests.append("apply")
         name = doc["metadata"]["name"]
         self.write(name, {k: v for k, v in doc.items() if k != "metadata"}, "patchbay-agent")
@@ -303,6 +315,77 @@ async def test_a_deleted_or_edited_slice_is_written_again_and_a_successors_is_le
         api.write(name, {"spec": {**spec, "devices": []}}, "kubectl-patch")
         await until(lambda: publisher.writes == 4)
         assert _repairs(metrics, "ResourceSlice") == (1, 2)
+
+
+async def test_a_deleted_or_edited_node_inventory_is_written_again_and_paced_when_it_keeps_coming(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The node agent's NodeInventory (inventory/keeper.py) on a FAKE HARDWARE tree (an FTDI
+    adapter): its own writes cost no look; deleted (`kubectl delete nodeinventory`) or a field
+    changed by another field manager (`kubectl patch`), it is written again, once each; a
+    rollout's successor (the same field manager) is left alone; a fourth repair within minutes
+    waits (someone keeps deleting it: paced, not a loop)."""
+    caplog.set_level(logging.INFO)
+    hw = FakeHardware(tmp_path)
+    fakemachines.ftdi_serial_adapter(hw)
+    api = FakeApi()
+    watch = inventory_watch(api, NODE)
+    assert watch is not None and watch.selection.field_selector == f"metadata.name={NODE}"
+    keeper = InventoryKeeper(
+        HostRoot(tmp_path),
+        NODE,
+        "agent-pod-abcde",
+        api,
+        dict,
+        coalesce=0.01,
+        rescan=3600,
+        gpus=False,
+        watch=watch,
+    )
+
+    def looks() -> int:  # verify()'s LISTs: every LIST but the watch's own
+        return api.requests.count("list") - watch.lists
+
+    async with running(keeper, api):
+        await until(lambda: keeper.writes == 1 and keeper.delivered >= 2 and not keeper._verify.is_set())
+        assert [u["port"] for u in api.objects[NODE]["usb"]] == ["1-2"]
+        looked = keeper.verifies
+        # A change the keeper writes itself (the adapter unplugged): its own event, no look.
+        fakemachines.remove_ftdi_serial_adapter(hw)
+        await until(lambda: keeper.writes == 2 and keeper.delivered >= 3 and not keeper._verify.is_set())
+        assert keeper.verifies == looked == looks() and "usb" not in api.objects[NODE]
+        ours = {k: v for k, v in api.objects[NODE].items() if k != "metadata"}
+
+        # Deleted by someone: written again, once.
+        api.delete(NODE)
+        await until(lambda: keeper.writes == 3)
+        assert api.objects[NODE]["summary"] == ours["summary"] and "usb" not in api.objects[NODE]
+        assert f"NodeInventory {NODE} was deleted; written again" in caplog.text
+
+        # A field changed by another field manager (kubectl patch): the apply puts it back.
+        api.write(NODE, {**ours, "summary": {**ours["summary"], "usb": 7}}, "kubectl-patch")
+        await until(lambda: keeper.writes == 4)
+        assert api.objects[NODE]["summary"] == ours["summary"]
+        assert f"NodeInventory {NODE} was edited by kubectl-patch; written again" in caplog.text
+        assert keeper.restored == 2
+
+        # A rollout's successor writes the node's inventory too (same field manager): looked at,
+        # left alone, although kubectl-patch still owns a field (the fake keeps every manager, as
+        # a label someone added stays after the agent's apply).
+        verifies = keeper.verifies
+        api.write(NODE, {**ours, "agent": "agent-pod-fghij"}, "patchbay-agent")
+        await until(lambda: keeper.verifies == verifies + 1)
+        assert (keeper.writes, keeper._repairs._due) == (4, {})
+
+        # Someone keeps deleting it: the third repair in the window is free, the fourth is held.
+        api.delete(NODE)
+        await until(lambda: keeper.writes == 5)
+        verifies = keeper.verifies
+        api.delete(NODE)
+        await until(lambda: keeper.verifies == verifies + 1)
+        assert keeper._retry_at is not None and NODE not in api.objects, "repaired at once: not paced"
+        await until(lambda: keeper.writes == 6)
+        assert keeper.restored == 4 and "NodeInventory repairs keep coming" in caplog.text
 
 
 def test_repairs_tell_the_agents_own_events_from_someone_elses(metrics: Metrics) -> None:

@@ -83,10 +83,21 @@ def run(api: FakeAPI, allow: bool, timeout: float = 100.0) -> str:
 
 @pytest.mark.parametrize("profiles", [[], None], ids=["no profiles", "no CRD"])
 def test_without_profiles_the_uninstall_goes_on_and_nothing_is_touched(profiles: list[str] | None) -> None:
-    api = FakeAPI(profiles, ["patchbay-node-agent"])
+    api = FakeAPI(profiles, [])
     assert run(api, allow=False) == ""
     assert run(api, allow=True) == ""
-    assert {m for m, _ in api.calls} == {"GET"} and {p for _, p in api.calls} == {PROFILES_PATH}
+    assert {m for m, _ in api.calls} == {"GET"} and {p for _, p in api.calls} == {PROFILES_PATH, DAEMONSETS}
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_without_profiles_the_node_agent_kept_for_the_inventory_is_stopped(allow: bool) -> None:
+    """inventory.alwaysOn: the shared node agent runs with no profile, so nothing owns it and the
+    garbage collector would never take it: the operator is stopped, then it is deleted."""
+    api = FakeAPI([], ["patchbay-node-agent"])
+    line = run(api, allow=allow)
+    assert "\n" not in line and "node agent kept for the inventory deleted (patchbay-node-agent)" in line
+    assert [p for m, p in api.calls if m == "DELETE"] == [f"{DAEMONSETS}/patchbay-node-agent"]
+    assert api.calls[-1] == ("GET", PODS) and api.stopped[AGENT_SELECTOR] == 0
 
 
 def test_profiles_refuse_the_uninstall_in_one_line_naming_them_and_the_command() -> None:
