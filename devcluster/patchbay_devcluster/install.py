@@ -296,7 +296,7 @@ def node_images(cluster: DevCluster) -> dict[str, str]:
     k8s.io images ls`` lists."""
     node = RealNode(cluster.dir, cluster.pki_dir, cluster.bin_dir)
     out: dict[str, str] = {}
-    for line in node.ctr("images", "list").splitlines()[1:]:
+    for line in node.containerd.ctr("images", "list").splitlines()[1:]:
         cols = line.split()
         if len(cols) >= 3:
             out[cols[0]] = cols[2]

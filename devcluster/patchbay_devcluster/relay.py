@@ -1,6 +1,6 @@
 """A TCP relay that lets the real node's pods reach the API server, which listens on loopback.
 
-Pods on the pod network (the bridge of :mod:`patchbay_devcluster.node`) cannot reach the
+Pods on the pod network (the bridge of :mod:`patchbay_devcluster.podnetwork`) cannot reach the
 machine's 127.0.0.1. The cluster runs this relay on the bridge's own address, and only there:
 for each connection it opens one to the API server and copies bytes both ways, looking at none
 of them. TLS passes through untouched, so the API server still authenticates every client itself

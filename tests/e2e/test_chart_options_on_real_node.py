@@ -180,7 +180,7 @@ def _takeover_mid_rollout(patchbay: Installed, cluster: Cluster, real_node: str,
     replica is deleted: the other replica resumes it from the profile's status, holds the rest of
     the gate and completes it; the node never leaves the update revision and keeps every device."""
     ns = patchbay.namespace
-    rollout_spec = {"healthySeconds": 45, "progressDeadlineSeconds": 300}
+    rollout_spec = {"healthySeconds": 25, "progressDeadlineSeconds": 300}
     with staged_serial(cluster, fake_dev, real_node, ns, "takeover", rollout_spec) as (name, resource, _):
         # A good change (a second glob; the same devices), so a real wave with a real gate.
         globs = [f"{fake_dev}/ttyE2E*", f"{fake_dev}/takeover-none*"]

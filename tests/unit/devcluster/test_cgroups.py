@@ -30,7 +30,9 @@ from patchbay_devcluster.cgroups import (
     detect,
     kubelet_settings,
 )
-from patchbay_devcluster.node import NodePaths, RealNode, containerd_config, kubelet_config
+from patchbay_devcluster.containerd import containerd_config
+from patchbay_devcluster.kubelet import kubelet_config
+from patchbay_devcluster.node import NodePaths, RealNode
 
 ROOT = "/patchbay-0123456789"
 V2_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"

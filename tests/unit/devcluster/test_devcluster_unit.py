@@ -15,8 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from patchbay_devcluster import cli, pki, relay
-from patchbay_devcluster import node as node_module
+from patchbay_devcluster import cli, hostdirs, pki, relay
 from patchbay_devcluster.cluster import (
     API_SERVER_IPS,
     BINARIES,
@@ -36,8 +35,8 @@ from patchbay_devcluster.node import (
     NodePaths,
     Owner,
     RealNode,
-    cni_conflist,
 )
+from patchbay_devcluster.podnetwork import cni_conflist
 from patchbay_devcluster.poll import poll_until
 from patchbay_devcluster.procs import PICK_FLOOR, Proc, ephemeral_range, free_port, pid_runs, spawn
 
@@ -285,7 +284,7 @@ def test_the_kubernetes_service_is_the_bridge_address_and_no_pod_takes_a_service
 
 def test_the_kubelet_runs_on_the_bridge_address(tmp_path: Path) -> None:
     node = RealNode(tmp_path, tmp_path / "pki", tmp_path / "bin")
-    argv = node.kubelet_argv()
+    argv = node.kubelet.argv()
     assert f"--node-ip={NODE_IP}" in argv
     assert NODE_IP == "10.244.0.1"
     assert ipaddress.ip_address(NODE_IP) in POD_SUBNET
@@ -295,10 +294,10 @@ def _machine_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The machine-wide directories of the real node under tmp_path (never the machine's): the
     kubelet's root directory (returned) and the CDI directory (tmp_path/cdi)."""
     kubelet = tmp_path / "kubelet"
-    monkeypatch.setattr(node_module, "KUBELET_ROOT", kubelet)
-    monkeypatch.setattr(node_module, "OWNER_FILE", kubelet / "owner.json")
-    monkeypatch.setattr(node_module, "DEVICE_PLUGIN_DIR", kubelet / "device-plugins")
-    monkeypatch.setattr(node_module, "CDI_SPEC_DIR", tmp_path / "cdi")
+    monkeypatch.setattr(hostdirs, "KUBELET_ROOT", kubelet)
+    monkeypatch.setattr(hostdirs, "OWNER_FILE", kubelet / "owner.json")
+    monkeypatch.setattr(hostdirs, "DEVICE_PLUGIN_DIR", kubelet / "device-plugins")
+    monkeypatch.setattr(hostdirs, "CDI_SPEC_DIR", tmp_path / "cdi")
     (kubelet / "device-plugins").mkdir(parents=True)
     return kubelet
 
@@ -364,7 +363,7 @@ def test_an_owner_file_without_a_kubelet_reads_as_not_running(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     owner_file = tmp_path / "owner.json"
-    monkeypatch.setattr(node_module, "OWNER_FILE", owner_file)
+    monkeypatch.setattr(hostdirs, "OWNER_FILE", owner_file)
     owner_file.write_text(json.dumps({"stateDir": "/somewhere"}))
     owner = Owner.read()
     assert owner == Owner(Path("/somewhere"))

@@ -18,6 +18,7 @@ from types import ModuleType
 import pytest
 
 from patchbay_devcluster import cluster as cluster_module
+from patchbay_devcluster import hostdirs
 from patchbay_devcluster import node as node_module
 from patchbay_devcluster.cluster import DevCluster, real_node_holder
 
@@ -57,7 +58,7 @@ def test_what_the_test_targets_do_about_the_real_node(demo: ModuleType, tmp_path
 
 def test_the_holder_is_the_owner_whose_kubelet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     owner = tmp_path / "owner.json"
-    monkeypatch.setattr(node_module, "OWNER_FILE", owner)
+    monkeypatch.setattr(hostdirs, "OWNER_FILE", owner)
     assert real_node_holder() is None
     me = os.getpid()
     exe = Path(f"/proc/{me}/cmdline").read_bytes().split(b"\0")[0].decode()
