@@ -193,6 +193,19 @@ class AgentError(TypedDict, total=False):
     since: str
 
 
+class AllocationFailure(TypedDict, total=False):
+    time: str
+    message: str
+
+
+class AllocationFailures(TypedDict, total=False):
+    """The kubelet's calls the agent answered with an error since ``since`` (its start)."""
+
+    count: int
+    since: str
+    last: AllocationFailure
+
+
 class DeviceReport(TypedDict, total=False):
     """One agent's DeviceReport (``crds/patchbay.dev_devicereports.yaml``)."""
 
@@ -211,5 +224,6 @@ class DeviceReport(TypedDict, total=False):
     consumableCapacity: str  # constants.Served
     partitionableDevices: str  # constants.Served
     agentError: AgentError
+    allocationFailures: AllocationFailures
     summary: ReportSummary
     devices: list[ReportedDevice]

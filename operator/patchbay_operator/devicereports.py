@@ -99,6 +99,11 @@ class Report:
     node_group: str = ""
     #: the hash of the profile's revision the agent serves; "" from an agent older than revisions
     revision: str = ""
+    #: `allocationFailures`: the kubelet's calls the agent answered with an error since
+    #: `failures_since` (its start; "" and 0 while none failed), the last one's message
+    failures: int = 0
+    failures_since: str = ""
+    last_failure: str = ""
 
     @property
     def all(self) -> Counts:
@@ -163,6 +168,10 @@ class Report:
                 str(raw_error.get("message") or ""),
                 str(raw_error.get("since") or ""),
             )
+        raw_failures = obj.get("allocationFailures")
+        if not isinstance(raw_failures, Mapping):
+            raw_failures = {}
+        last = raw_failures.get("last")
         return cls(
             name=str((obj.get("metadata") or {}).get("name", "")),
             profile=str(obj.get("profile") or ""),
@@ -176,4 +185,7 @@ class Report:
             partitionable_devices=str(obj.get("partitionableDevices") or ""),
             node_group=str(obj.get("nodeGroup") or ""),
             revision=str(obj.get("revision") or ""),
+            failures=int(raw_failures.get("count") or 0),
+            failures_since=str(raw_failures.get("since") or ""),
+            last_failure=str(last.get("message") or "") if isinstance(last, Mapping) else "",
         )

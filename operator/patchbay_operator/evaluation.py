@@ -132,6 +132,9 @@ def _rollout_step(
                 r.error.message if r is not None and r.error is not None else "",
                 short.get(n.name, ""),
                 stuck.get(n.name, ""),
+                failures=r.failures if r is not None else 0,
+                failures_since=r.failures_since if r is not None else "",
+                last_failure=r.last_failure if r is not None else "",
             )
         )
     return rollouts.step(policy, inputs.profile.uid, views, state, clock)

@@ -12,7 +12,13 @@ healthy on it for ``healthySeconds``:
   of the wave, kept in ``status.rollout.baseline`` so a restarted operator has it), or, with
   ``minHealthyPercent``, not below that share of it;
 - the node's allocatable agrees with the report (the status's ``DevicesNotAllocatable``, past its
-  grace) and the agent pod on the node has no stalled trouble.
+  grace) and the agent pod on the node has no stalled trouble;
+- no pod failed to start for the resource on it during the wave: the report's
+  ``allocationFailures.count`` (the kubelet's Allocate / PreStartContainer calls and DRA claims
+  the agent answered with an error) is not above the count at the wave's start. That starting
+  count is kept in memory only (``State.failures``), as ``gate_since`` is: a restarted operator
+  takes the count it first sees as the start. A count under another ``since`` is a new agent's,
+  counted from 0 (every failure it counts came after the wave's start).
 
 A wave that fails its gate, or one not through it within ``progressDeadlineSeconds`` of its
 start, halts the rollout: the threshold stops, the failed nodes go back to the current revision
@@ -133,6 +139,14 @@ class NodeView:
     short: str = ""
     #: a stalled trouble of the agent's pod on the node ("" none)
     trouble: str = ""
+    #: its report's allocationFailures: the count, since when the agent counts ("" and 0 while
+    #: none failed), the last failure's message
+    failures: int = 0
+    failures_since: str = ""
+    last_failure: str = ""
+    #: the count at the wave's start under the same ``since`` (set by the state machine; None:
+    #: not known, nothing to compare)
+    failures_before: int | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +171,9 @@ class State:
     message: str = ""
     #: since when every node of the wave has served the update revision, healthy (memory only)
     gate_since: str = ""
+    #: node of the wave -> (allocationFailures.since, count) at the wave's start (memory only:
+    #: a restarted operator takes the count it first sees)
+    failures: Mapping[str, tuple[str, int]] = field(default_factory=dict)
 
     @classmethod
     def settled(cls, revision: str, message: str = "") -> State:
@@ -326,6 +343,7 @@ def _next_wave(policy: Policy, uid: str, nodes: Sequence[NodeView], state: State
     if not wave_nodes and threshold == EVERYONE:
         return Step(State.settled(state.update, f"complete: every node serves {state.update}"))
     healthy = {n.name: n.healthy or 0 for n in nodes}
+    new_nodes = set(wave_nodes)
     what = "canary wave" if wave == 0 else f"wave {wave}"
     new = replace(
         state,
@@ -336,6 +354,7 @@ def _next_wave(policy: Policy, uid: str, nodes: Sequence[NodeView], state: State
         wave_start=rfc3339(now),
         wave_nodes=len(wave_nodes),
         baseline={n: healthy[n] for n in wave_nodes},
+        failures={n.name: (n.failures_since, n.failures) for n in nodes if n.name in new_nodes},
         gate_since="",
         message=f"{what}: {len(wave_nodes)} node(s) moving to {state.update} ({_names(wave_nodes)})",
     )
@@ -352,6 +371,11 @@ def _regressed(policy: Policy, node: NodeView, before: int) -> str:
     """What regressed on a node of the wave that serves the update ("" nothing)."""
     if node.error:
         return f"agent error: {node.error}"
+    if node.failures_before is not None and node.failures > node.failures_before:
+        return (
+            f"{node.failures - node.failures_before} allocation failure(s) during the wave, "
+            f"the last: {node.last_failure}"
+        )
     healthy = node.healthy or 0
     if healthy < before:
         floor = policy.min_healthy_percent
@@ -371,6 +395,7 @@ def _gate(
 ) -> Step:
     by_name = {n.name: n for n in nodes}
     wave = [by_name[n] for n in sorted(state.baseline) if n in by_name]
+    state, wave = _failures_before(state, wave)
     failed: dict[str, str] = {}
     waiting: list[str] = []
     for node in wave:
@@ -397,6 +422,20 @@ def _gate(
         why = f"not healthy for {policy.healthy_seconds:g} s within {policy.deadline_seconds:g} s"
         return _halt(policy, state, {n.name: why for n in wave}, "made no progress")
     return Step(state, recheck_at=min(passed, deadline))
+
+
+def _failures_before(state: State, wave: list[NodeView]) -> tuple[State, list[NodeView]]:
+    """The wave's nodes with the allocation failures counted at the wave's start: the count kept
+    then (a node not known yet, as after an operator restart: its count now), or 0 when the
+    agent counts since another time (a new agent: every failure it counts came later)."""
+    starts = dict(state.failures)
+    views = []
+    for node in wave:
+        since, count = starts.setdefault(node.name, (node.failures_since, node.failures))
+        views.append(replace(node, failures_before=count if since == node.failures_since else 0))
+    if starts != state.failures:
+        state = replace(state, failures=starts)
+    return state, views
 
 
 def _halt(policy: Policy, state: State, failed: Mapping[str, str], what: str) -> Step:

@@ -49,6 +49,7 @@ from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.memory import settle_memory
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.options import AgentOptions, ReportOptions
+from patchbay_agent.report.failures import AllocationFailures
 from patchbay_agent.wakeup import wait_any
 
 if TYPE_CHECKING:
@@ -161,6 +162,9 @@ class ResourceAgent:
         self.backend = make_backend(config.discovery, host_root)
         self.monitor = Monitor(self.backend, host_root, config.health, self.inventory, self.metrics)
         self.started = asyncio.Event()
+        #: the Allocate / PreStartContainer calls and prepared claims answered with an error
+        #: (the report's `allocationFailures`)
+        self.failures = AllocationFailures()
         if client is None and (options.report or options.dra) is not None:
             # One place builds the agent's API client: the command (main.py) or the node agent.
             raise ValueError("an agent with a DeviceReport or a DRA driver needs an API client")
@@ -198,13 +202,20 @@ class ResourceAgent:
                 client,
                 holders=self.holders,
                 on_state=self.reporter.notify if self.reporter is not None else None,
+                on_failure=self.failures.record,
             )
             self._publisher = dra.publisher
             return dra
         from patchbay_agent.deviceplugin.frontend import DevicePluginFrontEnd
 
         return DevicePluginFrontEnd(
-            self.config, self.options, self.inventory, self.metrics, holders=self.holders, api=client
+            self.config,
+            self.options,
+            self.inventory,
+            self.metrics,
+            holders=self.holders,
+            api=client,
+            on_failure=self.failures.record,
         )
 
     def _reporter(self, report: ReportOptions, holders: PodHolders, client: ReportClient) -> Reporter:
@@ -229,10 +240,13 @@ class ResourceAgent:
                 slices=self._slice_state(),
                 node_group=self.config.node_group,
                 revision=self.config.revision,
+                allocation_failures=self.failures.field(),
             )
 
         reporter = Reporter(target, client, build, self.metrics, watch=report_watch(client, target))
         holders.subscribe(reporter.notify)
+        # A failure counts at once; the write is the change writer's, coalesced like any other.
+        self.failures.subscribe(reporter.notify)
         self.inventory.subscribe(lambda _snap: reporter.notify())
         return reporter
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import grpc
 from support.agentparts import registrar_of
 from support.agentrun import make_config, plugin_client, until
 from support.fakehw import FakeHardware
@@ -188,6 +189,27 @@ def test_reports_follow_allocations_and_health_with_one_write_per_change(
                 assert [
                     s.labels["holder_pod"] for s in families["patchbay_agent_allocated_devices"].samples
                 ] == ["eval"]
+
+                # Refused Allocates (an ID the agent does not advertise: the pod is refused
+                # admission) count at once and the report carries the count and the last message
+                # (allocationFailures, a staged rollout's gate); the storm goes through the change
+                # writer, so it costs fewer writes than failures.
+                assert "allocationFailures" not in client.applied[-1]
+                writes = len(client.applied)
+                for _ in range(3):
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await stub.Allocate(
+                            api_pb2.AllocateRequest(
+                                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["nope::0"])]
+                            )
+                        )
+                assert agent.failures.count == 3
+                await until(lambda: client.applied[-1].get("allocationFailures", {}).get("count") == 3)
+                failures = client.applied[-1]["allocationFailures"]
+                assert failures["since"] and failures["last"]["time"]
+                assert failures["last"]["message"].startswith("Allocate: ")
+                assert "nope::0" in failures["last"]["message"]
+                assert len(client.applied) - writes < 3
         finally:
             await peer.stop()
             await kubelet.stop()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from patchbay_agent.backoff import Backoff
@@ -50,10 +51,12 @@ class DevicePluginFrontEnd:
         *,
         holders: PodHolders | None = None,
         api: object | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         """`holders`: the PodResources reader, read again after every Allocate (None: no
         reports); `api`: the API client, whose `kubelet_version(node)` says whether the kubelet
-        keeps one client per resource (None, or without that method: not known)."""
+        keeps one client per resource (None, or without that method: not known); `on_failure`:
+        told of every Allocate or PreStartContainer answered with an error, with its message."""
         self._config = config
         self._options = options
         self._inventory = inventory
@@ -71,6 +74,7 @@ class DevicePluginFrontEnd:
             metrics,
             self.cdi,
             on_allocated=holders.allocated if holders is not None else None,
+            on_failure=on_failure,
         )
         self.registrar = Registrar(
             self.servicer,

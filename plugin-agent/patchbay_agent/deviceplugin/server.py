@@ -43,10 +43,13 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         cdi: CdiSpecs | None = None,
         *,
         on_allocated: Callable[[], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         """Installs its encoder as the inventory's guard: a list the kubelet would refuse is never
         published (`encoding`). `on_allocated`: called after every Allocate answered OK (the
-        holders read PodResources again; it must not block: it runs before the answer goes)."""
+        holders read PodResources again; it must not block: it runs before the answer goes).
+        `on_failure`: called with the message of every Allocate or PreStartContainer answered
+        with an error (the report's `allocationFailures`; it must not block either)."""
         self._config = config
         self._inventory = inventory
         self.encoder = ListAndWatchEncoder(config.replicas, on_size=metrics.list_bytes.set)
@@ -58,6 +61,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         #: judges its registrations by them (`streams.StreamWatch`)
         self.streams = StreamWatch()
         self._on_allocated = on_allocated
+        self._on_failure = on_failure
         self._options = api_pb2.DevicePluginOptions(
             pre_start_required=config.pre_start is not None,
             get_preferred_allocation_available=config.preferred_policy is not PreferredPolicy.NONE,
@@ -159,12 +163,17 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         except AllocationError as e:
             self._metrics.rpcs.labels("Allocate", e.code.name).inc()
             log.warning("Refused Allocate: %s", e.message)
+            self._failed(f"Allocate: {e.message}")
             await context.abort(e.code, e.message)
         self._metrics.allocate_seconds.observe(time.perf_counter() - started)
         self._metrics.rpcs.labels("Allocate", "OK").inc()
         if self._on_allocated is not None:
             self._on_allocated()
         return response
+
+    def _failed(self, message: str) -> None:
+        if self._on_failure is not None:
+            self._on_failure(message)
 
     def _write_cdi(self, snap: Snapshot) -> None:
         cdi = self._cdi
@@ -204,6 +213,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         except AllocationError as e:
             self._metrics.rpcs.labels("PreStartContainer", e.code.name).inc()
             log.warning("Refused PreStartContainer: %s", e.message)
+            self._failed(f"PreStartContainer: {e.message}")
             await context.abort(e.code, e.message)
         ids = ",".join(request.devices_ids)
         result = await run_command(pre.command, {ENV_PRESTART_DEVICE_IDS: ids}, pre.timeout_seconds)
@@ -215,6 +225,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self._metrics.rpcs.labels("PreStartContainer", code.name).inc()
         if code is not grpc.StatusCode.OK:
             log.warning("PreStartContainer for %s failed: %s", ids, message)
+            self._failed(f"PreStartContainer: {message}")
             await context.abort(code, message)
         log.info("PreStartContainer ran for %s", ids)
         return api_pb2.PreStartContainerResponse()

@@ -75,11 +75,13 @@ class DraFrontEnd:
         *,
         holders: PodHolders | None = None,
         on_state: Callable[[], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         """`options.dra` is set. `client`: claims to read and their status to write, slices to
         write; `holders`: the PodResources reader (devices pods still hold through the device
         plugin are tainted in the slices, and it reads again after every prepare); `on_state`:
-        called when what the API server keeps of the slices changed (the DeviceReport says it)."""
+        called when what the API server keeps of the slices changed (the DeviceReport says it);
+        `on_failure`: told of every claim NodePrepareResources answers with an error."""
         dra = options.dra
         assert dra is not None
         registry_dir = dra.kubelet_root_dir / REGISTRY_DIR
@@ -139,6 +141,7 @@ class DraFrontEnd:
                 else None
             ),
             partitions=config.partitions,
+            on_failure=on_failure,
         )
         if self.preparer.metadata is not None:
             inventory.subscribe(lambda _snap: self._refresh_metadata())

@@ -93,6 +93,7 @@ class ClaimPreparer:
         metrics: Metrics | None = None,
         metadata: DeviceMetadataFiles | None = None,
         partitions: Partitions | None = None,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         """`lock_path`: the file whose lock serialises calls across instances (`node_lock`).
         `read_async`: the claim's GET on the event loop (`KubeClient.getter`, `apiget.py`); None:
@@ -106,7 +107,8 @@ class ClaimPreparer:
         metadata file goes (None: none is written, `allocation.deviceMetadata: false`).
         `partitions`: how the devices are cut (`plugin.partitions`): a claim may name a partition
         (its place goes into the container's env) or, where the API server dropped the counters,
-        the whole device."""
+        the whole device. `on_failure`: called with the error of every claim a prepare answers
+        with one (the report's `allocationFailures`)."""
         self.driver = driver
         self.pool = pool
         self._reader = reader
@@ -122,6 +124,7 @@ class ClaimPreparer:
         self.calls = calls or CallActivity()
         self._status = status
         self._on_change = on_change
+        self._on_failure = on_failure
         self._metrics = metrics
         self.metadata = metadata
         #: (snapshot version, slice device name -> its metadata attributes)
@@ -164,6 +167,10 @@ class ClaimPreparer:
                     obj if isinstance(obj, ClaimResult) else self._prepare_read(claim, obj)
                     for claim, obj in zip(claims, read, strict=True)
                 ]
+        if self._on_failure is not None:
+            for r in results:
+                if r.error:
+                    self._on_failure(f"NodePrepareResources: {r.error}")
         if self._on_change is not None:
             self._on_change()
         return {c.uid: r for c, r in zip(claims, results, strict=True)}

@@ -156,12 +156,14 @@ def build_report(
     slices: SliceState | None = None,
     node_group: str = "",
     revision: str = "",
+    allocation_failures: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole DeviceReport object (without `observedAt`), ready for server-side apply.
     `node_group`: the profile's node group the agent serves this node with ("" for a profile
     without node groups: no `nodeGroup` field, as before node groups existed). `revision`: the
     hash of the profile's revision the agent serves ("" when the operator names none: no
-    `revision` field).
+    `revision` field). `allocation_failures`: the `allocationFailures` field
+    (`report/failures.py`; None while nothing failed: no field).
 
     Health, since when and why all come from the one snapshot. A device the snapshot lists
     without a status (never observed; it cannot happen in the agent, whose monitor observes every
@@ -219,6 +221,8 @@ def build_report(
             report["consumableCapacity"] = slices.consumable_capacity
         if slices.partitionable_devices:
             report["partitionableDevices"] = slices.partitionable_devices
+    if allocation_failures is not None:
+        report["allocationFailures"] = dict(allocation_failures)
     report["summary"] = summary
     report["devices"] = devices
     return report

@@ -40,7 +40,7 @@ class Agents:
         self.pods = {
             n: wait_for(f"the agent pod on {n}", lambda n=n: cluster.shared_agent_pod(n)) for n in nodes
         }
-        self.reported: dict[str, tuple[str, int]] = {}
+        self.reported: dict[str, tuple[str, int, Any]] = {}
         #: node -> every revision it was assigned, in order
         self.history: dict[str, list[str]] = {n: [] for n in nodes}
 
@@ -48,8 +48,13 @@ class Agents:
         entry = wait_for("the profile's entry", lambda: self.cluster.shared_entry(self.name))
         return entry["uid"], Rollout.from_dict(entry["rollout"])
 
-    def report(self, healthy: Callable[[str, str], int] = lambda _n, _r: 2) -> dict[str, str]:
-        """Each node's report on the revision it is assigned now; node -> that revision."""
+    def report(
+        self,
+        healthy: Callable[[str, str], int] = lambda _n, _r: 2,
+        failures: Callable[[str, str], dict[str, Any] | None] = lambda _n, _r: None,
+    ) -> dict[str, str]:
+        """Each node's report on the revision it is assigned now, with `failures(node, revision)`
+        as its allocationFailures (None: none); node -> that revision."""
         uid, stanza = self.stanza()
         resource = f"example.com/{self.cluster.prefix}waves"
         out = {}
@@ -58,16 +63,17 @@ class Agents:
             out[node] = revision
             if not self.history[node] or self.history[node][-1] != revision:
                 self.history[node].append(revision)
-            count = healthy(node, revision)
-            if self.reported.get(node) != (revision, count):
+            count, failed = healthy(node, revision), failures(node, revision)
+            if self.reported.get(node) != (revision, count, failed):
                 devices = [
                     {"id": f"virtual-{i}", "health": "Healthy" if i < count else "Unhealthy"}
                     for i in range(max(2, count))
                 ]
+                extra = {"allocationFailures": failed} if failed is not None else {}
                 self.cluster.apply_report(
-                    self.name, node, self.pods[node], devices, resource, revision=revision
+                    self.name, node, self.pods[node], devices, resource, revision=revision, **extra
                 )
-                self.reported[node] = (revision, count)
+                self.reported[node] = (revision, count, failed)
         return out
 
 
@@ -163,8 +169,12 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     canary = [n for n, h in agents.history.items() if bad in h]
     assert len(canary) == 1 and rollout["haltedNodes"] == canary, (canary, rollout)
     assert canary[0] in rollout["message"] and "0 healthy devices, 2 before the change" in rollout["message"]
-    _, stanza = agents.stanza()
-    assert stanza.exceptions == {canary[0]: second}, "put back on the last good revision"
+    # The status is written first, the agents' ConfigMap (the put-back) right after it.
+    stanza = wait_for(
+        "put back on the last good revision",
+        lambda: (s := agents.stanza()[1]).exceptions == {canary[0]: second} and s,
+        detail=lambda: str(agents.stanza()[1]),
+    )
     assert agents.report()[canary[0]] == second
     stalled = wait_for(
         "Stalled", lambda: (c := cluster.condition(name, "Stalled")) and c["status"] == "True" and c
@@ -186,6 +196,36 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     wait_for("settled on the revert", lambda: settled(cluster, name), 60)
     assert set(agents.report().values()) == {second}
     assert f'patchbay_rollout_halted{{profile="{name}"}} 0.0' in metrics(operator)
+
+    # Pods fail to start for the resource on the canary during its wave (refused Allocates, which
+    # the agent counts in its report's allocationFailures): halted, naming the node and the last
+    # failure. Every node counted 2 failures before the change: those do not fail the gate.
+    since = "2026-11-29T00:00:00Z"
+    old = {"count": 2, "since": since, "last": {"time": since, "message": "Allocate: an old refusal"}}
+    refused = "Allocate: unknown device(s) virtual-7"
+    agents.report(failures=lambda _n, _r: old)
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 4}}}})
+    failing = digest(cluster, name)
+
+    def failures(_n: str, r: str) -> dict[str, Any]:
+        return old if r != failing else {**old, "count": 3, "last": {"time": since, "message": refused}}
+
+    def halted_by_failures() -> dict[str, Any] | None:
+        agents.report(failures=failures)
+        rollout = status(cluster, name).get("rollout") or {}
+        return rollout if rollout.get("phase") == "Halted" else None
+
+    rollout = wait_for(
+        "halted by allocation failures", halted_by_failures, 60, detail=lambda: operator.log()[-3000:]
+    )
+    canary = [n for n, h in agents.history.items() if failing in h]
+    assert len(canary) == 1 and rollout["haltedNodes"] == canary, (canary, rollout)
+    assert f"node {canary[0]}: " in rollout["message"], rollout["message"]
+    assert f"allocation failure(s) during the wave, the last: {refused}" in rollout["message"]
+    wait_for(
+        "the canary put back on the last good revision",
+        lambda: agents.report(failures=failures)[canary[0]] == second,
+    )
 
 
 def test_an_operator_stopped_mid_rollout_and_a_new_one_resume_it(

@@ -1,11 +1,44 @@
-"""node_lock: DRA calls of several agent instances on one node run one at a time."""
+"""node_lock: DRA calls of several agent instances on one node run one at a time; a claim the
+prepare answers with an error is told as an allocation failure."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
-from patchbay_agent.kubelet.draplugin import node_lock
+from patchbay_agent.config import Allocation
+from patchbay_agent.core.inventory import Inventory
+from patchbay_agent.dra.preparer import ClaimPreparer
+from patchbay_agent.kubelet.draplugin import ClaimRef, node_lock
+
+UID = "0" * 8 + "-uid"
+
+
+def _preparer(tmp_path: Path, reader: Any, **kw: Any) -> ClaimPreparer:
+    return ClaimPreparer(
+        "x.patchbay.dev",
+        "node-a",
+        reader,
+        Inventory(1, None),
+        allocation=Allocation(),
+        cdi_spec_dir=tmp_path,
+        lock_path=tmp_path / "calls.lock",
+        **kw,
+    )
+
+
+class MissingClaims:
+    """A claim reader whose every claim is gone; `read` is set at the first read."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.read = threading.Event()
+
+    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        self.read.set()
+        raise LookupError(f"resourceclaims {name!r} not found")
 
 
 def test_calls_holding_the_node_lock_never_overlap_and_a_cancelled_waiter_leaves_it_free(
@@ -48,33 +81,10 @@ def test_a_prepare_reads_its_claims_while_another_instance_holds_the_lock(tmp_pa
     """The claim's GET changes nothing on the node, so it is not queued behind the node lock: a
     prepare whose lock another instance holds has already read its claim, and writes nothing
     until the lock is free."""
-    import threading
-    from typing import Any
-
-    from patchbay_agent.config import Allocation
-    from patchbay_agent.core.inventory import Inventory
-    from patchbay_agent.dra.preparer import ClaimPreparer
-    from patchbay_agent.kubelet.draplugin import ClaimRef
-
     lock = tmp_path / "calls.lock"
-    read = threading.Event()
-
-    class Reader:
-        def resource_claim(
-            self, namespace: str, name: str, *, timeout: float | None = None
-        ) -> dict[str, Any]:
-            read.set()
-            raise LookupError(f"resourceclaims {name!r} not found")
-
-    preparer = ClaimPreparer(
-        "x.patchbay.dev",
-        "node-a",
-        Reader(),
-        Inventory(1, None),
-        allocation=Allocation(),
-        cdi_spec_dir=tmp_path,
-        lock_path=lock,
-    )
+    reader = MissingClaims()
+    read = reader.read
+    preparer = _preparer(tmp_path, reader)
 
     async def scenario() -> None:
         inside, release = asyncio.Event(), asyncio.Event()
@@ -100,3 +110,14 @@ def test_a_prepare_reads_its_claims_while_another_instance_holds_the_lock(tmp_pa
         assert "not found" in results["0" * 8 + "-uid"].error
 
     asyncio.run(scenario())
+
+
+def test_a_claim_prepared_with_an_error_is_an_allocation_failure(tmp_path: Path) -> None:
+    """A NodePrepareResources claim answered with an error (here its read) is told to
+    `on_failure` (the report's allocationFailures), once per claim."""
+    failed: list[str] = []
+    preparer = _preparer(tmp_path, MissingClaims(), on_failure=failed.append)
+    results = asyncio.run(preparer.prepare([ClaimRef("ns", UID, "claim")]))
+    assert "not found" in results[UID].error
+    assert len(failed) == 1 and failed[0].startswith("NodePrepareResources: ")
+    assert "not found" in failed[0]

@@ -337,3 +337,30 @@ def test_a_probe_that_cannot_run_is_probe_not_run(tmp_path: Path) -> None:
     result = asyncio.run(run_exec_probe(probe, HostRoot(tmp_path), PhysicalDevice("virtual-0")))
     assert (result.ok, result.code) == (False, Reason.PROBE_NOT_RUN)
     assert result.reason.startswith(f"probe {str(tmp_path / 'absent')!r} cannot run:")
+
+
+def test_allocation_failures_count_at_once_and_the_report_carries_the_count_and_the_last() -> None:
+    """report/failures.py: nothing failed, no field; each failure counts and tells the writer."""
+    from patchbay_agent.report.failures import AllocationFailures
+
+    clock = Clock()
+    failures = AllocationFailures(clock)
+    told: list[int] = []
+    failures.subscribe(lambda: told.append(failures.count))
+    tracker = DeviceHealthTracker(1, 1)
+    tracker.observe({"tty0": CheckResult(True)})
+    snap = _snapshot(_devices(1), tracker)
+    assert failures.field() is None
+    assert "allocationFailures" not in build_report(TARGET, snap, {}, allocation_failures=failures.field())
+    clock.now = T0 + 7
+    failures.record("Allocate: unknown device nope::0")
+    clock.now = T0 + 9
+    failures.record("Allocate: " + "x" * 600)
+    assert told == [1, 2], "every failure tells the reporter (its change writer coalesces)"
+    report = build_report(TARGET, snap, {}, allocation_failures=failures.field())
+    assert report["allocationFailures"] == {
+        "count": 2,
+        "since": rfc3339(T0),
+        "last": {"time": rfc3339(T0 + 9), "message": cap("Allocate: " + "x" * 600, MAX_MESSAGE_LENGTH)},
+    }
+    assert len(report["allocationFailures"]["last"]["message"]) == MAX_MESSAGE_LENGTH

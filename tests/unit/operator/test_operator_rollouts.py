@@ -127,6 +127,39 @@ def test_min_healthy_percent_allows_a_change_meant_to_drop_devices() -> None:
     assert bad.state.phase is Phase.HALTED and "minHealthyPercent 50%" in bad.state.message
 
 
+def test_allocation_failures_that_rise_during_the_wave_halt_and_earlier_ones_do_not() -> None:
+    """The report's allocationFailures: a count present before the wave is the start; the same
+    count passes the gate, a rise fails the node naming the last failure; a new agent's count
+    (another ``since``) counts from 0; a restarted operator takes the count it first sees."""
+    since, message = "2026-11-28T00:00:00Z", "Allocate: unknown device nope::0"
+    before = State.begin("old", "new")
+    # 3 failures before the wave, on every node: the start.
+    views = [NodeView(n, {}, "old", 4, failures=3, failures_since=since) for n in NAMES]
+    state = step(FAST, UID, views, before, T0).state
+    (node,) = state.baseline
+    assert state.failures == {node: (since, 3)}
+    same = fleet(state, NAMES, failures=3, failures_since=since, last_failure=message)
+    held = step(FAST, UID, same, state, T0 + timedelta(seconds=1))
+    assert held.state.phase is Phase.PROGRESSING, "the same count passes"
+    passed = step(FAST, UID, same, held.state, T0 + timedelta(seconds=11))
+    assert passed.new_wave and passed.state.wave == 1, "failures from before the wave do not fail it"
+    rose = fleet(state, NAMES, failures=4, failures_since=since, last_failure=message)
+    s = step(FAST, UID, rose, held.state, T0 + timedelta(seconds=2))
+    assert s.state.phase is Phase.HALTED and s.state.halted == (node,)
+    (problem,) = s.problems
+    assert f"node {node}: 1 allocation failure(s) during the wave, the last: {message}" in problem.message
+    # A new agent (another since) counting 1: every one of its failures came after the start.
+    new_agent = fleet(state, NAMES, failures=1, failures_since="2026-11-29T00:00:05Z", last_failure=message)
+    assert step(FAST, UID, new_agent, state, T0 + timedelta(seconds=2)).state.phase is Phase.HALTED
+    # A restarted operator keeps no start: the count it first sees is the start, a rise later fails.
+    restarted = State.from_status("old", "new", state.status(), rollback=True)
+    assert not restarted.failures
+    seen = step(FAST, UID, fleet(restarted, NAMES, failures=7, failures_since=since), restarted, T0)
+    assert seen.state.phase is Phase.PROGRESSING and seen.state.failures == {node: (since, 7)}
+    later = fleet(restarted, NAMES, failures=8, failures_since=since, last_failure=message)
+    assert step(FAST, UID, later, seen.state, T0 + timedelta(seconds=1)).state.phase is Phase.HALTED
+
+
 def test_an_agent_error_allocatable_short_or_a_stalled_agent_pod_halts() -> None:
     for field, value, said in (
         ("error", "no device matches", "agent error: no device matches"),
