@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from patchbay_agent.report.devicereport import MAX_MESSAGE_LENGTH, cap, rfc3339
-
 
 class AllocationFailures:
     """A running count, the last failure's time and message, and who to tell."""
@@ -45,6 +43,10 @@ class AllocationFailures:
         """The report's `allocationFailures` (None while nothing failed: the field is left out)."""
         if not self.count:
             return None
+        # Imported here: an agent without a report (no profile) counts too, but must not load the
+        # report's modules (their memory is the report's price; tests/sockets/test_agent_report_cli.py).
+        from patchbay_agent.report.devicereport import MAX_MESSAGE_LENGTH, cap, rfc3339
+
         return {
             "count": self.count,
             "since": rfc3339(self.since),
