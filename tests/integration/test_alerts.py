@@ -18,6 +18,9 @@ import pytest
 import yaml
 from support.alerts import prometheus_rule
 
+# No Kubernetes component runs here: `make test` runs it once, `make test-release` does not again.
+pytestmark = pytest.mark.release_independent
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "patchbay"
 TESTS = Path(__file__).parent / "alerts" / "patchbay-alerts.test.yaml"

@@ -20,6 +20,9 @@ from patchbay_devcluster.imagebuild import build_all
 from patchbay_devcluster.install import package_chart
 from patchbay_devcluster.procs import free_port
 
+# No Kubernetes component runs here: `make test` runs it once, `make test-release` does not again.
+pytestmark = pytest.mark.release_independent
+
 REPO = Path(__file__).resolve().parents[2]
 
 
