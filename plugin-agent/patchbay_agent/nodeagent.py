@@ -258,8 +258,7 @@ class NodeAgent:
         (or listed) stops, a new one starts, a changed one is applied to its running agent in
         place where the kubelet need not hear of it ("reconfigured": same registration, same
         stream, no dip on any release; `ResourceAgent.reconfigure`) and otherwise restarts and
-        registers again ("restarted"); every other unit is left alone. Returns what was done per
-        profile."""
+        registers again ("restarted"); the other units are left alone. Returns what was done."""
         async with self._lock:
             assert self.labels is not None
             desired = {

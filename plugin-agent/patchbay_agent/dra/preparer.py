@@ -71,6 +71,13 @@ class DraClient(ClaimReader, ClaimStatusClient, SliceClient, Protocol):
         thread. Call it on the loop that will use the reader."""
 
 
+def _tell_failures(on_failure: Callable[[str], None] | None, results: Sequence[ClaimResult]) -> None:
+    """Every claim a prepare answered with an error, to ``on_failure`` (the report's count)."""
+    for r in results:
+        if on_failure is not None and r.error:
+            on_failure(f"NodePrepareResources: {r.error}")
+
+
 class ClaimPreparer:
     """NodePrepareResources / NodeUnprepareResources as plain Python (see the module doc)."""
 
@@ -167,10 +174,7 @@ class ClaimPreparer:
                     obj if isinstance(obj, ClaimResult) else self._prepare_read(claim, obj)
                     for claim, obj in zip(claims, read, strict=True)
                 ]
-        if self._on_failure is not None:
-            for r in results:
-                if r.error:
-                    self._on_failure(f"NodePrepareResources: {r.error}")
+        _tell_failures(self._on_failure, results)
         if self._on_change is not None:
             self._on_change()
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
