@@ -274,6 +274,17 @@ class Repairs:
             found = True
         return found
 
+    def gone(self, kind: str, obj: dict[str, Any], names: Iterable[str]) -> None:
+        """A DELETED event of a version the agent wrote: someone deleted it, and the next write of
+        it is its repair, whichever path makes it (the ordinary write of a change may come first,
+        before the check that would have found it gone)."""
+        name = name_of(obj)
+        if kind == "DELETED" and name in set(names) and self.own(obj):
+            self._due.setdefault(name, ("deleted", "deleted"))
+
+    def pending(self, name: str) -> bool:
+        return name in self._due
+
     def due(self, name: str, cause: str, happened: str) -> None:
         self._due[name] = (cause, happened)
 

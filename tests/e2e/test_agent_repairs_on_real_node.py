@@ -143,16 +143,6 @@ def test_the_agent_writes_its_reports_and_slice_again_when_someone_deletes_or_ed
             samples = families["patchbay_agent_repairs"].samples
             return {(s.labels["profile"], s.labels["kind"], s.labels["cause"]): s.value for s in samples}
 
-        # Bounded wait: seen once (1 run in 4, v1.37.1) reading 0 for the serial report's deletion
-        # right after the objects were back; whether the count lags or is lost is not established.
-        once = [(serial, "DeviceReport", "deleted"), (serial, "DeviceReport", "edited")]
-        once += [(dra, "DeviceReport", "deleted"), (dra, "ResourceSlice", "deleted")]
-        wait_for(
-            "each repair counted on the agent's /metrics",
-            lambda: all(repairs().get(k) == 1 for k in once),
-            30,
-            detail=lambda: str(repairs()),
-        )
         counted = repairs()
         assert counted[(serial, "DeviceReport", "deleted")] == 1, counted
         assert counted[(serial, "DeviceReport", "edited")] == 1, counted

@@ -142,10 +142,7 @@ class Reporter(ChangeWriter):
         self.version = version or None
         self._repairs.wrote(version or "")
         self.writes += 1
-        before = self._repairs.done
-        self._repairs.written((self.target.name,))
-        if self._repairs.done > before:
-            self._metrics.report_restores.inc()
+        self._restored()
         if self.writes == 1:
             # The first write was start-up's last one-off work (TLS setup, the client's first
             # request): hand its garbage back too (memory.py).
@@ -164,11 +161,21 @@ class Reporter(ChangeWriter):
         self._write_failing = False
         return True
 
+    def _restored(self) -> None:
+        """The report is written as the agent wants it: a repair due for it is done."""
+        before = self._repairs.done
+        self._repairs.written((self.target.name,))
+        if self._repairs.done > before:
+            self._metrics.report_restores.inc()
+
     def seen(self, kind: str, obj: dict[str, Any]) -> bool:
         """A watch event: may someone else have deleted or edited the report since this agent
         wrote it? Not when the event is one of its own writes (its resourceVersion); nothing to
         guard before the first write."""
-        return self.written is not None and self._repairs.suspect(kind, obj, (self.target.name,))
+        if self.written is None:
+            return False
+        self._repairs.gone(kind, obj, (self.target.name,))
+        return self._repairs.suspect(kind, obj, (self.target.name,))
 
     async def verify(self) -> None:
         """Is the stored report still the one this agent wrote (one GET)? If it is gone, write it
@@ -181,6 +188,8 @@ class Reporter(ChangeWriter):
             report = await asyncio.to_thread(self._client.read_report, ns, name)
             stored = None if report is None else version_of(report)
             if stored == self.version:
+                # A deletion the ordinary write already undid (it came first): counted now.
+                self._restored()
                 return
             if report is None:
                 self._repairs.due(name, "deleted", "deleted")

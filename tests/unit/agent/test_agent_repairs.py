@@ -483,3 +483,23 @@ async def test_a_paced_repair_is_written_when_its_hold_ends_not_at_once() -> Non
         finally:
             stop.set()
             await asyncio.wait_for(task, 5)
+
+
+def test_a_deletion_the_ordinary_write_undid_first_is_still_counted(metrics: Metrics) -> None:
+    """Seen on the real node: a DeviceReport deleted just as the reporter wrote a change was written
+    again 0.08 s later by that ordinary write, and the repair check then found its own version
+    stored: the repair was done but never counted. A DELETED event of a version the agent wrote
+    makes the repair due, whichever write comes first; someone else's deleted version does not."""
+    repairs = Repairs("DeviceReport", metrics)
+    repairs.wrote("7")
+    ours = {"metadata": {"name": "a", "resourceVersion": "7"}}
+    theirs = {"metadata": {"name": "a", "resourceVersion": "8"}}  # the agent deletes such (edited)
+    repairs.gone("DELETED", theirs, {"a"})
+    assert not repairs.pending("a")
+    repairs.gone("MODIFIED", ours, {"a"})
+    assert not repairs.pending("a")
+    repairs.gone("DELETED", ours, {"a"})
+    assert repairs.pending("a")
+    repairs.wrote("9")  # the ordinary write, before or after the check
+    repairs.written(["a"])
+    assert (metrics.repairs.labels("DeviceReport", "deleted").value, repairs.done) == (1, 1)
