@@ -255,8 +255,10 @@ def _why_nodes(k: Kube, profile: Obj, ns: str | None, node: str | None) -> list[
     out = []
     for name in [node] if node else diagnosis.empty_nodes(profile):
         obj = k.get(kube.node_path(name))
-        if obj is None:
+        if obj is None and node:
             raise KubeError(f'Error from server (NotFound): nodes "{name}" not found')
+        if obj is None:
+            continue  # gone since the status named it
         report = None
         if ns is not None:
             report = k.get(f"{kube.reports_path(ns)}/{quote(f'{name_of(profile)}.{name}', safe='')}")

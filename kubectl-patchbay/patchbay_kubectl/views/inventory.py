@@ -253,23 +253,32 @@ def _common_start(a: str, b: str) -> int:
     return n
 
 
+def _rank(text: str) -> int:
+    """A USB device's file (its text starts with vendor:product) before a PCI function's, before
+    the others."""
+    return 0 if re.match(r"[0-9a-f]{4}:", text) else 1 if ", PCI " in text else 2
+
+
 def closest_files(pattern: str, files: Mapping[str, str], limit: int = 3) -> list[str]:
-    """The listed files nearest to a glob that matches none: in the same folder, the longest
-    start in common with the glob's name first (``/dev/ttyACM*`` -> ``/dev/ttyUSB0``, ``tty`` in
-    common), those a USB or PCI device brings before the others; each with what it is."""
+    """The listed files nearest to a glob that matches none, each with what it is: those in the
+    glob's folder whose name starts as the glob's, the longest start in common first
+    (``/dev/ttyACM*`` -> ``/dev/ttyUSB0``: ``tty``), those a USB, then a PCI device brings before
+    the others; else any file of that folder; where the folder has none, files elsewhere whose
+    name starts as the glob's does (3 characters at least)."""
     folder, _, name = pattern.rpartition("/")
     if has_magic(folder):
         return []
     start = _fixed_prefix(name)
-    scored = []
+    here, elsewhere = [], []
     for f, text in files.items():
-        if os.path.dirname(f) != (folder or "/"):
-            continue
-        base = os.path.basename(f)
-        common = _common_start(base, start)
-        if common or not start:
-            scored.append((-common, ":" not in text, f))
-    return [f"{f} ({files[f]})" if files[f] else f for _, _, f in sorted(scored)[:limit]]
+        common = _common_start(os.path.basename(f), start)
+        key = (-common, _rank(text), f)
+        if os.path.dirname(f) == (folder or "/"):
+            here.append(key)
+        elif common >= 3:
+            elsewhere.append(key)
+    named = [k for k in here if k[0] < 0]  # named like it: those only
+    return [f"{f} ({files[f]})" if files[f] else f for _, _, f in sorted(named or here or elsewhere)[:limit]]
 
 
 def names(items: Iterable[str], shown: int = SHOWN) -> str:
@@ -290,7 +299,7 @@ def nothing_text(m: Match) -> str:
     if m.closest:
         text += f"; the node has {names(m.closest, 3)}"
     elif m.listed and m.backend == "paths":
-        text += "; nothing in the same folder with a name like it"
+        text += "; nothing in its folder, nor a file named like it"
     return text
 
 

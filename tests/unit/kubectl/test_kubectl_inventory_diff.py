@@ -243,3 +243,33 @@ def test_why_profile_node_says_which_inventory_entries_come_closest(workstation:
     assert found["inventory"]["closest"][0].startswith("/dev/ttyUSB0 (0403:6001 FTDI FT232R USB UART)")
     no_inventory = diagnosis.node_inventory(profile, node("ws"), report("ws", {}), None)
     assert no_inventory["inventory"] is None and "not known" in no_inventory["text"]
+
+
+def test_what_comes_closest_to_a_glob_that_matches_nothing(tmp_path: Path) -> None:
+    hw = fakemachines.workstation(tmp_path / "ws")
+    fakemachines.many_ttys(hw, 2)  # ttyMI0, ttyMI1 of a PCI serial card
+    for i in range(2):
+        hw.add_dev(f"/dev/ttyMI{i}")
+    doc = inv(tmp_path / "ws", "ws", {})
+    files = inventory.device_files(doc)
+    assert files["/dev/ttyUSB0"] == "0403:6001 FTDI FT232R USB UART"
+    assert files["/dev/ttyMI0"].startswith("tty, PCI 13fe:1680")
+    # The glob's folder first, the longest common start first, USB devices' files, then PCI's.
+    (video,) = inventory.closest_files("/dev/video9*", files)  # only the files named like it
+    assert video.startswith("/dev/video0 (046d:082d")
+    assert [c.split()[0] for c in inventory.closest_files("/dev/ttyACM*", files)] == [
+        "/dev/ttyUSB0",
+        "/dev/ttyMI0",
+        "/dev/ttyMI1",
+    ]
+    # Nothing named like it in its folder: the folder's files, USB devices' first.
+    assert [c.split()[0] for c in inventory.closest_files("/dev/nothing*", files)][:2] == [
+        "/dev/ttyUSB0",
+        "/dev/video0",
+    ]
+    # A folder the inventory has nothing in: a file elsewhere named as the glob starts.
+    assert inventory.closest_files("/dev/serial/by-id/ttyUSB*", files)[0].startswith("/dev/ttyUSB0 ")
+    assert inventory.closest_files("/dev/e2e/nothing*", files) == []
+    m = inventory.match(globs("/dev/e2e/nothing*"), doc)
+    assert m is not None
+    assert inventory.nothing_text(m).endswith("; nothing in its folder, nor a file named like it")
