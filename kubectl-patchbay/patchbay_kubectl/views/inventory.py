@@ -115,7 +115,8 @@ def _pci_text(p: Obj) -> str:
 
 def device_files(inventory: Obj) -> dict[str, str]:
     """Every device file the inventory lists, with what it is: ``/dev/ttyUSB0`` ->
-    ``0403:6001 FTDI FT232R USB UART``, ``/dev/ttyS0`` -> ``tty, serial8250``."""
+    ``0403:6001 FTDI FT232R USB UART``, ``/dev/ttyS0`` -> ``tty, serial8250``, a file made by
+    mknod -> ``served by serial``."""
     usb = {str(u.get("port")): u for u in inventory.get("usb") or []}
     pci = {str(p.get("address")): p for p in inventory.get("pci") or []}
     files: dict[str, str] = {}
@@ -128,6 +129,8 @@ def device_files(inventory: Obj) -> dict[str, str]:
             text = _usb_text(usb[parent])
         elif parent in pci:
             text = f"{c.get('class')}, PCI {_pci_text(pci[parent])}"
+        elif c.get("class") == "paths":  # a file no sysfs class lists, that profiles serve
+            text = "served by " + ",".join(str(p) for p in c.get("servedBy") or ["a profile"])
         else:
             text = ", ".join(str(w) for w in (c.get("class"), c.get("driver")) if w)
         files.setdefault(path, text)

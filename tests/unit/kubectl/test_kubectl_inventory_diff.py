@@ -254,6 +254,9 @@ def test_what_comes_closest_to_a_glob_that_matches_nothing(tmp_path: Path) -> No
     files = inventory.device_files(doc)
     assert files["/dev/ttyUSB0"] == "0403:6001 FTDI FT232R USB UART"
     assert files["/dev/ttyMI0"].startswith("tty, PCI 13fe:1680")
+    made = PhysicalDevice("e2e_ttyE2E0", ("/dev/e2e/ttyE2E0",), ("/dev/e2e/ttyE2E0",))
+    served = inventory.device_files(inv(tmp_path / "ws", "ws", {"serial": [made]}))
+    assert served["/dev/e2e/ttyE2E0"] == "served by serial"  # a file no sysfs class lists
     # The glob's folder first, the longest common start first, USB devices' files, then PCI's.
     (video,) = inventory.closest_files("/dev/video9*", files)  # only the files named like it
     assert video.startswith("/dev/video0 (046d:082d")
