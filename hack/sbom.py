@@ -25,8 +25,9 @@ import sys
 import tarfile
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 DPKG_STATUS = "var/lib/dpkg/status"
@@ -119,6 +120,26 @@ def _layers(archive: Path) -> Iterator[tarfile.TarFile]:
                 raise SystemExit(f"{archive}: zstd layers are not read here ({layer['digest']})")
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
                 yield tar
+
+
+def image_created(archive: Path) -> float | None:
+    """The image's creation time (its config's ``created``), so that the same image gives the
+    same SBOM; None where the config has none."""
+    with tarfile.open(archive) as outer:
+
+        def blob(name: str) -> Any:
+            f = outer.extractfile(name)
+            assert f is not None, name
+            return json.load(f)
+
+        (entry,) = blob("index.json")["manifests"]
+        manifest = blob("blobs/" + entry["digest"].replace(":", "/"))
+        created = blob("blobs/" + manifest["config"]["digest"].replace(":", "/")).get("created")
+    if not created:
+        return None
+    whole, _, rest = created.rstrip("Z").partition(".")  # RFC 3339; nanoseconds are dropped
+    offset = rest.lstrip("0123456789") or "+00:00"
+    return datetime.fromisoformat(whole + offset).timestamp()
 
 
 def wanted(path: str) -> bool:
@@ -229,6 +250,8 @@ def sbom(source: Path, name: str, created: float | None = None) -> dict:
     files = files_of_dir(source) if source.is_dir() else files_of_archive(source)
     if DPKG_STATUS not in files:
         raise SystemExit(f"{source}: no /{DPKG_STATUS}: not a Debian-based root filesystem")
+    if created is None and not source.is_dir() and not os.environ.get("SOURCE_DATE_EPOCH"):
+        created = image_created(source)
     return document(name, packages(files), name, created)
 
 

@@ -11,6 +11,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import pytest
 from support.scripts import load
 
 STATUS = """Package: libc6
@@ -44,7 +45,7 @@ def layer(files: dict[str, bytes], gz: bool) -> bytes:
     return gzip.compress(buf.getvalue()) if gz else buf.getvalue()
 
 
-def archive(path: Path, layers: list[bytes]) -> Path:
+def archive(path: Path, layers: list[bytes], config: bytes = b"{}") -> Path:
     blobs: dict[str, bytes] = {}
 
     def add(data: bytes) -> dict[str, object]:
@@ -52,9 +53,8 @@ def archive(path: Path, layers: list[bytes]) -> Path:
         blobs[digest] = data
         return {"digest": digest, "size": len(data), "mediaType": "application/octet-stream"}
 
-    config = add(b"{}")
     manifest = add(
-        json.dumps({"schemaVersion": 2, "config": config, "layers": [add(x) for x in layers]}).encode()
+        json.dumps({"schemaVersion": 2, "config": add(config), "layers": [add(x) for x in layers]}).encode()
     )
     with tarfile.open(path, "w") as tar:
         for name, data in {"index.json": json.dumps({"manifests": [manifest]}).encode()}.items():
@@ -110,3 +110,15 @@ def test_an_opaque_directory_hides_what_lower_layers_had(tmp_path: Path) -> None
     doc = load("sbom").sbom(archive(tmp_path / "img.oci.tar", [base, top]), "x", 0)
     names = {p["name"] for p in doc["packages"]}
     assert "new" in names and "old" not in names, names
+
+
+def test_the_sbom_is_dated_by_the_image_so_the_same_image_gives_the_same_sbom(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    base = layer({"var/lib/dpkg/status": STATUS.encode()}, gz=False)
+    config = json.dumps({"created": "2026-11-29T08:31:28.123456789Z"}).encode()
+    path = archive(tmp_path / "img.oci.tar", [base], config)
+    first, again = (load("sbom").sbom(path, "x") for _ in range(2))
+    assert first["creationInfo"]["created"] == "2026-11-29T08:31:28Z"
+    assert first == again
