@@ -35,6 +35,7 @@ Progress is printed step by step; a failure names the step.
 from __future__ import annotations
 
 import argparse
+import getpass
 import hashlib
 import io
 import json
@@ -321,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Check with: (cd {out} && sha256sum --check SHA256SUMS); install: docs/install.md", flush=True)
     if args.registry:
         signing = None if args.unsigned else Signing(args.cosign_key, sboms)
+        if signing is not None and Path(signing.key).is_file() and "COSIGN_PASSWORD" not in os.environ:
+            # cosign's own prompt would be hidden (its output is captured): asked here, once.
+            os.environ["COSIGN_PASSWORD"] = getpass.getpass(f"Password of {signing.key}: ")
         pushed = push_release(args.registry, version, images, chart, args.ca_file, signing=signing)
         (out.parent / f"{version}.pushed.json").write_text(json.dumps(pushed, indent=2) + "\n")
         what = "unsigned" if signing is None else "each signed by digest, the SBOMs attested"
