@@ -126,7 +126,12 @@ def cosign_binary() -> Path:
     out = subprocess.run(
         [str(REPO / "hack" / "cosign-binary.sh"), "--print"], capture_output=True, text=True, check=True
     )
-    return Path(out.stdout.strip())
+    path = Path(out.stdout.strip())
+    if not path.is_file():
+        raise SystemExit(
+            f"cosign is not built ({path} is missing): run `make setup` (or hack/cosign-binary.sh)"
+        )
+    return path
 
 
 def cosign(
