@@ -38,7 +38,7 @@ class Inputs:
     profile: Profile
     #: the status as last written (conditions keep their lastTransitionTime)
     previous: Mapping[str, Any]
-    #: the wall clock, once: for condition times
+    #: the wall clock, once: for condition times (whole seconds)
     now: str
     #: every node the operator knows
     nodes: Sequence[NodeState]
@@ -83,6 +83,14 @@ class Inputs:
     #: Static mode while a rollout is in progress: the profile as its current revision had it
     #: (what the nodes the rollout has not moved still carry; staging.Staging.current)
     current_profile: Profile | None = None
+    #: the same moment as ``now`` to the microsecond, for the rollout's gate (None: ``now``'s
+    #: whole second)
+    clock: datetime | None = None
+
+    @property
+    def moment(self) -> datetime | None:
+        """Now for the rollout: ``clock``, else ``now`` parsed."""
+        return self.clock if self.clock is not None else parse_rfc3339(self.now)
 
 
 @dataclass(frozen=True)
@@ -115,7 +123,7 @@ def _rollout_step(
     if inputs.rollout is None:
         return None
     policy, state = inputs.rollout
-    clock = parse_rfc3339(inputs.now)
+    clock = inputs.moment
     if clock is None:
         return rollouts.Step(state)
     by_node = {r.node: r for r in reports}
@@ -147,7 +155,7 @@ def _static(inputs: Inputs) -> Evaluation:
     profile, previous, now, failures = inputs.profile, inputs.previous, inputs.now, inputs.failures
     old = inputs.current_profile if inputs.rollout is not None else None
     step = None
-    clock = parse_rfc3339(now)
+    clock = inputs.moment
     if inputs.rollout is not None:
         policy, state = inputs.rollout
         views = [

@@ -39,7 +39,7 @@ from patchbay_operator.scheduler import OnPending, Timers
 from patchbay_operator.staging import Staging
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.statuswriter import Dirty, StatusWriter
-from patchbay_operator.timestamps import rfc3339_now
+from patchbay_operator.timestamps import rfc3339, rfc3339_now
 
 log = logging.getLogger(__name__)
 Call = Callable[..., Awaitable[Any]]
@@ -138,18 +138,21 @@ class ProfileStatus:
         return result.status
 
     async def _write_wave(self) -> None:
-        """A rollout moved (a wave, a halt's put-back, the end): the shared agents' config says so."""
+        """A rollout moved (a wave, a halt's put-back, the end): the shared agents' config says so
+        (the ConfigMap alone: nothing in the DaemonSet changes with a wave)."""
         if self._agents is not None and writes(self._gate):
-            await self._agents.apply_shared()
+            await self._agents.apply_shared(daemonset=False)
 
     def _inputs(self, profile: Profile) -> evaluation.Inputs:
         """What the caches say about ``profile`` now."""
         name = profile.name
+        clock = datetime.now(UTC)
         base = evaluation.Inputs(
             profile,
             self.writer.previous(name),
-            rfc3339_now(),
+            rfc3339(clock),
             list(self._nodes.states.values()),
+            clock=clock,
             winner=w.name if (w := self._registry.conflict(profile)) is not None else None,
             conflict_on=(
                 f"CDI kind {', '.join(sorted(profile.cdi_kinds & w.cdi_kinds))}"

@@ -52,7 +52,7 @@ from patchbay_api.revisions import EVERYONE, NOBODY, Rollout, node_hash, thresho
 from patchbay_api.selectors import label_selector_matches
 from patchbay_operator.constants import Reason
 from patchbay_operator.status.conditions import Problem
-from patchbay_operator.timestamps import parse_rfc3339, rfc3339
+from patchbay_operator.timestamps import parse_rfc3339, rfc3339, rfc3339_precise
 
 IMMEDIATE, STAGED = "Immediate", "Staged"
 ROLLBACK, PAUSE = "Rollback", "Pause"
@@ -169,7 +169,8 @@ class State:
     #: node of the wave -> its healthy devices at the wave's start
     baseline: Mapping[str, int] = field(default_factory=dict)
     message: str = ""
-    #: since when every node of the wave has served the update revision, healthy (memory only)
+    #: since when every node of the wave has served the update revision, healthy (memory only;
+    #: to the microsecond, so that ``healthySeconds`` is never cut short)
     gate_since: str = ""
     #: node of the wave -> (allocationFailures.since, count) at the wave's start (memory only:
     #: a restarted operator takes the count it first sees)
@@ -414,7 +415,7 @@ def _gate(
             return _halt(policy, state, dict.fromkeys(waiting, why), "made no progress")
         return Step(replace(state, gate_since=""), recheck_at=deadline)
     since = parse_rfc3339(state.gate_since) or now
-    state = replace(state, gate_since=rfc3339(since))
+    state = replace(state, gate_since=rfc3339_precise(since))
     passed = since + timedelta(seconds=policy.healthy_seconds)
     if now >= passed:
         return _next_wave(policy, uid, nodes, state, now)

@@ -12,6 +12,7 @@ assigns the node (``Rollout.served``, the function the agents use)."""
 
 from __future__ import annotations
 
+import re
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -121,6 +122,11 @@ def events_of(cluster: Cluster, name: str, reason: str) -> list[Any]:
     return sorted((e for e in found if e.reason == reason), key=lambda e: e.metadata.creation_timestamp)
 
 
+def applied(operator: Operator, kind: str) -> int:
+    """The shared node agent's objects of ``kind`` the operator applied so far (its log says each)."""
+    return len(re.findall(rf"Applied {kind} [^/ ]+/patchbay-node-agent\b", operator.log()))
+
+
 def metrics(operator: Operator) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as r:
         return str(r.read().decode())
@@ -138,6 +144,7 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     wait_for("every node counted", lambda: status(cluster, name).get("updatedNumberScheduled") == 4)
 
     # A good change: the canary, then waves of 2, each held for its gate; then current = update.
+    applies = {kind: applied(operator, kind) for kind in ("ConfigMap", "DaemonSet")}
     cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
     second = digest(cluster, name)
     entry = wait_for(
@@ -155,6 +162,10 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     assert "revisions" not in (cluster.shared_entry(name) or {}), "one body once every node moved"
     notes = [e.message for e in events_of(cluster, name, "RolloutWave")]
     assert len(notes) == 3 and notes[-1].endswith("4 of 4 updated"), f"one Normal Event per wave: {notes}"
+    # The agents' ConfigMap written for the change and once per wave (3) and the end; the shared
+    # DaemonSet, which no wave changes, for the change only.
+    more = {kind: applied(operator, kind) - n for kind, n in applies.items()}
+    assert more["ConfigMap"] >= 4 and more["DaemonSet"] == 1, more
 
     # A bad change: the canary's agent serves it with no device (as a glob matching nothing).
     cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 3}}}})
