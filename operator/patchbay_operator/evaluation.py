@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from patchbay_api.revisions import revision_name, spec_revision
-from patchbay_operator import capacity, rollouts
+from patchbay_operator import capacity, render, rollouts
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.constants import KUBELET_BEHIND_GRACE, Mode, Reason
@@ -83,6 +83,8 @@ class Inputs:
     #: Static mode while a rollout is in progress: the profile as its current revision had it
     #: (what the nodes the rollout has not moved still carry; staging.Staging.current)
     current_profile: Profile | None = None
+    #: DRA while a rollout's gate ends: each wave node's ResourceSlices as last read
+    slices: Mapping[str, dra.SliceRead] = field(default_factory=dict)
     #: the same moment as ``now`` to the microsecond, for the rollout's gate (None: ``now``'s
     #: whole second)
     clock: datetime | None = None
@@ -118,8 +120,11 @@ def _rollout_step(
     reports: Sequence[Report],
     troubles: Sequence[Trouble],
     short: Mapping[str, str],
+    *,
+    driver: str = "",
 ) -> rollouts.Step | None:
-    """The rollout's next state from what the selected nodes say now (rollouts.step)."""
+    """The rollout's next state from what the selected nodes say now (rollouts.step); ``driver``:
+    DRA, the wave's ResourceSlices of it are compared with the reports at the gate's end."""
     if inputs.rollout is None:
         return None
     policy, state = inputs.rollout
@@ -131,6 +136,9 @@ def _rollout_step(
     views = []
     for n in matching:
         r = by_node.get(n.name)
+        read = inputs.slices.get(n.name) if driver else None
+        if read is not None and (read.devices is None or r is None):
+            read = None  # failed, or nothing to compare with: read again
         views.append(
             rollouts.NodeView(
                 n.name,
@@ -143,9 +151,11 @@ def _rollout_step(
                 failures=r.failures if r is not None else 0,
                 failures_since=r.failures_since if r is not None else "",
                 last_failure=r.last_failure if r is not None else "",
+                slices=dra.slices_short(driver, r, read.devices or 0) if read is not None and r else "",
+                slices_read=read.at if read is not None else None,
             )
         )
-    return rollouts.step(policy, inputs.profile.uid, views, state, clock)
+    return rollouts.step(policy, inputs.profile.uid, views, state, clock, slices=bool(driver))
 
 
 def _static(inputs: Inputs) -> Evaluation:
@@ -256,7 +266,8 @@ def evaluate(inputs: Inputs) -> Evaluation:
         problems += dra.served_twice_problems(profile, twin_name, twice)
         problems += overlaps
         problems += inputs.owned
-        step = _rollout_step(inputs, matching, _believed(reports, selected), troubles, {})
+        driver = render.driver_name(profile.name)
+        step = _rollout_step(inputs, matching, _believed(reports, selected), troubles, {}, driver=driver)
         if step is not None:
             problems += step.problems
             recheck_at = _sooner(recheck_at, step.recheck_at)
