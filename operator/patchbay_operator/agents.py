@@ -84,11 +84,13 @@ class Agents(Part):
         if twin is not None:
             await self.apply(twin)
 
-    async def apply_shared(self) -> None:
+    async def apply_shared(self, *, daemonset: bool = True) -> None:
         """The shared node agent becomes what the shared profiles say now (each with the nodes its
         agents leave out, see `render.shared_agent_objects`); with no profile left, it goes, unless
         `node_agent_always_on` keeps it (no profile in its config, no owner: it then only keeps
-        the nodes' inventories; the uninstall hook deletes it)."""
+        the nodes' inventories; the uninstall hook deletes it). Without `daemonset` only its
+        ConfigMap is written: a rollout's wave changes the config alone (the DaemonSet depends on
+        the set of shared profiles and the settings, which a wave never changes)."""
         profiles = [(p, self.registry.exclusion(p)) for p in self.registry.shared_agent_profiles()]
         stage = render.once(profiles, self.stage)
         refused = render.over_limit(profiles, stage)
@@ -101,7 +103,8 @@ class Agents(Part):
             await self._delete_objects(render.SHARED_AGENT, "no profile uses the shared agent")
             return
         for obj in render.shared_agent_objects(profiles, self.settings, stage):
-            await self._apply_object(obj)
+            if daemonset or obj["kind"] != "DaemonSet":
+                await self._apply_object(obj)
 
     async def unused_shared(self, *, taking_over: bool = False) -> None:
         """At the operator's start (not while a peered replica stands by) or take-over (its gate
