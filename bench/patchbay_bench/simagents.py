@@ -119,8 +119,9 @@ class Followers:
                 writer.close()
                 obj = json.loads(body)
                 rv = obj["metadata"]["resourceVersion"]
-                reader, _w, status, _ = await self._request(f"{list_path}&watch=1&resourceVersion={rv}")
+                reader, watch, status, _ = await self._request(f"{list_path}&watch=1&resourceVersion={rv}")
                 if status != 200:
+                    watch.close()
                     raise RuntimeError(f"WATCH {list_path}: {status}")
             except Exception:
                 self.failed += 1
@@ -128,15 +129,21 @@ class Followers:
         self.open += 1
         self._handle(handler, node, obj)
         buf = b""
-        async for data in self._chunks(reader):
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                if b'"type":"MODIFIED"' in line:
-                    if is_config:
-                        self.modified.append(time.monotonic())
-                    if handler is not None:
-                        self._handle(handler, node, json.loads(line)["object"])
+        try:
+            async for data in self._chunks(reader):
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if b'"type":"MODIFIED"' in line:
+                        if is_config:
+                            self.modified.append(time.monotonic())
+                        if handler is not None:
+                            self._handle(handler, node, json.loads(line)["object"])
+        finally:
+            # Closed on stop (the task cancelled), at once (no TLS close handshake: the loop stops
+            # right after): a watch left open kept the cluster's kube-apiserver from exiting on
+            # SIGTERM, and its stop waited out the 15 s grace before SIGKILL.
+            watch.transport.abort()
 
     def _handle(self, handler: Handler | None, node: str, obj: dict[str, Any]) -> None:
         if handler is None:

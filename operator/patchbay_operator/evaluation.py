@@ -20,7 +20,7 @@ from patchbay_api.revisions import revision_name, spec_revision
 from patchbay_operator import capacity, rollouts
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
 from patchbay_operator.capacity import NodeState
-from patchbay_operator.constants import KUBELET_BEHIND_GRACE, Mode, Reason
+from patchbay_operator.constants import KUBELET_BEHIND_GRACE, STALL_AFTER_SECONDS, Mode, Reason
 from patchbay_operator.devicereports import Report
 from patchbay_operator.maintenance import Rule
 from patchbay_operator.profiles import Profile
@@ -70,6 +70,9 @@ class Inputs:
     short_since: Mapping[str, datetime] = field(default_factory=dict)
     #: how long a node may be short before that is a problem (Settings.kubelet_behind_grace)
     short_grace: float = KUBELET_BEHIND_GRACE
+    #: how long the DaemonSet's refused pods may last before the profile is Stalled
+    #: (Settings.stall_after)
+    stall_after: float = STALL_AFTER_SECONDS
     #: the nodes of EVERY DeviceReport of the profile, believed or not: a node that left the
     #: profile has its agent pod deleted, so its report is no longer believed (`reports` leaves it
     #: out) but must still be pruned
@@ -219,7 +222,14 @@ def evaluate(inputs: Inputs) -> Evaluation:
     if ds is not None:
         when = parse_rfc3339(now)
         if when is not None:
-            refused = refusal(ds.name, ds.uid, ds.status, inputs.create_warning, when)
+            refused = refusal(
+                ds.name,
+                ds.uid,
+                ds.status,
+                inputs.create_warning,
+                when,
+                stall_after=timedelta(seconds=inputs.stall_after),
+            )
     if refused is not None:
         troubles.append(refused)
     retry = ds.name if refused is not None and ds is not None else None

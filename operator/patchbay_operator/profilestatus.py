@@ -111,7 +111,10 @@ class ProfileStatus:
             return None
         since = self._short_since.setdefault(name, {})
         inputs = replace(
-            self._inputs(profile), short_since=since, short_grace=self._settings.kubelet_behind_grace
+            self._inputs(profile),
+            short_since=since,
+            short_grace=self._settings.kubelet_behind_grace,
+            stall_after=self._settings.stall_after,
         )
         result = evaluation.evaluate(inputs)
         now = datetime.now(UTC)
