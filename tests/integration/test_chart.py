@@ -1128,9 +1128,7 @@ def test_the_operator_changes_only_inventory_labels_of_a_node(tools: Tools, inst
     """The operator may `patch` nodes (the opt-in inventory labels), and the chart's policy
     <release>-inventory-labels narrows it: through `nodes` it may set labels under
     inventory.patchbay.dev/ (a merge patch, a server-side apply by its inventory-label manager)
-    and no other label (refused, the label named). Its refusal of annotations, taints and
-    cordoning is NOT covered here yet (a first version of this test failed there, cause not
-    established)."""
+    and no other label (refused, the label named), no annotation, taint or cordon."""
     ns = installed
     accounts = tools.kubectl("-n", ns, "get", "sa", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
     (operator_sa,) = [a for a in accounts if a not in ("default", "patchbay-agent", "patchbay-agent-dra")]
@@ -1156,6 +1154,18 @@ def test_the_operator_changes_only_inventory_labels_of_a_node(tools: Tools, inst
         )
         apply = ("apply", "--server-side", "--field-manager=patchbay-inventory-labels", "-f", "-")
         assert operator.kubectl(*apply, stdin=applied).returncode == 0
+        # Nothing else of the Node through `nodes`: an annotation, a taint, a cordon.
+        for verb in (
+            ("annotate", "node", "labels-node", "example.com/a=b"),
+            ("taint", "node", "labels-node", "example.com/t=v:NoSchedule"),
+            ("cordon", "labels-node"),
+        ):
+            # (kubectl cordon prints the refusal and still exits 0: the Node is what tells.)
+            said = " ".join(operator.kubectl(*verb, check=False).stderr.split())
+            assert "may change only inventory.patchbay.dev/ labels of a node" in said, (verb, said)
+        stored = json.loads(tools.kubectl("get", "node", "labels-node", "-o", "json").stdout)
+        assert "example.com/a" not in (stored["metadata"].get("annotations") or {}), stored["metadata"]
+        assert not stored["spec"].get("taints") and not stored["spec"].get("unschedulable"), stored["spec"]
     finally:
         tools.kubectl("delete", "node", "labels-node")
 
