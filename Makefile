@@ -64,9 +64,10 @@ $(VENV_STAMP): $(PYPROJECTS)
 	@touch $@
 
 .PHONY: kube-binaries
-kube-binaries: ## Build (or reuse from the cache) etcd, kube-*, kubelet, kubectl, kwok, helm for K8S_VERSION (an older host Go fetches the Go they need), and the OCI registry
+kube-binaries: ## Build (or reuse from the cache) etcd, kube-*, kubelet, kubectl, kwok, helm for K8S_VERSION (an older host Go fetches the Go they need), the OCI registry and cosign
 	@hack/kube-binaries.sh
 	@hack/registry-binary.sh >/dev/null
+	@hack/cosign-binary.sh >/dev/null
 
 .PHONY: kube-binaries-matrix
 kube-binaries-matrix: ## Build (or reuse) the Kubernetes binaries of every release of the matrix
@@ -186,8 +187,8 @@ images: setup ## Build the operator and agent images (podman, local Debian base;
 ##@ Release
 
 .PHONY: release
-release: setup ## dist/<VERSION>/: the packaged chart, the images as OCI archives, SHA256SUMS (docs/install.md); REGISTRY=host/path also pushes them there
-	$(PY) hack/release.py $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(REGISTRY_CA),--ca-file $(REGISTRY_CA))
+release: setup ## dist/<VERSION>/: the packaged chart, the images as OCI archives, their SBOMs, SHA256SUMS (docs/install.md); REGISTRY=host/path also pushes them there, signed with COSIGN_KEY (UNSIGNED=1: not)
+	$(PY) hack/release.py $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(REGISTRY_CA),--ca-file $(REGISTRY_CA)) $(if $(COSIGN_KEY),--cosign-key $(COSIGN_KEY)) $(if $(UNSIGNED),--unsigned)
 
 ##@ Local cluster
 

@@ -8,6 +8,7 @@
   without a registry needs (docs/install.md). They are the images ``make images`` builds (cached
   by content: the same inputs give the same image, tagged ``<version>-<content hash>`` locally);
   only the name in the archive's index differs;
+- ``patchbay-<program>-<version>.spdx.json``: each image's SBOM (SPDX 2.3 JSON, hack/sbom.py);
 - ``SHA256SUMS``: the sha256 of every file above, in ``sha256sum --check`` format.
 
 With ``--registry HOST/PATH`` (``make release REGISTRY=...``) the release is also pushed, as a user
@@ -17,6 +18,16 @@ chart to ``oci://HOST/PATH/charts`` (``helm push``); the digests are printed and
 Credentials are the user's own logins (``podman login``, ``helm registry login``); ``--ca-file``
 names a private CA.
 
+A pushed release is signed (``cosign``, built by hack/cosign-binary.sh) with the project's release
+key: ``--cosign-key`` / ``$COSIGN_KEY`` (a cosign private key file, or any reference cosign takes:
+``env://``, a KMS URI; its password in ``$COSIGN_PASSWORD``). Each image is signed BY DIGEST and
+gets its SBOM (``patchbay-<program>-<version>.spdx.json``, SPDX 2.3, hack/sbom.py: its Debian and
+Python packages; written into the directory for every release) as a signed attestation
+(``cosign attest --type spdxjson``); the chart's OCI manifest is signed by digest too. The
+signatures go to the registry beside the images (no transparency log: the release key's public
+half, ``keys/patchbay-release.pub``, is what users verify with; docs/install.md). ``--unsigned``
+pushes without signing (a registry of your own, a test).
+
 The version is the ``VERSION`` file's; the generated files must be up to date (``make verify``).
 Progress is printed step by step; a failure names the step.
 """
@@ -24,6 +35,7 @@ Progress is printed step by step; a failure names the step.
 from __future__ import annotations
 
 import argparse
+import getpass
 import hashlib
 import io
 import json
@@ -37,7 +49,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
     from patchbay_devcluster.imagebuild import BuiltImage
@@ -106,11 +118,100 @@ def helm_binary() -> Path:
     return Path(out.stdout.strip()) / "helm"
 
 
+def cosign_binary() -> Path:
+    """The pinned cosign: ``$PATCHBAY_COSIGN_BIN``, else where hack/cosign-binary.sh builds it."""
+    env = os.environ.get("PATCHBAY_COSIGN_BIN")
+    if env:
+        return Path(env)
+    out = subprocess.run(
+        [str(REPO / "hack" / "cosign-binary.sh"), "--print"], capture_output=True, text=True, check=True
+    )
+    path = Path(out.stdout.strip())
+    if not path.is_file():
+        raise SystemExit(
+            f"cosign is not built ({path} is missing): run `make setup` (or hack/cosign-binary.sh)"
+        )
+    return path
+
+
+def cosign(
+    args: list[str], ca_file: Path | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run ``cosign <args>``; ``ca_file``: the registry's private CA (``--registry-cacert``). With
+    ``check``, a failure raises SystemExit with cosign's own words."""
+    cmd, rest = args[0], args[1:]
+    ca = ["--registry-cacert", str(ca_file)] if ca_file is not None else []
+    res = subprocess.run(
+        [str(cosign_binary()), cmd, *ca, *rest],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check and res.returncode != 0:
+        raise SystemExit(f"cosign {cmd} failed ({res.returncode}): {(res.stderr or res.stdout).strip()}")
+    return res
+
+
+#: What cosign is given to sign with a key and no Sigstore service: a signing config naming no
+#: service (no transparency log, no timestamp authority) and a trusted root naming none (nothing
+#: fetched from Sigstore's TUF repository). The signatures go to the registry beside the images.
+SIGNING_CONFIG = {"mediaType": "application/vnd.dev.sigstore.signingconfig.v0.2+json"}
+TRUSTED_ROOT = {"mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1"}
+
+
+def offline_flags(directory: Path) -> list[str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    config, root = directory / "signing-config.json", directory / "trusted-root.json"
+    config.write_text(json.dumps(SIGNING_CONFIG))
+    root.write_text(json.dumps(TRUSTED_ROOT))
+    return ["--signing-config", str(config), "--trusted-root", str(root), "--yes"]
+
+
+class Signing(NamedTuple):
+    """How a pushed release is signed: cosign's ``--key`` (a file, ``env://VAR``, a KMS URI; the
+    password in ``$COSIGN_PASSWORD``) and each image's SBOM file, attested by the same key."""
+
+    key: str
+    sboms: Mapping[str, Path]
+
+
+def sign(
+    reference: str, signing: Signing, ca_file: Path | None, offline: list[str], sbom: Path | None = None
+) -> None:
+    """Sign ``reference`` (``repository@sha256:...``) and, given one, attest its SBOM."""
+    cosign(["sign", "--key", signing.key, *offline, reference], ca_file)
+    if sbom is not None:
+        args = ["attest", "--key", signing.key, "--type", "spdxjson", "--predicate", str(sbom)]
+        cosign([*args, *offline, reference], ca_file)
+
+
+def write_sboms(images: Mapping[str, BuiltImage], version: str, out: Path) -> dict[str, Path]:
+    """``out/patchbay-<program>-<version>.spdx.json`` for each image: its Debian and Python
+    packages, read from its archive (hack/sbom.py)."""
+    sys.path.insert(0, str(REPO / "hack"))
+    import sbom
+
+    paths: dict[str, Path] = {}
+    for program, image in images.items():
+        doc = sbom.sbom(image.archive, f"{image.repository}:{version}")
+        target = out / f"patchbay-{program}-{version}.spdx.json"
+        target.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        paths[program] = target
+    return paths
+
+
 def push_release(
-    registry: str, version: str, images: Mapping[str, BuiltImage], chart: Path, ca_file: Path | None = None
+    registry: str,
+    version: str,
+    images: Mapping[str, BuiltImage],
+    chart: Path,
+    ca_file: Path | None = None,
+    *,
+    signing: Signing | None = None,
 ) -> dict[str, str]:
-    """Push the images and the chart to ``registry`` (``HOST[:PORT]/PATH``); returns
-    ``{reference: digest}`` for each (the chart's as ``oci://...:<version>``)."""
+    """Push the images and the chart to ``registry`` (``HOST[:PORT]/PATH``), and with ``signing``
+    sign each by digest (the images' SBOMs attested); returns ``{reference: digest}`` for each (the
+    chart's as ``oci://...:<version>``)."""
     pushed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cert: list[str] = []
@@ -118,12 +219,16 @@ def push_release(
         if ca_file is not None:
             shutil.copyfile(ca_file, Path(tmp) / "ca.crt")  # podman: every *.crt of --cert-dir is a CA
             cert, helm_ca = ["--cert-dir", tmp], ["--ca-file", str(ca_file)]
+        offline = offline_flags(Path(tmp) / "cosign") if signing is not None else []
         for program, image in images.items():
             target = f"{registry}/patchbay-{program}:{version}"
             digestfile = Path(tmp) / f"{program}.digest"
             argv = ["podman", "push", "--quiet", *cert, "--digestfile", str(digestfile), image.ref]
             subprocess.run([*argv, f"docker://{target}"], check=True, capture_output=True, text=True)
-            pushed[target] = digestfile.read_text().strip()
+            pushed[target] = digest = digestfile.read_text().strip()
+            if signing is not None:
+                sbom = signing.sboms.get(program)
+                sign(f"{registry}/patchbay-{program}@{digest}", signing, ca_file, offline, sbom)
         res = subprocess.run(
             [str(helm_binary()), "push", str(chart), f"oci://{registry}/charts", *helm_ca],
             check=True,
@@ -134,6 +239,8 @@ def push_release(
             (ln.split()[-1] for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("Digest:")), ""
         )
         pushed[f"oci://{registry}/charts/patchbay:{version}"] = digest
+        if signing is not None:
+            sign(f"{registry}/charts/patchbay@{digest}", signing, ca_file, offline)
     return pushed
 
 
@@ -144,7 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ca-file", type=Path, default=None, help="the registry's CA, if it is not a public one"
     )
+    parser.add_argument(
+        "--cosign-key",
+        default=os.environ.get("COSIGN_KEY", ""),
+        help="the release key that signs what is pushed (cosign --key; default $COSIGN_KEY)",
+    )
+    parser.add_argument("--unsigned", action="store_true", help="push without signing")
     args = parser.parse_args(argv)
+    if args.registry and not (args.cosign_key or args.unsigned):
+        parser.error("pushing needs the release key: --cosign-key/COSIGN_KEY=..., or --unsigned")
     logging.basicConfig(level=logging.INFO, format="    %(message)s")
 
     sys.path.insert(0, str(REPO / "hack"))
@@ -155,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
     version, _ = generate.release_version()
     out: Path = Path(args.dist) / version
-    total = 5
+    total = 6
     print(f"Patchbay {version} -> {out}", flush=True)
     if step(1, total, "generated files up to date (make verify)", lambda: generate.main("check")) != 0:
         return 1
@@ -197,15 +312,28 @@ def main(argv: list[str] | None = None) -> int:
         sums.write_text("".join(f"{sha256(p)}  {p.name}\n" for p in files))
         return sums
 
-    sums = step(5, total, "SHA256SUMS", checksums)
+    sboms = step(
+        5,
+        total,
+        "SBOMs (SPDX 2.3: the Debian and Python packages)",
+        lambda: write_sboms(images, version, out),
+    )
+    for path in sboms.values():
+        print(f"    {path.name}", flush=True)
+    sums = step(6, total, "SHA256SUMS", checksums)
     print(f"Release {version} in {out}:", flush=True)
     for line in sums.read_text().splitlines():
         print(f"    {line}", flush=True)
     print(f"Check with: (cd {out} && sha256sum --check SHA256SUMS); install: docs/install.md", flush=True)
     if args.registry:
-        pushed = push_release(args.registry, version, images, chart, args.ca_file)
+        signing = None if args.unsigned else Signing(args.cosign_key, sboms)
+        if signing is not None and Path(signing.key).is_file() and "COSIGN_PASSWORD" not in os.environ:
+            # cosign's own prompt would be hidden (its output is captured): asked here, once.
+            os.environ["COSIGN_PASSWORD"] = getpass.getpass(f"Password of {signing.key}: ")
+        pushed = push_release(args.registry, version, images, chart, args.ca_file, signing=signing)
         (out.parent / f"{version}.pushed.json").write_text(json.dumps(pushed, indent=2) + "\n")
-        print(f"Pushed to {args.registry}:", flush=True)
+        what = "unsigned" if signing is None else "each signed by digest, the SBOMs attested"
+        print(f"Pushed to {args.registry} ({what}):", flush=True)
         for ref, digest in pushed.items():
             print(f"    {ref}  {digest}", flush=True)
     return 0

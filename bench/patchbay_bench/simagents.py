@@ -11,8 +11,11 @@ profiles that select the node and the revision it serves of each come from
 ``patchbay_agent.nodeconfig.selected`` (the real agent's function, ``Rollout.served`` inside it);
 when what a node serves changes, its DeviceReport is written (server-side apply, as the agent's
 field manager) naming that revision, with the devices ``served_devices`` says the simulated node
-has. The config text is parsed once per resourceVersion (every node's agent would parse the same
-text; the simulation does it once).
+has; for a DRA profile its ResourceSlice first, as the real agent builds it (``resource_slices``:
+the agent's own ``slice_devices`` and ``slice_documents`` over the devices its discovery finds:
+the same driver, pool, node, device names and attributes, owned by the Node). The config text is
+parsed once per resourceVersion (every node's agent would parse the same text; the simulation
+does it once).
 """
 
 from __future__ import annotations
@@ -34,7 +37,19 @@ import urllib3
 import yaml
 
 from patchbay_agent.config import VirtualDiscovery
-from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, ProfileEntry, parse_node_config, selected
+from patchbay_agent.core.inventory import Snapshot
+from patchbay_agent.discovery.base import PhysicalDevice
+from patchbay_agent.discovery.virtual import VirtualBackend
+from patchbay_agent.dra.slices import (
+    RESOURCE_GROUP,
+    RESOURCE_VERSION,
+    SLICE_PLURAL,
+    partitioned,
+    slice_devices,
+    slice_documents,
+    with_generation,
+)
+from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, Mode, ProfileEntry, parse_node_config, selected
 from patchbay_bench.harness import wait
 from patchbay_bench.kube import Api
 
@@ -119,8 +134,9 @@ class Followers:
                 writer.close()
                 obj = json.loads(body)
                 rv = obj["metadata"]["resourceVersion"]
-                reader, _w, status, _ = await self._request(f"{list_path}&watch=1&resourceVersion={rv}")
+                reader, watch, status, _ = await self._request(f"{list_path}&watch=1&resourceVersion={rv}")
                 if status != 200:
+                    watch.close()
                     raise RuntimeError(f"WATCH {list_path}: {status}")
             except Exception:
                 self.failed += 1
@@ -128,15 +144,21 @@ class Followers:
         self.open += 1
         self._handle(handler, node, obj)
         buf = b""
-        async for data in self._chunks(reader):
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                if b'"type":"MODIFIED"' in line:
-                    if is_config:
-                        self.modified.append(time.monotonic())
-                    if handler is not None:
-                        self._handle(handler, node, json.loads(line)["object"])
+        try:
+            async for data in self._chunks(reader):
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if b'"type":"MODIFIED"' in line:
+                        if is_config:
+                            self.modified.append(time.monotonic())
+                        if handler is not None:
+                            self._handle(handler, node, json.loads(line)["object"])
+        finally:
+            # Closed on stop (the task cancelled), at once (no TLS close handshake: the loop stops
+            # right after): a watch left open kept the cluster's kube-apiserver from exiting on
+            # SIGTERM, and its stop waited out the 15 s grace before SIGKILL.
+            watch.transport.abort()
 
     def _handle(self, handler: Handler | None, node: str, obj: dict[str, Any]) -> None:
         if handler is None:
@@ -183,21 +205,27 @@ class Followers:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def served_devices(entry: ProfileEntry) -> int:
-    """The devices a simulated node has for the settings it serves: a ``virtual`` discovery's count;
-    any other discovery (paths, PCI, USB...) finds nothing on a kwok node, which has no device
-    files (so a glob is "a glob matching nothing"); a refused config: none."""
+def found_devices(entry: ProfileEntry) -> list[PhysicalDevice]:
+    """The devices a simulated node has for the settings it serves: what a ``virtual`` discovery
+    finds (the agent's own backend, so the same IDs); any other discovery (paths, PCI, USB...)
+    finds nothing on a kwok node, which has no device files (so a glob is "a glob matching
+    nothing"); a refused config: none."""
     config = entry.config
-    if config is None:
-        return 0
-    discovery = config.discovery
-    return discovery.count if isinstance(discovery, VirtualDiscovery) else 0
+    if config is None or not isinstance(config.discovery, VirtualDiscovery):
+        return []
+    return VirtualBackend(config.discovery).scan()
+
+
+def served_devices(entry: ProfileEntry) -> int:
+    """How many devices the simulated node serves (``found_devices``), all healthy."""
+    return len(found_devices(entry))
 
 
 def device_report(namespace: str, entry: ProfileEntry, node: str, agent: str) -> dict[str, Any]:
     """The DeviceReport a simulated agent writes for what it serves: the revision, and its devices
-    all healthy (``served_devices`` of them)."""
-    count = served_devices(entry)
+    all healthy (``found_devices``)."""
+    ids = [d.id for d in found_devices(entry)]
+    count = len(ids)
     body: dict[str, Any] = {
         "apiVersion": "patchbay.dev/v1beta1",
         "kind": "DeviceReport",
@@ -206,12 +234,34 @@ def device_report(namespace: str, entry: ProfileEntry, node: str, agent: str) ->
         "nodeName": node,
         "agent": agent,
         "resourceName": entry.config.resource_name if entry.config is not None else "",
-        "devices": [{"id": f"virtual-{i}", "health": "Healthy"} for i in range(count)],
+        "devices": [{"id": i, "health": "Healthy"} for i in ids],
         "summary": {"total": count, "healthy": count, "unhealthy": 0, "allocated": 0},
     }
     if entry.revision:
         body["revision"] = entry.revision
     return body
+
+
+def resource_slices(entry: ProfileEntry, node: str, node_uid: str, generation: int) -> list[dict[str, Any]]:
+    """A DRA entry's ResourceSlices as the real agent publishes them on ``node`` (its pool, owned by
+    the Node): ``found_devices``, all healthy, through the agent's ``slice_devices`` (the
+    profile's taint effect and sharing) and ``partitioned`` (its partitions), then
+    ``slice_documents`` with ``generation``. A node without devices publishes one empty slice."""
+    config = entry.config
+    found = found_devices(entry)
+    snap = Snapshot(
+        1,
+        physical={d.id: d for d in found},
+        replica_of={d.id: d.id for d in found},
+        healthy=frozenset(d.id for d in found),
+    )
+    devices = (
+        slice_devices(snap, (), config.health.taint_effect, config.replicas) if config is not None else []
+    )
+    if config is not None and config.partitions is not None:
+        devices = partitioned(devices, config.partitions)
+    docs = slice_documents(entry.driver, node, devices, node_uid=node_uid or None)
+    return with_generation(docs, generation)
 
 
 @dataclass(frozen=True)
@@ -250,6 +300,8 @@ class SimAgents:
         #: resourceVersion -> (first seen, the parsed entries); the newest few
         self.configs: dict[str, tuple[float, list[ProfileEntry]]] = {}
         self._labels: dict[str, dict[str, str]] = {}
+        #: node -> its uid (a slice is owned by its Node)
+        self._uids: dict[str, str] = {}
         self._config_of: dict[str, str] = {}
         #: (node, profile) -> (revision, healthy) last decided
         self._last: dict[tuple[str, str], tuple[str, int]] = {}
@@ -260,6 +312,8 @@ class SimAgents:
         #: (profile, revision) -> the nodes that ever decided to serve it
         self.ever: dict[tuple[str, str], set[str]] = {}
         self.errors: list[str] = []
+        #: DRA pools written (each its node's slices of one profile's driver)
+        self.slices = 0
 
     def _entries(self, obj: Mapping[str, Any]) -> str:
         rv = str(obj["metadata"]["resourceVersion"])
@@ -273,7 +327,9 @@ class SimAgents:
         self._decide(node)
 
     def on_node(self, node: str, obj: dict[str, Any]) -> None:
-        labels = {str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("labels") or {}).items()}
+        meta = obj.get("metadata") or {}
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        self._uids[node] = str(meta.get("uid") or "")
         if labels != self._labels.get(node):
             self._labels[node] = labels
             self._decide(node)
@@ -293,18 +349,26 @@ class SimAgents:
                 self.ever.setdefault((entry.profile, entry.revision), set()).add(node)
             self.pool.submit(self._write, entry, node, now)
 
+    def _apply(self, path: str, body: dict[str, Any]) -> None:
+        """Server-side apply as the agent's field manager; raise on failure."""
+        url = f"{self.server}{path}/{body['metadata']['name']}?fieldManager=patchbay-agent&force=true"
+        got = self.http.request(
+            "PATCH", url, body=json.dumps(body), headers={"Content-Type": "application/apply-patch+yaml"}
+        )
+        if got.status >= 300:
+            raise RuntimeError(f"{got.status} {got.data[:300]!r}")
+
     def _write(self, entry: ProfileEntry, node: str, decided: float) -> None:
         body = device_report(self.namespace, entry, node, self.agents.get(node, ""))
-        url = (
-            f"{self.server}/apis/patchbay.dev/v1beta1/namespaces/{self.namespace}/devicereports/"
-            f"{body['metadata']['name']}?fieldManager=patchbay-agent&force=true"
-        )
         try:
-            got = self.http.request(
-                "PATCH", url, body=json.dumps(body), headers={"Content-Type": "application/apply-patch+yaml"}
-            )
-            if got.status >= 300:
-                raise RuntimeError(f"{got.status} {got.data[:300]!r}")
+            if entry.mode is Mode.DRA and entry.driver:
+                # The slices first: the report then never says more than the node publishes.
+                generation = int(time.time() * 1000)
+                for doc in resource_slices(entry, node, self._uids.get(node, ""), generation):
+                    self._apply(f"/apis/{RESOURCE_GROUP}/{RESOURCE_VERSION}/{SLICE_PLURAL}", doc)
+                with self._lock:
+                    self.slices += 1
+            self._apply(f"/apis/patchbay.dev/v1beta1/namespaces/{self.namespace}/devicereports", body)
         except Exception as e:
             with self._lock:
                 self.errors.append(f"report of {node}: {e}")

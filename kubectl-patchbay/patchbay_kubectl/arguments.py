@@ -86,9 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="why a profile is not Ready, in one screen",
         description="Conditions, problems, the agent pods' trouble in the kubelet's words, the last "
-        "Events, and what to do next.",
+        "Events, what a node that serves none of the devices has (from its NodeInventory: what the "
+        "discovery matches there, what comes closest), and what to do next.",
     )
     why.add_argument("profile", help="the DevicePluginProfile")
+    why.add_argument(
+        "node",
+        nargs="?",
+        help="a node that serves none of its devices: what its NodeInventory has that comes closest "
+        "(without it: the first nodes that report none)",
+    )
     discover.add_arguments(
         sub.add_parser(
             "discover",

@@ -40,6 +40,7 @@ from patchbay_kubectl.completion import complete_main
 from patchbay_kubectl.kube import Kube, KubeError, Target
 from patchbay_kubectl.views import diagnosis, discover
 from patchbay_kubectl.views.devices import device_rows
+from patchbay_kubectl.views.inventory import inventory_index as discover_index
 from patchbay_kubectl.views.nodes import node_rows, profile_agents
 from patchbay_kubectl.views.objects import (
     DRA,
@@ -242,7 +243,32 @@ def cmd_why(k: Kube, args: argparse.Namespace) -> str:
     if any(not pod_ready(p) for p in pods):
         # The kubelet's and scheduler's words about the agent pods (only when one is in trouble).
         events += k.list(kube.events_path(ns), field_selector="involvedObject.kind=Pod,type=Warning")
-    return output.why(diagnosis.why(profile, pods, events, utcnow()), args.output)
+    doc = diagnosis.why(profile, pods, events, utcnow())
+    if mode_of(profile) != STATIC:
+        doc["nodeInventories"] = _why_nodes(k, profile, ns, getattr(args, "node", None))
+    return output.why(doc, args.output)
+
+
+def _why_nodes(k: Kube, profile: Obj, ns: str | None, node: str | None) -> list[Obj]:
+    """``why PROFILE NODE``, or the first nodes that report no devices: what each serves and,
+    from its NodeInventory, what the discovery matches there (views/diagnosis.py)."""
+    out = []
+    for name in [node] if node else diagnosis.empty_nodes(profile):
+        obj = k.get(kube.node_path(name))
+        if obj is None and node:
+            raise KubeError(f'Error from server (NotFound): nodes "{name}" not found')
+        if obj is None:
+            continue  # gone since the status named it
+        report = None
+        if ns is not None:
+            report = k.get(f"{kube.reports_path(ns)}/{quote(f'{name_of(profile)}.{name}', safe='')}")
+        try:
+            inventory = k.get(f"{kube.INVENTORIES}/{quote(name, safe='')}")
+        except KubeError as e:
+            print(f"note: cannot read the NodeInventory of {name} ({e})", file=sys.stderr)
+            inventory = None
+        out.append(diagnosis.node_inventory(profile, obj, report, inventory))
+    return out
 
 
 def _maintenance_target(k: Kube, args: argparse.Namespace) -> tuple[str, str]:
@@ -452,12 +478,45 @@ def _dry_run(k: Kube, args: argparse.Namespace, doc: Obj, live: Obj | None) -> O
     return k.replace(path, wanted, dry_run=True)
 
 
+INVENTORY_LIST_FROM = 50
+"""``diff`` reads the NodeInventories of the nodes a change of discovery touches: a GET each, or
+one LIST where the cluster has more nodes than this (at 5,000 nodes of about 1.4 kB each, one
+7 MB answer instead of 5,000 requests)."""
+
+
+class Inventories:
+    """The NodeInventory of a node, asked at most once per node (``views.plan.InventoryOf``). Where
+    they cannot be read (no RBAC to read them, the CRD not installed), none: said once on stderr."""
+
+    def __init__(self, k: Kube, nodes: int) -> None:
+        self._k, self._many = k, nodes > INVENTORY_LIST_FROM
+        self._seen: dict[str, Obj | None] = {}
+        self._listed = self._failed = False
+
+    def __call__(self, node: str) -> Obj | None:
+        if self._failed:
+            return None
+        try:
+            if self._many and not self._listed:
+                self._seen.update(discover_index(self._k.list(kube.INVENTORIES)))
+                self._listed = True
+            if node not in self._seen and not self._many:
+                self._seen[node] = self._k.get(f"{kube.INVENTORIES}/{quote(node, safe='')}")
+        except KubeError as e:
+            note = f"cannot read NodeInventories, what the new discovery matches is not shown ({e})"
+            print(f"note: {note}", file=sys.stderr)
+            self._failed = True
+            return None
+        return self._seen.get(node)
+
+
 def cmd_diff(k: Kube, args: argparse.Namespace) -> str:
     try:
         docs = _documents(args.filename)
     except (OSError, yaml.YAMLError) as e:
         raise KubeError(f"cannot read {args.filename}: {e}") from e
     nodes: list[Obj] | None = None
+    inventories: Inventories | None = None
     plans = []
     for doc in docs:
         name = name_of(doc)
@@ -477,7 +536,9 @@ def cmd_diff(k: Kube, args: argparse.Namespace) -> str:
         reports = k.list(
             kube.reports_path(namespace_of(args)), label_selector=f"{agentpods.LABEL_PROFILE}={name}"
         )
-        plan = profile_plan(live, after, action, nodes, reports)
+        if inventories is None:
+            inventories = Inventories(k, len(nodes))
+        plan = profile_plan(live, after, action, nodes, reports, inventory_of=inventories)
         resource = str(spec_of(after).get("resourceName") or "")
         by_node = {n.node: n for n in plan.nodes}
         for node_name in lowered_static_nodes(plan):

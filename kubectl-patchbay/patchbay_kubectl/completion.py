@@ -95,6 +95,11 @@ def completions(words: Sequence[str], lookup: Callable[[str], list[str]]) -> lis
         and not [w for w in before[before.index(command) + 1 :] if not w.startswith("-")]
     ):
         found = lookup("profiles")
+    elif (
+        command == "why"
+        and len([w for w in before[before.index(command) + 1 :] if not w.startswith("-")]) == 1
+    ):
+        found = lookup("nodes")  # why PROFILE NODE
     else:
         found = []
     return sorted(c for c in found if c.startswith(current))

@@ -13,9 +13,10 @@ import yaml
 
 from patchbay_kubectl.rollout import KIND, HistoryRow
 from patchbay_kubectl.views.devices import DeviceRow
+from patchbay_kubectl.views.inventory import SUMMARISED, names, nothing_text
 from patchbay_kubectl.views.nodes import NodeRow
 from patchbay_kubectl.views.objects import Obj, age
-from patchbay_kubectl.views.plan import ProfilePlan
+from patchbay_kubectl.views.plan import NodePlan, ProfilePlan
 
 FORMATS = ("wide", "json", "yaml")
 
@@ -146,6 +147,15 @@ def why(doc: Obj, fmt: str | None) -> str:
     lines += ["", "Events (last):"]
     evs = [[e["age"], e["type"], e["reason"], e["message"]] for e in doc["events"]]
     lines += _indented(["AGE", "TYPE", "REASON", "MESSAGE"], evs)
+    nodes = doc.get("nodeInventories") or []
+    if nodes:
+        lines += ["", "Nodes (what each serves; from its inventory, what the discovery matches there):"]
+    for n in nodes:
+        serving = n.get("serving")
+        serves = (
+            "no DeviceReport" if serving is None else f"serves {serving} device{'s' if serving != 1 else ''}"
+        )
+        lines.append(f"  {n['node']}: {serves}; {n['text']}")
     lines += ["", "What to do next:"]
     lines += [f"  - {h['reason']}: {h['do']}" for h in doc["next"]] or ["  nothing: the profile is Ready"]
     return "\n".join(lines) + "\n"
@@ -210,4 +220,48 @@ def plan(plans: Sequence[ProfilePlan], fmt: str | None) -> str:
             out.append(table(["NODE", "SELECTED", "GROUP", "LOSES", "HOLDERS", "NOTE"], rows).rstrip("\n"))
         else:
             out.append("no node changes")
+        out += inventory_lines(p)
     return "\n".join(out) + "\n"
+
+
+def inventory_lines(p: ProfilePlan) -> list[str]:
+    """What the new discovery matches on each node, from the node's inventory; a node the change
+    touches without one says so."""
+    found = [n for n in p.nodes if n.inventory is not None]
+    lines = [f"{n.node}: {node_inventory_text(n)}" for n in found]
+    lacking = [
+        n.node
+        for n in p.nodes
+        if n.inventory is None and n.selected_after and any("known once" in u for u in n.unknown)
+    ]
+    if lacking and lines:
+        lines.append(
+            f"{names(lacking)}: no NodeInventory: what the new settings match is known once the node runs "
+            "them"
+        )
+    return (
+        ["", "What the new discovery matches, from each node's inventory:", *(f"  {x}" for x in lines)]
+        if lines
+        else []
+    )
+
+
+def node_inventory_text(n: NodePlan) -> str:
+    """``from the node's inventory (written at T): matches /dev/ttyUSB0, /dev/ttyUSB1; gains
+    /dev/ttyUSB1``, or what matches nothing and what comes closest."""
+    m = n.inventory
+    assert m is not None
+    head = f"from the node's inventory (written at {m.written_at}): "
+    if m.matched:
+        what = f"matches {names(e.name for e in m.matched)}"
+        if n.serving is not None or not n.selected_before:
+            what += f"; gains {names(n.gains) or 'nothing'}; loses {names(n.drops) or 'nothing'}"
+        if m.unmatched:
+            what += f"; {nothing_text(m)}"
+    else:
+        what = f"MATCHES NOTHING: {nothing_text(m)}"
+        if n.serving:
+            what += f"; it serves {n.serving} device{'s' if n.serving != 1 else ''} now"
+            what += f" ({names(n.drops)})" if n.drops else ""
+    extra = [*m.notes, *([SUMMARISED] if m.summarised else [])]
+    return head + what + "".join(f" ({x})" for x in extra)

@@ -9,8 +9,9 @@ for a pod that is fine:
 - ``stalled=True``: it cannot get better without a change (kstatus reads ``Stalled=True`` as
   Failed): an image that may not be pulled (ErrImageNeverPull, InvalidImageName), a container
   that cannot be configured (CreateContainerConfigError), a crash loop (CrashLoopBackOff, with
-  the last termination message), or any trouble that outlasted ``STALL_AFTER`` (an image pull
-  backing off, a sandbox that cannot be created, unschedulable, running but never Ready);
+  the last termination message), or any trouble that outlasted ``STALL_AFTER`` (the operator's
+  ``--stall-after``: an image pull backing off, a sandbox that cannot be created, unschedulable,
+  running but never Ready);
 - ``stalled=False``: it may still sort itself out (a first pull, a sandbox retry); ``recheck_at``
   says when it would count as stalled, so the status is recomputed then even if nothing else
   happens.
@@ -34,16 +35,16 @@ from typing import Any
 from patchbay_api import agentpods
 from patchbay_api.agentpods import explain
 from patchbay_api.constants import AgentPodReason
+from patchbay_operator.constants import STALL_AFTER_SECONDS
 from patchbay_operator.timestamps import parse_rfc3339
 
 AgentPod = agentpods.AgentPod
 Warning = agentpods.Warning
 profile_key = agentpods.profile_key
 
-STALL_AFTER = timedelta(seconds=60)
-"""How long a pod may be in trouble that can fix itself before it counts as stalled: long
-enough for a first image pull or a sandbox retry, short enough that a broken rollout turns
-kstatus Failed within two minutes."""
+STALL_AFTER = timedelta(seconds=STALL_AFTER_SECONDS)
+"""How long a pod may be in trouble that can fix itself before it counts as stalled, by default
+(the operator's ``--stall-after``: constants.STALL_AFTER_SECONDS)."""
 
 FAILED_CREATE = AgentPodReason.FAILED_CREATE
 """The DaemonSet controller's Warning reason when the API server refuses one of its pods; its
@@ -59,18 +60,27 @@ class Trouble:
     recheck_at: datetime | None = None  # when a not-yet-stalled trouble would become stalled
 
 
-def trouble(pod: AgentPod, warning: Warning | None, now: datetime) -> Trouble | None:
-    """The pod's problem, or None when it runs and is Ready (or is going away)."""
+def trouble(
+    pod: AgentPod, warning: Warning | None, now: datetime, stall_after: timedelta = STALL_AFTER
+) -> Trouble | None:
+    """The pod's problem, or None when it runs and is Ready (or is going away); a trouble that
+    can fix itself counts as stalled once it has lasted ``stall_after``."""
     found = explain(pod, warning)
     if found is None:
         return None
     created = parse_rfc3339(pod.created) or now
-    stalled = found.permanent or now - created >= STALL_AFTER
-    return Trouble(pod.node, found.reason, found.message, stalled, None if stalled else created + STALL_AFTER)
+    stalled = found.permanent or now - created >= stall_after
+    return Trouble(pod.node, found.reason, found.message, stalled, None if stalled else created + stall_after)
 
 
 def refusal(
-    daemonset: str, uid: str, rollout: Mapping[str, Any], warning: Warning | None, now: datetime
+    daemonset: str,
+    uid: str,
+    rollout: Mapping[str, Any],
+    warning: Warning | None,
+    now: datetime,
+    *,
+    stall_after: timedelta = STALL_AFTER,
 ) -> Trouble | None:
     """Why the agent DaemonSet ``daemonset`` (``uid``, its ``status`` as ``rollout``) has pods
     missing that the API server refused to create, or None.
@@ -83,7 +93,7 @@ def refusal(
     same name (another uid) is not this one's.
 
     A refusal is not tied to a node (the controller stops at the first refused pod), so the
-    trouble's node is "". It counts as stalled once it has lasted ``STALL_AFTER`` since the event
+    trouble's node is "". It counts as stalled once it has lasted ``stall_after`` since the event
     was first seen: a quota or a ServiceAccount may appear a moment later at install time, Pod
     Security or a policy need a change. The message names the DaemonSet and quotes the cluster.
     """
@@ -98,6 +108,6 @@ def refusal(
     if created >= desired:
         return None
     since = parse_rfc3339(warning.since) or now
-    stalled = now - since >= STALL_AFTER
+    stalled = now - since >= stall_after
     message = f"DaemonSet {daemonset} cannot create its agent pods: {warning.message}"
-    return Trouble("", FAILED_CREATE, message, stalled, None if stalled else since + STALL_AFTER)
+    return Trouble("", FAILED_CREATE, message, stalled, None if stalled else since + stall_after)

@@ -96,12 +96,14 @@ class Agents(Part):
         if twin is not None:
             await self.apply(twin)
 
-    async def apply_shared(self, stage: render.Stage | None = None) -> None:
+    async def apply_shared(self, stage: render.Stage | None = None, *, daemonset: bool = True) -> None:
         """The shared node agent becomes what the shared profiles say now (each with the nodes its
         agents leave out, see `render.shared_agent_objects`); with no profile left, it goes, unless
         `node_agent_always_on` keeps it (no profile in its config, no owner: it then only keeps
         the nodes' inventories; the uninstall hook deletes it). `stage`: every shared profile's
-        (`_staged`), asked now when not given."""
+        (`_staged`), asked now when not given. Without `daemonset` only its ConfigMap is written:
+        a rollout's wave changes the config alone (the DaemonSet depends on the set of shared
+        profiles and the settings, which a wave never changes)."""
         profiles = [(p, self.registry.exclusion(p)) for p in self.registry.shared_agent_profiles()]
         stage = stage if stage is not None else self._staged([p for p, _ in profiles])
         refused = render.over_limit(profiles, stage)
@@ -114,7 +116,8 @@ class Agents(Part):
             await self._delete_objects(render.SHARED_AGENT, "no profile uses the shared agent")
             return
         for obj in render.shared_agent_objects(profiles, self.settings, stage):
-            await self._apply_object(obj)
+            if daemonset or obj["kind"] != "DaemonSet":
+                await self._apply_object(obj)
 
     async def apply_wave(self, name: str) -> None:
         """A rollout of `name` moved (a wave, a halt's put-back, the end): the agents' config says
@@ -122,7 +125,7 @@ class Agents(Part):
         on the rollout); the shared node agent's otherwise."""
         profile = self.registry.get(name)
         if profile is None or profile.deleting or profile.uses_shared_agent:
-            await self.apply_shared()
+            await self.apply_shared(daemonset=False)
             return
         if profile.mode.runs_agents and self.registry.conflict(profile) is None:
             exclude, stage = self.registry.exclusion(profile), self._staged([profile])

@@ -18,7 +18,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
@@ -165,10 +165,11 @@ class AgentWatch(Part):
     def troubles(self, profile: str, now: datetime) -> list[Trouble]:
         """Each of the profile's agent pods that does not work, and why."""
         out = []
+        stall_after = timedelta(seconds=self.settings.stall_after)
         for pod in self.pods.items.values():
             if (
                 pod.profile == profile
-                and (t := trouble(pod, self.warnings.items.get(pod.name), now)) is not None
+                and (t := trouble(pod, self.warnings.items.get(pod.name), now, stall_after)) is not None
             ):
                 out.append(t)
         return out

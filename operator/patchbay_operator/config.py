@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
-from patchbay_operator.constants import KUBELET_BEHIND_GRACE
+from patchbay_operator.constants import KUBELET_BEHIND_GRACE, STALL_AFTER_SECONDS
 from patchbay_operator.version import VERSION
 
 DEFAULT_AGENT_IMAGE = f"ghcr.io/kube-patchbay/patchbay-agent:{VERSION}"
@@ -63,6 +63,11 @@ class Settings:
     """DevicePlugin: how long a node's allocatable may count fewer devices than its agent serves
     healthy before that is a problem (DevicesNotAllocatable); above the kubelet's node status
     sync period (10 s by default)."""
+
+    stall_after: float = STALL_AFTER_SECONDS
+    """How long an agent pod's trouble that may fix itself (an image pull backing off, a sandbox
+    retry, unschedulable, never Ready), or a DaemonSet's pods refused at creation (Pod Security, a
+    quota), may last before the profile is Stalled (kstatus Failed: it needs a change)."""
 
     liveness: str | None = None
     """kopf liveness endpoint, e.g. http://127.0.0.1:8080/healthz (absent: none)."""
@@ -233,6 +238,12 @@ FLAGS: tuple[Flag, ...] = (
         "kubelet_behind_grace",
         "seconds a node's allocatable may count fewer devices than its agent serves healthy before "
         "the profile says DevicesNotAllocatable (default {default})",
+        _seconds,
+    ),
+    Flag(
+        "stall_after",
+        "seconds an agent pod's trouble that may fix itself, or its pods refused at creation, may "
+        "last before the profile is Stalled (default {default})",
         _seconds,
     ),
     Flag("liveness", "liveness endpoint, e.g. http://127.0.0.1:8080/healthz (default: none)"),

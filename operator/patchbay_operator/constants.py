@@ -74,6 +74,12 @@ cannot watch what lifts a refusal (namespace labels, quotas, ServiceAccounts, ad
 policies: other RBAC than it has), so it asks the controller to try again. One PATCH and one
 refused create per period per refused DaemonSet; recovery follows within this period."""
 
+STALL_AFTER_SECONDS = 60.0
+"""How long an agent pod may be in trouble that can fix itself (an image pull backing off, a
+sandbox retry, unschedulable, never Ready), or a DaemonSet's pods refused at creation, before the
+profile counts as Stalled: long enough for a first image pull or a sandbox retry, short enough
+that a broken rollout turns kstatus Failed within two minutes (``--stall-after``)."""
+
 KUBELET_BEHIND_GRACE = 30.0
 """DevicePlugin: how long a node's allocatable may count fewer devices than its agent reports
 healthy before that is a problem (Degraded, DevicesNotAllocatable). The kubelet publishes a

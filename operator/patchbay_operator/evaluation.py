@@ -17,10 +17,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from patchbay_api.revisions import revision_name, spec_revision
-from patchbay_operator import capacity, rollouts
+from patchbay_operator import capacity, render, rollouts
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
 from patchbay_operator.capacity import NodeState
-from patchbay_operator.constants import KUBELET_BEHIND_GRACE, Mode, Reason
+from patchbay_operator.constants import KUBELET_BEHIND_GRACE, STALL_AFTER_SECONDS, Mode, Reason
 from patchbay_operator.devicereports import Report
 from patchbay_operator.maintenance import Rule
 from patchbay_operator.profiles import Profile
@@ -38,7 +38,7 @@ class Inputs:
     profile: Profile
     #: the status as last written (conditions keep their lastTransitionTime)
     previous: Mapping[str, Any]
-    #: the wall clock, once: for condition times
+    #: the wall clock, once: for condition times (whole seconds)
     now: str
     #: every node the operator knows
     nodes: Sequence[NodeState]
@@ -70,6 +70,9 @@ class Inputs:
     short_since: Mapping[str, datetime] = field(default_factory=dict)
     #: how long a node may be short before that is a problem (Settings.kubelet_behind_grace)
     short_grace: float = KUBELET_BEHIND_GRACE
+    #: how long the DaemonSet's refused pods may last before the profile is Stalled
+    #: (Settings.stall_after)
+    stall_after: float = STALL_AFTER_SECONDS
     #: the nodes of EVERY DeviceReport of the profile, believed or not: a node that left the
     #: profile has its agent pod deleted, so its report is no longer believed (`reports` leaves it
     #: out) but must still be pruned
@@ -83,6 +86,16 @@ class Inputs:
     #: Static mode while a rollout is in progress: the profile as its current revision had it
     #: (what the nodes the rollout has not moved still carry; staging.Staging.current)
     current_profile: Profile | None = None
+    #: DRA while a rollout's gate ends: each wave node's ResourceSlices as last read
+    slices: Mapping[str, dra.SliceRead] = field(default_factory=dict)
+    #: the same moment as ``now`` to the microsecond, for the rollout's gate (None: ``now``'s
+    #: whole second)
+    clock: datetime | None = None
+
+    @property
+    def moment(self) -> datetime | None:
+        """Now for the rollout: ``clock``, else ``now`` parsed."""
+        return self.clock if self.clock is not None else parse_rfc3339(self.now)
 
 
 @dataclass(frozen=True)
@@ -110,12 +123,15 @@ def _rollout_step(
     reports: Sequence[Report],
     troubles: Sequence[Trouble],
     short: Mapping[str, str],
+    *,
+    driver: str = "",
 ) -> rollouts.Step | None:
-    """The rollout's next state from what the selected nodes say now (rollouts.step)."""
+    """The rollout's next state from what the selected nodes say now (rollouts.step); ``driver``:
+    DRA, the wave's ResourceSlices of it are compared with the reports at the gate's end."""
     if inputs.rollout is None:
         return None
     policy, state = inputs.rollout
-    clock = parse_rfc3339(inputs.now)
+    clock = inputs.moment
     if clock is None:
         return rollouts.Step(state)
     by_node = {r.node: r for r in reports}
@@ -123,6 +139,9 @@ def _rollout_step(
     views = []
     for n in matching:
         r = by_node.get(n.name)
+        read = inputs.slices.get(n.name) if driver else None
+        if read is not None and (read.devices is None or r is None):
+            read = None  # failed, or nothing to compare with: read again
         views.append(
             rollouts.NodeView(
                 n.name,
@@ -135,9 +154,11 @@ def _rollout_step(
                 failures=r.failures if r is not None else 0,
                 failures_since=r.failures_since if r is not None else "",
                 last_failure=r.last_failure if r is not None else "",
+                slices=dra.slices_short(driver, r, read.devices or 0) if read is not None and r else "",
+                slices_read=read.at if read is not None else None,
             )
         )
-    return rollouts.step(policy, inputs.profile.uid, views, state, clock)
+    return rollouts.step(policy, inputs.profile.uid, views, state, clock, slices=bool(driver))
 
 
 def _static(inputs: Inputs) -> Evaluation:
@@ -147,7 +168,7 @@ def _static(inputs: Inputs) -> Evaluation:
     profile, previous, now, failures = inputs.profile, inputs.previous, inputs.now, inputs.failures
     old = inputs.current_profile if inputs.rollout is not None else None
     step = None
-    clock = parse_rfc3339(now)
+    clock = inputs.moment
     if inputs.rollout is not None:
         policy, state = inputs.rollout
         views = [
@@ -219,7 +240,14 @@ def evaluate(inputs: Inputs) -> Evaluation:
     if ds is not None:
         when = parse_rfc3339(now)
         if when is not None:
-            refused = refusal(ds.name, ds.uid, ds.status, inputs.create_warning, when)
+            refused = refusal(
+                ds.name,
+                ds.uid,
+                ds.status,
+                inputs.create_warning,
+                when,
+                stall_after=timedelta(seconds=inputs.stall_after),
+            )
     if refused is not None:
         troubles.append(refused)
     retry = ds.name if refused is not None and ds is not None else None
@@ -248,7 +276,8 @@ def evaluate(inputs: Inputs) -> Evaluation:
         problems += dra.served_twice_problems(profile, twin_name, twice)
         problems += overlaps
         problems += inputs.owned
-        step = _rollout_step(inputs, matching, _believed(reports, selected), troubles, {})
+        driver = render.driver_name(profile.name)
+        step = _rollout_step(inputs, matching, _believed(reports, selected), troubles, {}, driver=driver)
         if step is not None:
             problems += step.problems
             recheck_at = _sooner(recheck_at, step.recheck_at)

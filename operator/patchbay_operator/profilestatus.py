@@ -6,7 +6,10 @@ about the profile now (the node cache, the agents' stores, its DeviceClass as st
 DeviceTaintRules), lets the pure ``evaluation.evaluate`` compute the status and everything that
 follows from it, and performs those effects: the problems kept for the Events posted with the
 write, a timer to compute again when a pod's trouble would turn stalled or a node's kubelet has
-been short for too long, the reports to prune, the refused DaemonSet to nudge.
+been short for too long, the reports to prune, the refused DaemonSet to nudge, and, for a DRA
+profile's rollout at the end of a wave's gate, the ResourceSlices of the wave's nodes to read (one
+LIST per node, field selectors ``spec.driver`` and ``spec.nodeName``; ``rollouts.Step.read_slices``):
+no slice is watched or cached beyond the wave's nodes.
 
 The DeviceTaintRules (device maintenance, where the API server serves them) are kept here: they
 are only ever read for a DRA profile's status.
@@ -29,7 +32,7 @@ from patchbay_operator.constants import RETRY_CREATE_SECONDS, SHARED_KEY, Mode
 from patchbay_operator.deviceclasses import DeviceClasses
 from patchbay_operator.events import EventRecorder
 from patchbay_operator.informer import Store
-from patchbay_operator.kube import KubeAPI
+from patchbay_operator.kube import KubeAPI, Selectors
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.peering import Gate, writes
 from patchbay_operator.profiles import Profile, Registry
@@ -37,9 +40,10 @@ from patchbay_operator.repairs import Repairs
 from patchbay_operator.revisions import Revisions
 from patchbay_operator.scheduler import OnPending, Timers
 from patchbay_operator.staging import Staging
+from patchbay_operator.status import dra
 from patchbay_operator.status.conditions import Problem
 from patchbay_operator.statuswriter import Dirty, StatusWriter
-from patchbay_operator.timestamps import rfc3339_now
+from patchbay_operator.timestamps import rfc3339, rfc3339_now
 
 log = logging.getLogger(__name__)
 Call = Callable[..., Awaitable[Any]]
@@ -102,6 +106,13 @@ class ProfileStatus:
         self.retry_create_every = RETRY_CREATE_SECONDS
         #: by DaemonSet: the next nudge (KEEP: the profiles sharing the node agent ask for one)
         self._retries: Timers[str] = Timers(OnPending.KEEP)
+        #: DRA rollouts: profile -> node of the wave -> its ResourceSlices as last read for the gate
+        self._slices: dict[str, dict[str, dra.SliceRead]] = {}
+        #: (profile, node) reads asked for and not answered yet (one at a time per node)
+        self._reading: Timers[tuple[str, str]] = Timers(OnPending.KEEP)
+        self._in_flight: set[tuple[str, str]] = set()
+        #: ResourceSlice LISTs sent (for /metrics and the benchmarks)
+        self.slice_reads = 0
 
     def compute(self, name: str) -> dict[str, Any] | None:
         """``name``'s status, evaluated once from the caches (``evaluation.evaluate``, pure); then
@@ -112,7 +123,10 @@ class ProfileStatus:
             return None
         since = self._short_since.setdefault(name, {})
         inputs = replace(
-            self._inputs(profile), short_since=since, short_grace=self._settings.kubelet_behind_grace
+            self._inputs(profile),
+            short_since=since,
+            short_grace=self._settings.kubelet_behind_grace,
+            stall_after=self._settings.stall_after,
         )
         result = evaluation.evaluate(inputs)
         now = datetime.now(UTC)
@@ -129,6 +143,7 @@ class ProfileStatus:
         if result.retry_create is not None:
             self._retry_create_later(result.retry_create, name)
         if result.rollout is not None:
+            self._read_slices(profile, result.rollout)
             if result.rollout.note:
                 self._notes.setdefault(name, []).append(result.rollout.note)
             if self.staging.commit(name, result.rollout):
@@ -139,23 +154,62 @@ class ProfileStatus:
                     self._waves.schedule(key, 0.0, functools.partial(self._write_wave, key))
         return result.status
 
+    def _read_slices(self, profile: Profile, step: rollouts.Step) -> None:
+        """Keep the slice reads of the wave's nodes only, and read the ones the gate asks for."""
+        name = profile.name
+        wave = set() if step.state.settled_now else set(step.state.baseline)
+        kept = {n: r for n, r in self._slices.get(name, {}).items() if n in wave}
+        if kept:
+            self._slices[name] = kept
+        else:
+            self._slices.pop(name, None)
+        driver = render.driver_name(name)
+        for node in step.read_slices:
+            key = (name, node)
+            if key not in self._in_flight:
+                self._in_flight.add(key)
+                self._reading.schedule(key, 0.0, functools.partial(self._read_node_slices, key, driver))
+
+    async def _read_node_slices(self, key: tuple[str, str], driver: str) -> None:
+        """One node's pool of ``driver``: one LIST by field selectors; the profile computed again."""
+        name, node = key
+        at = datetime.now(UTC)
+        try:
+            self.slice_reads += 1
+            items = await self._call(self._list_slices, driver, node)
+            read = dra.SliceRead(at, dra.published(items))
+        except Exception as e:
+            log.warning("Reading node %s's ResourceSlices of %s failed: %s", node, driver, e)
+            read = dra.SliceRead(at, None, str(e))
+        finally:
+            self._in_flight.discard(key)
+        self._slices.setdefault(name, {})[node] = read
+        self.writer.mark([name])
+
+    def _list_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
+        selectors = Selectors(field=dra.slices_selector(driver, node))
+        return [i for page in self._kube.list_pages(dra.SLICES_PATH, 100, selectors) for i in page.items]
+
     async def _write_wave(self, key: str) -> None:
-        """A rollout moved (a wave, a halt's put-back, the end): the agents' config says so (the
-        shared agents' for `SHARED_KEY`, else the profile's own agents')."""
+        """A rollout moved (a wave, a halt's put-back, the end): the agents' config says so, the
+        ConfigMap alone (nothing in a DaemonSet changes with a wave): the shared agents' for
+        `SHARED_KEY`, else the profile's own agents'."""
         if self._agents is not None and writes(self._gate):
             if key == SHARED_KEY:
-                await self._agents.apply_shared()
+                await self._agents.apply_shared(daemonset=False)
             else:
                 await self._agents.apply_wave(key)
 
     def _inputs(self, profile: Profile) -> evaluation.Inputs:
         """What the caches say about ``profile`` now."""
         name = profile.name
+        clock = datetime.now(UTC)
         base = evaluation.Inputs(
             profile,
             self.writer.previous(name),
-            rfc3339_now(),
+            rfc3339(clock),
             list(self._nodes.states.values()),
+            clock=clock,
             winner=w.name if (w := self._registry.conflict(profile)) is not None else None,
             conflict_on=(
                 f"CDI kind {', '.join(sorted(profile.cdi_kinds & w.cdi_kinds))}"
@@ -184,6 +238,7 @@ class ProfileStatus:
             create_warning=watch.create_warning(watch.daemonsets.items.get(key)),
             device_class=self._classes.stored.get(name),
             maintenance=list(self.rules.items.values()) if profile.mode is Mode.DRA else (),
+            slices=dict(self._slices.get(name, {})),
             shared_pods=watch.shared_pods() if shared else None,
             shared_node_selector=self._settings.node_agent_node_selector,
             owned=self._repairs.problems({key, name})
@@ -233,5 +288,5 @@ class ProfileStatus:
         self.writer.mark(p.name for p in self._registry if p.mode is Mode.DRA)
 
     async def close(self) -> None:
-        for timers in (self._rechecks, self._prunes, self._retries, self._waves):
+        for timers in (self._rechecks, self._prunes, self._retries, self._waves, self._reading):
             await timers.close()

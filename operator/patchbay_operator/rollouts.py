@@ -13,6 +13,11 @@ healthy on it for ``healthySeconds``:
   ``minHealthyPercent``, not below that share of it;
 - the node's allocatable agrees with the report (the status's ``DevicesNotAllocatable``, past its
   grace) and the agent pod on the node has no stalled trouble;
+- DRA: at the gate's end, the node's ResourceSlices publish every device its report says healthy
+  (``NodeView.slices``, read then: ``Step.read_slices`` asks for the reads, one LIST per wave node;
+  a read older than the gate's end does not count). Slices short of the report fail the gate once
+  read ``SLICES_SETTLE`` seconds or more after the gate's start (the agent writes its slices and
+  its report separately: a shorter gate reads them again then);
 - no pod failed to start for the resource on it during the wave: the report's
   ``allocationFailures.count`` (the kubelet's Allocate / PreStartContainer calls and DRA claims
   the agent answered with an error) is not above the count at the wave's start. That starting
@@ -52,7 +57,7 @@ from patchbay_api.revisions import EVERYONE, NOBODY, Rollout, node_hash, thresho
 from patchbay_api.selectors import label_selector_matches
 from patchbay_operator.constants import Reason
 from patchbay_operator.status.conditions import Problem
-from patchbay_operator.timestamps import parse_rfc3339, rfc3339
+from patchbay_operator.timestamps import parse_rfc3339, rfc3339, rfc3339_precise
 
 IMMEDIATE, STAGED = "Immediate", "Staged"
 ROLLBACK, PAUSE = "Rollback", "Pause"
@@ -66,6 +71,11 @@ ROLLOUT_WAVE = "RolloutWave"
 """The reason of the ONE Normal Event a wave posts when it moves (``Step.note``)."""
 MAX_NAMED = 10
 """Nodes named in a message; the rest are counted."""
+SLICES_SETTLE = 10.0
+"""DRA: seconds from the gate's start after which a node's ResourceSlices short of its report fail
+the gate (an agent writes its slices within a second of its report, each coalesced 0.5 s)."""
+SLICES_RETRY = 5.0
+"""DRA: seconds until the wave's slices are asked for again while a read is missing (failed)."""
 
 
 class Phase(StrEnum):
@@ -147,6 +157,10 @@ class NodeView:
     #: the count at the wave's start under the same ``since`` (set by the state machine; None:
     #: not known, nothing to compare)
     failures_before: int | None = None
+    #: DRA: what its ResourceSlices lack of its report, as read at ``slices_read`` ("" nothing;
+    #: ``slices_read`` None: not read)
+    slices: str = ""
+    slices_read: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -169,7 +183,8 @@ class State:
     #: node of the wave -> its healthy devices at the wave's start
     baseline: Mapping[str, int] = field(default_factory=dict)
     message: str = ""
-    #: since when every node of the wave has served the update revision, healthy (memory only)
+    #: since when every node of the wave has served the update revision, healthy (memory only;
+    #: to the microsecond, so that ``healthySeconds`` is never cut short)
     gate_since: str = ""
     #: node of the wave -> (allocationFailures.since, count) at the wave's start (memory only:
     #: a restarted operator takes the count it first sees)
@@ -254,6 +269,8 @@ class Step:
     new_wave: bool = False
     #: what the wave that began did, for its one Normal Event ("" no wave began)
     note: str = ""
+    #: DRA: the wave's nodes whose ResourceSlices to read now (the gate's end)
+    read_slices: tuple[str, ...] = ()
 
 
 Gate = Callable[[Policy, NodeView, int, str], "str | None"]
@@ -296,8 +313,10 @@ def step(
     now: datetime,
     *,
     gate: Gate = agent_gate,
+    slices: bool = False,
 ) -> Step:
-    """The next state of a profile's rollout (see the module doc); ``gate``: the mode's."""
+    """The next state of a profile's rollout (see the module doc); ``gate``: the mode's;
+    ``slices``: DRA, the wave's ResourceSlices are read at the gate's end."""
     if state.settled_now:
         return Step(state)
     if policy.immediate:
@@ -317,7 +336,7 @@ def step(
         state = replace(state, phase=Phase.PROGRESSING, wave_start=start, gate_since="")
     if state.pending:
         return _next_wave(policy, uid, nodes, state, now)
-    return _gate(policy, uid, nodes, state, now, gate=gate)
+    return _gate(policy, uid, nodes, state, now, gate=gate, slices=slices)
 
 
 def _next_wave(policy: Policy, uid: str, nodes: Sequence[NodeView], state: State, now: datetime) -> Step:
@@ -391,7 +410,14 @@ def _regressed(policy: Policy, node: NodeView, before: int) -> str:
 
 
 def _gate(
-    policy: Policy, uid: str, nodes: Sequence[NodeView], state: State, now: datetime, *, gate: Gate
+    policy: Policy,
+    uid: str,
+    nodes: Sequence[NodeView],
+    state: State,
+    now: datetime,
+    *,
+    gate: Gate,
+    slices: bool = False,
 ) -> Step:
     by_name = {n.name: n for n in nodes}
     wave = [by_name[n] for n in sorted(state.baseline) if n in by_name]
@@ -414,14 +440,49 @@ def _gate(
             return _halt(policy, state, dict.fromkeys(waiting, why), "made no progress")
         return Step(replace(state, gate_since=""), recheck_at=deadline)
     since = parse_rfc3339(state.gate_since) or now
-    state = replace(state, gate_since=rfc3339(since))
+    state = replace(state, gate_since=rfc3339_precise(since))
     passed = since + timedelta(seconds=policy.healthy_seconds)
     if now >= passed:
-        return _next_wave(policy, uid, nodes, state, now)
+        held = (
+            _slices_held(policy, state, wave, since=since, passed=passed, now=now, deadline=deadline)
+            if slices
+            else None
+        )
+        return held if held is not None else _next_wave(policy, uid, nodes, state, now)
     if now >= deadline:
         why = f"not healthy for {policy.healthy_seconds:g} s within {policy.deadline_seconds:g} s"
         return _halt(policy, state, {n.name: why for n in wave}, "made no progress")
     return Step(state, recheck_at=min(passed, deadline))
+
+
+def _slices_held(
+    policy: Policy,
+    state: State,
+    wave: Sequence[NodeView],
+    *,
+    since: datetime,
+    passed: datetime,
+    now: datetime,
+    deadline: datetime,
+) -> Step | None:
+    """DRA, at the gate's end: None when the wave's ResourceSlices, read since then, agree with the
+    reports; else the reads to make, or the wait until a short read counts, or the halt."""
+    unread = [n.name for n in wave if n.slices_read is None or n.slices_read < passed]
+    if unread:
+        if now >= deadline:
+            why = f"its ResourceSlices could not be read within {policy.deadline_seconds:g} s"
+            return _halt(policy, state, dict.fromkeys(unread, why), "made no progress")
+        return Step(state, recheck_at=now + timedelta(seconds=SLICES_RETRY), read_slices=tuple(unread))
+    short = {n.name: n.slices for n in wave if n.slices}
+    if not short:
+        return None
+    settled = since + timedelta(seconds=SLICES_SETTLE)
+    early = tuple(n.name for n in wave if n.slices and n.slices_read is not None and n.slices_read < settled)
+    if not early:
+        return _halt(policy, state, short, "failed its health gate")
+    if now < settled:
+        return Step(state, recheck_at=settled)
+    return Step(state, recheck_at=now + timedelta(seconds=SLICES_RETRY), read_slices=early)
 
 
 def _failures_before(state: State, wave: list[NodeView]) -> tuple[State, list[NodeView]]:

@@ -1,4 +1,5 @@
-"""Kubernetes timestamps (RFC 3339, UTC, whole seconds: what metav1.Time serialises to)."""
+"""Kubernetes timestamps (RFC 3339, UTC, whole seconds: what metav1.Time serialises to), and the
+same with microseconds for moments kept to measure a duration by (``rfc3339_precise``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ def rfc3339_now() -> str:
 def rfc3339(when: datetime) -> str:
     """`when` (aware) in that form."""
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rfc3339_precise(when: datetime) -> str:
+    """`when` (aware) in RFC 3339 with microseconds: a moment a duration is measured from (a
+    rollout gate's start), which whole seconds would move up to 1 s earlier."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def parse_rfc3339(value: Any) -> datetime | None:

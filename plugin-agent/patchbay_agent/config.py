@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from patchbay_api import discovery as discovery_rules
+
 # Extended resource names: "<domain>/<name>", never in the kubernetes.io domains (the kubelet's
 # registration server refuses those), and a valid qualified name (docs/facts.md#extended-resources).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -31,7 +33,7 @@ _CDI_KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$
 _DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
 #: The longest device ID the kubelet accepts in a ListAndWatch response (docs/facts.md#device-plugin-api).
-MAX_DEVICE_ID_LENGTH = 63
+MAX_DEVICE_ID_LENGTH = discovery_rules.MAX_DEVICE_ID_LENGTH
 #: The kubelet's gRPC client refuses larger ListAndWatch messages (its default receive limit;
 #: docs/facts.md#device-plugin-api).
 MAX_LIST_AND_WATCH_BYTES = 4 * 1024 * 1024

@@ -11,6 +11,12 @@ unavailable once, available again once, after the flapping stopped.
 
 Polled every 0.1 s: the agent coalesces slice writes for 0.5 s, and without the hold the states
 would alternate every 3 s (three transitions, the old behaviour), which this sampling sees.
+
+The 10 changes in 30 s are issue 21's, run on the newest release. On the older ones (CI's
+test-oldest) 4 changes in 12 s: what differs by release is how the API server keeps a device's
+taints (dropped before 1.36: the device left out of the slice instead), and 4 changes still take
+the device through the rule whole: gone, back within its recovery hold, gone again (the third
+change: flapping), back for good, then held for the 30 s quiet and one recovery.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from pathlib import Path
 from support.clusters import Cluster
 from support.dranode import dra_profile, report_health, slice_devices
 from support.realnode import DEVICES, Installed, add_fake_device, wait_for
-from support.releases import has
+from support.releases import has, newest
 
 CHANGES, EVERY = 10, 3.0
+CHANGES_OLDER = 4
+"""The changes on the releases before the newest (module doc); even, so the device ends present."""
 
 
 def test_a_device_that_comes_and_goes_is_one_transition_then_one_recovery(
@@ -32,6 +40,7 @@ def test_a_device_that_comes_and_goes_is_one_transition_then_one_recovery(
 ) -> None:
     name, _resource, driver = dra_profile(cluster, fake_dev, real_node, own_agent=False)
     taints_kept = has("dra-device-taints", kube_release)
+    changes = CHANGES if newest(kube_release) else CHANGES_OLDER
     try:
         devices = wait_for(
             "the node's devices in a ResourceSlice",
@@ -74,7 +83,7 @@ def test_a_device_that_comes_and_goes_is_one_transition_then_one_recovery(
         sample()
         path = fake_dev / "ttyDRA1"
         start = time.monotonic()
-        for i in range(CHANGES):
+        for i in range(changes):
             if i % 2 == 0:
                 path.unlink()
             else:
@@ -82,14 +91,14 @@ def test_a_device_that_comes_and_goes_is_one_transition_then_one_recovery(
             while time.monotonic() < start + (i + 1) * EVERY:
                 sample()
                 time.sleep(0.1)
-        assert path.exists()  # the tenth change put it back: it stays
+        assert path.exists()  # the last change put it back: it stays
         # Quiet now: held as flapping for 30 s after its last change, then one recovery.
         deadline = time.monotonic() + 90
         while slice_states[-1] is not True or report_states[-1] != "Healthy":
             assert time.monotonic() < deadline, (slice_states, report_states)
             sample()
             time.sleep(0.1)
-        recovered_after = time.monotonic() - start - (CHANGES - 1) * EVERY
+        recovered_after = time.monotonic() - start - (changes - 1) * EVERY
 
         assert slice_states == [True, False, True], slice_states
         assert report_states == ["Healthy", "Unhealthy", "Healthy"], report_states

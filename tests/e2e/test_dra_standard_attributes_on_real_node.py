@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from support.clusters import Cluster
-from support.dranode import slice_devices
+from support.dranode import labelled_dra_profile, slice_devices
 from support.realnode import OWN_AGENT, Installed, busybox_pod, unschedulable, wait_for
 
 RG, RV = "resource.k8s.io", "v1"
@@ -61,21 +61,11 @@ def two_kinds() -> tuple[tuple[str, str], tuple[str, str]]:
 
 def pci_profile(cluster: Cluster, label: str, suffix: str, kind: tuple[str, str]) -> tuple[str, str]:
     """A DRA profile over the functions of one vendor:device pair: (name, driver)."""
-    name = f"{cluster.prefix}{suffix}"
-    cluster.create_profile(
-        name,
-        {
-            "resourceName": f"e2e.patchbay.dev/{cluster.tag}-{suffix}",
-            "mode": "DRA",
-            "nodeSelector": {"matchLabels": {label: cluster.tag}},
-            "plugin": {
-                "discovery": {"pci": {"vendor": kind[0], "device": kind[1]}},
-                "allocation": {"devicesEnvName": f"PCI_{suffix.upper()}"},
-            },
-            "agent": OWN_AGENT,
-        },
-    )
-    return name, f"{name}.patchbay.dev"
+    plugin = {
+        "discovery": {"pci": {"vendor": kind[0], "device": kind[1]}},
+        "allocation": {"devicesEnvName": f"PCI_{suffix.upper()}"},
+    }
+    return labelled_dra_profile(cluster, label, suffix, plugin, agent=OWN_AGENT)
 
 
 def attribute(device: dict[str, Any], name: str) -> str | None:

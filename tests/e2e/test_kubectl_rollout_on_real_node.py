@@ -1,10 +1,12 @@
 """`kubectl patchbay diff` and `rollout` on the REAL node (issue 45, steps 4-5): a DevicePlugin
 profile served by the shared node agent over FAKE devices, a pod holding one of them. `diff` of a
-glob that matches nothing exits 1 naming that pod (and writes nothing); a change that keeps every
-device exits 0. Then the bad change applied as a user would: the node's allocatable drops to 0,
-`rollout undo` puts the previous revision's settings back in one patch, the devices come back, the
-holder never restarted, and `rollout status` says the profile rolled out. Every node moves at once
-here (`rollout.strategy: Immediate`): this proves the verbs on the real agent, not the waves."""
+glob that matches nothing exits 1 naming that pod (and writes nothing), and says from the node's
+NodeInventory that the glob matches nothing there; a change that keeps every device exits 0 and
+names the device files its globs match there (issue 46). Then the bad change applied as a user
+would: the node's allocatable drops to 0, `rollout undo` puts the previous revision's settings
+back in one patch, the devices come back, the holder never restarted, and `rollout status` says
+the profile rolled out. Every node moves at once here (`rollout.strategy: Immediate`): this
+proves the verbs on the real agent, not the waves."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from support.realnode import (
 )
 
 from patchbay_api.revisions import spec_revision
+
+INVENTORIES = ("patchbay.dev", "v1beta1", "nodeinventories")
 
 
 def run(on_node: OnNode, *args: str) -> subprocess.CompletedProcess[str]:
@@ -80,15 +84,41 @@ def test_diff_names_the_holder_a_bad_glob_would_strip_and_undo_puts_it_back(
         path.write_text(yaml.safe_dump({**doc, "spec": spec}))
         return path
 
+    files = [f"{fake_dev}/ttyE2E{i}" for i in range(DEVICES)]
+
+    def inventory_lists_them() -> bool:
+        try:
+            obj = cluster.custom.get_cluster_custom_object(*INVENTORIES, real_node)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return set(files) <= {c.get("path") for c in obj.get("char") or []}
+
+    wait_for("the node's inventory listing the served files", inventory_lists_them, 60)
+
+    def inventory_line(out: str) -> str:
+        """What the new discovery matches on the real node, from its NodeInventory (issue 46)."""
+        head = f"  {real_node}: from the node's inventory (written at "
+        return next(line for line in out.splitlines() if line.startswith(head))
+
     bad = profile_file("bad.yaml", [f"{fake_dev}/nothing*"])
     plan = run(on_node, "diff", "-f", str(bad))
     print(plan.stdout)
     assert plan.returncode == 1, plan
     row = next(line.split() for line in plan.stdout.splitlines() if line.startswith(real_node))
     assert row[1] == "yes" and row[3].count("ttyE2E") == DEVICES and f"{namespace}/{holder}" in row[4]
+    line = inventory_line(plan.stdout)
+    assert f"MATCHES NOTHING: the glob {fake_dev}/nothing* matches nothing" in line, line
+    assert f"it serves {DEVICES} devices now ({', '.join(files)})" in line, line
     assert (cluster.profile(name) or {})["spec"]["plugin"]["discovery"]["paths"]["globs"] == [glob]
     good = run(on_node, "diff", "-f", str(profile_file("good.yaml", [glob, f"{fake_dev}/ttyS*"])))
+    print(good.stdout)
     assert good.returncode == 0, good
+    line = inventory_line(good.stdout)
+    assert (
+        f"matches {', '.join(files)}; gains nothing; loses nothing; the glob {fake_dev}/ttyS* matches" in line
+    )
     assert cluster.values(real_node, resource) == full  # a dry run: nothing moved
 
     # The bad change, applied as a user would; then undo.

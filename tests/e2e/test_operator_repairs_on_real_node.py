@@ -10,10 +10,10 @@ Event on the profile, and the node keeps serving:
 - an edit of the DaemonSet's image (as `kubectl set image` writes it) and of the ConfigMap's
   content (as `kubectl edit`): restored;
 - a cleanup script deleting the DeviceClass, the shared agents' ConfigMap and the agent's
-  DeviceReport over and over for a minute: at the end every object is there, the node at its full
-  count, the holder never restarted, and each repair the operator counts
-  (`patchbay_operator_repairs_total`) has exactly one Event on each profile the object serves (no
-  Event per watch event, no repair lost).
+  DeviceReport over and over for a minute (on the newest release; 20 s on the older ones): at the
+  end every object is there, the node at its full count, the holder never restarted, and each
+  repair the operator counts (`patchbay_operator_repairs_total`) has exactly one Event on each
+  profile the object serves (no Event per watch event, no repair lost).
 
 Devices are FAKE (character devices the fixture makes under /dev). Each bound is a bounded wait,
 not a timing assertion."""
@@ -40,13 +40,19 @@ from support.realnode import (
     serial_profile,
     wait_for,
 )
+from support.releases import newest
 
 SHARED = "patchbay-node-agent"
 BOUND = 10.0
 """Seconds within which each object must be back (docs/operations.md#what-patchbay-repairs)."""
 REPORTS = ("patchbay.dev", "v1beta1", "devicereports")
 LOOP_SECONDS = 60.0
-"""How long the deletion loop runs."""
+"""How long the deletion loop runs on the newest release of the matrix: the minute issue 52 asks."""
+LOOP_SECONDS_OLDER = 20.0
+"""How long it runs on the older releases (CI's test-oldest): what differs by release is the API
+server's deletion and watch behaviour and the kubelet's, which 20 s of the loop (about 13 rounds of
+the three deletions, each kind deleted and repaired a dozen times) goes through as a minute does;
+the minute itself runs once, on the newest."""
 PAUSE = 0.5
 """Seconds between one deletion and the next in the loop (a script's pace, not a hot loop)."""
 REPAIRED = ("Recreated", "Restored")
@@ -175,9 +181,10 @@ def test_deleted_and_edited_objects_are_put_back_and_the_node_keeps_serving(on_n
 
 
 def test_deletions_in_a_loop_for_a_minute_end_with_the_objects_back_and_one_event_per_repair(
-    on_node: OnNode,
+    on_node: OnNode, kube_release: str
 ) -> None:
     patchbay, cluster, _e2e_cluster, real_node, namespace, fake_dev = on_node
+    loop_seconds = LOOP_SECONDS if newest(kube_release) else LOOP_SECONDS_OLDER
     ns, core, custom = patchbay.namespace, cluster.core, cluster.custom
     serial, resource = serial_profile(cluster, fake_dev, real_node, agent=None)
     dra, _dra_resource, driver = dra_profile(cluster, fake_dev, real_node, own_agent=False)
@@ -238,16 +245,16 @@ def test_deletions_in_a_loop_for_a_minute_end_with_the_objects_back_and_one_even
         uid = core.read_namespaced_pod(holder, namespace).metadata.uid
         events_before, repairs_before = repaired_events(), repairs()
 
-        # The loop: each object deleted in turn, a short pause after each, for a minute. A 404 is
-        # an object not back yet: no deletion.
+        # The loop: each object deleted in turn, a short pause after each, for a minute (20 s on
+        # the older releases: LOOP_SECONDS_OLDER). A 404 is an object not back yet: no deletion.
         deleted: Counter[str] = Counter()
-        ends = time.monotonic() + LOOP_SECONDS
+        ends = time.monotonic() + loop_seconds
         while time.monotonic() < ends:
             for kind, (delete, _read) in objects.items():
                 if present(delete) is not None:
                     deleted[kind] += 1
                 time.sleep(PAUSE)
-        print(f"deletions in {LOOP_SECONDS:.0f} s: {dict(deleted)}")
+        print(f"deletions in {loop_seconds:.0f} s ({kube_release}): {dict(deleted)}")
         assert all(deleted[kind] >= 2 for kind in objects), deleted
 
         # Every object back (the agent's report after its fight backoff: at most 120 s), the node

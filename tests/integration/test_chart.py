@@ -507,6 +507,7 @@ def test_rbac_allows_what_the_operator_needs(tools: Tools, installed: str, kube_
         ("patch", "deviceclasses.resource.k8s.io", None),
         ("delete", "deviceclasses.resource.k8s.io", None),
         ("watch", "deviceclasses.resource.k8s.io", None),  # put back when deleted or edited
+        ("list", "resourceslices.resource.k8s.io", None),  # a DRA rollout's gate: its wave's slices
         ("watch", "configmaps", ns),
     ]
     # Device maintenance (1.37 on). kubectl answers "no" for a resource the API server does not

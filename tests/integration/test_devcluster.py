@@ -182,6 +182,23 @@ def test_daemonset_gets_one_pod_per_kwok_node(
         events = core.list_namespaced_event(ns).items
         reasons = {(e.source.component if e.source else None, e.reason) for e in events}
         assert ("daemonset-controller", "SuccessfulCreate") in reasons, reasons
+
+        # What the node lifecycle controller does to the pods of a node whose Lease lapsed: their
+        # Ready condition set False (the pod still runs). A kubelet sets it back once its probes
+        # pass; kwok, with no probes, must too, or the DaemonSet stays unavailable for good.
+        victim = pods[0].metadata.name
+        core.patch_namespaced_pod_status(
+            victim,
+            ns,
+            {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "NodeNotReady"}]}},
+        )
+
+        def victim_ready() -> bool:
+            conditions = core.read_namespaced_pod_status(victim, ns).status.conditions or []
+            return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+        wait_for("the pod marked not Ready is Ready again", victim_ready, timeout=60)
+        wait_for("DaemonSet ready on every kwok node again", all_ready, timeout=60)
     finally:
         core.delete_namespace(ns)
 

@@ -42,6 +42,25 @@ def dra_profile(
     return name, resource, f"{name}.patchbay.dev"
 
 
+def labelled_dra_profile(
+    cluster: Cluster, label: str, suffix: str, plugin: dict[str, Any], **spec: Any
+) -> tuple[str, str]:
+    """A DRA profile ``<prefix><suffix>`` (resource ``e2e.patchbay.dev/<tag>-<suffix>``) on the
+    nodes labelled ``label``, with ``plugin`` and any other ``spec`` fields: (name, driver)."""
+    name = f"{cluster.prefix}{suffix}"
+    cluster.create_profile(
+        name,
+        {
+            "resourceName": f"e2e.patchbay.dev/{cluster.tag}-{suffix}",
+            "mode": "DRA",
+            "nodeSelector": {"matchLabels": {label: cluster.tag}},
+            "plugin": plugin,
+            **spec,
+        },
+    )
+    return name, f"{name}.patchbay.dev"
+
+
 def slices_of(cluster: Cluster, driver: str, node: str) -> list[dict[str, Any]]:
     """The ResourceSlices ``driver`` publishes for ``node``."""
     items = cluster.custom.list_cluster_custom_object(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")[

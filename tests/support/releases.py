@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from patchbay_devcluster.releases import CAPABILITIES
+from patchbay_devcluster.releases import CAPABILITIES, matrix, minor
 
 
 def require(capability: str, release: str) -> None:
@@ -27,3 +27,9 @@ def require(capability: str, release: str) -> None:
 def has(capability: str, release: str) -> bool:
     """Whether the session's release has ``capability`` (for checks that differ, not skip)."""
     return CAPABILITIES[capability].present(release)
+
+
+def newest(release: str) -> bool:
+    """Whether ``release`` is the newest of the support matrix (what ``make test`` runs): a test
+    that scales a long run down on the older releases (CI's test-oldest) keeps it whole there."""
+    return minor(release) >= minor(matrix()[-1])

@@ -112,10 +112,15 @@ class Fleet:
         got = self.api.merge(f"{PROFILES}/{PROFILE}", {"spec": {"rollout": rollout, "plugin": body}})
         return spec_revision(got["spec"])
 
-    def done(self, digest: str) -> bool:
-        """Every node counted on ``digest`` in the status, and the rollout complete."""
+    def done(self, digest: str, halt_fails: bool = True) -> bool:
+        """Every node counted on ``digest`` in the status, and the rollout complete. Raises when
+        the rollout of a good change halted (no use waiting: the gate's message says why);
+        ``halt_fails=False`` for a revert, which the status shows Halted until it is computed."""
         self.failing()
         st = self.status()
+        rollout = st.get("rollout") or {}
+        if halt_fails and rollout.get("phase") == "Halted":
+            raise RuntimeError(f"the rollout of a good change halted: {rollout.get('message', '')}")
         name = f"{PROFILE}-{digest}"
         return (
             st.get("currentRevision") == name == st.get("updateRevision")
@@ -276,7 +281,7 @@ def run(r: Run) -> None:
                     digest = fleet.revert(staged)
                     if f"{PROFILE}-{digest}" != good:
                         raise AssertionError(f"the revert made {digest}, not {good}")
-                    wait("the revert on every node", functools.partial(fleet.done, digest), 1800, 0.1)
+                    wait("the revert on every node", functools.partial(fleet.done, digest, False), 1800, 0.1)
             finally:
                 followers.stop()
                 sims.close()

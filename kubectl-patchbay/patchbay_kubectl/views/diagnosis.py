@@ -1,6 +1,9 @@
 """``why``: the profile's conditions, problems, its agent pods' trouble with the kubelet's own words
 (container waiting and termination reasons, the pods' Warning events), the profile's last Events
-and what to do next, keyed by the reasons docs/operations.md#troubleshooting explains."""
+and what to do next, keyed by the reasons docs/operations.md#troubleshooting explains; and, for a
+node that serves none of the profile's devices (``why PROFILE NODE``, or the first nodes that
+report none), what its NodeInventory says the discovery matches and what comes closest
+(views/inventory.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from patchbay_api.agentpods import AgentPod, Warning, explain
-from patchbay_kubectl.views.objects import Obj, age, mode_of, name_of, resource_of
+from patchbay_kubectl.views.inventory import SUMMARISED, backend_of, match, names, nothing_text
+from patchbay_kubectl.views.objects import Obj, age, group_of, mode_of, name_of, resource_of
 
 HINTS: dict[str, str] = {
     "ErrImageNeverPull": "load the agent image on the node, or fix spec.agent.image (chart: agent.image)",
@@ -201,3 +205,46 @@ def why(profile: Obj, pods: Sequence[Obj], events: Sequence[Obj], now: datetime,
         ],
         "next": hints,
     }
+
+
+WHY_NODES = 3
+"""Nodes ``why`` without a node reads the inventory of: the first that report no devices."""
+
+
+def empty_nodes(profile: Obj) -> list[str]:
+    """The nodes the profile's status says found no device (``NoDevices``), the first few."""
+    st = profile.get("status") or {}
+    found = [str(p.get("node")) for p in st.get("problems") or [] if p.get("reason") == "NoDevices"]
+    return sorted(set(found))[:WHY_NODES]
+
+
+def node_inventory(profile: Obj, node: Obj, report: Obj | None, inventory: Obj | None) -> Obj:
+    """What one node serves of the profile and, where it serves nothing, what its inventory says
+    the profile's discovery matches there and which entries come closest."""
+    name = name_of(node)
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    out: Obj = {"node": name}
+    if report is not None:
+        out["serving"] = len(report.get("devices") or [])
+    _group, plugin = group_of(profile, labels)
+    discovery = plugin.get("discovery") or {}
+    found = match(discovery, inventory) if inventory is not None else None
+    if inventory is None:
+        out["text"] = "no NodeInventory: what the profile's discovery matches there is not known"
+        out["inventory"] = None
+        return out
+    if found is None:
+        out["text"] = f"discovery {backend_of(discovery) or '<none>'}: nothing a node's inventory lists"
+        out["inventory"] = None
+        return out
+    out["inventory"] = found.as_dict()
+    head = f"from the node's inventory (written at {found.written_at}): "
+    if found.matched:
+        text = f"the profile's discovery matches {names(e.name for e in found.matched)}"
+        if found.unmatched:
+            text += f"; {nothing_text(found)}"
+    else:
+        text = nothing_text(found)
+    extra = [*found.notes, *([SUMMARISED] if found.summarised else [])]
+    out["text"] = head + text + "".join(f" ({x})" for x in extra)
+    return out

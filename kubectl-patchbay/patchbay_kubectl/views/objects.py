@@ -151,3 +151,34 @@ def report_index(reports: Iterable[Obj]) -> dict[tuple[str, str], Obj]:
         if old is None or str(r.get("observedAt", "")) > str(old.get("observedAt", "")):
             index[key] = r
     return index
+
+
+DEFAULT_GROUP = "default"
+"""The node group of a node no group of the profile's ``nodeGroups`` selects."""
+
+
+def merged(base: Mapping[str, Any], override: Mapping[str, Any], *, top: bool = True) -> dict[str, Any]:
+    """A node group's ``plugin`` over ``spec.plugin``: mappings merge key by key, lists and
+    values replace, and ``discovery`` (at the top) replaces whole (docs/api.md#node-groups)."""
+    out = dict(base)
+    for k, v in override.items():
+        old = out.get(k)
+        if isinstance(v, Mapping) and isinstance(old, Mapping) and not (top and k == "discovery"):
+            out[k] = merged(old, v, top=False)
+        else:
+            out[k] = v
+    return out
+
+
+def group_of(profile: Obj, labels: Mapping[str, str]) -> tuple[str, Obj]:
+    """The node group a node's labels choose and the settings it gets; ("-", spec.plugin)
+    for a profile without groups."""
+    sp = spec(profile)
+    plugin = sp.get("plugin") or {}
+    groups = sp.get("nodeGroups") or []
+    if not groups:
+        return "-", plugin
+    for g in groups:
+        if selector_matches(g.get("nodeSelector"), labels):
+            return str(g.get("name", "")), merged(plugin, g.get("plugin") or {})
+    return DEFAULT_GROUP, plugin

@@ -19,14 +19,16 @@ device with more holders than the new count loses some for certain: counted).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from patchbay_kubectl.views.inventory import SUMMARISED, Match, match
 from patchbay_kubectl.views.objects import (
     STATIC,
     Obj,
+    group_of,
     name_of,
     quantity,
     report_index,
@@ -35,7 +37,6 @@ from patchbay_kubectl.views.objects import (
     static_desired,
 )
 
-DEFAULT_GROUP = "default"
 RENAMED = "resourceName changes: the pods asked for the old one"
 
 
@@ -62,6 +63,13 @@ class NodePlan:
     capacity_after: int | None = None
     #: what cannot be known before the node runs the change
     unknown: list[str] = field(default_factory=list)
+    #: what the new discovery matches in the node's NodeInventory (None: no inventory, or no
+    #: discovery change to check), and against what it serves now
+    inventory: Match | None = None
+    gains: list[str] = field(default_factory=list)
+    drops: list[str] = field(default_factory=list)
+    #: how many devices it serves now (None: not known, no DeviceReport)
+    serving: int | None = None
 
     @property
     def loses(self) -> bool:
@@ -77,8 +85,17 @@ class NodePlan:
             self.selected_before != self.selected_after
             or self.group_before != self.group_after
             or self.capacity_before != self.capacity_after
-            or bool(self.lost or self.unknown)
+            or bool(self.lost or self.unknown or self.gains or self.drops)
         )
+
+    def inventory_dict(self) -> dict[str, Any] | None:
+        if self.inventory is None:
+            return None
+        d = self.inventory.as_dict()
+        d["gains"], d["loses"] = self.gains, self.drops
+        if self.serving is not None:
+            d["servingNow"] = self.serving
+        return d
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -90,6 +107,7 @@ class NodePlan:
             "lost": [lo.as_dict() for lo in self.lost],
             "holders": self.holders,
             "unknown": self.unknown,
+            "inventory": self.inventory_dict(),
         }
         if self.capacity_before is not None or self.capacity_after is not None:
             d["capacityBefore"], d["capacityAfter"] = self.capacity_before, self.capacity_after
@@ -114,33 +132,6 @@ class ProfilePlan:
             "loses": self.loses,
             "nodes": [n.as_dict() for n in self.nodes],
         }
-
-
-def merged(base: Mapping[str, Any], override: Mapping[str, Any], *, top: bool = True) -> dict[str, Any]:
-    """A node group's ``plugin`` over ``spec.plugin``: mappings merge key by key, lists and
-    values replace, and ``discovery`` (at the top) replaces whole (docs/api.md#node-groups)."""
-    out = dict(base)
-    for k, v in override.items():
-        old = out.get(k)
-        if isinstance(v, Mapping) and isinstance(old, Mapping) and not (top and k == "discovery"):
-            out[k] = merged(old, v, top=False)
-        else:
-            out[k] = v
-    return out
-
-
-def group_of(profile: Obj, labels: Mapping[str, str]) -> tuple[str, Obj]:
-    """The node group a node's labels choose and the settings it gets; ("-", spec.plugin)
-    for a profile without groups."""
-    sp = spec(profile)
-    plugin = sp.get("plugin") or {}
-    groups = sp.get("nodeGroups") or []
-    if not groups:
-        return "-", plugin
-    for g in groups:
-        if selector_matches(g.get("nodeSelector"), labels):
-            return str(g.get("name", "")), merged(plugin, g.get("plugin") or {})
-    return DEFAULT_GROUP, plugin
 
 
 def _backend(discovery: Mapping[str, Any]) -> str:
@@ -199,11 +190,49 @@ def _unknowns(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _inventory_verdict(
+    device: str, old: Mapping[str, Any], new: Mapping[str, Any], found: Match | None
+) -> str | None:
+    """``_verdict``, answered by the node's inventory where it lists ``device`` under the same
+    discovery backend as now (so the same IDs): the agent's own rules on what the node has."""
+    groups = {str(g.get("id")) for g in (old.get("paths") or {}).get("groups") or []}
+    if found is None or found.backend != _backend(old) or device not in found.listed or device in groups:
+        return _verdict(device, old, new)
+    if device in found.ids:
+        return None
+    what = {"paths": "globs and groups", "pci": "pci filter", "usb": "usb filter", "nvml": "nvml discovery"}
+    return f"the node's inventory: the new {what.get(found.backend, found.backend)} do not match it"
+
+
+def _inventory_unknowns(found: Match) -> list[str]:
+    """What the inventory cannot say: files of no class it lists, entries it left out."""
+    out = []
+    if found.summarised:
+        out.append(f"the node's inventory is {SUMMARISED}")
+    return out
+
+
 def _holders(device: Obj) -> list[str]:
     return sorted(f"{p.get('namespace', '')}/{p.get('name', '')}" for p in device.get("pods") or [])
 
 
-def node_plan(before: Obj | None, after: Obj, node: Obj, report: Obj | None) -> NodePlan:
+InventoryOf = Callable[[str], "Obj | None"]
+"""A node's NodeInventory by the node's name (None: it has none); asked only for the nodes whose
+discovery the change touches."""
+
+
+def _no_inventory(_node: str) -> Obj | None:
+    return None
+
+
+def node_plan(
+    before: Obj | None,
+    after: Obj,
+    node: Obj,
+    report: Obj | None,
+    *,
+    inventory_of: InventoryOf = _no_inventory,
+) -> NodePlan:
     """One node's plan (the module doc)."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     sel_before = before is not None and selector_matches(spec(before).get("nodeSelector"), labels)
@@ -227,8 +256,17 @@ def node_plan(before: Obj | None, after: Obj, node: Obj, report: Obj | None) -> 
             ]
         return plan
     old_disc, new_disc = old_plugin.get("discovery") or {}, new_plugin.get("discovery") or {}
+    found = None
+    if not sel_before or old_disc != new_disc:
+        inv = inventory_of(plan.node)
+        found = match(new_disc, inv) if inv is not None else None
+    plan.inventory = found
     if not sel_before:
-        plan.unknown = ["newly selected: what it finds is known once its agent runs"]
+        if found is None:
+            plan.unknown = ["newly selected: what it finds is known once its agent runs"]
+        else:
+            plan.gains = [e.name for e in found.matched]
+            plan.unknown = _inventory_unknowns(found)
         return plan
     if report is None:
         plan.unknown = ["no DeviceReport from this node: what it serves now is not known"]
@@ -236,9 +274,11 @@ def node_plan(before: Obj | None, after: Obj, node: Obj, report: Obj | None) -> 
     renamed = spec(after).get("resourceName") != (spec(before).get("resourceName") if before else None)
     was, now = _replicas(old_plugin), _replicas(new_plugin)
     shared_unknown = False
-    for d in report.get("devices") or []:
+    devices = report.get("devices") or []
+    plan.serving = len(devices)
+    for d in devices:
         dev = str(d.get("id", ""))
-        why = RENAMED if renamed else _verdict(dev, old_disc, new_disc)
+        why = RENAMED if renamed else _inventory_verdict(dev, old_disc, new_disc, found)
         holders = _holders(d)
         if not why and now < was and len(holders) > now:
             why = f"sharing.replicas {was} -> {now}: {len(holders)} pods hold it"
@@ -246,7 +286,11 @@ def node_plan(before: Obj | None, after: Obj, node: Obj, report: Obj | None) -> 
             shared_unknown = True
         if why:
             plan.lost.append(Lost(dev, why, holders))
-    plan.unknown = _unknowns(old_disc, new_disc)
+    plan.unknown = _unknowns(old_disc, new_disc) if found is None else _inventory_unknowns(found)
+    if found is not None:
+        served = [str(d.get("id", "")) for d in devices]
+        plan.gains = [e.name for e in found.matched if e.id not in set(served)]
+        plan.drops = [found.name_of(dev) for dev in served if dev not in found.ids]
     if shared_unknown:
         plan.unknown.append(
             f"sharing.replicas {was} -> {now}: whether a holder's share is one that goes, only the "
@@ -315,14 +359,20 @@ def lowered_static_nodes(plan: ProfilePlan) -> list[str]:
 
 
 def profile_plan(
-    before: Obj | None, after: Obj, action: str, nodes: Sequence[Obj], reports: Sequence[Obj]
+    before: Obj | None,
+    after: Obj,
+    action: str,
+    nodes: Sequence[Obj],
+    reports: Sequence[Obj],
+    *,
+    inventory_of: InventoryOf = _no_inventory,
 ) -> ProfilePlan:
     """Every node the profile selects before or after, with what changes on it."""
     name = name_of(after)
     index = report_index(reports)
     plan = ProfilePlan(name, action)
     for node in sorted(nodes, key=name_of):
-        np = node_plan(before, after, node, index.get((name, name_of(node))))
+        np = node_plan(before, after, node, index.get((name, name_of(node))), inventory_of=inventory_of)
         if np.selected_before or np.selected_after:
             plan.nodes.append(np)
     return plan

@@ -5,14 +5,20 @@ kept of the DeviceClass (``extendedResourceName``), of the slices' device taints
 device's consumable capacity is read back, never assumed (docs/dra.md#releases), and said in
 ``status.dra``; a node that a node-capacity profile of the same resource also selects is served
 twice (KEP-5004) and said so.
+
+A staged rollout's gate also asks whether a wave node's ResourceSlices agree with its report
+(``SliceRead``, ``published``, ``slices_short``): the operator reads them (one LIST per node, by
+field selectors) only for the nodes of a wave at the end of its gate, never the cluster's slices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from patchbay_api.constants import ATTR_ID, TAINT_PLUGIN_HELD
 from patchbay_operator.agentpods import Trouble
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.constants import Reason
@@ -50,6 +56,58 @@ class StoredDeviceClass:
             name=str((obj.get("metadata") or {}).get("name") or ""),
             extended_resource_name=str(spec.get("extendedResourceName") or ""),
         )
+
+
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def slices_selector(driver: str, node: str) -> str:
+    """The field selector of one node's pool of one driver (the kubelet's and the agent's own)."""
+    return f"spec.driver={driver},spec.nodeName={node}"
+
+
+@dataclass(frozen=True)
+class SliceRead:
+    """A wave node's ResourceSlices of the profile's driver as read for the rollout's gate."""
+
+    #: when the read was sent
+    at: datetime
+    #: the devices they publish as serving (``published``); None: the read failed
+    devices: int | None
+    error: str = ""
+
+
+def _serving(device: Mapping[str, Any]) -> bool:
+    """A published device a claim may get: no taint but an informational one (effect None) or the
+    hand-over taint of a device the device plugin still hands out (healthy all the same)."""
+    return all(
+        t.get("effect") == "None" or t.get("key") == TAINT_PLUGIN_HELD for t in device.get("taints") or ()
+    )
+
+
+def published(slices: Iterable[Mapping[str, Any]]) -> int:
+    """The physical devices the slices publish as serving: distinct ``patchbay.dev/id`` values (a
+    partitioned device is one device however many partitions it has), the device's name where it
+    has none."""
+    ids = set()
+    for s in slices:
+        for d in (s.get("spec") or {}).get("devices") or ():
+            if _serving(d):
+                attr = ((d.get("attributes") or {}).get(ATTR_ID) or {}).get("string")
+                ids.add(str(attr) if attr else f"name:{d.get('name')}")
+    return len(ids)
+
+
+def slices_short(driver: str, report: Report, devices: int) -> str:
+    """What a node's ResourceSlices lack of its report ("" they publish every device it says
+    healthy, less the ones it says it left out: ``withheld``)."""
+    expected = report.healthy - report.all.withheld_healthy
+    if report.error is not None or devices >= expected:
+        return ""
+    return (
+        f"its ResourceSlices of {driver} publish {devices} of the {expected} devices its "
+        "DeviceReport says healthy"
+    )
 
 
 def served_twice(profile: Profile, other: Profile | None, nodes: Iterable[NodeState]) -> list[str]:

@@ -1,16 +1,19 @@
-"""The types every discovery backend shares: `PhysicalDevice`, `HostRoot`, `Backend`, IDs."""
+"""The types every discovery backend shares: `PhysicalDevice`, `HostRoot`, `Backend`, and IDs
+(`make_device_id`: `patchbay_api.discovery.device_id`, the rule `kubectl patchbay diff` applies too)."""
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from patchbay_agent.config import MAX_DEVICE_ID_LENGTH
+from patchbay_api.discovery import device_id as make_device_id
+
+__all__ = ["Backend", "DiscoveryError", "HostRoot", "PhysicalDevice", "make_device_id"]
 
 
 class DiscoveryError(RuntimeError):
@@ -104,6 +107,11 @@ class HostRoot:
             )
         return current
 
+    def reader(self, host_dir: str) -> Callable[[str], str | None]:
+        """``read`` of the attributes of one sysfs directory, by name (``vendor``, ``idProduct``):
+        what ``patchbay_api.discovery``'s filters take."""
+        return lambda attr: self.read(f"{host_dir}/{attr}")
+
     def read(self, host_path: str) -> str | None:
         """A small sysfs attribute, stripped; None when it is missing or unreadable."""
         try:
@@ -112,18 +120,4 @@ class HostRoot:
             return None
 
 
-_ID_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
 _PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
-
-
-def make_device_id(raw: str, max_len: int = MAX_DEVICE_ID_LENGTH) -> str:
-    """A kubelet-safe device ID: allowed characters only, at most `max_len`, still unique.
-
-    Long names keep a readable prefix and gain a short hash of the full name, so two long paths
-    that share a prefix never collide.
-    """
-    cleaned = _ID_BAD_CHARS.sub("_", raw).strip("_") or "device"
-    if len(cleaned) <= max_len:
-        return cleaned
-    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
-    return f"{cleaned[: max_len - 9]}-{digest}"

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from patchbay_agent.config import PathsDiscovery
-from patchbay_agent.discovery.base import HostRoot, PhysicalDevice, make_device_id
+from patchbay_agent.discovery.base import HostRoot, PhysicalDevice
+from patchbay_api.discovery import path_id
 
 
 class PathsBackend:
@@ -29,7 +30,7 @@ class PathsBackend:
             for host_path in self._root.glob(pattern):
                 if self._root.path(host_path).is_dir():
                     continue
-                dev_id = make_device_id(host_path.removeprefix("/dev/").replace("/", "_"))
+                dev_id = path_id(host_path)
                 # Two globs may match the same file: one device, not two.
                 found.setdefault(dev_id, PhysicalDevice(dev_id, (host_path,), (host_path,)))
         for group in self._spec.groups:

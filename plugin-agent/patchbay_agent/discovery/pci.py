@@ -14,14 +14,11 @@ from pathlib import Path
 
 from patchbay_agent.config import PciDiscovery
 from patchbay_agent.discovery.base import HostRoot, PhysicalDevice, make_device_id
+from patchbay_api.discovery import hex_value, pci_matches
 
 log = logging.getLogger(__name__)
 
 SYSFS_PCI = "/sys/bus/pci/devices"
-
-
-def _hex(value: str | None) -> str | None:
-    return None if value is None else value.lower().removeprefix("0x")
 
 
 class PciBackend:
@@ -33,15 +30,8 @@ class PciBackend:
         self._warned: set[str] = set()
 
     def _matches(self, base: str) -> bool:
-        if _hex(self._root.read(f"{base}/vendor")) != self._spec.vendor:
-            return False
-        if self._spec.device is not None and _hex(self._root.read(f"{base}/device")) != self._spec.device:
-            return False
-        if self._spec.device_class is not None:
-            cls = _hex(self._root.read(f"{base}/class"))
-            if cls is None or not cls.startswith(self._spec.device_class.removeprefix("0x")):
-                return False
-        return True
+        spec = self._spec
+        return pci_matches(spec.vendor, spec.device, spec.device_class, self._root.reader(base))
 
     def _numa(self, base: str) -> tuple[int, ...]:
         raw = self._root.read(f"{base}/numa_node")
@@ -57,7 +47,7 @@ class PciBackend:
         if root := self._root.pcie_root(base):
             out.append(("pcieRoot", root))
         for name, attr in (("pciVendor", "vendor"), ("pciDevice", "device"), ("pciClass", "class")):
-            value = _hex(self._root.read(f"{base}/{attr}"))
+            value = hex_value(self._root.read(f"{base}/{attr}"))
             if value:
                 out.append((name, value))
         return tuple(out)

@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 from patchbay_agent.config import UsbDiscovery
-from patchbay_agent.discovery.base import HostRoot, PhysicalDevice, make_device_id
+from patchbay_agent.discovery.base import HostRoot, PhysicalDevice
+from patchbay_api.discovery import usb_id, usb_matches
 
 SYSFS_USB = "/sys/bus/usb/devices"
 
@@ -29,14 +30,8 @@ class UsbBackend:
             name = os.path.basename(base)
             if ":" in name:
                 continue
-            vendor = self._root.read(f"{base}/idVendor")
-            if vendor is None or vendor.lower() != self._spec.vendor:
-                continue
-            if self._spec.product is not None:
-                product = self._root.read(f"{base}/idProduct")
-                if product is None or product.lower() != self._spec.product:
-                    continue
-            if self._spec.serial is not None and self._root.read(f"{base}/serial") != self._spec.serial:
+            spec = self._spec
+            if not usb_matches(spec.vendor, spec.product, spec.serial, self._root.reader(base)):
                 continue
             try:
                 bus = int(self._root.read(f"{base}/busnum") or "")
@@ -44,18 +39,14 @@ class UsbBackend:
             except ValueError:
                 continue  # half-enumerated: the next scan will see it whole
             node = f"/dev/bus/usb/{bus:03d}/{dev:03d}"
-            attributes = [("usbVendor", vendor.lower())]
+            attributes = [("usbVendor", spec.vendor)]
             if root := self._root.pcie_root(base):
                 attributes.append(("pcieRoot", root))  # the USB controller's
             for attr, key in (("idProduct", "usbProduct"), ("serial", "usbSerial")):
                 value = self._root.read(f"{base}/{attr}")
                 if value:
                     attributes.append((key, value))
-            devices.append(
-                PhysicalDevice(
-                    make_device_id(f"usb-{name}"), (node,), (base, node), attributes=tuple(attributes)
-                )
-            )
+            devices.append(PhysicalDevice(usb_id(name), (node,), (base, node), attributes=tuple(attributes)))
         return sorted(devices, key=lambda d: d.id)
 
     def watch_dirs(self) -> list[Path]:

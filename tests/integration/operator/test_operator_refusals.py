@@ -16,6 +16,11 @@ from support.clusters import NAMESPACE, TEST_LABEL, Cluster, kstatus, wait_for
 from support.operator import Operator
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
+STALL_AFTER = "5"
+"""The operator's ``--stall-after`` for this test: a refusal is Stalled 5 s after the DaemonSet
+controller's first FailedCreate instead of the default 60 s, the same condition, reason and
+message (unit tests cover the period itself: test_operator_refusal_decisions.py). The test waited
+a minute for it on each release."""
 
 
 def spec(tag: str) -> dict[str, Any]:
@@ -60,6 +65,16 @@ def pod_security_refuses(cluster: Cluster) -> bool:
 def test_pods_refused_by_pod_security_stall_the_profile_and_a_fix_recovers_it(
     cluster: Cluster, operator: Operator
 ) -> None:
+    operator.stop()
+    operator.start("--stall-after", STALL_AFTER)
+    try:
+        _refused_then_fixed(cluster)
+    finally:
+        operator.stop()
+        operator.start()
+
+
+def _refused_then_fixed(cluster: Cluster) -> None:
     cluster.add_nodes(2)
     name = f"{cluster.prefix}serial"
     daemonset = f"patchbay-{name}"

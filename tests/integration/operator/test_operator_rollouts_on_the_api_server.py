@@ -15,11 +15,14 @@ agents' ConfigMap assigns the node (``Rollout.served``, the function the agents 
 
 from __future__ import annotations
 
+import contextlib
+import re
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import yaml
+from kubernetes.client import ApiException
 from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
 from support.operator import Operator
 
@@ -55,8 +58,11 @@ class Agents:
     """The nodes' shared agents (`own`: the profile's own agents), simulated: each reports the
     revision its node is assigned."""
 
-    def __init__(self, cluster: Cluster, name: str, nodes: list[str], *, own: bool = False) -> None:
+    def __init__(
+        self, cluster: Cluster, name: str, nodes: list[str], resource: str = "waves", *, own: bool = False
+    ) -> None:
         self.cluster, self.name, self.nodes = cluster, name, nodes
+        self.resource = f"example.com/{cluster.prefix}{resource}"
         pod = (lambda n: own_agent_pod(cluster, name, n)) if own else cluster.shared_agent_pod
         self.entry = (lambda: own_entry(cluster, name)) if own else (lambda: cluster.shared_entry(name))
         self.pods = {n: wait_for(f"the agent pod on {n}", lambda n=n: pod(n)) for n in nodes}
@@ -76,7 +82,7 @@ class Agents:
         """Each node's report on the revision it is assigned now, with `failures(node, revision)`
         as its allocationFailures (None: none); node -> that revision."""
         uid, stanza = self.stanza()
-        resource = f"example.com/{self.cluster.prefix}waves"
+        resource = self.resource
         out = {}
         for node in self.nodes:
             revision = stanza.served(uid, node, {TEST_LABEL: self.cluster.tag})
@@ -160,6 +166,11 @@ def events_of(cluster: Cluster, name: str, reason: str) -> list[Any]:
     return sorted((e for e in found if e.reason == reason), key=lambda e: e.metadata.creation_timestamp)
 
 
+def applied(operator: Operator, kind: str) -> int:
+    """The shared node agent's objects of ``kind`` the operator applied so far (its log says each)."""
+    return len(re.findall(rf"Applied {kind} [^/ ]+/patchbay-node-agent\b", operator.log()))
+
+
 def metrics(operator: Operator) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as r:
         return str(r.read().decode())
@@ -177,6 +188,7 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     wait_for("every node counted", lambda: status(cluster, name).get("updatedNumberScheduled") == 4)
 
     # A good change: the canary, then waves of 2, each held for its gate; then current = update.
+    applies = {kind: applied(operator, kind) for kind in ("ConfigMap", "DaemonSet")}
     cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
     second = digest(cluster, name)
     entry = wait_for(
@@ -194,6 +206,11 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     assert "revisions" not in (cluster.shared_entry(name) or {}), "one body once every node moved"
     notes = [e.message for e in events_of(cluster, name, "RolloutWave")]
     assert len(notes) == 3 and notes[-1].endswith("4 of 4 updated"), f"one Normal Event per wave: {notes}"
+    # The agents' ConfigMap written for the change, then once per wave (3) and at the end; the
+    # shared DaemonSet, which no wave changes, with the change only (as often as the ConfigMap
+    # before the fix).
+    more = {kind: applied(operator, kind) - n for kind, n in applies.items()}
+    assert more["DaemonSet"] >= 1 and more["DaemonSet"] <= more["ConfigMap"] - 4, more
 
     # A bad change: the canary's agent serves it with no device (as a glob matching nothing).
     bad, canary, rollout = bad_change_halts(cluster, agents, name, operator)
@@ -292,6 +309,68 @@ def test_a_profile_with_an_agent_of_its_own_rolls_in_waves_through_its_own_confi
     assert agents.report()[canary[0]] == second
     ds = cluster.apps.read_namespaced_daemon_set(f"patchbay-{name}", NAMESPACE)
     assert ds.spec.template.to_dict() == template, "the pod template does not depend on the plugin"
+
+
+def publish(cluster: Cluster, driver: str, node: str, count: int) -> None:
+    """What a DRA agent publishes: its node's pool of ``driver``, ``count`` devices (one slice)."""
+    devices = [
+        {"name": f"virtual-{i}", "attributes": {"patchbay.dev/id": {"string": f"virtual-{i}"}}}
+        for i in range(count)
+    ]
+    pool = {"name": node, "generation": count, "resourceSliceCount": 1}
+    spec = {"driver": driver, "nodeName": node, "pool": pool, "devices": devices}
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver}"},
+    }
+    body["spec"] = spec
+    try:
+        cluster.custom.replace_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices", body["metadata"]["name"], body
+        )
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        cluster.custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", body)
+
+
+def test_a_dra_node_whose_slices_lack_devices_its_report_says_healthy_halts_the_canary(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """A DRA profile's canary reports every device of the change healthy, but its ResourceSlice
+    still publishes fewer: read at the gate's end (and again once SLICES_SETTLE passed, the gate
+    being shorter), the rollout halts naming the node and what its slices lack."""
+    name = f"{cluster.prefix}drawaves"
+    driver = f"{name}.patchbay.dev"
+    nodes = cluster.add_nodes(2)
+    body = spec(cluster, 2)
+    cluster.create_profile(name, {**body, "mode": "DRA", "resourceName": f"example.com/{name}"})
+    agents = Agents(cluster, name, nodes, resource="drawaves")
+    try:
+        for n in nodes:
+            publish(cluster, driver, n, 2)
+        agents.report()
+        wait_for("every node counted", lambda: status(cluster, name).get("updatedNumberScheduled") == 2)
+        cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 3}}}})
+        change = digest(cluster, name)
+
+        def halted() -> dict[str, Any] | None:
+            agents.report(lambda _n, r: 3 if r == change else 2)  # the slices stay at 2
+            rollout = status(cluster, name).get("rollout") or {}
+            return rollout if rollout.get("phase") == "Halted" else None
+
+        rollout = wait_for("the rollout halted", halted, 60, detail=lambda: operator.log()[-3000:])
+        canary = [n for n, h in agents.history.items() if change in h]
+        assert len(canary) == 1 and rollout["haltedNodes"] == canary, (canary, rollout)
+        said = f"node {canary[0]}: its ResourceSlices of {driver} publish 2 of the 3 devices its DeviceReport"
+        assert said in rollout["message"], rollout["message"]
+    finally:
+        for n in nodes:
+            with contextlib.suppress(ApiException):
+                cluster.custom.delete_cluster_custom_object(
+                    "resource.k8s.io", "v1", "resourceslices", f"{n}-{driver}"
+                )
 
 
 def test_an_operator_stopped_mid_rollout_and_a_new_one_resume_it(

@@ -27,7 +27,7 @@ def test_importing_all_of_it_loads_no_third_party_module() -> None:
     code = (
         "import sys; before = set(sys.modules); "
         "import patchbay_api.agentpods, patchbay_api.constants, patchbay_api.models, "
-        "patchbay_api.quantity, patchbay_api.selectors; "
+        "patchbay_api.quantity, patchbay_api.selectors, patchbay_api.discovery; "
         "print(sorted({m.split('.')[0] for m in set(sys.modules) - before}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -15,7 +15,7 @@ from patchbay_api.revisions import EVERYONE, NOBODY, Rollout, threshold_for
 from patchbay_bench.apicost import served
 from patchbay_bench.kube import Metrics
 from patchbay_bench.scenarios.rollout_scale import less, per_node, wave_overheads
-from patchbay_bench.simagents import SimAgents, device_report, served_devices
+from patchbay_bench.simagents import SimAgents, device_report, resource_slices, served_devices
 
 UID = "0b7a4c1e-uid"
 NODES = [f"kwok-node-{i}" for i in range(40)]
@@ -129,6 +129,35 @@ def test_the_report_names_the_revision_and_counts_its_devices(sims: Recording) -
     )
     assert body["summary"] == {"total": 2, "healthy": 2, "unhealthy": 0, "allocated": 0}
     assert [d["health"] for d in body["devices"]] == ["Healthy", "Healthy"]
+
+
+def test_a_dra_entry_publishes_the_slice_the_real_agent_would(sims: Recording) -> None:
+    """The same driver, pool (the node), node, device names and owner as the agent's publisher
+    writes (its own functions), the devices the report counts healthy, none tainted."""
+    cm = config_map(Rollout.settled("new"), "7")
+    text = yaml.safe_load(cm["data"]["node.yaml"])
+    text["profiles"][0] |= {"mode": "DRA", "driver": "p.patchbay.dev"}
+    cm["data"]["node.yaml"] = yaml.safe_dump(text)
+    (entry,) = sims.configs[sims._entries(cm)][1]
+    (doc,) = resource_slices(entry, "kwok-node-3", "uid-3", 1234)
+    assert doc["metadata"]["name"] == "kwok-node-3-p.patchbay.dev"
+    assert doc["metadata"]["ownerReferences"][0]["uid"] == "uid-3"
+    spec = doc["spec"]
+    assert (spec["driver"], spec["nodeName"], spec["pool"]) == (
+        "p.patchbay.dev",
+        "kwok-node-3",
+        {"name": "kwok-node-3", "generation": 1234, "resourceSliceCount": 1},
+    )
+    report = device_report("ns", entry, "kwok-node-3", "agent-x")
+    ids = [d["attributes"]["patchbay.dev/id"]["string"] for d in spec["devices"]]
+    assert ids == [d["id"] for d in report["devices"]] == ["virtual-0", "virtual-1"]
+    assert [d["name"] for d in spec["devices"]] == ids and not any(d.get("taints") for d in spec["devices"])
+    # A glob finds nothing on a kwok node: one slice with no device ("this node has none").
+    text["profiles"][0]["plugin"] = {"discovery": {"paths": {"globs": ["/dev/nothing*"]}}}
+    cm = {"metadata": {"resourceVersion": "8"}, "data": {"node.yaml": yaml.safe_dump(text)}}
+    (entry,) = sims.configs[sims._entries(cm)][1]
+    (empty,) = resource_slices(entry, "kwok-node-3", "", 1)
+    assert empty["spec"]["devices"] == [] and "ownerReferences" not in empty["metadata"]
 
 
 def test_wave_overheads_take_each_gates_wait_out() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 import yaml
 
 from patchbay_kubectl import output
+from patchbay_kubectl.views.objects import merged
 from patchbay_kubectl.views.plan import (
     lowered_static_nodes,
-    merged,
     node_plan,
     pod_request,
     profile_plan,

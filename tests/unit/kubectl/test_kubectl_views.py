@@ -211,7 +211,8 @@ def test_completion_candidates() -> None:
     assert "--device" in completions(["uncordon", "serial", "--"], lookup)
     assert "--wait" not in completions(["uncordon", "serial", "--"], lookup)
     assert completions(["why", "se"], lookup) == ["sensors", "serial"]
-    assert completions(["why", "serial", ""], lookup) == []
+    assert completions(["why", "serial", ""], lookup) == ["n1", "n2"]  # why PROFILE NODE
+    assert completions(["why", "serial", "n1", ""], lookup) == []
     assert completions(["devices", "--node", ""], lookup) == ["n1", "n2"]
     assert completions(["devices", "-o", ""], lookup) == ["json", "wide", "yaml"]
     assert "--unhealthy" in completions(["devices", "--"], lookup)

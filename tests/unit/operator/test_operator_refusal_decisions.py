@@ -14,7 +14,7 @@ from support.converge import until
 
 from patchbay_operator.agentpods import STALL_AFTER, Warning, refusal
 from patchbay_operator.capacity import NodeState
-from patchbay_operator.config import Settings
+from patchbay_operator.config import Settings, load
 from patchbay_operator.controller import Controller
 from patchbay_operator.evaluation import Inputs, evaluate
 from patchbay_operator.profiles import Profile
@@ -73,6 +73,25 @@ def test_a_refusal_names_the_daemonset_quotes_the_cluster_and_stalls_after_a_whi
     assert early.message == f"DaemonSet {DS} cannot create its agent pods: {PSA}"
     late = refusal(DS, "u1", REFUSED, event(), T0 + STALL_AFTER)
     assert late is not None and late.stalled and late.recheck_at is None
+
+
+def test_the_operators_stall_after_setting_is_how_long_a_refusal_lasts_before_it_stalls() -> None:
+    # --stall-after 5: the refusal stalls 5 s after the event, not STALL_AFTER (60 s) after it.
+    five = timedelta(seconds=5)
+    early = refusal(DS, "u1", REFUSED, event(), T0 + timedelta(seconds=4), stall_after=five)
+    assert early is not None and not early.stalled and early.recheck_at == T0 + five
+    late = refusal(DS, "u1", REFUSED, event(), T0 + five, stall_after=five)
+    assert late is not None and late.stalled
+    ds = AgentDaemonSet("serial", 1, {**REFUSED, "observedGeneration": 1}, DS, "u1")
+    inputs = Inputs(
+        prof(), {}, rfc(T0 + five), [NodeState("a")], daemonset=ds, create_warning=event(), stall_after=5.0
+    )
+    result = evaluate(inputs)
+    assert result.status is not None
+    assert {c["type"]: c["status"] for c in result.status["conditions"]}["Stalled"] == "True"
+    assert load(["--stall-after", "5"], env={}).stall_after == 5.0
+    assert load([], env={"PATCHBAY_STALL_AFTER": "5"}).stall_after == 5.0
+    assert load([], env={}).stall_after == STALL_AFTER.total_seconds()
 
 
 def test_a_refusal_holds_only_while_the_daemonsets_pods_are_missing() -> None:

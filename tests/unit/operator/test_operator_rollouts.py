@@ -4,6 +4,7 @@ outside the first k waves ever serves the update revision."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -84,6 +85,44 @@ def test_a_new_revision_moves_the_canary_first_then_waves_of_a_quarter_then_comp
     assert state.current == state.update == "new" and state.phase is Phase.COMPLETE
     assert state.stanza().threshold == EVERYONE
     assert state.status() == {"phase": "Complete", "message": "complete: every node serves new"}
+
+
+def test_the_gate_holds_for_the_whole_of_healthy_seconds_from_a_moment_within_a_second() -> None:
+    """The gate's start is kept to the microsecond: nodes healthy from T0+1.9 s pass at T0+11.9 s,
+    not at T0+11 s (a start cut to whole seconds let a gate pass up to 1 s early)."""
+    state = canary()
+    start = T0 + timedelta(seconds=1.9)
+    seen = step(FAST, UID, fleet(state, NAMES), state, start)
+    assert seen.recheck_at == start + timedelta(seconds=10)
+    early = step(FAST, UID, fleet(seen.state, NAMES), seen.state, T0 + timedelta(seconds=11.5))
+    assert not early.new_wave and early.state.wave == 0, "held: 9.6 s of the 10"
+    assert early.recheck_at == start + timedelta(seconds=10)
+    through = step(FAST, UID, fleet(early.state, NAMES), early.state, start + timedelta(seconds=10))
+    assert through.new_wave and through.state.wave == 1
+
+
+def test_the_evaluation_judges_the_gate_with_the_clock_to_the_microsecond() -> None:
+    """evaluate() steps the rollout with ``Inputs.clock`` (the condition times keep whole seconds)."""
+    from patchbay_operator.devicereports import Report
+    from patchbay_operator.evaluation import Inputs, evaluate
+
+    first, second = profile(), profile("/dev/ttyACM*")
+    old, new = spec_revision(first.spec), spec_revision(second.spec)
+    nodes = [NodeState(n, labels={}) for n in NAMES]
+    state = step(FAST, second.uid, [NodeView(n, {}, old, 0) for n in NAMES], State.begin(old, new), T0).state
+    stanza = state.stanza()
+    reports = [Report(f"serial.{n}", "serial", n, revision=stanza.served(second.uid, n, {})) for n in NAMES]
+    at = T0 + timedelta(seconds=1.9)
+
+    def gate(now: datetime, previous: State) -> State:
+        inputs = Inputs(second, {}, "2026-11-29T00:00:01Z", nodes, reports=reports, rollout=(FAST, previous))
+        result = evaluate(replace(inputs, clock=now))
+        assert result.rollout is not None
+        return result.rollout.state
+
+    held = gate(at, state)
+    assert held.gate_since == "2026-11-29T00:00:01.900000Z"
+    assert gate(T0 + timedelta(seconds=11.5), held).wave == 0
 
 
 def test_a_canary_selector_moves_the_nodes_it_selects() -> None:

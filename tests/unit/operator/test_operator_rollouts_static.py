@@ -26,6 +26,7 @@ from patchbay_operator.rollouts import (
     step,
 )
 from patchbay_operator.staging import Staging, as_revision
+from patchbay_operator.timestamps import parse_rfc3339
 
 UID = "uid-dongles"
 R = "example.com/dongle"
@@ -233,7 +234,7 @@ def test_the_static_status_counts_nodes_by_revision_and_halts_on_a_bad_label() -
     nodes = [node(n, 2 if n == canary else 1) for n in NAMES]
     seen = evaluate(Inputs(second, {}, NOW, nodes, rollout=(FAST, moving), current_profile=first))
     assert seen.status is not None and seen.status["updatedNumberScheduled"] == 1
-    assert seen.rollout is not None and seen.rollout.state.gate_since == NOW
+    assert seen.rollout is not None and parse_rfc3339(seen.rollout.state.gate_since) == parse_rfc3339(NOW)
     later = "2026-11-29T00:00:10Z"
     passed = evaluate(
         Inputs(second, {}, later, nodes, rollout=(FAST, seen.rollout.state), current_profile=first)
