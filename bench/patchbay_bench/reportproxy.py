@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+from support.reports import device_report
 
 from patchbay_bench.peers import largest_report
 
@@ -33,17 +34,8 @@ HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "conte
 
 def small_report(namespace: str, node: str, profile: str) -> dict[str, Any]:
     devices = [{"id": f"ttyUSB{i}", "health": "Healthy"} for i in range(4)]
-    return {
-        "apiVersion": "patchbay.dev/v1beta1",
-        "kind": "DeviceReport",
-        "metadata": {"name": f"{profile}.{node}", "namespace": namespace},
-        "profile": profile,
-        "nodeName": node,
-        "resourceName": "example.com/serial",
-        "agent": "",
-        "summary": {"total": 4, "healthy": 4, "unhealthy": 0, "allocated": 0},
-        "devices": devices,
-    }
+    summary = {"total": 4, "healthy": 4, "unhealthy": 0, "allocated": 0}
+    return device_report(namespace, node, profile, "example.com/serial", devices, summary, agent="")
 
 
 class Proxy:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from support.processes import stop_process
 
 from patchbay_bench import REPO
 from patchbay_bench.harness import Run, others_running, wait
@@ -291,13 +291,7 @@ class Child:
         return self.proc.poll() is None
 
     def stop(self, grace: float = 20.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, grace)
 
     def __enter__(self) -> Child:
         return self

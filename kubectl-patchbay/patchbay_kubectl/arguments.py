@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 from patchbay_kubectl import output
@@ -265,3 +266,10 @@ def _rollout_parsers(
     )
     for verb in verbs.choices.values():
         verb.add_argument("profile", help="the DevicePluginProfile")
+
+
+def namespace_of(args: argparse.Namespace) -> str | None:
+    """The agents' namespace, or None for every namespace (-A)."""
+    if args.all_namespaces:
+        return None
+    return str(args.namespace or os.environ.get("PATCHBAY_NAMESPACE") or DEFAULT_NAMESPACE)

@@ -265,3 +265,12 @@ def node_inventory_text(n: NodePlan) -> str:
             what += f" ({names(n.drops)})" if n.drops else ""
     extra = [*m.notes, *([SUMMARISED] if m.summarised else [])]
     return head + what + "".join(f" ({x})" for x in extra)
+
+
+class Exit(Exception):  # noqa: N818 - a way out, not an error
+    """A command's text and its exit code other than 0 (``rollout status`` of a halted rollout,
+    ``diff`` when something would be lost)."""
+
+    def __init__(self, text: str, code: int) -> None:
+        super().__init__(text)
+        self.text, self.code = text, code

@@ -23,6 +23,7 @@ from typing import Any
 
 from patchbay_api.quantity import QuantityError, quantity_value
 from patchbay_operator.constants import OWNER_ANNOTATION_PREFIX, Reason
+from patchbay_operator.inventorylabels import NodeLabels
 from patchbay_operator.profiles import Profile
 
 JsonPatch = list[dict[str, Any]]
@@ -105,6 +106,8 @@ class NodeState:
     has_annotations: bool = True
     has_capacity: bool = True
     has_allocatable: bool = True
+    #: its inventory labels and which of them the operator's inventory-label manager owns
+    inventory: NodeLabels = field(default_factory=NodeLabels)
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any]) -> NodeState:
@@ -129,6 +132,7 @@ class NodeState:
             has_annotations=annotations is not None,
             has_capacity=capacity is not None,
             has_allocatable=allocatable is not None,
+            inventory=NodeLabels.from_node(node),
         )
 
 

@@ -100,6 +100,12 @@ class Settings:
     ``kubectl patchbay discover`` answers before the first profile. Off: it goes with the last
     profile (no agent pod on any node until someone asks for one)."""
 
+    inventory_node_labels: bool = False
+    """Keep the opt-in inventory labels on the nodes (the chart's ``inventory.nodeLabels``): each
+    node carries ``inventory.patchbay.dev/<usb|pci>-<vendor>-<device>: present`` for every kind of
+    device its NodeInventory lists, and nothing else under that prefix that Patchbay set. Off: no
+    NodeInventory is read, and labels Patchbay set while it was on are removed."""
+
     agent_metrics_holder_labels: bool = False
     """Agents name each container holding a device on their /metrics (namespace, pod,
     container); off, they export the total only: the port is open to the pod network."""
@@ -284,6 +290,13 @@ FLAGS: tuple[Flag, ...] = (
         "keep the shared node agent on its nodes with no profile, serving nothing but each "
         "node's NodeInventory, so `kubectl patchbay discover` answers before the first profile "
         "(default: it goes with the last profile)",
+        switch=True,
+    ),
+    Flag(
+        "inventory_node_labels",
+        "keep a label inventory.patchbay.dev/<usb|pci>-<vendor>-<device>=present on every node for "
+        "each kind of device its NodeInventory lists (default: off, and labels set while it was on "
+        "are removed)",
         switch=True,
     ),
     Flag(

@@ -10,6 +10,7 @@ kopf hands over profiles (handlers.py); the informers hand over nodes and what t
   (deviceclasses.py) for a DRA profile's DeviceClass;
 - ``AgentWatch`` (agentwatch.py): the agents' DaemonSets, pods, warnings and DeviceReports;
 - ``Repairs`` (repairs.py): what the operator renders, put back when deleted or edited;
+- ``InventoryLabels`` (nodelabels.py): the opt-in inventory labels on the nodes;
 - ``Revisions`` (revisions.py): each profile's ControllerRevisions, written, pruned, put back;
 - ``ProfileStatus`` (profilestatus.py): each profile's status and Events, written by its
   ``StatusWriter`` (statuswriter.py) when marked dirty (``Dirty``: what every part marks);
@@ -27,20 +28,20 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from patchbay_operator import agentwatch, informer, maintenance, nodes, repairs, revisions
+from patchbay_operator import agentwatch, informer, maintenance, nodelabels, nodes, repairs, revisions
 from patchbay_operator.agents import Agents
 from patchbay_operator.agentwatch import AgentWatch
 from patchbay_operator.config import Settings
 from patchbay_operator.deviceclasses import DeviceClasses
 from patchbay_operator.informer import Informer, Source
 from patchbay_operator.kube import KubeAPI, KubeError, Pool, Ref
+from patchbay_operator.nodelabels import InventoryLabels
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.peering import Gate, Peering, writes
 from patchbay_operator.profiles import Registry
 from patchbay_operator.profilestatus import ProfileStatus
 from patchbay_operator.reconcile import Reconciler
 from patchbay_operator.repairs import Repairs
-from patchbay_operator.status.daemonset import AgentDaemonSet
 from patchbay_operator.statuswriter import Dirty
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,22 @@ RULES_RECHECK_SECONDS = 300.0
 """Where DeviceTaintRules are not served at start, how often the operator asks again: a control
 plane upgraded to 1.37 while the operator runs starts serving them, and its pods are not restarted
 for it."""
+
+
+def fan_out(
+    *feeds: tuple[Callable[[list[informer.Event[T]]], None], Callable[[informer.Snapshot[T]], None]],
+) -> tuple[Callable[[list[informer.Event[T]]], None], Callable[[informer.Snapshot[T]], None]]:
+    """One informer's events and resyncs handed to each of ``feeds`` (observe, resync), in order."""
+
+    def observe(events: list[informer.Event[T]]) -> None:
+        for feed, _ in feeds:
+            feed(events)
+
+    def resync(snapshot: informer.Snapshot[T]) -> None:
+        for _, feed in feeds:
+            feed(snapshot)
+
+    return observe, resync
 
 
 class Controller:
@@ -66,6 +83,7 @@ class Controller:
         self.registry = registry = Registry()
         dirty, gate = Dirty(registry.names), self.gate
         self.nodes = NodeSync(kube, call, registry.static_winners, dirty.mark_all)
+        self.labels = InventoryLabels(kube, call, self.nodes, enabled=settings.inventory_node_labels)
         self.watch = AgentWatch(kube, call, settings, registry=registry, mark=dirty.mark, gate=gate)
         self.classes = DeviceClasses(kube, call, registry=registry, mark=dirty.mark, gate=gate)
         self.agents = Agents(
@@ -117,10 +135,14 @@ class Controller:
         conflicts are decided on full knowledge (then `Agents.unused_shared`, handlers.py)."""
         await self.refresh_profiles()
         log.info("Loaded %d DevicePluginProfiles", len(self.registry))
-        await self._watch(nodes.SOURCE, self.nodes.observe, self.nodes.resync)
-        w = self.watch
+        if self.settings.inventory_node_labels:  # listed first: no node is planned without it
+            await self._watch(nodelabels.SOURCE, *self.labels.inventory_feed, required=False)
+        n, w, r = self.nodes, self.watch, self.repairs
+        await self._watch(nodes.SOURCE, *fan_out((n.observe, n.resync), self.labels.node_feed))
         ds_source, pod_source, warning_source, report_source = agentwatch.sources(self.settings.namespace)
-        await self._watch(ds_source, self._daemonset_events, self._daemonset_resync)
+        # the agent DaemonSets' one informer feeds their rollouts (agentwatch.py) and repairs
+        feeds = (w.daemonsets.observe, w.daemonsets.resync), (r.observe_daemonsets, r.resync_daemonsets)
+        await self._watch(ds_source, *fan_out(*feeds))
         await self._watch(pod_source, w.pods.observe, w.pods.resync)
         await self._watch(warning_source, w.warnings.observe, w.warnings.resync)
         await self._watch(report_source, w.reports.observe, w.reports.resync, required=False)
@@ -150,6 +172,7 @@ class Controller:
         w.prune_orphans_later({r.profile for r in w.reports.items.values()} - set(self.registry.names()))
         for _ in range(self.settings.concurrency):
             self._spawn(self.nodes.run_worker())
+            self._spawn(self.labels.run_worker())
         self._spawn(self.status.run())
         if self.gate is not None:
             self._spawn(self.gate.run())
@@ -181,15 +204,6 @@ class Controller:
         watcher = Informer(self.kube, source, asyncio.get_running_loop(), on_events, on_resync)
         watcher.start(rv)
         self._informers.append(watcher)
-
-    def _daemonset_events(self, events: list[informer.Event[AgentDaemonSet]]) -> None:
-        """The agent DaemonSets' one informer feeds their rollouts (agentwatch.py) and repairs."""
-        self.watch.daemonsets.observe(events)
-        self.repairs.observe_daemonsets(events)
-
-    def _daemonset_resync(self, snapshot: informer.Snapshot[AgentDaemonSet]) -> None:
-        self.watch.daemonsets.resync(snapshot)
-        self.repairs.resync_daemonsets(snapshot)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro))
@@ -262,6 +276,7 @@ class Controller:
     def _stand_by(self) -> None:
         """Write nothing (no node patch, no status) until the gate says go; caches stay current."""
         self.nodes.queue.pause()
+        self.labels.queue.pause()
         self.status.paused = True
 
     async def _take_over(self) -> None:
@@ -270,6 +285,7 @@ class Controller:
         self.nodes.queue.resume()
         self.status.paused = False
         self.nodes.enqueue_all()
+        self.labels.resume()
         self.status.mark(self.registry.names())
         await self.agents.unused_shared(taking_over=True)
 
@@ -298,6 +314,7 @@ class Controller:
             "watchRestarts": {w.kind: w.restarts for w in self._informers},
             "profileConditions": self.status.conditions(),
             "driftReassertions": n.drift_reassertions,
+            **self.labels.stats(),
             "repairs": dict(self.repairs.repairs),
             "revisions": self.revisions.counts(),
             **self.statuses.staging.stats(),

@@ -37,6 +37,7 @@ from patchbay_operator.constants import (
     FIELD_MANAGER,
     PLURAL,
 )
+from patchbay_operator.inventorylabels import INVENTORY_LABELS_MANAGER, apply_body
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,6 +48,7 @@ APPLY_PATCH = "application/apply-patch+yaml"
 
 PROFILES_PATH = f"/apis/{API_GROUP}/{API_VERSION}/{PLURAL}"
 NODES_PATH = "/api/v1/nodes"
+INVENTORIES_PATH = f"/apis/{API_GROUP}/{API_VERSION}/nodeinventories"
 PEERINGS_PATH = "/apis/kopf.dev/v1/clusterkopfpeerings"
 
 
@@ -217,6 +219,7 @@ class KubeAPI(Protocol):
 
     def patch_node_status(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]: ...
     def get_node(self, name: str) -> dict[str, Any] | None: ...
+    def apply_node_labels(self, name: str, labels: dict[str, str]) -> dict[str, Any]: ...
     def list_pages(
         self,
         path: str,
@@ -356,6 +359,19 @@ class Kube:
     def get_node(self, name: str) -> dict[str, Any] | None:
         node: dict[str, Any] | None = self.request("GET", f"/api/v1/nodes/{quote(name, safe='')}", ok=(404,))
         return node
+
+    def apply_node_labels(self, name: str, labels: dict[str, str]) -> dict[str, Any]:
+        """Server-side apply of the node's inventory labels (exactly ``labels``) with their own
+        field manager, never forced: a label another manager holds with another value is a 409.
+        Returns the node as stored."""
+        result: dict[str, Any] = self.request(
+            "PATCH",
+            f"{NODES_PATH}/{quote(name, safe='')}",
+            apply_body(name, labels),
+            content_type=APPLY_PATCH,
+            query={"fieldManager": INVENTORY_LABELS_MANAGER, "force": "false"},
+        )
+        return result
 
     def list_pages(
         self,

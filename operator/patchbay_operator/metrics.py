@@ -28,6 +28,9 @@ COUNTERS = {
     "statusComputes": "Profile status computations (most end in no write: nothing changed).",
     "driftReassertions": "Node patches that set a capacity back to the value the operator last wrote "
     "there (something else changed it).",
+    "inventoryLabelWrites": "Server-side applies of a node's inventory labels (one per inventory "
+    "change that changes them; --inventory-node-labels).",
+    "inventoryLabelFailures": "Applies of a node's inventory labels that failed (retried).",
 }
 GAUGES = {
     "nodes": "Nodes in the operator's cache.",

@@ -47,7 +47,90 @@ RETRY_FIRST, RETRY_MAX = 2.0, 30.0
 SOURCE = Source("nodes", NODES_PATH, NodeState.from_node)
 
 
-class NodeSync:
+class NodeWriter:
+    """What the parts that write Nodes share (static capacity here, the inventory labels in
+    nodelabels.py): a work queue of node names, its workers (``run_worker``, each calling
+    ``sync``), and one way to handle a write's failure (``write``): 404, the node is forgotten;
+    409/422 (planned from a stale cache), the node read once, folded and queued again, at most
+    ``MAX_STALE_RETRIES`` times in a row; anything else, tried again after a per-node backoff."""
+
+    what = "Patching node"
+    """How the warning of a failed write starts ("Patching node n-1 failed, retrying in ...")."""
+
+    def __init__(self, kube: KubeAPI, call: Call) -> None:
+        self._kube, self._call = kube, call
+        self.queue: WorkQueue[str] = WorkQueue()
+        self._stale: dict[str, int] = {}
+        self._retry: dict[str, Backoff] = {}
+        self.patch_failures = 0
+
+    async def sync(self, name: str) -> None:
+        raise NotImplementedError
+
+    def fold(self, event_type: str, state: NodeState) -> None:
+        raise NotImplementedError
+
+    def forget(self, name: str) -> None:
+        """The node is gone."""
+        raise NotImplementedError
+
+    def failed(self, name: str, message: str) -> None:
+        """A write failed and is tried again later (nothing to do by default)."""
+
+    async def run_worker(self) -> None:
+        while True:
+            name = await self.queue.get()
+            try:
+                await self.sync(name)
+            except Exception:
+                log.exception("Unexpected error: %s %s", self.what.lower(), name)
+            finally:
+                self.queue.done(name)
+
+    async def write(self, name: str, fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any] | None:
+        """``fn(name, *args)`` in the pool: the node as stored, or None when it failed (handled)."""
+        try:
+            result: dict[str, Any] = await self._call(fn, name, *args)
+        except KubeError as e:
+            self.patch_failures += 1
+            if e.status == 404:
+                self.forget(name)
+            elif e.status in (409, 422) and self._stale.get(name, 0) < MAX_STALE_RETRIES:
+                self._stale[name] = self._stale.get(name, 0) + 1
+                await self._reread(name)
+            else:
+                self._fail(name, str(e))
+            return None
+        except OSError as e:
+            self.patch_failures += 1
+            self._fail(name, f"{type(e).__name__}: {e}")
+            return None
+        self._stale.pop(name, None)
+        self._retry.pop(name, None)
+        return result
+
+    async def _reread(self, name: str) -> None:
+        """Our cache was stale (a path we remove is already gone): read the node once, re-plan."""
+        try:
+            fresh = await self._call(self._kube.get_node, name)
+        except (KubeError, OSError) as e:
+            self._fail(name, str(e))
+            return
+        if fresh is None:
+            self.forget(name)
+            return
+        self.fold("REFRESHED", NodeState.from_node(fresh))
+        self.queue.add(name)  # held by this worker: queued again when it is done
+
+    def _fail(self, name: str, message: str) -> None:
+        delay = self._retry.setdefault(name, Backoff(first=RETRY_FIRST, maximum=RETRY_MAX)).next()
+        log.warning("%s %s failed, retrying in %.1fs: %s", self.what, name, delay, message)
+        self._stale.pop(name, None)
+        self.failed(name, message)
+        self.queue.add_after(name, delay)
+
+
+class NodeSync(NodeWriter):
     """The node cache and its patch workers (``run_worker``, ``concurrency`` of them)."""
 
     def __init__(
@@ -57,15 +140,12 @@ class NodeSync:
         winners: Callable[[], Mapping[str, Profile]],
         on_change: Callable[[], None],
     ) -> None:
-        self._kube, self._call, self._winners, self._on_change = kube, call, winners, on_change
+        super().__init__(kube, call)
+        self._winners, self._on_change = winners, on_change
         self.states: dict[str, NodeState] = {}
         self.failures: dict[str, str] = {}
-        self.queue: WorkQueue[str] = WorkQueue()
-        self._stale: dict[str, int] = {}
-        self._retry: dict[str, Backoff] = {}
         self.events = 0
         self.patches = 0
-        self.patch_failures = 0
         self.per_node: dict[str, int] = {}
         #: patches that set a node's capacity back to the value this operator last wrote there
         #: (something else changed it): the drift alert's counter
@@ -132,15 +212,12 @@ class NodeSync:
 
     # --- the workers ---------------------------------------------------------------------------
 
-    async def run_worker(self) -> None:
-        while True:
-            name = await self.queue.get()
-            try:
-                await self.sync(name)
-            except Exception:
-                log.exception("Unexpected error patching node %s", name)
-            finally:
-                self.queue.done(name)
+    def forget(self, name: str) -> None:
+        self.states.pop(name, None)
+
+    def failed(self, name: str, message: str) -> None:
+        self.failures[name] = message
+        self._on_change()
 
     async def sync(self, name: str) -> None:
         state = self.states.get(name)
@@ -149,21 +226,8 @@ class NodeSync:
         ops = self._plan(state, self._winners())
         if not ops:
             return
-        try:
-            result = await self._call(self._kube.patch_node_status, name, ops)
-        except KubeError as e:
-            self.patch_failures += 1
-            if e.status == 404:
-                self.states.pop(name, None)
-            elif e.status in (409, 422) and self._stale.get(name, 0) < MAX_STALE_RETRIES:
-                self._stale[name] = self._stale.get(name, 0) + 1
-                await self._reread(name)
-            else:
-                self._fail(name, str(e))
-            return
-        except OSError as e:
-            self.patch_failures += 1
-            self._fail(name, f"{type(e).__name__}: {e}")
+        result = await self.write(name, self._kube.patch_node_status, ops)
+        if result is None:
             return
         self.patches += 1
         self.per_node[name] = self.per_node.get(name, 0) + 1
@@ -172,30 +236,7 @@ class NodeSync:
                 key = (name, op["path"])
                 self.drift_reassertions += self._written.get(key) == op["value"]
                 self._written[key] = op["value"]
-        self._stale.pop(name, None)
-        self._retry.pop(name, None)
         if self.failures.pop(name, None) is not None:
             self._on_change()
         log.debug("Patched node %s: %s", name, ops)
         self.fold("PATCHED", NodeState.from_node(result))
-
-    async def _reread(self, name: str) -> None:
-        """Our cache was stale (a path we remove is already gone): read the node once, re-plan."""
-        try:
-            fresh = await self._call(self._kube.get_node, name)
-        except (KubeError, OSError) as e:
-            self._fail(name, str(e))
-            return
-        if fresh is None:
-            self.states.pop(name, None)
-            return
-        self.fold("REFRESHED", NodeState.from_node(fresh))
-        self.queue.add(name)  # held by this worker: queued again when it is done
-
-    def _fail(self, name: str, message: str) -> None:
-        delay = self._retry.setdefault(name, Backoff(first=RETRY_FIRST, maximum=RETRY_MAX)).next()
-        log.warning("Patching node %s failed, retrying in %.1fs: %s", name, delay, message)
-        self.failures[name] = message
-        self._stale.pop(name, None)
-        self._on_change()
-        self.queue.add_after(name, delay)

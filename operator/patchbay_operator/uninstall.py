@@ -18,6 +18,11 @@ anything, this command decides:
   are gone, say so in one line, exit 0. Nothing then runs that needs what Helm deletes next;
   the profiles, their DeviceClasses and the static capacity they set stay, for a reinstall.
 
+With the chart's ``inventory.nodeLabels`` (``--inventory-labels``), once the uninstall goes on,
+the operator is stopped (as above) and the inventory labels it kept are removed from every node
+(a server-side apply of no label by their field manager: labels of other owners stay), said in
+one line.
+
 Everything it does is bounded by ``--timeout`` (below the Job's activeDeadlineSeconds), so a
 stuck wait ends with a line saying what it waited for rather than a bare DeadlineExceeded.
 """
@@ -33,7 +38,16 @@ from typing import Any
 from urllib.parse import quote
 
 from patchbay_operator.constants import LABEL_NAME
-from patchbay_operator.kube import MERGE_PATCH, PROFILES_PATH, Kube, KubeError, load_configuration
+from patchbay_operator.inventorylabels import INVENTORY_LABELS_MANAGER, apply_body, owned_labels
+from patchbay_operator.kube import (
+    APPLY_PATCH,
+    MERGE_PATCH,
+    NODES_PATH,
+    PROFILES_PATH,
+    Kube,
+    KubeError,
+    load_configuration,
+)
 from patchbay_operator.render import AGENT_NAME
 
 AGENT_SELECTOR = f"{LABEL_NAME}={AGENT_NAME}"
@@ -114,13 +128,36 @@ class Check:
         got = self.request("GET", daemonsets, query={"labelSelector": AGENT_SELECTOR})
         return sorted(d["metadata"]["name"] for d in got.get("items", []))
 
+    def stop_operator(self, deployment: str, operator_selector: str) -> None:
+        """Scale the operator to 0 and wait until its pods are gone."""
+        scale = f"/apis/apps/v1/namespaces/{self.ns}/deployments/{quote(deployment, safe='')}/scale"
+        self.request("PATCH", scale, {"spec": {"replicas": 0}}, content_type=MERGE_PATCH, ok=(404,))
+        self.wait_gone("the operator", operator_selector)
+
+    def remove_inventory_labels(self) -> int:
+        """Remove the inventory labels from every node that carries some the operator set (its
+        field manager owns them): how many nodes. A page of nodes at a time."""
+        removed, cont = 0, ""
+        while True:
+            query = {"limit": "500", **({"continue": cont} if cont else {})}
+            got = self.request("GET", NODES_PATH, query=query)
+            for node in got.get("items", []):
+                if owned_labels(node):
+                    name = node["metadata"]["name"]
+                    path = f"{NODES_PATH}/{quote(name, safe='')}"
+                    manager = {"fieldManager": INVENTORY_LABELS_MANAGER, "force": "false"}
+                    body = apply_body(name, {})
+                    self.request("PATCH", path, body, content_type=APPLY_PATCH, query=manager, ok=(404,))
+                    removed += 1
+            cont = (got.get("metadata") or {}).get("continue") or ""
+            if not cont:
+                return removed
+
     def stop_agents(self, deployment: str, operator_selector: str) -> list[str]:
         """Scale the operator to 0 and wait for its pods, then delete the agent DaemonSets and wait
         for theirs; returns the DaemonSets' names. The operator goes first: it watches its
         DaemonSets and would apply a deleted one again at once."""
-        scale = f"/apis/apps/v1/namespaces/{self.ns}/deployments/{quote(deployment, safe='')}/scale"
-        self.request("PATCH", scale, {"spec": {"replicas": 0}}, content_type=MERGE_PATCH, ok=(404,))
-        self.wait_gone("the operator", operator_selector)
+        self.stop_operator(deployment, operator_selector)
         daemonsets = f"/apis/apps/v1/namespaces/{self.ns}/daemonsets"
         names = self.agent_daemonsets()
         for name in names:
@@ -129,8 +166,20 @@ class Check:
         self.wait_gone("the agents", AGENT_SELECTOR)
         return names
 
-    def run(self, *, allow: bool, deployment: str, operator_selector: str) -> str:
-        """The line to print ('' for none); ``RefusedError`` when the uninstall must stop."""
+    def run(self, *, allow: bool, deployment: str, operator_selector: str, labels: bool = False) -> str:
+        """The lines to print ('' for none); ``RefusedError`` when the uninstall must stop.
+        With ``labels`` (inventory.nodeLabels), once it goes on: the operator stopped, the
+        inventory labels removed."""
+        line = self._agents(allow=allow, deployment=deployment, operator_selector=operator_selector)
+        if not labels:
+            return line
+        if not line:  # the operator still runs (no agent to stop): it would put them back
+            self.stop_operator(deployment, operator_selector)
+        removed = self.remove_inventory_labels()
+        said = f"patchbay: inventory labels removed from {removed} node{'s' if removed != 1 else ''}"
+        return f"{line}\n{said}" if line else said
+
+    def _agents(self, *, allow: bool, deployment: str, operator_selector: str) -> str:
         profiles = self.profiles()
         if not profiles:
             if not self.agent_daemonsets():
@@ -159,6 +208,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--operator-deployment", required=True, help="the operator's Deployment")
     p.add_argument("--operator-selector", required=True, help="the operator pods' label selector")
     p.add_argument("--allow-with-profiles", action="store_true", help="uninstall.allowWithProfiles")
+    p.add_argument("--inventory-labels", action="store_true", help="inventory.nodeLabels: remove them")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds for the whole check")
     args = p.parse_args(argv)
     if not args.namespace:
@@ -175,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             allow=args.allow_with_profiles,
             deployment=args.operator_deployment,
             operator_selector=args.operator_selector,
+            labels=args.inventory_labels,
         )
     except RefusedError as e:
         print(e, flush=True)

@@ -14,6 +14,15 @@ What the agent writes stays there: the NodeInventory deleted (`kubectl delete no
 written again, and a field someone else changed (a merge patch by the field manager
 kubectl-patch, as `kubectl patch` sends it) is put back; the seconds each took are printed, and
 the agent pod's log says each repair (bounded waits of 30 s).
+
+With the chart's `inventory.nodeLabels` on (`helm upgrade`), the operator keeps the inventory
+labels: the real node gets `inventory.patchbay.dev/pci-<vendor>-<device>=present` for each of its
+PCI kinds (the seconds after the upgrade printed), `--propose` for one selects by that label, and
+applied it selects the real node and a kwok node given the label by hand, not another kwok node;
+the chart back to its defaults, the operator removes the real node's labels and leaves the kwok
+node's hand-set one alone. (A kind coming and going, and its label with it, is proven on the API
+server by tests/integration/operator/test_operator_inventory_labels.py: the real node's /sys gets
+no USB adapter.)
 """
 
 from __future__ import annotations
@@ -25,11 +34,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes.client.rest import ApiException
 from support.clusters import Cluster
 from support.realnode import Installed, add_fake_device, wait_for
 
+from patchbay_api.inventory import kind_label
+from patchbay_api.selectors import label_selector_matches
 from patchbay_devcluster import DevCluster
+from patchbay_devcluster.install import helm_install
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = Path(os.environ.get("VIRTUAL_ENV") or REPO / ".venv") / "bin" / "kubectl-patchbay"
@@ -155,3 +168,56 @@ def test_discover_lists_the_real_nodes_hardware_and_follows_a_new_device_file(
     finally:
         cluster.delete_profile(name)
         cluster.set_labels(real_node, {label: None})
+    inventory_labels(patchbay, cluster, e2e_cluster, real_node, discover)
+
+
+def inventory_labels(
+    patchbay: Installed, cluster: Cluster, e2e_cluster: DevCluster, real_node: str, discover: Any
+) -> None:
+    """inventory.nodeLabels on: the real node's PCI kinds as labels; --propose selects by them."""
+    want = {kind_label("pci", *k.split(":")[1:]) for k in real_pci()}
+
+    def carried(node: str) -> set[str]:
+        labels = cluster.core.read_node(node).metadata.labels or {}
+        return {k for k in labels if k.startswith("inventory.patchbay.dev/")}
+
+    assert not carried(real_node)  # the chart's default: no label
+    name = f"{cluster.prefix}virtio"
+    given, bare = cluster.add_nodes(2)
+    try:
+        t0 = time.monotonic()
+        on = {"inventory": {"nodeLabels": True}}
+        helm_install(e2e_cluster, patchbay.release.chart, patchbay.images, on)
+        upgraded = time.monotonic() - t0
+        wait_for("the real node's inventory labels", lambda: carried(real_node) == want, 60)
+        labelled = time.monotonic() - t0 - upgraded
+        print(f"helm upgrade (nodeLabels on) {upgraded:.2f} s; the real node's labels {labelled:.2f} s later")
+
+        some = sorted(real_pci())[0]
+        label = kind_label("pci", *some.split(":")[1:])
+        proposed = discover(some, "--propose", name)
+        assert f"{label}: present" in proposed and "fallback" not in proposed, proposed
+        cluster.set_labels(given, {label: "present"})
+        doc = yaml.safe_load(proposed)
+        cluster.create_profile(name, doc["spec"])
+        selected = {
+            n.metadata.name
+            for n in cluster.core.list_node().items
+            if label_selector_matches(doc["spec"]["nodeSelector"], n.metadata.labels or {})
+        }
+        assert selected == {real_node, given} and bare not in selected, selected
+        wait_for(
+            "the proposed profile selects 2 nodes",
+            lambda: (
+                (((cluster.profile(name) or {}).get("status") or {}).get("nodes") or {}).get("desired") == 2
+            ),
+            60,
+        )
+        cluster.delete_profile(name)
+        wait_for("the proposed profile gone", lambda: cluster.profile(name) is None, 60)
+    finally:
+        t0 = time.monotonic()
+        helm_install(e2e_cluster, patchbay.release.chart, patchbay.images)
+        wait_for("the labels gone with the setting", lambda: not carried(real_node), 60)
+        print(f"the chart's defaults again: the real node's labels gone after {time.monotonic() - t0:.2f} s")
+    assert carried(given) == {label}  # set by hand: not Patchbay's to remove

@@ -14,7 +14,6 @@ command without checking the IDs) and see each fail, then restore it."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
@@ -26,14 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.agentparts import registrar_of
 from support.agentrun import make_config
-from support.fakehw import FakeHardware
-from support.fuzzing import PROVE, LoopThread, tally
+from support.fuzzing import PROVE, LoopThread, fuzzed_agent_options, tally
 
 from patchbay_agent.api import api_pb2, api_pb2_grpc
 from patchbay_agent.config import Allocation
 from patchbay_agent.core.inventory import Snapshot
 from patchbay_agent.deviceplugin import allocation, server
-from patchbay_agent.options import AgentOptions
 from patchbay_agent.resourceagent import ResourceAgent
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -48,11 +45,7 @@ class Plugin(NamedTuple):
 
 @pytest.fixture(scope="module")
 def plugin(loop_thread: LoopThread, module_dir: Path) -> Iterator[Plugin]:
-    hw = FakeHardware(module_dir / "host")
-    for i in range(8):
-        hw.add_dev(f"/dev/ttyUSB{i}")
-    plugins = module_dir / "dp"
-    plugins.mkdir()
+    options = fuzzed_agent_options(module_dir, serials=8)
     runs = module_dir / "pre-start-runs"
     runs.touch()
     config = make_config(
@@ -65,25 +58,12 @@ def plugin(loop_thread: LoopThread, module_dir: Path) -> Iterator[Plugin]:
             },
         }
     )
-    options = AgentOptions(
-        node_name="node-1", plugin_dir=plugins, host_root=hw.root, http_address=None, shutdown_grace=1.0
-    )
-    stop = asyncio.Event()
-
-    async def start() -> tuple[ResourceAgent, asyncio.Task[None]]:
-        agent = ResourceAgent(config, options)
-        task = asyncio.create_task(agent.run(stop))
-        await asyncio.wait_for(agent.started.wait(), 10)
-        return agent, task
-
-    agent, task = loop_thread.run(start())
-    channel = grpc.insecure_channel(f"unix://{registrar_of(agent).socket_path}")
-    try:
-        yield Plugin(api_pb2_grpc.DevicePluginStub(channel), runs)
-    finally:
-        channel.close()
-        loop_thread.loop.call_soon_threadsafe(stop.set)
-        loop_thread.run(asyncio.wait_for(asyncio.shield(task), 15))
+    with loop_thread.agent(lambda: ResourceAgent(config, options)) as agent:
+        channel = grpc.insecure_channel(f"unix://{registrar_of(agent).socket_path}")
+        try:
+            yield Plugin(api_pb2_grpc.DevicePluginStub(channel), runs)
+        finally:
+            channel.close()
 
 
 _id = st.one_of(

@@ -20,7 +20,6 @@ wrong, served by a `DraPlugin` of its own) and sees each judge fail."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import re
@@ -36,8 +35,7 @@ from hypothesis import strategies as st
 from support.agentparts import dra_of
 from support.agentrun import make_config
 from support.draapi import InMemoryApi
-from support.fakehw import FakeHardware
-from support.fuzzing import PROVE, LoopThread, tally
+from support.fuzzing import NODE, PROVE, LoopThread, fuzzed_agent_options, tally
 
 from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
 from patchbay_agent.config import Allocation
@@ -46,11 +44,10 @@ from patchbay_agent.dra.preparer import ClaimPreparer
 from patchbay_agent.dra.slices import device_name
 from patchbay_agent.kubelet.draplugin import ClaimRef, ClaimResult, DraPlugin, service_dir
 from patchbay_agent.metrics import Metrics
-from patchbay_agent.options import AgentOptions, DraOptions
+from patchbay_agent.options import DraOptions
 from patchbay_agent.resourceagent import ResourceAgent
 
 DRIVER = "fuzz.patchbay.dev"
-NODE = "node-1"
 NAMES = [device_name(f"ttyUSB{i}") for i in range(4)]
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 Claim = tuple[tuple[str, str, str], Any]
@@ -88,45 +85,26 @@ class Dra(NamedTuple):
 
 @pytest.fixture(scope="module")
 def dra(loop_thread: LoopThread, module_dir: Path) -> Iterator[Dra]:
-    hw = FakeHardware(module_dir / "host")
-    for i in range(4):
-        hw.add_dev(f"/dev/ttyUSB{i}")
-    plugins = module_dir / "dp"
-    plugins.mkdir()
     api = _Api()
-    options = AgentOptions(
-        node_name=NODE,
-        plugin_dir=plugins,
-        host_root=hw.root,
-        http_address=None,
-        shutdown_grace=1.0,
+    options = fuzzed_agent_options(
+        module_dir,
+        serials=4,
         cdi_spec_dir=module_dir / "cdi",
         dra=DraOptions(DRIVER, module_dir / "k"),
     )
-    stop = asyncio.Event()
-
-    async def start() -> tuple[ResourceAgent, asyncio.Task[None]]:
-        agent = ResourceAgent(
-            make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}), options, client=api
-        )
-        task = asyncio.create_task(agent.run(stop))
-        await asyncio.wait_for(agent.started.wait(), 10)
-        return agent, task
-
-    agent, task = loop_thread.run(start())
-    dra_of(agent)  # a DRA agent (asserts it)
-    channel = grpc.insecure_channel(f"unix://{dra_of(agent).service_socket}")
-    copies = service_dir(module_dir / "k", DRIVER) / "cdi"
-    try:
-        yield Dra(
-            Target(dra_v1_pb2_grpc.DRAPluginStub(channel), api, module_dir / "cdi", copies),
-            agent.inventory,
-            module_dir,
-        )
-    finally:
-        channel.close()
-        loop_thread.loop.call_soon_threadsafe(stop.set)
-        loop_thread.run(asyncio.wait_for(asyncio.shield(task), 15))
+    config = make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}})
+    with loop_thread.agent(lambda: ResourceAgent(config, options, client=api)) as agent:
+        dra_of(agent)  # a DRA agent (asserts it)
+        channel = grpc.insecure_channel(f"unix://{dra_of(agent).service_socket}")
+        copies = service_dir(module_dir / "k", DRIVER) / "cdi"
+        try:
+            yield Dra(
+                Target(dra_v1_pb2_grpc.DRAPluginStub(channel), api, module_dir / "cdi", copies),
+                agent.inventory,
+                module_dir,
+            )
+        finally:
+            channel.close()
 
 
 _json = st.recursive(

@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -36,14 +37,47 @@ NAME = re.compile(r"patchbay-example\.com_serial-[0-9a-f]{8}\.sock")
 SLOWER_THAN_THE_OLD_DEADLINE = 2.5
 
 
+class Rollout:
+    """The old and the new agent of a rollout, each a SERIAL agent on the kubelet's plugin dir
+    started by the test (``start_old``, ``start_new``) with the rollout's agent options, and
+    stopped by closing its stack (``old.aclose()``: SIGTERM to that pod)."""
+
+    def __init__(
+        self,
+        old: contextlib.AsyncExitStack,
+        new: contextlib.AsyncExitStack,
+        kubelet: PyKubelet,
+        host: Path,
+        **agent: Any,
+    ) -> None:
+        self.old, self.new = old, new
+        self._kubelet, self._host, self._agent = kubelet, host, agent
+
+    async def start_old(self) -> ResourceAgent:
+        return await self.old.enter_async_context(self._running())
+
+    async def start_new(self) -> ResourceAgent:
+        return await self.new.enter_async_context(self._running())
+
+    def _running(self) -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
+        return running_agent(SERIAL, self._kubelet.plugin_dir, self._host, **self._agent)
+
+
+@pytest.fixture
+def one_client_release() -> str:
+    """The oldest release of the matrix whose kubelet keeps one device-plugin client per resource;
+    the test is skipped where the matrix has none."""
+    if ONE_CLIENT_RELEASE is None:
+        pytest.skip("no release of the matrix (hack/kube-releases) keeps one client per resource")
+    return ONE_CLIENT_RELEASE
+
+
 @contextlib.asynccontextmanager
-async def rollout(
-    kubelet: PyKubelet,
-) -> AsyncIterator[tuple[contextlib.AsyncExitStack, contextlib.AsyncExitStack]]:
-    """A rollout on ``kubelet`` (started here): the old and the new agent's stacks, each agent
-    entered by the test; at the end the new agent stops, then the old one, then the kubelet."""
+async def rollout(kubelet: PyKubelet, hw: FakeHardware, **agent: Any) -> AsyncIterator[Rollout]:
+    """A rollout on ``kubelet`` (started here) of agents with the options ``agent`` on the host
+    ``hw``; at the end the new agent stops, then the old one, then the kubelet."""
     async with kubelet, contextlib.AsyncExitStack() as old, contextlib.AsyncExitStack() as new:
-        yield old, new
+        yield Rollout(old, new, kubelet, hw.root, **agent)
 
 
 def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket(
@@ -53,10 +87,10 @@ def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir)
-        async with rollout(kubelet) as (old, new):
-            a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root))
+        async with rollout(kubelet, hw) as agents:
+            a = await agents.start_old()
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
-            b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root))
+            b = await agents.start_new()
             # Registered, and the kubelet's stream of it open (it opens after Register answers).
             await kubelet.wait_for(lambda: len(kubelet.first_lists) == 2)
             endpoints = [r.request.endpoint for r in kubelet.registrations]
@@ -65,7 +99,7 @@ def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket
             assert endpoints[0] != endpoints[1]
             assert registrar_of(a).socket_path.exists() and registrar_of(b).socket_path.exists()
             # The old agent stops (SIGTERM in a rollout): its socket goes, the new one's stays.
-            await old.aclose()
+            await agents.old.aclose()
             assert not registrar_of(a).socket_path.exists()
             assert registrar_of(b).socket_path.exists()
             assert registrar_of(b).registered
@@ -181,19 +215,18 @@ def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_regis
     leaves, its stream's end makes the kubelet drop the NEW agent's client and mark the resource
     unhealthy. The new agent must notice that its stream was dropped (not one that was never
     opened) and register again without waiting; the old agent never registers again."""
-    hw.add_dev("/dev/ttyUSB0")
-    hw.add_dev("/dev/ttyUSB1")
+    hw.add_serials(2)
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        async with rollout(kubelet) as (old, new):
-            a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
+        async with rollout(kubelet, hw, poll_interval=3600) as agents:
+            a = await agents.start_old()
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
-            b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
+            b = await agents.start_new()
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
             await until(lambda: servicer_of(b).open_streams == 1)
             assert kubelet.dropped == []
-            await old.aclose()  # SIGTERM to the old pod
+            await agents.old.aclose()  # SIGTERM to the old pod
             await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 3 and kubelet.healthy(RESOURCE) == 2)
             assert kubelet.registrations[-1].request.endpoint == registrar_of(b).endpoint
@@ -238,18 +271,17 @@ def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
     """The rollout on a kubelet before v1.37 where the agent's re-registration after the drop is
     itself dropped before its stream opened (the dropped client's own runClient ended after it):
     the agent registers a third time and the kubelet has every device healthy again."""
-    hw.add_dev("/dev/ttyUSB0")
-    hw.add_dev("/dev/ttyUSB1")
+    hw.add_serials(2)
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        async with rollout(kubelet) as (old, new):
-            await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
+        async with rollout(kubelet, hw, poll_interval=3600) as agents:
+            await agents.start_old()
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
-            b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600))
+            b = await agents.start_new()
             await until(lambda: b.ready)
             kubelet.drop_before_stream = 1
-            await old.aclose()
+            await agents.old.aclose()
             await kubelet.wait_for(
                 lambda: kubelet.dropped == [RESOURCE] and kubelet.dropped_before_stream == 1
             )
@@ -265,7 +297,7 @@ def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
 
 
 def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_nothing_drops(
-    plugin_dir: Path, hw: FakeHardware
+    plugin_dir: Path, hw: FakeHardware, one_client_release: str
 ) -> None:
     """Knowing its kubelet keeps one client per resource (its Node's release is before 1.37), the
     new agent of a rollout registers a socket that refuses the kubelet's dial-back once its own
@@ -273,19 +305,12 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
     agent's exit closes nothing and no device is ever marked unhealthy. The agent is Ready only
     after that. When the last agent goes, it registers again first, so the kubelet still sees the
     resource go."""
-    if ONE_CLIENT_RELEASE is None:
-        pytest.skip("no release of the matrix (hack/kube-releases) keeps one client per resource")
-    hw.add_dev("/dev/ttyUSB0")
-    hw.add_dev("/dev/ttyUSB1")
+    hw.add_serials(2)
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        async with rollout(kubelet) as (old, new):
-            a = await old.enter_async_context(
-                running_agent(
-                    SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
-                )
-            )
+        async with rollout(kubelet, hw, poll_interval=3600, kubelet_version=one_client_release) as agents:
+            a = await agents.start_old()
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             await until(lambda: a.ready)
             assert registrar_of(a).handover.count == 0  # alone: nothing to hand over from
@@ -293,11 +318,7 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             # agent is not Ready while its hand-over is unanswered (a rollout would remove the old
             # agent, whose exit closes the new one's stream), however long the answer takes.
             kubelet.hold_dial = lambda endpoint: endpoint.endswith("-handover.sock")
-            b = await new.enter_async_context(
-                running_agent(
-                    SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
-                )
-            )
+            b = await agents.start_new()
             await kubelet.wait_for(lambda: kubelet.held)
             await asyncio.sleep(SLOWER_THAN_THE_OLD_DEADLINE)  # the kubelet's delay, not a wait
             assert not b.ready
@@ -310,7 +331,7 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             assert not (plugin_dir / handover).exists()  # the throw-away socket is gone
             assert RESOURCE not in kubelet.clients  # the kubelet holds no client to close
             ended = kubelet.streams_ended
-            await old.aclose()  # SIGTERM to the old pod
+            await agents.old.aclose()  # SIGTERM to the old pod
             await kubelet.wait_for(lambda: kubelet.streams_ended > ended)  # the old stream's end
             assert kubelet.dropped == []
             assert kubelet.healthy(RESOURCE) == 2
@@ -318,7 +339,7 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
             assert servicer_of(b).open_streams == 1
             # The last agent leaves: it registers again, so its exit makes the kubelet drop the
             # resource (nothing may keep advertising devices nobody serves).
-            await new.aclose()
+            await agents.new.aclose()
             await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
             assert kubelet.healthy(RESOURCE) == 0
 
@@ -333,14 +354,10 @@ def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir)
-        async with rollout(kubelet) as (old, new):
-            a = await old.enter_async_context(
-                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=NEWEST)
-            )
+        async with rollout(kubelet, hw, poll_interval=3600, kubelet_version=NEWEST) as agents:
+            a = await agents.start_old()
             await until(lambda: a.ready)
-            b = await new.enter_async_context(
-                running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=NEWEST)
-            )
+            b = await agents.start_new()
             await until(lambda: b.ready)
             assert registrar_of(b).handover.count == 0
             assert kubelet.attempts == [r.request.endpoint for r in kubelet.registrations]
@@ -349,21 +366,18 @@ def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
 
 
 def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_agent(
-    plugin_dir: Path, hw: FakeHardware
+    plugin_dir: Path, hw: FakeHardware, one_client_release: str
 ) -> None:
     """A -> B -> C, each new agent handing over. When B leaves, it had handed over itself (when it
     replaced A), and C serves: B must NOT register again before it goes. It did (it looked only
     for OLDER agents): the kubelet then held B's client, B's exit closed it and marked every
     device unhealthy, and C's open stream, with nothing new to send, never set them back: the
     node stayed at 0 with every agent Ready (seen on a v1.34.4 node from the second rollout on)."""
-    if ONE_CLIENT_RELEASE is None:
-        pytest.skip("no release of the matrix (hack/kube-releases) keeps one client per resource")
-    hw.add_dev("/dev/ttyUSB0")
-    hw.add_dev("/dev/ttyUSB1")
+    hw.add_serials(2)
 
     def start() -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
         return running_agent(
-            SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=ONE_CLIENT_RELEASE
+            SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=one_client_release
         )
 
     async def scenario() -> None:
@@ -396,7 +410,7 @@ def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_age
 
 
 def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_its_client(
-    plugin_dir: Path, hw: FakeHardware
+    plugin_dir: Path, hw: FakeHardware, one_client_release: str
 ) -> None:
     """A leaving agent of an older Patchbay release (0.1.0 registered again as it left, whatever
     served after it) makes a one-client kubelet mark every device unhealthy while the new agent's
@@ -404,19 +418,15 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
     is gone, finds it short of what it advertises Healthy, and registers again: the devices come
     back without anything else happening. The count is read from the peer here, where the agent
     reads PodResources on a node."""
-    if ONE_CLIENT_RELEASE is None:
-        pytest.skip("no release of the matrix (hack/kube-releases) keeps one client per resource")
-    hw.add_dev("/dev/ttyUSB0")
-    hw.add_dev("/dev/ttyUSB1")
+    hw.add_serials(2)
     from patchbay_agent.deviceplugin.registrationcheck import KubeletView
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        async with rollout(kubelet) as (old, new):
-            one_client = {"poll_interval": 3600, "kubelet_version": ONE_CLIENT_RELEASE}
-            a = await old.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, **one_client))
+        async with rollout(kubelet, hw, poll_interval=3600, kubelet_version=one_client_release) as agents:
+            a = await agents.start_old()
             await until(lambda: a.ready)
-            b = await new.enter_async_context(running_agent(SERIAL, plugin_dir, hw.root, **one_client))
+            b = await agents.start_new()
             await until(lambda: b.ready)
 
             async def kubelet_count() -> int:
@@ -427,7 +437,7 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
             await registrar_of(a).socket.register()
             await kubelet.wait_for(lambda: len(kubelet.registrations) == 3)  # A, B, A (hand-over refused)
             await kubelet.wait_for(lambda: len(kubelet.first_lists) == 3)  # ... and its stream open
-            await old.aclose()
+            await agents.old.aclose()
             await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
             await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
             assert registrar_of(b).check.retakes == 1

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import urllib.request
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
 from support.agentparts import dra_of, registrar_of, servicer_of
 from support.agentrun import plugin_client, until
+from support.converge import running
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer
@@ -33,7 +34,7 @@ from patchbay_agent.api import (
 )
 from patchbay_agent.dra.slices import device_name
 from patchbay_agent.nodeagent import AGENT_FAILED, CONFIG_INVALID, NodeAgent, NodeOptions
-from patchbay_agent.nodeconfig import parse_node_config
+from patchbay_agent.nodeconfig import ProfileEntry, parse_node_config
 from patchbay_agent.options import AgentOptions, ReportOptions
 from patchbay_agent.resourceagent import ResourceAgent
 
@@ -130,32 +131,25 @@ class RecordingClient:
 def test_one_process_serves_every_selected_profile_and_contains_each_failure(
     short_dir: Path, plugin_dir: Path, hw: FakeHardware
 ) -> None:
-    for i in range(2):
-        hw.add_dev(f"/dev/ttyUSB{i}")
+    hw.add_serials(2)
     client = RecordingClient()
     entries = parse_node_config(CONFIG)
     assert {e.profile: bool(e.error) for e in entries}["broken"]
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir)
-        peer = PodResourcesPeer(short_dir / "pr.sock")
-        await kubelet.start()
-        await peer.start()
-        options = _options(
+        async with _serving(
             short_dir,
             plugin_dir,
             hw,
-            report=ReportOptions(
-                "unused", "patchbay", "patchbay-agent-x1", peer.socket, pod_resources_period=3600
-            ),
+            entries,
+            client,
+            kubelet=kubelet,
+            pod_name="patchbay-agent-x1",
             http=("127.0.0.1", 0),
             restart_initial=0.05,
             restart_max=0.2,
-        )
-        node = NodeAgent(entries, options, client)
-        stop = asyncio.Event()
-        task = asyncio.create_task(node.run(stop))
-        try:
+        ) as (node, _):
             await kubelet.wait_for(
                 lambda: (
                     kubelet.healthy("example.com/serial") == 2 and kubelet.healthy("example.com/tokens") == 3
@@ -194,8 +188,6 @@ def test_one_process_serves_every_selected_profile_and_contains_each_failure(
             families = parse(await asyncio.to_thread(_get, f"http://127.0.0.1:{node.http.port}/metrics"))
             assert value(families, "patchbay_agent_physical_devices", profile="serial") == 2
             assert value(families, "patchbay_agent_physical_devices", profile="tokens") == 3
-        finally:
-            await _stop(stop, task, peer, kubelet)
 
     asyncio.run(scenario())
     # Every socket the node agent served is gone with it.
@@ -208,18 +200,16 @@ def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
     """Live reconfiguration: a changed profile is applied alone (in place), a new one starts, a
     node label that moves stops one; the untouched profile keeps its one registration and its one
     ListAndWatch stream, and the kubelet's healthy count of it (sampled all along) never dips."""
-    for i in range(2):
-        hw.add_dev(f"/dev/ttyUSB{i}")
+    hw.add_serials(2)
     serial = CONFIG["profiles"][0]
     tokens = _entry("tokens", "example.com/tokens", {"discovery": {"virtual": {"count": 3}}})
     client = RecordingClient()
 
     async def scenario() -> None:
         lowest: list[int] = []
-        async with _serving(short_dir, plugin_dir, hw, {"profiles": [serial, tokens]}, client) as (
-            node,
-            kubelet,
-        ):
+        kubelet = PyKubelet(plugin_dir)
+        entries = parse_node_config({"profiles": [serial, tokens]})
+        async with _serving(short_dir, plugin_dir, hw, entries, client, kubelet=kubelet) as (node, _):
 
             async def sample() -> None:
                 while True:  # until cancelled
@@ -264,16 +254,9 @@ def test_a_profile_change_reaches_the_running_agent_and_leaves_the_others_alone(
     asyncio.run(scenario())
 
 
-class _Stoppable(Protocol):
+class _Server(Protocol):
+    async def start(self) -> None: ...
     async def stop(self) -> None: ...
-
-
-async def _stop(stop: asyncio.Event, task: asyncio.Task[None], *servers: _Stoppable) -> None:
-    """End the node agent's run (bounded), then the peers it talked to, in that order."""
-    stop.set()
-    await asyncio.wait_for(task, timeout=20)
-    for server in servers:
-        await server.stop()
 
 
 @contextlib.asynccontextmanager
@@ -281,29 +264,32 @@ async def _serving(
     short_dir: Path,
     plugin_dir: Path,
     hw: FakeHardware,
-    config: dict[str, Any],
+    entries: Sequence[ProfileEntry],
     client: RecordingClient,
-    **kw: Any,
-) -> AsyncIterator[tuple[NodeAgent, PyKubelet]]:
-    """A node agent serving `config` (with reports to `client`) to a Python kubelet, stopped and
-    torn down on exit; `kw` goes to NodeAgent (labels)."""
-    kubelet = PyKubelet(plugin_dir)
+    *,
+    kubelet: _Server | None = None,
+    pod_name: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    **options: Any,
+) -> AsyncIterator[tuple[NodeAgent, asyncio.Event]]:
+    """A node agent of `entries` (the node's `labels`, else the client's) reporting to `client`,
+    its holders from a PodResources peer: running for the block, which gets the agent and its
+    stop event; at the end its run is ended (bounded), then the peer and `kubelet` (started here
+    when given) stop. `pod_name`: the report's agent; `options`: more of `_options`'s."""
     peer = PodResourcesPeer(short_dir / "pr.sock")
-    await kubelet.start()
-    await peer.start()
-    options = _options(
-        short_dir,
-        plugin_dir,
-        hw,
-        report=ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600),
+    report = ReportOptions("unused", "patchbay", pod_name, peer.socket, pod_resources_period=3600)
+    node = NodeAgent(
+        entries, _options(short_dir, plugin_dir, hw, report=report, **options), client, labels=labels
     )
-    node = NodeAgent(parse_node_config(config), options, client, **kw)
-    stop = asyncio.Event()
-    task = asyncio.create_task(node.run(stop))
+    servers = [peer] if kubelet is None else [kubelet, peer]
+    for server in servers:
+        await server.start()
     try:
-        yield node, kubelet
+        async with running(node.run, stop_within=20) as stop:
+            yield node, stop
     finally:
-        await _stop(stop, task, peer, kubelet)
+        for server in reversed(servers):
+            await server.stop()
 
 
 def _healthy(kubelet: PyKubelet, *names: str) -> tuple[int, ...]:
@@ -338,25 +324,13 @@ def test_the_node_agent_waits_for_the_api_server_instead_of_exiting(
     client = Late()
 
     async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        await kubelet.start()
-        options = _options(
-            short_dir,
-            plugin_dir,
-            hw,
-            report=ReportOptions(
-                "unused", "patchbay", None, short_dir / "pr.sock", pod_resources_period=3600
-            ),
-        )
         tokens = _entry("tokens", "example.com/tokens", {"discovery": {"virtual": {"count": 3}}})
-        node = NodeAgent(parse_node_config({"profiles": [tokens]}), options, client)
-        stop = asyncio.Event()
-        task = asyncio.create_task(node.run(stop))
-        try:
+        async with (
+            PyKubelet(plugin_dir) as kubelet,
+            _serving(short_dir, plugin_dir, hw, parse_node_config({"profiles": [tokens]}), client),
+        ):
             await kubelet.wait_for(lambda: _healthy(kubelet, "tokens") == (3,), within=30)
             assert client.asked == 3
-        finally:
-            await _stop(stop, task, kubelet)
 
     asyncio.run(scenario())
 
@@ -370,8 +344,7 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
     never dips below what the profile advertises, the narrower discovery forgets the device it no
     longer finds (not "vanished"), and Allocate answers with the new environment. A change the
     kubelet must hear of (a preStart hook: a registration option) starts a new agent instead."""
-    for i in range(3):
-        hw.add_dev(f"/dev/ttyUSB{i}")
+    hw.add_serials(3)
     resource = "example.com/serial"
 
     def serial(globs: list[str], **plugin: Any) -> dict[str, Any]:
@@ -379,18 +352,11 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
 
     async def scenario() -> None:
         kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        peer = PodResourcesPeer(short_dir / "pr.sock")
-        await kubelet.start()
-        await peer.start()
-        report = ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600)
-        options = _options(short_dir, plugin_dir, hw, report=report)
         client = RecordingClient()
         first = serial(
             ["/dev/ttyUSB*"], allocation={"envs": {"STAGE": "one"}}, health={"periodSeconds": 3600}
         )
-        node = NodeAgent(parse_node_config({"profiles": [first]}), options, client, labels=NODE_LABELS)
-        stop = asyncio.Event()
-        task = asyncio.create_task(node.run(stop))
+        entries = parse_node_config({"profiles": [first]})
         lowest: list[int] = []
 
         async def sample() -> None:
@@ -408,7 +374,12 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
                 response = await client.Allocate(request, timeout=5)
             return dict(response.container_responses[0].envs)
 
-        try:
+        async with _serving(
+            short_dir, plugin_dir, hw, entries, client, kubelet=kubelet, labels=NODE_LABELS
+        ) as (
+            node,
+            stop,
+        ):
             await kubelet.wait_for(lambda: kubelet.healthy(resource) == 3)
             agent = node.units["serial"].agent
             assert agent is not None
@@ -458,8 +429,6 @@ def test_a_changed_profile_is_applied_in_place_on_kubelets_that_drop_a_resource_
             assert node.units["serial"].agent is not agent
             assert kubelet.registrations[-1].options is not None
             assert kubelet.registrations[-1].options.pre_start_required
-        finally:
-            await _stop(stop, task, peer, kubelet)
 
     asyncio.run(scenario())
 
@@ -496,15 +465,11 @@ def test_a_dra_profile_of_the_node_agent_keeps_its_driver_inside_the_node_agents
     }
 
     async def scenario() -> None:
-        peer = PodResourcesPeer(short_dir / "pr.sock")
-        await peer.start()
-        report = ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600)
-        options = _options(short_dir, plugin_dir, hw, report=report, kubelet_root_dir=root)
         client = DraRecordingClient()
-        node = NodeAgent(parse_node_config({"profiles": [entry]}), options, client, labels=NODE_LABELS)
-        stop = asyncio.Event()
-        task = asyncio.create_task(node.run(stop))
-        try:
+        entries = parse_node_config({"profiles": [entry]})
+        async with _serving(
+            short_dir, plugin_dir, hw, entries, client, labels=NODE_LABELS, kubelet_root_dir=root
+        ) as (node, _):
 
             def dra_agent() -> ResourceAgent | None:
                 unit = node.units.get("serial")
@@ -542,8 +507,6 @@ def test_a_dra_profile_of_the_node_agent_keeps_its_driver_inside_the_node_agents
             # Nothing of this agent's beside the other drivers' directories.
             assert [p.name for p in (root / "plugins").iterdir()] == ["patchbay_node-agent"]
             assert [p.name for p in own.iterdir()] == [driver]
-        finally:
-            await _stop(stop, task, peer)
 
     asyncio.run(scenario())
 
@@ -581,9 +544,11 @@ def test_a_label_change_that_moves_the_node_to_another_node_group_reconfigures_i
         return None if last is None else str(last.get("nodeGroup"))
 
     async def scenario() -> None:
-        async with _serving(short_dir, plugin_dir, hw, {"profiles": [entry]}, client, labels={}) as (
+        kubelet = PyKubelet(plugin_dir)
+        entries = parse_node_config({"profiles": [entry]})
+        async with _serving(short_dir, plugin_dir, hw, entries, client, kubelet=kubelet, labels={}) as (
             node,
-            kubelet,
+            _,
         ):
 
             async def relabel(labels: dict[str, str]) -> dict[str, str]:
@@ -654,14 +619,10 @@ def test_a_dra_profiles_node_group_changes_what_its_slices_publish_when_a_label_
         }
 
     async def scenario() -> None:
-        peer = PodResourcesPeer(short_dir / "pr.sock")
-        await peer.start()
-        report = ReportOptions("unused", "patchbay", None, peer.socket, pod_resources_period=3600)
-        options = _options(short_dir, plugin_dir, hw, report=report, kubelet_root_dir=short_dir / "k")
-        node = NodeAgent(parse_node_config({"profiles": [entry]}), options, client, labels={})
-        stop = asyncio.Event()
-        task = asyncio.create_task(node.run(stop))
-        try:
+        entries = parse_node_config({"profiles": [entry]})
+        async with _serving(
+            short_dir, plugin_dir, hw, entries, client, labels={}, kubelet_root_dir=short_dir / "k"
+        ) as (node, _):
             await until(lambda: len(devices()) == 2 and group() == "default")
             assert shares() == {"-"} and not any(d.get("allowMultipleAllocations") for d in devices())
 
@@ -675,7 +636,5 @@ def test_a_dra_profiles_node_group_changes_what_its_slices_publish_when_a_label_
             assert node._pending is not None
             assert await node._pending == {"gpus": "restarted"}
             await until(lambda: group() == "default" and shares() == {"-"}, within=20)
-        finally:
-            await _stop(stop, task, peer)
 
     asyncio.run(scenario())

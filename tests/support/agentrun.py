@@ -1,18 +1,22 @@
 """Run a real ResourceAgent in-process on the test's event loop, and talk to it over its real socket;
-or write the command line of an agent process (``agent_argv``), as the DaemonSet runs it."""
+or write the command line of an agent process (``agent_argv``), as the DaemonSet runs it, its
+config (``write_agent_config``), and run it on the host (``HostAgent``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 from support.agentparts import registrar_of
 from support.converge import until as converge
+from support.processes import stop_process
 
 from patchbay_agent.api import api_pb2_grpc
 from patchbay_agent.config import parse
@@ -30,6 +34,32 @@ def agent_argv(config: Path, node: str, *extra: str, **flags: str | Path) -> lis
     for flag, value in flags.items():
         argv += [f"--{flag.replace('_', '-')}", str(value)]
     return [*argv, *extra]
+
+
+def write_agent_config(path: Path, plugin: dict[str, Any], resource: str = "example.com/serial") -> Path:
+    """The agent's ``--config`` file at ``path``: ``resource`` served with ``plugin``."""
+    path.write_text(yaml.safe_dump({"resourceName": resource, "plugin": plugin}))
+    return path
+
+
+class HostAgent:
+    """The real agent process on the host (``argv``: see ``agent_argv``), its output in the file
+    ``log``; ``stop`` ends it."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, grace: float = 20) -> int:
+        """SIGTERM if it still runs, SIGKILL when it has not ended ``grace`` s later; its exit
+        status."""
+        stop_process(self.proc, grace)
+        self._out.close()
+        return self.proc.returncode
 
 
 async def until(predicate: Callable[[], object], within: float = 10.0) -> None:

@@ -1,5 +1,6 @@
-"""Helpers every cluster-facing test shares: one ``wait_for``, a control plane for a block, kstatus,
-a ResourceClaim, and ``Cluster``, small assertion helpers over the official client.
+"""Helpers every cluster-facing test shares: one ``wait_for``, a read that may find nothing
+(``or_none``), a control plane for a block, kstatus, a ResourceClaim, and ``Cluster``, small
+assertion helpers over the official client.
 
 Every test package imports these as ``support.clusters`` (tests/ is on sys.path: pytest puts the
 rootdir's conftest folder there).
@@ -11,7 +12,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import yaml
 from kubernetes import client
@@ -27,6 +28,8 @@ GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "devicepluginprofiles"
 NAMESPACE = "patchbay-it"
 TEST_LABEL = "patchbay.dev/test"
 
+T = TypeVar("T")
+
 
 def wait_for(
     what: str,
@@ -40,6 +43,42 @@ def wait_for(
     log needs to explain the timeout). A bounded wait for the cluster to converge, never a
     timing assertion."""
     return poll_until(what, check, timeout=timeout, interval=every, error=AssertionError, detail=detail)
+
+
+class AgentNode(NamedTuple):
+    """An agent test's world on the session's cluster: its API server (as admin), the cluster, a
+    kwok node of the test's own, the agent's directory and the prefix of the test's names."""
+
+    custom: client.CustomObjectsApi
+    devcluster: DevCluster
+    name: str
+    uid: str
+    workdir: Path
+    prefix: str
+
+
+def profile_spec(resource: str, mode: str, labels: dict[str, str], **fields: Any) -> dict[str, Any]:
+    """A profile's spec: ``resource`` in ``mode`` on the nodes with ``labels``; ``fields``: the rest."""
+    return {"resourceName": resource, "mode": mode, "nodeSelector": {"matchLabels": labels}, **fields}
+
+
+def or_none(read: Callable[[], T]) -> T | None:
+    """What ``read`` returns; None when the object is not there (404)."""
+    try:
+        return read()
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def served(call: Callable[[], object]) -> bool:
+    """Whether ``call`` (a LIST of a new CRD's objects) is answered: its API is served."""
+    try:
+        call()
+    except ApiException:
+        return False
+    return True
 
 
 def apply_crd(api: client.ApiClient, path: Path) -> dict[str, Any]:

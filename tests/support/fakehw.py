@@ -32,6 +32,10 @@ class FakeHardware:
         p.write_bytes(b"")
         return p
 
+    def add_serials(self, count: int) -> list[Path]:
+        """``count`` USB serial adapters' device nodes: /dev/ttyUSB0, /dev/ttyUSB1, ..."""
+        return [self.add_dev(f"/dev/ttyUSB{i}") for i in range(count)]
+
     def remove_dev(self, host_path: str) -> None:
         self.path(host_path).unlink()
 

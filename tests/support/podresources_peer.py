@@ -90,6 +90,14 @@ class PodResourcesPeer(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc
             await self._server.stop(0)
             self._server = None
 
+    async def __aenter__(self) -> PodResourcesPeer:
+        """``async with PodResourcesPeer(...) as peer``: serving, and stopped at the end."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
 
 class ThreadedPeers:
     """An event loop in a daemon thread; `call(coro)` runs a coroutine there and waits for it."""

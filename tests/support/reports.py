@@ -1,5 +1,6 @@
-"""DeviceReports at the CRD's bounds, for the tests and benches that need the largest one; and the
-owner reference every object an agent writes for its node carries (reports and ResourceSlices)."""
+"""DeviceReports: one as its agent writes it, and one at the CRD's bounds, for the tests and benches
+that need the largest one; and the owner reference every object an agent writes for its node
+carries (reports and ResourceSlices)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,30 @@ def node_owner(name: str, uid: str) -> dict[str, Any]:
         "uid": uid,
         "blockOwnerDeletion": False,
         "controller": False,
+    }
+
+
+def device_report(
+    namespace: str,
+    node_name: str,
+    profile: str,
+    resource: str,
+    devices: list[dict[str, Any]],
+    summary: dict[str, int],
+    **fields: Any,
+) -> dict[str, Any]:
+    """A DeviceReport of ``profile`` on ``node_name``, named as its agent names it; ``fields``:
+    the rest (``agent``)."""
+    return {
+        "apiVersion": "patchbay.dev/v1beta1",
+        "kind": "DeviceReport",
+        "metadata": {"name": f"{profile}.{node_name}", "namespace": namespace},
+        "profile": profile,
+        "nodeName": node_name,
+        "resourceName": resource,
+        **fields,
+        "summary": summary,
+        "devices": devices,
     }
 
 
@@ -41,14 +66,12 @@ def largest_report(namespace: str, node_name: str, profile: str) -> dict[str, An
                 for j in range(64)
             ]
         devices.append(entry)
-    return {
-        "apiVersion": "patchbay.dev/v1beta1",
-        "kind": "DeviceReport",
-        "metadata": {"name": f"{profile}.{node_name}", "namespace": namespace},
-        "profile": profile,
-        "nodeName": node_name,
-        "resourceName": "example.com/" + "r" * 241,
-        "agent": "a" * 253,
-        "summary": {"total": 2048, "healthy": 0, "unhealthy": 2048, "allocated": 8},
-        "devices": devices,
-    }
+    return device_report(
+        namespace,
+        node_name,
+        profile,
+        "example.com/" + "r" * 241,
+        devices,
+        {"total": 2048, "healthy": 0, "unhealthy": 2048, "allocated": 8},
+        agent="a" * 253,
+    )

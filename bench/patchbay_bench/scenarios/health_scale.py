@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import urllib3
+from support.reports import device_report
 
 from patchbay_bench.harness import Param, Run, Scenario, wait
 from patchbay_bench.kube import PROFILES, Api, profile, reports
@@ -48,17 +49,8 @@ def report(node: str, unhealthy: set[str], agent: str) -> dict[str, Any]:
         for d in (f"widget{i}" for i in range(DEVICES))
     ]
     bad = len(unhealthy)
-    return {
-        "apiVersion": "patchbay.dev/v1beta1",
-        "kind": "DeviceReport",
-        "metadata": {"name": f"{PROFILE}.{node}", "namespace": NS},
-        "profile": PROFILE,
-        "nodeName": node,
-        "agent": agent,
-        "resourceName": RESOURCE,
-        "devices": devices,
-        "summary": {"total": DEVICES, "healthy": DEVICES - bad, "unhealthy": bad, "allocated": 0},
-    }
+    summary = {"total": DEVICES, "healthy": DEVICES - bad, "unhealthy": bad, "allocated": 0}
+    return device_report(NS, node, PROFILE, RESOURCE, devices, summary, agent=agent)
 
 
 class Writer:

@@ -26,11 +26,11 @@ from typing import Any
 
 import yaml
 
-from patchbay_api.constants import API_GROUP, API_VERSION, INVENTORY_LABEL_PREFIX, PROFILE_KIND
+from patchbay_api.constants import API_GROUP, API_VERSION, PROFILE_KIND
+from patchbay_api.inventory import LABEL_VALUE, kind_label
 from patchbay_kubectl.views.objects import Obj, name_of
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-LABEL_VALUE = "present"
 #: PCI class codes (the first 4 hex digits) as lspci names them, for a kind NVML does not name.
 PCI_CLASSES = {
     "0100": "SCSI storage controller",
@@ -178,7 +178,7 @@ def kinds_of(inventories: Sequence[Obj]) -> list[Kind]:
                 kinds, f"{vendor}:{product}", bus="usb", description=" ".join(words) or "USB device",
                 discovery={"usb": {"vendor": vendor, "product": product}},
             )  # fmt: skip
-            k.label = f"{INVENTORY_LABEL_PREFIX}usb-{vendor}-{product}"
+            k.label = kind_label("usb", vendor, product)
             _count(k, node, u, u.get("devNodes") or [])
         for p in inv.get("pci") or []:
             vendor, device, cls = str(p.get("vendor")), str(p.get("device")), str(p.get("class") or "")
@@ -193,7 +193,7 @@ def kinds_of(inventories: Sequence[Obj]) -> list[Kind]:
                 kinds, f"pci:{vendor}:{device}", bus="pci",
                 description=f"{name} ({driver})" if driver else str(name), discovery={"pci": pci},
             )  # fmt: skip
-            k.label = f"{INVENTORY_LABEL_PREFIX}pci-{vendor}-{device}"
+            k.label = kind_label("pci", vendor, device)
             _count(k, node, p, pci_files.get(str(p.get("address")), []))
     order = {"usb": 0, "pci": 1, "char": 2}
     return sorted(kinds.values(), key=lambda k: (order[k.bus], k.key))

@@ -1,5 +1,5 @@
 """Fixtures of the agent's tests on the real API server: a namespace, a kwok node and a directory of
-their own."""
+their own, and all of it with the API (``agent_node``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.clusters import AgentNode
 
 from patchbay_devcluster import DevCluster
 
@@ -43,3 +44,11 @@ def node(devcluster: DevCluster, api: client.ApiClient, name_prefix: str) -> Ite
 def workdir(short_dir: Path) -> Path:
     """The agent's directory: its kubelet root, sockets, config and log (short: tests/conftest.py)."""
     return short_dir
+
+
+@pytest.fixture
+def agent_node(
+    api: client.ApiClient, devcluster: DevCluster, node: tuple[str, str], workdir: Path, name_prefix: str
+) -> AgentNode:
+    """The test's node, its directory and the API, together."""
+    return AgentNode(client.CustomObjectsApi(api), devcluster, *node, workdir, name_prefix)

@@ -25,19 +25,15 @@ import asyncio
 import contextlib
 import json
 import re
-import signal
-import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from support.agentrun import agent_argv
-from support.clusters import create_resource_claim, wait_for
+from support.agentrun import HostAgent, agent_argv, write_agent_config
+from support.clusters import AgentNode, create_resource_claim, or_none, wait_for
 from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer, ThreadedPeers
 from support.releases import has
@@ -55,7 +51,6 @@ from patchbay_agent.dra.slices import (
     taint_probe_document,
     taints_kept,
 )
-from patchbay_devcluster import DevCluster
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 RESOURCE = "example.com/serial"
@@ -65,49 +60,61 @@ def _call(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def _or_none(read: Callable[[], Any]) -> Any:
-    """What `read` returns, None when the object is not there (404)."""
-    try:
-        return read()
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+def _serial_host(workdir: Path, serials: int, plugin: dict[str, Any]) -> FakeHardware:
+    """The test's host, `workdir/host`, with `serials` USB serial adapters; and the agent's
+    config, `workdir/agent.yaml`: RESOURCE served with `plugin`."""
+    hw = FakeHardware(workdir / "host")
+    hw.add_serials(serials)
+    write_agent_config(workdir / "agent.yaml", plugin, RESOURCE)
+    return hw
 
 
-def _start_agent(
-    workdir: Path, devcluster: DevCluster, hw: FakeHardware, node_name: str, driver: str, *extra: str
-) -> subprocess.Popen[bytes]:
-    """The agent process in DRA mode for `driver` on `node_name`, talking to the session's API
-    server as its admin; its kubelet root is `workdir/k`, its CDI dir `workdir/cdi`, its log
-    `workdir/agent.log`; `extra`: more flags."""
-    config = workdir / "agent.yaml"
-    with (workdir / "agent.log").open("wb") as out:
-        argv = agent_argv(
-            config,
-            node_name,
-            *extra,
-            dra_driver=driver,
-            kubelet_root_dir=workdir / "k",
-            device_plugin_dir=workdir / "dp",
-            host_root=hw.root,
-            cdi_spec_dir=workdir / "cdi",
-            http_address="off",
-            kubeconfig=devcluster.kubeconfig,
-            log_format="json",
+def _driver(node: AgentNode, kind: str) -> str:
+    """The test's DRA driver of `kind`: `<prefix><kind>.patchbay.dev`."""
+    return f"{node.prefix}{kind}.patchbay.dev"
+
+
+def _start_agent(node: AgentNode, hw: FakeHardware, driver: str, *extra: str) -> HostAgent:
+    """The agent process in DRA mode for `driver` on the test's node, talking to the API server
+    as its admin; its config `workdir/agent.yaml`, its kubelet root `workdir/k`, its CDI dir
+    `workdir/cdi`, its log `workdir/agent.log`; `extra`: more flags."""
+    argv = agent_argv(
+        node.workdir / "agent.yaml",
+        node.name,
+        *extra,
+        dra_driver=driver,
+        kubelet_root_dir=node.workdir / "k",
+        device_plugin_dir=node.workdir / "dp",
+        host_root=hw.root,
+        cdi_spec_dir=node.workdir / "cdi",
+        http_address="off",
+        kubeconfig=node.devcluster.kubeconfig,
+        log_format="json",
+    )
+    return HostAgent(argv, node.workdir / "agent.log")
+
+
+def _slice(custom: client.CustomObjectsApi, name: str) -> dict[str, Any] | None:
+    """The ResourceSlice `name`; None when there is none."""
+    obj: dict[str, Any] | None = or_none(
+        lambda: custom.get_cluster_custom_object(GROUP, VERSION, "resourceslices", name)
+    )
+    return obj
+
+
+def _delete_slice(custom: client.CustomObjectsApi, name: str) -> None:
+    with contextlib.suppress(ApiException):
+        custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", name)
+
+
+def _report(custom: client.CustomObjectsApi, namespace: str, node_name: str) -> dict[str, Any] | None:
+    """The DeviceReport of the profile `p` on `node_name`; None when there is none."""
+    obj: dict[str, Any] | None = or_none(
+        lambda: custom.get_namespaced_custom_object(
+            "patchbay.dev", "v1beta1", namespace, "devicereports", f"p.{node_name}"
         )
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-
-
-def _stop_agent(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the agent process if it still runs; killed when it has not ended 20 s later."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    )
+    return obj
 
 
 async def _register(registry: Path) -> Any:
@@ -165,44 +172,26 @@ def _allocate(
 
 
 def test_the_dra_agent_publishes_slices_and_prepares_claims(
-    api: client.ApiClient,
-    devcluster: DevCluster,
-    namespace: str,
-    node: tuple[str, str],
-    workdir: Path,
-    name_prefix: str,
-    kube_release: str,
+    agent_node: AgentNode, namespace: str, kube_release: str
 ) -> None:
-    node_name, node_uid = node
-    driver = f"{name_prefix}serial.patchbay.dev"
-    custom = client.CustomObjectsApi(api)
-    hw = FakeHardware(workdir / "host")
-    for i in range(3):
-        hw.add_dev(f"/dev/ttyUSB{i}")
+    custom, _, node_name, node_uid, workdir, _ = agent_node
+    driver = _driver(agent_node, "serial")
+    hw = _serial_host(
+        workdir,
+        3,
+        {
+            "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+            "allocation": {"devicesEnvName": "SERIALS", "envs": {"MODE": "raw"}},
+        },
+    )
     root = workdir / "k"
     cdi_dir = workdir / "cdi"
-    config = workdir / "agent.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "resourceName": RESOURCE,
-                "plugin": {
-                    "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
-                    "allocation": {"devicesEnvName": "SERIALS", "envs": {"MODE": "raw"}},
-                },
-            }
-        )
-    )
     slice_name = f"{node_name}-{driver}"
 
     def the_slice() -> dict[str, Any] | None:
-        obj: dict[str, Any] | None = _or_none(
-            lambda: custom.get_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
-        )
-        return obj
+        return _slice(custom, slice_name)
 
-    log = workdir / "agent.log"
-    proc = _start_agent(workdir, devcluster, hw, node_name, driver, "--instance", "it1")
+    agent = _start_agent(agent_node, hw, driver, "--instance", "it1")
     try:
         registry = root / "plugins_registry" / f"{driver}-it1.sock"
         wait_for("the registration socket", registry.exists, timeout=30)
@@ -324,56 +313,38 @@ def test_the_dra_agent_publishes_slices_and_prepares_claims(
         assert second["spec"]["pool"]["generation"] > spec["pool"]["generation"]
         assert all("taints" not in d for d in second["spec"]["devices"] if d["name"] != names[1])
 
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+        assert agent.stop() == 0
         assert not registry.exists()
         assert not Path(endpoint).exists()
-        text = log.read_text(errors="replace")
+        text = agent.text()
         assert "Traceback" not in text
         assert '"level": "error"' not in text
         assert re.search(r"Wrote 1 ResourceSlice", text)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
+        agent.stop()
+        _delete_slice(custom, slice_name)
 
 
 def test_the_dra_agent_writes_its_slice_again_when_someone_else_deletes_or_edits_it(
-    api: client.ApiClient, devcluster: DevCluster, node: tuple[str, str], workdir: Path, name_prefix: str
+    agent_node: AgentNode,
 ) -> None:
     """The agent follows its node's slices of its driver with a watch (field selectors
     spec.nodeName and spec.driver): `kubectl delete resourceslice` and an edit by another field
     manager (`kubectl edit` dropping a device) are each undone at once by the agent process, which
     logs it in the Kubernetes style; while nothing changes the slice's resourceVersion stays."""
-    node_name, _ = node
-    driver = f"{name_prefix}fix.patchbay.dev"
-    custom = client.CustomObjectsApi(api)
-    hw = FakeHardware(workdir / "host")
-    for i in range(2):
-        hw.add_dev(f"/dev/ttyUSB{i}")
-    (workdir / "agent.yaml").write_text(
-        yaml.safe_dump(
-            {"resourceName": RESOURCE, "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}}
-        )
-    )
-    slice_name = f"{node_name}-{driver}"
-
-    def the_slice() -> dict[str, Any] | None:
-        obj: dict[str, Any] | None = _or_none(
-            lambda: custom.get_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
-        )
-        return obj
+    custom, _, _, _, workdir, _ = agent_node
+    driver = _driver(agent_node, "fix")
+    hw = _serial_host(workdir, 2, {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}})
+    slice_name = f"{agent_node.name}-{driver}"
 
     def whole() -> dict[str, Any] | None:
         """The slice with both devices, written by the agent alone."""
-        obj = the_slice()
+        obj = _slice(custom, slice_name)
         if obj is None or len(obj["spec"]["devices"]) != 2:
             return None
         return obj if {m["manager"] for m in obj["metadata"]["managedFields"]} == {"patchbay-agent"} else None
 
-    proc = _start_agent(workdir, devcluster, hw, node_name, driver, "--instance", "it1")
+    agent = _start_agent(agent_node, hw, driver, "--instance", "it1")
     try:
         registry = workdir / "k" / "plugins_registry" / f"{driver}-it1.sock"
         wait_for("the registration socket", registry.exists, timeout=30)
@@ -404,50 +375,32 @@ def test_the_dra_agent_writes_its_slice_again_when_someone_else_deletes_or_edits
 
         quiet = back["metadata"]["resourceVersion"]
         time.sleep(2.0)  # a quiet interval: nothing changes, so nothing may be written
-        assert (the_slice() or {})["metadata"]["resourceVersion"] == quiet
+        assert (_slice(custom, slice_name) or {})["metadata"]["resourceVersion"] == quiet
 
-        text = (workdir / "agent.log").read_text(errors="replace")
+        text = agent.text()
         assert f"ResourceSlice {slice_name} was deleted; written again" in text
         assert f"ResourceSlice {slice_name} was edited by kubectl-edit; written again" in text
         assert "Traceback" not in text
     finally:
-        _stop_agent(proc)
-        with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
+        agent.stop()
+        _delete_slice(custom, slice_name)
 
 
 def test_the_dra_agent_publishes_partitions_where_the_api_server_keeps_counters(
-    api: client.ApiClient,
-    devcluster: DevCluster,
-    crd: dict[str, Any],
-    namespace: str,
-    node: tuple[str, str],
-    workdir: Path,
-    name_prefix: str,
-    kube_release: str,
+    agent_node: AgentNode, crd: dict[str, Any], namespace: str, kube_release: str
 ) -> None:
     """`plugin.partitions` on the real API server: where it keeps counters (1.36 on) the pool is a
     slice of counter sets and a slice of partitions that consume them, both accepted by the
     release's own validation, and a claim allocated to a partition is prepared with its place in
     the env; where it drops them (before 1.36) the devices are published whole and the
     DeviceReport says so."""
-    node_name, _uid = node
-    driver = f"{name_prefix}parts.patchbay.dev"
-    custom = client.CustomObjectsApi(api)
+    custom, _, node_name, _, workdir, _ = agent_node
+    driver = _driver(agent_node, "parts")
     kept = has("dra-partitionable-devices", kube_release)
-    hw = FakeHardware(workdir / "host")
-    for i in range(2):
-        hw.add_dev(f"/dev/ttyUSB{i}")
-    (workdir / "agent.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "resourceName": RESOURCE,
-                "plugin": {
-                    "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
-                    "partitions": {"slots": 4, "sizes": [1, 2, 4]},
-                },
-            }
-        )
+    hw = _serial_host(
+        workdir,
+        2,
+        {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "partitions": {"slots": 4, "sizes": [1, 2, 4]}},
     )
     names = [device_name(f"ttyUSB{i}") for i in range(2)]
 
@@ -458,36 +411,18 @@ def test_the_dra_agent_publishes_partitions_where_the_api_server_keeps_counters(
         return sorted(items, key=lambda o: o["metadata"]["name"])
 
     def report() -> dict[str, Any] | None:
-        obj: dict[str, Any] | None = _or_none(
-            lambda: custom.get_namespaced_custom_object(
-                "patchbay.dev", "v1beta1", namespace, "devicereports", f"p.{node_name}"
-            )
-        )
-        return obj
+        return _report(custom, namespace, node_name)
 
     expected = "Kept" if kept else "Dropped"
-    proc = _start_agent(
-        workdir,
-        devcluster,
-        hw,
-        node_name,
-        driver,
-        "--instance",
-        "pt1",
-        "--profile",
-        "p",
-        "--report-namespace",
-        namespace,
+    agent = _start_agent(
+        agent_node, hw, driver, "--instance", "pt1", "--profile", "p", "--report-namespace", namespace
     )
     try:
         wait_for(
             f"the DeviceReport saying partitionableDevices {expected}",
             lambda: (r := report()) is not None and r.get("partitionableDevices") == expected,
             timeout=60,
-            detail=lambda: (
-                f"report: {report()}\nagent log:\n"
-                + (workdir / "agent.log").read_text(errors="replace")[-4000:]
-            ),
+            detail=lambda: f"report: {report()}\nagent log:\n" + agent.text()[-4000:],
         )
         if not kept:
             (only,) = wait_for(
@@ -534,35 +469,23 @@ def test_the_dra_agent_publishes_partitions_where_the_api_server_keeps_counters(
         assert "PATCHBAY_PARTITIONS=ttyUSB1:2-3/4" in cdi["containerEdits"]["env"]
         assert cdi["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/ttyUSB1"
     finally:
-        _stop_agent(proc)
-        text = (workdir / "agent.log").read_text(errors="replace")
+        agent.stop()
+        text = agent.text()
         for obj in slices():
-            with contextlib.suppress(ApiException):
-                custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", obj["metadata"]["name"])
+            _delete_slice(custom, obj["metadata"]["name"])
     assert "Traceback" not in text
 
 
 def _gone(custom: client.CustomObjectsApi, namespace: str, name: str) -> bool:
-    try:
-        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", name)
-    except ApiException as e:
-        return e.status == 404
-    return False
+    read = lambda: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", name)  # noqa: E731
+    return or_none(read) is None
 
 
 def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
-    api: client.ApiClient,
-    devcluster: DevCluster,
-    crd: dict[str, Any],
-    namespace: str,
-    node: tuple[str, str],
-    workdir: Path,
-    name_prefix: str,
-    kube_release: str,
+    agent_node: AgentNode, crd: dict[str, Any], namespace: str, kube_release: str
 ) -> None:
-    node_name, _uid = node
-    driver = f"{name_prefix}taints.patchbay.dev"
-    custom = client.CustomObjectsApi(api)
+    custom, _, node_name, _, workdir, _ = agent_node
+    driver = _driver(agent_node, "taints")
     keeps = has("dra-device-taints", kube_release)
 
     # The API server itself, asked as the agent asks it (nothing is stored): the capability
@@ -581,40 +504,27 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
         == []
     )
 
-    hw = FakeHardware(workdir / "host")
-    for i in range(3):
-        hw.add_dev(f"/dev/ttyUSB{i}")
-    config = workdir / "agent.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "resourceName": RESOURCE,
-                "plugin": {
-                    "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
-                    "health": {"periodSeconds": 1},
-                    # Shared by two claims each where consumable capacity is kept, else unshared.
-                    "sharing": {"replicas": 2},
-                },
-            }
-        )
+    hw = _serial_host(
+        workdir,
+        3,
+        {
+            "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+            "health": {"periodSeconds": 1},
+            # Shared by two claims each where consumable capacity is kept, else unshared.
+            "sharing": {"replicas": 2},
+        },
     )
     names = {f"ttyUSB{i}": device_name(f"ttyUSB{i}") for i in range(3)}
     slice_name = f"{node_name}-{driver}"
-    report_name = f"p.{node_name}"
 
     def slice_devices() -> dict[str, dict[str, Any]] | None:
-        obj = _or_none(lambda: custom.get_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name))
+        obj = _slice(custom, slice_name)
         if obj is None:
             return None
         return {d["attributes"]["patchbay.dev/id"]["string"]: d for d in obj["spec"].get("devices", [])}
 
     def report() -> dict[str, Any] | None:
-        obj: dict[str, Any] | None = _or_none(
-            lambda: custom.get_namespaced_custom_object(
-                "patchbay.dev", "v1beta1", namespace, "devicereports", report_name
-            )
-        )
-        return obj
+        return _report(custom, namespace, node_name)
 
     def withheld() -> set[str]:
         return {d["id"] for d in (report() or {}).get("devices", []) if d.get("withheld")}
@@ -623,17 +533,14 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
         return {t["key"] for t in devices[physical].get("taints") or []}
 
     expected = "Kept" if keeps else "Dropped"
-    log = workdir / "agent.log"
     with ThreadedPeers() as peers:
         # A pod still holds ttyUSB2 through the DEVICE PLUGIN of the resource (a node moving to DRA).
         pod_resources = PodResourcesPeer(workdir / "pr.sock")
         pod_resources.hold("ml", "old", "main", RESOURCE, ["ttyUSB2"])
         peers.call(pod_resources.start())
-        proc = _start_agent(
-            workdir,
-            devcluster,
+        agent = _start_agent(
+            agent_node,
             hw,
-            node_name,
             driver,
             "--profile",
             "p",
@@ -717,18 +624,14 @@ def test_the_dra_agent_finds_out_whether_the_api_server_keeps_device_taints(
             assert wait_for("none withheld", lambda: (r := report()) and r["summary"]["withheld"] == 0, 30)
             assert {d["name"] for d in (slice_devices() or {}).values()} == set(names.values())
 
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(20) == 0
-            text = log.read_text(errors="replace")
+            assert agent.stop() == 0
+            text = agent.text()
             assert "Traceback" not in text
             assert ("drops ResourceSlice device taints" in text) is not keeps
             assert ("drops a shared device's fields" in text) is not shares_kept
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-            with contextlib.suppress(ApiException):
-                custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", slice_name)
+            agent.stop()
+            _delete_slice(custom, slice_name)
 
 
 def test_the_api_server_keeps_a_gpus_standard_attributes_and_memory_capacity(

@@ -15,23 +15,17 @@ apply, which leaves no other field manager behind (the seconds each took printed
 from __future__ import annotations
 
 import functools
-import os
-import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 from support import fakemachines
-from support.clusters import REPO, apply_crd, wait_for
+from support.agentrun import HostAgent
+from support.clusters import REPO, AgentNode, apply_crd, or_none, served, wait_for
 from support.fakehw import FakeHardware
-
-from patchbay_devcluster import DevCluster
 
 CRD_FILE = REPO / "crds" / "patchbay.dev_nodeinventories.yaml"
 GROUP, VERSION, PLURAL = "patchbay.dev", "v1beta1", "nodeinventories"
@@ -43,27 +37,13 @@ def inventory_crd(api: client.ApiClient) -> None:
     apply_crd(api, CRD_FILE)
     custom = client.CustomObjectsApi(api)
     with_list = functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
-    wait_for("the NodeInventory API to be served", lambda: _answers(with_list))
-
-
-def _answers(call: Any) -> bool:
-    try:
-        call()
-    except ApiException:
-        return False
-    return True
+    wait_for("the NodeInventory API to be served", lambda: served(with_list))
 
 
 def test_the_node_agent_keeps_its_nodes_inventory(
-    api: client.ApiClient,
-    devcluster: DevCluster,
-    inventory_crd: None,
-    namespace: str,
-    node: tuple[str, str],
-    workdir: Path,
+    agent_node: AgentNode, inventory_crd: None, namespace: str
 ) -> None:
-    node_name, node_uid = node
-    custom = client.CustomObjectsApi(api)
+    custom, devcluster, node_name, node_uid, workdir, _ = agent_node
     hw = FakeHardware(workdir / "host")
     fakemachines.usb_camera(hw)
     fakemachines.nvidia_h100(hw)
@@ -72,12 +52,9 @@ def test_the_node_agent_keeps_its_nodes_inventory(
     config.write_text(yaml.safe_dump({"profiles": []}))
 
     def stored() -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, node_name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        obj: dict[str, Any] | None = or_none(
+            lambda: custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, node_name)
+        )
         return obj
 
     def ports() -> list[str]:
@@ -91,8 +68,7 @@ def test_the_node_agent_keeps_its_nodes_inventory(
         "--pod-name", "patchbay-node-agent-x1", "--http-address", "127.0.0.1:0", "--device-plugin-dir",
         str(workdir / "dp"), "--kubelet-root-dir", str(workdir / "kubelet"),
     ]  # fmt: skip
-    log = (workdir / "agent.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    agent = HostAgent(argv, workdir / "agent.log")
     try:
         first = wait_for("the NodeInventory", stored, timeout=30)
         # No profile: the inventory only, no device-plugin socket (the chart's inventory.alwaysOn).
@@ -149,13 +125,6 @@ def test_the_node_agent_keeps_its_nodes_inventory(
             f"patched: put back after {patched:.2f} s"
         )
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(10)
-        log.close()
-        print((workdir / "agent.log").read_text(errors="replace")[-3000:])
+        agent.stop()
+        print(agent.text()[-3000:])
         custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, node_name)

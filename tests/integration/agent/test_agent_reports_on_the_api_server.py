@@ -12,25 +12,21 @@ report (the session cluster's controller-manager runs the garbage collector).
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from support.agentrun import agent_argv
-from support.clusters import REPO, apply_crd, wait_for
+from support.agentrun import HostAgent, agent_argv, write_agent_config
+from support.clusters import REPO, AgentNode, apply_crd, or_none, served, wait_for
 from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer, ThreadedPeers
 from support.promtext import parse, value
 from support.pykubelet import PyKubelet
-from support.reports import largest_report, node_owner
+from support.reports import device_report, largest_report, node_owner
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.releases import matrix
@@ -46,24 +42,17 @@ def report_crd(api: client.ApiClient) -> None:
     """The DeviceReport CRD from crds/, created or replaced, Established and served."""
     apply_crd(api, CRD_FILE)
     custom = client.CustomObjectsApi(api)
-
-    def served() -> bool:
-        try:
-            custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)
-        except ApiException:
-            return False
-        return True
-
-    wait_for("the DeviceReport API to be served", served)
+    wait_for(
+        "the DeviceReport API to be served",
+        lambda: served(lambda: custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)),
+    )
 
 
-class AgentProcess:
+class AgentProcess(HostAgent):
     """The real `patchbay-agent` process; its log in a file, its /metrics port read from there."""
 
     def __init__(self, argv: list[str], log: Path) -> None:
-        self.log = log
-        self._out = log.open("wb")
-        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT)
+        super().__init__(argv, log)
         self.port = int(wait_for("the agent to serve /metrics", self._port, timeout=30))
 
     def _port(self) -> int | None:
@@ -71,9 +60,6 @@ class AgentProcess:
             raise AssertionError(f"the agent exited with {self.proc.returncode}:\n{self.text()[-3000:]}")
         m = re.search(r"Serving /metrics, /healthz, /readyz on http://127\.0\.0\.1:(\d+)", self.text())
         return int(m.group(1)) if m else None
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
 
     def metrics(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
@@ -85,55 +71,27 @@ class AgentProcess:
         except KeyError:
             return 0.0
 
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._out.close()
-        return self.proc.returncode
-
 
 def test_the_agent_publishes_its_device_report(
-    api: client.ApiClient,
-    devcluster: DevCluster,
-    report_crd: None,
-    namespace: str,
-    node: tuple[str, str],
-    workdir: Path,
+    agent_node: AgentNode, report_crd: None, namespace: str
 ) -> None:
-    node_name, node_uid = node
-    custom = client.CustomObjectsApi(api)
+    custom, devcluster, node_name, node_uid, workdir, _ = agent_node
     name = f"{PROFILE}.{node_name}"
     hw = FakeHardware(workdir / "host")
-    for i in range(4):
-        hw.add_dev(f"/dev/ttyUSB{i}")
+    hw.add_serials(4)
     plugin_dir = workdir / "dp"
-    config = workdir / "agent.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "resourceName": RESOURCE,
-                "plugin": {
-                    "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
-                    # Rounds every second: the quiet period below waits on them.
-                    "health": {"periodSeconds": 1},
-                    "sharing": {"replicas": 2},
-                },
-            }
-        )
-    )
+    plugin = {
+        "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
+        # Rounds every second: the quiet period below waits on them.
+        "health": {"periodSeconds": 1},
+        "sharing": {"replicas": 2},
+    }
+    config = write_agent_config(workdir / "agent.yaml", plugin, RESOURCE)
 
     def report() -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        obj: dict[str, Any] | None = or_none(
+            lambda: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        )
         return obj
 
     agent: AgentProcess | None = None
@@ -238,7 +196,7 @@ def test_the_agent_publishes_its_device_report(
 
     # The node goes: the garbage collector takes its report (a new CRD's dependents are seen once
     # the collector's discovery of resources has run, up to about 30 s).
-    client.CoreV1Api(api).delete_node(node_name)
+    client.CoreV1Api(custom.api_client).delete_node(node_name)
     wait_for(
         "the garbage collector to delete the report with its node", lambda: report() is None, timeout=120
     )
@@ -348,27 +306,20 @@ def test_a_report_deleted_or_written_by_someone_else_is_written_again(
     custom = client.CustomObjectsApi(api)
 
     def build(node_uid: str | None) -> dict[str, Any]:
-        return {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "DeviceReport",
-            "metadata": {"name": target.name, "namespace": namespace},
-            "profile": PROFILE,
-            "nodeName": name,
-            "resourceName": RESOURCE,
-            "agent": "agent-pod-1",
-            "summary": {"total": 1, "healthy": 1, "unhealthy": 0, "allocated": 0},
-            "devices": [{"id": "ttyUSB0", "health": "Healthy"}],
-        }
+        return device_report(
+            namespace,
+            name,
+            PROFILE,
+            RESOURCE,
+            [{"id": "ttyUSB0", "health": "Healthy"}],
+            {"total": 1, "healthy": 1, "unhealthy": 0, "allocated": 0},
+            agent="agent-pod-1",
+        )
 
     def stored() -> dict[str, Any] | None:
-        try:
-            obj: dict[str, Any] = custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, target.name
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        obj: dict[str, Any] | None = or_none(
+            lambda: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, target.name)
+        )
         return obj
 
     def write(body: dict[str, Any], manager: str) -> None:

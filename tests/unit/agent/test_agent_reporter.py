@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
 from support.agentrun import until
+from support.converge import running
 
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.config import Partitions
@@ -74,15 +74,8 @@ def metrics() -> Metrics:
     return Metrics(RESOURCE, "node-1", holder_labels=True)
 
 
-@contextlib.asynccontextmanager
-async def _running(reporter: Reporter) -> AsyncIterator[asyncio.Event]:
-    stop = asyncio.Event()
-    task = asyncio.create_task(reporter.run(stop))
-    try:
-        yield stop
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 5)
+def _running(reporter: Reporter) -> contextlib.AbstractAsyncContextManager[asyncio.Event]:
+    return running(reporter.run, 5)
 
 
 def _reporter(world: World, client: FakeClient, metrics: Metrics, **kw: Any) -> Reporter:

@@ -229,7 +229,7 @@ def test_fewer_replicas_lose_a_device_with_more_holders_than_the_new_count() -> 
 
 
 def test_a_file_is_dry_run_in_its_own_api_version() -> None:
-    from patchbay_kubectl.cli import diff_collection
+    from patchbay_kubectl.diff import diff_collection
 
     old = {"apiVersion": "patchbay.dev/v1alpha1", "kind": "DevicePluginProfile"}
     assert diff_collection(old) == "/apis/patchbay.dev/v1alpha1/devicepluginprofiles"

@@ -52,6 +52,7 @@ class FakeKube:
         #: objects applied (by REST path), so get and delete see them
         self.objects: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
+        self.inventory_owned: dict[str, set[str]] = {}
         self._rv = 100
         self._lock = threading.Lock()
 
@@ -94,6 +95,27 @@ class FakeKube:
         self._call("get_node")
         node = self.nodes.get(name)
         return copy.deepcopy(node) if node is not None else None
+
+    def apply_node_labels(self, name: str, labels: dict[str, str]) -> dict[str, Any]:
+        """The manager's labels replace those it owned (recorded in ``inventory_owned``)."""
+        self._call("apply_node_labels")
+        if name not in self.nodes:
+            raise KubeError(404, "PATCH", name, "not found")
+        node = self.nodes[name]
+        node_labels = node["metadata"].setdefault("labels", {})
+        for key in self.inventory_owned.get(name, set()) - set(labels):
+            node_labels.pop(key, None)
+        node_labels.update(labels)
+        self.inventory_owned[name] = set(labels)
+        node["metadata"]["managedFields"] = [
+            {
+                "manager": "patchbay-inventory-labels",
+                "operation": "Apply",
+                "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels}}},
+            }
+        ]
+        node["metadata"]["resourceVersion"] = self._next_rv()
+        return copy.deepcopy(node)
 
     def list_pages(
         self,

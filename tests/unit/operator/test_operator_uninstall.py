@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from patchbay_operator.kube import PROFILES_PATH, KubeError
+from patchbay_operator.inventorylabels import INVENTORY_LABELS_MANAGER
+from patchbay_operator.kube import NODES_PATH, PROFILES_PATH, KubeError
 from patchbay_operator.uninstall import AGENT_SELECTOR, Check, RefusedError, refusal
 
 NS = "patchbay-system"
@@ -143,3 +144,58 @@ def test_opting_in_ends_with_a_line_when_the_agents_do_not_stop_in_time() -> Non
     api = FakeAPI(["usb"], ["patchbay-node-agent"], linger=10_000)
     with pytest.raises(RefusedError, match="timed out waiting for the operator to stop"):
         run(api, allow=True, timeout=30)
+
+
+class LabelledAPI(FakeAPI):
+    """Nodes too, some carrying inventory labels the operator's field manager owns; an apply of
+    none by that manager removes them (and must come after the operator stopped)."""
+
+    def __init__(self, profiles: list[str] | None, daemonsets: list[str]) -> None:
+        super().__init__(profiles, daemonsets)
+        key = "inventory.patchbay.dev/usb-0403-6001"
+        owned = {"f:metadata": {"f:labels": {f"f:{key}": {}}}}
+        self.nodes = {
+            f"n{i}": {
+                "metadata": {
+                    "name": f"n{i}",
+                    "labels": {key: "present"},
+                    "managedFields": [
+                        {
+                            "manager": INVENTORY_LABELS_MANAGER if i < 2 else "kubectl-label",
+                            "operation": "Apply",
+                        }
+                        | {"fieldsV1": owned}
+                    ],
+                }
+            }
+            for i in range(3)
+        }
+        self.applied: list[str] = []
+
+    def request(self, method: str, path: str, body: Any = None, **options: Any) -> Any:
+        if path == NODES_PATH:
+            self.calls.append((method, path))
+            return {"metadata": {}, "items": list(self.nodes.values())}
+        if method == "PATCH" and path.startswith(NODES_PATH + "/"):
+            self.calls.append((method, path))
+            assert self.stopped.get(OPERATOR) == 0, "labels removed while the operator runs"
+            assert options["query"] == {"fieldManager": INVENTORY_LABELS_MANAGER, "force": "false"}
+            assert "labels" not in body["metadata"]
+            self.applied.append(body["metadata"]["name"])
+            return {}
+        return super().request(method, path, body, **options)
+
+
+@pytest.mark.parametrize("daemonsets", [[], ["patchbay-node-agent"]], ids=["operator only", "with agent"])
+def test_inventory_labels_are_removed_once_the_operator_stopped(daemonsets: list[str]) -> None:
+    """inventory.nodeLabels: the operator stopped first (it would apply them again), then every
+    node whose labels its field manager owns gets an apply of none; a node labelled by someone
+    else is left alone."""
+    api = LabelledAPI([], daemonsets)
+    line = check(api).run(allow=False, deployment="patchbay", operator_selector=OPERATOR, labels=True)
+    assert line.splitlines()[-1] == "patchbay: inventory labels removed from 2 nodes"
+    assert api.applied == ["n0", "n1"] and ("PATCH", SCALE) in api.calls
+    refused = LabelledAPI(["usb"], [])
+    with pytest.raises(RefusedError):
+        check(refused).run(allow=False, deployment="patchbay", operator_selector=OPERATOR, labels=True)
+    assert refused.applied == []
