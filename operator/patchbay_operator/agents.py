@@ -16,7 +16,7 @@ through agentwatch.py; the DaemonSet an apply answers with is folded into it at 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
@@ -46,6 +46,15 @@ class Agents(Part):
     mark: Callable[[Iterable[str]], None] = lambda _names: None
     #: shared profiles that do not fit in the node agent's ConfigMap -> why (their status says)
     refused: dict[str, str] = field(default_factory=dict)
+    #: several profiles' `stage` asked in one go (staging.py's ``Staging.entries``; None: `stage`
+    #: asked per profile)
+    stages: Callable[[Sequence[Profile]], render.Stage] | None = None
+
+    def _staged(self, profiles: Sequence[Profile]) -> render.Stage | None:
+        """How `profiles` render mid-rollout, asked once for all of them."""
+        if self.stages is not None:
+            return self.stages(profiles)
+        return render.once([(p, None) for p in profiles], self.stage)
 
     # --- a profile's agents, as the registry decides --------------------------------------------
 
@@ -65,12 +74,15 @@ class Agents(Part):
         """Each profile's agents (the shared node agent's: its own objects go; or its own) and a
         DRA profile's DeviceClass, which no other mode keeps; then the shared node agent."""
         shared = [p for p in profiles if p.uses_shared_agent]
+        stage = self._staged(
+            [*(p for p in profiles if p not in shared), *self.registry.shared_agent_profiles()]
+        )
         for profile in profiles:
             if profile in shared:
                 await self._delete_own(profile, f"DevicePluginProfile {profile.name} uses the shared agent")
             else:
-                await self._apply_own(profile, self.registry.exclusion(profile))
-        await self.apply_shared()
+                await self._apply_own(profile, self.registry.exclusion(profile), stage)
+        await self.apply_shared(stage)
         for profile in shared:  # the class after its agents, as an own agent's objects are applied
             if profile.mode is Mode.DRA:
                 await self.classes.apply(profile)
@@ -84,15 +96,16 @@ class Agents(Part):
         if twin is not None:
             await self.apply(twin)
 
-    async def apply_shared(self, *, daemonset: bool = True) -> None:
+    async def apply_shared(self, stage: render.Stage | None = None, *, daemonset: bool = True) -> None:
         """The shared node agent becomes what the shared profiles say now (each with the nodes its
         agents leave out, see `render.shared_agent_objects`); with no profile left, it goes, unless
         `node_agent_always_on` keeps it (no profile in its config, no owner: it then only keeps
-        the nodes' inventories; the uninstall hook deletes it). Without `daemonset` only its
-        ConfigMap is written: a rollout's wave changes the config alone (the DaemonSet depends on
-        the set of shared profiles and the settings, which a wave never changes)."""
+        the nodes' inventories; the uninstall hook deletes it). `stage`: every shared profile's
+        (`_staged`), asked now when not given. Without `daemonset` only its ConfigMap is written:
+        a rollout's wave changes the config alone (the DaemonSet depends on the set of shared
+        profiles and the settings, which a wave never changes)."""
         profiles = [(p, self.registry.exclusion(p)) for p in self.registry.shared_agent_profiles()]
-        stage = render.once(profiles, self.stage)
+        stage = stage if stage is not None else self._staged([p for p, _ in profiles])
         refused = render.over_limit(profiles, stage)
         if refused or self.refused:
             self._refuse(refused)
@@ -105,6 +118,18 @@ class Agents(Part):
         for obj in render.shared_agent_objects(profiles, self.settings, stage):
             if daemonset or obj["kind"] != "DaemonSet":
                 await self._apply_object(obj)
+
+    async def apply_wave(self, name: str) -> None:
+        """A rollout of `name` moved (a wave, a halt's put-back, the end): the agents' config says
+        so. A profile with an agent of its own: its ConfigMap only (its DaemonSet does not depend
+        on the rollout); the shared node agent's otherwise."""
+        profile = self.registry.get(name)
+        if profile is None or profile.deleting or profile.uses_shared_agent:
+            await self.apply_shared(daemonset=False)
+            return
+        if profile.mode.runs_agents and self.registry.conflict(profile) is None:
+            exclude, stage = self.registry.exclusion(profile), self._staged([profile])
+            await self._apply_object(render.agent_objects(profile, self.settings, exclude, stage)[0])
 
     async def unused_shared(self, *, taking_over: bool = False) -> None:
         """At the operator's start (not while a peered replica stands by) or take-over (its gate
@@ -152,10 +177,12 @@ class Agents(Part):
 
     # --- objects ----------------------------------------------------------------------------------
 
-    async def _apply_own(self, profile: Profile, exclude: Selector | None) -> None:
-        """Apply the profile's own agent objects (`exclude`: see `render.agent_objects`); a
-        DevicePlugin profile that was DRA before loses its DeviceClass."""
-        for obj in render.agent_objects(profile, self.settings, exclude):
+    async def _apply_own(
+        self, profile: Profile, exclude: Selector | None, stage: render.Stage | None
+    ) -> None:
+        """Apply the profile's own agent objects (`exclude`, `stage`: see `render.agent_objects`);
+        a DevicePlugin profile that was DRA before loses its DeviceClass."""
+        for obj in render.agent_objects(profile, self.settings, exclude, stage):
             if obj["kind"] == "DeviceClass":
                 await self.classes.apply(profile, obj)
             else:

@@ -48,7 +48,6 @@ survives an operator restart and costs no extra write.
 """
 
 CONFIG_HASH_ANNOTATION = "patchbay.dev/config-hash"
-AGENT_CONFIG_KEY = "config.yaml"
 AGENT_CONFIG_DIR = "/etc/patchbay"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 HOST_ROOT = "/host"

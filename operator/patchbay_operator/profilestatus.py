@@ -83,6 +83,7 @@ class ProfileStatus:
             revisions.in_use = self.staging.in_use
             if agents is not None:
                 agents.stage = repairs.stage = self.staging.entry
+                agents.stages = self.staging.entries
             nodes.serves = self.staging.served
         #: the shared agents' config written again after a wave moved (one timer: a burst of
         #: waves of several profiles is one write)
@@ -149,7 +150,8 @@ class ProfileStatus:
                 if profile.mode is Mode.STATIC:
                     self._nodes.enqueue_all()  # the nodes that moved get their capacity written
                 elif self._agents:
-                    self._waves.schedule(SHARED_KEY, 0.0, self._write_wave)
+                    key = SHARED_KEY if profile.uses_shared_agent else name
+                    self._waves.schedule(key, 0.0, functools.partial(self._write_wave, key))
         return result.status
 
     def _read_slices(self, profile: Profile, step: rollouts.Step) -> None:
@@ -188,11 +190,15 @@ class ProfileStatus:
         selectors = Selectors(field=dra.slices_selector(driver, node))
         return [i for page in self._kube.list_pages(dra.SLICES_PATH, 100, selectors) for i in page.items]
 
-    async def _write_wave(self) -> None:
-        """A rollout moved (a wave, a halt's put-back, the end): the shared agents' config says so
-        (the ConfigMap alone: nothing in the DaemonSet changes with a wave)."""
+    async def _write_wave(self, key: str) -> None:
+        """A rollout moved (a wave, a halt's put-back, the end): the agents' config says so, the
+        ConfigMap alone (nothing in a DaemonSet changes with a wave): the shared agents' for
+        `SHARED_KEY`, else the profile's own agents'."""
         if self._agents is not None and writes(self._gate):
-            await self._agents.apply_shared(daemonset=False)
+            if key == SHARED_KEY:
+                await self._agents.apply_shared(daemonset=False)
+            else:
+                await self._agents.apply_wave(key)
 
     def _inputs(self, profile: Profile) -> evaluation.Inputs:
         """What the caches say about ``profile`` now."""

@@ -3,8 +3,12 @@ its DeviceClass), as plain dicts (pure).
 
 Templates live in ``templates/`` and are rendered with Jinja2 ``StrictUndefined`` (a missing
 value is an error, not an empty string); every value goes through ``tojson`` so no input can
-break the YAML. The ConfigMap holds the agent config of docs/design/profile-contract.md; its
-hash goes on the pod template so any config change rolls the agents.
+break the YAML. Every agent is a node agent that follows its ConfigMap live (``node.yaml``: one
+entry per profile it serves, `node_entry`, the rollout stanza included): the shared one serves
+every profile without agent settings of its own, an agent of its own serves its one profile. No
+pod template depends on the plugin settings, so a change of them reaches the agents in place,
+wave by wave (staging.py), and only a change of the pod itself (``spec.agent``, the image) rolls
+a DaemonSet.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from patchbay_api.revisions import NOBODY, Rollout, spec_revision
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import (
     AGENT_CONFIG_DIR,
-    AGENT_CONFIG_KEY,
     API_GROUP,
     API_VERSION,
     CONFIG_HASH_ANNOTATION,
@@ -147,16 +150,6 @@ def object_name(profile: str) -> str:
     return f"patchbay-{profile}"
 
 
-def agent_config(profile: Profile) -> str:
-    """The agent's config file: resourceName + plugin, verbatim (keys sorted: stable hash)."""
-    doc = {"resourceName": profile.resource, "plugin": dict(profile.plugin.document)}
-    return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False)
-
-
-def config_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def selector_labels(profile: str) -> dict[str, str]:
     return {LABEL_NAME: AGENT_NAME, LABEL_PROFILE: profile}
 
@@ -208,7 +201,7 @@ def device_class(profile: Profile) -> dict[str, Any]:
 
 
 def agent_objects(
-    profile: Profile, settings: Settings, exclude: Selector | None = None
+    profile: Profile, settings: Settings, exclude: Selector | None = None, stage: Stage | None = None
 ) -> list[dict[str, Any]]:
     """[ConfigMap, DaemonSet] for a DevicePlugin profile, [ConfigMap, DaemonSet, DeviceClass] for
     a DRA one, ready for server-side apply.
@@ -217,13 +210,20 @@ def agent_objects(
     through node capacity (KEP-5004: never both ways on one node): the DaemonSet's node affinity
     leaves those nodes out, so a node matching both runs only the device plugin's agent.
 
-    The DRA agent is the DevicePlugin agent with ``--dra-driver``: the same config, hardening,
-    account and report flags, but the kubelet's ``plugins_registry`` directory and the driver's
-    own directory under ``plugins`` (`dra_service_dir`) instead of ``device-plugins``, and always
-    the CDI spec directory (a DRA driver hands devices to containers through CDI only)."""
+    `stage`: how the profile's entry renders mid-rollout (staging.py; None: every node serves
+    the spec). The agent of its own is a node agent serving this ONE profile: its ConfigMap holds
+    a node config of one entry (`node_config`, as the shared agent's), its pods follow it
+    (``--watch-config``) and reconfigure live, so its pod template depends only on
+    ``spec.agent`` (image, resources, tolerations, privileged, ...), the node selector and the
+    mode: a change of the plugin settings or node groups moves the nodes in waves, a change of
+    ``spec.agent`` rolls the DaemonSet by its updateStrategy.
+
+    The DRA agent is the DevicePlugin agent serving a DRA entry: the same hardening, account and
+    report flags, but the kubelet's ``plugins_registry`` directory and the driver's own
+    directory under ``plugins`` (`dra_service_dir`) instead of ``device-plugins``, and always the
+    CDI spec directory (a DRA driver hands devices to containers through CDI only)."""
     agent: Mapping[str, Any] = profile.spec.get("agent") or {}
     strategy: Mapping[str, Any] = agent.get("updateStrategy") or {}
-    text = agent_config(profile)
     name = object_name(profile.name)
     dra, driver = profile.mode is Mode.DRA, driver_name(profile.name)
     common = {
@@ -232,8 +232,8 @@ def agent_objects(
         "labels": labels(profile.name, profile.mode),
         "owners": [owner_reference(profile)],
     }
-    revision = spec_revision(profile.spec)
-    configmap = _render("configmap.yaml.j2", **common, data={AGENT_CONFIG_KEY: text, REVISION_KEY: revision})
+    text = node_config([(profile, exclude)], stage)
+    configmap = _render("configmap.yaml.j2", **common, data={NODE_CONFIG_KEY: text})
     security = {"privileged": True} if agent.get("privileged") else HARDENED
     daemonset = _render(
         "daemonset.yaml.j2",
@@ -242,14 +242,14 @@ def agent_objects(
         max_surge=strategy.get("maxSurge", 1),
         max_unavailable=strategy.get("maxUnavailable", 0),
         hash_annotation=CONFIG_HASH_ANNOTATION,
-        # The revision too: the agent reads it (for its report) when it starts.
-        config_hash=config_hash(f"{text}{revision}"),
+        # No config hash: the agent follows its ConfigMap and reconfigures live (as the shared one).
+        config_hash="",
         priority_class=agent.get("priorityClassName") or "",
         node_selector_terms=[t for t in profile.selector.node_selector_terms(exclude) if t],
         tolerations=list(agent.get("tolerations") or []),
         image=agent.get("image") or settings.agent_image,
         pull_policy=agent.get("imagePullPolicy") or "",
-        config_path=f"{AGENT_CONFIG_DIR}/{AGENT_CONFIG_KEY}",
+        config_path=f"{AGENT_CONFIG_DIR}/{NODE_CONFIG_KEY}",
         config_dir=AGENT_CONFIG_DIR,
         device_plugin_dir=DEVICE_PLUGIN_DIR,
         host_root=HOST_ROOT,
@@ -263,8 +263,12 @@ def agent_objects(
         cdi_spec_dir=settings.cdi_spec_dir if dra or profile.cdi_kind else "",  # only where specs are written
         cdi_mount=CDI_SPEC_MOUNT,
         pod_resources_mount=POD_RESOURCES_MOUNT,
-        dra_driver=driver if dra else "",
-        node_config=False,
+        dra_driver="",
+        node_config=True,
+        # One profile's agent: the shared node agent keeps the node's inventory, not this one;
+        # its DRA driver's directory is its own (`dra_service_dir`), under the kubelet's plugins.
+        own_agent=True,
+        node_plugins_dir=kubelet_plugins_dir(settings.kubelet_root_dir),
         dra_mounts=dra,
         device_plugin_mounts=not dra,
         plugins_registry_dir=plugins_registry_dir(settings.kubelet_root_dir),
@@ -278,10 +282,6 @@ def agent_objects(
         return [configmap, daemonset, device_class(profile)]
     return [configmap, daemonset]
 
-
-REVISION_KEY = "revision"
-"""An agent of its own's ConfigMap: the key of the revision hash its config is (the agent's
-``config.REVISION_FILE``)."""
 
 SHARED_AGENT = "patchbay-node-agent"
 """The shared agent's DaemonSet and ConfigMap (one per cluster, in the operator's namespace)."""
@@ -489,6 +489,8 @@ def shared_agent_objects(
         pod_resources_mount=POD_RESOURCES_MOUNT,
         dra_driver="",
         node_config=True,
+        own_agent=False,
+        node_plugins_dir="",
         dra_mounts=True,
         device_plugin_mounts=True,
         plugins_registry_dir=plugins_registry_dir(settings.kubelet_root_dir),

@@ -179,7 +179,7 @@ class Repairs(Part):
                 or name != render.object_name(p.name)
             ):
                 return None
-            profiles, objects = [p], render.agent_objects(p, self.settings, reg.exclusion(p))
+            profiles, objects = [p], render.agent_objects(p, self.settings, reg.exclusion(p), self.stage)
         obj = next((o for o in objects if o["kind"] == kind), None)
         return (obj, profiles) if obj is not None else None
 

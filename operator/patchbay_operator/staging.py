@@ -4,10 +4,11 @@ from the status at start, and what the agents' config is rendered with (``entry`
 A new update revision (a spec change) begins here, when the agents' objects are rendered for it:
 at once (every node serves it, as before staged rollouts) for a new profile, ``strategy:
 Immediate``, a change that only adds nodes (the node selector widened, nothing else), a change of
-mode or resourceName, or a profile with an agent of its own (its DaemonSet rolls on every
-revision: not staged yet, its ``status.rollout.message`` says so); otherwise staged, with no node
-moved yet (wave 0): the status loop (profilestatus.py) then moves the canary wave and the next
-ones (``rollouts.step``) and the shared agents' ConfigMap is written once per wave. A Static
+mode or resourceName, or a change of the node selector of a profile with an agent of its own (its
+DaemonSet's node affinity: its pods follow it at once); otherwise staged, with no node moved yet
+(wave 0): the status loop (profilestatus.py) then moves the canary wave and the next ones
+(``rollouts.step``) and the agents' ConfigMap (the shared one, or the profile's own) is written
+once per wave. A Static
 profile rolls in the same waves: the operator writes each node's capacity itself, for the
 revision the node serves (``served``: nodes.py plans its patch with it), so a wave is the node
 patches of the nodes that moved.
@@ -130,14 +131,14 @@ class Staging:
         new = revision_data(profile.spec)
         if policy.immediate:
             why = f"strategy {IMMEDIATE}"
-        elif not profile.uses_shared_agent:
-            why = "a profile with an agent of its own is not staged yet: its DaemonSet rolls every node"
         elif old is None or revision_hash(old) != current:
             why = f"the previous revision {current} is not known: every node at once"
         elif (old.get("mode"), old.get("resourceName")) != (new.get("mode"), new.get("resourceName")):
             why = "a change of mode or resourceName goes to every node at once"
         elif only_adds_nodes(old, new, self._nodes()):
             why = "the change only adds nodes: at once"
+        elif not profile.uses_shared_agent and old.get("nodeSelector") != new.get("nodeSelector"):
+            why = "an agent of its own runs where its node selector says (its DaemonSet's node affinity)"
         if why:
             return State.settled(update, f"{why}: every node serves {update}")
         return State.begin(current, update)
@@ -153,6 +154,13 @@ class Staging:
             self.states[profile.name] = State.settled(st.update, f"the revision {st.current} is gone")
             return None, Rollout.settled(st.update)
         return as_revision(profile, data), st.stanza()
+
+    def entries(self, profiles: Iterable[Profile]) -> Callable[[Profile], tuple[Profile | None, Rollout]]:
+        """`entry` of each of `profiles`, asked at once (one call for an apply of several agents'
+        objects); a profile not among them, or changed since (the registry moves while the apply
+        awaits the API), is asked then."""
+        table = {(p.name, p.uid, p.generation): self.entry(p) for p in profiles}
+        return lambda p: table.get((p.name, p.uid, p.generation)) or self.entry(p)
 
     def current(self, profile: Profile) -> Profile | None:
         """The profile as its current revision had it while a rollout is in progress (None when

@@ -74,8 +74,9 @@ class NodeOptions:
     agent: AgentOptions
     report_namespace: str
     #: `--kubelet-root-dir`: DRA units register in its `plugins_registry/` and keep their drivers'
-    #: directories in `options.node_agent_plugins_dir` of it
+    #: directories in `plugins_dir` (None: `options.node_agent_plugins_dir` of it)
     kubelet_root_dir: Path = DEFAULTS["kubelet_root_dir"]
+    plugins_dir: Path | None = None
     kubeconfig: Path | None = None
     restart_initial: float = RESTART_INITIAL
     restart_max: float = RESTART_MAX
@@ -156,14 +157,12 @@ class NodeAgent:
         )
         dra = None
         if entry.driver and entry.mode == "DRA":
-            # Every driver's directory inside the node agent's one directory under the kubelet's
-            # plugins directory: the only part of it the node agent's pod mounts.
-            dra = DraOptions(
-                entry.driver,
-                node.kubelet_root_dir,
-                node.kubeconfig,
-                plugins_dir=node_agent_plugins_dir(node.kubelet_root_dir),
-            )
+            # The shared node agent: every driver's directory inside its one directory under the
+            # kubelet's plugins directory, the only part of it its pod mounts; an agent of its own
+            # given the plugins directory itself: its driver's own (`draplugin.service_dir`).
+            parent = node.plugins_dir or node_agent_plugins_dir(node.kubelet_root_dir)
+            own = parent == node.kubelet_root_dir / "plugins"
+            dra = DraOptions(entry.driver, node.kubelet_root_dir, node.kubeconfig, None if own else parent)
         return replace(base, http_address=None, instance=None, report=report, dra=dra)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -209,6 +209,16 @@ OPTIONS: tuple[Option, ...] = (
         into=("node.inventory_rescan",),
     ),
     Option(
+        "--node-plugins-dir",
+        "with --node-config: the directory DRA profiles' driver directories go in (default: "
+        "<kubelet-root-dir>/plugins/patchbay_node-agent, the shared node agent's own); the "
+        "kubelet's plugins directory itself gives each driver its own directory there, as "
+        "--dra-driver does (an agent of its own, whose pod mounts only its driver's)",
+        Path,
+        metavar="DIR",
+        into=("node.plugins_dir",),
+    ),
+    Option(
         "--node-name", "this node's name (labels metrics and logs)", required=True, into=("agent.node_name",)
     ),
     Option(

@@ -1,6 +1,7 @@
 """An agent rollout on the real kubelet never leaves the node without its resource.
 
-The profile's plugin config changes, so the operator's DaemonSet rolls with maxSurge 1 and
+The profile's agent settings change (its CPU request: a change of the plugin settings reaches
+the running agent live and rolls nothing), so the operator's DaemonSet rolls with maxSurge 1 and
 maxUnavailable 0: the new agent pod starts beside the old one, serves its OWN socket, registers,
 turns Ready; then the old pod is deleted and removes only its own socket. The node's allocatable
 is sampled from the API server and from the kubelet's PodResources API every 50 ms through the
@@ -59,7 +60,7 @@ def test_a_rollout_keeps_every_healthy_device_allocatable(
             namespace=patchbay.namespace,
             daemonset=f"patchbay-{name}",
             agent_pods=lambda: patchbay.agent_pods(name),
-            change=lambda: cluster.patch_spec(name, {"plugin": {"allocation": {"envs": {"ROLLOUT": "2"}}}}),
+            change=lambda: cluster.patch_spec(name, {"agent": {"resources": {"requests": {"cpu": "11m"}}}}),
             node=real_node,
             resource=resource,
             pod_resources=e2e_cluster.real_node().paths.pod_resources_socket,

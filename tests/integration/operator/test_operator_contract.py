@@ -61,7 +61,8 @@ def test_rendered_config_is_accepted_by_the_agent(
         GROUP, VERSION, PLURAL, body, dry_run="All"
     )
     configmap, _ = agent_objects(Profile.from_body(stored), Settings())
-    config = parse(yaml.safe_load(configmap["data"]["config.yaml"]))
+    (entry,) = yaml.safe_load(configmap["data"]["node.yaml"])["profiles"]
+    config = parse({"resourceName": entry["resourceName"], "plugin": entry["plugin"]})
     assert config.resource_name == "example.com/dev"
     if full:
         assert config.replicas == 3

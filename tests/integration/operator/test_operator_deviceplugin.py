@@ -11,7 +11,6 @@ from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
 from support.operator import Operator, agent_object, assert_applied_for
 
 R = "example.com/serial"
-HASH = "patchbay.dev/config-hash"
 AGENT_IMAGE = "example.invalid/patchbay-agent:it"
 
 
@@ -33,8 +32,11 @@ def configmap(cluster: Cluster, profile: str) -> dict[str, Any] | None:
     return agent_object(cluster, "ConfigMap", profile)
 
 
-def pod_hash(ds: dict[str, Any] | None) -> str | None:
-    return None if ds is None else ds["spec"]["template"]["metadata"]["annotations"][HASH]
+def entry(cm: dict[str, Any] | None) -> dict[str, Any]:
+    """The one entry of an agent of its own's node config (its ConfigMap's ``node.yaml``)."""
+    assert cm is not None
+    (only,) = yaml.safe_load(cm["data"]["node.yaml"])["profiles"]
+    return dict(only)
 
 
 def apply_report(cluster: Cluster, name: str, node: str, agent: str, devices: list[dict[str, Any]]) -> None:
@@ -51,8 +53,8 @@ def test_agent_objects_are_applied_rolled_and_deleted(cluster: Cluster, operator
     ds = wait_for("DaemonSet", lambda: daemonset(cluster, name))
     cm = configmap(cluster, name)
     assert cm is not None
-    config = yaml.safe_load(cm["data"]["config.yaml"])
-    assert config["resourceName"] == R
+    config = entry(cm)
+    assert config["resourceName"] == R and config["profile"] == name
     assert config["plugin"]["discovery"] == {"paths": {"globs": ["/dev/ttyUSB*"]}}
     assert config["plugin"]["health"] == {"periodSeconds": 5, "failureThreshold": 3, "successThreshold": 1}
     for obj in (ds, cm):
@@ -78,14 +80,14 @@ def test_agent_objects_are_applied_rolled_and_deleted(cluster: Cluster, operator
     assert st["devices"] == {"capacity": 0, "allocatable": 0}
     assert st["problemCount"] == 3 and {p["reason"] for p in st["problems"]} == {"NoDevices"}
 
-    # A plugin change rewrites the config and rolls the agents (new hash on the pod template).
-    old_hash = pod_hash(ds)
+    # A plugin change rewrites the config, which the agents follow live (the pod template stays:
+    # no pod rolls).
+    template = ds["spec"]["template"]
     cluster.patch_spec(name, {"plugin": {"sharing": {"replicas": 4}}})
-    wait_for("new hash", lambda: pod_hash(daemonset(cluster, name)) not in (None, old_hash))
-    cm = configmap(cluster, name)
-    assert cm is not None and yaml.safe_load(cm["data"]["config.yaml"])["plugin"]["sharing"] == {
-        "replicas": 4
-    }
+    wait_for(
+        "the new config", lambda: entry(configmap(cluster, name))["plugin"]["sharing"] == {"replicas": 4}
+    )
+    assert (daemonset(cluster, name) or {})["spec"]["template"] == template
     wait_for(
         "status of generation 2",
         lambda: ((cluster.profile(name) or {}).get("status") or {}).get("observedGeneration") == 2,
@@ -103,7 +105,7 @@ def test_operator_killed_during_a_spec_change_converges(cluster: Cluster, operat
     name = f"{cluster.prefix}serial"
     cluster.create_profile(name, spec(cluster.tag))
     ds = wait_for("DaemonSet", lambda: daemonset(cluster, name))
-    old_hash = pod_hash(ds)
+    assert ds["spec"]["template"]["spec"].get("priorityClassName") is None
     operator.stop(signal.SIGKILL)
     cluster.patch_spec(
         name, {"plugin": {"sharing": {"replicas": 2}}, "agent": {"priorityClassName": "system-node-critical"}}
@@ -111,9 +113,12 @@ def test_operator_killed_during_a_spec_change_converges(cluster: Cluster, operat
     operator.start()
     ds = wait_for(
         "rolled DaemonSet",
-        lambda: (d := daemonset(cluster, name)) and pod_hash(d) != old_hash and d,
+        lambda: (
+            (d := daemonset(cluster, name)) and d["spec"]["template"]["spec"].get("priorityClassName") and d
+        ),
     )
     assert ds["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
+    assert entry(configmap(cluster, name))["plugin"]["sharing"] == {"replicas": 2}
 
 
 def test_mode_change_to_static_removes_the_agents(cluster: Cluster, operator: Operator) -> None:

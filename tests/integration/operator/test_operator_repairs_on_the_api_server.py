@@ -83,9 +83,7 @@ def test_deleted_and_edited_objects_are_put_back_and_a_take_over_is_left_alone(
     repaired(cluster, name, "Restored", f"DaemonSet {own} was edited; restored", back, 0)
     cm = agent_object(cluster, "ConfigMap", name) or {}
     data = dict(cm["data"])
-    edit = [
-        {"op": "replace", "path": "/data", "value": {"config.yaml": "resourceName: example.com/edited\n"}}
-    ]
+    edit = [{"op": "replace", "path": "/data", "value": {"node.yaml": "profiles: []\n"}}]
     cluster.core.patch_namespaced_config_map(own, NAMESPACE, edit, field_manager="kubectl-edit")
     back = lambda: (agent_object(cluster, "ConfigMap", name) or {}).get("data") == data  # noqa: E731
     repaired(cluster, name, "Restored", f"ConfigMap {own} was edited; restored", back, 1)

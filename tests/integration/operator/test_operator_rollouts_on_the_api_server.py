@@ -6,9 +6,12 @@ Static profile's change rolls in the same waves, the operator writing each node'
 wave comes (one Normal ``RolloutWave`` Event per wave); a change its canary cannot take halts it
 and puts the canary's previous capacity back.
 
+A profile with an agent of its own rolls in the same waves, through its own ConfigMap (its
+DaemonSet's pod template untouched by the change).
+
 No agent runs on kwok nodes: the test writes each node's DeviceReport itself, as the shared node
-agent would, naming the shared agent's pod on the node and the revision the agents' ConfigMap
-assigns the node (``Rollout.served``, the function the agents use)."""
+agent (or the profile's own) would, naming the agent's pod on the node and the revision the
+agents' ConfigMap assigns the node (``Rollout.served``, the function the agents use)."""
 
 from __future__ import annotations
 
@@ -18,8 +21,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import yaml
 from kubernetes.client import ApiException
-from support.clusters import TEST_LABEL, Cluster, wait_for
+from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
 from support.operator import Operator
 
 from patchbay_api.revisions import Rollout, spec_revision
@@ -35,21 +39,39 @@ def spec(cluster: Cluster, count: int, **rollout: Any) -> dict[str, Any]:
     }
 
 
-class Agents:
-    """The nodes' shared agents, simulated: each reports the revision its node is assigned."""
+def own_entry(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    """Profile `name`'s entry in its own agent's ConfigMap ``patchbay-<name>`` (a node config of
+    one entry)."""
+    cm = cluster.core.read_namespaced_config_map(f"patchbay-{name}", NAMESPACE)
+    doc = yaml.safe_load((cm.data or {}).get("node.yaml") or "{}") or {}
+    return next((e for e in doc.get("profiles") or [] if e.get("profile") == name), None)
 
-    def __init__(self, cluster: Cluster, name: str, nodes: list[str], resource: str = "waves") -> None:
+
+def own_agent_pod(cluster: Cluster, name: str, node: str) -> str:
+    pods = cluster.core.list_namespaced_pod(
+        NAMESPACE, label_selector=f"patchbay.dev/profile={name}", field_selector=f"spec.nodeName={node}"
+    ).items
+    return str(pods[0].metadata.name) if pods else ""
+
+
+class Agents:
+    """The nodes' shared agents (`own`: the profile's own agents), simulated: each reports the
+    revision its node is assigned."""
+
+    def __init__(
+        self, cluster: Cluster, name: str, nodes: list[str], resource: str = "waves", *, own: bool = False
+    ) -> None:
         self.cluster, self.name, self.nodes = cluster, name, nodes
         self.resource = f"example.com/{cluster.prefix}{resource}"
-        self.pods = {
-            n: wait_for(f"the agent pod on {n}", lambda n=n: cluster.shared_agent_pod(n)) for n in nodes
-        }
+        pod = (lambda n: own_agent_pod(cluster, name, n)) if own else cluster.shared_agent_pod
+        self.entry = (lambda: own_entry(cluster, name)) if own else (lambda: cluster.shared_entry(name))
+        self.pods = {n: wait_for(f"the agent pod on {n}", lambda n=n: pod(n)) for n in nodes}
         self.reported: dict[str, tuple[str, int, Any]] = {}
         #: node -> every revision it was assigned, in order
         self.history: dict[str, list[str]] = {n: [] for n in nodes}
 
     def stanza(self) -> tuple[str, Rollout]:
-        entry = wait_for("the profile's entry", lambda: self.cluster.shared_entry(self.name))
+        entry = wait_for("the profile's entry", self.entry)
         return entry["uid"], Rollout.from_dict(entry["rollout"])
 
     def report(
@@ -120,6 +142,25 @@ def settled(cluster: Cluster, name: str) -> bool:
     return complete and (cluster.condition(name, "Stalled") or {}).get("status") == "False"
 
 
+def bad_change_halts(
+    cluster: Cluster, agents: Agents, name: str, operator: Operator
+) -> tuple[str, list[str], dict[str, Any]]:
+    """A bad change (its nodes' agents serve it with no device, as a glob matching nothing),
+    reported until the rollout halts: its revision, the one canary that served it, the rollout."""
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 3}}}})
+    bad = digest(cluster, name)
+
+    def halted() -> dict[str, Any] | None:
+        agents.report(lambda _n, r: 0 if r == bad else 2)
+        rollout = status(cluster, name).get("rollout") or {}
+        return rollout if rollout.get("phase") == "Halted" else None
+
+    rollout = wait_for("the rollout halted", halted, 60, detail=lambda: operator.log()[-3000:])
+    canary = [n for n, h in agents.history.items() if bad in h]
+    assert len(canary) == 1 and rollout["haltedNodes"] == canary, (canary, rollout)
+    return bad, canary, rollout
+
+
 def events_of(cluster: Cluster, name: str, reason: str) -> list[Any]:
     found = cluster.core.list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
     return sorted((e for e in found if e.reason == reason), key=lambda e: e.metadata.creation_timestamp)
@@ -172,17 +213,7 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     assert more["DaemonSet"] >= 1 and more["DaemonSet"] <= more["ConfigMap"] - 4, more
 
     # A bad change: the canary's agent serves it with no device (as a glob matching nothing).
-    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 3}}}})
-    bad = digest(cluster, name)
-
-    def halted() -> dict[str, Any] | None:
-        agents.report(lambda _n, r: 0 if r == bad else 2)
-        rollout = status(cluster, name).get("rollout") or {}
-        return rollout if rollout.get("phase") == "Halted" else None
-
-    rollout = wait_for("the rollout halted", halted, 60, detail=lambda: operator.log()[-3000:])
-    canary = [n for n, h in agents.history.items() if bad in h]
-    assert len(canary) == 1 and rollout["haltedNodes"] == canary, (canary, rollout)
+    bad, canary, rollout = bad_change_halts(cluster, agents, name, operator)
     assert canary[0] in rollout["message"] and "0 healthy devices, 2 before the change" in rollout["message"]
     # The status is written first, the agents' ConfigMap (the put-back) right after it.
     stanza = wait_for(
@@ -241,6 +272,43 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
         "the canary put back on the last good revision",
         lambda: agents.report(failures=failures)[canary[0]] == second,
     )
+
+
+def test_a_profile_with_an_agent_of_its_own_rolls_in_waves_through_its_own_configmap(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """Its own ConfigMap carries the one entry with both revisions and the stanza, moved a wave at
+    a time; its DaemonSet's pod template never changes with the plugin; a regression on the
+    canary halts it and puts the canary back, in that ConfigMap."""
+    name = f"{cluster.prefix}waves"
+    nodes = cluster.add_nodes(3)
+    cluster.create_profile(name, {**spec(cluster, 1), "agent": {"tolerations": [{"operator": "Exists"}]}})
+    agents = Agents(cluster, name, nodes, own=True)
+    first = digest(cluster, name)
+    assert set(agents.report().values()) == {first}
+    wait_for("every node counted", lambda: status(cluster, name).get("updatedNumberScheduled") == 3)
+    template = cluster.apps.read_namespaced_daemon_set(f"patchbay-{name}", NAMESPACE).spec.template.to_dict()
+
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
+    second = digest(cluster, name)
+    entry = wait_for(
+        "the rollout begun", lambda: (e := own_entry(cluster, name)) and e["revision"] == second and e
+    )
+    assert entry["revisions"][first]["plugin"]["discovery"]["virtual"]["count"] == 1
+    assert "not staged" not in str((status(cluster, name).get("rollout") or {}).get("message"))
+    seen = settle(cluster, agents, name, operator)
+    moved = {w: n for w, n in seen}
+    assert moved.get(0) == 1 and moved.get(1) == 3, f"canary 1, then +2 a wave: {seen}"
+    assert all(h == [first, second] for h in agents.history.values()), agents.history
+    assert "revisions" not in (own_entry(cluster, name) or {}), "one body once every node moved"
+
+    _bad, canary, _rollout = bad_change_halts(cluster, agents, name, operator)
+    wait_for(
+        "put back on the last good revision", lambda: agents.stanza()[1].exceptions == {canary[0]: second}
+    )
+    assert agents.report()[canary[0]] == second
+    ds = cluster.apps.read_namespaced_daemon_set(f"patchbay-{name}", NAMESPACE)
+    assert ds.spec.template.to_dict() == template, "the pod template does not depend on the plugin"
 
 
 def publish(cluster: Cluster, driver: str, node: str, count: int) -> None:

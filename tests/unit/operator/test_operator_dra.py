@@ -70,15 +70,24 @@ def flags(ds: dict[str, Any]) -> dict[str, str]:
 def test_the_dra_agent_is_the_plugin_agent_with_the_kubelet_plugin_directories() -> None:
     cm, ds, dc = render.agent_objects(prof(), SETTINGS)
     plugin_cm, plugin_ds = render.agent_objects(prof(mode="DevicePlugin"), SETTINGS)
-    assert (
-        cm["data"]["config.yaml"] == plugin_cm["data"]["config.yaml"]
-    )  # the same agent config (another revision)
+    (entry,) = yaml.safe_load(cm["data"]["node.yaml"])["profiles"]
+    (plugin_entry,) = yaml.safe_load(plugin_cm["data"]["node.yaml"])["profiles"]
+    assert (entry["mode"], entry["driver"]) == ("DRA", "serial.patchbay.dev")
+    assert entry["plugin"] == plugin_entry["plugin"]  # the same agent config (another revision)
     args = flags(ds)
-    assert args["--dra-driver"] == "serial.patchbay.dev"
+    assert "--dra-driver" not in args  # the entry names the driver
     assert args["--kubelet-root-dir"] == KUBELET
+    # The driver's directory is its own under the kubelet's plugins directory (what the pod mounts).
+    assert args["--node-plugins-dir"] == f"{KUBELET}/plugins"
     assert args["--cdi-spec-dir"] == render.CDI_SPEC_MOUNT  # always: DRA hands over through CDI
     assert "--device-plugin-dir" not in args
-    for flag in ("--profile", "--report-namespace", "--pod-name", "--pod-resources-socket", "--config"):
+    for flag in (
+        "--watch-config",
+        "--report-namespace",
+        "--pod-name",
+        "--pod-resources-socket",
+        "--node-config",
+    ):
         assert args[flag] == flags(plugin_ds)[flag]
     pod = ds["spec"]["template"]["spec"]
     mounts = {m["name"]: m["mountPath"] for m in container(ds)["volumeMounts"]}
@@ -593,3 +602,40 @@ def test_the_operator_mounts_the_directory_the_node_agent_keeps_its_drivers_in(r
     assert base.name == "patchbay_node-agent"
     for driver in ("dra.patchbay.dev", "a-rather-long-profile-name-of-fifty-characters-xx.patchbay.dev"):
         assert service_dir(Path(root), driver, node_agent_plugins_dir(Path(root))).parent == base
+
+
+@pytest.mark.parametrize("root", ["/var/lib/kubelet", "/var/lib/" + "k" * 40])
+@pytest.mark.parametrize("name", ["serial", "a-rather-long-profile-name-of-fifty-characters-xx"])
+@pytest.mark.parametrize("own", [True, False])
+def test_the_node_agent_makes_its_driver_directory_in_what_its_pod_mounts(
+    root: str, name: str, own: bool
+) -> None:
+    """Both shapes of agent run `--node-config`: the driver's directory their DRA unit makes, from
+    the flags the operator renders (parsed as the agent's command line does), lies in what the
+    pod mounts: an agent of its own, its driver's own directory itself; the shared one, one level
+    inside its own directory."""
+    from patchbay_agent.nodeagent import NodeAgent, NodeOptions
+    from patchbay_agent.nodeconfig import parse_node_config
+    from patchbay_agent.options import AgentOptions, Values, build_parser
+
+    settings = Settings(
+        namespace="patchbay-test", agent_image="example.invalid/agent:1", kubelet_root_dir=root
+    )
+    b = body(name)
+    if own:
+        b["spec"]["agent"] = {}
+        cm, ds = render.agent_objects(Profile.from_body(b), settings)[:2]
+    else:
+        cm, ds = render.shared_agent_objects([(Profile.from_body(b), None)], settings)
+    env = {"$(NODE_NAME)": "node-a", "$(POD_NAMESPACE)": "patchbay-test", "$(POD_NAME)": "agent-a"}
+    args = build_parser().parse_args([env.get(a, a) for a in container(ds)["command"][1:]])
+    values = Values(args, {"POD_NAMESPACE": "patchbay-test"})
+    options = NodeOptions(
+        AgentOptions(**values.section("agent")), report_namespace="patchbay-test", **values.section("node")
+    )
+    (entry,) = parse_node_config(yaml.safe_load(cm["data"]["node.yaml"]))
+    dra = NodeAgent([entry], options, client=None, labels={}).unit_options(entry).dra  # type: ignore[arg-type]
+    assert dra is not None
+    made = service_dir(dra.kubelet_root_dir, dra.driver, dra.plugins_dir)
+    mounted = Path(host_paths(ds)["kubelet-plugins"])
+    assert made == mounted if own else made.parent == mounted

@@ -10,6 +10,7 @@ import jinja2
 import pytest
 import yaml
 
+from patchbay_api.revisions import Rollout, spec_revision
 from patchbay_operator import render
 from patchbay_operator.config import Settings
 from patchbay_operator.constants import CONFIG_HASH_ANNOTATION
@@ -40,11 +41,29 @@ def objects(body: dict[str, Any] = BODY) -> tuple[dict[str, Any], dict[str, Any]
     return cm, ds
 
 
-def test_configmap_is_the_contract_verbatim() -> None:
+def test_configmap_is_a_node_config_of_the_one_profile() -> None:
+    """An agent of its own serves its profile as the shared node agent does: its ConfigMap is a
+    node config with the profile's one entry, rendered by the same `node_entry` (rollout stanza
+    included), and nothing else."""
     cm, _ = objects()
     assert cm["kind"] == "ConfigMap" and cm["metadata"]["namespace"] == "patchbay-test"
-    config = yaml.safe_load(cm["data"]["config.yaml"])
-    assert config == {"resourceName": "example.com/serial", "plugin": BODY["spec"]["plugin"]}
+    assert set(cm["data"]) == {"node.yaml"}
+    (entry,) = yaml.safe_load(cm["data"]["node.yaml"])["profiles"]
+    assert entry == render.node_entry(Profile.from_body(BODY))
+    assert entry["plugin"] == BODY["spec"]["plugin"] and entry["resourceName"] == "example.com/serial"
+    assert entry["rollout"]["current"] == entry["rollout"]["update"] == entry["revision"]
+
+
+def test_configmap_carries_the_rollout_of_the_profile_mid_rollout() -> None:
+    """Mid-rollout (`stage`: what staging.py says), the own ConfigMap holds both revisions and
+    the stanza that says which node serves which, as the shared node agent's entry would."""
+    old, new = Profile.from_body(BODY), Profile.from_body(copy.deepcopy(BODY))
+    new.spec["plugin"]["sharing"]["replicas"] = 3  # type: ignore[index]
+    stanza = Rollout(spec_revision(old.spec), spec_revision(new.spec), threshold=5)
+    cm, _ = render.agent_objects(new, SETTINGS, None, lambda _p: (old, stanza))[:2]
+    (entry,) = yaml.safe_load(cm["data"]["node.yaml"])["profiles"]
+    assert entry == render.node_entry(new, None, old, stanza)
+    assert entry["rollout"]["threshold"] == 5 and set(entry["revisions"]) == {stanza.current}
 
 
 def test_owner_reference_points_at_the_profile() -> None:
@@ -60,17 +79,23 @@ def test_owner_reference_points_at_the_profile() -> None:
         }
 
 
-def test_config_change_changes_the_pod_template_hash_only_when_config_changes() -> None:
+def test_the_pod_template_depends_on_the_agent_settings_not_the_plugin() -> None:
+    """A change of `spec.plugin` (or node groups) leaves the pod template as it is (the agents
+    take it live, wave by wave); a change of `spec.agent` changes it (the DaemonSet rolls)."""
     _, ds = objects()
     changed = copy.deepcopy(BODY)
     changed["spec"]["plugin"]["sharing"]["replicas"] = 2
-    _, ds2 = objects(changed)
+    changed["spec"]["nodeGroups"] = [
+        {"name": "g", "nodeSelector": {"matchLabels": {"g": "1"}}, "plugin": {"health": {"interval": "5s"}}}
+    ]
+    cm2, ds2 = objects(changed)
     agent_only = copy.deepcopy(BODY)
     agent_only["spec"]["agent"]["priorityClassName"] = "system-node-critical"
     _, ds3 = objects(agent_only)
-    h = lambda d: d["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]  # noqa: E731
-    assert h(ds) != h(ds2)
-    assert h(ds) == h(ds3)
+    assert ds2["spec"]["template"] == ds["spec"]["template"]
+    assert cm2["data"] != objects()[0]["data"]
+    assert CONFIG_HASH_ANNOTATION not in (ds["spec"]["template"]["metadata"].get("annotations") or {})
+    assert ds3["spec"]["template"] != ds["spec"]["template"]
     assert ds3["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"
 
 
@@ -92,16 +117,18 @@ def test_daemonset_is_hardened_and_surges() -> None:
     assert c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert c["command"] == [
         "patchbay-agent",
-        "--config",
-        "/etc/patchbay/config.yaml",
+        "--watch-config",
+        "patchbay-serial",
+        "--node-config",
+        "/etc/patchbay/node.yaml",
         "--node-name",
         "$(NODE_NAME)",
         "--device-plugin-dir",
         "/var/lib/kubelet/device-plugins",
         "--host-root",
         "/host",
-        "--profile",
-        "serial",
+        "--inventory-rescan",
+        "0",
         "--report-namespace",
         "$(POD_NAMESPACE)",
         "--pod-name",

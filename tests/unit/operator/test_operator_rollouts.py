@@ -8,12 +8,14 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from patchbay_api.revisions import EVERYONE, NOBODY, node_hash, spec_revision
+from patchbay_api.revisions import EVERYONE, NOBODY, node_hash, revision_data, spec_revision
 from patchbay_operator import render
 from patchbay_operator.capacity import NodeState
+from patchbay_operator.config import Settings
 from patchbay_operator.profiles import Profile
 from patchbay_operator.rollouts import ROLLOUT_HALTED, NodeView, Phase, Policy, State, Step, step
 from patchbay_operator.staging import Staging, as_revision, only_adds_nodes
@@ -355,10 +357,7 @@ def test_a_new_profile_goes_at_once_and_a_change_of_it_is_staged() -> None:
 
 
 def test_what_goes_at_once() -> None:
-    for changed, why in (
-        (profile("/dev/none*", rollout={"strategy": "Immediate"}), "strategy Immediate"),
-        (profile("/dev/none*", agent={}), "agent of its own"),
-    ):
+    for changed, why in ((profile("/dev/none*", rollout={"strategy": "Immediate"}), "strategy Immediate"),):
         s = staging()
         s.state(profile())
         st_ = s.state(changed)
@@ -366,6 +365,36 @@ def test_what_goes_at_once() -> None:
     unknown = Staging(lambda _p, _d: None, list, lambda _n: {})
     unknown.state(profile())
     assert "is not known" in unknown.state(profile("/dev/none*")).message
+
+
+def test_a_profile_with_an_agent_of_its_own_is_staged_in_its_own_configmap() -> None:
+    """An own agent's profile stages as a shared one: the change of `plugin` starts with no node
+    moved, and its own ConfigMap's one entry carries both revisions and the stanza. A change of
+    its node selector (its DaemonSet's node affinity: the pods follow it at once) is not staged."""
+    agent = {"image": "example.invalid/agent:2"}
+    first, bad = profile(agent=agent), profile("/dev/none*", agent=agent)
+    s = staging()
+    s.state(first)
+    st_ = s.state(bad)
+    assert not st_.settled_now and (st_.current, st_.update) == (
+        spec_revision(first.spec),
+        spec_revision(bad.spec),
+    )
+    cfg = Settings(namespace="patchbay-test", agent_image="example.invalid/agent:1")
+    cm, _ = render.agent_objects(bad, cfg, None, s.entry)
+    (entry,) = yaml.safe_load(cm["data"]["node.yaml"])["profiles"]
+    assert entry["rollout"] == st_.stanza().as_dict() and entry["rollout"]["threshold"] == 0
+    assert entry["revisions"][st_.current]["plugin"] == first.spec["plugin"]
+    moved = profile(agent=agent, nodeSelector={"matchLabels": {"zone": "x"}})
+    elsewhere = [NodeState("b", labels={"zone": "y"})]  # the new selector drops it: not only added
+    s = Staging(lambda _p, _d: revision_data(first.spec), lambda: elsewhere, lambda _n: {})
+    s.state(first)
+    st_ = s.state(moved)
+    assert st_.settled_now and "node affinity" in st_.message, st_.message
+    # The same change of a shared profile is staged.
+    s = Staging(lambda _p, _d: revision_data(profile().spec), lambda: elsewhere, lambda _n: {})
+    s.state(profile())
+    assert not s.state(profile(nodeSelector={"matchLabels": {"zone": "x"}})).settled_now
 
 
 def test_a_change_that_only_adds_nodes_goes_at_once() -> None:
