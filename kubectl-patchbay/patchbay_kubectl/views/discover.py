@@ -9,7 +9,9 @@ with no USB or PCI device behind it, its class and file pattern (``tty /dev/ttyS
 The proposed profile's discovery is the most exact one the agent has: ``usb`` by vendor and
 product, ``pci`` by vendor, device and class; a ``paths`` glob only for a kind nothing else
 identifies (said so in a comment). Its node selector is the opt-in inventory label
-(``inventory.patchbay.dev/usb-0403-6001: present``) when every node that has the kind carries it;
+(``inventory.patchbay.dev/usb-0403-6001: present``) when every node that has the kind carries it
+(nodes that carry it with no inventory listing the kind, labelled by hand or by another tool, are
+selected too: the label says the device is there; the proposal names them in a comment);
 otherwise, the fallback, ``kubernetes.io/hostname In [...]``: exact today, but a node that gets the
 device later is not selected until the list is edited (said so in a comment).
 """
@@ -245,8 +247,14 @@ def propose(k: Kind, name: str, mode: str, nodes: Sequence[Obj]) -> str:
     labelled = {name_of(n) for n in nodes if k.label and labels_of(n).get(k.label) == LABEL_VALUE}
     comments = [f"# Proposed by `kubectl patchbay discover --propose {name}` for {k.key} ({k.description})."]
     selector: dict[str, Any]
-    if k.label and has and labelled == has:
+    if k.label and has and labelled >= has:
         selector = {"matchLabels": {k.label: LABEL_VALUE}}
+        if extra := sorted(labelled - has):
+            shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+            comments.append(
+                f"# Node selector: the inventory label; {len(extra)} node(s) carry it with no inventory "
+                f"listing {k.key} (labelled by hand or by another tool), selected too: {shown}."
+            )
     else:
         hostnames = sorted(
             labels_of(n).get(HOSTNAME_LABEL, name_of(n)) for n in nodes if name_of(n) in has

@@ -85,16 +85,23 @@ def test_a_large_node_says_how_many_more_it_has(tmp_path: Path) -> None:
     assert "and 172 more devices" in text
 
 
-@pytest.mark.parametrize("labelled", [True, False], ids=["inventory-label", "hostname-fallback"])
+@pytest.mark.parametrize(
+    ("labelled", "by_hand"),
+    [(True, False), (True, True), (False, False)],
+    ids=["inventory-label", "inventory-label-and-a-node-labelled-by-hand", "hostname-fallback"],
+)
 def test_a_proposed_profile_serves_exactly_that_kind_on_exactly_those_nodes(
-    fleet: dict[str, Any], labelled: bool
+    fleet: dict[str, Any], labelled: bool, by_hand: bool
 ) -> None:
     inventories = [doc for _root, doc in fleet.values()]
     (ftdi,) = discover.select(discover.kinds_of(inventories), kind="0403:6001")
     label = {"inventory.patchbay.dev/usb-0403-6001": "present"} if labelled else {}
-    nodes = [_node("node-1", **label), _node("node-2", **label), _node("node-3"), _node("kwok-1")]
+    kwok = _node("kwok-1", **(label if by_hand else {}))
+    nodes = [_node("node-1", **label), _node("node-2", **label), _node("node-3"), kwok]
     text = discover.propose(ftdi, "ftdi", "DRA", nodes)
     assert ("fallback" in text) != labelled
+    said = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+    assert ("(labelled by hand or by another tool), selected too: kwok-1." in said) == by_hand, said
     profile = yaml.safe_load(text)
     assert profile["kind"] == "DevicePluginProfile" and profile["spec"]["mode"] == "DRA"
     selected = [
@@ -102,7 +109,7 @@ def test_a_proposed_profile_serves_exactly_that_kind_on_exactly_those_nodes(
         for n in nodes
         if label_selector_matches(profile["spec"]["nodeSelector"], n["metadata"]["labels"])
     ]
-    assert selected == ["node-1", "node-2"]
+    assert selected == ["node-1", "node-2"] + (["kwok-1"] if by_hand else [])
     # The agent's own config parser and USB backend, on each node's tree: the adapter only.
     config = parse({"resourceName": profile["spec"]["resourceName"], "plugin": profile["spec"]["plugin"]})
     for name, (root, _doc) in fleet.items():
