@@ -308,7 +308,9 @@ def run(r: Run) -> None:
             change=lambda: cluster.api.call(
                 "PATCH",
                 f"{PROFILES}/{name}",
-                {"spec": {"plugin": {"health": {"periodSeconds": 4}}}},
+                # A change of the agent's own settings rolls its DaemonSet (a plugin change is
+                # staged through its ConfigMap and rolls no pod).
+                {"spec": {"agent": {"resources": {"requests": {"cpu": "11m"}}}}},
                 content_type=MERGE_PATCH,
             ),
             node=NODE,

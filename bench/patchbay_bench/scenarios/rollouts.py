@@ -270,7 +270,11 @@ class Rollouts:
 
         (old,) = wait("the agent pod Ready", ready, 60, 0.1)
         started = time.monotonic()
-        self.change(name, n)
+        # A change of the agent's own settings rolls its DaemonSet; a plugin change no longer
+        # does (an own agent follows its ConfigMap live, staged like the shared agent's).
+        self.api.merge(
+            f"{PROFILES}/{name}", {"spec": {"agent": {"resources": {"requests": {"cpu": f"{10 + n}m"}}}}}
+        )
 
         def done() -> bool:
             ds = self.api.get(f"/apis/apps/v1/namespaces/{AGENTS_NS}/daemonsets/patchbay-{name}") or {}
