@@ -21,8 +21,8 @@ PCI kinds (the seconds after the upgrade printed), `--propose` for one selects b
 applied it selects the real node and a kwok node given the label by hand, not another kwok node;
 the chart back to its defaults, the operator removes the real node's labels and leaves the kwok
 node's hand-set one alone. (A kind coming and going, and its label with it, is proven on the API
-server by tests/integration/operator/test_operator_inventory_labels.py: the real node's /sys gets
-no USB adapter.)
+server by tests/integration/operator/test_operator_inventory_labels_on_the_api_server.py: the
+real node's /sys gets no USB adapter.)
 """
 
 from __future__ import annotations
