@@ -188,7 +188,9 @@ def test_a_vanished_device_is_named_with_its_node_reason_and_holder(
         # The total only: holders' names stay off the open port unless the chart asks for them
         # (agent.metricsHolderLabels); the DeviceReport names them for those who may read it.
         allocated = families["patchbay_agent_allocated_devices"].samples
-        assert [(s.labels, s.value) for s in allocated] == [({}, 1.0)]
+        # (an agent of its own is a node agent now: its series carry the profile label, as the
+        # shared agent's do)
+        assert [(s.labels, s.value) for s in allocated] == [({"profile": name}, 1.0)]
         assert "holder" not in json.dumps([s.labels for f in families.values() for s in f.samples])
 
         add_fake_device(fake_dev, victim.name)

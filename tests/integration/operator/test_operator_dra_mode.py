@@ -45,10 +45,13 @@ def test_a_dra_profile_gets_its_agents_and_device_class_and_deleting_it_removes_
     ds = wait_for("the agent DaemonSet", lambda: daemonset(cluster, name))
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
     cmd = agent["command"]
-    assert cmd[cmd.index("--dra-driver") + 1] == driver
+    # An agent of its own is a node agent serving this one profile (its ConfigMap's node.yaml: the
+    # mode, so the driver, is the entry's), its DRA driver's directory below --node-plugins-dir.
+    assert "--node-config" in cmd and "--dra-driver" not in cmd
     assert cmd[cmd.index("--cdi-spec-dir") + 1] == "/var/run/cdi"
     assert "--device-plugin-dir" not in cmd
     root = cmd[cmd.index("--kubelet-root-dir") + 1]
+    assert cmd[cmd.index("--node-plugins-dir") + 1] == f"{root}/plugins"
     mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
     assert mounts["plugins-registry"] == f"{root}/plugins_registry"
     # Its own driver's directory only, the one the agent makes its socket in.

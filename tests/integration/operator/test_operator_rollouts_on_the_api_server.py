@@ -203,7 +203,10 @@ def test_a_change_rolls_in_waves_a_regression_halts_and_the_revert_settles(
     assert all(h == [first, second] for h in agents.history.values()), agents.history
     st = status(cluster, name)
     assert st["rollout"]["phase"] == "Complete" and st["updatedNumberScheduled"] == 4
-    assert "revisions" not in (cluster.shared_entry(name) or {}), "one body once every node moved"
+    # The one-body ConfigMap is written after the status that says Complete: waited for, bounded.
+    wait_for(
+        "one body once every node moved", lambda: "revisions" not in (cluster.shared_entry(name) or {}), 30
+    )
     notes = [e.message for e in events_of(cluster, name, "RolloutWave")]
     assert len(notes) == 3 and notes[-1].endswith("4 of 4 updated"), f"one Normal Event per wave: {notes}"
     # The agents' ConfigMap written for the change, then once per wave (3) and at the end; the
@@ -300,7 +303,10 @@ def test_a_profile_with_an_agent_of_its_own_rolls_in_waves_through_its_own_confi
     moved = {w: n for w, n in seen}
     assert moved.get(0) == 1 and moved.get(1) == 3, f"canary 1, then +2 a wave: {seen}"
     assert all(h == [first, second] for h in agents.history.values()), agents.history
-    assert "revisions" not in (own_entry(cluster, name) or {}), "one body once every node moved"
+    # The one-body ConfigMap is written after the status that says Complete: waited for, bounded.
+    wait_for(
+        "one body once every node moved", lambda: "revisions" not in (own_entry(cluster, name) or {}), 30
+    )
 
     _bad, canary, _rollout = bad_change_halts(cluster, agents, name, operator)
     wait_for(
