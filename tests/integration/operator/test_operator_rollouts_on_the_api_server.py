@@ -396,7 +396,14 @@ def test_an_operator_stopped_mid_rollout_and_a_new_one_resume_it(
         agents.report()
         return int((status(cluster, name).get("rollout") or {}).get("wave") or 0) >= n
 
-    wait_for("the second wave", lambda: wave(1), 60)
+    # Seen once timing out on v1.34.4 in a whole test-oldest run (passed alone in 33.8 s): the
+    # status and the operator's log said when it fails again.
+    wait_for(
+        "the second wave",
+        lambda: wave(1),
+        60,
+        detail=lambda: f"{status(cluster, name)}\n{operator.log()[-3000:]}",
+    )
     threshold = agents.stanza()[1].threshold
     operator.stop()
     operator.start()
