@@ -43,6 +43,7 @@ from support.clusters import (
     wait_for,
 )
 from support.operator import Operator
+from support.tiertimes import TierTimes
 
 from patchbay_devcluster import DevCluster, find_bin_dir
 from patchbay_devcluster.releases import release_of
@@ -57,6 +58,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = Path(str(item.fspath)).relative_to(REPO / "tests").parts[0]
         for name in FOLDER_MARKERS.get(folder, ()):
             item.add_marker(name)
+
+
+_tier_times = TierTimes()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _tier_times.start()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _tier_times.add(report.nodeid, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The wall time of each tier, fixtures' setup and teardown included (support/tiertimes.py)."""
+    terminalreporter.write_sep("=", "wall time per tier")
+    for line in _tier_times.lines():
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)
