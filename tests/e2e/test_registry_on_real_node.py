@@ -11,7 +11,10 @@ cluster's CA), pulled by the real node's containerd through its hosts file; neve
 - a registry down while an agent DaemonSet rolls: the old agent pod keeps serving, the new one
   cannot pull, and the profile says so; the registry back, the roll completes.
 
-Each test upgrades the session's release in place and puts it back as the session installed it.
+Each test upgrades the session's release in place with the values it needs (from a registry,
+whatever the release was before: ``helm upgrade`` without ``--reuse-values``), and the module puts
+it back as the session installed it once, after its last test (not after each: the next test
+replaces it at once).
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ def relabelled(patchbay: Installed, tmp_path_factory: pytest.TempPathFactory) ->
     return {name: _relabelled(image, "registry", work) for name, image in patchbay.images.items()}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def restore(patchbay: Installed, e2e_cluster: DevCluster) -> Iterator[None]:
-    """Puts the release back as the session installed it, its operator Ready."""
+    """Puts the release back as the session installed it, its operator Ready, after the module."""
     try:
         yield
     finally:
