@@ -32,10 +32,12 @@ from patchbay_devcluster.node import NODE_IP
 from patchbay_devcluster.procs import free_port
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def upgrade(patchbay: Installed, e2e_cluster: DevCluster) -> Iterator[Any]:
-    """``upgrade(values)`` upgrades the release with those values over the session's; the
-    release is put back as the session installed it afterwards, its operator Ready."""
+    """``upgrade(values)`` upgrades the release with those values over the session's (not over
+    another test's: ``helm upgrade`` without ``--reuse-values``); the release is put back as the
+    session installed it once, after the module's last test, its operator Ready (each test
+    upgrades it first thing, so putting it back between them would only roll the operator twice)."""
 
     def apply(values: dict[str, Any]) -> None:
         helm_install(e2e_cluster, patchbay.release.chart, patchbay.images, values)
