@@ -46,6 +46,7 @@ from patchbay_agent.kubelet.draplugin import ClaimRef, ClaimResult, DraPlugin, s
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.options import DraOptions
 from patchbay_agent.resourceagent import ResourceAgent
+from patchbay_devcluster.poll import poll_until
 
 DRIVER = "fuzz.patchbay.dev"
 NAMES = [device_name(f"ttyUSB{i}") for i in range(4)]
@@ -356,11 +357,12 @@ def test_a_good_claim_still_prepares(dra: Dra) -> None:
     )
     assert answer.claims["u-good"].error == ""
     assert [d.device_name for d in answer.claims["u-good"].devices] == [NAMES[1]]
-    # Its spec and the spec's copy, which the unprepare judge sees go.
+    # Its spec (before the answer), and the spec's copy (written after it), which the unprepare
+    # judge sees go.
     assert _spec_path(dra.target, "u-good").exists()
-    assert (
-        dra.target.copies is not None and (dra.target.copies / _spec_path(dra.target, "u-good").name).exists()
-    )
+    copies = dra.target.copies
+    assert copies is not None
+    poll_until("the spec's copy", (copies / _spec_path(dra.target, "u-good").name).exists, timeout=10)
 
 
 class _OutOfOrder(ClaimPreparer):

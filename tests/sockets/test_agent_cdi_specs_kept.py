@@ -11,17 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+import pytest
 from support.agentparts import cdi_of, dra_of
-from support.agentrun import make_config, running_agent, until
+from support.agentrun import dra_agent, running_agent, until
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware
 
 from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
+from patchbay_agent.dra.frontend import DraFrontEnd
 from patchbay_agent.dra.slices import device_name
-from patchbay_agent.options import AgentOptions, DraOptions
 from patchbay_agent.resourceagent import ResourceAgent
 
 DRIVER = "serial.patchbay.dev"
@@ -30,20 +32,7 @@ PLUGIN = {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}
 
 
 def _dra_agent(short_dir: Path, hw: FakeHardware, api: InMemoryApi) -> ResourceAgent:
-    return ResourceAgent(
-        make_config(PLUGIN),
-        AgentOptions(
-            node_name=NODE,
-            plugin_dir=short_dir / "dp",
-            host_root=hw.root,
-            http_address=None,
-            shutdown_grace=1.0,
-            poll_interval=3600,
-            cdi_spec_dir=short_dir / "cdi",
-            dra=DraOptions(DRIVER, short_dir / "k"),
-        ),
-        client=api,
-    )
+    return dra_agent(short_dir, hw.root, api, DRIVER, poll_interval=3600)
 
 
 async def _prepare(agent: ResourceAgent, uid: str, name: str, op: str = "prepare") -> str:
@@ -111,6 +100,67 @@ def test_dra_claim_specs_come_back_after_the_cdi_directory_was_emptied(
         finally:
             stop.set()
             await asyncio.wait_for(task, 15)
+
+    asyncio.run(scenario())
+
+
+def test_a_copy_the_agent_died_before_writing_is_made_at_its_next_start(
+    short_dir: Path, hw: FakeHardware, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spec's copy is written after the answer. An agent that died in between (answered,
+    copy not written) leaves the spec alone in the CDI directory; the kubelet holds the claim as
+    prepared and will not prepare it again, so the next agent makes the copy when it starts,
+    before it registers, and a reboot after that still gets the spec back."""
+    hw.add_dev("/dev/ttyUSB0")
+    (short_dir / "dp").mkdir()
+    cdi = short_dir / "cdi"
+    api = InMemoryApi()
+    results = [{"request": "r", "driver": DRIVER, "pool": NODE, "device": device_name("ttyUSB0")}]
+    api.claims["ns", "c1"] = {
+        "metadata": {"uid": "uid-1"},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+    spec = cdi / f"patchbay_{DRIVER}_uid-1.json"
+
+    async def run(agent: ResourceAgent, then: Callable[[], Awaitable[None]]) -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        try:
+            await asyncio.wait_for(agent.started.wait(), 10)
+            await then()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+
+    async def scenario() -> None:
+        first = _dra_agent(short_dir, hw, api)
+        front = first.front
+        assert isinstance(front, DraFrontEnd)
+        copy = front.preparer.copies.dir / spec.name if front.preparer.copies else None
+        assert copy is not None
+        # The agent dies after the answer, before its late writes: they never happen.
+        monkeypatch.setattr(front.preparer.late, "after_answer", lambda names: None)
+
+        async def answered_then_died() -> None:
+            assert await _prepare(first, "uid-1", "c1") == ""
+            assert spec.exists() and not copy.exists()
+
+        await run(first, answered_then_died)
+        kept = json.loads(spec.read_text())
+        assert not copy.exists()
+
+        async def copied_at_start() -> None:
+            # Made before the sockets the kubelet registers through were served.
+            assert json.loads(copy.read_text()) == kept
+
+        await run(_dra_agent(short_dir, hw, api), copied_at_start)
+        # A reboot now: the CDI directory is empty; the spec comes back from the copy.
+        shutil.rmtree(cdi)
+
+        async def back() -> None:
+            assert json.loads(spec.read_text()) == kept
+
+        await run(_dra_agent(short_dir, hw, api), back)
 
     asyncio.run(scenario())
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
 from support.agentparts import dra_of
-from support.agentrun import make_config, until
+from support.agentrun import dra_agent, make_config, until
 from support.draapi import InMemoryApi
 from support.fakehw import FakeHardware, live_socket
 
@@ -327,6 +328,66 @@ async def test_dra_plugin_registers_prepares_and_unprepares(short_dir: Path, hw:
     assert not registry.exists() and not service.exists()
     assert (root / "plugins_registry" / f"{DRIVER}-other1.sock").exists()
     other.close()
+
+
+class _GetsInFlight(InMemoryApi):
+    """Counts the claim GETs in flight at once (`most`); each GET waits, at most `hold` seconds,
+    until `together` of them were in flight, as a slow API server would keep them open."""
+
+    def __init__(self, together: int, hold: float = 3.0) -> None:
+        super().__init__()
+        self.together, self.hold = together, hold
+        self.in_flight = self.most = 0
+        self._changed = threading.Condition()
+
+    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        with self._changed:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self._changed.notify_all()
+            self._changed.wait_for(lambda: self.most >= self.together, timeout=self.hold)
+        try:
+            return super().resource_claim(namespace, name, timeout=timeout)
+        finally:
+            with self._changed:
+                self.in_flight -= 1
+
+
+async def test_concurrent_prepares_of_different_claims_overlap_their_claim_gets(
+    short_dir: Path, hw: FakeHardware
+) -> None:
+    """Two NodePrepareResources calls at once (the kubelet starts pods in parallel), one claim
+    each: their GETs are in flight together, never queued behind the node lock, and both claims
+    are prepared."""
+    for i in range(2):
+        hw.add_dev(f"/dev/ttyUSB{i}")
+    (short_dir / "dp").mkdir()
+    api = _GetsInFlight(together=2)
+    for i in range(2):
+        api.claims["ns", f"c{i}"] = _claim(f"uid-{i}", [device_name(f"ttyUSB{i}")])
+    agent = dra_agent(short_dir, hw.root, api, DRIVER)
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.started.wait(), timeout=10)
+        async with grpc.aio.insecure_channel(f"unix://{dra_of(agent).service_socket}") as channel:
+            v1 = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            answers = await asyncio.gather(
+                *(
+                    v1.NodePrepareResources(
+                        dra_v1_pb2.NodePrepareResourcesRequest(
+                            claims=[dra_v1_pb2.Claim(namespace="ns", uid=f"uid-{i}", name=f"c{i}")]
+                        ),
+                        timeout=45,
+                    )
+                    for i in range(2)
+                )
+            )
+        assert [a.claims[f"uid-{i}"].error for i, a in enumerate(answers)] == ["", ""]
+        assert api.most == 2, "the two prepares' claim GETs never were in flight together"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
 
 
 def _health(

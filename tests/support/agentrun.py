@@ -20,7 +20,7 @@ from support.processes import stop_process
 
 from patchbay_agent.api import api_pb2_grpc
 from patchbay_agent.config import parse
-from patchbay_agent.options import AgentOptions
+from patchbay_agent.options import AgentOptions, DraOptions
 from patchbay_agent.resourceagent import ResourceAgent
 
 AGENT = (sys.executable, "-m", "patchbay_agent.main")
@@ -69,6 +69,28 @@ async def until(predicate: Callable[[], object], within: float = 10.0) -> None:
 
 def make_config(plugin: dict[str, Any], resource: str = "example.com/serial") -> Any:
     return parse({"resourceName": resource, "plugin": plugin})
+
+
+def dra_agent(
+    short_dir: Path, host_root: Path, client: Any, driver: str, *, poll_interval: float = 10.0
+) -> ResourceAgent:
+    """A DRA agent of `driver` on node-1 over `/dev/ttyUSB*` (not started): the kubelet's root
+    `<short_dir>/k`, CDI specs in `<short_dir>/cdi`, `<short_dir>/dp` (which must exist) as the
+    device-plugin directory it never uses; `client` its API (support/draapi.py)."""
+    return ResourceAgent(
+        make_config({"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}),
+        AgentOptions(
+            node_name="node-1",
+            plugin_dir=short_dir / "dp",
+            host_root=host_root,
+            http_address=None,
+            shutdown_grace=1.0,
+            poll_interval=poll_interval,
+            cdi_spec_dir=short_dir / "cdi",
+            dra=DraOptions(driver, short_dir / "k"),
+        ),
+        client=client,
+    )
 
 
 @contextlib.asynccontextmanager

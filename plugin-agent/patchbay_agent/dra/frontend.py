@@ -181,10 +181,13 @@ class DraFrontEnd:
     def cdi_guard(self, snap: Snapshot) -> SpecGuard | None:
         """Write every claim's CDI spec back from its copy NOW (before registering: after a reboot
         emptied the CDI directory, the kubelet restarts the claims' containers without preparing
-        them again), and the guard that writes them again whenever one disappears."""
+        them again), and the guard that writes them again whenever one disappears. First the
+        copies a previous agent had not made yet (it died between a prepare's answer and the
+        copy, `preparer.LateWrites`): the spec in the directory is the newer one."""
         copies = self.preparer.copies
         if copies is None:
             return None
+        self.preparer.recover_copies()
         copies.restore(compare=True)
         return SpecGuard(
             self._options.cdi_spec_dir,
@@ -209,8 +212,10 @@ class DraFrontEnd:
         )
 
     async def shutdown(self, grace: float) -> None:
-        """Registration socket first (the kubelet deregisters), then the DRA service."""
+        """Registration socket first (the kubelet deregisters), then the DRA service, then the
+        answered prepares' late writes."""
         await self.plugin.shutdown(grace)
+        await self.preparer.late.settle()
 
     def healthy(self) -> bool:
         return self.plugin.serving

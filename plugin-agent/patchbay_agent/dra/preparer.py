@@ -5,14 +5,25 @@ NodePrepareResources reads each claim from the API server off the event loop wit
 its allocation results of our driver and pool to physical devices, and writes the claim's CDI spec
 file (`dra/claims.py`); NodeUnprepareResources deletes that file. Per-claim failures go in the
 claim's `error`, never fail the call (the kubelet retries just those claims).
+
+What the kubelet and the runtime need is written BEFORE the answer: the CDI spec and the device
+metadata files it mounts (the runtime reads both when it creates the container, any time after
+the answer). What only an agent restart or a node reboot needs comes AFTER it, in a task of its
+own (`LateWrites`): the spec's copy on the kubelet's disk (written back into the CDI directory
+when a reboot emptied it, cdi.py) and the PodResources re-read. If the agent dies between the
+answer and the copy, its next start makes the copy from the spec still in the CDI directory
+(`keep_copies`, before it registers); if the node reboots first, the kubelet prepares the claim
+again (docs/dra.md#prepare-and-what-comes-after-the-answer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,6 +37,7 @@ from patchbay_agent.dra.claims import (
     ClaimError,
     allocated_devices,
     cdi_device_id,
+    cdi_kind,
     check_claim_name,
     check_claim_uid,
     claim_spec_document,
@@ -69,6 +81,44 @@ class DraClient(ClaimReader, ClaimStatusClient, SliceClient, Protocol):
         """Prepare's claim GET on the event loop (the agent's client: keep-alive connections,
         `apiget.py`), or None when the client has none: `resource_claim` then runs in a worker
         thread. Call it on the loop that will use the reader."""
+
+
+class LateWrites:
+    """What a prepare writes after its answer (the module doc): the copies of the claims' specs,
+    then `on_change`, in a task of the event loop that the answer's send was started before (the
+    handler returns, grpc starts the send, then the loop runs the task). The copy is made under
+    the node lock from the spec as it is then, so an unprepare that ran between the answer and
+    the copy (spec gone) gets none. `settle` waits for every one (the agent's shutdown)."""
+
+    def __init__(self, preparer: ClaimPreparer, on_change: Callable[[], None] | None) -> None:
+        self._preparer = preparer
+        self._on_change = on_change
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def after_answer(self, names: Sequence[str]) -> None:
+        """Schedule the writes for the spec files `names` (the claims prepared without an error)."""
+        if self._preparer.copies is None or not names:
+            if self._on_change is not None:
+                self._on_change()
+            return
+        task = asyncio.get_running_loop().create_task(self._write(names), name="dra-late-writes")
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _write(self, names: Sequence[str]) -> None:
+        await asyncio.sleep(0)  # one more loop turn: the answer's send goes first
+        try:
+            async with node_lock(self._preparer.lock_path):
+                self._preparer.keep_copies(names)
+        except OSError as e:  # the lock file: the next start's recovery makes the copies
+            log.error("Cannot take the node lock to keep the CDI spec copies of %s: %s", list(names), e)
+        if self._on_change is not None:
+            self._on_change()
+
+    async def settle(self) -> None:
+        """Every late write scheduled so far is done."""
+        while self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
 
 
 def _tell_failures(on_failure: Callable[[str], None] | None, results: Sequence[ClaimResult]) -> None:
@@ -130,7 +180,7 @@ class ClaimPreparer:
         self._pool = pool_devices(partitions)
         self.calls = calls or CallActivity()
         self._status = status
-        self._on_change = on_change
+        self.late = LateWrites(self, on_change)
         self._on_failure = on_failure
         self._metrics = metrics
         self.metadata = metadata
@@ -166,7 +216,7 @@ class ClaimPreparer:
         taken (a read changes nothing on the node, and concurrent calls, of this instance or
         another, then overlap their GETs instead of queueing them behind the lock); only what
         writes to the node (the CDI spec, the metadata files) runs under it, against the
-        inventory as it is then."""
+        inventory as it is then. The specs' copies follow the answer (`LateWrites`)."""
         async with self.calls.call():
             read = await asyncio.gather(*(self._read(c) for c in claims))
             async with node_lock(self.lock_path):
@@ -175,9 +225,64 @@ class ClaimPreparer:
                     for claim, obj in zip(claims, read, strict=True)
                 ]
         _tell_failures(self._on_failure, results)
-        if self._on_change is not None:
-            self._on_change()
+        self.late.after_answer(
+            [self.spec_path(c.uid).name for c, r in zip(claims, results, strict=True) if not r.error]
+        )
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
+
+    def keep_copies(self, names: Sequence[str] | None = None) -> int:
+        """Make the copy of each of our claims' spec files `names` (None: every one in the CDI
+        directory, the start's recovery) equal to the spec: it is written before the answer and
+        its copy after, so the spec is never the older one. A spec that is gone (unprepared, or
+        the directory emptied: `SpecCopies.restore`'s turn) or is not ours is left; the caller
+        holds the node lock. Returns how many copies it wrote."""
+        if self.copies is None:
+            return 0
+        if names is None:
+            prefix = self.spec_path("").name.removesuffix(".json")
+            with contextlib.suppress(OSError):
+                names = [
+                    n
+                    for n in os.listdir(self.cdi_spec_dir)
+                    if n.startswith(prefix)
+                    and n.endswith(".json")
+                    and check_claim_uid(n[len(prefix) : -len(".json")]) is None
+                ]
+        written = 0
+        for name in names or ():
+            try:
+                doc = json.loads((self.cdi_spec_dir / name).read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(doc, dict) or doc.get("kind") != cdi_kind(self.driver):
+                continue
+            try:
+                written += _write_if_changed(self.copies.dir / name, doc)
+            except OSError as e:
+                # The claim works now; only a reboot would lose its spec. Said loudly.
+                log.error("CDI spec %s: cannot keep a copy of it in %s: %s", name, self.copies.dir, e)
+        return written
+
+    def recover_copies(self) -> int:
+        """At start, before registering: the copies a previous agent did not make because it
+        died between a prepare's answer and its late writes (`keep_copies` under the node lock,
+        taken blocking: another instance holds it for a call's writes only)."""
+        if self.copies is None:
+            return 0
+        fd = None
+        if self.lock_path is not None:
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:
+                return 0  # no driver directory: no agent of the driver has prepared a claim here
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if written := self.keep_copies():
+                log.warning("Kept %d prepared claim CDI spec(s) the previous agent had not copied", written)
+            return written
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     async def _read(self, claim: ClaimRef) -> dict[str, Any] | ClaimResult:
         """The claim object from the API server, or the claim's failed result."""
@@ -231,12 +336,6 @@ class ClaimPreparer:
             _write_if_changed(path, doc)
         except OSError as e:
             return ClaimResult(error=f"{where}: cannot write the CDI spec {path}: {e}")
-        if self.copies is not None:
-            try:
-                _write_if_changed(self.copies.dir / path.name, doc)
-            except OSError as e:
-                # The claim works now; only a reboot would lose its spec. Said loudly.
-                log.error("%s: cannot keep a copy of its CDI spec in %s: %s", where, self.copies.dir, e)
         if self._metrics is not None:
             self._metrics.dra_cdi_write_seconds.observe(time.perf_counter() - started)
         log.info("Prepared %s (%s): %d device(s), CDI spec %s", where, claim.uid, len(devices), path)
@@ -325,14 +424,15 @@ class ClaimPreparer:
                 log.info("Unprepared ResourceClaim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
                 if self._status is not None:
                     self._status.unprepared(claim.namespace, claim.name, claim.uid)
-        if self._on_change is not None:
-            self._on_change()
+        self.late.after_answer(())
         return out
 
 
-def _write_if_changed(path: Path, doc: dict[str, Any]) -> None:
-    """Prepare twice = the same file, written once (the runtime re-reads on every write)."""
+def _write_if_changed(path: Path, doc: dict[str, Any]) -> bool:
+    """Prepare twice = the same file, written once (the runtime re-reads on every write); True
+    when it wrote."""
     with contextlib.suppress(OSError, ValueError):
         if json.loads(path.read_text()) == doc:
-            return
+            return False
     write_spec(path, doc)
+    return True

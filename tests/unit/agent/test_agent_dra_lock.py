@@ -1,12 +1,15 @@
 """node_lock: DRA calls of several agent instances on one node run one at a time; a claim the
-prepare answers with an error is told as an allocation failure."""
+prepare answers with an error is told as an allocation failure; the spec's copy, written after
+the answer under the lock, never outlives an unprepare."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
+from patchbay_agent.cdi import SpecCopies
 from patchbay_agent.config import Allocation
 from patchbay_agent.core.inventory import Inventory
 from patchbay_agent.dra.preparer import ClaimPreparer
@@ -121,3 +124,37 @@ def test_a_claim_prepared_with_an_error_is_an_allocation_failure(tmp_path: Path)
     assert "not found" in results[UID].error
     assert len(failed) == 1 and failed[0].startswith("NodePrepareResources: ")
     assert "not found" in failed[0]
+
+
+class AllocatedElsewhere:
+    """A claim allocated only devices of another driver: prepared, with no device of ours (its
+    CDI spec is written all the same)."""
+
+    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        result = {"request": "r", "driver": "other.dev", "pool": "p", "device": "d"}
+        return {"metadata": {"uid": UID}, "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def test_the_specs_copy_follows_the_answer_and_never_outlives_an_unprepare(tmp_path: Path) -> None:
+    """The copy a reboot needs is written after the answer; an unprepare that comes between the
+    answer and that write leaves neither the spec nor a copy (a copy would bring the unprepared
+    claim's spec back, cdi.SpecGuard)."""
+    cdi, state = tmp_path / "cdi", tmp_path / "state"
+    preparer = _preparer(tmp_path, AllocatedElsewhere(), copies=SpecCopies(cdi, state))
+    preparer.cdi_spec_dir = cdi
+    spec = preparer.spec_path(UID)
+    copy = state / "cdi" / spec.name
+    claim = [ClaimRef("ns", UID, "claim")]
+
+    async def scenario() -> None:
+        assert (await preparer.prepare(claim))[UID].error == ""
+        assert spec.exists()
+        await preparer.late.settle()
+        assert json.loads(copy.read_text()) == json.loads(spec.read_text())
+        # Unprepared at once after the answer, before the late write runs.
+        assert (await preparer.prepare(claim))[UID].error == ""
+        assert (await preparer.unprepare(claim))[UID] == ""
+        await preparer.late.settle()
+        assert not spec.exists() and not copy.exists()
+
+    asyncio.run(scenario())
