@@ -180,15 +180,32 @@ bench-plots: venv ## Redraw docs/img/ from the figures docs/benchmarks.md record
 
 ##@ Images
 
+# The images' platforms (`make images`, `make release`): linux/amd64, this machine's, is what the
+# demo and the tests run; linux/arm64 is built under qemu-user emulation (hack/arm64-emulation.sh).
+PLATFORMS   ?= linux/amd64,linux/arm64
+comma       := ,
+ARCHES      := $(patsubst linux/%,%,$(subst $(comma), ,$(PLATFORMS)))
+
 .PHONY: images
-images: setup ## Build the operator and agent images (podman, local Debian base; cached by content hash)
-	patchbay-devcluster images
+images: setup ## Build the operator and agent images for PLATFORMS (podman, local Debian base per architecture; cached by content hash)
+	@$(if $(filter-out amd64,$(ARCHES)),hack/arm64-emulation.sh)
+	@for arch in $(ARCHES); do patchbay-devcluster images --arch $$arch; done
+
+.PHONY: images-arm64
+images-arm64: venv ## Only the linux/arm64 images (qemu-user emulation; what CI builds in the background)
+	@hack/arm64-emulation.sh
+	patchbay-devcluster images --arch arm64
+
+.PHONY: test-arm64
+test-arm64: images-arm64 ## The arm64 agent image's program under emulation against the Python kubelet peer, and the multi-arch push
+	$(PY) -m pytest tests/emulated $(PYTEST_ARGS)
 
 ##@ Release
 
 .PHONY: release
-release: setup ## dist/<VERSION>/: the packaged chart, the images as OCI archives, their SBOMs, SHA256SUMS (docs/install.md); REGISTRY=host/path also pushes them there, signed with COSIGN_KEY (UNSIGNED=1: not)
-	$(PY) hack/release.py $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(REGISTRY_CA),--ca-file $(REGISTRY_CA)) $(if $(COSIGN_KEY),--cosign-key $(COSIGN_KEY)) $(if $(UNSIGNED),--unsigned)
+release: setup ## dist/<VERSION>/: the packaged chart, the images (PLATFORMS, one image index each) as OCI archives, their SBOMs, SHA256SUMS (docs/install.md); REGISTRY=host/path also pushes them there, signed with COSIGN_KEY (UNSIGNED=1: not)
+	@$(if $(filter-out amd64,$(ARCHES)),hack/arm64-emulation.sh)
+	$(PY) hack/release.py --platforms $(PLATFORMS) $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(REGISTRY_CA),--ca-file $(REGISTRY_CA)) $(if $(COSIGN_KEY),--cosign-key $(COSIGN_KEY)) $(if $(UNSIGNED),--unsigned)
 
 ##@ Local cluster
 

@@ -7,12 +7,16 @@
   reference the chart's defaults use, so importing them into a node's containerd is all a cluster
   without a registry needs (docs/install.md). They are the images ``make images`` builds (cached
   by content: the same inputs give the same image, tagged ``<version>-<content hash>`` locally);
-  only the name in the archive's index differs;
-- ``patchbay-<program>-<version>.spdx.json``: each image's SBOM (SPDX 2.3 JSON, hack/sbom.py);
+  only the name in the archive's index differs. With more than one platform (``--platforms``,
+  default linux/amd64 and linux/arm64) the archive's one entry is an OCI image index listing each
+  platform's image, so a node takes its own architecture's;
+- ``patchbay-<program>-<version>.spdx.json``: each image's SBOM (SPDX 2.3 JSON, hack/sbom.py; the
+  packages of every platform's image, each Debian package with its ``arch=``);
 - ``SHA256SUMS``: the sha256 of every file above, in ``sha256sum --check`` format.
 
 With ``--registry HOST/PATH`` (``make release REGISTRY=...``) the release is also pushed, as a user
-fetches it: the images as ``HOST/PATH/patchbay-<program>:<version>`` (``podman push``) and the
+fetches it: the images as ``HOST/PATH/patchbay-<program>:<version>`` (``podman push``; with more than one
+platform, one image index under that reference, ``podman manifest push --all``) and the
 chart to ``oci://HOST/PATH/charts`` (``helm push``); the digests are printed and written to
 ``dist/<version>.pushed.json`` (beside the directory, not in it: SHA256SUMS covers the directory).
 Credentials are the user's own logins (``podman login``, ``helm registry login``); ``--ca-file``
@@ -47,7 +51,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
@@ -61,6 +65,82 @@ T = TypeVar("T")
 #: import`, `kind load image-archive`, k3s's agent/images all read it), and the OCI tag.
 CONTAINERD_NAME = "io.containerd.image.name"
 OCI_REF_NAME = "org.opencontainers.image.ref.name"
+INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
+
+
+def _archive_image(archive: Path) -> tuple[dict[str, object], str]:
+    """The one image of an OCI archive: its index entry (mediaType, digest, size) and its
+    config's architecture."""
+    with tarfile.open(archive) as tar:
+
+        def blob(name: str) -> dict[str, object]:
+            f = tar.extractfile(name)
+            if f is None:
+                raise SystemExit(f"{archive}: no {name}")
+            loaded: dict[str, object] = json.load(f)
+            return loaded
+
+        entries = blob("index.json").get("manifests")
+        if not isinstance(entries, list) or len(entries) != 1:
+            raise SystemExit(f"{archive}: expected one image in the archive's index.json")
+        entry = entries[0]
+        manifest = blob("blobs/" + str(entry["digest"]).replace(":", "/"))
+        config = manifest["config"]
+        assert isinstance(config, dict)
+        arch = str(blob("blobs/" + str(config["digest"]).replace(":", "/")).get("architecture"))
+    return {k: entry[k] for k in ("mediaType", "digest", "size")}, arch
+
+
+def index_archive(sources: Mapping[str, Path], target: Path, ref: str) -> str:
+    """One OCI archive at ``target`` holding every image of ``sources`` (``{arch: archive}``, one
+    image each) behind ONE image index, named ``ref`` (repository:tag): the blobs are copied as
+    they are. Each image's platform is its config's architecture, which must be the one it is
+    given as (an amd64 image passed as arm64 is refused). Returns the index's digest."""
+    descriptors = []
+    for arch, source in sorted(sources.items()):
+        entry, actual = _archive_image(source)
+        if actual != arch:
+            raise SystemExit(f"{source}: its image is {actual}, given as the {arch} image of {ref}")
+        descriptors.append({**entry, "platform": {"architecture": arch, "os": "linux"}})
+    index = json.dumps(
+        {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": descriptors}, sort_keys=True
+    ).encode()
+    digest = "sha256:" + hashlib.sha256(index).hexdigest()
+    top = {
+        "schemaVersion": 2,
+        "manifests": [
+            {
+                "mediaType": INDEX_MEDIA_TYPE,
+                "digest": digest,
+                "size": len(index),
+                "annotations": {CONTAINERD_NAME: ref, OCI_REF_NAME: ref.rsplit(":", 1)[1]},
+            }
+        ],
+    }
+    tmp = target.with_suffix(".tmp")
+    seen: set[str] = set()
+
+    def add(out: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o644
+        out.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as out:
+        add(out, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
+        add(out, "index.json", json.dumps(top, sort_keys=True).encode())
+        add(out, "blobs/" + digest.replace(":", "/"), index)
+        seen.add(digest.replace(":", "/"))
+        for source in sources.values():
+            with tarfile.open(source) as src:
+                for member in src:
+                    name = member.name.lstrip("./")
+                    if not name.startswith("blobs/") or not member.isfile() or name[6:] in seen:
+                        continue
+                    seen.add(name[6:])
+                    member.name = name
+                    out.addfile(member, src.extractfile(member))
+    tmp.replace(target)
+    return digest
 
 
 def renamed_archive(source: Path, target: Path, ref: str) -> None:
@@ -185,19 +265,53 @@ def sign(
         cosign([*args, *offline, reference], ca_file)
 
 
-def write_sboms(images: Mapping[str, BuiltImage], version: str, out: Path) -> dict[str, Path]:
+def write_sboms(
+    images: Mapping[str, BuiltImage],
+    version: str,
+    out: Path,
+    others: Mapping[str, Sequence[BuiltImage]] | None = None,
+) -> dict[str, Path]:
     """``out/patchbay-<program>-<version>.spdx.json`` for each image: its Debian and Python
-    packages, read from its archive (hack/sbom.py)."""
+    packages, read from its archive (hack/sbom.py); with ``others`` (each program's images of
+    the other platforms), the packages of all of them in one document (a Debian package once
+    per architecture, a pure-Python one once)."""
     sys.path.insert(0, str(REPO / "hack"))
     import sbom
 
     paths: dict[str, Path] = {}
     for program, image in images.items():
-        doc = sbom.sbom(image.archive, f"{image.repository}:{version}")
+        name = f"{image.repository}:{version}"
+        more = (others or {}).get(program) or ()
+        if more:
+            pkgs = [p for i in (image, *more) for p in sbom.packages(sbom.files_of_archive(i.archive))]
+            doc = sbom.document(name, pkgs, name, sbom.image_created(image.archive))
+        else:
+            doc = sbom.sbom(image.archive, name)
         target = out / f"patchbay-{program}-{version}.spdx.json"
         target.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         paths[program] = target
     return paths
+
+
+def push_index(target: str, images: Sequence[BuiltImage], digestfile: Path, cert: list[str]) -> None:
+    """Push ``images`` (one per platform, from their OCI archives) as ONE image index under
+    ``target`` (``podman manifest``: a local list made, pushed with every image, removed)."""
+    listed = f"localhost/patchbay-release-index-{os.getpid()}:{target.rsplit(':', 1)[1]}"
+
+    def podman(*args: str) -> None:
+        res = subprocess.run(["podman", *args], capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise SystemExit(f"podman {' '.join(args[:2])} failed: {(res.stderr or res.stdout).strip()}")
+
+    podman("manifest", "create", listed)
+    try:
+        for image in images:
+            platform = ["--arch", image.arch, "--os", "linux"]
+            podman("manifest", "add", *platform, listed, f"oci-archive:{image.archive}")
+        push = ["--all", "--quiet", "--format", "oci", *cert, "--digestfile", str(digestfile)]
+        podman("manifest", "push", *push, listed, f"docker://{target}")
+    finally:
+        subprocess.run(["podman", "manifest", "rm", listed], capture_output=True, check=False)
 
 
 def push_release(
@@ -208,10 +322,13 @@ def push_release(
     ca_file: Path | None = None,
     *,
     signing: Signing | None = None,
+    others: Mapping[str, Sequence[BuiltImage]] | None = None,
 ) -> dict[str, str]:
     """Push the images and the chart to ``registry`` (``HOST[:PORT]/PATH``), and with ``signing``
     sign each by digest (the images' SBOMs attested); returns ``{reference: digest}`` for each (the
-    chart's as ``oci://...:<version>``)."""
+    chart's as ``oci://...:<version>``). ``others``: each program's images of the other platforms;
+    a program with any is pushed as ONE image index of all its platforms (its digest the index's,
+    which is what is signed and attested)."""
     pushed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cert: list[str] = []
@@ -223,8 +340,12 @@ def push_release(
         for program, image in images.items():
             target = f"{registry}/patchbay-{program}:{version}"
             digestfile = Path(tmp) / f"{program}.digest"
-            argv = ["podman", "push", "--quiet", *cert, "--digestfile", str(digestfile), image.ref]
-            subprocess.run([*argv, f"docker://{target}"], check=True, capture_output=True, text=True)
+            more = (others or {}).get(program) or ()
+            if more:
+                push_index(target, [image, *more], digestfile, cert)
+            else:
+                argv = ["podman", "push", "--quiet", *cert, "--digestfile", str(digestfile), image.ref]
+                subprocess.run([*argv, f"docker://{target}"], check=True, capture_output=True, text=True)
             pushed[target] = digest = digestfile.read_text().strip()
             if signing is not None:
                 sbom = signing.sboms.get(program)
@@ -257,7 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the release key that signs what is pushed (cosign --key; default $COSIGN_KEY)",
     )
     parser.add_argument("--unsigned", action="store_true", help="push without signing")
+    parser.add_argument(
+        "--platforms",
+        default="linux/amd64,linux/arm64",
+        help="the images' platforms, comma-separated (default: %(default)s; arm64 is built under "
+        "qemu-user emulation, hack/arm64-emulation.sh)",
+    )
     args = parser.parse_args(argv)
+    arches = [p.strip().removeprefix("linux/") for p in args.platforms.split(",") if p.strip()]
     if args.registry and not (args.cosign_key or args.unsigned):
         parser.error("pushing needs the release key: --cosign-key/COSIGN_KEY=..., or --unsigned")
     logging.basicConfig(level=logging.INFO, format="    %(message)s")
@@ -265,9 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO / "hack"))
     import generate
 
-    from patchbay_devcluster.imagebuild import build_all
+    from patchbay_devcluster.imagebuild import ARCHITECTURES, NATIVE, build_all
     from patchbay_devcluster.install import package_chart
 
+    if NATIVE not in arches or set(arches) - set(ARCHITECTURES) or len(set(arches)) != len(arches):
+        parser.error(f"--platforms: linux/{NATIVE} and any of {', '.join(ARCHITECTURES)}, each once")
     version, _ = generate.release_version()
     out: Path = Path(args.dist) / version
     total = 6
@@ -289,16 +419,33 @@ def main(argv: list[str] | None = None) -> int:
         lambda: package_chart(helm_binary(), REPO / "charts" / "patchbay", out),
     )
     print(f"    {chart.name}", flush=True)
-    images = step(3, total, "images (podman; cached by content, minutes when built)", lambda: build_all(REPO))
+
+    def build() -> tuple[dict[str, BuiltImage], dict[str, list[BuiltImage]]]:
+        native = build_all(REPO)
+        others: dict[str, list[BuiltImage]] = {program: [] for program in native}
+        for arch in arches:
+            if arch != NATIVE:
+                for program, image in build_all(REPO, arch=arch).items():
+                    others[program].append(image)
+        return native, others
+
+    what = "images for " + ", ".join(f"linux/{a}" for a in arches)
+    images, others = step(3, total, f"{what} (podman; cached by content, minutes when built)", build)
 
     def archives() -> list[Path]:
         paths = []
         for program, image in images.items():
             ref = f"{image.repository}:{version}"
             target = out / f"patchbay-{program}-{version}.oci.tar"
-            renamed_archive(image.archive, target, ref)
+            built_as = ", ".join(i.ref for i in (image, *others[program]))
+            if others[program]:
+                platforms = {i.arch: i.archive for i in (image, *others[program])}
+                digest = index_archive(platforms, target, ref)
+                built_as = f"an image index {digest[:19]} of {built_as}"
+            else:
+                renamed_archive(image.archive, target, ref)
             print(
-                f"    {target.name}: {ref} (built as {image.ref}), {target.stat().st_size / 1e6:.0f} MB",
+                f"    {target.name}: {ref} ({built_as}), {target.stat().st_size / 1e6:.0f} MB",
                 flush=True,
             )
             paths.append(target)
@@ -316,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         5,
         total,
         "SBOMs (SPDX 2.3: the Debian and Python packages)",
-        lambda: write_sboms(images, version, out),
+        lambda: write_sboms(images, version, out, others),
     )
     for path in sboms.values():
         print(f"    {path.name}", flush=True)
@@ -330,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         if signing is not None and Path(signing.key).is_file() and "COSIGN_PASSWORD" not in os.environ:
             # cosign's own prompt would be hidden (its output is captured): asked here, once.
             os.environ["COSIGN_PASSWORD"] = getpass.getpass(f"Password of {signing.key}: ")
-        pushed = push_release(args.registry, version, images, chart, args.ca_file, signing=signing)
+        pushed = push_release(
+            args.registry, version, images, chart, args.ca_file, signing=signing, others=others
+        )
         (out.parent / f"{version}.pushed.json").write_text(json.dumps(pushed, indent=2) + "\n")
         what = "unsigned" if signing is None else "each signed by digest, the SBOMs attested"
         print(f"Pushed to {args.registry} ({what}):", flush=True)

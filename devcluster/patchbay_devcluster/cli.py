@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     images.add_argument("--repo", type=Path, default=None, help="the checkout (default: found from .)")
     images.add_argument("--force", action="store_true", help="rebuild even when cached")
+    images.add_argument(
+        "--arch",
+        default=imagebuild.NATIVE,
+        choices=imagebuild.ARCHITECTURES,
+        help="the images' architecture (default: %(default)s; arm64 under qemu-user emulation, "
+        "hack/arm64-emulation.sh)",
+    )
     images.add_argument("--load", action="store_true", help="import them into the running real node")
     images.add_argument("--json", action="store_true", help="print {program: {ref, archive}} as JSON")
     sub.add_parser("status", help="processes, ports, /readyz, as JSON")
@@ -99,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             stopped = cluster.down(purge=not args.keep_state)
             print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         elif args.command == "images":
-            built = imagebuild.build_all(args.repo, force=args.force)
+            built = imagebuild.build_all(args.repo, force=args.force, arch=args.arch)
+            if args.load and args.arch != imagebuild.NATIVE:
+                raise ClusterError(f"--load: the real node runs {imagebuild.NATIVE} images, not {args.arch}")
             if args.load:
                 cluster.load_images((b.ref, b.archive) for b in built.values())
             if args.json:

@@ -25,6 +25,19 @@ package's, the pinned requirement list, the base recipe), which is in its tag,
 a change anywhere in a program gives a new tag (and so a rollout). ``make release`` names the
 same image ``<release>`` alone as well (hack/release.py), the tag the chart's defaults use.
 Archives live in ``$PATCHBAY_CACHE/images`` (default ``~/.cache/patchbay/images``), outside the repository.
+
+**Architectures.** Each image is built for one architecture, ``amd64`` (this machine's, what the
+demo and the tests run) unless asked for another (``arch=``; ``ARCHITECTURES``). ``arm64`` is
+built here under qemu-user emulation (Debian's qemu-user-static, registered with binfmt_misc:
+hack/arm64-emulation.sh): mmdebstrap makes an arm64 base (its packages' scripts run emulated),
+the pure-Python wheels are the ones amd64 takes (the programs' own among them), every other
+dependency is PyPI's aarch64 wheel of the same pinned version (``pip download --platform
+manylinux..._aarch64``; one without such a wheel is an error, never a build from source under
+emulation), and ``podman build --platform linux/arm64`` runs the Dockerfile's steps emulated.
+An arm64 image has ``-arm64`` in its tag and its archive's name, and an arm64 base rootfs is kept
+in the cache (minutes to make again).
+``make release`` puts the images of both architectures of a program into ONE OCI image index
+(hack/release.py).
 """
 
 from __future__ import annotations
@@ -66,6 +79,19 @@ BASE_DPKG_OPTIONS = (
 BASE_EPOCH = "1700000000"
 """SOURCE_DATE_EPOCH for mmdebstrap: fixed file times, so the same packages give the same rootfs."""
 
+NATIVE = "amd64"
+"""The architecture of this machine, and of the images the demo, the tests and the bench run."""
+
+#: Every architecture an image can be built for: Debian's name, and for a foreign one, its
+#: binfmt_misc entry (the emulator that must be registered) and the platform tags of PyPI's
+#: wheels that the image's glibc (bookworm: 2.36) runs.
+ARCHITECTURES = ("amd64", "arm64")
+EMULATOR = {"arm64": "qemu-aarch64"}
+WHEEL_PLATFORMS = {
+    "arm64": ("manylinux2014_aarch64", *(f"manylinux_2_{n}_aarch64" for n in range(17, 37))),
+}
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+
 SKIP_PARTS = {"__pycache__", "build", "dist", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
 
@@ -105,6 +131,7 @@ class BuiltImage:
     archive: Path
     built: bool  # False when the cache already had it
     seconds: float
+    arch: str = NATIVE  # linux/<arch>
 
     @property
     def repository(self) -> str:
@@ -155,49 +182,90 @@ def _podman_has(ref: str) -> bool:
 # --- step 1: the base --------------------------------------------------------------------------
 
 
-def base_recipe() -> str:
-    return json.dumps(
-        {
-            "suite": BASE_SUITE,
-            "variant": "minbase",
-            "packages": BASE_PACKAGES,
-            "mirror": BASE_MIRROR,
-            "dpkg": BASE_DPKG_OPTIONS,
-            "epoch": BASE_EPOCH,
-        },
-        sort_keys=True,
-    )
+def base_recipe(arch: str = NATIVE) -> str:
+    recipe: dict[str, object] = {
+        "suite": BASE_SUITE,
+        "variant": "minbase",
+        "packages": BASE_PACKAGES,
+        "mirror": BASE_MIRROR,
+        "dpkg": BASE_DPKG_OPTIONS,
+        "epoch": BASE_EPOCH,
+    }
+    if arch != NATIVE:  # the native recipe is as it always was: its cached base stays valid
+        recipe["architecture"] = arch
+    return json.dumps(recipe, sort_keys=True)
 
 
-def base_image() -> str:
-    """``localhost/patchbay-base:<recipe hash>``, made once per machine (about 45 s cold)."""
-    ref = f"localhost/patchbay-base:{BASE_SUITE}-{_digest([base_recipe().encode()])[:12]}"
+def _arch_part(arch: str) -> str:
+    """What a tag or a file name of a foreign architecture's image has in it: ``arm64-``."""
+    return "" if arch == NATIVE else f"{arch}-"
+
+
+def emulation_ready(arch: str) -> None:
+    """A foreign ``arch`` needs its qemu-user emulator registered and enabled with binfmt_misc;
+    ImageBuildError, saying what to run, when it is not."""
+    if arch not in ARCHITECTURES:
+        raise ImageBuildError(f"no images for {arch!r}: the architectures are {', '.join(ARCHITECTURES)}")
+    if arch == NATIVE:
+        return
+    entry = BINFMT / EMULATOR[arch]
+    try:
+        enabled = entry.read_text().splitlines()[0].strip() == "enabled"
+    except (OSError, IndexError):
+        enabled = False
+    if not enabled:
+        raise ImageBuildError(
+            f"{arch} images are built under qemu-user emulation, and {entry} is not an enabled "
+            "binfmt_misc entry: run hack/arm64-emulation.sh (make images-arm64 does), which installs "
+            "qemu-user-static, binfmt-support and arch-test and registers it"
+        )
+
+
+def base_image(arch: str = NATIVE) -> str:
+    """``localhost/patchbay-base:<suite>-[<arch>-]<recipe hash>``, made once per machine (about 45 s
+    cold; arm64, emulated, minutes: its rootfs tarball is kept in the cache and imported again
+    when podman's storage lost the image)."""
+    recipe = _digest([base_recipe(arch).encode()])[:12]
+    ref = f"localhost/patchbay-base:{BASE_SUITE}-{_arch_part(arch)}{recipe}"
     if _podman_has(ref):
         return ref
     t0 = time.monotonic()
-    log.info(
-        "Base image: mmdebstrap %s with %s (Debian's packages; about a minute)", BASE_SUITE, BASE_PACKAGES
-    )
     work = cache_dir() / "work"
     work.mkdir(parents=True, exist_ok=True)
-    tarball = work / "base-rootfs.tar"
-    argv = [
-        "mmdebstrap",
-        "--variant=minbase",
-        "--mode=root",
-        "--format=tar",
-        f"--include={','.join(BASE_PACKAGES)}",
-        *(f"--dpkgopt={o}" for o in BASE_DPKG_OPTIONS),
-        BASE_SUITE,
-        str(tarball),
-        BASE_MIRROR,
-    ]
-    _run("base image (mmdebstrap)", argv, 900, env={**os.environ, "SOURCE_DATE_EPOCH": BASE_EPOCH})
+    kept = cache_dir() / f"base-rootfs-{ref.rsplit(':', 1)[1]}.tar"
+    tarball = kept if arch != NATIVE else work / "base-rootfs.tar"
+    if not kept.is_file() or arch == NATIVE:
+        log.info(
+            "Base image (%s): mmdebstrap %s with %s (Debian's packages; about a minute%s)",
+            arch,
+            BASE_SUITE,
+            BASE_PACKAGES,
+            "" if arch == NATIVE else ", a few under emulation",
+        )
+        partial = tarball.with_suffix(".partial.tar")
+        argv = [
+            "mmdebstrap",
+            "--variant=minbase",
+            "--mode=root",
+            "--format=tar",
+            f"--architectures={arch}",
+            f"--include={','.join(BASE_PACKAGES)}",
+            *(f"--dpkgopt={o}" for o in BASE_DPKG_OPTIONS),
+            BASE_SUITE,
+            str(partial),
+            BASE_MIRROR,
+        ]
+        _run("base image (mmdebstrap)", argv, 1800, env={**os.environ, "SOURCE_DATE_EPOCH": BASE_EPOCH})
+        partial.replace(tarball)
     _run(
         "base image (podman import)",
         [
             "podman",
             "import",
+            "--arch",
+            arch,
+            "--os",
+            "linux",
             "--change",
             "ENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             str(tarball),
@@ -205,7 +273,8 @@ def base_image() -> str:
         ],
         300,
     )
-    tarball.unlink()
+    if arch == NATIVE:
+        tarball.unlink()
     log.info("Base image %s ready in %.0fs", ref, time.monotonic() - t0)
     return ref
 
@@ -346,11 +415,49 @@ def installed_from(repo: Path, program: Program) -> bool:
     return url.removeprefix("file://") == str((repo / program.folder).resolve())
 
 
-def build_program(repo: Path, program: Program, base: str, *, force: bool = False) -> BuiltImage:
+def dependency_wheels(step: str, pins: Sequence[str], wheels: Path, arch: str, cwd: Path) -> None:
+    """The wheels of the pinned dependencies, into ``wheels``: ``pip wheel`` (a wheel from PyPI, or
+    one built from an sdist here). For another architecture than this machine's, every wheel of
+    those that is not pure Python (``*-none-any``) is then replaced by PyPI's wheel of the same
+    version for that architecture and the image's CPython (``pip download --platform``, binary
+    wheels only: nothing is compiled under emulation, and a dependency without such a wheel is an
+    error)."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    _run(step, [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), *pins], 900, cwd=cwd)
+    if arch == NATIVE:
+        return
+    native = {canonicalize_name(w.name.split("-")[0]): w for w in wheels.glob("*.whl")}
+    native = {name: w for name, w in native.items() if not w.name.endswith("-none-any.whl")}
+    binary = [p for p in pins if canonicalize_name(Requirement(p).name) in native]
+    if not binary:
+        return
+    for w in native.values():
+        w.unlink()
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    argv = [
+        *pip,
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        f"--python-version={python}",
+        "--implementation=cp",
+        f"--abi=cp{python.replace('.', '')}",
+        *(f"--platform={tag}" for tag in WHEEL_PLATFORMS[arch]),
+        "--dest",
+        str(wheels),
+        *binary,
+    ]
+    _run(f"{step}: PyPI's {arch} wheels of {', '.join(binary)}", argv, 900, cwd=cwd)
+
+
+def build_program(
+    repo: Path, program: Program, base: str, *, force: bool = False, arch: str = NATIVE
+) -> BuiltImage:
     """One image, from the cache when its inputs did not change. The dependencies are pinned to
     this virtualenv's versions: for this checkout, its installed metadata (which must match its
     pyproject.toml); for another (an older release), the dependencies ITS pyproject.toml
-    declares, which the virtualenv must hold too (the dev extras keep those the tree dropped)."""
+    declares, which the virtualenv must hold too (the dev extras keep those the tree dropped).
+    ``arch``: the image's architecture (``base`` must be that architecture's)."""
     t0 = time.monotonic()
     if installed_from(repo, program):
         check_installed(repo, program)
@@ -359,13 +466,13 @@ def build_program(repo: Path, program: Program, base: str, *, force: bool = Fals
         declared = tomllib.loads((repo / program.folder / "pyproject.toml").read_text())
         pins = pinned_closure(program.distribution, requirements=declared["project"]["dependencies"])
     digest = input_hash(repo, program, pins, base)
-    ref = f"{program.repository}:{version_of(repo, program)}-{digest[:12]}"
-    archive = cache_dir() / f"patchbay-{program.name}-{digest[:12]}.oci.tar"
+    ref = f"{program.repository}:{version_of(repo, program)}-{_arch_part(arch)}{digest[:12]}"
+    archive = cache_dir() / f"patchbay-{program.name}-{_arch_part(arch)}{digest[:12]}.oci.tar"
     if archive.is_file() and not force:
-        return BuiltImage(program.name, ref, archive, built=False, seconds=time.monotonic() - t0)
+        return BuiltImage(program.name, ref, archive, built=False, seconds=time.monotonic() - t0, arch=arch)
 
     log.info("Building %s", ref)
-    context = cache_dir() / "work" / f"{program.name}-{digest[:12]}"
+    context = cache_dir() / "work" / f"{program.name}-{_arch_part(arch)}{digest[:12]}"
     shutil.rmtree(context, ignore_errors=True)
     wheels = context / "wheels"
     wheels.mkdir(parents=True)
@@ -386,11 +493,8 @@ def build_program(repo: Path, program: Program, base: str, *, force: bool = Fals
     local = {canonicalize_name(s.distribution) for s in shared}
     downloaded = [p for p in pins if canonicalize_name(Requirement(p).name) not in local]
     if downloaded:
-        _run(
-            f"{program.name}: dependency wheels ({len(downloaded)} pinned)",
-            [*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), *downloaded],
-            900,
-            cwd=context,
+        dependency_wheels(
+            f"{program.name}: dependency wheels ({len(downloaded)} pinned)", downloaded, wheels, arch, context
         )
     log.info("  %d wheels for %s: %s", len(pins) + 1, program.distribution, ", ".join(pins))
     _run(
@@ -400,6 +504,7 @@ def build_program(repo: Path, program: Program, base: str, *, force: bool = Fals
             "build",
             "--network=none",
             "--pull=never",
+            f"--platform=linux/{arch}",
             "--build-arg",
             f"BASE_IMAGE={base}",
             "--build-arg",
@@ -423,14 +528,15 @@ def build_program(repo: Path, program: Program, base: str, *, force: bool = Fals
     shutil.rmtree(context, ignore_errors=True)
     seconds = time.monotonic() - t0
     log.info("  %s: %.0f MB archive in %.0fs", ref, archive.stat().st_size / 1e6, seconds)
-    return BuiltImage(program.name, ref, archive, built=True, seconds=seconds)
+    return BuiltImage(program.name, ref, archive, built=True, seconds=seconds, arch=arch)
 
 
-def build_all(repo: Path | None = None, *, force: bool = False) -> dict[str, BuiltImage]:
-    """Every program's image (operator, agent), built or taken from the cache."""
+def build_all(repo: Path | None = None, *, force: bool = False, arch: str = NATIVE) -> dict[str, BuiltImage]:
+    """Every program's image (operator, agent) for ``arch``, built or taken from the cache."""
     root = find_repo(repo)
     for tool in ("podman", "mmdebstrap"):
         if not shutil.which(tool):
             raise ImageBuildError(f"{tool} is not installed: make setup installs it (apt-get install {tool})")
-    base = base_image()
-    return {p.name: build_program(root, p, base, force=force) for p in PROGRAMS}
+    emulation_ready(arch)
+    base = base_image(arch)
+    return {p.name: build_program(root, p, base, force=force, arch=arch) for p in PROGRAMS}

@@ -21,14 +21,12 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from support.clusters import wait_for
+from support.ociregistry import running_registry
 from support.scripts import load
 
-from patchbay_devcluster import pki
 from patchbay_devcluster import registry as oci
 from patchbay_devcluster.imagebuild import BuiltImage, build_all
 from patchbay_devcluster.install import package_chart
-from patchbay_devcluster.procs import free_port
 
 # No Kubernetes component runs here: `make test` runs it once, `make test-release` does not again.
 pytestmark = pytest.mark.release_independent
@@ -39,23 +37,8 @@ PASSWORD = "test-release-key"
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[oci.Registry]:
-    tmp_path = tmp_path_factory.mktemp("registry")
-    ca = pki.CertificateAuthority(tmp_path / "pki")
-    serving = ca.issue("registry", "registry", server=True)
-    port = free_port()
-    conf = tmp_path / "config.yml"
-    conf.write_text(json.dumps(oci.config(tmp_path / "storage", port, serving.cert, serving.key)))
-    with (tmp_path / "registry.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [str(oci.binary()), "serve", str(conf)], stdout=log, stderr=log, env=oci.env()
-        )
-    reg = oci.Registry("release", port, ca.pair.cert, oci.write_cert_dir(ca.pair.cert, tmp_path / "certs.d"))
-    try:
-        wait_for("the registry answers", reg.answers, 30)
+    with running_registry(tmp_path_factory.mktemp("registry"), "release") as reg:
         yield reg
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def key_pair(directory: Path, release: ModuleType) -> tuple[Path, Path]:

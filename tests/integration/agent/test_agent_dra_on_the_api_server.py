@@ -29,21 +29,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.agentrun import HostAgent, agent_argv, write_agent_config
 from support.clusters import AgentNode, create_resource_claim, or_none, wait_for
+from support.draplugin import node_call, register
 from support.fakehw import FakeHardware
 from support.podresources_peer import PodResourcesPeer, ThreadedPeers
 from support.releases import has
 
-from patchbay_agent.api import (
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    pluginregistration_pb2,
-    pluginregistration_pb2_grpc,
-)
+from patchbay_agent.api import dra_v1_pb2
 from patchbay_agent.dra.slices import (
     device_name,
     partitions_kept,
@@ -118,22 +113,11 @@ def _report(custom: client.CustomObjectsApi, namespace: str, node_name: str) -> 
 
 
 async def _register(registry: Path) -> Any:
-    async with grpc.aio.insecure_channel(f"unix://{registry}") as channel:
-        stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
-        info = await stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=1)
-        await stub.NotifyRegistrationStatus(
-            pluginregistration_pb2.RegistrationStatus(plugin_registered=True), timeout=5
-        )
-        return info
+    return await register(registry)
 
 
 async def _node_call(endpoint: str, method: str, claim: dra_v1_pb2.Claim) -> Any:
-    """``NodePrepareResources`` or ``NodeUnprepareResources`` (``method``) for one claim, as the
-    kubelet calls it on the driver's service socket."""
-    async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
-        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-        request = getattr(dra_v1_pb2, f"{method}Request")(claims=[claim])
-        return await getattr(stub, method)(request, timeout=45)
+    return await node_call(endpoint, method, claim)
 
 
 def _prepare(endpoint: str, claim: dra_v1_pb2.Claim) -> dra_v1_pb2.NodePrepareResourcesResponse:
