@@ -42,6 +42,7 @@ in the cache (minutes to make again).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -470,9 +471,32 @@ def build_program(
     archive = cache_dir() / f"patchbay-{program.name}-{_arch_part(arch)}{digest[:12]}.oci.tar"
     if archive.is_file() and not force:
         return BuiltImage(program.name, ref, archive, built=False, seconds=time.monotonic() - t0, arch=arch)
-
-    log.info("Building %s", ref)
     context = cache_dir() / "work" / f"{program.name}-{_arch_part(arch)}{digest[:12]}"
+    context.parent.mkdir(parents=True, exist_ok=True)
+    # Two builds of one image at once (two checkouts' test sessions, CI's background build beside
+    # a test's) share its work folder: the second waits for the first and takes its archive.
+    with open(context.with_name(f"{context.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if archive.is_file() and not force:
+            seconds = time.monotonic() - t0
+            return BuiltImage(program.name, ref, archive, built=False, seconds=seconds, arch=arch)
+        return _build(repo, program, base, pins, context=context, ref=ref, archive=archive, arch=arch, t0=t0)
+
+
+def _build(
+    repo: Path,
+    program: Program,
+    base: str,
+    pins: Sequence[str],
+    *,
+    context: Path,
+    ref: str,
+    archive: Path,
+    arch: str,
+    t0: float,
+) -> BuiltImage:
+    """`build_program`'s build, its work folder locked."""
+    log.info("Building %s", ref)
     shutil.rmtree(context, ignore_errors=True)
     wheels = context / "wheels"
     wheels.mkdir(parents=True)

@@ -187,7 +187,7 @@ class DraFrontEnd:
         copies = self.preparer.copies
         if copies is None:
             return None
-        self.preparer.recover_copies()
+        self.preparer.late.recover_copies()
         copies.restore(compare=True)
         return SpecGuard(
             self._options.cdi_spec_dir,

@@ -109,11 +109,67 @@ class LateWrites:
         await asyncio.sleep(0)  # one more loop turn: the answer's send goes first
         try:
             async with node_lock(self._preparer.lock_path):
-                self._preparer.keep_copies(names)
+                self.keep_copies(names)
         except OSError as e:  # the lock file: the next start's recovery makes the copies
             log.error("Cannot take the node lock to keep the CDI spec copies of %s: %s", list(names), e)
         if self._on_change is not None:
             self._on_change()
+
+    def keep_copies(self, names: Sequence[str] | None = None) -> int:
+        """Make the copy of each of our claims' spec files `names` (None: every one in the CDI
+        directory, the start's recovery) equal to the spec: it is written before the answer and
+        its copy after, so the spec is never the older one. A spec that is gone (unprepared, or
+        the directory emptied: `SpecCopies.restore`'s turn) or is not ours is left; the caller
+        holds the node lock. Returns how many copies it wrote."""
+        p = self._preparer
+        if p.copies is None:
+            return 0
+        if names is None:
+            prefix = p.spec_path("").name.removesuffix(".json")
+            with contextlib.suppress(OSError):
+                names = [
+                    n
+                    for n in os.listdir(p.cdi_spec_dir)
+                    if n.startswith(prefix)
+                    and n.endswith(".json")
+                    and check_claim_uid(n[len(prefix) : -len(".json")]) is None
+                ]
+        written = 0
+        for name in names or ():
+            try:
+                doc = json.loads((p.cdi_spec_dir / name).read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(doc, dict) or doc.get("kind") != cdi_kind(p.driver):
+                continue
+            try:
+                written += _write_if_changed(p.copies.dir / name, doc)
+            except OSError as e:
+                # The claim works now; only a reboot would lose its spec. Said loudly.
+                log.error("CDI spec %s: cannot keep a copy of it in %s: %s", name, p.copies.dir, e)
+        return written
+
+    def recover_copies(self) -> int:
+        """At start, before registering: the copies a previous agent did not make because it
+        died between a prepare's answer and its late writes (`keep_copies` under the node lock,
+        taken blocking: another instance holds it for a call's writes only)."""
+        p = self._preparer
+        if p.copies is None:
+            return 0
+        fd = None
+        if p.lock_path is not None:
+            try:
+                fd = os.open(p.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:
+                return 0  # no driver directory: no agent of the driver has prepared a claim here
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if written := self.keep_copies():
+                log.warning("Kept %d prepared claim CDI spec(s) the previous agent had not copied", written)
+            return written
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     async def settle(self) -> None:
         """Every late write scheduled so far is done."""
@@ -229,60 +285,6 @@ class ClaimPreparer:
             [self.spec_path(c.uid).name for c, r in zip(claims, results, strict=True) if not r.error]
         )
         return {c.uid: r for c, r in zip(claims, results, strict=True)}
-
-    def keep_copies(self, names: Sequence[str] | None = None) -> int:
-        """Make the copy of each of our claims' spec files `names` (None: every one in the CDI
-        directory, the start's recovery) equal to the spec: it is written before the answer and
-        its copy after, so the spec is never the older one. A spec that is gone (unprepared, or
-        the directory emptied: `SpecCopies.restore`'s turn) or is not ours is left; the caller
-        holds the node lock. Returns how many copies it wrote."""
-        if self.copies is None:
-            return 0
-        if names is None:
-            prefix = self.spec_path("").name.removesuffix(".json")
-            with contextlib.suppress(OSError):
-                names = [
-                    n
-                    for n in os.listdir(self.cdi_spec_dir)
-                    if n.startswith(prefix)
-                    and n.endswith(".json")
-                    and check_claim_uid(n[len(prefix) : -len(".json")]) is None
-                ]
-        written = 0
-        for name in names or ():
-            try:
-                doc = json.loads((self.cdi_spec_dir / name).read_text())
-            except (OSError, ValueError):
-                continue
-            if not isinstance(doc, dict) or doc.get("kind") != cdi_kind(self.driver):
-                continue
-            try:
-                written += _write_if_changed(self.copies.dir / name, doc)
-            except OSError as e:
-                # The claim works now; only a reboot would lose its spec. Said loudly.
-                log.error("CDI spec %s: cannot keep a copy of it in %s: %s", name, self.copies.dir, e)
-        return written
-
-    def recover_copies(self) -> int:
-        """At start, before registering: the copies a previous agent did not make because it
-        died between a prepare's answer and its late writes (`keep_copies` under the node lock,
-        taken blocking: another instance holds it for a call's writes only)."""
-        if self.copies is None:
-            return 0
-        fd = None
-        if self.lock_path is not None:
-            try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except FileNotFoundError:
-                return 0  # no driver directory: no agent of the driver has prepared a claim here
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            if written := self.keep_copies():
-                log.warning("Kept %d prepared claim CDI spec(s) the previous agent had not copied", written)
-            return written
-        finally:
-            if fd is not None:
-                os.close(fd)
 
     async def _read(self, claim: ClaimRef) -> dict[str, Any] | ClaimResult:
         """The claim object from the API server, or the claim's failed result."""
