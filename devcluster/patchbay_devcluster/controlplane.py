@@ -177,7 +177,13 @@ def argv(
             f"--server-address=127.0.0.1:{ports['kwok']}",
             "--node-ip=127.0.0.1",
             "--cidr=10.0.1.0/24",
-            "--node-lease-duration-seconds=40",
+            # kwok renews each node's Lease every quarter of this: 60 s, where a kubelet renews
+            # every 10 s. At 5,000 kwok nodes 10 s is 500 Lease writes a second, which took this
+            # 2-core machine's API server (2026-11-29: 1,747 of 5,000 nodes NotReady 16 min into
+            # a rollout_scale run, kube-apiserver 86% and kwok 38% of a core, load 7); 60 s is
+            # 83. The node lifecycle controller's grace above (5 min) still outlasts a renewal.
+            # What the benchmarks count is the operator's and the agents' traffic, not this.
+            "--node-lease-duration-seconds=240",
             f"--config={KWOK_STAGES}",
         ]
     raise ValueError(name)

@@ -15,6 +15,7 @@ through agentwatch.py; the DaemonSet an apply answers with is folded into it at 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
@@ -74,15 +75,19 @@ class Agents(Part):
         """Each profile's agents (the shared node agent's: its own objects go; or its own) and a
         DRA profile's DeviceClass, which no other mode keeps; then the shared node agent."""
         shared = [p for p in profiles if p.uses_shared_agent]
-        stage = self._staged(
-            [*(p for p in profiles if p not in shared), *self.registry.shared_agent_profiles()]
-        )
-        for profile in profiles:
-            if profile in shared:
-                await self._delete_own(profile, f"DevicePluginProfile {profile.name} uses the shared agent")
-            else:
+        for profile in shared:
+            await self._delete_own(profile, f"DevicePluginProfile {profile.name} uses the shared agent")
+        own = [p for p in profiles if p not in shared]
+        # Rendered once, under the locks of every agent written (parts.Writing; taken in one
+        # order, so two appliers never wait on each other): a wave written meanwhile is never
+        # overwritten by an older stanza.
+        async with contextlib.AsyncExitStack() as held:
+            for key in sorted({SHARED_KEY, *(p.name for p in own)}):
+                await held.enter_async_context(self.writing(key))
+            stage = self._staged([*own, *self.registry.shared_agent_profiles()])
+            for profile in own:
                 await self._apply_own(profile, self.registry.exclusion(profile), stage)
-        await self.apply_shared(stage)
+            await self._apply_shared(stage)
         for profile in shared:  # the class after its agents, as an own agent's objects are applied
             if profile.mode is Mode.DRA:
                 await self.classes.apply(profile)
@@ -96,16 +101,24 @@ class Agents(Part):
         if twin is not None:
             await self.apply(twin)
 
-    async def apply_shared(self, stage: render.Stage | None = None, *, daemonset: bool = True) -> None:
+    async def apply_shared(self, *, daemonset: bool = True) -> None:
         """The shared node agent becomes what the shared profiles say now (each with the nodes its
         agents leave out, see `render.shared_agent_objects`); with no profile left, it goes, unless
         `node_agent_always_on` keeps it (no profile in its config, no owner: it then only keeps
-        the nodes' inventories; the uninstall hook deletes it). `stage`: every shared profile's
-        (`_staged`), asked now when not given. Without `daemonset` only its ConfigMap is written:
-        a rollout's wave changes the config alone (the DaemonSet depends on the set of shared
-        profiles and the settings, which a wave never changes)."""
+        the nodes' inventories; the uninstall hook deletes it). Without `daemonset` only its
+        ConfigMap is written: a rollout's wave changes the config alone (the DaemonSet depends on
+        the set of shared profiles and the settings, which a wave never changes).
+
+        The profiles and their rollouts' stanzas are read under the shared agent's lock, when
+        this call's turn to write comes (parts.Writing): of two calls, the later one's rendering
+        is the one that stays."""
+        async with self.writing(SHARED_KEY):
+            profiles = self.registry.shared_agent_profiles()
+            await self._apply_shared(self._staged(profiles), daemonset=daemonset)
+
+    async def _apply_shared(self, stage: render.Stage | None, *, daemonset: bool = True) -> None:
+        """`apply_shared` with the shared agent's lock held and `stage` asked under it."""
         profiles = [(p, self.registry.exclusion(p)) for p in self.registry.shared_agent_profiles()]
-        stage = stage if stage is not None else self._staged([p for p, _ in profiles])
         refused = render.over_limit(profiles, stage)
         if refused or self.refused:
             self._refuse(refused)
@@ -127,9 +140,13 @@ class Agents(Part):
         if profile is None or profile.deleting or profile.uses_shared_agent:
             await self.apply_shared(daemonset=False)
             return
-        if profile.mode.runs_agents and self.registry.conflict(profile) is None:
-            exclude, stage = self.registry.exclusion(profile), self._staged([profile])
-            await self._apply_object(render.agent_objects(profile, self.settings, exclude, stage)[0])
+        async with self.writing(name):
+            profile = self.registry.get(name)  # as it is when this write's turn comes
+            if profile is None or profile.deleting or profile.uses_shared_agent:
+                return
+            if profile.mode.runs_agents and self.registry.conflict(profile) is None:
+                exclude, stage = self.registry.exclusion(profile), self._staged([profile])
+                await self._apply_object(render.agent_objects(profile, self.settings, exclude, stage)[0])
 
     async def unused_shared(self, *, taking_over: bool = False) -> None:
         """At the operator's start (not while a peered replica stands by) or take-over (its gate

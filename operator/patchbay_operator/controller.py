@@ -37,6 +37,7 @@ from patchbay_operator.informer import Informer, Source
 from patchbay_operator.kube import KubeAPI, KubeError, Pool, Ref
 from patchbay_operator.nodelabels import InventoryLabels
 from patchbay_operator.nodes import NodeSync
+from patchbay_operator.parts import Writing
 from patchbay_operator.peering import Gate, Peering, writes
 from patchbay_operator.profiles import Registry
 from patchbay_operator.profilestatus import ProfileStatus
@@ -86,19 +87,11 @@ class Controller:
         self.labels = InventoryLabels(kube, call, self.nodes, enabled=settings.inventory_node_labels)
         self.watch = AgentWatch(kube, call, settings, registry=registry, mark=dirty.mark, gate=gate)
         self.classes = DeviceClasses(kube, call, registry=registry, mark=dirty.mark, gate=gate)
-        self.agents = Agents(
-            kube, call, settings, registry=registry, watch=self.watch, classes=self.classes, mark=dirty.mark
-        )
-        self.repairs = Repairs(
-            kube,
-            call,
-            settings,
-            registry=registry,
-            watch=self.watch,
-            classes=self.classes,
-            mark=dirty.mark,
-            gate=gate,
-        )
+        # What Agents and Repairs share: one writer at a time per agent's objects (parts.Writing).
+        shared: dict[str, Any] = {"registry": registry, "watch": self.watch, "classes": self.classes}
+        shared |= {"mark": dirty.mark, "writing": Writing()}
+        self.agents = Agents(kube, call, settings, **shared)
+        self.repairs = Repairs(kube, call, settings, gate=gate, **shared)
         self.revisions = revisions.Revisions(
             kube, call, settings, registry=registry, mark=dirty.mark, gate=gate
         )

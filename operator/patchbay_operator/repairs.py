@@ -198,6 +198,12 @@ class Repairs(Part):
         self._timers.schedule(key, delay, functools.partial(self._repair, key, whose))
 
     async def _repair(self, key: Key, whose: str) -> None:
+        # Rendered and written under the agent's lock (parts.Writing): a wave written meanwhile
+        # is never put back by this repair's older rendering.
+        async with self.writing(whose):
+            await self._repair_locked(key, whose)
+
+    async def _repair_locked(self, key: Key, whose: str) -> None:
         kind, name = key
         desired = self._desired(kind, name, whose) if writes(self.gate) else None
         if desired is None:  # nothing wants it, or a waiting replica (the working one repairs)
