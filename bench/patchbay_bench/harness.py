@@ -95,7 +95,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Scenario:
-    """What one module under ``scenarios/`` declares."""
+    """One scenario, as ``scenarios/catalogue.toml`` declares it, with the ``run`` of its module."""
 
     name: str
     about: str

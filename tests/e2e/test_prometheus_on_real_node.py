@@ -35,6 +35,7 @@ import pytest
 import yaml
 from support.alerts import prometheus_rule
 from support.clusters import Cluster
+from support.processes import http_ok
 from support.realnode import REPO, Installed, add_fake_device, busybox_pod, limits, serial_profile, wait_for
 
 from patchbay_devcluster.procs import free_port
@@ -84,11 +85,7 @@ class Prometheus:
     def ready(self) -> bool:
         if self.proc.poll() is not None:
             raise AssertionError(f"prometheus exited:\n{self.log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+        return http_ok(f"{self.url}/-/ready", timeout=2)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.get("/api/v1/query", query=expr)["result"]

@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
-from support.clusters import running_devcluster, wait_for
+from support.clusters import profile_spec, running_devcluster, wait_for
 from support.releases import has
 
 from patchbay_agent.dra.slices import slice_base_name, taint_probe_document
@@ -46,16 +46,23 @@ class Tools:
         self.bin_dir = bin_dir
         self.kubeconfig = kubeconfig
 
-    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def _run(
+        self, tool: str, args: tuple[str, ...], *, stdin: str | None = None, check: bool, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        """`tool` (helm or kubectl) on this kubeconfig; with `check`, it must succeed."""
         res = subprocess.run(
-            [str(self.bin_dir / "helm"), "--kubeconfig", str(self.kubeconfig), *args],
+            [str(self.bin_dir / tool), "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=timeout,
         )
         if check:
-            assert res.returncode == 0, f"helm {' '.join(args)}\n{res.stdout}\n{res.stderr}"
+            assert res.returncode == 0, f"{tool} {' '.join(args)}\n{res.stdout}\n{res.stderr}"
         return res
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self._run("helm", args, check=check, timeout=180)
 
     def impersonating(
         self, user: str, extra: dict[str, str] | None = None, groups: list[str] | None = None
@@ -78,16 +85,7 @@ class Tools:
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        res = subprocess.run(
-            [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if check:
-            assert res.returncode == 0, f"kubectl {' '.join(args)}\n{res.stdout}\n{res.stderr}"
-        return res
+        return self._run("kubectl", args, stdin=stdin, check=check, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -408,12 +406,9 @@ def test_install_upgrade_with_changed_crd_and_uninstall(own_tools: Tools, tmp_pa
     assert crd["metadata"]["labels"]["patchbay.dev/upgrade-test"] == "changed"  # type: ignore[index]
 
     # A profile exists when the release goes: with crds.keep the CRD and the profile stay.
-    profile = {
-        "apiVersion": "patchbay.dev/v1beta1",
-        "kind": "DevicePluginProfile",
-        "metadata": {"name": "kept"},
-        "spec": {"resourceName": "example.com/kept", "mode": "Static", "static": {"capacity": 1}},
-    }
+    profile = _dpp_document(
+        "kept", {"resourceName": "example.com/kept", "mode": "Static", "static": {"capacity": 1}}
+    )
     tools.kubectl("apply", "-f", "-", stdin=json.dumps(profile))
     # --no-hooks: this control plane runs no pods, so the pre-delete hook's Job would never run
     # (the e2e test test_helm_lifecycle.py runs it on the real node).
@@ -1245,6 +1240,16 @@ def operator_as_its_service_account(
             proc.wait(5)
 
 
+def _dpp_document(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The DevicePluginProfile `name` of `spec`, as `kubectl apply` takes it."""
+    return {
+        "apiVersion": "patchbay.dev/v1beta1",
+        "kind": "DevicePluginProfile",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
 def _dpp(tools: Tools, name: str) -> dict[str, Any]:
     res = tools.kubectl("get", "dpp", name, "-o", "json", "--show-managed-fields", check=False)
     return json.loads(res.stdout) if res.returncode == 0 else {}
@@ -1277,29 +1282,20 @@ def test_the_operator_works_with_only_the_charts_rbac(
 ) -> None:
     ns, log = operator_as_its_service_account
     nodes = chart_cluster.add_kwok_nodes(2, prefix="sa-node-", labels={"patchbay.dev/sa": "yes"})
-    static = {
-        "apiVersion": "patchbay.dev/v1beta1",
-        "kind": "DevicePluginProfile",
-        "metadata": {"name": "sa-static"},
-        "spec": {
-            "resourceName": "example.com/sa-dongle",
-            "mode": "Static",
-            "nodeSelector": {"matchLabels": {"patchbay.dev/sa": "yes"}},
-            "static": {"capacity": 3},
-        },
-    }
-    plugin = {
-        "apiVersion": "patchbay.dev/v1beta1",
-        "kind": "DevicePluginProfile",
-        "metadata": {"name": "sa-plugin"},
-        "spec": {
-            "resourceName": "example.com/sa-token",
-            "mode": "DevicePlugin",
-            "nodeSelector": {"matchLabels": {"patchbay.dev/sa": "yes"}},
-            "plugin": {"discovery": {"virtual": {"count": 2}}},
-            "agent": {"tolerations": [{"operator": "Exists"}]},
-        },
-    }
+    on_sa_nodes = {"patchbay.dev/sa": "yes"}
+    static = _dpp_document(
+        "sa-static", profile_spec("example.com/sa-dongle", "Static", on_sa_nodes, static={"capacity": 3})
+    )
+    plugin = _dpp_document(
+        "sa-plugin",
+        profile_spec(
+            "example.com/sa-token",
+            "DevicePlugin",
+            on_sa_nodes,
+            plugin={"discovery": {"virtual": {"count": 2}}},
+            agent={"tolerations": [{"operator": "Exists"}]},
+        ),
+    )
     tools.kubectl("apply", "-f", "-", stdin=json.dumps(static))
     tools.kubectl("apply", "-f", "-", stdin=json.dumps(plugin))
     wait_for("the static profile Ready", lambda: _ready(_dpp(tools, "sa-static")))
@@ -1487,13 +1483,21 @@ def _profile(name: str, **spec: Any) -> str:
             base["plugin"] = {**base["plugin"], **value}
         else:
             base[key] = value
-    return json.dumps(
-        {
-            "apiVersion": "patchbay.dev/v1beta1",
-            "kind": "DevicePluginProfile",
-            "metadata": {"name": name},
-            "spec": base,
-        }
+    return json.dumps(_dpp_document(name, base))
+
+
+def _allow_privileged(tools: Tools, ns: str, allowed: bool) -> None:
+    """The release `rbac` upgraded with `admission.profiles.allowPrivileged` set to `allowed`."""
+    value = "true" if allowed else "false"
+    tools.helm(
+        "upgrade",
+        "rbac",
+        str(CHART),
+        "-n",
+        ns,
+        "--reuse-values",
+        "--set",
+        f"admission.profiles.allowPrivileged={value}",
     )
 
 
@@ -1609,28 +1613,10 @@ def test_profile_guardrails_refuse_dangerous_fields_to_authors_who_are_not_admin
         assert changed.returncode != 0 and "spec.agent.privileged" in changed.stderr, changed.stderr
 
         # A chart value widens exactly its field.
-        tools.helm(
-            "upgrade",
-            "rbac",
-            str(CHART),
-            "-n",
-            ns,
-            "--reuse-values",
-            "--set",
-            "admission.profiles.allowPrivileged=true",
-        )
+        _allow_privileged(tools, ns, True)
         wait_for("privileged allowed", lambda: as_bob(dangerous["spec.agent.privileged"]) is None, 60, 0.5)
         assert "spec.agent.tolerations" in (as_bob(dangerous["spec.agent.tolerations"]) or "")
     finally:
-        tools.helm(
-            "upgrade",
-            "rbac",
-            str(CHART),
-            "-n",
-            ns,
-            "--reuse-values",
-            "--set",
-            "admission.profiles.allowPrivileged=false",
-        )
+        _allow_privileged(tools, ns, False)
         tools.kubectl("delete", "devicepluginprofile", "admins", "--ignore-not-found")
         tools.kubectl("delete", "clusterrolebinding,clusterrole", "profile-author", "--ignore-not-found")

@@ -487,51 +487,34 @@ def test_cli_up_kubeconfig_down_leaves_nothing(tmp_path: Path, bin_dir: Path) ->
             .stdout.strip()
             .splitlines()[-1]
         )
-        nodes = subprocess.run(
-            [str(bin_dir / "kubectl"), "--kubeconfig", kubeconfig, "get", "nodes", "-o", "name"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout.split()
+
+        def kubectl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+            """kubectl on the cluster, its output captured."""
+            argv = [str(bin_dir / "kubectl"), "--kubeconfig", kubeconfig, *args]
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+        got = kubectl("get", "nodes", "-o", "name")
+        assert got.returncode == 0, got.stderr
+        nodes = got.stdout.split()
         assert nodes == [f"node/kwok-node-{i}" for i in range(3)] + ["node/localhost"]
         # A running container on the real node: `down` must stop it and undo its mounts.
         on_real_node = {
             "spec": {"hostNetwork": True, "nodeSelector": {"kubernetes.io/hostname": "localhost"}}
         }
-        run = subprocess.run(
-            [
-                str(bin_dir / "kubectl"),
-                "--kubeconfig",
-                kubeconfig,
-                "run",
-                "sleeper",
-                "--image=docker.io/library/busybox:1.36",
-                "--restart=Never",
-                "--overrides=" + json.dumps(on_real_node),
-                "--command",
-                "--",
-                "sleep",
-                "3600",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        run = kubectl(
+            "run",
+            "sleeper",
+            "--image=docker.io/library/busybox:1.36",
+            "--restart=Never",
+            "--overrides=" + json.dumps(on_real_node),
+            "--command",
+            "--",
+            "sleep",
+            "3600",
         )
         assert run.returncode == 0, run.stderr
-        wait = subprocess.run(
-            [
-                str(bin_dir / "kubectl"),
-                "--kubeconfig",
-                kubeconfig,
-                "wait",
-                "--for=jsonpath={.status.phase}=Running",
-                "pod/sleeper",
-                "--timeout=120s",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=150,
+        wait = kubectl(
+            "wait", "--for=jsonpath={.status.phase}=Running", "pod/sleeper", "--timeout=120s", timeout=150
         )
         assert wait.returncode == 0, wait.stderr
         node_dir = str((state / "node").resolve())

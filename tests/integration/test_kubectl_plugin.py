@@ -53,6 +53,14 @@ def plugin(
     return kubectl(devcluster, bin_dir, "patchbay", *args, "-n", NAMESPACE, check=check, stdin=stdin)
 
 
+def _table(devcluster: DevCluster, bin_dir: Path, columns: list[str], *args: str) -> list[str]:
+    """The lines of the plugin's table (``args``: the view and its flags), whose header, kubectl's
+    upper case, names ``columns``."""
+    table = plugin(devcluster, bin_dir, *args).stdout.splitlines()
+    assert table[0].split() == columns
+    return table
+
+
 def write_report(
     cluster: Cluster, profile: str, node: str, resource: str, devices: list[dict[str, Any]]
 ) -> None:
@@ -324,17 +332,8 @@ def _check_devices(
     )
 
     # The table: kubectl's upper-case header, one line per device, the reason and the age.
-    table = plugin(devcluster, bin_dir, "devices", "--profile", p["dp"]).stdout.splitlines()
-    assert table[0].split() == [
-        "NODE",
-        "PROFILE",
-        "RESOURCE",
-        "DEVICE",
-        "HEALTH",
-        "REASON",
-        "SINCE",
-        "HOLDER",
-    ]
+    columns = ["NODE", "PROFILE", "RESOURCE", "DEVICE", "HEALTH", "REASON", "SINCE", "HOLDER"]
+    table = _table(devcluster, bin_dir, columns, "devices", "--profile", p["dp"])
     line = next(x for x in table if "ttyUSB1" in x and n1 in x)
     assert line.split()[4:6] == ["Unhealthy", "Vanished"] and line.split()[6].startswith("7m")
     assert len(table) == 4
@@ -389,17 +388,8 @@ def _check_nodes(devcluster: DevCluster, bin_dir: Path, p: dict[str, Any]) -> No
     )
     # The DRA agent's report on n1 counts its two sensors, one sick.
     assert rows[p["dra"]]["agents"] and (rows[p["dra"]]["healthy"], rows[p["dra"]]["total"]) == (1, 2)
-    table = plugin(devcluster, bin_dir, "nodes", "--profile", p["dp"]).stdout.splitlines()
-    assert table[0].split() == [
-        "NODE",
-        "PROFILE",
-        "GROUP",
-        "MODE",
-        "AGENT",
-        "REGISTERED",
-        "DEVICES",
-        "REVISION",
-    ]
+    columns = ["NODE", "PROFILE", "GROUP", "MODE", "AGENT", "REGISTERED", "DEVICES", "REVISION"]
+    table = _table(devcluster, bin_dir, columns, "nodes", "--profile", p["dp"])
     cells = {x.split()[0]: x.split() for x in table[1:]}
     assert cells[n1][5:7] == ["yes", "1/2"] and cells[n2][5:7] == ["yes", "1/1"]
     assert cells[n1][2] == "-"  # no node groups

@@ -80,45 +80,41 @@ async def rollout(kubelet: PyKubelet, hw: FakeHardware, **agent: Any) -> AsyncIt
         yield Rollout(old, new, kubelet, hw.root, **agent)
 
 
-def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket(
+async def test_two_agents_of_one_resource_overlap_and_each_removes_only_its_own_socket(
     plugin_dir: Path, hw: FakeHardware
 ) -> None:
     hw.add_dev("/dev/ttyUSB0")
-
-    async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        async with rollout(kubelet, hw) as agents:
-            a = await agents.start_old()
-            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
-            b = await agents.start_new()
-            # Registered, and the kubelet's stream of it open (it opens after Register answers).
-            await kubelet.wait_for(lambda: len(kubelet.first_lists) == 2)
-            endpoints = [r.request.endpoint for r in kubelet.registrations]
-            assert endpoints == [registrar_of(a).endpoint, registrar_of(b).endpoint]
-            assert all(NAME.fullmatch(e) for e in endpoints), endpoints
-            assert endpoints[0] != endpoints[1]
-            assert registrar_of(a).socket_path.exists() and registrar_of(b).socket_path.exists()
-            # The old agent stops (SIGTERM in a rollout): its socket goes, the new one's stays.
-            await agents.old.aclose()
-            assert not registrar_of(a).socket_path.exists()
-            assert registrar_of(b).socket_path.exists()
-            assert registrar_of(b).registered
-            async with plugin_client(registrar_of(b).socket_path) as client:
-                req = api_pb2.AllocateRequest(
-                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["ttyUSB0"])]
-                )
-                resp = await client.Allocate(req)
-                assert resp.container_responses[0].devices[0].host_path == "/dev/ttyUSB0"
-            # No re-registration is needed: the kubelet still holds b's stream (an agent registers
-            # again only after its last stream ended), and each agent registered once.
-            assert servicer_of(b).open_streams == 1
-            assert len(kubelet.registrations) == 2
-            assert (registrar_of(a).registration_count, registrar_of(b).registration_count) == (1, 1)
-
-    asyncio.run(scenario())
+    kubelet = PyKubelet(plugin_dir)
+    async with rollout(kubelet, hw) as agents:
+        a = await agents.start_old()
+        await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+        b = await agents.start_new()
+        # Registered, and the kubelet's stream of it open (it opens after Register answers).
+        await kubelet.wait_for(lambda: len(kubelet.first_lists) == 2)
+        endpoints = [r.request.endpoint for r in kubelet.registrations]
+        assert endpoints == [registrar_of(a).endpoint, registrar_of(b).endpoint]
+        assert all(NAME.fullmatch(e) for e in endpoints), endpoints
+        assert endpoints[0] != endpoints[1]
+        assert registrar_of(a).socket_path.exists() and registrar_of(b).socket_path.exists()
+        # The old agent stops (SIGTERM in a rollout): its socket goes, the new one's stays.
+        await agents.old.aclose()
+        assert not registrar_of(a).socket_path.exists()
+        assert registrar_of(b).socket_path.exists()
+        assert registrar_of(b).registered
+        async with plugin_client(registrar_of(b).socket_path) as client:
+            req = api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["ttyUSB0"])]
+            )
+            resp = await client.Allocate(req)
+            assert resp.container_responses[0].devices[0].host_path == "/dev/ttyUSB0"
+        # No re-registration is needed: the kubelet still holds b's stream (an agent registers
+        # again only after its last stream ended), and each agent registered once.
+        assert servicer_of(b).open_streams == 1
+        assert len(kubelet.registrations) == 2
+        assert (registrar_of(a).registration_count, registrar_of(b).registration_count) == (1, 1)
 
 
-def test_stale_sockets_of_the_resource_go_at_start_live_and_foreign_ones_stay(
+async def test_stale_sockets_of_the_resource_go_at_start_live_and_foreign_ones_stay(
     plugin_dir: Path, hw: FakeHardware
 ) -> None:
     dead = socket_name(RESOURCE, "1111aaaa")
@@ -129,26 +125,22 @@ def test_stale_sockets_of_the_resource_go_at_start_live_and_foreign_ones_stay(
     for name in (dead, legacy, foreign, foreign_legacy):
         stale_socket(plugin_dir / name)
     (plugin_dir / "kubelet_internal_checkpoint").write_text("{}")
-
-    async def scenario() -> None:
-        with live_socket(plugin_dir / live):
-            async with running_agent(SERIAL, plugin_dir, hw.root) as agent:
-                left = sorted(os.listdir(plugin_dir))
-                assert left == sorted(
-                    [
-                        live,
-                        foreign,
-                        foreign_legacy,
-                        "kubelet_internal_checkpoint",
-                        registrar_of(agent).endpoint,
-                    ]
-                )
-            # Its own socket goes on shutdown; the rest stays as it was.
-            assert sorted(os.listdir(plugin_dir)) == sorted(
-                [live, foreign, foreign_legacy, "kubelet_internal_checkpoint"]
+    with live_socket(plugin_dir / live):
+        async with running_agent(SERIAL, plugin_dir, hw.root) as agent:
+            left = sorted(os.listdir(plugin_dir))
+            assert left == sorted(
+                [
+                    live,
+                    foreign,
+                    foreign_legacy,
+                    "kubelet_internal_checkpoint",
+                    registrar_of(agent).endpoint,
+                ]
             )
-
-    asyncio.run(scenario())
+        # Its own socket goes on shutdown; the rest stays as it was.
+        assert sorted(os.listdir(plugin_dir)) == sorted(
+            [live, foreign, foreign_legacy, "kubelet_internal_checkpoint"]
+        )
 
 
 def test_an_instance_another_process_serves_is_refused(plugin_dir: Path, hw: FakeHardware) -> None:
@@ -163,52 +155,44 @@ def test_an_instance_another_process_serves_is_refused(plugin_dir: Path, hw: Fak
     assert taken.exists()
 
 
-def test_a_stale_socket_of_the_same_instance_is_taken_over(plugin_dir: Path, hw: FakeHardware) -> None:
+async def test_a_stale_socket_of_the_same_instance_is_taken_over(plugin_dir: Path, hw: FakeHardware) -> None:
     stale_socket(plugin_dir / socket_name(RESOURCE, "mine"))
-
-    async def scenario() -> None:
-        async with (
-            PyKubelet(plugin_dir) as kubelet,
-            running_agent(SERIAL, plugin_dir, hw.root, instance="mine") as agent,
-        ):
-            await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
-            assert kubelet.registrations[0].request.endpoint == socket_name(RESOURCE, "mine")
-            assert registrar_of(agent).server is not None and registrar_of(agent).server.socket_intact()
-
-    asyncio.run(scenario())
+    async with (
+        PyKubelet(plugin_dir) as kubelet,
+        running_agent(SERIAL, plugin_dir, hw.root, instance="mine") as agent,
+    ):
+        await kubelet.wait_for(lambda: len(kubelet.registrations) == 1)
+        assert kubelet.registrations[0].request.endpoint == socket_name(RESOURCE, "mine")
+        assert registrar_of(agent).server is not None and registrar_of(agent).server.socket_intact()
 
 
-def test_already_connected_moves_the_agent_to_a_new_socket(plugin_dir: Path, hw: FakeHardware) -> None:
+async def test_already_connected_moves_the_agent_to_a_new_socket(plugin_dir: Path, hw: FakeHardware) -> None:
     """The kubelet's answer when it still holds an endpoint for the path: that path may be blocked
     for good, so the agent serves and registers a NEW socket name."""
     hw.add_dev("/dev/ttyUSB0")
-
-    async def scenario() -> None:
-        kubelet = PyKubelet(
-            plugin_dir,
-            refuse=1,
-            refuse_code=grpc.StatusCode.UNKNOWN,
-            refuse_details="device plugin already connected: {path}",
-        )
-        await kubelet.start()
-        try:
-            async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
-                await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
-                first, second = kubelet.attempts
-                assert first != second
-                assert all(NAME.fullmatch(e) for e in (first, second))
-                (reg,) = kubelet.registrations
-                assert reg.request.endpoint == second == registrar_of(agent).endpoint
-                assert reg.plugin_was_serving
-                assert not (plugin_dir / first).exists()
-                assert (plugin_dir / second).exists()
-        finally:
-            await kubelet.stop()
-
-    asyncio.run(scenario())
+    kubelet = PyKubelet(
+        plugin_dir,
+        refuse=1,
+        refuse_code=grpc.StatusCode.UNKNOWN,
+        refuse_details="device plugin already connected: {path}",
+    )
+    await kubelet.start()
+    try:
+        async with running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent:
+            await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
+            first, second = kubelet.attempts
+            assert first != second
+            assert all(NAME.fullmatch(e) for e in (first, second))
+            (reg,) = kubelet.registrations
+            assert reg.request.endpoint == second == registrar_of(agent).endpoint
+            assert reg.plugin_was_serving
+            assert not (plugin_dir / first).exists()
+            assert (plugin_dir / second).exists()
+    finally:
+        await kubelet.stop()
 
 
-def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_registers_again(
+async def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_registers_again(
     plugin_dir: Path, hw: FakeHardware
 ) -> None:
     """Kubelets before v1.37 keep ONE client per resource: when the old agent of a maxSurge rollout
@@ -216,28 +200,24 @@ def test_a_kubelet_with_one_client_per_resource_drops_the_new_agent_and_it_regis
     unhealthy. The new agent must notice that its stream was dropped (not one that was never
     opened) and register again without waiting; the old agent never registers again."""
     hw.add_serials(2)
-
-    async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        async with rollout(kubelet, hw, poll_interval=3600) as agents:
-            a = await agents.start_old()
-            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
-            b = await agents.start_new()
-            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
-            await until(lambda: servicer_of(b).open_streams == 1)
-            assert kubelet.dropped == []
-            await agents.old.aclose()  # SIGTERM to the old pod
-            await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
-            await kubelet.wait_for(lambda: len(kubelet.registrations) == 3 and kubelet.healthy(RESOURCE) == 2)
-            assert kubelet.registrations[-1].request.endpoint == registrar_of(b).endpoint
-            assert (registrar_of(a).registration_count, registrar_of(b).registration_count) == (1, 2)
-            assert registrar_of(b).streams.drops == 1
-            await until(lambda: registrar_of(b).registered and servicer_of(b).open_streams == 1)
-
-    asyncio.run(scenario())
+    kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+    async with rollout(kubelet, hw, poll_interval=3600) as agents:
+        a = await agents.start_old()
+        await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+        b = await agents.start_new()
+        await kubelet.wait_for(lambda: len(kubelet.registrations) == 2)
+        await until(lambda: servicer_of(b).open_streams == 1)
+        assert kubelet.dropped == []
+        await agents.old.aclose()  # SIGTERM to the old pod
+        await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
+        await kubelet.wait_for(lambda: len(kubelet.registrations) == 3 and kubelet.healthy(RESOURCE) == 2)
+        assert kubelet.registrations[-1].request.endpoint == registrar_of(b).endpoint
+        assert (registrar_of(a).registration_count, registrar_of(b).registration_count) == (1, 2)
+        assert registrar_of(b).streams.drops == 1
+        await until(lambda: registrar_of(b).registered and servicer_of(b).open_streams == 1)
 
 
-def test_a_registration_dropped_before_its_stream_opened_is_made_again_and_never_ready_meanwhile(
+async def test_a_registration_dropped_before_its_stream_opened_is_made_again_and_never_ready_meanwhile(
     plugin_dir: Path, hw: FakeHardware
 ) -> None:
     """A kubelet before v1.37 can close a new client before its ListAndWatch opens (an older
@@ -246,57 +226,47 @@ def test_a_registration_dropped_before_its_stream_opened_is_made_again_and_never
     kubelet holds that stream the agent is not Ready (a rollout would otherwise remove the
     previous agent while the kubelet counts none of the new one's devices)."""
     hw.add_dev("/dev/ttyUSB0")
-
-    async def scenario() -> None:
-        async with (
-            PyKubelet(plugin_dir, one_client_per_resource=True, drop_before_stream=1) as kubelet,
-            running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent,
-        ):
-            await kubelet.wait_for(lambda: kubelet.dropped_before_stream == 1)
-            await until(lambda: registrar_of(agent).registered)
-            assert len(kubelet.registrations) == 1
-            assert not agent.ready  # registered, but the kubelet holds no stream of it
-            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 1)
-            assert len(kubelet.registrations) == 2
-            assert registrar_of(agent).streams.unopened == 1
-            assert registrar_of(agent).streams.drops == 0
-            await until(lambda: agent.ready)
-
-    asyncio.run(scenario())
+    async with (
+        PyKubelet(plugin_dir, one_client_per_resource=True, drop_before_stream=1) as kubelet,
+        running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600) as agent,
+    ):
+        await kubelet.wait_for(lambda: kubelet.dropped_before_stream == 1)
+        await until(lambda: registrar_of(agent).registered)
+        assert len(kubelet.registrations) == 1
+        assert not agent.ready  # registered, but the kubelet holds no stream of it
+        await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 1)
+        assert len(kubelet.registrations) == 2
+        assert registrar_of(agent).streams.unopened == 1
+        assert registrar_of(agent).streams.drops == 0
+        await until(lambda: agent.ready)
 
 
-def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
+async def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_again(
     plugin_dir: Path, hw: FakeHardware
 ) -> None:
     """The rollout on a kubelet before v1.37 where the agent's re-registration after the drop is
     itself dropped before its stream opened (the dropped client's own runClient ended after it):
     the agent registers a third time and the kubelet has every device healthy again."""
     hw.add_serials(2)
-
-    async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        async with rollout(kubelet, hw, poll_interval=3600) as agents:
-            await agents.start_old()
-            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
-            b = await agents.start_new()
-            await until(lambda: b.ready)
-            kubelet.drop_before_stream = 1
-            await agents.old.aclose()
-            await kubelet.wait_for(
-                lambda: kubelet.dropped == [RESOURCE] and kubelet.dropped_before_stream == 1
-            )
-            await kubelet.wait_for(lambda: len(kubelet.registrations) == 4 and kubelet.healthy(RESOURCE) == 2)
-            assert (
-                registrar_of(b).streams.drops,
-                registrar_of(b).streams.unopened,
-                registrar_of(b).registration_count,
-            ) == (1, 1, 3)
-            await until(lambda: b.ready)
-
-    asyncio.run(scenario())
+    kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+    async with rollout(kubelet, hw, poll_interval=3600) as agents:
+        await agents.start_old()
+        await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+        b = await agents.start_new()
+        await until(lambda: b.ready)
+        kubelet.drop_before_stream = 1
+        await agents.old.aclose()
+        await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE] and kubelet.dropped_before_stream == 1)
+        await kubelet.wait_for(lambda: len(kubelet.registrations) == 4 and kubelet.healthy(RESOURCE) == 2)
+        assert (
+            registrar_of(b).streams.drops,
+            registrar_of(b).streams.unopened,
+            registrar_of(b).registration_count,
+        ) == (1, 1, 3)
+        await until(lambda: b.ready)
 
 
-def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_nothing_drops(
+async def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_nothing_drops(
     plugin_dir: Path, hw: FakeHardware, one_client_release: str
 ) -> None:
     """Knowing its kubelet keeps one client per resource (its Node's release is before 1.37), the
@@ -306,66 +276,58 @@ def test_on_a_kubelet_with_one_client_per_resource_the_new_agent_hands_over_and_
     after that. When the last agent goes, it registers again first, so the kubelet still sees the
     resource go."""
     hw.add_serials(2)
-
-    async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        async with rollout(kubelet, hw, poll_interval=3600, kubelet_version=one_client_release) as agents:
-            a = await agents.start_old()
-            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
-            await until(lambda: a.ready)
-            assert registrar_of(a).handover.count == 0  # alone: nothing to hand over from
-            # A busy kubelet, slower than the agent's hand-over deadline once was (2 s): the new
-            # agent is not Ready while its hand-over is unanswered (a rollout would remove the old
-            # agent, whose exit closes the new one's stream), however long the answer takes.
-            kubelet.hold_dial = lambda endpoint: endpoint.endswith("-handover.sock")
-            b = await agents.start_new()
-            await kubelet.wait_for(lambda: kubelet.held)
-            await asyncio.sleep(SLOWER_THAN_THE_OLD_DEADLINE)  # the kubelet's delay, not a wait
-            assert not b.ready
-            assert registrar_of(b).handover.in_flight
-            kubelet.release_dials()
-            await until(lambda: b.ready)
-            assert registrar_of(b).handover.count == 1
-            (handover,) = kubelet.failed_connects
-            assert handover == registrar_of(b).endpoint.removesuffix(".sock") + "-handover.sock"
-            assert not (plugin_dir / handover).exists()  # the throw-away socket is gone
-            assert RESOURCE not in kubelet.clients  # the kubelet holds no client to close
-            ended = kubelet.streams_ended
-            await agents.old.aclose()  # SIGTERM to the old pod
-            await kubelet.wait_for(lambda: kubelet.streams_ended > ended)  # the old stream's end
-            assert kubelet.dropped == []
-            assert kubelet.healthy(RESOURCE) == 2
-            assert registrar_of(b).registration_count == 1 and registrar_of(b).streams.drops == 0
-            assert servicer_of(b).open_streams == 1
-            # The last agent leaves: it registers again, so its exit makes the kubelet drop the
-            # resource (nothing may keep advertising devices nobody serves).
-            await agents.new.aclose()
-            await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
-            assert kubelet.healthy(RESOURCE) == 0
-
-    asyncio.run(scenario())
+    kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+    async with rollout(kubelet, hw, poll_interval=3600, kubelet_version=one_client_release) as agents:
+        a = await agents.start_old()
+        await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+        await until(lambda: a.ready)
+        assert registrar_of(a).handover.count == 0  # alone: nothing to hand over from
+        # A busy kubelet, slower than the agent's hand-over deadline once was (2 s): the new
+        # agent is not Ready while its hand-over is unanswered (a rollout would remove the old
+        # agent, whose exit closes the new one's stream), however long the answer takes.
+        kubelet.hold_dial = lambda endpoint: endpoint.endswith("-handover.sock")
+        b = await agents.start_new()
+        await kubelet.wait_for(lambda: kubelet.held)
+        await asyncio.sleep(SLOWER_THAN_THE_OLD_DEADLINE)  # the kubelet's delay, not a wait
+        assert not b.ready
+        assert registrar_of(b).handover.in_flight
+        kubelet.release_dials()
+        await until(lambda: b.ready)
+        assert registrar_of(b).handover.count == 1
+        (handover,) = kubelet.failed_connects
+        assert handover == registrar_of(b).endpoint.removesuffix(".sock") + "-handover.sock"
+        assert not (plugin_dir / handover).exists()  # the throw-away socket is gone
+        assert RESOURCE not in kubelet.clients  # the kubelet holds no client to close
+        ended = kubelet.streams_ended
+        await agents.old.aclose()  # SIGTERM to the old pod
+        await kubelet.wait_for(lambda: kubelet.streams_ended > ended)  # the old stream's end
+        assert kubelet.dropped == []
+        assert kubelet.healthy(RESOURCE) == 2
+        assert registrar_of(b).registration_count == 1 and registrar_of(b).streams.drops == 0
+        assert servicer_of(b).open_streams == 1
+        # The last agent leaves: it registers again, so its exit makes the kubelet drop the
+        # resource (nothing may keep advertising devices nobody serves).
+        await agents.new.aclose()
+        await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
+        assert kubelet.healthy(RESOURCE) == 0
 
 
-def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
+async def test_on_a_kubelet_with_an_endpoint_per_socket_nothing_is_handed_over(
     plugin_dir: Path, hw: FakeHardware
 ) -> None:
     """The newest release's Node: its kubelet keeps both agents' endpoints, so no hand-over."""
     hw.add_dev("/dev/ttyUSB0")
-
-    async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir)
-        async with rollout(kubelet, hw, poll_interval=3600, kubelet_version=NEWEST) as agents:
-            a = await agents.start_old()
-            await until(lambda: a.ready)
-            b = await agents.start_new()
-            await until(lambda: b.ready)
-            assert registrar_of(b).handover.count == 0
-            assert kubelet.attempts == [r.request.endpoint for r in kubelet.registrations]
-
-    asyncio.run(scenario())
+    kubelet = PyKubelet(plugin_dir)
+    async with rollout(kubelet, hw, poll_interval=3600, kubelet_version=NEWEST) as agents:
+        a = await agents.start_old()
+        await until(lambda: a.ready)
+        b = await agents.start_new()
+        await until(lambda: b.ready)
+        assert registrar_of(b).handover.count == 0
+        assert kubelet.attempts == [r.request.endpoint for r in kubelet.registrations]
 
 
-def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_agent(
+async def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_agent(
     plugin_dir: Path, hw: FakeHardware, one_client_release: str
 ) -> None:
     """A -> B -> C, each new agent handing over. When B leaves, it had handed over itself (when it
@@ -380,36 +342,33 @@ def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newest_age
             SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=one_client_release
         )
 
-    async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        await kubelet.start()
-        stacks = [contextlib.AsyncExitStack() for _ in range(3)]
-        try:
-            agents: list[ResourceAgent] = []
-            for n, stack in enumerate(stacks):
-                agents.append(await stack.enter_async_context(start()))
-                await until(lambda: agents[-1].ready)
-                await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
-                if n > 0:
-                    assert registrar_of(agents[-1]).handover.count == 1
-                    attempts, ended = len(kubelet.attempts), kubelet.streams_ended
-                    await stacks[n - 1].aclose()  # SIGTERM to the previous agent
-                    # Whatever it registered as it left was sent before it stopped; its stream's
-                    # end reached the kubelet (a drop, had it registered) once this is counted.
-                    await kubelet.wait_for(lambda e=ended: kubelet.streams_ended > e)
-                    assert kubelet.attempts[attempts:] == [], "a leaving agent registered again"
-                    assert kubelet.dropped == []
-                    assert kubelet.healthy(RESOURCE) == 2
-            assert [registrar_of(a).registration_count for a in agents] == [1, 1, 1]
-        finally:
-            for stack in reversed(stacks):
-                await stack.aclose()
-            await kubelet.stop()
-
-    asyncio.run(scenario())
+    kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+    await kubelet.start()
+    stacks = [contextlib.AsyncExitStack() for _ in range(3)]
+    try:
+        agents: list[ResourceAgent] = []
+        for n, stack in enumerate(stacks):
+            agents.append(await stack.enter_async_context(start()))
+            await until(lambda: agents[-1].ready)
+            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+            if n > 0:
+                assert registrar_of(agents[-1]).handover.count == 1
+                attempts, ended = len(kubelet.attempts), kubelet.streams_ended
+                await stacks[n - 1].aclose()  # SIGTERM to the previous agent
+                # Whatever it registered as it left was sent before it stopped; its stream's
+                # end reached the kubelet (a drop, had it registered) once this is counted.
+                await kubelet.wait_for(lambda e=ended: kubelet.streams_ended > e)
+                assert kubelet.attempts[attempts:] == [], "a leaving agent registered again"
+                assert kubelet.dropped == []
+                assert kubelet.healthy(RESOURCE) == 2
+        assert [registrar_of(a).registration_count for a in agents] == [1, 1, 1]
+    finally:
+        for stack in reversed(stacks):
+            await stack.aclose()
+        await kubelet.stop()
 
 
-def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_its_client(
+async def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_its_client(
     plugin_dir: Path, hw: FakeHardware, one_client_release: str
 ) -> None:
     """A leaving agent of an older Patchbay release (0.1.0 registered again as it left, whatever
@@ -421,27 +380,24 @@ def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_it
     hw.add_serials(2)
     from patchbay_agent.deviceplugin.registrationcheck import KubeletView
 
-    async def scenario() -> None:
-        kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
-        async with rollout(kubelet, hw, poll_interval=3600, kubelet_version=one_client_release) as agents:
-            a = await agents.start_old()
-            await until(lambda: a.ready)
-            b = await agents.start_new()
-            await until(lambda: b.ready)
+    kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+    async with rollout(kubelet, hw, poll_interval=3600, kubelet_version=one_client_release) as agents:
+        a = await agents.start_old()
+        await until(lambda: a.ready)
+        b = await agents.start_new()
+        await until(lambda: b.ready)
 
-            async def kubelet_count() -> int:
-                return kubelet.healthy(RESOURCE)
+        async def kubelet_count() -> int:
+            return kubelet.healthy(RESOURCE)
 
-            registrar_of(b).check.view = KubeletView(kubelet_count, b.front.advertised_healthy)
-            # What the old release did as it left: its socket registered again, then its exit.
-            await registrar_of(a).socket.register()
-            await kubelet.wait_for(lambda: len(kubelet.registrations) == 3)  # A, B, A (hand-over refused)
-            await kubelet.wait_for(lambda: len(kubelet.first_lists) == 3)  # ... and its stream open
-            await agents.old.aclose()
-            await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
-            await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
-            assert registrar_of(b).check.retakes == 1
-            assert kubelet.registrations[-1].request.endpoint == registrar_of(b).endpoint
-            await until(lambda: b.ready)
-
-    asyncio.run(scenario())
+        registrar_of(b).check.view = KubeletView(kubelet_count, b.front.advertised_healthy)
+        # What the old release did as it left: its socket registered again, then its exit.
+        await registrar_of(a).socket.register()
+        await kubelet.wait_for(lambda: len(kubelet.registrations) == 3)  # A, B, A (hand-over refused)
+        await kubelet.wait_for(lambda: len(kubelet.first_lists) == 3)  # ... and its stream open
+        await agents.old.aclose()
+        await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE])
+        await kubelet.wait_for(lambda: kubelet.healthy(RESOURCE) == 2)
+        assert registrar_of(b).check.retakes == 1
+        assert kubelet.registrations[-1].request.endpoint == registrar_of(b).endpoint
+        await until(lambda: b.ready)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from support.clusters import Cluster
+from support.clusters import Cluster, profile_spec
 from support.realnode import DEVICES, OWN_AGENT, Installed, add_fake_device, busybox_pod
 
 RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
@@ -25,19 +25,14 @@ def dra_profile(
     for i in range(DEVICES):
         add_fake_device(fake_dev, f"ttyDRA{i}")
     cluster.set_labels(node, {"patchbay.dev/e2e-dra": cluster.tag})
+    plugin = {
+        "discovery": {"paths": {"globs": [f"{fake_dev}/ttyDRA*"]}},
+        "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
+        "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "dra"}},
+    }
+    own = {"agent": OWN_AGENT} if own_agent else {}
     cluster.create_profile(
-        name,
-        {
-            "resourceName": resource,
-            "mode": "DRA",
-            "nodeSelector": {"matchLabels": {"patchbay.dev/e2e-dra": cluster.tag}},
-            "plugin": {
-                "discovery": {"paths": {"globs": [f"{fake_dev}/ttyDRA*"]}},
-                "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
-                "allocation": {"permissions": "rw", "devicesEnvName": "SERIALS", "envs": {"E2E": "dra"}},
-            },
-            **({"agent": OWN_AGENT} if own_agent else {}),
-        },
+        name, profile_spec(resource, "DRA", {"patchbay.dev/e2e-dra": cluster.tag}, plugin=plugin, **own)
     )
     return name, resource, f"{name}.patchbay.dev"
 
@@ -48,16 +43,8 @@ def labelled_dra_profile(
     """A DRA profile ``<prefix><suffix>`` (resource ``e2e.patchbay.dev/<tag>-<suffix>``) on the
     nodes labelled ``label``, with ``plugin`` and any other ``spec`` fields: (name, driver)."""
     name = f"{cluster.prefix}{suffix}"
-    cluster.create_profile(
-        name,
-        {
-            "resourceName": f"e2e.patchbay.dev/{cluster.tag}-{suffix}",
-            "mode": "DRA",
-            "nodeSelector": {"matchLabels": {label: cluster.tag}},
-            "plugin": plugin,
-            **spec,
-        },
-    )
+    resource = f"e2e.patchbay.dev/{cluster.tag}-{suffix}"
+    cluster.create_profile(name, profile_spec(resource, "DRA", {label: cluster.tag}, plugin=plugin, **spec))
     return name, f"{name}.patchbay.dev"
 
 

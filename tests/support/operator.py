@@ -17,6 +17,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 from support.clusters import NAMESPACE, REPO, Cluster, wait_for
+from support.processes import http_ok
 
 from patchbay_devcluster.procs import free_port
 
@@ -83,11 +84,7 @@ class Operator:
         def healthy() -> bool:
             if not self.running:
                 raise AssertionError(f"operator exited early:\n{self.log()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
+            return http_ok(f"http://127.0.0.1:{port}/healthz", timeout=1)
 
         started = time.monotonic()
         try:

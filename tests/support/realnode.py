@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from support.clusters import GROUP, VERSION, Cluster, kstatus, wait_for
+from support.clusters import GROUP, VERSION, Cluster, kstatus, profile_spec, wait_for
 from support.operator import scrape_stats
 
 from patchbay_api.revisions import spec_revision
@@ -227,19 +227,14 @@ def serial_profile(
     for i in range(DEVICES):
         add_fake_device(where, f"ttyE2E{i}")
     cluster.set_labels(node, {label: cluster.tag})
+    plugin = {
+        "discovery": {"paths": {"globs": [f"{where}/ttyE2E*"]}},
+        "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
+        "allocation": allocation,
+    }
+    own = {"agent": agent} if agent is not None else {}
     cluster.create_profile(
-        name,
-        {
-            "resourceName": resource,
-            "mode": "DevicePlugin",
-            "nodeSelector": {"matchLabels": {label: cluster.tag}},
-            "plugin": {
-                "discovery": {"paths": {"globs": [f"{where}/ttyE2E*"]}},
-                "health": {"periodSeconds": 1, "failureThreshold": 1, "successThreshold": 1},
-                "allocation": allocation,
-            },
-            **({"agent": agent} if agent is not None else {}),
-        },
+        name, profile_spec(resource, "DevicePlugin", {label: cluster.tag}, plugin=plugin, **own)
     )
     return name, resource
 

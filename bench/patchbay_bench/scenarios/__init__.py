@@ -1,50 +1,48 @@
-"""Every scenario, in the order ``make bench SCENARIO=all`` runs them: those that need no real node
-first, then those on the real node, which share one cluster with the real node and the chart."""
+"""Every scenario, as ``catalogue.toml`` declares it (in the order ``make bench SCENARIO=all`` runs
+them: those that need no real node first, then those on the real node, which share one cluster
+with the real node and the chart), with its measuring code from the module of its name here."""
 
 from __future__ import annotations
 
-from patchbay_bench.harness import Scenario
-from patchbay_bench.scenarios import (
-    agent,
-    agent_memory,
-    cluster_path,
-    devcluster,
-    dra_path,
-    dra_scale,
-    health_scale,
-    health_writes,
-    http_flood,
-    images,
-    kubectl_scale,
-    live_reconfig,
-    node_agent_api_cost,
-    node_memory,
-    operator_memory,
-    rollout_scale,
-    rollouts,
-    static_scale,
-)
+import importlib
+import tomllib
+from pathlib import Path
+from typing import Any
 
-SCENARIOS: dict[str, Scenario] = {
-    m.SCENARIO.name: m.SCENARIO
-    for m in (
-        devcluster,
-        agent,
-        agent_memory,
-        http_flood,
-        live_reconfig,
-        node_memory,
-        health_writes,
-        operator_memory,
-        static_scale,
-        health_scale,
-        kubectl_scale,
-        dra_scale,
-        node_agent_api_cost,
-        rollout_scale,
-        images,
-        cluster_path,
-        dra_path,
-        rollouts,
+from patchbay_bench.harness import Param, Scenario, Target
+
+CATALOGUE = Path(__file__).with_name("catalogue.toml")
+
+KEYS = {"sitting", "about", "needs", "per_release", "quick_note", "figures", "params", "targets"}
+"""What a scenario's table may hold (a misspelt key is refused, not ignored)."""
+
+
+def scenario(name: str, table: dict[str, Any]) -> Scenario:
+    """The scenario ``name`` of the catalogue's ``table``: its run (and, where the table names
+    no figures, its figures) from the module ``scenarios/<name>.py``."""
+    unknown = set(table) - KEYS
+    if unknown:
+        raise ValueError(
+            f"{CATALOGUE.name}: [{name}] has unknown keys {sorted(unknown)}; known: {sorted(KEYS)}"
+        )
+    module = importlib.import_module(f"{__name__}.{name}")
+    return Scenario(
+        name=name,
+        about=table["about"],
+        run=module.run,
+        params={key: Param(*value) for key, value in table.get("params", {}).items()},
+        figures=tuple(table["figures"]) if "figures" in table else module.figures,
+        needs=tuple(table.get("needs", ())),
+        quick_note=table.get("quick_note", ""),
+        per_release=table.get("per_release", False),
+        sitting=table.get("sitting", "per-node"),
+        targets=tuple(Target(**target) for target in table.get("targets", ())),
     )
-}
+
+
+def load(path: Path = CATALOGUE) -> dict[str, Scenario]:
+    """Every scenario ``path`` declares, in its order."""
+    return {name: scenario(name, table) for name, table in tomllib.loads(path.read_text()).items()}
+
+
+SCENARIOS: dict[str, Scenario] = load()

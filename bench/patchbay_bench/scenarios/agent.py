@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from patchbay_agent.kubelet.sockets import socket_name
-from patchbay_bench.harness import Param, Run, Scenario, Target, interleave
+from patchbay_bench.harness import Run, interleave
 from patchbay_bench.peers import AgentProcess, FakeHardware, KubeletPeer, Process, build_peer
 from patchbay_bench.setup import bytecode_ahead, status_mib
 
@@ -341,47 +341,3 @@ def exec_exit(code: str) -> float:
 def restart(stop: Callable[[], None], start: Callable[[], float]) -> float:
     stop()
     return start()
-
-
-SCENARIO = Scenario(
-    name="agent",
-    about="the plugin agent vs the Go stub plugin and Python's gRPC floor, on the upstream device manager",
-    run=run,
-    params={
-        "rounds": Param(5, 2, "interleaved rounds (and kubelet restarts, device removals)"),
-        "allocates": Param(5000, 200, "Allocate calls per side per round"),
-        "rss_allocates": Param(100000, 500, "Allocates between RSS readings"),
-        "squat": Param(
-            "", "", "path to squat/generic-device-plugin's binary: a side of start, Allocate and RSS"
-        ),
-        # The hold is most of "device node back -> allocatable back" (10,006 ms of it at the
-        # default): a quick run, whose values are never judged, waits 1 s of it per round, not 10.
-        "recovery_hold": Param(10, 1, "the agent's health.recoveryHoldSeconds (10: the default)"),
-    },
-    figures=(
-        "agent: exec -> the kubelet sees its devices",
-        "agent: Python start, exec -> exit",
-        "agent: Allocate p50",
-        "agent: Allocate p99",
-        "agent: kubelet restart -> devices back",
-        "agent: device node removed -> allocatable drops",
-        "agent: RSS",
-    ),
-    needs=("go",),
-    quick_note="builds the conformance peer (Go) when it is not cached",
-    targets=(
-        Target(
-            "agent: exec -> the kubelet sees its devices",
-            2.0,
-            "squat",
-            "a bare python -c pass alone is 3.4x squat's whole start (docs/benchmarks.md)",
-        ),
-        Target(
-            "agent: exec -> the kubelet sees its devices",
-            1.2,
-            "Python gRPC floor",
-            "the target that means something for a Python program: Python's own floor",
-        ),
-        Target("agent: Allocate p99", 1.0, "squat", "Python's bare gRPC server alone is 2.5x squat"),
-    ),
-)

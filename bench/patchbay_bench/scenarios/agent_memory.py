@@ -52,7 +52,7 @@ from packaging.requirements import Requirement
 
 from patchbay_bench import REPO
 from patchbay_bench.fakeapi import FakeApi
-from patchbay_bench.harness import Param, Run, Scenario, Target, Value, interleave, wait
+from patchbay_bench.harness import Run, Value, interleave, wait
 from patchbay_bench.peers import FakeHardware, KubeletPeer, PodResourcesPeer, ThreadedPeers, build_peer
 from patchbay_bench.setup import AGENT, IMAGE_ENV, Child, host_agent_args, rss_pss_mib
 
@@ -496,7 +496,8 @@ def run(r: Run) -> None:
         world.close()
 
 
-def figure_names(params: Mapping[str, Value]) -> list[str]:
+def figures(params: Mapping[str, Value]) -> list[str]:
+    """The figures a run of ``params`` records (catalogue.toml)."""
     ns = counts(params)
     labels = ["bare python interpreter (site, the image's environment)"] + [
         f"+ {s.key}: {s.label}" for s in STEPS
@@ -509,19 +510,3 @@ def figure_names(params: Mapping[str, Value]) -> list[str]:
         names.append("agent_memory: serving the first profile, beyond its modules' import")
     names.append(f"agent_memory: node agent serving {max(ns)} profiles, image's environment vs dev venv: RSS")
     return names
-
-
-SCENARIO = Scenario(
-    name="agent_memory",
-    about="the node agent's RSS/PSS by import step and by profile (0-3), in an environment like the image's",
-    run=run,
-    params={
-        "profiles": Param("0,1,2,3", "0,1,3", "DevicePlugin profile counts measured (at most 3)"),
-        "rounds": Param(5, 1, "rounds (fresh processes) of the imports and of every agent side"),
-        "settle": Param(5.0, 0.5, "seconds after everything registered and reported, before memory is read"),
-    },
-    figures=figure_names,
-    needs=("go",),
-    quick_note="builds the conformance peer (Go) when it is not cached",
-    targets=(Target("agent_memory: node agent serving 3 profiles", 45.0, None, "RSS"),),
-)

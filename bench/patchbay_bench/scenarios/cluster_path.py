@@ -32,7 +32,7 @@ import yaml
 from kubernetes import client
 
 from patchbay_agent.kubelet.podresources import get_allocatable_resources
-from patchbay_bench.harness import Param, Run, Scenario, interleave, wait
+from patchbay_bench.harness import Run, interleave, wait
 from patchbay_bench.kube import MERGE_PATCH, NODES, PROFILES, profile, reports
 from patchbay_bench.peers import run_rollout
 from patchbay_bench.setup import (
@@ -350,27 +350,3 @@ def memory(r: Run, cluster: Cluster, pod: dict[str, Any], what: str, headline: b
         {"cgroup rss": [mem["cgroup_rss"]], "cgroup usage": [mem["cgroup_usage"]]},
         ratio=False,
     )
-
-
-SCENARIO = Scenario(
-    name="cluster_path",
-    about="the user's path on the real node: apply -> allocatable, agent memory, a vanished device, rollout",
-    run=run,
-    params={
-        "rounds": Param(5, 1, "interleaved rounds of each comparison, and device removals"),
-        "allocatable": Param(
-            True, False, "also wait for the node's allocatable (the kubelet's 10 s status sync)"
-        ),
-        "recovery_hold": Param(10, 1, "the profiles' health.recoveryHoldSeconds (10: the default)"),
-        "settle": Param(10.0, 2.0, "seconds after the agent pod serves before its memory is read"),
-        "rollout_settle": Param(20.0, 2.0, "seconds sampled after the rollout"),
-    },
-    figures=(
-        "user's path: apply -> node allocatable, Static",
-        "user's path: apply -> the kubelet has the devices (PodResources), DevicePlugin",
-        "the node agent pod, one DevicePlugin profile: process RSS / PSS",
-        "a device vanishes -> the profile's status names it",
-        "a rollout of the agent DaemonSet: lowest allocatable, API / kubelet (of 4)",
-    ),
-    needs=("real-node", "images"),
-)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from patchbay_bench.harness import Param, Run, Scenario
+from patchbay_bench.harness import Run
 from patchbay_bench.setup import bin_dir, real_node_busy
 from patchbay_devcluster import DevCluster
 
@@ -41,21 +41,3 @@ def run(r: Run) -> None:
             r.figure(
                 f"cluster: {name}", "s", {"devcluster": times[name]}, headline=name != names[3], note=note
             )
-
-
-SCENARIO = Scenario(
-    name="devcluster",
-    about="the local cluster: control plane up, N kwok nodes Ready, the real node Ready, down",
-    run=run,
-    params={
-        "nodes": Param(1000, 5, "kwok nodes"),
-        "rounds": Param(3, 1, "fresh clusters"),
-        "real_node": Param(True, True, "also start the real node (when the machine's real node is free)"),
-    },
-    figures=(
-        "cluster: control plane + kwok up",
-        "cluster: kwok nodes created and Ready",
-        "cluster: real node Ready",
-        "cluster: down",
-    ),
-)

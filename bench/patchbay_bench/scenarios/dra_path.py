@@ -36,7 +36,7 @@ import yaml
 from patchbay_agent.api import dra_v1_pb2, dra_v1_pb2_grpc
 from patchbay_agent.core.health import FLAP_WINDOW
 from patchbay_agent.kubeclient import KubeClient
-from patchbay_bench.harness import Param, Run, Scenario, Target, interleave, pct, wait
+from patchbay_bench.harness import Run, interleave, pct, wait
 from patchbay_bench.kube import PROFILES, Api, Metrics, profile, reports
 from patchbay_bench.peers import drapeer
 from patchbay_bench.setup import (
@@ -404,35 +404,3 @@ def yardsticks(r: Run, d: Dra, names: list[str], relay: Path) -> None:
     finally:
         for name in claims:
             d.api.delete(f"{CLAIMS}/{name}")
-
-
-SCENARIO = Scenario(
-    name="dra_path",
-    about="DRA on the real node: NodePrepareResources vs the Go kubeletplugin peer, a vanished device",
-    run=run,
-    params={
-        "rounds": Param(
-            5, 1, "interleaved rounds (agent, peer via relay, peer over loopback), and device removals"
-        ),
-        "claims": Param(200, 10, "claims per side per round"),
-        "settle": Param(10.0, 2.0, "seconds after the agent serves before its memory is read"),
-        "recovery_hold": Param(10, 1, "the profile's health.recoveryHoldSeconds (10: the default)"),
-        "peer": Param(
-            "build", "cached", "build: bench/drapeer built if needed; cached: only if built already"
-        ),
-    },
-    figures=(
-        "DRA NodePrepareResources p50",
-        "DRA NodePrepareResources p99",
-        "DRA prepare: where the agent's time goes (means per call)",
-        "DRA: a device vanishes -> its ResourceSlice device tainted",
-        "DRA agent pod memory: process RSS / PSS (reports on)",
-    ),
-    needs=("real-node", "images", "go"),
-    quick_note="the Go peer only if bench/drapeer is built already (a cold build downloads and compiles "
-    "client-go: 331 s here); `PYTHONPATH=tests .venv/bin/python -m support.gopeer drapeer` builds it",
-    targets=(
-        Target("DRA NodePrepareResources p50", 1.25, "Go peer via the relay"),
-        Target("DRA NodePrepareResources p99", 1.25, "Go peer via the relay"),
-    ),
-)

@@ -32,7 +32,7 @@ from typing import Any
 import urllib3
 
 from patchbay_agent.dra.slices import SliceDevice, slice_documents
-from patchbay_bench.harness import Param, Run, Scenario, interleave, wait
+from patchbay_bench.harness import Run, interleave, wait
 from patchbay_bench.kube import NODES, PROFILES, profile, reports, writes
 from patchbay_bench.scenarios.kubectl_scale import timed
 from patchbay_bench.setup import bin_dir, kwok_cluster, operator, status_mib
@@ -349,27 +349,3 @@ def run(r: Run) -> None:
                 {"operator": [status_mib(op.proc.pid, "VmHWM")]},
                 note=f"{n} nodes, a DRA and a DevicePlugin profile of {per} devices each",
             )
-
-
-SCENARIO = Scenario(
-    sitting="scale",
-    name="dra_scale",
-    about="DRA at N kwok nodes beside the Device Plugin path: publish cost, kubectl patchbay, operator RSS",
-    run=run,
-    params={
-        "nodes": Param(5000, 3, "kwok nodes"),
-        "devices": Param(8, 8, "devices per node and profile"),
-        "rounds": Param(
-            5, 1, "interleaved rounds (DRA, Device Plugin), each publishing every node from nothing"
-        ),
-    },
-    figures=(
-        "DRA at scale: publish every node -> counted in the profile's status",
-        "DRA at scale: publish every node -> every object written",
-        "DRA at scale: API writes to publish every node",
-        "DRA at scale: bytes sent to publish every node",
-        "DRA at scale: kubectl patchbay devices, wall time",
-        "DRA at scale: kubectl patchbay nodes, wall time",
-        "DRA at scale: operator peak RSS (VmHWM)",
-    ),
-)

@@ -27,7 +27,7 @@ from typing import Any
 import urllib3
 from support.reports import device_report
 
-from patchbay_bench.harness import Param, Run, Scenario, wait
+from patchbay_bench.harness import Run, wait
 from patchbay_bench.kube import PROFILES, Api, profile, reports
 from patchbay_bench.setup import kwok_cluster, operator, status_mib
 
@@ -238,23 +238,3 @@ def run(r: Run) -> None:
                 )
             finally:
                 watcher.stop()
-
-
-SCENARIO = Scenario(
-    sitting="scale",
-    name="health_scale",
-    about="explained health at N kwok nodes: a health change -> the profile's status, against a plain watch",
-    run=run,
-    params={
-        "nodes": Param(5000, 20, "kwok nodes (one agent pod each, played by the writer)"),
-        "changes": Param(50, 2, "single health changes, one at a time (each one bad, then good again)"),
-        "burst": Param(200, 5, "health changes at once"),
-        "quiet": Param(60.0, 3.0, "seconds of nothing happening, for the request rate"),
-    },
-    figures=(
-        "health at scale: one health change -> the profile's status shows it",
-        "health at scale: status writes for the burst",
-        "health at scale: operator requests per second while nothing changes",
-        "health at scale: operator peak RSS (VmHWM)",
-    ),
-)

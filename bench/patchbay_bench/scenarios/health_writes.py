@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from patchbay_bench.harness import Param, Run, Scenario, wait
+from patchbay_bench.harness import Run, wait
 from patchbay_bench.kube import Metrics, reports, writes
 from patchbay_bench.setup import AGENT, IMAGE_ENV, Child, Cluster, HostNode, kwok_cluster
 from patchbay_devcluster.procs import free_port
@@ -124,19 +124,3 @@ def run(r: Run) -> None:
             {"API server: devicereports writes": [ba], "the agent's own count": [bo]},
             note=f"{burst_devices} devices gone at once, then all back: 2 bursts of changes",
         )
-
-
-SCENARIO = Scenario(
-    name="health_writes",
-    about="API writes per device health change, counted on the real agent's requests (API server's counters)",
-    run=run,
-    params={
-        "rounds": Param(10, 2, "single health changes (one device gone and back per round)"),
-        "recovery_hold": Param(10, 1, "the profile's health.recoveryHoldSeconds (10: the default)"),
-        "quiet": Param(3.0, 1.0, "seconds after a change during which a late write would still count"),
-    },
-    figures=(
-        "API writes per device health change (the real agent, counted by the API server)",
-        "API writes for a burst (4 devices gone at once, then back)",
-    ),
-)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from patchbay_bench.harness import Param, Run, Scenario, interleave
+from patchbay_bench.harness import Run, interleave
 from patchbay_bench.setup import Child, status_mib
 from patchbay_devcluster.procs import free_port
 
@@ -219,26 +219,3 @@ def run(r: Run) -> None:
         r.figure(f"{name}: connections the client opened", "count", series("attempts"), note=note)
         r.figure(f"{name}: probes unanswered", "count", series("failed"), note=note)
         r.figure(f"{name}: agent alive after", "bool", series("alive"), note=note)
-
-
-SCENARIO = Scenario(
-    name="http_flood",
-    about="the agent's HTTP port under a flood of idle connections: with its cap and without",
-    run=run,
-    params={
-        "small": Param(2000, 50, "idle connections of the small flood"),
-        "large": Param(20000, 200, "idle connections of the large flood (cut to the open files limit)"),
-        "hold": Param(20.0, 2.0, "seconds each flood is held"),
-        "settle": Param(3.0, 0.5, "seconds after the agent serves, and after the flood, before RSS is read"),
-        "rounds": Param(5, 1, "interleaved rounds (cap, no cap) per size"),
-    },
-    figures=tuple(
-        f"HTTP flood ({size}): {what}"
-        for size in ("small", "large")
-        for what in (
-            "agent RSS growth at peak",
-            "/healthz p50 under the flood",
-            "connections the client opened",
-        )
-    ),
-)

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from patchbay_bench import REPO
-from patchbay_bench.harness import Param, Run, Scenario
+from patchbay_bench.harness import Run
 from patchbay_devcluster.imagebuild import PROGRAMS, base_image, build_all, build_program, find_repo
 
 
@@ -50,19 +50,3 @@ def run(r: Run) -> None:
         r.figure(f"images: {name} as podman stores it", "MB", {name: [podman_mb(image.ref)]})
     if not r.flag("rebuild"):
         r.note("rebuilds left out (rebuild=false): each takes tens of seconds to minutes")
-
-
-SCENARIO = Scenario(
-    sitting="builds",
-    name="images",
-    about="the operator and agent images: rebuilds on a cached base, a warm build, their sizes",
-    run=run,
-    params={
-        "rounds": Param(5, 1, "rebuilds and warm builds of each"),
-        "rebuild": Param(True, False, "rebuild each program on the cached base (forced)"),
-        "cold": Param(False, False, "also rebuild the base image from nothing"),
-    },
-    figures=("images: warm build of both (inputs hashed, cache hit)", "images: agent OCI archive"),
-    needs=("images",),
-    quick_note="warm build and sizes only: a forced rebuild takes tens of seconds to minutes per image",
-)

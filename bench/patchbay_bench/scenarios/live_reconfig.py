@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from patchbay_bench.harness import Param, Run, Scenario, interleave, wait
+from patchbay_bench.harness import Run, interleave, wait
 from patchbay_bench.kube import ns_path
 from patchbay_bench.setup import AGENT, IMAGE_ENV, Child, HostNode, kwok_cluster
 
@@ -113,15 +113,3 @@ def run(r: Run) -> None:
             note=f"{len(samples)} samples every 5 ms, max {max(samples)}",
         )
         r.figure("the untouched resource: its registrations", "count", {"example.com/serial": [regs]})
-
-
-SCENARIO = Scenario(
-    name="live_reconfig",
-    about="a profile change -> effective on the node: applied in place vs a unit restart",
-    run=run,
-    params={"rounds": Param(10, 2, "interleaved rounds (each side one change per round)")},
-    figures=(
-        "profile change -> effective on the node (ConfigMap patch -> the kubelet's new count)",
-        "the untouched resource during the changes: lowest count (of 4)",
-    ),
-)

@@ -26,7 +26,7 @@ import yaml
 
 from patchbay_bench import kube
 from patchbay_bench.apicost import minus, window, writes
-from patchbay_bench.harness import Param, Run, Scenario, wait
+from patchbay_bench.harness import Run, wait
 from patchbay_bench.kube import PROFILES
 from patchbay_bench.setup import kwok_cluster, operator, status_mib
 from patchbay_bench.simagents import Followers, shared_agent_pods
@@ -182,27 +182,3 @@ def run(r: Run) -> None:
             "pods",
             {"one node agent": [n], "an agent DaemonSet per profile": [p * n]},
         )
-
-
-SCENARIO = Scenario(
-    sitting="scale",
-    name="node_agent_api_cost",
-    about="one profile change's API cost: the shared node agent vs an agent DaemonSet per profile",
-    run=run,
-    params={
-        "nodes": Param(5000, 10, "kwok nodes"),
-        "profiles": Param(10, 2, "profiles selecting every node"),
-        "rounds": Param(5, 1, "profile changes measured on the node agent design"),
-        "window": Param(15.0, 1.0, "seconds counted after a change (and idle before it)"),
-        "before_window": Param(60.0, 3.0, "seconds of the per-profile roll measured"),
-        "before_profiles": Param(
-            1, 1, "profiles given agents of their own for the before design (P x N pods take long)"
-        ),
-        "settle": Param(3.0, 1.0, "seconds after the watches opened before the API server's RSS is read"),
-    },
-    figures=(
-        "node agent: API writes for one profile change",
-        "node agent: a profile change -> on every node",
-        "node agent: the API server's RSS with the agents' watches",
-    ),
-)

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from patchbay_bench.harness import Param, Run, Scenario, Value, interleave, wait
+from patchbay_bench.harness import Run, Value, interleave, wait
 from patchbay_bench.setup import AGENT, IMAGE_ENV, Child, Cluster, HostNode, kwok_cluster, rss_pss_mib
 
 #: Five kinds of device; the first three are issue 19's set: two DevicePlugin, one DRA.
@@ -173,20 +173,8 @@ def run(r: Run) -> None:
         )
 
 
-SCENARIO = Scenario(
-    name="node_memory",
-    about="RSS/PSS on a node: one node agent vs an agent per profile (vs squat when given), host processes",
-    run=run,
-    params={
-        "profiles": Param("1,3,5", "3", "profile counts measured"),
-        "rounds": Param(5, 1, "interleaved rounds per count"),
-        "settle": Param(5.0, 0.5, "seconds after everything registered and reported, before memory is read"),
-        "squat": Param(
-            "", "", "path to squat/generic-device-plugin's binary (built with go build -mod=vendor)"
-        ),
-    },
-    figures=lambda params: (
-        [f"node memory, {n} profiles: RSS" for n in counts(params)]
-        + ["node memory: the node agent idle (5 profiles listed, none selecting the node): RSS"]
-    ),
-)
+def figures(params: Mapping[str, Value]) -> list[str]:
+    """The figures a run of ``params`` records (catalogue.toml)."""
+    return [f"node memory, {n} profiles: RSS" for n in counts(params)] + [
+        "node memory: the node agent idle (5 profiles listed, none selecting the node): RSS"
+    ]

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from patchbay_bench.harness import Param, Run, Scenario, interleave, wait
+from patchbay_bench.harness import Run, interleave, wait
 from patchbay_bench.kube import PROFILES, profile
 from patchbay_bench.peers import largest_report
 from patchbay_bench.setup import Child, Cluster, kwok_cluster, operator, status_mib
@@ -297,27 +297,3 @@ def run(r: Run) -> None:
         )
     if not r.text("baseline"):
         decoder(r, nodes)
-
-
-SCENARIO = Scenario(
-    sitting="scale",
-    name="operator_memory",
-    about="the operator's RSS (VmHWM) with a report per node at the CRD bounds, beside the decoder's share",
-    run=run,
-    params={
-        "nodes": Param(5000, 10, "kwok nodes, one report each"),
-        "rounds": Param(5, 1, "interleaved rounds (bounds, small), a fresh operator each"),
-        "sample": Param(20, 2, "reports per round for the per-report baselines"),
-        "settle": Param(3.0, 0.5, "seconds after the status computation before memory is read"),
-        "baseline": Param(
-            "",
-            "",
-            "a checkout (git worktree) whose operator is the baseline side instead of small reports",
-        ),
-    },
-    figures=(
-        "operator: peak RSS (VmHWM) with a report per node",
-        "operator: kept per report at the CRD bounds (tracemalloc)",
-    ),
-    needs=(),
-)

@@ -38,7 +38,7 @@ import yaml
 from patchbay_api.revisions import NOBODY, spec_revision
 from patchbay_bench import kube
 from patchbay_bench.apicost import Counts, served, writes
-from patchbay_bench.harness import Param, Run, Scenario, Target, wait
+from patchbay_bench.harness import Run, wait
 from patchbay_bench.kube import PROFILES, Api
 from patchbay_bench.setup import kwok_cluster, operator, status_mib
 from patchbay_bench.simagents import Followers, SimAgents, client_files, shared_agent_pods
@@ -356,33 +356,3 @@ def run(r: Run) -> None:
     r.figure(
         "rollout at scale: a bad change -> Halted", "s", {"staged": to_halt}, ratio=False, note=halt_note
     )
-
-
-SCENARIO = Scenario(
-    sitting="scale",
-    name="rollout_scale",
-    about="a staged change over N kwok nodes, agents simulated: time beyond the gates, API, memory, halt",
-    run=run,
-    params={
-        "nodes": Param(5000, 10, "kwok nodes (the agents simulated)"),
-        "rounds": Param(5, 1, "changes rolled each way (staged, Immediate), interleaved"),
-        "wave": Param("10%", "100%", "maxNodesPerWave after the canary"),
-        "healthy": Param(2.0, 1.0, "healthySeconds of each wave's gate"),
-        "revisions": Param(10, 2, "changes rolled before the operator's memory is read again"),
-        "halts": Param(3, 1, "bad changes (each halted, then reverted)"),
-        "idle": Param(5.0, 0.5, "seconds of nothing happening before each change, for the background rate"),
-        "settle": Param(3.0, 0.2, "seconds before the operator's memory is read"),
-        "after_halt": Param(3.0, 1.0, "seconds after the halt before the nodes that served it are counted"),
-    },
-    figures=(
-        "rollout at scale: a change on every node, beyond the gates' own waiting",
-        "rollout at scale: API requests per node changed",
-        "rollout at scale: API watch events per node changed",
-        "rollout at scale: operator RSS (VmRSS) with 10 revisions kept",
-        HALT_FIGURE,
-    ),
-    targets=(
-        Target(HALT_FIGURE, float(CANARY), None, "a halt stops further nodes within one wave: the canary"),
-    ),
-    quick_note="10 nodes: the canary, then one wave of the rest",
-)

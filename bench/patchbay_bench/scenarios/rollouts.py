@@ -27,12 +27,13 @@ import re
 import statistics
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from patchbay_agent.kubelet.podresources import get_allocatable_resources, list_pods
 from patchbay_bench import RESULTS, kube
-from patchbay_bench.harness import Param, Run, Scenario, wait
+from patchbay_bench.harness import Run, Value, wait
 from patchbay_bench.kube import PROFILES, Api, ApiError, ns_path
 from patchbay_bench.peers import REGISTRATION_LINE, AllocatableSampler, busybox_pod, dips, limits
 from patchbay_bench.setup import (
@@ -438,30 +439,15 @@ def rollouts(r: Run, b: Rollouts, name: str, resource: str, full: int, log: Path
     return rows
 
 
-SCENARIO = Scenario(
-    name="rollouts",
-    about="per release, on the real node: agent rollouts under a pod burst as the kubelet sees them",
-    run=run,
-    params={
-        "rounds": Param(5, 1, "runs of each latency"),
-        "rollouts": Param(5, 1, "profile changes under the burst"),
-        "burst_every": Param(0.1, 0.5, "seconds between burst pods"),
-        "sample_every": Param(0.01, 0.05, "seconds between samples of the kubelet's count"),
-        "strategy": Param("surge", "surge", "surge (maxSurge 1) or unavailable (maxUnavailable 1)"),
-        "agent": Param(
-            "own", "own", "own: a DaemonSet of the profile's own rolls; node: the node agent, in place"
-        ),
-    },
-    figures=lambda params: [
+def figures(params: Mapping[str, Value]) -> list[str]:
+    """The figures a run records (catalogue.toml): named after the release it measures."""
+    release = kube_release()
+    return [
         f"{release}: {what}"
-        for release in [kube_release()]
         for what in (
             "apply -> the kubelet has the devices (PodResources)",
             "rollouts: the kubelet's lowest count (of 64)",
             "rollouts: registration requests",
             "rollouts: burst pods refused at admission",
         )
-    ],
-    needs=("real-node", "images"),
-    per_release=True,
-)
+    ]

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from patchbay_bench import kube
-from patchbay_bench.harness import Param, Run, Scenario, interleave, pct
+from patchbay_bench.harness import Run, interleave, pct
 from patchbay_bench.kube import NODES, PROFILES, Api, Stream
 from patchbay_bench.setup import kwok_cluster, operator, status_mib
 from patchbay_operator.kube import JSON_PATCH, Kube, load_configuration
@@ -246,25 +246,3 @@ def run(r: Run) -> None:
                 note=f"{len(drift)} resets, {int(extra[0]['drift_writes'])} writes",
                 ratio=False,
             )
-
-
-SCENARIO = Scenario(
-    sitting="scale",
-    name="static_scale",
-    about="Static capacity at N kwok nodes: the operator against a plain concurrent client (interleaved)",
-    run=run,
-    params={
-        "nodes": Param(1000, 20, "kwok nodes"),
-        "rounds": Param(5, 1, "interleaved rounds (baseline, operator)"),
-        "concurrency": Param(16, 4, "the operator's --concurrency and the baseline's threads"),
-        "drift_samples": Param(100, 3, "nodes whose value is reset in round 1"),
-        "settle": Param(3.0, 1.0, "seconds the operator's counters must stand still before they are read"),
-    },
-    figures=(
-        "Static at scale: apply (every node shows the value)",
-        "Static at scale: delete (every node clean)",
-        "Static at scale: API writes per node, apply",
-        "Static at scale: operator peak RSS (VmHWM)",
-        "Static at scale: drift re-assertion p50 / p99 (round 1)",
-    ),
-)

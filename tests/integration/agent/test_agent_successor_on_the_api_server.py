@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,10 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from support.agentrun import agent_argv
+from support.agentrun import HostAgent, agent_argv, write_agent_config
 from support.clusters import wait_for
 from support.fakehw import FakeHardware
 from support.podresources_peer import ThreadedPeers
@@ -123,13 +121,19 @@ def test_no_successor_means_no_wait(devcluster: DevCluster, pods: Pods, name_pre
     assert said == "no successor on this node: stopping now"
 
 
-def test_a_successor_that_turns_ready_ends_the_wait(devcluster: DevCluster, pods: Pods) -> None:
+@pytest.mark.parametrize(
+    ("change", "ending"),
+    [(Pods.ready, "Ready after "), (Pods.delete, "gone after ")],
+    ids=["ready", "deleted"],
+)
+def test_a_successor_that_turns_ready_or_is_deleted_during_the_wait_ends_it(
+    devcluster: DevCluster, pods: Pods, change: Callable[[Pods, str], None], ending: str
+) -> None:
     pods.create(ME)
     pods.create("agent-new")
-
-    with _after(1.0, lambda: pods.ready("agent-new")):
+    with _after(1.0, lambda: change(pods, "agent-new")):
         said, took = _wait(devcluster, pods, bound=10.0)
-    assert said.startswith("successor agent-new Ready after "), said
+    assert said.startswith(f"successor agent-new {ending}"), said
     assert took >= 1.0  # it waited for the successor (the message says why it ended)
 
 
@@ -149,15 +153,6 @@ def test_a_successor_never_ready_is_waited_for_until_the_bound(devcluster: DevCl
     assert took >= 1.5
 
 
-def test_a_successor_deleted_during_the_wait_ends_it(devcluster: DevCluster, pods: Pods) -> None:
-    pods.create(ME)
-    pods.create("agent-new")
-    with _after(1.0, lambda: pods.delete("agent-new")):
-        said, took = _wait(devcluster, pods, bound=10.0)
-    assert said.startswith("successor agent-new gone after "), said
-    assert took >= 1.0
-
-
 def test_the_agent_process_serves_on_after_sigterm_until_its_successor_is_ready(
     devcluster: DevCluster, pods: Pods, workdir: Path
 ) -> None:
@@ -167,16 +162,13 @@ def test_the_agent_process_serves_on_after_sigterm_until_its_successor_is_ready(
     hw = FakeHardware(workdir / "host")
     hw.add_dev("/dev/ttyUSB0")
     plugin_dir = workdir / "dp"
-    config = workdir / "agent.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {"resourceName": RESOURCE, "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}}
-        )
+    config = write_agent_config(
+        workdir / "agent.yaml", {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}, RESOURCE
     )
     pods.create(ME)
     pods.create("agent-new")
     log = workdir / "agent.log"
-    with ThreadedPeers() as peers, log.open("wb") as out:
+    with ThreadedPeers() as peers:
         kubelet = PyKubelet(plugin_dir)
         peers.call(kubelet.start())
         argv = agent_argv(
@@ -192,7 +184,8 @@ def test_the_agent_process_serves_on_after_sigterm_until_its_successor_is_ready(
             daemonset_selector=SELECTOR_TEXT,
             successor_wait="30",
         )
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        agent = HostAgent(argv, log)
+        proc = agent.proc
         try:
             sockets = lambda: [p for p in plugin_dir.glob("*.sock") if p.name != "kubelet.sock"]  # noqa: E731
             (sock,) = wait_for("the agent's socket", lambda: sockets() or None, timeout=30)
@@ -212,9 +205,7 @@ def test_the_agent_process_serves_on_after_sigterm_until_its_successor_is_ready(
             pods.ready("agent-new")
             proc.wait(15)  # well within its 30 s --successor-wait: the log below says why it left
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+            agent.stop()
     text = log.read_text()
     assert proc.returncode == 0, text[-3000:]
     assert "Leaving: successor agent-new Ready after " in text, text[-3000:]

@@ -7,21 +7,22 @@ from typing import Any
 
 import yaml
 from kubernetes.client.rest import ApiException
-from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
+from support.clusters import NAMESPACE, TEST_LABEL, Cluster, profile_spec, wait_for
 from support.operator import Operator, agent_object, assert_applied_for
+from support.reports import device_report
 
 R = "example.com/serial"
 AGENT_IMAGE = "example.invalid/patchbay-agent:it"
 
 
 def spec(tag: str, replicas: int = 1, **agent: Any) -> dict[str, Any]:
-    return {
-        "resourceName": R,
-        "mode": "DevicePlugin",
-        "nodeSelector": {"matchLabels": {TEST_LABEL: tag}},
-        "plugin": {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "sharing": {"replicas": replicas}},
-        "agent": {"tolerations": [{"operator": "Exists"}], **agent},
-    }
+    return profile_spec(
+        R,
+        "DevicePlugin",
+        {TEST_LABEL: tag},
+        plugin={"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}, "sharing": {"replicas": replicas}},
+        agent={"tolerations": [{"operator": "Exists"}], **agent},
+    )
 
 
 def daemonset(cluster: Cluster, profile: str) -> dict[str, Any] | None:
@@ -152,16 +153,9 @@ def test_reports_of_profiles_that_do_not_exist_are_deleted(cluster: Cluster, ope
     wait_for("DaemonSet", lambda: daemonset(cluster, name))
 
     def report(profile: str) -> dict[str, Any]:
-        return {
-            "apiVersion": "patchbay.dev/v1beta1",
-            "kind": "DeviceReport",
-            "metadata": {"name": f"{profile}.{node}", "namespace": NAMESPACE},
-            "profile": profile,
-            "nodeName": node,
-            "resourceName": R,
-            "summary": {"total": 0, "healthy": 0, "unhealthy": 0, "allocated": 0},
-            "devices": [],
-        }
+        return device_report(
+            NAMESPACE, node, profile, R, [], {"total": 0, "healthy": 0, "unhealthy": 0, "allocated": 0}
+        )
 
     def exists(profile: str) -> bool:
         try:

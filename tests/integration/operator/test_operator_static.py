@@ -6,7 +6,7 @@ import json
 import signal
 from typing import Any
 
-from support.clusters import TEST_LABEL, Cluster, wait_for
+from support.clusters import TEST_LABEL, Cluster, profile_spec, wait_for
 from support.operator import Operator
 
 R = "example.com/dongle"
@@ -14,14 +14,24 @@ OWNER_KEY = "static.patchbay.dev/example.com_dongle"
 
 
 def spec(prefix: str, capacity: int = 3, **extra: Any) -> dict[str, Any]:
-    return {
-        "resourceName": R,
-        "mode": "Static",
-        "nodeSelector": {"matchLabels": {TEST_LABEL: prefix.rstrip("-"), "dongle": "yes"}},
-        "static": {"capacity": capacity, **extra},
+    return profile_spec(
+        R,
+        "Static",
+        {TEST_LABEL: prefix.rstrip("-"), "dongle": "yes"},
+        static={"capacity": capacity, **extra},
         # What is tested here is the node writes; a change in waves is test_operator_rollouts_*'s.
-        "rollout": {"strategy": "Immediate"},
-    }
+        rollout={"strategy": "Immediate"},
+    )
+
+
+def three_dongle_nodes(cluster: Cluster, capacity: int) -> tuple[str, list[str]]:
+    """Three nodes with dongles and the profile `<prefix>dongles` of `capacity` on them, created;
+    its name and theirs once every one is patched."""
+    nodes = cluster.add_nodes(3, labels={"dongle": "yes"})
+    name = f"{cluster.prefix}dongles"
+    cluster.create_profile(name, spec(cluster.prefix, capacity=capacity))
+    wait_for("the nodes patched", lambda: all_have(cluster, nodes, str(capacity)))
+    return name, nodes
 
 
 def all_have(cluster: Cluster, nodes: list[str], value: str | None) -> bool:
@@ -68,11 +78,7 @@ def test_static_profile_patches_every_selected_node_and_reports(cluster: Cluster
 
 
 def test_nodes_joining_leaving_drifting_and_capacity_change(cluster: Cluster, operator: Operator) -> None:
-    p = cluster.prefix
-    nodes = cluster.add_nodes(3, labels={"dongle": "yes"})
-    name = f"{p}dongles"
-    cluster.create_profile(name, spec(p, capacity=2))
-    wait_for("first nodes patched", lambda: all_have(cluster, nodes, "2"))
+    name, nodes = three_dongle_nodes(cluster, capacity=2)
 
     # A new matching node is patched.
     late = cluster.add_nodes(1, labels={"dongle": "yes"}, start=3)
@@ -147,11 +153,7 @@ def test_delete_removes_the_resource_from_every_node_with_one_write_each(
 
 
 def test_delete_while_the_operator_is_down(cluster: Cluster, operator: Operator) -> None:
-    p = cluster.prefix
-    nodes = cluster.add_nodes(3, labels={"dongle": "yes"})
-    name = f"{p}dongles"
-    cluster.create_profile(name, spec(p, capacity=2))
-    wait_for("nodes patched", lambda: all_have(cluster, nodes, "2"))
+    name, nodes = three_dongle_nodes(cluster, capacity=2)
 
     operator.stop(signal.SIGKILL)
     cluster.delete_profile(name)
