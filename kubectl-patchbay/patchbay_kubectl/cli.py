@@ -394,23 +394,43 @@ def cmd_rollout_pause(k: Kube, args: argparse.Namespace) -> str:
     return f"{rollout.KIND}/{args.profile} {'paused' if pause else 'resumed'}\n"
 
 
+UNDO_TRIES = 5
+"""Reads and patches an undo tries while the spec keeps changing under it."""
+FAILED_TEST = "the server rejected our request due to an error in our request"
+"""What the API server answers (422 Invalid) when a JSON patch's ``test`` op fails."""
+
+
 def cmd_rollout_undo(k: Kube, args: argparse.Namespace) -> str:
-    profile = _profile(k, args.profile)
-    target = rollout.undo_target(_revisions(k, args, profile), profile, args.to_revision)
+    """The spec back to a revision's settings, in one JSON patch made against the spec read: its
+    first op tests ``metadata.generation``, which only a change of the spec moves (the status
+    subresource's writes, which the operator makes all through a rollout, move the
+    resourceVersion but not the generation). A spec changed in between: read again and tried
+    again, up to `UNDO_TRIES` times."""
     title = f"{rollout.KIND}/{args.profile}"
-    if target.digest == spec_revision(spec_of(profile)):
-        return f"{title} skipped rollback (current settings already match revision {target.number})\n"
-    if args.dry_run == "client":
-        return f"{title} rolled back to revision {target.number} (dry run)\n"
-    ops = rollout.undo_patch(profile, target.data)
-    rv = str((profile.get("metadata") or {}).get("resourceVersion") or "")
-    # The spec read above is the one the patch was made against: a write in between is a conflict.
-    ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})
-    k.patch(
-        kube.profile_path(args.profile), ops, "application/json-patch+json", dry_run=args.dry_run == "server"
-    )
-    dry = " (server dry run)" if args.dry_run == "server" else ""
-    return f"{title} rolled back to revision {target.number}{dry}\n"
+    changed: KubeError | None = None
+    for _ in range(UNDO_TRIES):
+        profile = _profile(k, args.profile)
+        target = rollout.undo_target(_revisions(k, args, profile), profile, args.to_revision)
+        if target.digest == spec_revision(spec_of(profile)):
+            return f"{title} skipped rollback (current settings already match revision {target.number})\n"
+        if args.dry_run == "client":
+            return f"{title} rolled back to revision {target.number} (dry run)\n"
+        generation = (profile.get("metadata") or {}).get("generation")
+        ops = [{"op": "test", "path": "/metadata/generation", "value": generation}]
+        ops += rollout.undo_patch(profile, target.data)
+        path, dry_run = kube.profile_path(args.profile), args.dry_run == "server"
+        try:
+            k.patch(path, ops, "application/json-patch+json", dry_run=dry_run)
+        except KubeError as e:
+            if FAILED_TEST not in str(e):
+                raise
+            changed = e
+            continue
+        return f"{title} rolled back to revision {target.number}{' (server dry run)' if dry_run else ''}\n"
+    raise KubeError(
+        f"error: {title}'s spec changed while it was being rolled back, {UNDO_TRIES} times in a row; "
+        "nothing was written: try again"
+    ) from changed
 
 
 ROLLOUT_HANDLERS: dict[str, Callable[[Kube, argparse.Namespace], str]] = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -539,6 +540,84 @@ def test_rollout_history_undo_pause_resume_with_the_operators_revisions(
     plugin(devcluster, bin_dir, "rollout", "resume", name)
     assert "paused" not in (spec_now().get("rollout") or {})
     assert plugin(devcluster, bin_dir, "rollout", "resume", name, check=False).returncode == 1
+
+
+def test_rollout_undo_is_not_refused_by_writes_beside_the_spec_and_reads_a_changed_spec_again(
+    cluster: Cluster, devcluster: DevCluster, operator: Operator
+) -> None:
+    """Mid-rollout the operator writes the profile's status all the time, and each write moves
+    its resourceVersion: an undo whose patch tested the resourceVersion read with the spec was
+    refused ("Error from server (Invalid)", seen in the e2e suite). The patch now tests the
+    generation, which only a change of the spec moves; a spec changed between the undo's read
+    and its patch is read again, and one that keeps changing ends in an error that says so.
+
+    In-process, on the real API server: the plugin's `Kube`, whose next PATCHes are each
+    preceded by a write of the test's (an annotation of the profile: metadata, like the status,
+    outside the spec; or a change of the spec)."""
+    from patchbay_kubectl.arguments import build_parser
+    from patchbay_kubectl.cli import UNDO_TRIES, cmd_rollout_undo
+    from patchbay_kubectl.kube import Kube, KubeError, Target
+
+    name = f"{cluster.prefix}undo"
+    cluster.add_nodes(1)
+    cluster.create_profile(name, _virtual(cluster, 1))
+    _counted(name, cluster, 1)
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
+    _counted(name, cluster, 2)
+
+    def spec_now() -> dict[str, Any]:
+        return dict((cluster.profile(name) or {})["spec"])
+
+    first = spec_revision({**spec_now(), "plugin": {"discovery": {"virtual": {"count": 1}}}})
+    annotations = iter(range(1000))
+
+    def annotate() -> None:
+        cluster.custom.patch_cluster_custom_object(
+            "patchbay.dev",
+            "v1beta1",
+            "devicepluginprofiles",
+            name,
+            {"metadata": {"annotations": {"example.com/touched": str(next(annotations))}}},
+        )
+
+    def recount(count: int) -> Callable[[], None]:
+        return lambda: cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": count}}}})
+
+    class Between(Kube):
+        """The plugin's Kube; before each PATCH, the next of `writes` (none left: nothing)."""
+
+        def __init__(self, writes: list[Callable[[], None]]) -> None:
+            super().__init__(Target(str(devcluster.kubeconfig)))
+            self.writes, self.patches = writes, 0
+
+        def patch(self, path: str, body: Any, content_type: str, *, dry_run: bool = False) -> Any:
+            self.patches += 1
+            if self.writes:
+                self.writes.pop(0)()
+            return super().patch(path, body, content_type, dry_run=dry_run)
+
+    def undo(k: Between) -> str:
+        args = build_parser().parse_args(["rollout", "undo", name, "--to-revision=1", "-n", NAMESPACE])
+        try:
+            return cmd_rollout_undo(k, args)
+        finally:
+            k.close()
+
+    # A write beside the spec between the read and the patch: one patch, through.
+    k = Between([annotate])
+    assert undo(k) == f"devicepluginprofile.patchbay.dev/{name} rolled back to revision 1\n"
+    assert k.patches == 1 and spec_revision(spec_now()) == first
+    # The spec changed between the read and the patch: read again, then through.
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
+    k = Between([recount(3)])
+    assert undo(k) == f"devicepluginprofile.patchbay.dev/{name} rolled back to revision 1\n"
+    assert k.patches == 2 and spec_revision(spec_now()) == first
+    # A spec that changes before every try: refused, saying so; the last change stands.
+    k = Between([recount(4 + i) for i in range(UNDO_TRIES)])
+    with pytest.raises(KubeError, match=f"changed while it was being rolled back, {UNDO_TRIES} times"):
+        undo(k)
+    assert k.patches == UNDO_TRIES
+    assert spec_now()["plugin"]["discovery"]["virtual"]["count"] == 3 + UNDO_TRIES
 
 
 def _write_status(cluster: Cluster, name: str, status: dict[str, Any]) -> None:
