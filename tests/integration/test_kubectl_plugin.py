@@ -568,7 +568,20 @@ def test_rollout_undo_is_not_refused_by_writes_beside_the_spec_and_reads_a_chang
     def spec_now() -> dict[str, Any]:
         return dict((cluster.profile(name) or {})["spec"])
 
-    first = spec_revision({**spec_now(), "plugin": {"discovery": {"virtual": {"count": 1}}}})
+    def numbers() -> dict[str, int]:
+        """Revision hash -> its number now (the operator renumbers a revision the spec returns to)."""
+        items = cluster.apps.list_namespaced_controller_revision(
+            NAMESPACE, label_selector=f"patchbay.dev/profile={name}"
+        ).items
+        return {r.metadata.labels["controller-revision-hash"]: int(r.revision) for r in items}
+
+    first = next(h for h, n in numbers().items() if n == 1)
+
+    def settled() -> bool:
+        """The spec's revision is the newest: the operator caught up with the last change."""
+        now = numbers()
+        return now.get(spec_revision(spec_now())) == max(now.values())
+
     annotations = iter(range(1000))
 
     def annotate() -> None:
@@ -597,22 +610,31 @@ def test_rollout_undo_is_not_refused_by_writes_beside_the_spec_and_reads_a_chang
             return super().patch(path, body, content_type, dry_run=dry_run)
 
     def undo(k: Between) -> str:
-        args = build_parser().parse_args(["rollout", "undo", name, "--to-revision=1", "-n", NAMESPACE])
+        """`rollout undo --to-revision=N`, N the first revision's number once the operator settled;
+        what it printed, checked to name N."""
+        wait_for("the revisions settled", settled)
+        number = numbers()[first]
+        args = build_parser().parse_args(
+            ["rollout", "undo", name, f"--to-revision={number}", "-n", NAMESPACE]
+        )
         try:
-            return cmd_rollout_undo(k, args)
+            out = cmd_rollout_undo(k, args)
         finally:
             k.close()
+        assert out == f"devicepluginprofile.patchbay.dev/{name} rolled back to revision {number}\n"
+        return out
 
     # A write beside the spec between the read and the patch: one patch, through.
     k = Between([annotate])
-    assert undo(k) == f"devicepluginprofile.patchbay.dev/{name} rolled back to revision 1\n"
+    undo(k)
     assert k.patches == 1 and spec_revision(spec_now()) == first
     # The spec changed between the read and the patch: read again, then through.
     cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
     k = Between([recount(3)])
-    assert undo(k) == f"devicepluginprofile.patchbay.dev/{name} rolled back to revision 1\n"
+    undo(k)
     assert k.patches == 2 and spec_revision(spec_now()) == first
     # A spec that changes before every try: refused, saying so; the last change stands.
+    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
     k = Between([recount(4 + i) for i in range(UNDO_TRIES)])
     with pytest.raises(KubeError, match=f"changed while it was being rolled back, {UNDO_TRIES} times"):
         undo(k)
