@@ -257,7 +257,15 @@ async def test_after_a_drop_a_re_registration_dropped_before_its_stream_is_made_
         kubelet.drop_before_stream = 1
         await agents.old.aclose()
         await kubelet.wait_for(lambda: kubelet.dropped == [RESOURCE] and kubelet.dropped_before_stream == 1)
-        await kubelet.wait_for(lambda: len(kubelet.registrations) == 4 and kubelet.healthy(RESOURCE) == 2)
+        # The agent counts a registration once the kubelet's answer is back, after the kubelet
+        # counted it: under load the kubelet's count can be seen first (it was, 1 of 5 runs).
+        await kubelet.wait_for(
+            lambda: (
+                len(kubelet.registrations) == 4
+                and kubelet.healthy(RESOURCE) == 2
+                and registrar_of(b).registration_count >= 3
+            )
+        )
         assert (
             registrar_of(b).streams.drops,
             registrar_of(b).streams.unopened,
