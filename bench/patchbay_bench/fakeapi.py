@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from patchbay_devcluster.pki import CertificateAuthority, write_kubeconfig
+from patchbay_devcluster.releases import matrix
 
 NODE = re.compile(r"^/api/v1/nodes/(?P<name>[^/?]+)$")
 REPORT = re.compile(r"^/apis/patchbay\.dev/v1beta1/namespaces/(?P<ns>[^/]+)/devicereports/(?P<name>[^/?]+)$")
@@ -121,7 +122,7 @@ class FakeApi:
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": name, "uid": self._uids[name], "labels": self.nodes[name]},
-            "status": {"nodeInfo": {"kubeletVersion": "v1.37.1"}},
+            "status": {"nodeInfo": {"kubeletVersion": matrix()[-1]}},
         }
 
     def apply(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:

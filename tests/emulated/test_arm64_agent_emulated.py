@@ -52,6 +52,7 @@ from patchbay_agent.dra.slices import device_name
 from patchbay_bench.fakeapi import _Handler
 from patchbay_devcluster import registry as oci
 from patchbay_devcluster.imagebuild import BuiltImage, build_all
+from patchbay_devcluster.releases import matrix
 
 REPO = Path(__file__).resolve().parents[2]
 RESOURCE = "example.com/serial"
@@ -151,7 +152,7 @@ class FakeDraApi(http.server.ThreadingHTTPServer):
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": NODE, "uid": str(uuid.uuid4()), "labels": {"kubernetes.io/arch": "arm64"}},
-            "status": {"nodeInfo": {"kubeletVersion": "v1.37.1", "architecture": "arm64"}},
+            "status": {"nodeInfo": {"kubeletVersion": matrix()[-1], "architecture": "arm64"}},
         }
 
     @property

@@ -475,16 +475,22 @@ def _virtual(cluster: Cluster, count: int) -> dict[str, Any]:
     }
 
 
-def test_rollout_history_undo_pause_resume_with_the_operators_revisions(
-    cluster: Cluster, devcluster: DevCluster, bin_dir: Path, operator: Operator
-) -> None:
-    """The real operator makes the ControllerRevisions; the plugin reads and writes the spec."""
-    name = f"{cluster.prefix}tokens"
+def _two_revisions(cluster: Cluster, name: str) -> None:
+    """Profile ``name`` on a node of its own, created with 1 virtual device then changed to 2: two
+    ControllerRevisions, waited for."""
     cluster.add_nodes(1)
     cluster.create_profile(name, _virtual(cluster, 1))
     _counted(name, cluster, 1)
     cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
     _counted(name, cluster, 2)
+
+
+def test_rollout_history_undo_pause_resume_with_the_operators_revisions(
+    cluster: Cluster, devcluster: DevCluster, bin_dir: Path, operator: Operator
+) -> None:
+    """The real operator makes the ControllerRevisions; the plugin reads and writes the spec."""
+    name = f"{cluster.prefix}tokens"
+    _two_revisions(cluster, name)
     cluster.patch_spec(
         name, {"plugin": {"discovery": {"virtual": {"count": 3}}, "health": {"periodSeconds": 7}}}
     )
@@ -559,11 +565,7 @@ def test_rollout_undo_is_not_refused_by_writes_beside_the_spec_and_reads_a_chang
     from patchbay_kubectl.kube import Kube, KubeError, Target
 
     name = f"{cluster.prefix}undo"
-    cluster.add_nodes(1)
-    cluster.create_profile(name, _virtual(cluster, 1))
-    _counted(name, cluster, 1)
-    cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
-    _counted(name, cluster, 2)
+    _two_revisions(cluster, name)
 
     def spec_now() -> dict[str, Any]:
         return dict((cluster.profile(name) or {})["spec"])
