@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -172,6 +173,17 @@ def helm_uninstall_run(e2e_cluster: DevCluster, patchbay: Installed) -> subproce
     return res
 
 
+KLOG = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+"""A line client-go logs inside Helm (klog's header: severity, date, time, pid, file:line): its
+watcher's own chatter (once, under load, "watch ended with error ... context canceled" as the
+hook's watch closed), not what Helm tells the user."""
+
+
+def said(res: subprocess.CompletedProcess[str]) -> list[str]:
+    """What Helm told the user: its output's lines, less client-go's klog lines."""
+    return [line for line in (res.stdout + res.stderr).splitlines() if not KLOG.match(line)]
+
+
 def helm_status(e2e_cluster: DevCluster, patchbay: Installed) -> dict[str, Any] | None:
     res = helm_run(e2e_cluster, "status", patchbay.release.name, "-n", patchbay.namespace, "-o", "json")
     return json.loads(res.stdout) if res.returncode == 0 else None
@@ -281,7 +293,7 @@ def test_uninstall_with_profiles_is_refused_then_allowed_and_a_reinstall_takes_o
             "removed what they set), or set uninstall.allowWithProfiles=true to uninstall anyway "
             "(docs/operations.md#uninstall)"
         )
-        assert (res.stdout + res.stderr).splitlines() == [
+        assert said(res) == [
             f'level=INFO msg="{line}"',
             f"Error: resource Job/{patchbay.namespace}/patchbay-uninstall not ready. status: Failed, "
             "message: Job Failed. failed: 1/1",

@@ -9,6 +9,7 @@ devices the fixture makes under /dev)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from support.clusters import Cluster
+from support.clusters import GROUP, VERSION, Cluster
 from support.dranode import RESOURCE_GROUP, RESOURCE_VERSION, labelled_dra_profile
 from support.realnode import (
     DEVICES,
@@ -130,41 +131,58 @@ HEALTHY = 3
 """The fleet's gate (healthySeconds)."""
 
 
-Polled = list[tuple[float, dict[str, Any]]]
+Polled = list[tuple[float, float, dict[str, Any]]]
+"""A profile's status as polled: (when the read began, when it returned, the status)."""
+
+
+@dataclasses.dataclass
+class Served:
+    """When one node was seen serving a revision, as bounds (the polls are not instants: on a
+    loaded machine one LIST takes seconds): ``last_not`` when the last read that found it not yet
+    serving began, ``first`` when the first read that found it serving returned."""
+
+    last_not: float = float("-inf")
+    first: float = float("inf")
 
 
 def waves_of(
-    name: str, good: str, statuses: Polled, seen: dict[str, float], real_node: str, kwok: list[str]
+    name: str, good: str, statuses: Polled, seen: dict[str, Served], real_node: str, kwok: list[str]
 ) -> tuple[int, list[int]]:
     """Check that profile ``name``'s good change rolled in waves, from its statuses and when each
-    node first reported ``good``, as polled: the real node alone in the canary, then waves of at
+    node was seen serving ``good``, as polled: the real node alone in the canary, then waves of at
     most 3 of the kwok nodes, no node serving the change before the status showed its wave (its
     previous wave through the gate) nor before every node of the previous wave served it; and
-    updatedNumberScheduled counting up to every node. Returns (waves, the counts seen, each once)."""
+    updatedNumberScheduled counting up to every node. Only what the reads prove counts as a
+    breach: a node seen serving by a read that returned before a status read began that still
+    showed an earlier wave; a node seen serving before a read began that found a node of the
+    previous wave not yet serving. Returns (waves, the counts seen, each once)."""
     # wave index -> when first shown, its nodes (the baseline's keys), how many the status says
     waves: dict[int, tuple[float, list[str], int]] = {}
     counts = []
-    for t, st in statuses:
+    progressing: list[tuple[float, int]] = []  # (read began, wave shown) while Progressing
+    for began, _, st in statuses:
         ro = st.get("rollout") or {}
         if st.get("updateRevision") == f"{name}-{good}":
             counts.append(int(st.get("updatedNumberScheduled") or 0))
-            if ro.get("phase") == "Progressing" and "wave" in ro and ro["wave"] not in waves:
-                waves[ro["wave"]] = (t, sorted(ro.get("baseline") or {}), int(ro.get("waveNodes") or 0))
-    print(f"{name}: waves {waves}\nfirst served {seen}\nupdatedNumberScheduled {sorted(set(counts))}")
+            if ro.get("phase") == "Progressing" and "wave" in ro:
+                progressing.append((began, int(ro["wave"])))
+                if ro["wave"] not in waves:
+                    baseline = sorted(ro.get("baseline") or {})
+                    waves[ro["wave"]] = (began, baseline, int(ro.get("waveNodes") or 0))
+    print(f"{name}: waves {waves}\nserved {seen}\nupdatedNumberScheduled {sorted(set(counts))}")
     assert waves[0][1] == [real_node], waves  # the canary: the real node alone
     assert sorted(n for w in waves if w for n in waves[w][1]) == sorted(kwok), waves
     assert all(len(waves[w][1]) == waves[w][2] <= 3 for w in waves if w), waves
     assert len(waves) == 1 + -(-KWOK // 3), waves
-    for w in sorted(waves)[1:]:
-        shown, nodes, _ = waves[w]
-        previous = waves[w - 1][1]
-        assert all(seen[n] >= shown for n in nodes), (w, shown, seen)
-        assert min(seen[n] for n in nodes) >= max(seen[n] for n in previous), (w, seen)
-    # Nor did any node move before its wave: at every poll, the nodes serving the change are
-    # within the waves shown so far.
-    for t, _ in statuses:
-        allowed = {n for w in waves.values() if w[0] <= t for n in w[1]}
-        assert {n for n, at in seen.items() if at <= t} <= allowed, (t, seen, waves)
+    wave_of = {n: w for w in waves for n in waves[w][1]}
+    assert set(seen) == set(wave_of) and all(s.first < float("inf") for s in seen.values()), seen
+    for n, w in wave_of.items():
+        # No status read begun after the node was seen serving still showed an earlier wave.
+        early = [(t, v) for t, v in progressing if v < w and t > seen[n].first]
+        assert not early, (n, w, seen[n], early)
+        # Nor was any node of the previous wave seen not yet serving after it was.
+        behind = [p for p in waves.get(w - 1, (0, [], 0))[1] if w and seen[p].last_not > seen[n].first]
+        assert not behind, (n, w, seen[n], {p: seen[p] for p in behind})
     assert counts == sorted(counts) and counts[-1] == 1 + KWOK, counts
     return len(waves), sorted(set(counts))
 
@@ -240,19 +258,32 @@ def test_a_fleet_rolls_in_waves_and_a_bad_change_stops_at_the_real_canary(
             detail=lambda: f"sims {sims.log[-10:] if sims else None} errors {sims.errors if sims else None}",
         )
 
-        # What each node first reported of a revision, and what the status said, polled.
-        seen: dict[str, dict[str, float]] = {name: {}, dra: {}}
+        # When each node was seen serving a revision, and what the status said, polled: one LIST
+        # of the DeviceReports, then each profile's status, so that a status read always begins
+        # after the report read before it returned.
+        seen: dict[str, dict[str, Served]] = {p: {n: Served() for n in everyone} for p in (name, dra)}
         statuses: dict[str, Polled] = {name: [], dra: []}
         stop = threading.Event()
 
         def watch(revisions: dict[str, str]) -> None:
-            while not stop.is_set():
+            """Poll until stopped, once more after (so every node is seen serving)."""
+            done = False
+            while not done:
+                done = stop.is_set()
+                began = time.monotonic()
+                reports = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, ns, "devicereports")
+                returned = time.monotonic()
+                serving = {(r.get("profile"), r.get("nodeName"), r.get("revision")) for r in reports["items"]}
                 for profile, revision in revisions.items():
+                    for n, bounds in seen[profile].items():
+                        if (profile, n, revision) in serving:
+                            bounds.first = min(bounds.first, returned)
+                        elif bounds.first == float("inf"):
+                            bounds.last_not = began
+                for profile in revisions:
                     t = time.monotonic()
-                    statuses[profile].append((t, dict((cluster.profile(profile) or {}).get("status") or {})))
-                    for n in everyone:
-                        if n not in seen[profile] and served(cluster, ns, profile, n) == revision:
-                            seen[profile][n] = t
+                    status = dict((cluster.profile(profile) or {}).get("status") or {})
+                    statuses[profile].append((t, time.monotonic(), status))
                 time.sleep(0.2)
 
         def complete(profile: str, revision: str) -> bool:
