@@ -118,12 +118,13 @@ def up(cluster: DevCluster) -> None:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
 
     step("helm install: the chart's defaults; the operator is its Deployment pod on the real node")
-    if oci.enabled():
+    if oci.enabled(default=True):
         registry = cluster.start_registry()
         print(
             "    Its pods reach the API server through the kubernetes Service, as in any cluster. The\n"
             f"    images and the chart go to the cluster's OCI registry ({registry.host}, TLS with the\n"
-            "    cluster's CA; PATCHBAY_REGISTRY=1): the node's containerd pulls the images BY DIGEST."
+            "    cluster's CA): the node's containerd pulls the images BY DIGEST (PATCHBAY_REGISTRY=0\n"
+            "    imports them into the node instead)."
         )
         print(f"$ podman push <images> docker://{registry.host}/kube-patchbay/...")
         print(f"$ helm push patchbay-<version>.tgz {registry.charts}")
@@ -146,8 +147,8 @@ def up(cluster: DevCluster) -> None:
     else:
         print(
             "    Its pods reach the API server through the kubernetes Service, as in any cluster; the only\n"
-            "    values are the images built here (imported into the node; PATCHBAY_REGISTRY=1 pulls them\n"
-            "    from the cluster's own OCI registry instead)."
+            "    values are the images built here (imported into the node, PATCHBAY_REGISTRY=0; unset, the\n"
+            "    node pulls them from the cluster's own OCI registry)."
         )
         print(f"$ helm upgrade --install {RELEASE} charts/patchbay -n {NAMESPACE} --values <images> --wait")
         print("    " + json.dumps(local_values(cluster, images)))
@@ -521,8 +522,8 @@ def main() -> None:
     else:
         raise SystemExit(
             "usage: hack/demo.py [up|down|make-room]\n"
-            "  PATCHBAY_REGISTRY=1: install through the cluster's OCI registry (images by digest, the chart\n"
-            "  from oci://), not by importing the images into the node"
+            "  By default the demo installs through the cluster's OCI registry (images pulled by digest,\n"
+            "  the chart from oci://); PATCHBAY_REGISTRY=0 imports the images into the node instead"
         )
 
 

@@ -37,7 +37,8 @@ REGISTRY_VERSION = "v3.1.2"
 """hack/registry-binary.sh's pin (REGISTRY_VERSION there): the binary's cache path names it."""
 BIN_ENV = "PATCHBAY_REGISTRY_BIN"
 ENABLE_ENV = "PATCHBAY_REGISTRY"
-"""``PATCHBAY_REGISTRY=1``: ``install.helm_install`` installs through the registry (see there)."""
+"""``PATCHBAY_REGISTRY=1``: ``install.helm_install`` installs through the registry (see there);
+``make demo`` does unless ``PATCHBAY_REGISTRY=0``."""
 HOST = "127.0.0.1"
 PROJECT = "kube-patchbay"
 """The images' path in the registry, as in the released names (``ghcr.io/kube-patchbay/...``)."""
@@ -63,8 +64,12 @@ def binary() -> Path:
     return path
 
 
-def enabled() -> bool:
-    return os.environ.get(ENABLE_ENV, "") not in ("", "0", "false", "no")
+def enabled(default: bool = False) -> bool:
+    """Whether ``PATCHBAY_REGISTRY`` asks for the registry: ``1``/``true``/``yes`` on,
+    ``0``/``false``/``no`` off, unset or empty ``default`` (off for the test suite, which asks per
+    test; on for ``make demo``, which installs the way clusters install)."""
+    raw = os.environ.get(ENABLE_ENV, "").strip().lower()
+    return default if raw == "" else raw not in ("0", "false", "no")
 
 
 @dataclass(frozen=True)

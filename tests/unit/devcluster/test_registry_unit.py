@@ -115,3 +115,26 @@ def test_which_charts_take_image_digest(
 
 def test_this_chart_takes_image_digest() -> None:
     assert takes_digest(CHART)
+
+
+@pytest.mark.parametrize(
+    ("raw", "default", "on"),
+    [
+        (None, False, False),  # the suite: off unless asked
+        (None, True, True),  # make demo: on unless told not to
+        ("", True, True),
+        ("1", False, True),
+        ("yes", False, True),
+        ("0", True, False),
+        ("false", True, False),
+        (" No ", True, False),
+    ],
+)
+def test_patchbay_registry_turns_the_registry_on_or_off_over_each_default(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, default: bool, on: bool
+) -> None:
+    if raw is None:
+        monkeypatch.delenv(oci.ENABLE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(oci.ENABLE_ENV, raw)
+    assert oci.enabled(default=default) is on
