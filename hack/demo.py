@@ -118,6 +118,7 @@ def up(cluster: DevCluster) -> None:
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
 
     step("helm install: the chart's defaults; the operator is its Deployment pod on the real node")
+    registry: oci.Registry | None = None
     if oci.enabled(default=True):
         registry = cluster.start_registry()
         print(
@@ -176,6 +177,10 @@ def up(cluster: DevCluster) -> None:
         "serial adapters on localhost", lambda: allocatable(core, "example.com/serial") == str(SERIAL_COUNT)
     )
     tools.kubectl("-n", NAMESPACE, "get", "pods", "-o", "wide")
+    if registry is not None:
+        for ref in sorted(node_images(cluster)):
+            if ref.startswith(registry.host) and "/patchbay-agent@" in ref:
+                print(f"    the agent's image, pulled by the node: {ref}")
 
     step(
         "DRA: lab sensors (FAKE: mknod under /dev/patchbay-demo) served by the SAME agent pod, "

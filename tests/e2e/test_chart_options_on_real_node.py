@@ -184,6 +184,11 @@ def _takeover_mid_rollout(patchbay: Installed, cluster: Cluster, real_node: str,
     ns = patchbay.namespace
     rollout_spec = {"healthySeconds": 25, "progressDeadlineSeconds": 300}
     with staged_serial(cluster, fake_dev, real_node, ns, "takeover", rollout_spec) as (name, resource, _):
+        # Both replicas up (the one deleted above replaced) and the working one known BEFORE the
+        # change: waiting for them after it let the 25 s gate pass first under load (the rollout
+        # Complete, nothing left to take over).
+        pods = wait_for("two operator pods Ready", lambda: _two_ready(patchbay), 180)
+        active = wait_for("one replica working", lambda: _working(patchbay, pods), 90)
         # A good change (a second glob; the same devices), so a real wave with a real gate.
         globs = [f"{fake_dev}/ttyE2E*", f"{fake_dev}/takeover-none*"]
         cluster.patch_spec(name, {"plugin": {"discovery": {"paths": {"globs": globs}}}})
@@ -193,8 +198,6 @@ def _takeover_mid_rollout(patchbay: Installed, cluster: Cluster, real_node: str,
             return dict(((cluster.profile(name) or {}).get("status") or {}).get("rollout") or {})
 
         wait_for("the canary serving the update", lambda: served(cluster, ns, name, real_node) == update, 120)
-        pods = wait_for("two operator pods Ready", lambda: _two_ready(patchbay), 180)
-        active = wait_for("one replica working", lambda: _working(patchbay, pods), 90)
         assert rollout().get("phase") == "Progressing", rollout()  # still held for its gate
         patchbay.core.delete_namespaced_pod(active.metadata.name, ns)
         t0 = time.monotonic()
