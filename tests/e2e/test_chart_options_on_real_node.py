@@ -198,7 +198,15 @@ def _takeover_mid_rollout(patchbay: Installed, cluster: Cluster, real_node: str,
             return dict(((cluster.profile(name) or {}).get("status") or {}).get("rollout") or {})
 
         wait_for("the canary serving the update", lambda: served(cluster, ns, name, real_node) == update, 120)
-        assert rollout().get("phase") == "Progressing", rollout()  # still held for its gate
+
+        def progressing() -> bool:
+            status = (cluster.profile(name) or {}).get("status") or {}
+            on_update = status.get("updateRevision") == f"{name}-{update}"
+            return on_update and (status.get("rollout") or {}).get("phase") == "Progressing"
+
+        # Still held for its gate (25 s); the status is written through the operator's debounce
+        # (1 s), so it may say so a moment after the node serves the update.
+        wait_for("the rollout Progressing on the update", progressing, 10, detail=lambda: str(rollout()))
         patchbay.core.delete_namespaced_pod(active.metadata.name, ns)
         t0 = time.monotonic()
 
