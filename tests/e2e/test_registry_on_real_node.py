@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from support.clusters import Cluster
+from support.ociregistry import relabelled as relabel
 from support.realnode import DEVICES, Installed, OnNode, serial_profile, wait_for
 
 from patchbay_devcluster import DevCluster
@@ -39,13 +40,10 @@ from patchbay_devcluster.registry import Credentials, Registry
 
 @pytest.fixture(scope="module")
 def relabelled(patchbay: Installed, tmp_path_factory: pytest.TempPathFactory) -> dict[str, BuiltImage]:
-    """The session's images with one label more: their own image IDs. The kubelet (1.35 on:
-    KubeletEnsureSecretPulledImages) records each image it pulls by image ID with the repositories
-    it pulled it from, and from then on lets a pod use that image only under those names; the same
-    images pulled from the registry would take the imported ones' names away from the rest of the
-    session, whose pods use them with pull policy Never (seen: ErrImageNeverPull)."""
+    """The session's images with one label more: their own image IDs (``support.ociregistry.relabelled``
+    says why)."""
     work = tmp_path_factory.mktemp("relabel")
-    return {name: _relabelled(image, "registry", work) for name, image in patchbay.images.items()}
+    return {name: relabel(image, "registry", work) for name, image in patchbay.images.items()}
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +208,7 @@ def test_registry_down_while_the_agents_roll(
     patchbay, cluster, e2e_cluster, real_node, _ns, fake_dev = on_node
     reg = e2e_cluster.start_registry()
     # A second agent image that no node holds yet: the agent with one label more (a new digest).
-    newer = _relabelled(relabelled["agent"], "newer", tmp_path)
+    newer = relabel(relabelled["agent"], "newer", tmp_path)
     newer_pushed = push_image(newer, reg)
     release: Release = helm_install(
         e2e_cluster,
@@ -253,13 +251,3 @@ def test_registry_down_while_the_agents_roll(
 
     wait_for("the roll completed with the registry back", rolled, 300)
     assert _served(cluster, real_node, resource)
-
-
-def _relabelled(image: BuiltImage, label: str, work: Path) -> BuiltImage:
-    """``image`` with one label more (``podman build --network=none``, no new layer): a new config,
-    so a new image ID and digest."""
-    ref = f"{image.repository}:{image.tag}-{label}"
-    (work / "Containerfile").write_text(f"FROM {image.ref}\nLABEL dev.patchbay.e2e={label}\n")
-    argv = ["podman", "build", "--network=none", "--pull=never", "--tag", ref, str(work)]
-    subprocess.run(argv, check=True, capture_output=True, timeout=300)
-    return BuiltImage(image.program, ref, image.archive, built=True, seconds=0.0)

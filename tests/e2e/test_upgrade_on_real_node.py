@@ -1,21 +1,30 @@
-"""`helm upgrade` from the previous release to this one, on the real node, while every mode serves
+"""`helm upgrade` from each earlier release to this one, on the real node, while every mode serves
 and pods hold devices: what a GitOps user does when they move their pinned version forward.
 
-The previous release is 0.1.0, the commit 8f15ab3 (the CHANGELOG's 0.1.0): checked out with
-`git worktree add` into a temporary directory, its images built from there
-(`imagebuild.build_all`, cached by content like this checkout's) and its chart packaged and
-installed as the session's release, on a cluster with no Patchbay left (the session's release
-uninstalled and its CRDs deleted, as on a cluster that never had 0.2.0). Then, written as 0.1.0's
-users wrote them (`patchbay.dev/v1alpha1`, the only version it serves):
+The earlier releases (CHANGELOG.md), one test each:
+
+- **0.2.0**, the commit 52c4ee0, the release before this one, **the way clusters install**: its
+  images pushed to the cluster's OCI registry and its chart to `oci://`, the node pulling the
+  images by digest; then this checkout's images and chart pushed to the same registry and
+  `helm upgrade` from `oci://` (docs/install.md#1-the-images-and-the-chart-into-your-registry).
+- **0.1.0**, the commit 8f15ab3, never packaged: its images imported into the node, as its users
+  did, and `helm upgrade` to this checkout's packaged chart, imported too.
+
+Each is checked out with `git worktree add` into a temporary directory, its images built from
+there (`imagebuild.build_all`, cached by content like this checkout's) and its chart packaged and
+installed with the chart's default values but the images, on a cluster with no Patchbay left (the
+session's release uninstalled and its CRDs deleted, as on a cluster that never had Patchbay).
+Then, written as that release's users wrote them (0.1.0: `patchbay.dev/v1alpha1`, the only version
+it serves; 0.2.0: `v1beta1`):
 
 - a Static profile, and a pod holding one unit of it;
 - a DevicePlugin profile served by the shared node agent, and a pod holding one of its devices;
 - a DevicePlugin profile with an agent of its own, and a pod holding one of its devices;
 - a DRA profile served by the shared node agent, and a pod holding a device through a claim.
 
-Then `helm upgrade` to this checkout's chart as `helm package` makes it (the session's archive and
-values, so the test ends with the release as the session fixture made it), and the new operator
-rolls the agents to the new image. Checked:
+Then `helm upgrade` to this checkout's chart as `helm package` makes it (the session's archive),
+and the new operator rolls the agents to the new image; the test ends with the release as the
+session fixture made it. Checked:
 
 - the kubelet's own count of each device-plugin resource (PodResources GetAllocatableResources,
   sampled all along) never drops below its devices; the DRA driver's devices in the node's
@@ -29,7 +38,7 @@ rolls the agents to the new image. Checked:
   rules; an invalid one is 422, tests/integration/test_api_versions.py);
 - the objects the operator owns for a profile name it as patchbay.dev/v1beta1.
 
-Needs the history of the checkout (8f15ab3): a shallow clone fails here, saying so.
+Needs the history of the checkout (8f15ab3, 52c4ee0): a shallow clone fails here, saying so.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -47,6 +57,7 @@ from kubernetes import client
 from kubernetes.client import ApiException
 from support.clusters import Cluster, kstatus
 from support.dranode import claim_pod, claim_template, dra_profile, slice_devices
+from support.ociregistry import relabelled
 from support.realnode import (
     AGENT_SELECTOR,
     DEVICES,
@@ -62,11 +73,26 @@ from support.rollout import AllocatableSampler, dips
 
 from patchbay_devcluster import DevCluster
 from patchbay_devcluster.imagebuild import BuiltImage, build_all
-from patchbay_devcluster.install import Release, helm_install, helm_uninstall, package_chart
+from patchbay_devcluster.install import Release, helm_install, helm_uninstall, node_images, package_chart
 
-PREVIOUS = "8f15ab3"
-"""The commit of the previous release, 0.1.0 (CHANGELOG.md)."""
 GROUP, OLD, NEW = "patchbay.dev", "v1alpha1", "v1beta1"
+
+
+@dataclass(frozen=True)
+class Previous:
+    """An earlier release: its version, its commit (CHANGELOG.md), the API versions its CRDs serve
+    (the first one its users write) and whether it is installed through the cluster's registry."""
+
+    version: str
+    commit: str
+    serves: tuple[str, ...]
+    registry: bool
+
+
+PREVIOUS = {
+    "0.1.0": Previous("0.1.0", "8f15ab3", (OLD,), registry=False),
+    "0.2.0": Previous("0.2.0", "52c4ee0", (NEW, OLD), registry=True),
+}
 CRDS = ("devicepluginprofiles.patchbay.dev", "devicereports.patchbay.dev")
 STATIC_CAPACITY = 3
 LABEL = "patchbay.dev/e2e-upgrade"
@@ -107,19 +133,24 @@ class Samples:
         self._thread.join(30)
 
 
+@pytest.fixture(params=sorted(PREVIOUS))
+def previous(request: pytest.FixtureRequest) -> Previous:
+    return PREVIOUS[request.param]
+
+
 @pytest.fixture
-def previous_checkout(tmp_path: Path) -> Iterator[Path]:
-    """The previous release's commit, checked out in a worktree of this repository's own."""
-    path = tmp_path / "patchbay-0.1.0"
+def previous_checkout(previous: Previous, tmp_path: Path) -> Iterator[Path]:
+    """The earlier release's commit, checked out in a worktree of this repository's own."""
+    path = tmp_path / f"patchbay-{previous.version}"
     res = subprocess.run(
-        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), PREVIOUS],
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), previous.commit],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert res.returncode == 0, (
-        f"git worktree add {PREVIOUS} failed (a shallow clone lacks the previous release's commit: "
+        f"git worktree add {previous.commit} failed (a shallow clone lacks the release's commit: "
         f"`git fetch --unshallow`):\n{res.stdout}{res.stderr}"
     )
     try:
@@ -145,7 +176,7 @@ def custom_objects(
 
 def no_patchbay_left(patchbay: Installed, e2e_cluster: DevCluster) -> None:
     """The session's release uninstalled and its CRDs deleted (the chart keeps them): a cluster
-    as 0.1.0's users had it before they installed 0.1.0. A profile left by an earlier test loses
+    as an earlier release's users had it before they installed it. A profile left by an earlier test loses
     its finalizer first (no operator runs any more to remove it). Without the chart's pre-delete
     check (``--no-hooks``), which would refuse while such a profile exists."""
     helm_uninstall(e2e_cluster, patchbay.release, hooks=False)
@@ -262,29 +293,33 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
     real_node: str,
     namespace: str,
     fake_dev: Path,
+    previous: Previous,
     previous_checkout: Path,
     tmp_path: Path,
 ) -> None:
     core, custom, apps = cluster.core, cluster.custom, client.AppsV1Api(cluster.api)
     socket = e2e_cluster.real_node().paths.pod_resources_socket
-    upgraded = False
+    version = previous.version
+    # Through the registry: every image pulled by the node, by digest; else imported into it.
+    registry = e2e_cluster.start_registry() if previous.registry else None
+    restored = False
     try:
-        # --- 0.1.0, as its users have it ----------------------------------------------------------
+        # --- the earlier release, as its users have it --------------------------------------------
         old_images: dict[str, BuiltImage] = build_all(previous_checkout)
-        assert all(i.tag.startswith("0.1.0-") for i in old_images.values()), old_images
+        assert all(i.tag.startswith(f"{version}-") for i in old_images.values()), old_images
         old_chart = package_chart(
             bin_dir / "helm", previous_checkout / "charts" / "patchbay", tmp_path / "chart"
         )
-        assert old_chart.name == "patchbay-0.1.0.tgz"
+        assert old_chart.name == f"patchbay-{version}.tgz"
         no_patchbay_left(patchbay, e2e_cluster)
         # As the session's release: the chart's default values but the images.
-        old_release: Release = helm_install(e2e_cluster, old_chart, old_images)
+        old_release: Release = helm_install(e2e_cluster, old_chart, old_images, registry=registry)
         old = Installed(e2e_cluster, patchbay.api, old_release, old_images)
-        wait_for("the 0.1.0 operator pod Ready", old.operator_ready, 120)
+        wait_for(f"the {version} operator pod Ready", old.operator_ready, 120)
         crd = client.ApiextensionsV1Api(cluster.api).read_custom_resource_definition(CRDS[0])
-        assert crd.spec is not None and [v.name for v in crd.spec.versions] == [OLD]
+        assert crd.spec is not None and tuple(v.name for v in crd.spec.versions) == previous.serves
 
-        cluster.version = OLD
+        cluster.version = previous.serves[0]
         static, static_resource = f"{cluster.prefix}static", f"e2e.patchbay.dev/{cluster.tag}-static"
         cluster.set_labels(real_node, {LABEL: cluster.tag})
         cluster.create_profile(
@@ -334,7 +369,7 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
 
         for name in holders:
             wait_for(f"{name} Running", partial(running, name), 180)
-        all_current(cluster, profiles, "0.1.0")
+        all_current(cluster, profiles, version)
         before = {name: holder_state(core, namespace, name) for name in holders}
         old_agent = old_release.values["agent"]["image"]  # as installed: imported, or from a registry
         own_selector = f"{AGENT_SELECTOR},patchbay.dev/profile={own}"
@@ -343,13 +378,16 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
             (f"patchbay-{own}", own_selector),
         ):
             wait_for(
-                f"{daemonset}: one Ready 0.1.0 agent on the node",
+                f"{daemonset}: one Ready {version} agent on the node",
                 partial(rolled, old, daemonset, selector, real_node, old_agent),
                 120,
             )
 
+        if registry is not None:
+            pulled = node_images(e2e_cluster)
+            assert old_agent.startswith(registry.host) and old_agent in pulled, (old_agent, sorted(pulled))
+
         # --- helm upgrade to this release, sampled all along --------------------------------------
-        new_agent = patchbay.release.values["agent"]["image"]
 
         def static_allocatable() -> int | None:
             value = cluster.values(real_node, static_resource)[1]
@@ -366,9 +404,18 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
             Samples(static_allocatable) as static_values,
         ):
             time.sleep(2.0)  # a baseline before the upgrade
-            helm_install(e2e_cluster, patchbay.release.chart, patchbay.images, patchbay.release.values)
-            upgraded = True
-            wait_for("the 0.2.0 operator pod Ready", patchbay.operator_ready, 120)
+            if registry is None:
+                new_release = helm_install(
+                    e2e_cluster, patchbay.release.chart, patchbay.images, patchbay.release.values
+                )
+                restored = True  # the session's release as the fixture made it
+            else:
+                # The chart's defaults but this release's images, from the registry by digest:
+                # relabelled, their own image IDs, so that the session's imported ones stay usable.
+                mine = {n: relabelled(i, "upgrade", tmp_path / "relabel") for n, i in patchbay.images.items()}
+                new_release = helm_install(e2e_cluster, patchbay.release.chart, mine, registry=registry)
+            new_agent = new_release.values["agent"]["image"]
+            wait_for("this release's operator pod Ready", patchbay.operator_ready, 120)
             wait_for(
                 "the shared node agent rolled to the new image",
                 lambda: rolled(patchbay, "patchbay-node-agent", SHARED_SELECTOR, real_node, new_agent),
@@ -388,7 +435,10 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
             "draBelow": dra_devices.below(DEVICES)[:10],
             "staticBelow": static_values.below(STATIC_CAPACITY)[:10],
         }
-        print(f"upgrade 0.1.0 -> {patchbay.release.chart.name}: {figures}")
+        print(f"upgrade {version} -> {patchbay.release.chart.name}: {figures}")
+        if registry is not None:
+            pulled = node_images(e2e_cluster)
+            assert new_agent.startswith(registry.host) and new_agent in pulled, (new_agent, sorted(pulled))
 
         # The kubelet's count never dipped; neither did the DRA devices and the static resource.
         assert s1.samples and s2.samples and dra_devices.values and static_values.values, figures
@@ -404,7 +454,7 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
 
         # Every profile Current, read under v1beta1.
         cluster.version = NEW
-        all_current(cluster, profiles, "0.2.0")
+        all_current(cluster, profiles, "this release")
 
         # Every stored profile and report valid under v1beta1.
         stored = custom_objects(custom, NEW, "devicepluginprofiles")
@@ -437,7 +487,7 @@ def test_helm_upgrade_from_the_previous_release_while_every_mode_serves(
             except ApiException as e:
                 if e.status != 404:
                     raise
-        if not upgraded:
+        if not restored:
             # The session's release as the fixture made it, for the tests after this one.
             helm_install(e2e_cluster, patchbay.release.chart, patchbay.images, patchbay.release.values)
         cluster.version = NEW  # the chart installed now serves both versions

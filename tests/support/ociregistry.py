@@ -13,6 +13,7 @@ from support.clusters import wait_for
 
 from patchbay_devcluster import pki
 from patchbay_devcluster import registry as oci
+from patchbay_devcluster.imagebuild import BuiltImage
 from patchbay_devcluster.procs import free_port
 
 
@@ -36,3 +37,19 @@ def running_registry(directory: Path, name: str) -> Iterator[oci.Registry]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def relabelled(image: BuiltImage, label: str, work: Path) -> BuiltImage:
+    """``image`` with one label more (``podman build --network=none``, no new layer): a new config,
+    so a new image ID and digest. For the e2e tests that push the session's images to the cluster's
+    registry: the kubelet (1.35 on: KubeletEnsureSecretPulledImages) records each image it pulls by
+    image ID with the repositories it pulled it from, and from then on lets a pod use that image
+    only under those names; the session's own images pulled from the registry would take their
+    imported names away from the rest of the session, whose pods use them with pull policy Never
+    (seen: ErrImageNeverPull, docs/install.md#a-node-that-pulls-and-imports-the-same-image)."""
+    ref = f"{image.repository}:{image.tag}-{label}"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "Containerfile").write_text(f"FROM {image.ref}\nLABEL dev.patchbay.e2e={label}\n")
+    argv = ["podman", "build", "--network=none", "--pull=never", "--tag", ref, str(work)]
+    subprocess.run(argv, check=True, capture_output=True, timeout=300)
+    return BuiltImage(image.program, ref, image.archive, built=True, seconds=0.0)
