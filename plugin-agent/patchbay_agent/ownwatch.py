@@ -230,6 +230,9 @@ class Repairs:
         self._due: dict[str, tuple[str, str]] = {}
         #: name -> the other field managers the agent's last write of it left in place
         self._kept: dict[str, frozenset[str]] = {}
+        #: names the agent itself is deleting (a report someone edited, a slice the pool no
+        #: longer needs): their DELETED events are its own, no repair
+        self._deleting: set[str] = set()
         self.done = 0
 
     def wrote(self, version: str, stored: dict[str, Any] | None = None) -> None:
@@ -246,8 +249,10 @@ class Repairs:
 
     def suspect(self, kind: str, obj: dict[str, Any], names: Iterable[str]) -> bool:
         """Whether a watch event may be someone else's deletion or edit of one of `names` (the
-        objects last written): not when it is an event of the agent's own write."""
+        objects last written): not when it is an event of the agent's own write. A DELETED event
+        of one of them makes its repair due at once (`gone`)."""
         names = set(names)
+        self.gone(kind, obj, names)
         if kind == LISTED:
             items = obj.get("items") or []
             listed = {name_of(i): i for i in items}
@@ -275,12 +280,29 @@ class Repairs:
         return found
 
     def gone(self, kind: str, obj: dict[str, Any], names: Iterable[str]) -> None:
-        """A DELETED event of a version the agent wrote: someone deleted it, and the next write of
-        it is its repair, whichever path makes it (the ordinary write of a change may come first,
-        before the check that would have found it gone)."""
+        """A DELETED event of one of `names` (the objects last written) that the agent did not
+        delete itself: someone deleted it, and the next write of it is its repair, whichever path
+        makes it (the ordinary write of a change may come before the check that would find it
+        gone, and that check then finds the agent's own version stored).
+
+        Why not by resourceVersion, as `own` tells an edit: the API server sends a DELETED event
+        with the version of the deletion, never one the agent's write returned (docs/agent.md#
+        what-the-agent-writes-again)."""
         name = name_of(obj)
-        if kind == "DELETED" and name in set(names) and self.own(obj):
-            self._due.setdefault(name, ("deleted", "deleted"))
+        if kind != "DELETED" or name not in set(names):
+            return
+        if name in self._deleting:
+            self._deleting.discard(name)
+            return
+        self._due.setdefault(name, ("deleted", "deleted"))
+
+    def deleting(self, name: str, *, failed: bool = False) -> None:
+        """The agent is about to delete `name` itself: its DELETED event is no repair due
+        (`failed`: the delete did not happen, no such event will come)."""
+        if failed:
+            self._deleting.discard(name)
+        else:
+            self._deleting.add(name)
 
     def pending(self, name: str) -> bool:
         return name in self._due

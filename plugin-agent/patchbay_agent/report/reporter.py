@@ -174,7 +174,6 @@ class Reporter(ChangeWriter):
         guard before the first write."""
         if self.written is None:
             return False
-        self._repairs.gone(kind, obj, (self.target.name,))
         return self._repairs.suspect(kind, obj, (self.target.name,))
 
     async def verify(self) -> None:
@@ -200,7 +199,12 @@ class Reporter(ChangeWriter):
                 happened = self._foreign(report)
                 if happened is None:
                     return
-                await asyncio.to_thread(self._client.delete_report, ns, name, str(stored))
+                self._repairs.deleting(name)
+                try:
+                    await asyncio.to_thread(self._client.delete_report, ns, name, str(stored))
+                except Exception:
+                    self._repairs.deleting(name, failed=True)
+                    raise
                 self._repairs.due(name, "edited", f"{happened} (deleted it)")
         except Exception as e:
             log.warning("Checking %s %s failed (%s)", KIND, self._where, e)
