@@ -250,9 +250,11 @@ class Repairs:
     def suspect(self, kind: str, obj: dict[str, Any], names: Iterable[str]) -> bool:
         """Whether a watch event may be someone else's deletion or edit of one of `names` (the
         objects last written): not when it is an event of the agent's own write. A DELETED event
-        of one of them makes its repair due at once (`gone`)."""
+        of one of them, or another field manager's edit, makes its repair due at once (`gone`,
+        `edited`): the next write of it counts it, whichever write that is."""
         names = set(names)
         self.gone(kind, obj, names)
+        self.edited(kind, obj, names)
         if kind == LISTED:
             items = obj.get("items") or []
             listed = {name_of(i): i for i in items}
@@ -295,6 +297,16 @@ class Repairs:
             self._deleting.discard(name)
             return
         self._due.setdefault(name, ("deleted", "deleted"))
+
+    def edited(self, kind: str, obj: dict[str, Any], names: Iterable[str]) -> None:
+        """An ADDED or MODIFIED event of one of `names`, not of the agent's own write, whose field
+        managers name someone else (`edited_by`): their edit, due for repair (the ordinary write of
+        a change, if it comes before the check, undoes it: a forced apply takes the fields back)."""
+        name = name_of(obj)
+        if kind not in ("ADDED", "MODIFIED") or name not in set(names) or self.own(obj):
+            return
+        if (happened := edited_by(obj, self._kept.get(name, ()))) is not None:
+            self._due.setdefault(name, ("edited", happened))
 
     def deleting(self, name: str, *, failed: bool = False) -> None:
         """The agent is about to delete `name` itself: its DELETED event is no repair due

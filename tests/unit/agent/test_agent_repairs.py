@@ -529,3 +529,35 @@ def test_the_agents_own_deletion_is_no_repair_and_a_failed_one_forgets_itself(me
     repairs.deleting("a", failed=True)
     repairs.suspect("DELETED", {"metadata": {"name": "a", "resourceVersion": "13"}}, {"a"})
     assert repairs.pending("a")
+
+
+def test_an_edit_the_ordinary_write_undid_first_is_still_counted(metrics: Metrics) -> None:
+    """The same race for an edit: `kubectl edit` just as the reporter applies a change (forced: it
+    takes the edited fields back), and the check finds the agent's own version stored. The
+    MODIFIED event with another field manager makes the repair due; one by the agent's own field
+    manager (a rollout's successor), or with only the managers its last write left in place (a
+    label someone added), does not."""
+    repairs = Repairs("ResourceSlice", metrics)
+    agent = [{"manager": "patchbay-agent", "operation": "Apply"}]
+    labelled = {
+        "metadata": {"name": "s", "resourceVersion": "7", "managedFields": [*agent, {"manager": "ops"}]}
+    }
+    repairs.wrote("7", labelled)
+    successor = {"metadata": {"name": "s", "resourceVersion": "8", "managedFields": agent}}
+    assert repairs.suspect("MODIFIED", successor, {"s"})  # looked at, but no repair due
+    assert not repairs.pending("s")
+    kept = {"metadata": {"name": "s", "resourceVersion": "9", "managedFields": [*agent, {"manager": "ops"}]}}
+    repairs.suspect("MODIFIED", kept, {"s"})
+    assert not repairs.pending("s")
+    edit = {
+        "metadata": {
+            "name": "s",
+            "resourceVersion": "10",
+            "managedFields": [*agent, {"manager": "kubectl-edit"}],
+        }
+    }
+    repairs.suspect("MODIFIED", edit, {"s"})
+    assert repairs.pending("s")
+    repairs.wrote("11")  # the ordinary (forced) write, before the check
+    repairs.written(["s"])
+    assert (metrics.repairs.labels("ResourceSlice", "edited").value, repairs.done) == (1, 1)
