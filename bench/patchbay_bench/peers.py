@@ -14,7 +14,7 @@ from pathlib import Path
 
 from support import gopeer
 from support.fakehw import FakeHardware
-from support.kubeletpeer import AgentProcess, KubeletPeer, PeerError, build_peer
+from support.kubeletpeer import AgentProcess, KubeletPeer, PeerError, build_peer, conformance_agent_argv
 from support.kubeletpeer import _Process as Process
 from support.operator import Operator
 from support.podresources_peer import PodResourcesPeer, ThreadedPeers
@@ -38,6 +38,7 @@ __all__ = [
     "ThreadedPeers",
     "build_peer",
     "busybox_pod",
+    "conformance_agent_argv",
     "dips",
     "drapeer",
     "largest_report",

@@ -152,16 +152,20 @@ class AgentProcess(_Process):
     process serves its own socket, `patchbay-<resource>-<random instance>.sock`."""
 
     def __init__(self, config: Path, plugin_dir: Path, host_root: Path, log: Path, *extra: str) -> None:
-        argv = agent_argv(
-            config,
-            "conformance",
-            *extra,
-            device_plugin_dir=plugin_dir,
-            host_root=host_root,
-            cdi_spec_dir=host_root / "var" / "run" / "cdi",
-            http_address="off",
-        )
-        super().__init__(argv, log, stdin=False)
+        super().__init__(conformance_agent_argv(config, plugin_dir, host_root, *extra), log, stdin=False)
+
+
+def conformance_agent_argv(config: Path, plugin_dir: Path, host_root: Path, *extra: str) -> list[str]:
+    """`AgentProcess`'s command line (the bench starts the same one in the agent image)."""
+    return agent_argv(
+        config,
+        "conformance",
+        *extra,
+        device_plugin_dir=plugin_dir,
+        host_root=host_root,
+        cdi_spec_dir=host_root / "var" / "run" / "cdi",
+        http_address="off",
+    )
 
 
 class Harness:
