@@ -404,3 +404,114 @@ def test_a_report_deleted_or_written_by_someone_else_is_written_again(
             await asyncio.wait_for(task, 10)
 
     asyncio.run(scenario())
+
+
+def test_a_repair_the_ordinary_write_made_first_is_counted_with_the_real_servers_events(
+    devcluster: DevCluster, api: client.ApiClient, report_crd: None, namespace: str, node: tuple[str, str]
+) -> None:
+    """The order CI once caught on the real node (a report deleted, put back 0.03 s later by a
+    change's ordinary write, the repair never counted), forced step by step with the real API
+    server's own watch events: the agent's write, someone's `kubectl delete` (or `kubectl edit`),
+    the agent's next ordinary write, and only then the watch event looked at, as the change-writer
+    loop does between writes. The DELETED event carries the deletion's resourceVersion, not the
+    one the agent's write returned (docs/agent.md#what-the-agent-writes-again): checked here on
+    each release the suite runs on. Either way the repair is due from the event and counted by
+    the write that came first; the agent's own delete (of an edited report) is no repair."""
+    import asyncio
+
+    from support.converge import until
+
+    from patchbay_agent.kubeclient import KubeClient
+    from patchbay_agent.metrics import Metrics
+    from patchbay_agent.ownwatch import Repairs
+    from patchbay_agent.report.devicereport import ReportTarget
+    from patchbay_agent.report.reporter import report_watch
+
+    name, _uid = node
+    target = ReportTarget(PROFILE, name, namespace, RESOURCE, "agent-pod-1")
+    custom = client.CustomObjectsApi(api)
+    report = device_report(
+        namespace,
+        name,
+        PROFILE,
+        RESOURCE,
+        [{"id": "ttyUSB0", "health": "Healthy"}],
+        {"total": 1, "healthy": 1, "unhealthy": 0, "allocated": 0},
+        agent="agent-pod-1",
+    )
+
+    async def scenario() -> None:
+        kube = KubeClient(devcluster.kubeconfig)
+        metrics = Metrics(RESOURCE, name)
+        repairs = Repairs("DeviceReport", metrics, keep=8)
+        events: list[tuple[str, dict[str, Any]]] = []
+        watch = report_watch(kube, target)
+        assert watch is not None
+        watch.start(lambda kind, obj: events.append((kind, obj)))
+
+        def seen(kind: str) -> tuple[str, dict[str, Any]] | None:
+            return next(((k, o) for k, o in events if k == kind), None)
+
+        async def write() -> str:
+            version = await asyncio.to_thread(kube.apply, report)
+            repairs.wrote(version)
+            return version
+
+        def counted(cause: str) -> float:
+            return metrics.repairs.labels("DeviceReport", cause).value
+
+        try:
+            await until(lambda: seen("LISTED"), 10)
+            written = await write()
+            await until(lambda: seen("ADDED"), 10)
+            events.clear()
+
+            # Deleted, then the ordinary write before the event is looked at.
+            await asyncio.to_thread(
+                custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, target.name
+            )
+            again = await write()
+            _, deleted = await until(lambda: seen("DELETED"), 10)
+            assert deleted["metadata"]["resourceVersion"] not in (written, again)
+            assert not repairs.own(deleted)
+            assert repairs.suspect("DELETED", deleted, {target.name})
+            repairs.written([target.name])  # the write that came first counts it
+            assert (counted("deleted"), counted("edited")) == (1, 0)
+            await until(lambda: seen("ADDED"), 10)
+            events.clear()
+
+            # Edited with kubectl, then the agent's forced ordinary write before the event.
+            await asyncio.to_thread(
+                custom.patch_namespaced_custom_object,
+                GROUP, VERSION, namespace, PLURAL, target.name,
+                {"devices": [{"id": "ttyUSB0", "health": "Unhealthy", "reason": "Edited"}]},
+                field_manager="kubectl-edit",
+            )  # fmt: skip
+            await write()
+            # Both MODIFIED events (kubectl's, then the agent's write), looked at in their order.
+            await until(lambda: len([k for k, _ in events if k == "MODIFIED"]) >= 2, 10)
+            edits = [obj for kind, obj in events if kind == "MODIFIED"]
+            assert "kubectl-edit" in {m["manager"] for m in edits[0]["metadata"]["managedFields"]}
+            assert repairs.suspect("MODIFIED", edits[0], {target.name})
+            assert repairs.own(edits[1])
+            repairs.written([target.name])
+            assert (counted("deleted"), counted("edited")) == (1, 1)
+            events.clear()
+
+            # The agent's own delete (as after an edit) and its write: no repair.
+            stored = await asyncio.to_thread(kube.read_report, namespace, target.name)
+            assert stored is not None
+            repairs.deleting(target.name)
+            await asyncio.to_thread(
+                kube.delete_report, namespace, target.name, stored["metadata"]["resourceVersion"]
+            )
+            await write()
+            _, own = await until(lambda: seen("DELETED"), 10)
+            repairs.suspect("DELETED", own, {target.name})
+            repairs.written([target.name])
+            assert (counted("deleted"), counted("edited")) == (1, 1)
+        finally:
+            watch.stop()
+            watch.join(10)
+
+    asyncio.run(scenario())
