@@ -48,6 +48,20 @@ def report_crd(api: client.ApiClient) -> None:
     )
 
 
+def one_device(namespace: str, node: str) -> dict[str, Any]:
+    """The report of profile `PROFILE` on `node` as the agent pod "agent-pod-1" writes it: one
+    healthy device, ttyUSB0."""
+    return device_report(
+        namespace,
+        node,
+        PROFILE,
+        RESOURCE,
+        [{"id": "ttyUSB0", "health": "Healthy"}],
+        {"total": 1, "healthy": 1, "unhealthy": 0, "allocated": 0},
+        agent="agent-pod-1",
+    )
+
+
 class AgentProcess(HostAgent):
     """The real `patchbay-agent` process; its log in a file, its /metrics port read from there."""
 
@@ -306,15 +320,7 @@ def test_a_report_deleted_or_written_by_someone_else_is_written_again(
     custom = client.CustomObjectsApi(api)
 
     def build(node_uid: str | None) -> dict[str, Any]:
-        return device_report(
-            namespace,
-            name,
-            PROFILE,
-            RESOURCE,
-            [{"id": "ttyUSB0", "health": "Healthy"}],
-            {"total": 1, "healthy": 1, "unhealthy": 0, "allocated": 0},
-            agent="agent-pod-1",
-        )
+        return one_device(namespace, name)
 
     def stored() -> dict[str, Any] | None:
         obj: dict[str, Any] | None = or_none(
@@ -430,15 +436,7 @@ def test_a_repair_the_ordinary_write_made_first_is_counted_with_the_real_servers
     name, _uid = node
     target = ReportTarget(PROFILE, name, namespace, RESOURCE, "agent-pod-1")
     custom = client.CustomObjectsApi(api)
-    report = device_report(
-        namespace,
-        name,
-        PROFILE,
-        RESOURCE,
-        [{"id": "ttyUSB0", "health": "Healthy"}],
-        {"total": 1, "healthy": 1, "unhealthy": 0, "allocated": 0},
-        agent="agent-pod-1",
-    )
+    report = one_device(namespace, name)
 
     async def scenario() -> None:
         kube = KubeClient(devcluster.kubeconfig)
