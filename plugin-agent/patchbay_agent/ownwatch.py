@@ -250,11 +250,11 @@ class Repairs:
     def suspect(self, kind: str, obj: dict[str, Any], names: Iterable[str]) -> bool:
         """Whether a watch event may be someone else's deletion or edit of one of `names` (the
         objects last written): not when it is an event of the agent's own write. A DELETED event
-        of one of them, or another field manager's edit, makes its repair due at once (`gone`,
-        `edited`): the next write of it counts it, whichever write that is."""
+        of one of them, or another field manager's edit, makes its repair due at once (`_gone`,
+        `_edited`): the next write of it counts it, whichever write that is."""
         names = set(names)
-        self.gone(kind, obj, names)
-        self.edited(kind, obj, names)
+        self._gone(kind, obj, names)
+        self._edited(kind, obj, names)
         if kind == LISTED:
             items = obj.get("items") or []
             listed = {name_of(i): i for i in items}
@@ -281,7 +281,7 @@ class Repairs:
             found = True
         return found
 
-    def gone(self, kind: str, obj: dict[str, Any], names: Iterable[str]) -> None:
+    def _gone(self, kind: str, obj: dict[str, Any], names: set[str]) -> None:
         """A DELETED event of one of `names` (the objects last written) that the agent did not
         delete itself: someone deleted it, and the next write of it is its repair, whichever path
         makes it (the ordinary write of a change may come before the check that would find it
@@ -291,30 +291,33 @@ class Repairs:
         with the version of the deletion, never one the agent's write returned (docs/agent.md#
         what-the-agent-writes-again)."""
         name = name_of(obj)
-        if kind != "DELETED" or name not in set(names):
+        if kind != "DELETED" or name not in names:
             return
         if name in self._deleting:
             self._deleting.discard(name)
             return
         self._due.setdefault(name, ("deleted", "deleted"))
 
-    def edited(self, kind: str, obj: dict[str, Any], names: Iterable[str]) -> None:
+    def _edited(self, kind: str, obj: dict[str, Any], names: set[str]) -> None:
         """An ADDED or MODIFIED event of one of `names`, not of the agent's own write, whose field
         managers name someone else (`edited_by`): their edit, due for repair (the ordinary write of
         a change, if it comes before the check, undoes it: a forced apply takes the fields back)."""
         name = name_of(obj)
-        if kind not in ("ADDED", "MODIFIED") or name not in set(names) or self.own(obj):
+        if kind not in ("ADDED", "MODIFIED") or name not in names or self.own(obj):
             return
         if (happened := edited_by(obj, self._kept.get(name, ()))) is not None:
             self._due.setdefault(name, ("edited", happened))
 
-    def deleting(self, name: str, *, failed: bool = False) -> None:
-        """The agent is about to delete `name` itself: its DELETED event is no repair due
-        (`failed`: the delete did not happen, no such event will come)."""
-        if failed:
+    @contextlib.contextmanager
+    def deleting(self, name: str) -> Iterator[None]:
+        """Around the agent's own delete of `name`: its DELETED event is no repair due. A delete
+        that raised leaves no note (no such event will come)."""
+        self._deleting.add(name)
+        try:
+            yield
+        except BaseException:
             self._deleting.discard(name)
-        else:
-            self._deleting.add(name)
+            raise
 
     def pending(self, name: str) -> bool:
         return name in self._due

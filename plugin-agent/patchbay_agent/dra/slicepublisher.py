@@ -311,8 +311,8 @@ class SlicePublisher(ChangeWriter):
                 )
                 lost += lost_taints(doc, stored)
             for extra in sorted(self._names - wanted):
-                self._repairs.deleting(extra)
-                await asyncio.to_thread(self._client.delete_slice, extra)
+                with self._repairs.deleting(extra):
+                    await asyncio.to_thread(self._client.delete_slice, extra)
                 log.info("Deleted ResourceSlice %s (the pool has fewer slices now)", extra)
         except Exception as e:
             self._metrics.slice_writes.labels("error").inc()

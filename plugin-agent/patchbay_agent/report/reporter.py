@@ -199,12 +199,8 @@ class Reporter(ChangeWriter):
                 happened = self._foreign(report)
                 if happened is None:
                     return
-                self._repairs.deleting(name)
-                try:
+                with self._repairs.deleting(name):
                     await asyncio.to_thread(self._client.delete_report, ns, name, str(stored))
-                except Exception:
-                    self._repairs.deleting(name, failed=True)
-                    raise
                 self._repairs.due(name, "edited", f"{happened} (deleted it)")
         except Exception as e:
             log.warning("Checking %s %s failed (%s)", KIND, self._where, e)

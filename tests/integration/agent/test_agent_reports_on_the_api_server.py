@@ -499,10 +499,10 @@ def test_a_repair_the_ordinary_write_made_first_is_counted_with_the_real_servers
             # The agent's own delete (as after an edit) and its write: no repair.
             stored = await asyncio.to_thread(kube.read_report, namespace, target.name)
             assert stored is not None
-            repairs.deleting(target.name)
-            await asyncio.to_thread(
-                kube.delete_report, namespace, target.name, stored["metadata"]["resourceVersion"]
-            )
+            with repairs.deleting(target.name):
+                await asyncio.to_thread(
+                    kube.delete_report, namespace, target.name, stored["metadata"]["resourceVersion"]
+                )
             await write()
             _, own = await until(lambda: seen("DELETED"), 10)
             repairs.suspect("DELETED", own, {target.name})

@@ -515,7 +515,8 @@ def test_the_agents_own_deletion_is_no_repair_and_a_failed_one_forgets_itself(me
     repairs = Repairs("DeviceReport", metrics)
     repairs.wrote("7")
     repairs.due("a", "edited", "edited by kubectl-edit (deleted it)")
-    repairs.deleting("a")
+    with repairs.deleting("a"):
+        pass  # the delete
     repairs.suspect("DELETED", {"metadata": {"name": "a", "resourceVersion": "9"}}, {"a"})
     repairs.wrote("10")
     repairs.written(["a"])
@@ -525,8 +526,8 @@ def test_the_agents_own_deletion_is_no_repair_and_a_failed_one_forgets_itself(me
     counted = {c: metrics.repairs.labels("DeviceReport", c).value for c in ("edited", "deleted")}
     assert counted == {"edited": 1, "deleted": 1}
 
-    repairs.deleting("a")
-    repairs.deleting("a", failed=True)
+    with contextlib.suppress(OSError), repairs.deleting("a"):
+        raise OSError("the delete failed")
     repairs.suspect("DELETED", {"metadata": {"name": "a", "resourceVersion": "13"}}, {"a"})
     assert repairs.pending("a")
 
