@@ -166,11 +166,21 @@ class Check:
         self.wait_gone("the agents", AGENT_SELECTOR)
         return names
 
-    def run(self, *, allow: bool, deployment: str, operator_selector: str, labels: bool = False) -> str:
+    def run(
+        self,
+        *,
+        allow: bool,
+        deployment: str,
+        operator_selector: str,
+        labels: bool = False,
+        stops: bool = True,
+    ) -> str:
         """The lines to print ('' for none); ``RefusedError`` when the uninstall must stop.
         With ``labels`` (inventory.nodeLabels), once it goes on: the operator stopped, the
         inventory labels removed."""
-        line = self._agents(allow=allow, deployment=deployment, operator_selector=operator_selector)
+        line = self._agents(
+            allow=allow, deployment=deployment, operator_selector=operator_selector, stops=stops
+        )
         if not labels:
             return line
         if not line:  # the operator still runs (no agent to stop): it would put them back
@@ -179,10 +189,14 @@ class Check:
         said = f"patchbay: inventory labels removed from {removed} node{'s' if removed != 1 else ''}"
         return f"{line}\n{said}" if line else said
 
-    def _agents(self, *, allow: bool, deployment: str, operator_selector: str) -> str:
+    def _agents(self, *, allow: bool, deployment: str, operator_selector: str, stops: bool) -> str:
+        """`stops`: the chart gave the check its Role to stop the operator and the agents
+        (uninstall.allowWithProfiles, inventory.alwaysOn or inventory.nodeLabels). Without it no
+        node agent outlives the last profile (the operator deletes it), and the check may not
+        even list DaemonSets: with no profile it has nothing to do."""
         profiles = self.profiles()
         if not profiles:
-            if not self.agent_daemonsets():
+            if not stops or not self.agent_daemonsets():
                 return ""
             stopped = self.stop_agents(deployment, operator_selector)
             return (
@@ -209,6 +223,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--operator-selector", required=True, help="the operator pods' label selector")
     p.add_argument("--allow-with-profiles", action="store_true", help="uninstall.allowWithProfiles")
     p.add_argument("--inventory-labels", action="store_true", help="inventory.nodeLabels: remove them")
+    p.add_argument(
+        "--stops",
+        action="store_true",
+        help="the chart's Role lets the check stop the operator and delete the agent DaemonSets "
+        "(uninstall.allowWithProfiles, inventory.alwaysOn or inventory.nodeLabels)",
+    )
     p.add_argument("--timeout", type=float, default=150.0, help="seconds for the whole check")
     args = p.parse_args(argv)
     if not args.namespace:
@@ -226,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             deployment=args.operator_deployment,
             operator_selector=args.operator_selector,
             labels=args.inventory_labels,
+            stops=args.stops,
         )
     except RefusedError as e:
         print(e, flush=True)

@@ -90,6 +90,17 @@ def test_without_profiles_the_uninstall_goes_on_and_nothing_is_touched(profiles:
     assert {m for m, _ in api.calls} == {"GET"} and {p for _, p in api.calls} == {PROFILES_PATH, DAEMONSETS}
 
 
+def test_without_profiles_and_without_the_stopping_role_no_daemonset_is_even_listed() -> None:
+    """The chart's default: the hook's Role (list and delete DaemonSets) exists only with
+    uninstall.allowWithProfiles, inventory.alwaysOn or inventory.nodeLabels (`--stops`). Seen on
+    the demo: after `kubectl delete dpp --all`, every `helm uninstall` failed, the check's LIST of
+    DaemonSets answered 403 (the unit tests' fake allowed what the chart did not)."""
+    api = FakeAPI([], ["patchbay-node-agent"])
+    line = check(api).run(allow=False, deployment="patchbay", operator_selector=OPERATOR, stops=False)
+    assert line == ""
+    assert api.calls == [("GET", PROFILES_PATH)]
+
+
 @pytest.mark.parametrize("allow", [False, True])
 def test_without_profiles_the_node_agent_kept_for_the_inventory_is_stopped(allow: bool) -> None:
     """inventory.alwaysOn: the shared node agent runs with no profile, so nothing owns it and the
