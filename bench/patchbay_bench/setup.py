@@ -29,6 +29,7 @@ from patchbay_devcluster import DevCluster, find_bin_dir, real_node_holder
 from patchbay_devcluster.imagebuild import BuiltImage, build_all
 from patchbay_devcluster.install import helm, helm_install
 from patchbay_devcluster.node import NODE_NAME
+from patchbay_devcluster.procs import free_port
 from patchbay_devcluster.releases import release_of
 
 CRDS = (
@@ -239,6 +240,50 @@ def operator(
         yield op
     finally:
         op.stop()
+
+
+@contextlib.contextmanager
+def report_proxy(
+    run: Run, cluster: Cluster, size: str, *, namespace: str, profile: str, node_label: str
+) -> Iterator[Path]:
+    """``reportproxy`` in front of ``cluster``'s API server, serving ``profile``'s reports (one
+    per ``node_label`` node, ``size`` "bounds" or "small"); yields a kubeconfig that dials it.
+    Stopped by PID when the block ends."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "patchbay_bench.reportproxy",
+        "--pki",
+        str(cluster.dev.pki_dir),
+        "--upstream",
+        str(cluster.dev.state().ports["apiserver"]),
+        "--port",
+        str(port),
+        "--namespace",
+        namespace,
+        "--profile",
+        profile,
+        "--node-label",
+        node_label,
+        "--size",
+        size,
+    ]
+    kubeconfig = run.work / f"via-proxy-{size}.kubeconfig"
+    doc = yaml.safe_load(cluster.kubeconfig.read_text())
+    for c in doc["clusters"]:
+        c["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    kubeconfig.write_text(yaml.safe_dump(doc))
+    log = run.work / f"proxy-{size}-{port}.log"  # one per proxy: an earlier one's "serving" line misleads
+    with Child(argv, log) as proxy:
+
+        def serving() -> bool:
+            if not proxy.alive():
+                raise AssertionError(f"the report proxy exited: {log.read_text()[-2000:]}")
+            return f"serving on 127.0.0.1:{port}" in log.read_text()
+
+        wait("the report proxy", serving, 30, 0.1)
+        yield kubeconfig
 
 
 @contextlib.contextmanager

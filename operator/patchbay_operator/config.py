@@ -53,6 +53,12 @@ class Settings:
     """This replica's kopf peering priority (the highest runs, the others wait); random when
     peering without an explicit one, so replicas of one Deployment never tie."""
 
+    peering_lifetime: int = 10
+    """Seconds a peered replica's keep-alive record lives (kopf's ``settings.peering.lifetime``,
+    whose own default is 60). A standby takes over a leader killed without a clean exit once its
+    record expires, so this bounds the failover; kopf renews it every 1-5 s at 10 (lifetime minus
+    5-10 s, at least 1 s), so one slow keep-alive does not expire a live leader."""
+
     concurrency: int = 16
     """Node patches in flight at once (and the client's connection pool size)."""
 
@@ -233,6 +239,13 @@ FLAGS: tuple[Flag, ...] = (
         "peering priority (default: random when peering, so replicas never tie)",
         _int_at_least(-(2**31)),
         defaulted=False,
+    ),
+    Flag(
+        "peering_lifetime",
+        "seconds a replica's peering record lives without a keep-alive: how soon a standby takes "
+        "over a leader that died without a clean exit (default {default})",
+        _int_at_least(5),
+        metavar="SECONDS",
     ),
     Flag("concurrency", "node patches in flight at once (default {default})", _int_at_least(1)),
     Flag(

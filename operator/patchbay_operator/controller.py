@@ -280,6 +280,9 @@ class Controller:
         self.nodes.enqueue_all()
         self.labels.resume()
         self.status.mark(self.registry.names())
+        # Written now, not after the debounce: the caches are warm and complete, nothing is
+        # still arriving to gather, and the profiles' status went unwritten while the leader died.
+        await self.status.flush()
         await self.agents.unused_shared(taking_over=True)
 
     # --- counters ----------------------------------------------------------------------------

@@ -68,10 +68,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # An unexpected handler error is retried after this long (kopf's default is 60 s): an API
     # hiccup should not leave a profile unapplied for a minute.
     settings.execution.default_backoff = 5.0
-    # One connection per patch worker, plus the node informer's long-lived watch.
+    # How soon a standby takes over a leader that died without a clean exit (config.py): kopf
+    # starts its keep-alives after this handler, so they carry this lifetime from the first.
+    settings.peering.lifetime = ours.peering_lifetime
     peer = None
     if ours.peering is not None:
         peer = Peering(ours.peering, cast(str, memo["identity"]), ours.priority)
+    # One connection per patch worker, plus the node informer's long-lived watch.
     ctl = Controller(ours, Kube(load_configuration(ours.kubeconfig, ours.concurrency + 1)), peer)
     await ctl.start()
     await ctl.agents.unused_shared()  # no profile handler applies it when no profile uses it

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 DEFAULT_LIFETIME = 60
 """Seconds kopf assumes for a peer whose record names no lifetime."""
 
+EXPIRY_MARGIN = 0.05
+"""Seconds past a blocking peer's expiry at which a waiting replica looks again."""
+
 
 @dataclass(frozen=True)
 class Peering:
@@ -42,13 +45,13 @@ class Peering:
     priority: int
 
 
-def blockers(status: Mapping[str, Any] | None, me: Peering, now: datetime) -> list[str]:
-    """The live peers this replica must wait for (empty: it works), as ``identity(priority)``.
-
-    A malformed record is ignored, as kopf cannot have written it; a record without
-    ``lastseen`` counts as seen just now (kopf's reading too).
-    """
-    waiting: list[str] = []
+def _live_blockers(
+    status: Mapping[str, Any] | None, me: Peering, now: datetime
+) -> list[tuple[str, datetime]]:
+    """Each live peer this replica must wait for, as (``identity(priority)``, when its record
+    expires). A malformed record is ignored, as kopf cannot have written it; a record without
+    ``lastseen`` counts as seen just now (kopf's reading too)."""
+    waiting: list[tuple[str, datetime]] = []
     for identity, record in (status or {}).items():
         if identity == me.identity or not isinstance(record, Mapping):
             continue
@@ -62,11 +65,25 @@ def blockers(status: Mapping[str, Any] | None, me: Peering, now: datetime) -> li
             continue
         if seen.tzinfo is None:
             seen = seen.replace(tzinfo=now.tzinfo)
-        if seen + timedelta(seconds=lifetime) <= now:
+        expires = seen + timedelta(seconds=lifetime)
+        if expires <= now:
             continue  # dead: kopf cleans it up
         if priority >= me.priority:
-            waiting.append(f"{identity}({priority})")
-    return sorted(waiting)
+            waiting.append((f"{identity}({priority})", expires))
+    return waiting
+
+
+def blockers(status: Mapping[str, Any] | None, me: Peering, now: datetime) -> list[str]:
+    """The live peers this replica must wait for (empty: it works), as ``identity(priority)``."""
+    return sorted(name for name, _ in _live_blockers(status, me, now))
+
+
+def next_expiry(status: Mapping[str, Any] | None, me: Peering, now: datetime) -> float | None:
+    """Seconds until the first of the peers this replica waits for expires (None: it waits for
+    none). A leader killed without a clean exit stops renewing its record; the standby should
+    look again right then, not at its next regular turn."""
+    deadlines = [expires for _, expires in _live_blockers(status, me, now)]
+    return (min(deadlines) - now).total_seconds() if deadlines else None
 
 
 class Gate:
@@ -75,7 +92,9 @@ class Gate:
     A peered replica starts waiting, as kopf starts it paused. ``on_wait`` runs when it must stop
     writing; ``on_work`` (awaited) before it writes again: the controller re-lists the profiles
     then, because kopf delivered nothing while this replica waited. An unreadable object changes
-    nothing (the last decision stands).
+    nothing (the last decision stands). A waiting replica looks again when the record it waits
+    for would expire (``next_expiry``), so a dead leader's standby takes over at once, not up to
+    ``every`` seconds later.
     """
 
     def __init__(
@@ -90,15 +109,24 @@ class Gate:
         self._read, self._on_wait, self._on_work = read, on_wait, on_work
         self.active = False
         self._decided = False
+        #: seconds until the next look: ``every``, or sooner when a peer's record expires sooner
+        self.pause = every
 
     async def step(self) -> None:
         """One decision."""
+        self.pause = self.every
         try:
             obj = await self._read()
         except Exception as e:  # the object's reader may fail in any way: keep the last decision
             log.warning("Reading ClusterKopfPeering %s failed: %s", self.me.name, e)
             return
-        waiting = blockers((obj or {}).get("status"), self.me, datetime.now(UTC))
+        now = datetime.now(UTC)
+        status = (obj or {}).get("status")
+        waiting = blockers(status, self.me, now)
+        expiry = next_expiry(status, self.me, now)
+        if expiry is not None:
+            # just past the expiry (kopf's own reading of "dead" is ``deadline <= now``)
+            self.pause = min(self.every, expiry + EXPIRY_MARGIN)
         if waiting and (self.active or not self._decided):
             self.active = False
             self._on_wait()
@@ -112,7 +140,7 @@ class Gate:
     async def run(self) -> None:
         while True:
             await self.step()
-            await asyncio.sleep(self.every)
+            await asyncio.sleep(self.pause)
 
 
 def writes(gate: Gate | None) -> bool:

@@ -20,7 +20,6 @@ import gc
 import json
 import os
 import subprocess
-import sys
 import time
 import tracemalloc
 import urllib.request
@@ -28,13 +27,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from patchbay_bench.harness import Run, interleave, wait
 from patchbay_bench.kube import PROFILES, profile
 from patchbay_bench.peers import largest_report
-from patchbay_bench.setup import Child, Cluster, kwok_cluster, operator, status_mib
-from patchbay_devcluster.procs import free_port
+from patchbay_bench.setup import Cluster, kwok_cluster, operator, report_proxy, status_mib
 from patchbay_operator import devicereports
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.devicereports import Report
@@ -81,41 +77,7 @@ def git_commit(tree: Path) -> str:
 def operator_rss(r: Run, cluster: Cluster, size: str, tree: Path | None = None) -> dict[str, float]:
     """One fresh operator (``tree``'s: ``program_of``) against the proxy serving ``size``
     reports; its memory once it holds them all and has computed the status."""
-    port = free_port()
-    pki = cluster.dev.pki_dir
-    argv = [
-        sys.executable,
-        "-m",
-        "patchbay_bench.reportproxy",
-        "--pki",
-        str(pki),
-        "--upstream",
-        str(cluster.dev.state().ports["apiserver"]),
-        "--port",
-        str(port),
-        "--namespace",
-        NS,
-        "--profile",
-        PROFILE,
-        "--node-label",
-        f"{LABEL}=1",
-        "--size",
-        size,
-    ]
-    kubeconfig = r.work / f"via-proxy-{size}.kubeconfig"
-    doc = yaml.safe_load(cluster.kubeconfig.read_text())
-    for c in doc["clusters"]:
-        c["cluster"]["server"] = f"https://127.0.0.1:{port}"
-    kubeconfig.write_text(yaml.safe_dump(doc))
-    log = r.work / f"proxy-{size}.log"  # appended to by every round's proxy
-    with Child(argv, log) as proxy:
-
-        def serving() -> bool:
-            if not proxy.alive():
-                raise AssertionError(f"the report proxy exited: {log.read_text()[-2000:]}")
-            return f"serving on 127.0.0.1:{port}" in log.read_text()
-
-        wait("the report proxy", serving, 30, 0.1)
+    with report_proxy(r, cluster, size, namespace=NS, profile=PROFILE, node_label=f"{LABEL}=1") as kubeconfig:
         t0 = time.monotonic()
         n = len(cluster.nodes)
         # /healthz answers only after the first LISTs: 3.7 GB of reports at the bounds took

@@ -157,7 +157,8 @@ async def test_a_waiting_replica_writes_nothing_and_takes_over_from_fresh_profil
     me = Peering("patchbay", "me", priority=1)
     kube.peering = {"status": {"other": {"priority": 5, "lifetime": 60}}}
     kube.profiles["p"] = profile("p", RESOURCE, 3, pool="a")
-    ctl = Controller(Settings(concurrency=2, status_debounce=0.01), kube, me)  # type: ignore[arg-type]
+    # A debounce longer than the test: the status written on takeover is written without it.
+    ctl = Controller(Settings(concurrency=2, status_debounce=30.0), kube, me)  # type: ignore[arg-type]
     await ctl.start()
     try:
         assert ctl.gate is not None
@@ -176,9 +177,9 @@ async def test_a_waiting_replica_writes_nothing_and_takes_over_from_fresh_profil
         await ctl.gate.step()
         assert ctl.gate.active
         assert kube.calls.count("list_profiles") == listed_before + 1
+        assert kube.status_writes  # at takeover, not a debounce later
         await until(lambda: all(value(kube, f"n{i}") == ("3", "3") for i in range(3)))
         assert ctl.nodes.patches == 3
-        await until(lambda: kube.status_writes)
     finally:
         await ctl.stop()
 

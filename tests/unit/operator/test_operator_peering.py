@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from patchbay_operator.peering import Gate, Peering, blockers
+from patchbay_operator.peering import EXPIRY_MARGIN, Gate, Peering, blockers, next_expiry
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 ME = Peering("patchbay", "me", 100)
@@ -75,3 +75,40 @@ async def test_the_gate_waits_for_a_higher_peer_and_refreshes_before_working() -
     objects.append({"status": {"me": {"priority": 5}}})
     await gate.step()
     assert (gate.active, seen) == (True, ["wait", "work"])
+
+
+def test_next_expiry_is_the_first_blocking_record_to_expire() -> None:
+    status = {
+        "me": {"priority": 100, "lifetime": 10, "lastseen": seen(9)},  # its own: never waited for
+        "high": {"priority": 200, "lifetime": 10, "lastseen": seen(3)},  # 7 s left
+        "tie": {"priority": 100, "lifetime": 10, "lastseen": seen(6)},  # 4 s left
+        "low": {"priority": 50, "lifetime": 10, "lastseen": seen(8)},  # not waited for
+        "dead": {"priority": 300, "lifetime": 10, "lastseen": seen(11)},
+    }
+    assert next_expiry(status, ME, NOW) == 4.0
+    assert next_expiry({"low": status["low"], "dead": status["dead"]}, ME, NOW) is None
+    assert next_expiry(None, ME, NOW) is None
+
+
+async def test_a_waiting_gate_looks_again_when_the_leaders_record_expires() -> None:
+    """A leader killed without a clean exit renews its record no more: the standby's next look is
+    right after the record expires, not up to ``every`` seconds later; working, it keeps ``every``."""
+    lifetime = 3
+    now = datetime.now(UTC)
+    leader = {"priority": 9, "lifetime": lifetime, "lastseen": (now - timedelta(seconds=2)).isoformat()}
+    objects: list[dict[str, Any]] = [{"status": {"leader": leader}}]
+
+    async def read() -> dict[str, Any]:
+        return objects[0]
+
+    async def work() -> None:
+        pass
+
+    gate = Gate(Peering("p", "me", 5), read, lambda: None, work, every=30.0)
+    await gate.step()
+    assert not gate.active
+    # about 1 s left of the leader's record, and the look just past it
+    assert 0.5 < gate.pause <= 1.0 + EXPIRY_MARGIN
+    objects[0] = {"status": {}}
+    await gate.step()
+    assert gate.active and gate.pause == 30.0
