@@ -175,3 +175,48 @@ def test_a_waiting_replica_writes_nothing_and_takes_over_with_fresh_profiles(
         client.CustomObjectsApi(cluster.api).delete_cluster_custom_object(
             "kopf.dev", "v1", "clusterkopfpeerings", peering
         )
+
+
+def test_a_leader_killed_without_a_clean_exit_is_taken_over_once_its_record_expires(
+    cluster: Cluster, operator_process: Operator, peering_crd: None, tmp_path: Path
+) -> None:
+    """SIGKILL (an OOM kill, a node lost) leaves the leader's peering record behind: the standby
+    must wait for it to expire, and the record's lifetime is the operator's ``--peering-lifetime``
+    (kopf's own default, 60 s, made failover a minute). Each replica's record carries the lifetime
+    it was given; the standby works once the dead leader's expired, and applies a change made
+    while nobody worked. (How long it took: bench scenario ``takeover``, never asserted here.)"""
+    nodes = cluster.add_nodes(2)
+    peering, high, low = peered_pair(cluster, operator_process, tmp_path)
+    name = f"{cluster.prefix}killed"
+    peerings = client.CustomObjectsApi(cluster.api)
+
+    def records() -> dict[str, Any]:
+        obj = peerings.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
+        return dict(obj.get("status") or {})
+
+    try:
+        high.start("--peering", peering, "--priority", "200", "--peering-lifetime", "7")
+        wait_for("the high replica works", lambda: "Working: no live peer" in high.log())
+        low.start("--peering", peering, "--priority", "100", "--peering-lifetime", "7")
+        wait_for("the low replica waits", lambda: "Waiting: live peers with priority >= 100" in low.log())
+        wait_for("both records", lambda: len(records()) == 2)
+        assert {r.get("lifetime") for r in records().values()} == {7}, records()
+        cluster.create_profile(name, peered_spec(cluster))
+        wait_for("nodes at 1", lambda: all(cluster.values(n, R) == ("1", "1") for n in nodes))
+
+        assert high.proc is not None
+        high.proc.kill()  # no clean exit: its record stays until it expires
+        high.proc.wait(timeout=10)
+        assert len(records()) == 2
+        cluster.patch_spec(name, {"static": {"capacity": 4}})
+        wait_for("the low replica works", lambda: "Working: no live peer" in low.log(), timeout=60)
+        wait_for(
+            "nodes updated by the low replica", lambda: all(cluster.values(n, R) == ("4", "4") for n in nodes)
+        )
+        wait_for("its status written", lambda: low.stats().get("statusWrites", 0) > 0)
+        cluster.delete_profile(name)
+        wait_for("profile released", lambda: cluster.profile(name) is None)
+    finally:
+        high.stop()
+        low.stop()
+        peerings.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
