@@ -6,7 +6,9 @@
    come through ``reportproxy`` (etcd's 2 GiB quota cannot hold 5,000 such reports: see there).
    Sides, interleaved, a fresh operator each round: reports at the bounds, and small reports (4
    devices) as the baseline. Read once the operator holds every report and has computed the
-   profile's status: VmHWM (its peak) and VmRSS.
+   profile's status: VmHWM (its peak) and VmRSS. Then the operator's start to every report held
+   against a bare LIST of the same reports through a fresh proxy (``bare_list``), interleaved:
+   how much of the start is the LIST itself (the proxy, TLS, JSON) and how much the operator's.
 2. The decoder's share, in this process (tracemalloc): what the operator keeps per report
    (``devicereports.Report``), against the whole decoded object (what a cache of full objects
    would hold) and the decode with its bound lifted (every unhealthy device kept); and the
@@ -31,9 +33,11 @@ from patchbay_bench.harness import Run, interleave, wait
 from patchbay_bench.kube import PROFILES, profile
 from patchbay_bench.peers import largest_report
 from patchbay_bench.setup import Cluster, kwok_cluster, operator, report_proxy, status_mib
-from patchbay_operator import devicereports
+from patchbay_operator import agentwatch, devicereports
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.devicereports import Report
+from patchbay_operator.informer import LIST_CHUNK
+from patchbay_operator.kube import Kube, load_configuration
 from patchbay_operator.profiles import Profile
 from patchbay_operator.status.deviceplugin import plugin_status
 
@@ -109,6 +113,24 @@ def operator_rss(r: Run, cluster: Cluster, size: str, tree: Path | None = None) 
                 "held": held,
                 "live": op.live_after,
             }
+
+
+def bare_list(r: Run, cluster: Cluster, size: str) -> float:
+    """Seconds for the operator's own client (``kube.Kube.list_pages``, the informer's paging) to
+    LIST every report through a fresh proxy serving ``size`` reports, each page's JSON decoded and
+    dropped: the transport, the proxy's generating and the JSON decode of the operator's start,
+    without the operator (no other LIST, no ``Report`` kept, no kopf)."""
+    reports = agentwatch.sources(NS)[3]
+    with report_proxy(r, cluster, size, namespace=NS, profile=PROFILE, node_label=f"{LABEL}=1") as kubeconfig:
+        kube = Kube(load_configuration(str(kubeconfig), 2))
+        t0 = time.monotonic()
+        held = 0
+        for page in kube.list_pages(reports.path, LIST_CHUNK, reports.selectors, first=reports.first_page):
+            held += len(page.items)
+        took = time.monotonic() - t0
+    if held < len(cluster.nodes):
+        raise AssertionError(f"the bare LIST got {held} reports of {len(cluster.nodes)}")
+    return took
 
 
 def kept(make: Callable[[int], Any], count: int) -> tuple[float, list[Any]]:
@@ -235,6 +257,23 @@ def run(r: Run) -> None:
         else:
             got = interleave(r.rounds(), {size: side(size) for size in ("bounds", "small")}, progress=r.log)
             names = {"bounds": "reports at the CRD bounds", "small": "small reports (4 devices)"}
+            # What of the start is the LIST itself: the same reports, LISTed bare, interleaved.
+            bare = interleave(
+                r.rounds(),
+                {"operator": side("bounds"), "bare": lambda _i: {"held": bare_list(r, cluster, "bounds")}},
+                progress=r.log,
+            )
+            r.figure(
+                "operator: start -> every report held, against a bare LIST of them",
+                "s",
+                {
+                    "the operator, reports at the CRD bounds": [x["held"] for x in bare["operator"]],
+                    "a bare LIST of the same reports (the operator's client, JSON only)": [
+                        x["held"] for x in bare["bare"]
+                    ],
+                },
+                note="the bare LIST includes the bench proxy generating each report and TLS on loopback",
+            )
         # Against an older operator: figures of their own (the headline rows stay bounds/small).
         against = ", against an older operator" if baseline else ""
         for key, what in (("hwm", "peak RSS (VmHWM)"), ("rss", "RSS once settled (VmRSS)")):
