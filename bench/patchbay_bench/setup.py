@@ -23,7 +23,7 @@ from support.processes import stop_process
 
 from patchbay_bench import REPO
 from patchbay_bench.harness import Run, others_running, wait
-from patchbay_bench.kube import NODES, Api, ns_path
+from patchbay_bench.kube import NODES, PROFILES, Api, ns_path, profile
 from patchbay_bench.peers import Operator, PodResourcesPeer, PyKubelet, ThreadedPeers
 from patchbay_devcluster import DevCluster, find_bin_dir, real_node_holder
 from patchbay_devcluster.imagebuild import BuiltImage, build_all
@@ -240,6 +240,29 @@ def operator(
         yield op
     finally:
         op.stop()
+
+
+def agents_everywhere(run: Run, cluster: Cluster, namespace: str, name: str, label: str) -> None:
+    """A DevicePlugin profile ``name`` selecting the ``label``=1 kwok nodes, and its agent pods on
+    every one of them (kwok runs them): one operator renders the DaemonSet, then stops. The pods'
+    names go into ``report_proxy``'s reports, so an operator believes them."""
+    spec = {
+        "resourceName": "example.com/serial",
+        "mode": "DevicePlugin",
+        "nodeSelector": {"matchLabels": {label: "1"}},
+        "plugin": {"discovery": {"virtual": {"count": 4}}},
+        "agent": {"tolerations": [{"operator": "Exists"}]},
+    }
+    cluster.api.create(PROFILES, profile(name, spec))
+    nodes = len(cluster.nodes)
+    pods = ns_path(namespace, "pods")
+    with operator(run, cluster.kubeconfig, namespace, "--agent-image", "example.invalid/agent:bench"):
+        wait(
+            "the agent pods on every node",
+            lambda: len(cluster.api.items(pods, labelSelector=f"patchbay.dev/profile={name}")) >= nodes,
+            max(300, nodes * 0.3),
+            1.0,
+        )
 
 
 @contextlib.contextmanager

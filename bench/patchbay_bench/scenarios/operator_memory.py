@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from patchbay_bench.harness import Run, interleave, wait
-from patchbay_bench.kube import PROFILES, profile
 from patchbay_bench.peers import largest_report
-from patchbay_bench.setup import Cluster, kwok_cluster, operator, report_proxy, status_mib
+from patchbay_bench.setup import Cluster, agents_everywhere, kwok_cluster, operator, report_proxy, status_mib
 from patchbay_operator import agentwatch, devicereports
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.devicereports import Report
@@ -214,30 +213,7 @@ def run(r: Run) -> None:
     nodes = r.integer("nodes")
     with kwok_cluster(r, nodes, prefix="om-", labels={LABEL: "1"}, crds=False) as cluster:
         cluster.chart_without_operator(NS)
-        spec = {
-            "resourceName": "example.com/serial",
-            "mode": "DevicePlugin",
-            "nodeSelector": {"matchLabels": {LABEL: "1"}},
-            "plugin": {"discovery": {"virtual": {"count": 4}}},
-            "agent": {"tolerations": [{"operator": "Exists"}]},
-        }
-        cluster.api.create(PROFILES, profile(PROFILE, spec))
-        # One operator renders the profile's DaemonSet; kwok then runs its pods (their names go
-        # into the reports, so the operator believes them).
-        with operator(r, cluster.kubeconfig, NS, "--agent-image", "example.invalid/agent:bench"):
-            wait(
-                "the agent pods on every node",
-                lambda: (
-                    len(
-                        cluster.api.items(
-                            f"/api/v1/namespaces/{NS}/pods", labelSelector=f"patchbay.dev/profile={PROFILE}"
-                        )
-                    )
-                    >= nodes
-                ),
-                max(300, nodes * 0.3),
-                1.0,
-            )
+        agents_everywhere(r, cluster, NS, PROFILE, LABEL)
 
         def side(size: str, tree: Path | None = None) -> Callable[[int], dict[str, float]]:
             return lambda _i: operator_rss(r, cluster, size, tree)

@@ -31,35 +31,13 @@ from typing import Any
 
 from patchbay_bench import REPO
 from patchbay_bench.harness import Run, interleave, wait
-from patchbay_bench.kube import PROFILES, profile
-from patchbay_bench.setup import Cluster, kwok_cluster, operator, report_proxy
+from patchbay_bench.setup import Cluster, agents_everywhere, kwok_cluster, operator, report_proxy
 from patchbay_operator.config import Settings
 from patchbay_operator.timestamps import parse_rfc3339
 
 NS, PROFILE, LABEL, PEERING = "patchbay-bench", "bench-takeover", "patchbay.dev/bench", "bench-takeover"
 KOPF_DEFAULT_LIFETIME = 60
 PEERING_CRD = REPO / "crds" / "kopf.dev_clusterkopfpeerings.yaml"
-
-
-def agents_everywhere(r: Run, cluster: Cluster, nodes: int) -> None:
-    """The profile, and its agent pods on every node (kwok runs them): one operator renders the
-    DaemonSet, then stops. The pods' names go into the proxy's reports."""
-    spec = {
-        "resourceName": "example.com/serial",
-        "mode": "DevicePlugin",
-        "nodeSelector": {"matchLabels": {LABEL: "1"}},
-        "plugin": {"discovery": {"virtual": {"count": 4}}},
-        "agent": {"tolerations": [{"operator": "Exists"}]},
-    }
-    cluster.api.create(PROFILES, profile(PROFILE, spec))
-    with operator(r, cluster.kubeconfig, NS, "--agent-image", "example.invalid/agent:bench"):
-        pods = f"/api/v1/namespaces/{NS}/pods"
-        wait(
-            "the agent pods on every node",
-            lambda: len(cluster.api.items(pods, labelSelector=f"patchbay.dev/profile={PROFILE}")) >= nodes,
-            max(300, nodes * 0.3),
-            1.0,
-        )
 
 
 def one_takeover(r: Run, cluster: Cluster, size: str, lifetime: int, rnd: random.Random) -> dict[str, float]:
@@ -132,7 +110,7 @@ def run(r: Run) -> None:
     with kwok_cluster(r, nodes, prefix="to-", labels={LABEL: "1"}, crds=False) as cluster:
         cluster.chart_without_operator(NS)
         cluster.crds([PEERING_CRD])  # the chart renders it with operator.replicas above 1 only
-        agents_everywhere(r, cluster, nodes)
+        agents_everywhere(r, cluster, NS, PROFILE, LABEL)
 
         def side(lifetime: int) -> Callable[[int], dict[str, float]]:
             return lambda _i: one_takeover(r, cluster, size, lifetime, rnd)
