@@ -376,6 +376,47 @@ async def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newe
         await kubelet.stop()
 
 
+async def test_when_the_agent_that_registered_last_leaves_first_the_other_registers_again(
+    plugin_dir: Path, hw: FakeHardware, one_client_release: str
+) -> None:
+    """Two template changes of a shared agent's DaemonSet a second apart (seen on a v1.34.4 node,
+    2026-11-30): the newer pod's agent B served and registered first; the older pod's agent A,
+    slower to start, registered after it and handed over (B's socket was the older one). The
+    DaemonSet controller then removed A. A one-client kubelet sends Allocate to the endpoint of
+    the resource's LAST registration, and a hand-over leaves it in place: A's removed socket.
+    B's stream kept the devices counted, so pods were scheduled and refused at admission
+    ("Allocate failed ... no such file or directory"). B must register again once A is gone:
+    Allocate reaches B, and nothing was ever marked unhealthy."""
+    hw.add_serials(2)
+
+    def start() -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
+        return running_agent(
+            SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=one_client_release
+        )
+
+    kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+    async with kubelet, contextlib.AsyncExitStack() as first, contextlib.AsyncExitStack() as second:
+        b = await first.enter_async_context(start())
+        await until(lambda: b.ready)
+        assert kubelet.endpoint(RESOURCE) == registrar_of(b).endpoint
+        a = await second.enter_async_context(start())
+        await until(lambda: a.ready)
+        assert registrar_of(a).handover.count == 1  # B's socket is older: A handed over to it
+        assert kubelet.endpoint(RESOURCE) == registrar_of(a).endpoint  # Allocate goes to A
+        ended = kubelet.streams_ended
+        await second.aclose()  # the DaemonSet controller removes A (SIGTERM)
+        await kubelet.wait_for(lambda: kubelet.streams_ended > ended)
+        await kubelet.wait_for(lambda: kubelet.endpoint(RESOURCE) == registrar_of(b).endpoint)
+        got = await kubelet.allocate(RESOURCE, ["ttyUSB0"])
+        (container,) = got.container_responses
+        assert [d.host_path for d in container.devices] == ["/dev/ttyUSB0"]
+        assert kubelet.dropped == []
+        assert kubelet.healthy(RESOURCE) == 2
+        assert registrar_of(b).check.endpoint_retakes == 1
+        assert registrar_of(b).streams.drops == 0
+        await until(lambda: b.ready)
+
+
 async def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_closed_its_client(
     plugin_dir: Path, hw: FakeHardware, one_client_release: str
 ) -> None:

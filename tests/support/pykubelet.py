@@ -85,6 +85,12 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         self.one_client_per_resource = one_client_per_resource
         #: the current client per resource (one_client_per_resource): its channel
         self.clients: dict[str, grpc.aio.Channel] = {}
+        #: the device manager's endpoint per resource, where Allocate goes: the socket (file name)
+        #: and stub of the resource's newest registration whose GetDevicePluginOptions answered
+        #: (`PluginConnected` replaces it; a hand-over's failed connect and a client closed
+        #: after its stream leave it in place). Only kubelets before v1.37 are played here:
+        #: v1.37 promotes a remaining endpoint when one disconnects.
+        self.endpoints: dict[str, tuple[str, api_pb2_grpc.DevicePluginStub]] = {}
         #: resources whose devices were all marked unhealthy by a drop, in order
         self.dropped: list[str] = []
         self.socket = plugin_dir / "kubelet.sock"
@@ -144,6 +150,7 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
                     await context.abort(grpc.StatusCode.UNKNOWN, "failed to dial device plugin: timeout")
             options = await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=2)
             serving = True
+            self.endpoints[request.resource_name] = (request.endpoint, stub)
         except grpc.aio.AioRpcError as e:
             options, serving = None, False
             if self.one_client_per_resource:
@@ -210,6 +217,21 @@ class PyKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
             api_pb2.Device(ID=d.ID, health="Unhealthy", topology=d.topology)
             for d in self.devices.get(resource, [])
         ]
+
+    def endpoint(self, resource: str) -> str | None:
+        """The socket (file name) the device manager sends the resource's Allocate to."""
+        held = self.endpoints.get(resource)
+        return None if held is None else held[0]
+
+    async def allocate(self, resource: str, device_ids: list[str]) -> api_pb2.AllocateResponse:
+        """One container's Allocate, sent where the device manager sends it (`endpoint`); raises
+        grpc.aio.AioRpcError as the kubelet's admission would fail (e.g. the socket is gone)."""
+        _, stub = self.endpoints[resource]
+        request = api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=device_ids)]
+        )
+        response: api_pb2.AllocateResponse = await stub.Allocate(request, timeout=5)
+        return response
 
     def healthy(self, resource: str) -> int:
         """Devices of the resource the kubelet would count allocatable now."""

@@ -11,8 +11,21 @@ previous agent then exits, the kubelet finds no client of the resource to close:
 And when an agent leaves: handed over and with NO other agent of its resource serving (older or
 newer), it registers its own socket again first, so that its exit makes the kubelet mark the
 resource unhealthy as before; with another agent serving, never (its exit would close that
-agent's client). `HandOver` is this part of the registrar (`registration.Registrar`), given the
-registrar's Register call when it is built.
+agent's client).
+
+And when ANOTHER agent leaves while we stay: those kubelets send Allocate to the endpoint of the
+resource's LAST registration, whoever made it, and a hand-over leaves that endpoint in place. So
+when the agent that registered last leaves first (two template changes a second apart: the
+older pod, slower to start, registered after the newer one and handed over to it), the kubelet
+keeps counting our devices (our stream feeds them) but dials the leaver's removed socket for
+every Allocate: pods are refused with "Allocate failed ... no such file or directory" until
+someone registers again. The survivor registers again when the leaver may have registered after
+its own newest registration (`may_hold_the_endpoint`): that registration was not handed over (an
+agent hands over only to OLDER agents, so one that did not was alone or the older one), or the
+leaver's socket appeared after it began. Otherwise (the usual rollout: we handed over to the
+leaver) nothing is sent, so the leaver's exit can never close a client of ours
+(docs/facts.md#kubelet-endpoints). `HandOver` is this part of the registrar
+(`registration.Registrar`), given the registrar's Register call when it is built.
 """
 
 from __future__ import annotations
@@ -82,6 +95,9 @@ class HandOver:
         self.in_flight = False
         #: hand-overs the kubelet answered as it should
         self.count = 0
+        #: other agents' sockets of our resource that appeared since our newest registration
+        #: began: they may have registered after it
+        self._arrived: set[str] = set()
 
     async def learn(self) -> None:
         """Ask once, before the registrar's loop starts, whether this kubelet keeps one client
@@ -92,6 +108,22 @@ class HandOver:
     def new_registration(self) -> None:
         """A fresh registration of ours: not handed over yet."""
         self.done = False
+
+    def registering(self) -> None:
+        """A Register of ours begins: every agent that registers after it arrives from now on."""
+        self._arrived.clear()
+
+    def arrived(self, name: str) -> None:
+        """Another agent's socket of our resource appeared (`name`)."""
+        self._arrived.add(name)
+
+    def may_hold_the_endpoint(self, name: str) -> bool:
+        """Another agent's socket of our resource (`name`) went: whether, on a kubelet that keeps
+        one client per resource, that agent may have registered after our newest registration,
+        so that the kubelet's Allocate now dials its removed socket (module doc)."""
+        arrived = name in self._arrived
+        self._arrived.discard(name)
+        return self.one_client and (not self.done or arrived)
 
     @property
     def one_client(self) -> bool:

@@ -41,6 +41,11 @@ Rules this module keeps:
   no client of the resource to close: no drop, no dip. An agent that goes with no successor
   registers its own socket again first, so that its exit makes the kubelet mark the resource
   unhealthy as before (docs/facts.md#kubelet-endpoints);
+* those kubelets send Allocate to the endpoint of the resource's LAST registration, and a
+  hand-over leaves it in place: when another agent of our resource that may have registered
+  after our newest registration leaves (ours was not handed over, or its socket appeared after
+  ours began), register again, or every Allocate dials its removed socket while our stream keeps
+  the devices counted (`handover.HandOver.may_hold_the_endpoint`);
 * the kubelet keeps one endpoint per socket PATH. When it refuses Register with "device plugin
   already connected", it has just dropped its client for that path but may keep the endpoint,
   which then blocks the path until it restarts: serve on a NEW socket name and register that
@@ -301,11 +306,18 @@ class Registrar:
     def _on_event(self, directory: Path, name: str, mask: int) -> None:
         if name in (KUBELET_SOCKET, self.endpoint) or not name:
             self._kick.set()
-        elif mask & (flags.DELETE | flags.MOVED_FROM) and is_same_resource(name, self._resource_name):
+        elif not is_same_resource(name, self._resource_name):
+            return
+        elif mask & (flags.CREATE | flags.MOVED_TO):
+            self.handover.arrived(name)
+        elif mask & (flags.DELETE | flags.MOVED_FROM):
             # Another agent of our resource left: on kubelets before 1.37 its exit may have taken
-            # our devices with it. Look once its streams have surely ended.
+            # our devices with it (look once its streams have surely ended), or, had it registered
+            # after us, left the kubelet's Allocate dialing its removed socket (register again).
             now = time.monotonic()
             self.check.view.look_at(*(now + t for t in VIEW_AFTER_LEAVE))
+            if self.handover.may_hold_the_endpoint(name):
+                self.check.endpoint_may_be_gone(now)
             self._kick.set()
 
     async def _ensure_serving(self) -> float | None:
@@ -358,6 +370,7 @@ class Registrar:
         if self.streams.closing:
             return None
         self.streams.registering()
+        self.handover.registering()
         call = asyncio.ensure_future(self.socket.register())
         try:
             while not call.done():
@@ -384,6 +397,7 @@ class Registrar:
         self._backoff.reset()
         grace = self.streams.registered()
         self.handover.new_registration()
+        self.check.registered()
         self._set_registered(kubelet_id)
         self.registration_count += 1
         self._metrics.registrations.labels("success").inc()

@@ -39,6 +39,11 @@ DROP_SETTLE_EVERY = 0.002
 #: devices: once its streams have surely ended and the kubelet acted on that (tens of ms on a
 #: quiet node), and again later for a busy one.
 VIEW_AFTER_LEAVE = (0.05, 0.3, 1.0, 3.0)
+#: After another agent that may hold the kubelet's endpoint of our resource left, how long to wait
+#: before registering again (`HandOver.may_hold_the_endpoint`). Its stream ended before its socket
+#: went and the kubelet looks for a client to close within microseconds of that end; were our
+#: Register to land before that look, the leaver's end would close OUR new client (a drop).
+LEAVE_SETTLE = 0.05
 #: A view found short is looked at again this much later before it counts (our own list may be on
 #: its way to the kubelet).
 VIEW_CONFIRM = 0.1
@@ -140,6 +145,19 @@ class RegistrationCheck:
         self.view = KubeletView(kubelet_allocatable, advertised_healthy)
         #: registrations made again because the kubelet had lost our devices (`KubeletView`)
         self.retakes = 0
+        #: when to register again because an agent that may hold the kubelet's endpoint of our
+        #: resource left (monotonic; None: not due), and how many times that was done
+        self.endpoint_retake_at: float | None = None
+        self.endpoint_retakes = 0
+
+    def endpoint_may_be_gone(self, now: float) -> None:
+        """An agent that may hold the kubelet's endpoint of our resource left (module doc of
+        `handover`): register again once it has surely been let go (LEAVE_SETTLE)."""
+        self.endpoint_retake_at = now + LEAVE_SETTLE
+
+    def registered(self) -> None:
+        """A registration of ours succeeded: it is the kubelet's endpoint now, or a later one's."""
+        self.endpoint_retake_at = None
 
     async def judge(self, endpoint: str) -> float | Verdict | None:
         """Registered (as `endpoint`) with the kubelet that is there: hand over when due, look at
@@ -147,6 +165,18 @@ class RegistrationCheck:
         look again (None: on the next event)."""
         now = time.monotonic()
         if self._streams.newest_open:
+            retake = self.endpoint_retake_at
+            if retake is not None and not self._handover.in_flight:
+                if now < retake:
+                    return retake - now
+                self.endpoint_retake_at = None
+                self.endpoint_retakes += 1
+                log.warning(
+                    "Another agent of %s left that may have registered after us: the kubelet "
+                    "(before v1.37) would send Allocate to its removed socket; registering again",
+                    self._resource_name,
+                )
+                return Verdict.REGISTER
             if self._handover.due(endpoint):
                 await self._handover.hand_over(endpoint)
             view = self.view
