@@ -166,7 +166,7 @@ class RegistrationCheck:
         now = time.monotonic()
         if self._streams.newest_open:
             retake = self.endpoint_retake_at
-            if retake is not None and not self._handover.in_flight:
+            if retake is not None:
                 if now < retake:
                     return retake - now
                 self.endpoint_retake_at = None
