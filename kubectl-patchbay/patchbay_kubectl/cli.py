@@ -97,6 +97,11 @@ def gather_devices(k: Kube, args: argparse.Namespace) -> Inputs:
         data.reports = _reports(k, namespace_of(args), args.profile, args.node, profiles)
     if STATIC in modes:
         data.nodes = _nodes(k, args.node)
+        # A Static resource's holders: the pods that ask for it (running or waiting on a node).
+        fields = ["status.phase!=Succeeded", "status.phase!=Failed"]
+        if args.node:
+            fields.append(f"spec.nodeName={args.node}")
+        data.pods = k.list("/api/v1/pods", field_selector=",".join(fields))
     if DRA in modes:
         fields = [f"spec.nodeName={args.node}"] if args.node else []
         dra = [p for p in profiles if mode_of(p) == DRA]

@@ -22,6 +22,7 @@ from patchbay_kubectl.views.objects import (
     is_fault_taint,
     mode_of,
     name_of,
+    pod_request,
     quantity,
     report_index,
     resource_of,
@@ -211,8 +212,16 @@ def _slice_rows(
     return rows
 
 
-def _static_rows(profile: Obj, nodes: Iterable[Obj]) -> list[DeviceRow]:
+def _static_rows(profile: Obj, nodes: Iterable[Obj], pods: Iterable[Obj]) -> list[DeviceRow]:
+    """One row per selected node; its holders are the node's pods that ask for the resource
+    (a Static resource has no devices of its own to hold: the units are counted, not named)."""
     res, rows = resource_of(profile), []
+    holders: dict[str, set[str]] = {}
+    for pod in pods:
+        if pod_request(pod, res) > 0:
+            meta = pod.get("metadata") or {}
+            node_name = str((pod.get("spec") or {}).get("nodeName") or "")
+            holders.setdefault(node_name, set()).add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
     problems = {
         str(p.get("node")): p for p in (profile.get("status") or {}).get("problems") or [] if p.get("node")
     }
@@ -233,6 +242,7 @@ def _static_rows(profile: Obj, nodes: Iterable[Obj]) -> list[DeviceRow]:
                 profile,
                 str(meta.get("name", "")),
                 f"{have if have is not None else 0} units",
+                holders=sorted(holders.get(str(meta.get("name", "")), ())),
                 health="Healthy" if ok else "Unhealthy",
                 reason=reason,
                 message="" if ok else str(problem.get("message") or f"allocatable {have}, intended {want}"),
@@ -254,7 +264,7 @@ def device_rows(
             continue
         mode = mode_of(p)
         if mode == STATIC:
-            rows += _static_rows(p, data.nodes)
+            rows += _static_rows(p, data.nodes, data.pods)
         elif mode == DRA:
             from_slices = _slice_rows(p, data.slices, reports, held, data.rules)
             rows += from_slices

@@ -182,3 +182,24 @@ def group_of(profile: Obj, labels: Mapping[str, str]) -> tuple[str, Obj]:
         if selector_matches(g.get("nodeSelector"), labels):
             return str(g.get("name", "")), merged(plugin, g.get("plugin") or {})
     return DEFAULT_GROUP, plugin
+
+
+DONE_PHASES = ("Succeeded", "Failed")
+
+
+def pod_request(pod: Obj, resource: str) -> int:
+    """How much of ``resource`` a pod holds on its node, by the kubelet's rule: the larger of the
+    containers' sum and the largest init container's (an extended resource's request equals its
+    limit; a limit alone counts as the request). 0 for a pod that has ended."""
+    if (pod.get("status") or {}).get("phase") in DONE_PHASES:
+        return 0
+    pod_spec = pod.get("spec") or {}
+
+    def ask(container: Obj) -> int:
+        res = container.get("resources") or {}
+        value = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
+        return quantity(value) or 0
+
+    main = sum(ask(c) for c in pod_spec.get("containers") or [])
+    init = max((ask(c) for c in pod_spec.get("initContainers") or []), default=0)
+    return max(main, init)

@@ -30,7 +30,7 @@ from patchbay_kubectl.views.objects import (
     Obj,
     group_of,
     name_of,
-    quantity,
+    pod_request,
     report_index,
     selector_matches,
     spec,
@@ -303,27 +303,6 @@ def _replicas(plugin: Mapping[str, Any]) -> int:
     """How many pods (or claims) may use a device at once: ``sharing.replicas``, absent 1."""
     value = (plugin.get("sharing") or {}).get("replicas")
     return value if isinstance(value, int) and value > 0 else 1
-
-
-DONE_PHASES = ("Succeeded", "Failed")
-
-
-def pod_request(pod: Obj, resource: str) -> int:
-    """How much of ``resource`` a pod holds on its node, by the kubelet's rule: the larger of the
-    containers' sum and the largest init container's (an extended resource's request equals its
-    limit; a limit alone counts as the request). 0 for a pod that has ended."""
-    if (pod.get("status") or {}).get("phase") in DONE_PHASES:
-        return 0
-    pod_spec = pod.get("spec") or {}
-
-    def ask(container: Obj) -> int:
-        res = container.get("resources") or {}
-        value = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
-        return quantity(value) or 0
-
-    main = sum(ask(c) for c in pod_spec.get("containers") or [])
-    init = max((ask(c) for c in pod_spec.get("initContainers") or []), default=0)
-    return max(main, init)
 
 
 def static_holders(plan: NodePlan, resource: str, pods: Sequence[Obj]) -> None:

@@ -9,11 +9,10 @@ from typing import Any
 import yaml
 
 from patchbay_kubectl import output
-from patchbay_kubectl.views.objects import merged
+from patchbay_kubectl.views.objects import merged, pod_request
 from patchbay_kubectl.views.plan import (
     lowered_static_nodes,
     node_plan,
-    pod_request,
     profile_plan,
     static_holders,
 )

@@ -190,6 +190,34 @@ def test_static_rows_compare_allocatable_with_the_intended_count() -> None:
     ]
 
 
+def test_a_static_rows_holders_are_the_nodes_pods_that_ask_for_the_resource() -> None:
+    profile = {
+        "metadata": {"name": "d"},
+        "spec": {"mode": "Static", "resourceName": "example.com/d", "static": {"capacity": 2}},
+    }
+    nodes = [
+        {"metadata": {"name": n, "labels": {}}, "status": {"allocatable": {"example.com/d": "2"}}}
+        for n in "ab"
+    ]
+
+    def pod(name: str, node: str, limits: dict[str, str], phase: str = "Running") -> dict[str, Any]:
+        container = {"name": "c", "resources": {"limits": limits}}
+        return {
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"nodeName": node, "containers": [container]},
+            "status": {"phase": phase},
+        }
+
+    pods = [
+        pod("uses", "a", {"example.com/d": "1"}),
+        pod("other", "a", {"example.com/x": "1"}),
+        pod("ended", "a", {"example.com/d": "1"}, phase="Succeeded"),
+        pod("elsewhere", "b", {"example.com/d": "2"}),
+    ]
+    rows = device_rows(Inputs(profiles=[profile], nodes=nodes, pods=pods))
+    assert [(r.node, r.holders) for r in rows] == [("a", ["ns/uses"]), ("b", ["ns/elsewhere"])]
+
+
 def test_completion_candidates() -> None:
     def lookup(kind: str) -> list[str]:
         return {"profiles": ["serial", "sensors"], "nodes": ["n1", "n2"]}.get(kind, [])
