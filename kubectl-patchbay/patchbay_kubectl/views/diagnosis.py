@@ -14,7 +14,16 @@ from datetime import datetime
 
 from patchbay_api.agentpods import AgentPod, Warning, explain
 from patchbay_kubectl.views.inventory import SUMMARISED, backend_of, match, names, nothing_text
-from patchbay_kubectl.views.objects import Obj, age, group_of, mode_of, name_of, resource_of
+from patchbay_kubectl.views.objects import (
+    Obj,
+    age,
+    group_of,
+    mode_of,
+    name_of,
+    resource_of,
+    selector_matches,
+    spec,
+)
 
 HINTS: dict[str, str] = {
     "ErrImageNeverPull": "load the agent image on the node, or fix spec.agent.image (chart: agent.image)",
@@ -226,6 +235,10 @@ def node_inventory(profile: Obj, node: Obj, report: Obj | None, inventory: Obj |
     out: Obj = {"node": name}
     if report is not None:
         out["serving"] = len(report.get("devices") or [])
+    if not selector_matches(spec(profile).get("nodeSelector"), labels):
+        out["text"] = "not selected: the profile's nodeSelector does not match the node's labels"
+        out["inventory"] = None
+        return out
     _group, plugin = group_of(profile, labels)
     discovery = plugin.get("discovery") or {}
     found = match(discovery, inventory) if inventory is not None else None

@@ -243,6 +243,9 @@ def test_why_profile_node_says_which_inventory_entries_come_closest(workstation:
     assert found["inventory"]["closest"][0].startswith("/dev/ttyUSB0 (0403:6001 FTDI FT232R USB UART)")
     no_inventory = diagnosis.node_inventory(profile, node("ws"), report("ws", {}), None)
     assert no_inventory["inventory"] is None and "not known" in no_inventory["text"]
+    elsewhere = {"metadata": {"name": "other", "labels": {}}}
+    unselected = diagnosis.node_inventory(profile, elsewhere, None, doc)
+    assert unselected["inventory"] is None and unselected["text"].startswith("not selected: ")
 
 
 def test_what_comes_closest_to_a_glob_that_matches_nothing(tmp_path: Path) -> None:
