@@ -15,7 +15,7 @@ import yaml
 
 from patchbay_kubectl import agentpods, kube, output
 from patchbay_kubectl.arguments import namespace_of
-from patchbay_kubectl.kube import Kube, KubeError
+from patchbay_kubectl.kube import ConflictError, Kube, KubeError
 from patchbay_kubectl.output import Exit
 from patchbay_kubectl.views.inventory import inventory_index as discover_index
 from patchbay_kubectl.views.objects import Obj, name_of
@@ -67,6 +67,27 @@ def _dry_run(k: Kube, args: argparse.Namespace, doc: Obj, live: Obj | None) -> O
     return k.replace(path, wanted, dry_run=True)
 
 
+REREADS = 5
+"""How often ``diff`` reads the live profile and dry-runs against it when the dry-run replace
+meets a conflict (an object written in between)."""
+
+
+def _live_and_after(k: Kube, args: argparse.Namespace, doc: Obj, path: str) -> tuple[Obj | None, Obj]:
+    """The live profile and the dry run of the file against it. The dry-run replace is pinned to
+    the live object's resourceVersion, and the operator writes the profile's status all the time
+    (a status write moves the object's resourceVersion too), so a write between the two requests
+    makes the server refuse the replace as a conflict: read the live object again and redo the
+    dry run (bounded). A server-side apply's conflict is another manager's field: said as is."""
+    for attempt in range(REREADS):
+        live = k.get(path)
+        try:
+            return live, _dry_run(k, args, doc, live)
+        except ConflictError:
+            if args.server_side or live is None or attempt == REREADS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 INVENTORY_LIST_FROM = 50
 """``diff`` reads the NodeInventories of the nodes a change of discovery touches: a GET each, or
 one LIST where the cluster has more nodes than this (at 5,000 nodes of about 1.4 kB each, one
@@ -114,8 +135,7 @@ def cmd_diff(k: Kube, args: argparse.Namespace) -> str:
         # The file's own API version (v1alpha1 too): the server converts, both sides alike.
         collection = diff_collection(doc)
         path = f"{collection}/{quote(name, safe='')}"
-        live = k.get(path)
-        after = _dry_run(k, args, doc, live)
+        live, after = _live_and_after(k, args, doc, path)
         if live is None:
             action = "created"
         else:

@@ -227,6 +227,11 @@ class NotFoundError(KubeError):
     """The API server answered 404."""
 
 
+class ConflictError(KubeError):
+    """The API server answered 409: an update pinned to a resourceVersion that is no longer the
+    object's, or (server-side apply) a field another manager owns."""
+
+
 def _api_error(status: int, raw: bytes | None) -> KubeError:
     """kubectl's wording: ``Error from server (Forbidden): <the server's message>``."""
     message, reason = (raw or b"").decode(errors="replace"), ""
@@ -237,7 +242,9 @@ def _api_error(status: int, raw: bytes | None) -> KubeError:
     except (ValueError, AttributeError):
         pass
     text = f"Error from server ({reason or status}): {message}"
-    return NotFoundError(text) if status == 404 else KubeError(text)
+    if status == 404:
+        return NotFoundError(text)
+    return ConflictError(text) if status == 409 else KubeError(text)
 
 
 def contexts(kubeconfig: str | None) -> list[str]:

@@ -3,9 +3,11 @@ agents write them, what a new profile would take away, who holds it, and what on
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
+import pytest
 import yaml
 
 from patchbay_kubectl import output
@@ -235,3 +237,53 @@ def test_a_file_is_dry_run_in_its_own_api_version() -> None:
     assert (
         diff_collection({"kind": "DevicePluginProfile"}) == "/apis/patchbay.dev/v1beta1/devicepluginprofiles"
     )
+
+
+def test_a_profile_written_between_the_read_and_the_dry_run_is_read_again() -> None:
+    """The operator's status write between diff's GET and its dry-run replace (pinned to the GET's
+    resourceVersion) is the server's 409; diff reads the profile again and dry-runs against it
+    (seen on a v1.34.4 node: `diff -f` failed with "the object has been modified")."""
+    from patchbay_kubectl import diff
+    from patchbay_kubectl.kube import ConflictError, _api_error
+
+    class Api:
+        def __init__(self) -> None:
+            self.version, self.replaced = 1, []  # type: ignore[var-annotated]
+
+        def get(self, path: str) -> dict[str, Any]:
+            return {"metadata": {"name": "p", "resourceVersion": str(self.version)}, "spec": {}}
+
+        def replace(self, path: str, doc: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+            pinned = doc["metadata"]["resourceVersion"]
+            self.replaced.append(pinned)
+            if self.version < 3:  # the operator writes the status twice meanwhile
+                self.version += 1
+                raise _api_error(409, b'{"reason": "Conflict", "message": "the object has been modified"}')
+            return doc
+
+    api = Api()
+    args = argparse.Namespace(server_side=False)
+    doc = {"apiVersion": "patchbay.dev/v1beta1", "kind": "DevicePluginProfile", "metadata": {"name": "p"}}
+    live, after = diff._live_and_after(api, args, doc, "/p")  # type: ignore[arg-type]
+    assert api.replaced == ["1", "2", "3"]
+    assert (
+        live is not None
+        and live["metadata"]["resourceVersion"] == after["metadata"]["resourceVersion"] == "3"
+    )
+    with pytest.raises(ConflictError):  # server-side apply's conflicts are another manager's: as they are
+        diff._live_and_after(
+            _Applies(),
+            argparse.Namespace(server_side=True, field_manager="m", force_conflicts=False),
+            doc,
+            "/p",
+        )  # type: ignore[arg-type]
+
+
+class _Applies:
+    def get(self, path: str) -> dict[str, Any]:
+        return {"metadata": {"name": "p", "resourceVersion": "1"}}
+
+    def apply(self, *a: Any, **kw: Any) -> dict[str, Any]:
+        from patchbay_kubectl.kube import _api_error
+
+        raise _api_error(409, b'{"reason": "Conflict", "message": "conflict with m2"}')
