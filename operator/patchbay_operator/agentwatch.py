@@ -32,7 +32,7 @@ from patchbay_operator.constants import (
     RETRY_CREATE_ANNOTATION,
     SHARED_KEY,
 )
-from patchbay_operator.devicereports import Report
+from patchbay_operator.devicereports import Report, decode_page
 from patchbay_operator.informer import Source, Store
 from patchbay_operator.kube import KubeError, Ref, Selectors, collection
 from patchbay_operator.parts import Part
@@ -68,6 +68,7 @@ def sources(
             Report.from_object,
             # 20 at the CRD's bounds are 15 MB of JSON; later pages follow kube.PAGE_BYTES.
             first_page=20,
+            decode_page=decode_page,
         ),
     )
 

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 MAX_KEPT_DEVICES = 16
 """Unhealthy devices kept per report: the status lists 10 problems in all, and a node with more
 sick devices than this gets one problem saying how many more (status/daemonset.py)."""
@@ -141,51 +143,148 @@ class Report:
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Report:
+        """A report from its decoded object (a watch event's): the same reading as a LIST page's
+        (``decode_page``), through the same wire structs."""
+        return cls.from_wire(msgspec.convert(obj, WireReport))
+
+    @classmethod
+    def from_wire(cls, w: WireReport) -> Report:
+        """What the operator keeps of one report as it came off the wire. Every field is read the
+        way the old dict reading did (a value of an unexpected type counts as absent), so a
+        report the CRD let through is never refused here."""
         devices: list[Device] = []
-        counts = Counts()
-        for d in obj.get("devices") or []:
-            healthy, withheld = d.get("health") == "Healthy", d.get("withheld") is True
+        total = healthy_n = held_n = withheld_n = withheld_healthy = 0
+        for d in w.devices:
+            healthy, withheld = d.health == "Healthy", d.withheld is True
             # Holders are counted, not kept: the status says how many devices are held, not by whom
             # (kubectl patchbay devices reads them from the report itself).
-            counts = counts.plus(healthy, bool(d.get("pods")), withheld)
+            total += 1
+            healthy_n += healthy
+            held_n += _held(d.pods)
+            withheld_n += withheld
+            withheld_healthy += withheld and healthy
             if healthy or len(devices) >= MAX_KEPT_DEVICES:
                 continue
             devices.append(
                 Device(
-                    id=str(d.get("id", "")),
+                    id=_text(d.id),
                     healthy=False,
-                    reason=str(d.get("reason") or ""),
-                    message=str(d.get("message") or ""),
-                    since=str(d.get("since") or ""),
+                    reason=_text(d.reason),
+                    message=_text(d.message),
+                    since=_text(d.since),
                     withheld=withheld,
                 )
             )
-        raw_error = obj.get("agentError")
         error = None
-        if isinstance(raw_error, Mapping):
+        if isinstance(w.agentError, Mapping):
             error = AgentError(
-                str(raw_error.get("reason") or "AgentFailed"),
-                str(raw_error.get("message") or ""),
-                str(raw_error.get("since") or ""),
+                _text(w.agentError.get("reason")) or "AgentFailed",
+                _text(w.agentError.get("message")),
+                _text(w.agentError.get("since")),
             )
-        raw_failures = obj.get("allocationFailures")
-        if not isinstance(raw_failures, Mapping):
-            raw_failures = {}
-        last = raw_failures.get("last")
+        failures = w.allocationFailures if isinstance(w.allocationFailures, Mapping) else {}
+        last = failures.get("last")
         return cls(
-            name=str((obj.get("metadata") or {}).get("name", "")),
-            profile=str(obj.get("profile") or ""),
-            node=str(obj.get("nodeName") or ""),
+            name=_text(w.metadata.get("name")),
+            profile=_text(w.profile),
+            node=_text(w.nodeName),
             devices=tuple(devices),
-            counts=counts,
-            agent=str(obj.get("agent") or ""),
-            device_taints=str(obj.get("deviceTaints") or ""),
+            counts=Counts(total, healthy_n, held_n, withheld_n, withheld_healthy),
+            agent=_text(w.agent),
+            device_taints=_text(w.deviceTaints),
             error=error,
-            consumable_capacity=str(obj.get("consumableCapacity") or ""),
-            partitionable_devices=str(obj.get("partitionableDevices") or ""),
-            node_group=str(obj.get("nodeGroup") or ""),
-            revision=str(obj.get("revision") or ""),
-            failures=int(raw_failures.get("count") or 0),
-            failures_since=str(raw_failures.get("since") or ""),
-            last_failure=str(last.get("message") or "") if isinstance(last, Mapping) else "",
+            consumable_capacity=_text(w.consumableCapacity),
+            partitionable_devices=_text(w.partitionableDevices),
+            node_group=_text(w.nodeGroup),
+            revision=_text(w.revision),
+            failures=int(failures.get("count") or 0),
+            failures_since=_text(failures.get("since")),
+            last_failure=_text(last.get("message")) if isinstance(last, Mapping) else "",
         )
+
+
+def _held(pods: Any) -> bool:
+    """Whether a device's ``pods`` names any holder. From a LIST page it is the JSON text itself
+    (``msgspec.Raw``): a list with a holder is longer than any empty value's text, and a short
+    text is decoded to be sure."""
+    if isinstance(pods, msgspec.Raw):
+        text = bytes(pods)
+        return len(text) > 8 or (bool(text) and bool(msgspec.json.decode(text)))
+    return bool(pods)
+
+
+def _text(value: Any) -> str:
+    """A string field as the operator keeps it: absent, null or empty -> ""."""
+    return str(value) if value else ""
+
+
+# --- the wire: a LIST page decoded straight into what the operator reads ----------------------
+#
+# Why not json.loads: a report at the CRD's bounds is 0.73 MB of JSON, 2,048 devices with their
+# messages and holders. json.loads builds a dict per device and per holder, and the operator keeps
+# counts and at most 16 devices of it; at 5,000 such reports the decode was most of the operator's
+# start (docs/benchmarks.md, "The decode of a report at the bounds"). msgspec decodes into these
+# structs instead: unknown fields are skipped without building them, and the holders' objects are
+# kept as raw bytes (``pods``: only whether a device has any is read). Every leaf is ``Any`` on
+# purpose: the reading above stays as lenient as a dict's, and a type the CRD allows never fails a
+# whole page.
+
+
+class WireDevice(msgspec.Struct):
+    id: Any = None
+    health: Any = None
+    reason: Any = None
+    message: Any = None
+    since: Any = None
+    withheld: Any = None
+    pods: Any = None
+
+
+class WireReport(msgspec.Struct):
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    profile: Any = None
+    nodeName: Any = None  # noqa: N815 (the API's field name)
+    devices: list[WireDevice] = msgspec.field(default_factory=list)
+    agent: Any = None
+    deviceTaints: Any = None  # noqa: N815
+    agentError: Any = None  # noqa: N815
+    consumableCapacity: Any = None  # noqa: N815
+    partitionableDevices: Any = None  # noqa: N815
+    nodeGroup: Any = None  # noqa: N815
+    revision: Any = None
+    allocationFailures: Any = None  # noqa: N815
+
+
+class _RawDevice(WireDevice):
+    """A device as a LIST page carries it: its holders left undecoded."""
+
+    pods: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
+class _RawReport(WireReport):
+    devices: list[_RawDevice] = msgspec.field(default_factory=list)  # type: ignore[assignment]
+
+
+class _ListMeta(msgspec.Struct):
+    resourceVersion: Any = None  # noqa: N815
+    continue_: Any = msgspec.field(default=None, name="continue")
+
+
+class _ReportList(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[_RawReport] = msgspec.field(default_factory=list)
+
+
+_PAGE = msgspec.json.Decoder(_ReportList)
+
+
+def decode_page(raw: bytes) -> tuple[list[Report], str, str]:
+    """One DeviceReport LIST page's body -> its reports as kept, its resourceVersion and its
+    continue token (``kube.Kube.list_pages``'s ``decode``). A body that is not a list of objects
+    raises ``ValueError``, as ``json.loads`` would."""
+    try:
+        page = _PAGE.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ValueError(f"a DeviceReport LIST page that cannot be read: {e}") from e
+    meta = page.metadata
+    return [Report.from_wire(item) for item in page.items], _text(meta.resourceVersion), _text(meta.continue_)

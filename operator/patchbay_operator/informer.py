@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from patchbay_operator.backoff import Backoff
-from patchbay_operator.kube import NO_SELECTORS, KubeAPI, KubeError, Selectors, Watch
+from patchbay_operator.kube import NO_SELECTORS, KubeAPI, KubeError, PageDecoder, Selectors, Watch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,6 +54,9 @@ class Source(Generic[T]):
     #: objects the LIST's first page asks for, before their size is known (later pages: as many
     #: as ``kube.PAGE_BYTES`` holds): fewer for kinds whose objects can be large
     first_page: int = LIST_CHUNK
+    #: reads a LIST page's body straight into the values kept (items already decoded, ``decode``
+    #: not applied to them): for kinds whose objects are large and mostly dropped
+    decode_page: PageDecoder | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,14 @@ def list_all(kube: KubeAPI, source: Source[T]) -> Snapshot[T]:
     """LIST every object, decoding page by page (full bodies are never all in memory at once)."""
     items: list[T] = []
     rv = ""
+    if source.decode_page is not None:
+        pages = kube.list_pages(
+            source.path, LIST_CHUNK, source.selectors, first=source.first_page, decode=source.decode_page
+        )
+        for page in pages:
+            items.extend(page.items)
+            rv = page.resource_version
+        return Snapshot(items, rv)
     for page in kube.list_pages(source.path, LIST_CHUNK, source.selectors, first=source.first_page):
         items.extend(source.decode(item) for item in page.items)
         rv = page.resource_version

@@ -106,9 +106,20 @@ class Page:
     """One page of a chunked LIST, with the resourceVersion of the list's snapshot and the
     ``limit`` it was asked with."""
 
-    items: list[dict[str, Any]]
+    items: list[Any]
     resource_version: str
     limit: int = 0
+
+
+PageDecoder = Callable[[bytes], tuple[list[Any], str, str]]
+"""A LIST page's body -> its items, its resourceVersion and its continue token."""
+
+
+def json_page(raw: bytes) -> tuple[list[Any], str, str]:
+    """The plain reading of a LIST page: its items as dicts (``PageDecoder``)."""
+    page = json.loads(raw)
+    meta = page.get("metadata") or {}
+    return page.get("items") or [], str(meta.get("resourceVersion") or ""), str(meta.get("continue") or "")
 
 
 class Watch:
@@ -228,6 +239,7 @@ class KubeAPI(Protocol):
         *,
         first: int | None = None,
         page_bytes: int = PAGE_BYTES,
+        decode: PageDecoder = json_page,
     ) -> Iterator[Page]: ...
     def watch(
         self,
@@ -381,6 +393,7 @@ class Kube:
         *,
         first: int | None = None,
         page_bytes: int = PAGE_BYTES,
+        decode: PageDecoder = json_page,
     ) -> Iterator[Page]:
         """A chunked LIST, a page at a time (a big cluster is never one giant response, nor one
         giant list of dicts in memory: callers keep what they need of each page and drop it).
@@ -389,7 +402,8 @@ class Kube:
 
         The first page asks for ``first`` objects (default ``chunk``); every later one for as
         many as ``page_bytes`` holds at the mean size seen so far, at most ``chunk`` (the
-        server's continue token does not depend on the limit)."""
+        server's continue token does not depend on the limit). ``decode`` reads each page's body:
+        plain JSON by default, or straight into what the caller keeps (``devicereports.decode_page``)."""
         cont, snapshot = "", ""
         limit = max(1, min(chunk, first or chunk))
         seen_bytes = seen_items = 0
@@ -401,14 +415,11 @@ class Kube:
             if not 200 <= status < 300:
                 raise KubeError(status, "GET", full, raw.decode(errors="replace"))
             seen_bytes += len(raw)
-            page = json.loads(raw)
+            items, rv, cont = decode(raw)
             del raw  # the body goes before the caller decodes the page's items
-            meta = page.get("metadata") or {}
-            snapshot = snapshot or str(meta.get("resourceVersion") or "")
-            items = page.get("items") or []
+            snapshot = snapshot or rv
             seen_items += len(items)
             yield Page(items, snapshot, limit)
-            cont = meta.get("continue") or ""
             if not cont:
                 return
             if seen_items:

@@ -125,6 +125,7 @@ class FakeKube:
         *,
         first: int | None = None,
         page_bytes: int = 0,
+        decode: Any = None,
     ) -> Iterator[Page]:
         self._call("list")
         items = [copy.deepcopy(n) for n in self.nodes.values()] if path == NODES_PATH else []
