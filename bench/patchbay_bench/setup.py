@@ -265,12 +265,29 @@ def agents_everywhere(run: Run, cluster: Cluster, namespace: str, name: str, lab
         )
 
 
+@dataclass(frozen=True)
+class Proxied:
+    """A running ``reportproxy``: the kubeconfig that dials it, and its process (for its CPU)."""
+
+    kubeconfig: Path
+    pid: int
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, user and system (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
 def report_proxy(
     run: Run, cluster: Cluster, size: str, *, namespace: str, profile: str, node_label: str
-) -> Iterator[Path]:
+) -> Iterator[Proxied]:
     """``reportproxy`` in front of ``cluster``'s API server, serving ``profile``'s reports (one
-    per ``node_label`` node, ``size`` "bounds" or "small"); yields a kubeconfig that dials it.
+    per ``node_label`` node, ``size`` "bounds" or "small"); yields its kubeconfig and process.
     Stopped by PID when the block ends."""
     port = free_port()
     argv = [
@@ -306,7 +323,7 @@ def report_proxy(
             return f"serving on 127.0.0.1:{port}" in log.read_text()
 
         wait("the report proxy", serving, 30, 0.1)
-        yield kubeconfig
+        yield Proxied(kubeconfig, proxy.pid)
 
 
 @contextlib.contextmanager

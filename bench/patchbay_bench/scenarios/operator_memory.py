@@ -32,7 +32,15 @@ from typing import Any
 
 from patchbay_bench.harness import Run, interleave, wait
 from patchbay_bench.peers import largest_report
-from patchbay_bench.setup import Cluster, agents_everywhere, kwok_cluster, operator, report_proxy, status_mib
+from patchbay_bench.setup import (
+    Cluster,
+    agents_everywhere,
+    cpu_seconds,
+    kwok_cluster,
+    operator,
+    report_proxy,
+    status_mib,
+)
 from patchbay_operator import agentwatch, devicereports
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.devicereports import Report
@@ -81,14 +89,14 @@ def git_commit(tree: Path) -> str:
 def operator_rss(r: Run, cluster: Cluster, size: str, tree: Path | None = None) -> dict[str, float]:
     """One fresh operator (``tree``'s: ``program_of``) against the proxy serving ``size``
     reports; its memory once it holds them all and has computed the status."""
-    with report_proxy(r, cluster, size, namespace=NS, profile=PROFILE, node_label=f"{LABEL}=1") as kubeconfig:
-        t0 = time.monotonic()
+    with report_proxy(r, cluster, size, namespace=NS, profile=PROFILE, node_label=f"{LABEL}=1") as proxy:
+        t0, proxy_cpu0 = time.monotonic(), proxy.cpu_seconds()
         n = len(cluster.nodes)
         # /healthz answers only after the first LISTs: 3.7 GB of reports at the bounds took
         # over 60 s here (the chart's startup probe allows operator.startupSeconds for that).
         with (
             program_of(tree),
-            operator(r, kubeconfig, NS, "--status-debounce", "1", start_timeout=max(60, n * 0.2)) as op,
+            operator(r, proxy.kubeconfig, NS, "--status-debounce", "1", start_timeout=max(60, n * 0.2)) as op,
         ):
             r.log(f"operator of {tree or 'this tree'}: repairs {repairs_served(op.metrics_port)}")
             wait(
@@ -98,6 +106,8 @@ def operator_rss(r: Run, cluster: Cluster, size: str, tree: Path | None = None) 
                 0.5,
             )
             held = time.monotonic() - t0
+            assert op.proc is not None
+            cpu = {"operator_cpu": cpu_seconds(op.proc.pid), "proxy_cpu": proxy.cpu_seconds() - proxy_cpu0}
             computes = op.stats().get("statusComputes", 0)
             wait(
                 "a status computation with them",
@@ -112,19 +122,20 @@ def operator_rss(r: Run, cluster: Cluster, size: str, tree: Path | None = None) 
                 "rss": status_mib(op.proc.pid, "VmRSS"),
                 "held": held,
                 "live": op.live_after,
+                **cpu,
             }
 
 
-def bare_list(r: Run, cluster: Cluster, size: str) -> float:
+def bare_list(r: Run, cluster: Cluster, size: str) -> dict[str, float]:
     """Seconds for the operator's own client (``kube.Kube.list_pages``, the informer's paging) to
     LIST every report through a fresh proxy serving ``size`` reports, each page decoded as the
     operator's informer decodes it (``devicereports.decode_page``) and dropped: the transport, the
     proxy's sending and the decode of the operator's start, without the operator (no other LIST,
     no kopf)."""
     reports = agentwatch.sources(NS)[3]
-    with report_proxy(r, cluster, size, namespace=NS, profile=PROFILE, node_label=f"{LABEL}=1") as kubeconfig:
-        kube = Kube(load_configuration(str(kubeconfig), 2))
-        t0 = time.monotonic()
+    with report_proxy(r, cluster, size, namespace=NS, profile=PROFILE, node_label=f"{LABEL}=1") as proxy:
+        kube = Kube(load_configuration(str(proxy.kubeconfig), 2))
+        t0, cpu0, proxy_cpu0 = time.monotonic(), time.process_time(), proxy.cpu_seconds()
         held = 0
         pages = kube.list_pages(
             reports.path,
@@ -136,9 +147,10 @@ def bare_list(r: Run, cluster: Cluster, size: str) -> float:
         for page in pages:
             held += len(page.items)
         took = time.monotonic() - t0
+        cpu = {"client_cpu": time.process_time() - cpu0, "proxy_cpu": proxy.cpu_seconds() - proxy_cpu0}
     if held < len(cluster.nodes):
         raise AssertionError(f"the bare LIST got {held} reports of {len(cluster.nodes)}")
-    return took
+    return {"held": took, **cpu}
 
 
 def kept(make: Callable[[int], Any], count: int) -> tuple[float, list[Any]]:
@@ -281,21 +293,41 @@ def run(r: Run) -> None:
         else:
             # A third side, a bare LIST of the same reports: how much of the start is the LIST itself.
             sides = {size: side(size) for size in ("bounds", "small")}
-            sides["bare"] = lambda _i: {"held": bare_list(r, cluster, "bounds")}
+            sides["bare"] = lambda _i: bare_list(r, cluster, "bounds")
             got = interleave(r.rounds(), sides, progress=r.log)
             bare = got.pop("bare")
             names = {"bounds": "reports at the CRD bounds", "small": "small reports (4 devices)"}
-            r.figure(
-                "operator: start -> every report held, against a bare LIST of them",
-                "s",
-                {
-                    "the operator, reports at the CRD bounds": [x["held"] for x in got["bounds"]],
-                    "a bare LIST of the same reports (the operator's client and decode)": [
-                        x["held"] for x in bare
-                    ],
-                },
-                note="the bare LIST includes the bench proxy generating each report and TLS on loopback",
+            # (figure, unit, the operator's key, the bare LIST's key, the sides' names, note)
+            against_bare = (
+                (
+                    "operator: start -> every report held, against a bare LIST of them",
+                    "held",
+                    "held",
+                    ("the operator, reports at the CRD bounds", "a bare LIST of the same reports"),
+                    "the bare LIST: the operator's client and decode, the bench proxy and TLS on loopback",
+                ),
+                (
+                    "operator: CPU seconds to every report held, against a bare LIST of them",
+                    "operator_cpu",
+                    "client_cpu",
+                    ("the operator (its process, from its start)", "the bare LIST's client"),
+                    "reports at the CRD bounds; the bench proxy's own CPU is the next figure",
+                ),
+                (
+                    "operator: the bench proxy's CPU seconds serving every report at the CRD bounds",
+                    "proxy_cpu",
+                    "proxy_cpu",
+                    ("to the operator", "to the bare LIST"),
+                    "the proxy shares the two cores with the client: its CPU is time the client cannot have",
+                ),
             )
+            for figure, ours, theirs, (a, b), note in against_bare:
+                r.figure(
+                    figure,
+                    "s",
+                    {a: [x[ours] for x in got["bounds"]], b: [x[theirs] for x in bare]},
+                    note=note,
+                )
         # Against an older operator: figures of their own (the headline rows stay bounds/small).
         against = ", against an older operator" if baseline else ""
         for key, what in (("hwm", "peak RSS (VmHWM)"), ("rss", "RSS once settled (VmRSS)")):

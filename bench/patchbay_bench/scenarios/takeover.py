@@ -48,12 +48,14 @@ def one_takeover(r: Run, cluster: Cluster, size: str, lifetime: int, rnd: random
     common = ("--status-debounce", "1", "--peering", PEERING, "--peering-lifetime", str(lifetime))
     node = cluster.nodes[0]
     with (
-        report_proxy(r, cluster, size, namespace=NS, profile=PROFILE, node_label=f"{LABEL}=1") as kubeconfig,
-        operator(r, kubeconfig, NS, *common, "--priority", "200", start_timeout=start_timeout) as leader,
+        report_proxy(r, cluster, size, namespace=NS, profile=PROFILE, node_label=f"{LABEL}=1") as proxy,
+        operator(
+            r, proxy.kubeconfig, NS, *common, "--priority", "200", start_timeout=start_timeout
+        ) as leader,
     ):
         wait("the leader working", lambda: leader.stats().get("working") == 1, 60 + lifetime, 0.2)
         with operator(
-            r, kubeconfig, NS, *common, "--priority", "100", start_timeout=start_timeout
+            r, proxy.kubeconfig, NS, *common, "--priority", "100", start_timeout=start_timeout
         ) as standby:
             wait(
                 "the standby holding every node and report",
