@@ -32,9 +32,9 @@ from patchbay_operator.constants import (
     RETRY_CREATE_ANNOTATION,
     SHARED_KEY,
 )
-from patchbay_operator.devicereports import Report, decode_page
+from patchbay_operator.devicereports import Report, decode_event, decode_page
 from patchbay_operator.informer import Source, Store
-from patchbay_operator.kube import KubeError, Ref, Selectors, collection
+from patchbay_operator.kube import KubeError, Ref, Selectors, WatchEvent, collection
 from patchbay_operator.parts import Part
 from patchbay_operator.peering import Gate, writes
 from patchbay_operator.scheduler import OnPending, Timers
@@ -69,6 +69,7 @@ def sources(
             # 20 at the CRD's bounds are 15 MB of JSON; later pages follow kube.PAGE_BYTES.
             first_page=20,
             decode_page=decode_page,
+            read_event=lambda line: WatchEvent(*decode_event(line)),
         ),
     )
 

@@ -275,7 +275,15 @@ class _ReportList(msgspec.Struct):
     items: list[_RawReport] = msgspec.field(default_factory=list)
 
 
+class _Event(msgspec.Struct):
+    type: Any = None
+    object: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+
+
 _PAGE = msgspec.json.Decoder(_ReportList)
+_EVENT = msgspec.json.Decoder(_Event)
+_REPORT = msgspec.json.Decoder(_RawReport)
+WATCHED = ("ADDED", "MODIFIED", "DELETED")
 
 
 def decode_page(raw: bytes) -> tuple[list[Report], str, str]:
@@ -288,3 +296,22 @@ def decode_page(raw: bytes) -> tuple[list[Report], str, str]:
         raise ValueError(f"a DeviceReport LIST page that cannot be read: {e}") from e
     meta = page.metadata
     return [Report.from_wire(item) for item in page.items], _text(meta.resourceVersion), _text(meta.continue_)
+
+
+def decode_event(line: bytes) -> tuple[str, str, Any]:
+    """One line of a DeviceReport WATCH -> its type, its object's resourceVersion, and for ADDED,
+    MODIFIED and DELETED the report as kept (like ``decode_page``'s); for any other type (BOOKMARK,
+    ERROR's Status) the object as a dict. A line that cannot be read raises ``ValueError``."""
+    try:
+        event = _EVENT.decode(line)
+        kind = _text(event.type)
+        if kind in WATCHED:
+            report = _REPORT.decode(event.object)
+            return kind, _text(report.metadata.get("resourceVersion")), Report.from_wire(report)
+        obj = msgspec.json.decode(event.object) if event.object else {}
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ValueError(f"a DeviceReport WATCH event that cannot be read: {e}") from e
+    if not isinstance(obj, dict):
+        obj = {}
+    meta = obj.get("metadata")
+    return kind, _text(meta.get("resourceVersion")) if isinstance(meta, dict) else "", obj

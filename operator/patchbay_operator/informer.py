@@ -29,7 +29,16 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from patchbay_operator.backoff import Backoff
-from patchbay_operator.kube import NO_SELECTORS, KubeAPI, KubeError, PageDecoder, Selectors, Watch
+from patchbay_operator.kube import (
+    NO_SELECTORS,
+    EventReader,
+    KubeAPI,
+    KubeError,
+    PageDecoder,
+    Selectors,
+    Watch,
+    json_event,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,9 +63,11 @@ class Source(Generic[T]):
     #: objects the LIST's first page asks for, before their size is known (later pages: as many
     #: as ``kube.PAGE_BYTES`` holds): fewer for kinds whose objects can be large
     first_page: int = LIST_CHUNK
-    #: reads a LIST page's body straight into the values kept (items already decoded, ``decode``
-    #: not applied to them): for kinds whose objects are large and mostly dropped
+    #: reads a LIST page's body, and a WATCH line, straight into the values kept (``decode`` is
+    #: not applied to what they give): for kinds whose objects are large and mostly dropped.
+    #: Both or neither.
     decode_page: PageDecoder | None = None
+    read_event: EventReader | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +175,9 @@ class Informer(Generic[T]):
 
     def _watch_once(self) -> None:
         src = self._source
-        watch = self._kube.watch(src.path, self.resource_version, WATCH_TIMEOUT, src.selectors)
+        typed = src.read_event is not None
+        read = src.read_event or json_event
+        watch = self._kube.watch(src.path, self.resource_version, WATCH_TIMEOUT, src.selectors, read)
         self._watch = watch
         if self._stopping.is_set():  # stop() ran between the check in _run and now
             watch.close()
@@ -173,12 +186,10 @@ class Informer(Generic[T]):
             for batch in watch:
                 events: list[Event[T]] = []
                 for ev in batch:
-                    obj = ev.get("object") or {}
-                    rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if rv:
-                        self.resource_version = str(rv)
-                    if ev.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                        events.append(Event(str(ev["type"]), src.decode(obj)))
+                    if ev.resource_version:
+                        self.resource_version = ev.resource_version
+                    if ev.type in ("ADDED", "MODIFIED", "DELETED"):
+                        events.append(Event(ev.type, ev.object if typed else src.decode(ev.object)))
                 if events:
                     self._loop.call_soon_threadsafe(self._on_events, events)
         finally:

@@ -122,6 +122,29 @@ def json_page(raw: bytes) -> tuple[list[Any], str, str]:
     return page.get("items") or [], str(meta.get("resourceVersion") or ""), str(meta.get("continue") or "")
 
 
+@dataclass(frozen=True)
+class WatchEvent:
+    """One line of a WATCH stream: its type (ADDED, MODIFIED, DELETED, BOOKMARK or ERROR), the
+    resourceVersion of its object, and the object as the stream's reader gives it (a dict from
+    ``json_event``; for ERROR, the Status as a dict)."""
+
+    type: str
+    resource_version: str
+    object: Any
+
+
+EventReader = Callable[[bytes], WatchEvent]
+"""A WATCH stream's line -> its event."""
+
+
+def json_event(line: bytes) -> WatchEvent:
+    """The plain reading of a WATCH line: its object as a dict (``EventReader``)."""
+    ev = json.loads(line)
+    obj = ev.get("object") or {}
+    rv = (obj.get("metadata") or {}).get("resourceVersion") if isinstance(obj, dict) else None
+    return WatchEvent(str(ev.get("type") or ""), str(rv or ""), obj)
+
+
 class Watch:
     """An open WATCH stream: iterate it for batches of decoded events, ``close()`` it from any thread.
 
@@ -132,12 +155,13 @@ class Watch:
     only move the resourceVersion on. The iteration ends when the server closes the stream.
     """
 
-    def __init__(self, raw: urllib3.BaseHTTPResponse, path: str) -> None:
+    def __init__(self, raw: urllib3.BaseHTTPResponse, path: str, read: EventReader = json_event) -> None:
         self._raw = raw
         self._path = path
+        self._read = read
         self._closed = threading.Event()
 
-    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+    def __iter__(self) -> Iterator[list[WatchEvent]]:
         buf = b""
         try:
             while not self._closed.is_set():
@@ -148,15 +172,15 @@ class Watch:
                 if b"\n" not in chunk:
                     continue
                 *lines, buf = buf.split(b"\n")
-                events: list[dict[str, Any]] = []
+                events: list[WatchEvent] = []
                 for line in lines:
                     if not line.strip():
                         continue
-                    ev = json.loads(line)
-                    if ev.get("type") == "ERROR":
+                    ev = self._read(line)
+                    if ev.type == "ERROR":
                         if events:
                             yield events
-                        st = ev.get("object") or {}
+                        st = ev.object if isinstance(ev.object, dict) else {}
                         raise KubeError(int(st.get("code") or 0), "WATCH", self._path, str(st.get("message")))
                     events.append(ev)
                 if events:
@@ -247,6 +271,7 @@ class KubeAPI(Protocol):
         resource_version: str,
         timeout_seconds: int = 300,
         selectors: Selectors = NO_SELECTORS,
+        read: EventReader = json_event,
     ) -> Watch: ...
     def create_event(self, namespace: str, body: dict[str, Any]) -> None: ...
     def list_profiles(self) -> list[dict[str, Any]]: ...
@@ -431,8 +456,11 @@ class Kube:
         resource_version: str,
         timeout_seconds: int = 300,
         selectors: Selectors = NO_SELECTORS,
+        read: EventReader = json_event,
     ) -> Watch:
-        """Open a WATCH from ``resource_version`` (with bookmarks); iterate the result for events.
+        """Open a WATCH from ``resource_version`` (with bookmarks); iterate the result for events,
+        each line read by ``read`` (plain JSON by default, or straight into what the caller keeps:
+        ``devicereports.read_event``).
 
         The server ends the stream after ``timeout_seconds``; the read timeout is longer than
         that by a margin, so a silently dead connection is noticed too.
@@ -461,7 +489,7 @@ class Kube:
             body = raw.read()
             raw.release_conn()
             raise KubeError(resp.status, "WATCH", full, body.decode(errors="replace"))
-        return Watch(raw, full)
+        return Watch(raw, full, read)
 
     # --- profiles ----------------------------------------------------------------------------
 

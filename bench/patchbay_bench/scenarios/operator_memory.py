@@ -175,11 +175,13 @@ def keep_every_device(obj: dict[str, Any]) -> Report:
 
 def decode_speed(r: Run, text: str) -> None:
     """CPU per report at the bounds, in this process: a LIST page's reading (msgspec into the
-    operator's structs, ``decode_page``) against the dict reading a watch event gets
-    (``json.loads`` then ``Report.from_object``) and ``json.loads`` alone (the floor of any dict
-    reading). Pages of 10 reports, as the server sends them; the sides interleaved per round."""
+    operator's structs, ``decode_page``) and a WATCH line's (``decode_event``) against the dict
+    reading the operator had before (``json.loads`` then ``Report.from_object``) and ``json.loads``
+    alone (the floor of any dict reading). Pages of 10 reports (10 lines a round
+    for the WATCH); the sides interleaved per round."""
     body = text.encode()
     page = b'{"metadata":{"resourceVersion":"1"},"items":[' + b",".join([body] * 10) + b"]}"
+    lines = [b'{"type":"MODIFIED","object":' + body + b"}"] * 10
     per_round = max(1, r.integer("sample") // 10)
 
     def timed(read: Callable[[], object]) -> Callable[[int], float]:
@@ -199,6 +201,9 @@ def decode_speed(r: Run, text: str) -> None:
             ),
             "the dict reading (json.loads, then Report.from_object)": timed(
                 lambda: [Report.from_object(o) for o in json.loads(page)["items"]]
+            ),
+            "a WATCH line's reading (devicereports.decode_event, msgspec)": timed(
+                lambda: [devicereports.decode_event(line) for line in lines]
             ),
             "json.loads alone": timed(lambda: json.loads(page)),
         },

@@ -1,4 +1,5 @@
-"""The operator's own node informer against the real API server (in-process, no operator).
+"""The operator's own informer against the real API server (in-process, no operator): nodes,
+and the DeviceReports read with their own decoder.
 
 What the controller relies on: a LIST snapshot and a WATCH from its resourceVersion miss
 nothing; an API server restart is survived without losing events; an expired resourceVersion
@@ -17,9 +18,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 from support.clusters import Cluster, running_devcluster, wait_for
+from support.reports import device_report, largest_report
 
 from patchbay_devcluster import DevCluster
+from patchbay_operator import agentwatch
 from patchbay_operator.capacity import NodeState
+from patchbay_operator.devicereports import Report
 from patchbay_operator.informer import Event, Informer, Snapshot, list_all
 from patchbay_operator.kube import NODES_PATH, Kube, KubeError, Selectors, load_configuration
 from patchbay_operator.nodes import SOURCE
@@ -230,4 +234,68 @@ def test_a_list_of_large_objects_keeps_its_pages_near_the_byte_budget(cluster: C
         assert 200 <= pages[1].limit <= 500, pages[1].limit
         assert [p.limit for p in kube.list_pages(path, 25, ours, first=20, page_bytes=200_000)] == [20, 25]
     finally:
+        cluster.core.delete_namespace(ns)
+
+
+def test_device_reports_are_read_straight_into_what_the_operator_keeps(
+    cluster: Cluster, kube: Kube, loop: asyncio.AbstractEventLoop
+) -> None:
+    """The DeviceReports' source reads its LIST pages and WATCH lines with its own decoder
+    (devicereports.decode_page and decode_event, msgspec): from the real API server's bytes, a
+    report at the CRD's bounds and a small one arrive as ``Report``s equal to the dict reading of
+    the same objects, in the LIST and in every watch event type (ADDED, MODIFIED, DELETED)."""
+    ns = f"{cluster.prefix}wire"
+    cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    reports = agentwatch.sources(ns)[3]
+    informer: Informer[Report] | None = None
+    try:
+        big = largest_report(ns, "node-big", "wire")
+        cluster.custom.create_namespaced_custom_object("patchbay.dev", "v1beta1", ns, "devicereports", big)
+        snapshot = list_all(kube, reports)
+        (listed,) = snapshot.items
+        assert isinstance(listed, Report)
+        assert listed == Report.from_object(big)
+        assert (listed.total, listed.unhealthy, listed.allocated) == (2048, 2048, 8)
+
+        got: list[Event[Report]] = []
+        informer = Informer(kube, reports, loop, got.extend, lambda _s: None)
+        informer.start(snapshot.resource_version)
+        wait_for("the watch to be open", lambda: informer is not None and informer._watch is not None, 30)
+        small = device_report(
+            ns,
+            "node-small",
+            "wire",
+            "example.com/serial",
+            [
+                {"id": "a", "health": "Healthy", "pods": [{"namespace": "n", "name": "p", "container": "c"}]},
+                {"id": "b", "health": "Unhealthy", "reason": "Gone", "pods": []},
+            ],
+            {"total": 2, "healthy": 1, "unhealthy": 1, "allocated": 1},
+        )
+        created = cluster.custom.create_namespaced_custom_object(
+            "patchbay.dev", "v1beta1", ns, "devicereports", small
+        )
+        name = created["metadata"]["name"]
+        cluster.custom.patch_namespaced_custom_object(
+            "patchbay.dev",
+            "v1beta1",
+            ns,
+            "devicereports",
+            name,
+            {"devices": [{"id": "a", "health": "Unhealthy", "reason": "Unplugged"}]},
+        )
+        cluster.custom.delete_namespaced_custom_object("patchbay.dev", "v1beta1", ns, "devicereports", name)
+        wait_for("three events", lambda: len(got) >= 3, 30)
+        assert [e.type for e in got] == ["ADDED", "MODIFIED", "DELETED"]
+        added, modified, deleted = (e.obj for e in got)
+        assert added == Report.from_object(created)
+        assert (added.total, added.healthy, added.allocated) == (2, 1, 1)
+        assert [d.id for d in added.devices] == ["b"] and added.devices[0].reason == "Gone"
+        assert (modified.total, modified.healthy, modified.allocated) == (1, 0, 0)
+        assert modified.devices[0].reason == "Unplugged"
+        assert deleted.name == name and deleted.node == "node-small"
+        assert int(informer.resource_version) >= int(snapshot.resource_version)
+    finally:
+        if informer is not None:
+            informer.stop(timeout=10)
         cluster.core.delete_namespace(ns)

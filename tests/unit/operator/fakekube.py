@@ -137,6 +137,7 @@ class FakeKube:
         resource_version: str,
         timeout_seconds: int = 300,
         selectors: Selectors = NO_SELECTORS,
+        read: Any = None,
     ) -> Any:
         self._call("watch")
         if path == NODES_PATH and self.watch_errors:

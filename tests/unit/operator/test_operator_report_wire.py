@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.reports import largest_report
 
-from patchbay_operator.devicereports import MAX_KEPT_DEVICES, Report, decode_page
+from patchbay_operator.devicereports import MAX_KEPT_DEVICES, Report, decode_event, decode_page
 
 
 def page_of(*items: dict[str, Any], rv: str = "42", cont: str = "") -> bytes:
@@ -154,3 +154,23 @@ def test_any_report_the_crd_could_hold_is_kept_the_same_both_ways(obj: dict[str,
     assert (c.total, c.healthy, c.allocated, c.withheld, c.withheld_healthy) == counted(obj)
     kept = [d for d in obj["devices"] if d.get("health") != "Healthy"][:MAX_KEPT_DEVICES]
     assert [d.id for d in from_page.devices] == [str(d["id"]) if d.get("id") else "" for d in kept]
+
+
+def test_a_watch_line_is_read_like_a_page_and_other_events_as_dicts() -> None:
+    obj = largest_report("ns", "node-1", "serial")
+    obj["metadata"]["resourceVersion"] = "77"
+    for kind in ("ADDED", "MODIFIED", "DELETED"):
+        got = decode_event(json.dumps({"type": kind, "object": obj}).encode())
+        assert got == (kind, "77", Report.from_object(obj))
+    bookmark = {"type": "BOOKMARK", "object": {"kind": "DeviceReport", "metadata": {"resourceVersion": "90"}}}
+    assert decode_event(json.dumps(bookmark).encode()) == ("BOOKMARK", "90", bookmark["object"])
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}}
+    assert decode_event(json.dumps(gone).encode()) == ("ERROR", "", gone["object"])
+
+
+@pytest.mark.parametrize(
+    "line", [b"", b"{", b'{"type": "ADDED", "object": {"devices": 3}}', b'{"type": "ADDED", "object": 7}']
+)
+def test_a_watch_line_that_is_not_an_event_of_a_report_is_a_value_error(line: bytes) -> None:
+    with pytest.raises(ValueError, match="DeviceReport WATCH event"):
+        decode_event(line)
