@@ -171,7 +171,7 @@ bench-quick: setup ## Every scenario at a small size, checking each records its 
 	$(BENCH) quick
 
 .PHONY: bench-table
-bench-table: venv ## The headline table's rows (docs/benchmarks.md), from the newest full records in bench/results/
+bench-table: venv ## The headline table's rows (docs/benchmarks.md), from the newest full records in docs/benchmarks/records/
 	@$(BENCH) table
 
 .PHONY: bench-plots

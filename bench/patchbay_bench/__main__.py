@@ -3,7 +3,8 @@
 
     list                         the scenarios, what each measures, its parameters
     run NAME[,NAME...]|SITTING|all [key=value ...] [NAME.key=value ...]
-                                 full size; each run writes its record under bench/results/.
+                                 full size; each run writes its record under
+                                 docs/benchmarks/records/ (commit the ones the page uses).
                                  A SITTING (per-node, scale, builds) runs the scenarios of one
                                  headline table one after the other, each after the first once
                                  the load is below 0.9 (at most 4 min); NAME.key=value sets a
@@ -23,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from patchbay_bench import RESULTS, records
+from patchbay_bench import RECORDS, RESULTS, records
 from patchbay_bench.harness import (
     QUIET_WAIT_S,
     SETTLE_S,
@@ -114,8 +115,8 @@ def run(names: str, args: Sequence[str]) -> int:
             try:
                 rec = execute(sc, params[sc.name], quick=False, settle=SETTLE_S, sitting=sitting)
             except Interrupted as stop:
-                return interrupted(stop.record, RESULTS, scenarios)
-            path = records.write(rec, RESULTS)
+                return interrupted(stop.record, RECORDS, scenarios)
+            path = records.write(rec, RECORDS)
             print(
                 f"[bench] {sc.name}: {len(rec.figures)} figures in {rec.seconds:.0f} s -> {path}", flush=True
             )
@@ -210,7 +211,7 @@ def main(argv: Sequence[str]) -> int:
         sitting_of = {name: sc.sitting for name, sc in SCENARIOS.items()}
         targets_of = {name: sc.targets for name, sc in SCENARIOS.items()}
         print(
-            records.table(RESULTS, everything="--all" in rest, sitting_of=sitting_of, targets_of=targets_of)
+            records.table(RECORDS, everything="--all" in rest, sitting_of=sitting_of, targets_of=targets_of)
         )
         return 0
     return usage()

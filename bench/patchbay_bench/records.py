@@ -1,6 +1,7 @@
-"""The runs' JSON records under ``bench/results/`` and the headline table drawn from them.
+"""The full runs' JSON records (committed under ``docs/benchmarks/records/``) and the headline
+tables drawn from them.
 
-A record is ``<results>/<scenario>/<date>-<commit>.json`` (``harness.Record``). The headline
+A record is ``<records>/<scenario>/<date>-<commit>.json`` (``harness.Record``). The headline
 tables of docs/benchmarks.md are this module's output for the newest full run of each scenario,
 one table per sitting (``harness.SITTINGS``), each under a line that says whether its rows came
 from one sitting at one commit: ``make bench-table`` prints them (``python -m patchbay_bench table``).

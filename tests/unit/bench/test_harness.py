@@ -230,7 +230,7 @@ def test_ctrl_c_keeps_the_record_and_runs_no_further_scenario(
 
     monkeypatch.setattr(bench_main, "SETTLE_S", 0.0)
     monkeypatch.setattr(bench_main, "SCENARIOS", {"a": a, "b": b})
-    monkeypatch.setattr(bench_main, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench_main, "RECORDS", tmp_path)
     ran.clear()
     assert bench_main.run("a,b", []) == 130
     assert ran == ["a"]
@@ -305,7 +305,7 @@ def test_a_sitting_runs_one_tables_scenarios_and_each_record_names_it(
     monkeypatch.setattr(bench_main, "SETTLE_S", 0.0)
     monkeypatch.setattr(bench_main, "QUIET_WAIT_S", 0.0)
     monkeypatch.setattr(bench_main, "SCENARIOS", {"a": a, "c": c, "b": b})
-    monkeypatch.setattr(bench_main, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench_main, "RECORDS", tmp_path)
     assert bench_main.run("per-node", ["b.n=7"]) == 0
     assert ran == [("a", 1), ("b", 7)]
     saved = [json.loads(p.read_text()) for p in sorted(tmp_path.rglob("*.json"))]
