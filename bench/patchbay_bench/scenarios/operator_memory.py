@@ -212,6 +212,7 @@ def decode_speed(r: Run, text: str) -> None:
         "operator: the decode of a report at the CRD bounds (CPU per report)",
         "ms",
         got,
+        headline=True,
         note=f"{per_round * 10} reports (pages of 10) per round, 0.73 MB of JSON each, in this process",
     )
 
@@ -327,12 +328,8 @@ def run(r: Run) -> None:
                 ),
             )
             for figure, ours, theirs, (a, b), note in against_bare:
-                r.figure(
-                    figure,
-                    "s",
-                    {a: [x[ours] for x in got["bounds"]], b: [x[theirs] for x in bare]},
-                    note=note,
-                )
+                values = {a: [x[ours] for x in got["bounds"]], b: [x[theirs] for x in bare]}
+                r.figure(figure, "s", values, note=note, headline=ours == "operator_cpu")
         # Against an older operator: figures of their own (the headline rows stay bounds/small).
         against = ", against an older operator" if baseline else ""
         for key, what in (("hwm", "peak RSS (VmHWM)"), ("rss", "RSS once settled (VmRSS)")):
