@@ -283,7 +283,7 @@ class _Event(msgspec.Struct):
 _PAGE = msgspec.json.Decoder(_ReportList)
 _EVENT = msgspec.json.Decoder(_Event)
 _REPORT = msgspec.json.Decoder(_RawReport)
-WATCHED = ("ADDED", "MODIFIED", "DELETED")
+_WATCHED = ("ADDED", "MODIFIED", "DELETED")  # the types whose object is a report
 
 
 def decode_page(raw: bytes) -> tuple[list[Report], str, str]:
@@ -305,7 +305,7 @@ def decode_event(line: bytes) -> tuple[str, str, Any]:
     try:
         event = _EVENT.decode(line)
         kind = _text(event.type)
-        if kind in WATCHED:
+        if kind in _WATCHED:
             report = _REPORT.decode(event.object)
             return kind, _text(report.metadata.get("resourceVersion")), Report.from_wire(report)
         obj = msgspec.json.decode(event.object) if event.object else {}

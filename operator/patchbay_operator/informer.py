@@ -37,11 +37,16 @@ from patchbay_operator.kube import (
     PageDecoder,
     Selectors,
     Watch,
+    WatchEvent,
     json_event,
+    json_page,
 )
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+WATCHED = ("ADDED", "MODIFIED", "DELETED")
+"""The watch event types that carry one of the kind's objects (BOOKMARK only moves the version on)."""
 
 WATCH_TIMEOUT = 300
 """Seconds the server keeps one watch open before we re-open it from the last resourceVersion."""
@@ -69,6 +74,31 @@ class Source(Generic[T]):
     decode_page: PageDecoder | None = None
     read_event: EventReader | None = None
 
+    def page_decoder(self) -> PageDecoder:
+        """How a LIST page of this kind becomes kept values: ``decode_page``, or JSON then ``decode``."""
+        if self.decode_page is not None:
+            return self.decode_page
+        decode = self.decode
+
+        def read(raw: bytes) -> tuple[list[Any], str, str]:
+            items, rv, cont = json_page(raw)
+            return [decode(item) for item in items], rv, cont
+
+        return read
+
+    def event_reader(self) -> EventReader:
+        """How a WATCH line of this kind becomes an event with a kept value: ``read_event``, or
+        JSON then ``decode`` (for the types that carry one of this kind's objects)."""
+        if self.read_event is not None:
+            return self.read_event
+        decode = self.decode
+
+        def read(line: bytes) -> WatchEvent:
+            ev = json_event(line)
+            return WatchEvent(ev.type, ev.resource_version, decode(ev.object)) if ev.type in WATCHED else ev
+
+        return read
+
 
 @dataclass(frozen=True)
 class Event(Generic[T]):
@@ -90,16 +120,11 @@ def list_all(kube: KubeAPI, source: Source[T]) -> Snapshot[T]:
     """LIST every object, decoding page by page (full bodies are never all in memory at once)."""
     items: list[T] = []
     rv = ""
-    if source.decode_page is not None:
-        pages = kube.list_pages(
-            source.path, LIST_CHUNK, source.selectors, first=source.first_page, decode=source.decode_page
-        )
-        for page in pages:
-            items.extend(page.items)
-            rv = page.resource_version
-        return Snapshot(items, rv)
-    for page in kube.list_pages(source.path, LIST_CHUNK, source.selectors, first=source.first_page):
-        items.extend(source.decode(item) for item in page.items)
+    decode = source.page_decoder()
+    for page in kube.list_pages(
+        source.path, LIST_CHUNK, source.selectors, first=source.first_page, decode=decode
+    ):
+        items.extend(page.items)
         rv = page.resource_version
     return Snapshot(items, rv)
 
@@ -175,9 +200,9 @@ class Informer(Generic[T]):
 
     def _watch_once(self) -> None:
         src = self._source
-        typed = src.read_event is not None
-        read = src.read_event or json_event
-        watch = self._kube.watch(src.path, self.resource_version, WATCH_TIMEOUT, src.selectors, read)
+        watch = self._kube.watch(
+            src.path, self.resource_version, WATCH_TIMEOUT, src.selectors, src.event_reader()
+        )
         self._watch = watch
         if self._stopping.is_set():  # stop() ran between the check in _run and now
             watch.close()
@@ -188,8 +213,8 @@ class Informer(Generic[T]):
                 for ev in batch:
                     if ev.resource_version:
                         self.resource_version = ev.resource_version
-                    if ev.type in ("ADDED", "MODIFIED", "DELETED"):
-                        events.append(Event(ev.type, ev.object if typed else src.decode(ev.object)))
+                    if ev.type in WATCHED:
+                        events.append(Event(ev.type, ev.object))
                 if events:
                     self._loop.call_soon_threadsafe(self._on_events, events)
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import threading
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +19,16 @@ from typing import Any
 
 import jsonpatch
 
-from patchbay_operator.kube import NO_SELECTORS, NODES_PATH, KubeError, Page, Ref, Selectors, ref_of
+from patchbay_operator.kube import (
+    NO_SELECTORS,
+    NODES_PATH,
+    KubeError,
+    Page,
+    Ref,
+    Selectors,
+    json_page,
+    ref_of,
+)
 
 
 class FakeWatch:
@@ -128,8 +138,11 @@ class FakeKube:
         decode: Any = None,
     ) -> Iterator[Page]:
         self._call("list")
-        items = [copy.deepcopy(n) for n in self.nodes.values()] if path == NODES_PATH else []
-        yield Page(items, str(self._rv))
+        items = list(self.nodes.values()) if path == NODES_PATH else []
+        # The page as the server sends it, read the way the caller asked (the informer's decoder).
+        body = json.dumps({"metadata": {"resourceVersion": str(self._rv)}, "items": items}).encode()
+        decoded, rv, _ = (decode or json_page)(body)
+        yield Page(decoded, rv)
 
     def watch(
         self,
