@@ -23,9 +23,8 @@ blocks and the number of requests in flight is a setting.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from patchbay_operator import agentwatch, informer, maintenance, nodelabels, nodes, repairs, revisions
@@ -38,11 +37,12 @@ from patchbay_operator.kube import KubeAPI, KubeError, Pool, Ref
 from patchbay_operator.nodelabels import InventoryLabels
 from patchbay_operator.nodes import NodeSync
 from patchbay_operator.parts import Writing
-from patchbay_operator.peering import Gate, Peering, writes
+from patchbay_operator.peering import Gate, Peering, StandingByError, writes
 from patchbay_operator.profiles import Registry
 from patchbay_operator.profilestatus import ProfileStatus
 from patchbay_operator.reconcile import Reconciler
 from patchbay_operator.repairs import Repairs
+from patchbay_operator.scheduler import Loops
 from patchbay_operator.statuswriter import Dirty
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,9 @@ RULES_RECHECK_SECONDS = 300.0
 """Where DeviceTaintRules are not served at start, how often the operator asks again: a control
 plane upgraded to 1.37 while the operator runs starts serving them, and its pods are not restarted
 for it."""
+TAKE_OVER_WAIT = 30.0
+"""Seconds a kopf handler waits for this replica's take-over before kopf is told to try again: the
+gate looks every 2 s, and a take-over is one LIST of the profiles and one status computation."""
 
 
 def fan_out(
@@ -114,7 +117,8 @@ class Controller:
             registry, self.nodes, self.agents, self.status, self.statuses.events, revisions=self.revisions
         )
         self._informers: list[Informer[Any]] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        #: its own loops; the liveness probe fails while one has ended with an error
+        self.loops = Loops()
         if self.gate is not None:
             self._stand_by()  # as kopf starts a peered replica paused
 
@@ -154,7 +158,7 @@ class Controller:
         if await self._serves_device_taint_rules():
             await self._watch(RULES, rules.observe, rules.resync, required=False)
         else:
-            self._spawn(self._watch_rules_once_served())
+            self.loops.spawn(self._watch_rules_once_served())
         log.info(
             "Listed %d nodes, %d agent pods, %d DeviceReports, %d DeviceTaintRules",
             len(self.nodes.states),
@@ -164,11 +168,11 @@ class Controller:
         )
         w.prune_orphans_later({r.profile for r in w.reports.items.values()} - set(self.registry.names()))
         for _ in range(self.settings.concurrency):
-            self._spawn(self.nodes.run_worker())
-            self._spawn(self.labels.run_worker())
-        self._spawn(self.status.run())
+            self.loops.spawn(self.nodes.run_worker())
+            self.loops.spawn(self.labels.run_worker())
+        self.loops.spawn(self.status.run())
         if self.gate is not None:
-            self._spawn(self.gate.run())
+            self.loops.spawn(self.gate.run())
 
     async def _watch(
         self,
@@ -198,20 +202,13 @@ class Controller:
         watcher.start(rv)
         self._informers.append(watcher)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        self._tasks.append(asyncio.create_task(coro))
-
     async def stop(self) -> None:
         for part in (self.statuses, self.repairs, self.revisions, self.classes, self.watch):
             await part.close()
         loop = asyncio.get_running_loop()
         for watcher in self._informers:
             await loop.run_in_executor(None, watcher.stop)
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await self.loops.stop()
         self.pool.shutdown()
 
     async def refresh_profiles(self) -> None:
@@ -222,10 +219,19 @@ class Controller:
     # --- profiles: kopf's handlers hand them over ---------------------------------------------
 
     async def reconcile(self, body: Mapping[str, Any]) -> None:
+        await self._until_working()
         await self.reconciler.reconcile(body)
 
     async def delete(self, body: Mapping[str, Any], patience: float = 60.0) -> None:
+        await self._until_working()
         await self.reconciler.delete(body, patience)
+
+    async def _until_working(self) -> None:
+        """A peered replica hands a profile on only once its own gate has opened (its take-over
+        done; `Gate.until_working`); raises StandingByError when it does not within
+        `TAKE_OVER_WAIT` seconds (kopf tries the handler again)."""
+        if self.gate is not None and not await self.gate.until_working(TAKE_OVER_WAIT):
+            raise StandingByError(f"this replica has not taken over within {TAKE_OVER_WAIT:g} s")
 
     # --- DeviceTaintRules: watched where the API server serves them ---------------------------
 
@@ -283,6 +289,7 @@ class Controller:
         # Written now, not after the debounce: the caches are warm and complete, nothing is
         # still arriving to gather, and the profiles' status went unwritten while the leader died.
         await self.status.flush()
+        await self.statuses.waves.write_all()
         await self.agents.unused_shared(taking_over=True)
 
     # --- counters ----------------------------------------------------------------------------

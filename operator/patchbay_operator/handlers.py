@@ -27,7 +27,7 @@ from patchbay_operator.constants import (
 )
 from patchbay_operator.controller import Controller
 from patchbay_operator.kube import Kube, KubeError, in_cluster_server, load_configuration
-from patchbay_operator.peering import Peering
+from patchbay_operator.peering import Peering, StandingByError
 from patchbay_operator.reconcile import CleanupPendingError
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,18 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         log.info("Serving /metrics on %s:%d", *ours.metrics_address)
 
 
+@kopf.on.probe(id="loops")
+def loops(memo: kopf.Memo, **_: Any) -> int:
+    """The liveness probe (``/healthz``) fails while one of the operator's own loops has ended with
+    an error (``scheduler.Loops``): a restart beats an operator that is up and does nothing."""
+    ctl = memo.get("controller")
+    if not isinstance(ctl, Controller):
+        return 0  # still starting: the startup probe's business
+    if ctl.loops.failed:
+        raise kopf.PermanentError(f"the operator's loop(s) ended: {', '.join(ctl.loops.failed)}")
+    return ctl.loops.running()
+
+
 @kopf.on.cleanup(id="cleanup")
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     ctl = memo.get("controller")
@@ -98,6 +110,8 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Level-based and idempotent: the same spec gives the same nodes and objects."""
     try:
         await _ctl(memo).reconcile(body)
+    except StandingByError as e:
+        raise kopf.TemporaryError(str(e), delay=5) from e
     except KubeError as e:
         raise kopf.TemporaryError(f"API request failed, retrying: {e}", delay=5) from e
 
@@ -107,6 +121,8 @@ async def release(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Remove the agents and every node value this profile set; promote the next in line."""
     try:
         await _ctl(memo).delete(body)
+    except StandingByError as e:
+        raise kopf.TemporaryError(str(e), delay=5) from e
     except CleanupPendingError as e:
         raise kopf.TemporaryError(str(e), delay=2) from e
     except KubeError as e:

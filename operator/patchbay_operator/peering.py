@@ -19,6 +19,7 @@ the function it is given, and tells the controller when to stop and start writin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -94,7 +95,8 @@ class Gate:
     then, because kopf delivered nothing while this replica waited. An unreadable object changes
     nothing (the last decision stands). A waiting replica looks again when the record it waits
     for would expire (``next_expiry``), so a dead leader's standby takes over at once, not up to
-    ``every`` seconds later.
+    ``every`` seconds later. A take-over that raises stands by again (``on_wait``) and is tried
+    again at the next look: it never ends the loop.
     """
 
     def __init__(
@@ -108,6 +110,8 @@ class Gate:
         self.me, self.every = me, every
         self._read, self._on_wait, self._on_work = read, on_wait, on_work
         self.active = False
+        #: set while active: what a kopf handler waits on (`until_working`)
+        self._working = asyncio.Event()
         self._decided = False
         #: seconds until the next look: ``every``, or sooner when a peer's record expires sooner
         self.pause = every
@@ -129,18 +133,47 @@ class Gate:
             self.pause = min(self.every, expiry + EXPIRY_MARGIN)
         if waiting and (self.active or not self._decided):
             self.active = False
+            self._working.clear()
             self._on_wait()
             log.info("Waiting: live peers with priority >= %d: %s", self.me.priority, ", ".join(waiting))
         elif not waiting and not self.active:
-            await self._on_work()
+            try:
+                await self._on_work()
+            except Exception:
+                # A take-over that failed half way (its LIST refused, a computation that raised)
+                # must not end this loop: the replica would never work again, with the leader gone.
+                self._on_wait()
+                log.exception("Taking over failed; standing by, and trying again in %g s", self.every)
+                return
             self.active = True
+            self._working.set()
             log.info("Working: no live peer has priority >= %d", self.me.priority)
         self._decided = True
 
+    async def until_working(self, patience: float) -> bool:
+        """Whether this replica works, waiting up to ``patience`` seconds for it to take over.
+
+        kopf resumes a replica's profile handlers on its own reading of the same peering object,
+        which can come before this gate's (it looks every ``every`` seconds) and so before the
+        take-over has re-listed the profiles and resumed their rollouts from their status: a
+        handler that ran then would apply the agents' objects from the standby's stale copy (a
+        rollout begun again, its moved nodes put back). The handlers wait here first."""
+        if not self.active:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._working.wait(), patience)
+        return self.active
+
     async def run(self) -> None:
         while True:
-            await self.step()
+            try:
+                await self.step()
+            except Exception:  # whatever it is, the next look may decide: the loop goes on
+                log.exception("Deciding whether to work failed")
             await asyncio.sleep(self.pause)
+
+
+class StandingByError(Exception):
+    """A kopf handler ran in a replica that does not work (yet): kopf tries it again later."""
 
 
 def writes(gate: Gate | None) -> bool:

@@ -85,9 +85,8 @@ class ProfileStatus:
                 agents.stage = repairs.stage = self.staging.entry
                 agents.stages = self.staging.entries
             nodes.serves = self.staging.served
-        #: the shared agents' config written again after a wave moved (one timer: a burst of
-        #: waves of several profiles is one write)
-        self._waves: Timers[str] = Timers(OnPending.KEEP)
+        #: the agents' config written again after a wave moved
+        self.waves = WaveWrites(registry, gate, agents if revisions is not None else None)
         self.events = EventRecorder(lambda ns, body: call(kube.create_event, ns, body))
         #: DeviceTaintRules (device maintenance), where the API server serves them
         self.rules: Store[maintenance.Rule] = Store(lambda r: r.name, self._rule_changed)
@@ -151,7 +150,7 @@ class ProfileStatus:
                     self._nodes.enqueue_all()  # the nodes that moved get their capacity written
                 elif self._agents:
                     key = SHARED_KEY if profile.uses_shared_agent else name
-                    self._waves.schedule(key, 0.0, functools.partial(self._write_wave, key))
+                    self.waves.schedule(key)
         return result.status
 
     def _read_slices(self, profile: Profile, step: rollouts.Step) -> None:
@@ -189,16 +188,6 @@ class ProfileStatus:
     def _list_slices(self, driver: str, node: str) -> list[dict[str, Any]]:
         selectors = Selectors(field=dra.slices_selector(driver, node))
         return [i for page in self._kube.list_pages(dra.SLICES_PATH, 100, selectors) for i in page.items]
-
-    async def _write_wave(self, key: str) -> None:
-        """A rollout moved (a wave, a halt's put-back, the end): the agents' config says so, the
-        ConfigMap alone (nothing in a DaemonSet changes with a wave): the shared agents' for
-        `SHARED_KEY`, else the profile's own agents'."""
-        if self._agents is not None and writes(self._gate):
-            if key == SHARED_KEY:
-                await self._agents.apply_shared(daemonset=False)
-            else:
-                await self._agents.apply_wave(key)
 
     def _inputs(self, profile: Profile) -> evaluation.Inputs:
         """What the caches say about ``profile`` now."""
@@ -288,5 +277,51 @@ class ProfileStatus:
         self.writer.mark(p.name for p in self._registry if p.mode is Mode.DRA)
 
     async def close(self) -> None:
-        for timers in (self._rechecks, self._prunes, self._retries, self._waves, self._reading):
+        for timers in (self._rechecks, self._prunes, self._retries, self._reading):
             await timers.close()
+        await self.waves.close()
+
+
+class WaveWrites:
+    """A staged rollout that moved (a wave, a halt's put-back, the end) is told to the agents: their
+    ConfigMap is written again, the ConfigMap alone (nothing in a DaemonSet changes with a wave):
+    the shared agents' for `SHARED_KEY`, else the profile's own agents'. One timer a key: a burst
+    of waves of the profiles sharing the node agent is one write."""
+
+    def __init__(self, registry: Registry, gate: Gate | None, agents: Agents | None) -> None:
+        """``agents`` None: nothing is staged (or no agent is managed), nothing to write."""
+        self._registry, self._gate, self._agents = registry, gate, agents
+        self._timers: Timers[str] = Timers(OnPending.KEEP)
+
+    def schedule(self, key: str) -> None:
+        self._timers.schedule(key, 0.0, functools.partial(self._write, key))
+
+    async def _write(self, key: str) -> None:
+        """Not while this replica stands by, nor while it takes over (its gate opens after
+        that): `write_all` writes them then."""
+        if writes(self._gate):
+            await self._apply(key)
+
+    async def _apply(self, key: str) -> None:
+        if self._agents is None:
+            return
+        if key == SHARED_KEY:
+            await self._agents.apply_shared(daemonset=False)
+        else:
+            await self._agents.apply_wave(key)
+
+    async def write_all(self) -> None:
+        """At a take-over, after its first computation: the agents' config of every staged profile
+        from its rollout as resumed from its status. A wave that computation moved is not written
+        by its own timer (the gate is still closed then), and what the replica that left wrote
+        last may not be what the status says."""
+        keys = {
+            SHARED_KEY if p.uses_shared_agent else p.name
+            for p in self._registry
+            if p.mode.runs_agents and not p.deleting and self._registry.conflict(p) is None
+        }
+        for key in sorted(keys):
+            await self._apply(key)
+
+    async def close(self) -> None:
+        await self._timers.close()

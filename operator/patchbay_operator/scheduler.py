@@ -1,4 +1,5 @@
-"""The operator's one way to say "look at this again at T": keyed one-shot timers on the event loop.
+"""The operator's one way to say "look at this again at T": keyed one-shot timers on the event loop;
+and its long-running loops, supervised (``Loops``).
 
 Several parts must come back to something later although nothing they watch will tell them: a
 pod's trouble that turns stalled (the status is computed again), a DeviceClass the API server
@@ -14,6 +15,11 @@ pending:
 
 An action may be a plain function or return an awaitable: that runs as a task the timers keep,
 so ``close`` cancels it with the pending timers and an exception in it is logged, not lost.
+
+A loop (a patch worker, the status writer, the peering gate) ends only when stopped: one that
+ends with an error is logged with its traceback and named by ``Loops.failed``, which fails the
+operator's liveness probe (handlers.py), so the kubelet restarts an operator that would otherwise
+stay up without, say, its status writer.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
@@ -96,3 +102,32 @@ class Timers(Generic[K]):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Loops:
+    """The operator's own long-running loops (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._tasks: list[asyncio.Task[None]] = []
+        #: the loops that ended with an error, by name
+        self.failed: list[str] = []
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        task.add_done_callback(self._ended)
+        self._tasks.append(task)
+
+    def running(self) -> int:
+        return sum(not t.done() for t in self._tasks)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self.failed.append(str(getattr(task.get_coro(), "__qualname__", task.get_name())))
+        log.error("The operator's loop %s ended", self.failed[-1], exc_info=task.exception())
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        # each loop's end: cancelled, or its error already logged (`_ended`)
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client, config
@@ -28,6 +29,63 @@ from patchbay_devcluster.install import helm_install, package_chart
 from patchbay_devcluster.node import NODE_NAME
 
 FAKE_DEV_ROOT = Path("/dev/patchbay-e2e")
+FAILURE_LOG_LINES = 3000
+"""Lines kept of each Patchbay container's log when a test fails (its tail)."""
+FAILURE_SHOWN_LINES = 25
+"""Of those, the lines of each operator replica shown in the failure's report."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """A failed test on the real node keeps the logs of every Patchbay pod (operator replicas and
+    agents, the previous container's too) beside the cluster's own logs, and shows the operator
+    replicas' last lines in its report: a pod's log lives in the node's directories, which go
+    when the session ends, and a CI failure is read afterwards from its output."""
+    outcome = yield
+    report = outcome.get_result()
+    installed = getattr(item, "funcargs", {}).get("patchbay")
+    if report.when != "call" or not report.failed or not isinstance(installed, Installed):
+        return
+    where = installed.cluster.log_dir / "failures" / item.name[:120]
+    try:
+        logs = save_pod_logs(installed, where)
+    except Exception as e:  # the failure's own report must come out whatever happens here
+        report.sections.append(("Patchbay pod logs", f"could not be saved: {e}"))
+        return
+    shown = [f"{len(logs)} container log(s) saved under {where}"]
+    for path, text in sorted(logs.items()):
+        if ".operator" in path.name:
+            lines = [line for line in text.splitlines() if "/healthz" not in line and "/metrics" not in line]
+            shown.append(f"--- {path.name}, its last {FAILURE_SHOWN_LINES} lines:")
+            shown += lines[-FAILURE_SHOWN_LINES:]
+    report.sections.append(("Patchbay pod logs", "\n".join(shown)))
+
+
+def save_pod_logs(installed: Installed, where: Path) -> dict[Path, str]:
+    """Each container's log (and its previous one's, after a restart) of every pod in the
+    release's namespace, written as ``<pod>.<container>[.previous].log``; returns them."""
+    where.mkdir(parents=True, exist_ok=True)
+    core, ns, saved = installed.core, installed.namespace, {}
+    for pod in core.list_namespaced_pod(ns).items:
+        for status in pod.status.container_statuses or []:
+            for previous in (False, True) if status.restart_count else (False,):
+                try:
+                    text = str(
+                        core.read_namespaced_pod_log(
+                            pod.metadata.name,
+                            ns,
+                            container=status.name,
+                            previous=previous,
+                            tail_lines=FAILURE_LOG_LINES,
+                            timestamps=True,
+                        )
+                    )
+                except Exception as e:
+                    text = f"(not read: {e})"
+                path = where / f"{pod.metadata.name}.{status.name}{'.previous' if previous else ''}.log"
+                path.write_text(text)
+                saved[path] = text
+    return saved
 
 
 @pytest.fixture(scope="session")

@@ -213,3 +213,16 @@ def assert_applied_for(obj: dict[str, Any], profile: str, uid: str) -> None:
     )
     managers = {(m["manager"], m["operation"]) for m in obj["metadata"]["managedFields"]}
     assert ("patchbay-operator", "Apply") in managers
+
+
+def peered_pair(
+    cluster: Cluster, session_operator: Operator, tmp_path: Path
+) -> tuple[str, Operator, Operator]:
+    """A peering name and two operators for it, not yet started (to start with priority 200 and
+    100). The session's standalone operator is stopped: it would not take part in peering."""
+    session_operator.stop()
+    (tmp_path / "high").mkdir()
+    (tmp_path / "low").mkdir()
+    high = Operator(session_operator.kubeconfig, tmp_path / "high")
+    low = Operator(session_operator.kubeconfig, tmp_path / "low")
+    return f"{cluster.prefix}peering", high, low

@@ -1,7 +1,8 @@
 """Staged rollouts on the real API server (issue 45, step 3): a change of a shared profile rolls in
 waves (the canary, then ``maxNodesPerWave``), each held for its gate; a regression on the canary
 halts it (Stalled naming the node, a Warning Event, the metric, the node put back); the revert
-settles it; an operator stopped mid-rollout and a new one started resumes it where it was. A
+settles it; an operator stopped mid-rollout and a new one started resumes it where it was, and so
+does a peered standby that knew the profile settled when its leader leaves mid-gate. A
 Static profile's change rolls in the same waves, the operator writing each node's capacity as its
 wave comes (one Normal ``RolloutWave`` Event per wave); a change its canary cannot take halts it
 and puts the canary's previous capacity back.
@@ -17,14 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 from kubernetes.client import ApiException
 from support.clusters import NAMESPACE, TEST_LABEL, Cluster, wait_for
-from support.operator import Operator
+from support.operator import Operator, peered_pair
 
 from patchbay_api.revisions import Rollout, spec_revision
 
@@ -411,6 +415,51 @@ def test_an_operator_stopped_mid_rollout_and_a_new_one_resume_it(
     assert seen and min(w for w, _ in seen) >= 1, f"resumed, not started again from the canary: {seen}"
     assert agents.stanza()[1].threshold >= threshold
     assert all(h == [first, second] for h in agents.history.values()), agents.history
+
+
+def test_a_standby_that_knew_the_profile_settled_finishes_the_rollout_its_leader_left(
+    cluster: Cluster, operator_process: Operator, peering_crd: None, tmp_path: Path
+) -> None:
+    """Two peered replicas; the standby starts once the profile is settled on its first revision
+    (so its own copy says settled), then the spec changes and the leader moves the canary. The
+    leader goes (SIGTERM) while the canary is held for its gate: kopf in the standby resumes its
+    handlers on its own reading of the peering object, before the standby's gate has taken over.
+    The rollout must go on from the status (the canary stays on the update, the other nodes
+    follow), never begin again from the standby's stale copy (the canary put back, the rollout
+    then waiting for it until its deadline; seen in the e2e takeover test on v1.34.4)."""
+    nodes = cluster.add_nodes(3)
+    peering, high, low = peered_pair(cluster, operator_process, tmp_path)
+    name = f"{cluster.prefix}takeover"
+    try:
+        high.start("--peering", peering, "--priority", "200")
+        wait_for("the high replica works", lambda: "Working: no live peer" in high.log())
+        cluster.create_profile(name, spec(cluster, 1, maxNodesPerWave=1, healthySeconds=8))
+        agents = Agents(cluster, name, nodes)
+        first = digest(cluster, name)
+        agents.report()
+        wait_for("every node counted", lambda: status(cluster, name).get("updatedNumberScheduled") == 3)
+        low.start("--peering", peering, "--priority", "100")
+        wait_for("the low replica waits", lambda: "Waiting: live peers with priority >= 100" in low.log())
+        assert "Loaded 1 DevicePluginProfiles" in low.log()
+        cluster.patch_spec(name, {"plugin": {"discovery": {"virtual": {"count": 2}}}})
+        second = digest(cluster, name)
+
+        def canary_moved() -> bool:
+            rollout = status(cluster, name).get("rollout") or {}
+            return second in agents.report().values() and rollout.get("phase") == "Progressing"
+
+        wait_for("the canary on the update, held for its gate", canary_moved, 60)
+        high.stop(signal.SIGTERM)
+        wait_for("the low replica works", lambda: "Working: no live peer" in low.log(), timeout=60)
+        settle(cluster, agents, name, low)
+        assert all(h == [first, second] for h in agents.history.values()), agents.history
+        assert (status(cluster, name).get("rollout") or {}).get("phase") == "Complete"
+    finally:
+        high.stop()
+        low.stop()
+        client.CustomObjectsApi(cluster.api).delete_cluster_custom_object(
+            "kopf.dev", "v1", "clusterkopfpeerings", peering
+        )
 
 
 def static_spec(cluster: Cluster, count: int) -> dict[str, Any]:

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
-from support.clusters import REPO, TEST_LABEL, Cluster, wait_for
-from support.operator import Operator
+from support.clusters import TEST_LABEL, Cluster, wait_for
+from support.operator import Operator, peered_pair
 
 R = "example.com/peered"
-PEERING_CRD = REPO / "crds" / "kopf.dev_clusterkopfpeerings.yaml"
 
 
 def test_json_log_format(operator_process: Operator) -> None:
@@ -42,38 +37,6 @@ def test_bad_setting_fails_fast_naming_it(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2
     assert "--log-format" in out.stderr
-
-
-@pytest.fixture
-def peering_crd(api: client.ApiClient) -> Iterator[None]:
-    ext = client.ApiextensionsV1Api(api)
-    body = yaml.safe_load(PEERING_CRD.read_text())
-    try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-    wait_for(
-        "peering CRD established",
-        lambda: any(
-            c.type == "Established" and c.status == "True"
-            for c in ext.read_custom_resource_definition(body["metadata"]["name"]).status.conditions or []
-        ),
-    )
-    return
-
-
-def peered_pair(
-    cluster: Cluster, session_operator: Operator, tmp_path: Path
-) -> tuple[str, Operator, Operator]:
-    """A peering name and two operators for it, not yet started (priority 200 and 100). The
-    session's standalone operator is stopped: it would not take part in peering."""
-    session_operator.stop()
-    (tmp_path / "high").mkdir()
-    (tmp_path / "low").mkdir()
-    high = Operator(session_operator.kubeconfig, tmp_path / "high")
-    low = Operator(session_operator.kubeconfig, tmp_path / "low")
-    return f"{cluster.prefix}peering", high, low
 
 
 def peered_spec(cluster: Cluster) -> dict[str, Any]:

@@ -5,20 +5,23 @@ KubeAPI; the integration tests run the same code against a real API server)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import kopf
 import pytest
+import yaml
 from fakekube import FakeKube, profile
 from support.converge import until
 
-from patchbay_operator import nodes
+from patchbay_operator import controller, handlers, nodes
 from patchbay_operator.capacity import NodeState
 from patchbay_operator.config import Settings
 from patchbay_operator.controller import Controller
 from patchbay_operator.informer import Event, Snapshot
 from patchbay_operator.kube import KubeError
-from patchbay_operator.peering import Peering
+from patchbay_operator.peering import Peering, StandingByError
 
 RESOURCE = "example.com/dongle"
 
@@ -153,18 +156,34 @@ async def test_a_410_watch_relists_and_learns_what_was_deleted(kube: FakeKube) -
         await ctl.stop()
 
 
-async def test_a_waiting_replica_writes_nothing_and_takes_over_from_fresh_profiles(kube: FakeKube) -> None:
-    me = Peering("patchbay", "me", priority=1)
+@contextlib.asynccontextmanager
+async def standby(kube: FakeKube, body: dict[str, Any], concurrency: int = 2) -> AsyncIterator[Controller]:
+    """A started replica standing by (a live peer of higher priority) with ``body`` listed as the
+    profile; a status debounce longer than any test: a status written is the take-over's own."""
     kube.peering = {"status": {"other": {"priority": 5, "lifetime": 60}}}
-    kube.profiles["p"] = profile("p", RESOURCE, 3, pool="a")
-    # A debounce longer than the test: the status written on takeover is written without it.
-    ctl = Controller(Settings(concurrency=2, status_debounce=30.0), kube, me)  # type: ignore[arg-type]
+    kube.profiles[body["metadata"]["name"]] = body
+    me = Peering("patchbay", "me", priority=1)
+    ctl = Controller(Settings(concurrency=concurrency, status_debounce=30.0), kube, me)  # type: ignore[arg-type]
     await ctl.start()
     try:
         assert ctl.gate is not None
         await ctl.gate.step()
         assert not ctl.gate.active
-        await ctl.reconcile(profile("p", RESOURCE, 1, pool="a"))  # what kopf gave before pausing
+        yield ctl
+    finally:
+        await ctl.stop()
+
+
+async def test_a_waiting_replica_writes_nothing_and_takes_over_from_fresh_profiles(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(controller, "TAKE_OVER_WAIT", 0.05)
+    async with standby(kube, profile("p", RESOURCE, 3, pool="a")) as ctl:
+        assert ctl.gate is not None
+        # kopf hands a profile on before this replica's gate has opened (kopf reads the peering
+        # object on its own): refused, kopf tries again later; nothing of it is kept or applied.
+        with pytest.raises(StandingByError):
+            await ctl.reconcile(profile("p", RESOURCE, 1, pool="a"))
         await ctl.nodes.queue.wait_idle()
         await ctl.status.flush()
         assert kube.calls.count("patch_node_status") == 0
@@ -180,8 +199,65 @@ async def test_a_waiting_replica_writes_nothing_and_takes_over_from_fresh_profil
         assert kube.status_writes  # at takeover, not a debounce later
         await until(lambda: all(value(kube, f"n{i}") == ("3", "3") for i in range(3)))
         assert ctl.nodes.patches == 3
-    finally:
-        await ctl.stop()
+
+
+async def test_a_take_over_whose_list_fails_writes_nothing_and_takes_over_at_the_next_look(
+    kube: FakeKube,
+) -> None:
+    """The leader is gone and the standby's LIST of the profiles fails (a 500, a timeout): it stays
+    a standby (no node patch, no status) instead of losing its gate's loop, and the next look
+    takes over from the profiles as they are then."""
+    async with standby(kube, profile("p", RESOURCE, 3, pool="a")) as ctl:
+        assert ctl.gate is not None
+        kube.peering = {"status": {}}
+        kube.fail_next("list_profiles", 500)
+        await ctl.gate.step()
+        assert not ctl.gate.active
+        await asyncio.sleep(0.1)
+        assert kube.calls.count("patch_node_status") == 0
+        assert kube.status_writes == []
+        await ctl.gate.step()
+        assert ctl.gate.active
+        await until(lambda: all(value(kube, f"n{i}") == ("3", "3") for i in range(3)))
+        assert kube.status_writes
+
+
+async def test_a_take_over_writes_the_agents_config_of_every_staged_profile(kube: FakeKube) -> None:
+    """The rollouts are resumed from the status at a take-over, and a wave its first computation
+    moves is not written by the wave's own timer (the gate opens after the take-over): the
+    take-over writes the agents' config of every staged profile itself, once."""
+    body = profile("p", RESOURCE, 2, pool="a")
+    plugin = {"discovery": {"virtual": {"count": 2}}}
+    body["spec"] = {**body["spec"], "mode": "DevicePlugin", "plugin": plugin}
+    del body["spec"]["static"]
+    async with standby(kube, body, concurrency=1) as ctl:
+        assert ctl.gate is not None
+        await asyncio.sleep(0.05)
+        assert [o for o in kube.applied if o["kind"] == "ConfigMap"] == []
+        kube.peering = {"status": {}}
+        await ctl.gate.step()
+        assert ctl.gate.active
+        written = [o for o in kube.applied if o["kind"] == "ConfigMap"]
+        assert [o["metadata"]["name"] for o in written] == ["patchbay-node-agent"]
+        entries = yaml.safe_load(written[0]["data"]["node.yaml"])["profiles"]
+        assert [e["profile"] for e in entries] == ["p"]
+
+
+async def test_a_loop_that_ends_with_an_error_fails_the_liveness_probe(ctl: Controller) -> None:
+    """One of the operator's own loops raised: it is named, and the liveness probe (kopf's
+    /healthz) fails, so the kubelet restarts the operator rather than leave it up doing nothing."""
+    assert handlers.loops(memo=kopf.Memo(controller=ctl)) == ctl.loops.running() > 0
+
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    ctl.loops.spawn(broken())
+    await until(lambda: ctl.loops.failed)
+    assert ctl.loops.failed == [
+        f"{test_a_loop_that_ends_with_an_error_fails_the_liveness_probe.__name__}.<locals>.broken"
+    ]
+    with pytest.raises(kopf.PermanentError, match="broken"):
+        handlers.loops(memo=kopf.Memo(controller=ctl))
 
 
 async def test_a_pruned_report_is_deleted_once_however_often_the_status_is_computed(kube: FakeKube) -> None:

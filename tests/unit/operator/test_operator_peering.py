@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -112,3 +114,34 @@ async def test_a_waiting_gate_looks_again_when_the_leaders_record_expires() -> N
     objects[0] = {"status": {}}
     await gate.step()
     assert gate.active and gate.pause == 30.0
+
+
+async def test_a_take_over_that_fails_stands_by_and_is_tried_again() -> None:
+    """The leader is gone and the standby's take-over raises (its LIST refused): it writes nothing
+    (stands by again), and its loop goes on to take over at the next look."""
+    attempts: list[str] = []
+    seen: list[str] = []
+
+    async def read() -> dict[str, Any]:
+        return {"status": {}}
+
+    async def work() -> None:
+        attempts.append("work")
+        if len(attempts) == 1:
+            raise OSError("connection reset while listing the profiles")
+        seen.append("work")
+
+    gate = Gate(Peering("p", "me", 5), read, lambda: seen.append("wait"), work, every=0.01)
+    await gate.step()
+    assert (gate.active, attempts, seen) == (False, ["work"], ["wait"])
+    runs = asyncio.create_task(gate.run())
+    try:
+        for _ in range(200):
+            if gate.active:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        runs.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runs
+    assert (gate.active, attempts, seen) == (True, ["work", "work"], ["wait", "work"])
