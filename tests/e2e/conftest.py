@@ -43,8 +43,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     when the session ends, and a CI failure is read afterwards from its output."""
     outcome = yield
     report = outcome.get_result()
-    installed = getattr(item, "funcargs", {}).get("patchbay")
-    if report.when != "call" or not report.failed or not isinstance(installed, Installed):
+    installed = _installed(item)
+    if report.when != "call" or not report.failed or installed is None:
         return
     where = installed.cluster.log_dir / "failures" / item.name[:120]
     try:
@@ -59,6 +59,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             shown.append(f"--- {path.name}, its last {FAILURE_SHOWN_LINES} lines:")
             shown += lines[-FAILURE_SHOWN_LINES:]
     report.sections.append(("Patchbay pod logs", "\n".join(shown)))
+
+
+def _installed(item: pytest.Item) -> Installed | None:
+    """The release the test ran against: its ``patchbay`` fixture, or the one inside ``on_node``
+    (which takes its fixtures by name, so they are not among the item's arguments)."""
+    for value in getattr(item, "funcargs", {}).values():
+        for candidate in (value, getattr(value, "patchbay", None)):
+            if isinstance(candidate, Installed):
+                return candidate
+    return None
 
 
 def save_pod_logs(installed: Installed, where: Path) -> dict[Path, str]:

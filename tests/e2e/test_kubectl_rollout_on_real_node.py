@@ -24,6 +24,7 @@ from support.realnode import (
     limits,
     pod_log,
     serial_profile,
+    served,
     wait_for,
 )
 
@@ -137,7 +138,9 @@ def test_diff_names_the_holder_a_bad_glob_would_strip_and_undo_puts_it_back(
     status = run(on_node, "rollout", "status", name, "--timeout=120s")
     print(status.stdout)
     assert status.returncode == 0 and status.stdout.endswith(f'profile "{name}" successfully rolled out\n'), (
-        status
+        status,
+        f"the node's report serves {served(cluster, ns, name, real_node)!r}",
+        (cluster.profile(name) or {}).get("status"),
     )
     pod = core.read_namespaced_pod(holder, namespace)
     assert pod.metadata.uid == uid and pod.status.phase == "Running"
