@@ -109,8 +109,7 @@ class Gate:
     ) -> None:
         self.me, self.every = me, every
         self._read, self._on_wait, self._on_work = read, on_wait, on_work
-        self.active = False
-        #: set while active: what a kopf handler waits on (`until_working`)
+        #: set while this replica works: `active`, and what a kopf handler waits on (`until_working`)
         self._working = asyncio.Event()
         self._decided = False
         #: seconds until the next look: ``every``, or sooner when a peer's record expires sooner
@@ -132,7 +131,6 @@ class Gate:
             # just past the expiry (kopf's own reading of "dead" is ``deadline <= now``)
             self.pause = min(self.every, expiry + EXPIRY_MARGIN)
         if waiting and (self.active or not self._decided):
-            self.active = False
             self._working.clear()
             self._on_wait()
             log.info("Waiting: live peers with priority >= %d: %s", self.me.priority, ", ".join(waiting))
@@ -145,10 +143,14 @@ class Gate:
                 self._on_wait()
                 log.exception("Taking over failed; standing by, and trying again in %g s", self.every)
                 return
-            self.active = True
             self._working.set()
             log.info("Working: no live peer has priority >= %d", self.me.priority)
         self._decided = True
+
+    @property
+    def active(self) -> bool:
+        """Whether this replica works (may write) now."""
+        return self._working.is_set()
 
     async def until_working(self, patience: float) -> bool:
         """Whether this replica works, waiting up to ``patience`` seconds for it to take over.

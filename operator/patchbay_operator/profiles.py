@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from patchbay_api.selectors import LabelSelector
-from patchbay_operator.constants import DEFAULT_NODE_GROUP, Mode
+from patchbay_operator.constants import DEFAULT_NODE_GROUP, SHARED_KEY, Mode
 from patchbay_operator.pluginspec import PluginSpec, merge, plain
 
 #: The profile's label selectors (``spec.nodeSelector``, a group's ``nodeSelector``): the API
@@ -137,6 +137,11 @@ class Profile:
         `agent` section (image, privileges, resources, tolerations, ...; even an empty one, which
         the API server fills with defaults) gets its own DaemonSet."""
         return "agent" not in self.spec
+
+    @property
+    def agent_key(self) -> str:
+        """Whose agents serve it: `SHARED_KEY` for the shared node agent, else its own name."""
+        return SHARED_KEY if self.uses_shared_agent else self.name
 
     @property
     def dra(self) -> bool:

@@ -149,8 +149,7 @@ class ProfileStatus:
                 if profile.mode is Mode.STATIC:
                     self._nodes.enqueue_all()  # the nodes that moved get their capacity written
                 elif self._agents:
-                    key = SHARED_KEY if profile.uses_shared_agent else name
-                    self.waves.schedule(key)
+                    self.waves.schedule(profile.agent_key)
         return result.status
 
     def _read_slices(self, profile: Profile, step: rollouts.Step) -> None:
@@ -215,7 +214,7 @@ class ProfileStatus:
             old = self.staging.current(profile) if self._staged else None
             return replace(base, failures=dict(self._nodes.failures), current_profile=old)
         shared = profile.uses_shared_agent
-        key = SHARED_KEY if shared else name
+        key = profile.agent_key
         watch = self._watch
         return replace(
             base,
@@ -316,7 +315,7 @@ class WaveWrites:
         by its own timer (the gate is still closed then), and what the replica that left wrote
         last may not be what the status says."""
         keys = {
-            SHARED_KEY if p.uses_shared_agent else p.name
+            p.agent_key
             for p in self._registry
             if p.mode.runs_agents and not p.deleting and self._registry.conflict(p) is None
         }
