@@ -87,7 +87,7 @@ class AgentWatch(Part):
         # by the reports kept (an entry goes when its report is believed or deleted).
         self._distrusted: dict[str, str] = {}
         self.daemonsets: Store[AgentDaemonSet] = Store(attrgetter("profile"), self._by_profile)
-        self.pods: Store[AgentPod] = Store(attrgetter("name"), self._by_profile)
+        self.pods: Store[AgentPod] = Store(attrgetter("name"), self._pod_changed)
         self.warnings: Store[Warning] = Store(attrgetter("key"), self._warned)
         self.reports: Store[Report] = Store(attrgetter("name"), self._report_changed)
         # Reports with a DELETE in flight: status computations meanwhile must not send another.
@@ -95,6 +95,8 @@ class AgentWatch(Part):
         #: by profile: its reports' deletion once the grace is over (KEEP: runs from the first
         #: report seen; later ones never postpone it)
         self._orphans: Timers[str] = Timers(OnPending.KEEP)
+        #: by agent pod gone: the deletion of the reports that still name it (`_writer_gone`)
+        self._writers_gone: Timers[str] = Timers(OnPending.KEEP)
 
     # --- changes -----------------------------------------------------------------------------
 
@@ -104,6 +106,24 @@ class AgentWatch(Part):
             if obj is not None and obj.profile:
                 log.debug("%s of DevicePluginProfile %s changed", type(obj).__name__, obj.profile)
                 self._changed(obj.profile)
+
+    def _pod_changed(self, old: AgentPod | None, new: AgentPod | None) -> None:
+        self._by_profile(old, new)
+        if old is not None and new is None:
+            self._writers_gone.schedule(old.name, 0.0, functools.partial(self._writer_gone, old.name))
+
+    async def _writer_gone(self, pod: str) -> None:
+        """An agent pod is gone: the reports that still name it as their writer are deleted, so
+        the agent now on the node writes them afresh (its reporter writes a deleted report again
+        at once). A DaemonSet rollout's old pod may write the report after its successor did (both
+        run while the successor starts), and the successor leaves a report of its own DaemonSet's
+        pods alone (report/reporter.py, `same_daemonset`): without this, a report naming a pod
+        that no longer exists stayed until a device changed, and no status believed it (the node
+        counted as not reported, 0 nodes updated)."""
+        if not writes(self.gate):
+            return
+        for report in [r for r in self.reports.items.values() if r.agent == pod]:
+            await self._delete_report(report, f"its writer, agent pod {pod}, is gone")
 
     def _report_changed(self, old: Report | None, new: Report | None) -> None:
         if new is None and old is not None:
@@ -221,29 +241,32 @@ class AgentWatch(Part):
     async def prune_reports(self, profile: str, keep: Iterable[str]) -> None:
         """Delete ``profile``'s reports except those of the nodes in ``keep``."""
         keep = set(keep)
-        path = collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", self.settings.namespace)
         doomed = [
             r
             for r in self.reports.items.values()
             if r.profile == profile and r.node not in keep and r.name not in self._pruning
         ]
         for report in doomed:
-            self._pruning.add(report.name)
-            try:
-                await self.call(self.kube.delete, Ref(path, report.name))
-            except (KubeError, OSError) as e:
-                log.warning("Deleting DeviceReport %s failed: %s", report.name, e)
-                continue
-            finally:
-                self._pruning.discard(report.name)
-            # Gone now, not when the watch says so: the next status must neither count it nor
-            # delete it again.
-            change = self.reports.fold_quietly("DELETED", report)
-            if change is not None:
-                self._report_changed(*change)
-            log.info(
-                "Deleted DeviceReport %s (node %s no longer serves %s)", report.name, report.node, profile
-            )
+            await self._delete_report(report, f"node {report.node} no longer serves {profile}")
+
+    async def _delete_report(self, report: Report, why: str) -> None:
+        if report.name in self._pruning:
+            return
+        path = collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", self.settings.namespace)
+        self._pruning.add(report.name)
+        try:
+            await self.call(self.kube.delete, Ref(path, report.name))
+        except (KubeError, OSError) as e:
+            log.warning("Deleting DeviceReport %s failed: %s", report.name, e)
+            return
+        finally:
+            self._pruning.discard(report.name)
+        # Gone now, not when the watch says so: the next status must neither count it nor
+        # delete it again.
+        change = self.reports.fold_quietly("DELETED", report)
+        if change is not None:
+            self._report_changed(*change)
+        log.info("Deleted DeviceReport %s (%s)", report.name, why)
 
     def prune_orphans_later(self, profiles: Iterable[str]) -> None:
         """DeviceReports of profiles that do not exist (an agent's of a profile deleted while the
@@ -265,3 +288,4 @@ class AgentWatch(Part):
 
     async def close(self) -> None:
         await self._orphans.close()
+        await self._writers_gone.close()
