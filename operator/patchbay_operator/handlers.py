@@ -64,6 +64,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     # Handler successes are logged, not posted: an Event per reconcile is noise in the cluster.
     settings.posting.level = logging.WARNING
+    # The liveness probe (`loops`) runs every probe period: its successes are not news.
+    logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
     settings.networking.request_timeout = 60.0
     # An unexpected handler error is retried after this long (kopf's default is 60 s): an API
     # hiccup should not leave a profile unapplied for a minute.
