@@ -388,28 +388,40 @@ def _entry(profile: Profile, exclude: Selector | None, stage: Stage | None) -> d
 def entry_sizes(
     profiles: Sequence[tuple[Profile, Selector | None]], stage: Stage | None = None
 ) -> dict[str, int]:
-    """Each profile's bytes in the node agent's ConfigMap, exactly: the file is the entries' dumps
-    one after the other under ``profiles:``, so each is dumped alone. One whose JSON is already
-    twice `CONFIGMAP_LIMIT` is not dumped (counted as the limit and one)."""
+    """Each profile's bytes in the node agent's ConfigMap, exactly: the file is `_HEAD`, the
+    entries' dumps (`_dump_entry`) each followed by ",\n", and `_TAIL` (see `node_config`). One
+    whose compact JSON is already twice `CONFIGMAP_LIMIT` is not dumped again (counted as the
+    limit and one)."""
     sizes: dict[str, int] = {}
     for p, exclude in profiles:
         entry = _entry(p, exclude, stage)
         if len(json.dumps(entry)) > 2 * CONFIGMAP_LIMIT:
             sizes[p.name] = CONFIGMAP_LIMIT + 1
         else:
-            dumped = yaml.safe_dump({"profiles": [entry]}, sort_keys=True, default_flow_style=False)
-            sizes[p.name] = len(dumped.encode()) - len(_HEADER)
+            sizes[p.name] = len(_dump_entry(entry)) + len(_SEPARATOR)
     return sizes
 
 
-_HEADER = "profiles:\n"
+#: The node config's text around its entries: ``json.dumps({"profiles": [...]}, indent=2)``
+#: exactly, so each entry's share of the size is known alone (`entry_sizes`).
+_HEAD = '{\n  "profiles": [\n'
+_SEPARATOR = ",\n"
+#: After the last entry: its newline (one byte less than `_SEPARATOR`), the list's and the
+#: document's ends and the file's last newline.
+_TAIL = "\n  ]\n}\n"
+_FRAME = len(_HEAD) + len(_TAIL) - len(_SEPARATOR)
+
+
+def _dump_entry(entry: Mapping[str, Any]) -> str:
+    """One entry as `node_config` writes it: JSON, keys sorted, indented as the list's item."""
+    return "\n".join("    " + line for line in json.dumps(entry, indent=2, sort_keys=True).split("\n"))
 
 
 def over_limit(profiles: Sequence[tuple[Profile, Selector | None]], stage: Stage | None = None) -> list[str]:
     """The shared profiles that do not fit in the node agent's ConfigMap: taken oldest first, the
     ones whose entry would take it past `CONFIGMAP_LIMIT` (none when the whole config fits)."""
     sizes = entry_sizes(profiles, stage)
-    total = len(NODE_CONFIG_KEY) + len(_HEADER)
+    total = len(NODE_CONFIG_KEY) + _FRAME
     if total + sum(sizes.values()) <= CONFIGMAP_LIMIT:
         return []
     refused = []
@@ -422,9 +434,16 @@ def over_limit(profiles: Sequence[tuple[Profile, Selector | None]], stage: Stage
 
 
 def node_config(profiles: Sequence[tuple[Profile, Selector | None]], stage: Stage | None = None) -> str:
-    """The node agent's config file: every shared profile, sorted by name (a stable hash)."""
+    """The node agent's config file: every shared profile, sorted by name (a stable hash), as
+    ``json.dumps({"profiles": entries}, indent=2, sort_keys=True)`` writes it, plus a newline.
+
+    JSON, not YAML, because the agent then reads it without importing PyYAML (a tenth of its
+    start; docs/benchmarks.md, "In its image"), and JSON is YAML too: an agent of any earlier
+    version, which reads the key with a YAML parser, reads it unchanged during an upgrade. The
+    key stays ``node.yaml`` for that reason. Built from `_dump_entry` so `entry_sizes` counts each
+    entry's bytes exactly."""
     entries = [_entry(p, exclude, stage) for p, exclude in sorted(profiles, key=lambda pe: pe[0].name)]
-    return yaml.safe_dump({"profiles": entries}, sort_keys=True, default_flow_style=False)
+    return _HEAD + _SEPARATOR.join(_dump_entry(e) for e in entries) + _TAIL
 
 
 def shared_agent_objects(

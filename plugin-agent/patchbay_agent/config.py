@@ -13,13 +13,12 @@ tools can use it without the agent's runtime.
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from patchbay_api import discovery as discovery_rules
 
@@ -542,19 +541,41 @@ def parse(raw: Any) -> AgentConfig:
 REVISION_FILE = "revision"
 
 
-def load(path: str | Path) -> AgentConfig:
-    """Read and parse the YAML file the operator mounts (or a hand-written one), with the revision
-    named in the `REVISION_FILE` beside it (none: "")."""
-    p = Path(path)
+def parse_document(text: str, where: str) -> Any:
+    """The document in a config file's `text`: read as JSON when it is JSON (what the operator
+    writes), else as YAML (a hand-written file; JSON is YAML too, so an agent of any version reads
+    either). ConfigError names `where` when it is neither.
+
+    Why JSON first: importing PyYAML (its regular expressions compiled at import) was about a
+    tenth of the agent's start from exec to registered (docs/benchmarks.md, "In its image"), and
+    the agent reads its config once at start; `json` is imported by then anyway."""
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass  # a YAML flow mapping ({a: 1}) is not JSON: YAML reads it
+    import yaml  # only for a file that is not JSON
+
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError("config", f"cannot read {p}: {e.strerror or e}") from None
-    try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError("config", f"{p} is not valid YAML: {e}") from None
-    config = parse(raw)
+        raise ConfigError("config", f"{where} is not valid YAML: {e}") from None
+
+
+def read_document(path: Path) -> Any:
+    """The document in the file at `path` (`parse_document`); ConfigError when it cannot be read."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e.strerror or e}") from None
+    return parse_document(text, str(path))
+
+
+def load(path: str | Path) -> AgentConfig:
+    """Read and parse the file the operator mounts (or a hand-written one; JSON or YAML), with the
+    revision named in the `REVISION_FILE` beside it (none: "")."""
+    p = Path(path)
+    config = parse(read_document(p))
     try:
         revision = p.with_name(REVISION_FILE).read_text(encoding="utf-8").strip()
     except OSError:

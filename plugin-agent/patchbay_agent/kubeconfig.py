@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from patchbay_agent.satoken import TokenFile
 
 #: User fields the agent does not implement; each is refused by name.
@@ -106,6 +104,8 @@ def in_cluster(sa_dir: Path, env: Mapping[str, str]) -> ApiServer:
 def load(path: Path) -> ApiServer:
     """The current context of the kubeconfig at `path`; ClientConfigError naming the file and the
     field when it cannot be used."""
+    import yaml  # only with --kubeconfig: in a pod the agent reads the service account's files
+
     where = f"--kubeconfig {path}"
     try:
         doc = yaml.safe_load(path.read_text())

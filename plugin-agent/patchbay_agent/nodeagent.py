@@ -34,10 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import yaml
-
 from patchbay_agent.backoff import Backoff
-from patchbay_agent.config import ConfigError
+from patchbay_agent.config import ConfigError, parse_document
 from patchbay_agent.httpserver import HttpEndpoint
 from patchbay_agent.metrics import MergedRegistry, Metrics, Registry
 from patchbay_agent.nodeconfig import NODE_CONFIG_KEY, ProfileEntry, parse_node_config, selected
@@ -341,8 +339,8 @@ class NodeAgent:
         """From the ConfigMap follower's thread: parse, then hand over to the loop."""
         text = str((obj.get("data") or {}).get(NODE_CONFIG_KEY) or "")
         try:
-            entries = parse_node_config(yaml.safe_load(text))
-        except (ConfigError, yaml.YAMLError) as e:
+            entries = parse_node_config(parse_document(text, f"ConfigMap key {NODE_CONFIG_KEY}"))
+        except ConfigError as e:
             log.error("Ignoring the new node config (keeping the current one): %s", e)
             return
         self._loop.call_soon_threadsafe(lambda: self.update(entries=entries))

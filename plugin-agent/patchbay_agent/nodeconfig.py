@@ -28,15 +28,14 @@ Pure: no I/O besides reading the file, no gRPC (like `config.py`).
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from patchbay_agent.config import AgentConfig, ConfigError, parse
+from patchbay_agent.config import AgentConfig, ConfigError, parse, read_document
 from patchbay_api import constants as api
 from patchbay_api.revisions import Rollout
 from patchbay_api.selectors import LabelSelector, Requirement, SelectorError, any_term_matches
@@ -146,13 +145,22 @@ class ProfileEntry:
         return (
             self.mode,
             self.driver,
-            yaml.safe_dump(dict(self.raw), sort_keys=True),
+            _canonical(self.raw),
             self.node_group,
             self.revision,
             self.uid,
-            None if self.rollout is None else yaml.safe_dump(self.rollout.as_dict(), sort_keys=True),
+            None if self.rollout is None else _canonical(self.rollout.as_dict()),
             tuple(o.key for o in self.others),
         )
+
+
+def _canonical(value: Any) -> str:
+    """`value` (a parsed config document's part) as one text that is equal exactly when the
+    value is, whatever its keys' order."""
+    try:
+        return json.dumps(value, sort_keys=True, default=str)
+    except TypeError:  # keys of mixed types (only a hand-written YAML file has them)
+        return repr(value)
 
 
 def _terms(raw: Any, path: str) -> Terms:
@@ -302,16 +310,7 @@ def _safe_terms(item: Mapping[str, Any], path: str) -> Terms:
 
 def load_node_config(path: str | Path) -> list[ProfileEntry]:
     """Read and parse the node config file the operator mounts."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError("config", f"cannot read {p}: {e.strerror or e}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError("config", f"{p} is not valid YAML: {e}") from None
-    return parse_node_config(raw)
+    return parse_node_config(read_document(Path(path)))
 
 
 def selected(

@@ -32,8 +32,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from patchbay_agent.kubelet.sockets import socket_name
 from patchbay_bench.harness import Run, interleave
 from patchbay_bench.peers import AgentProcess, FakeHardware, KubeletPeer, Process, build_peer
@@ -69,13 +67,14 @@ class World:
         for n in range(DEVICES):
             self.hw.add_dev(f"/dev/ttyUSB{n}")
         self.kubelet = KubeletPeer(peer, self.plugin_dir, root / "kubelet.log")
-        self.config = root / "agent.yaml"
+        self.config = root / "agent.json"
         plugin = {
             "discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}},
             "allocation": {"envs": {"BAUD": "115200"}},
             "health": {"recoveryHoldSeconds": recovery_hold},
         }
-        self.config.write_text(yaml.safe_dump({"resourceName": RESOURCE, "plugin": plugin}))
+        # JSON, as the operator writes every agent's config (render.node_config).
+        self.config.write_text(json.dumps({"resourceName": RESOURCE, "plugin": plugin}, indent=2))
         self.agent: AgentProcess | None = None
         self.stub: Process | None = None
         self.floor: Process | None = None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +185,28 @@ def test_bad_config_names_the_field(raw: dict[str, Any], field: str) -> None:
         parse(raw)
     assert exc.value.field == field
     assert str(exc.value).startswith(field + ": ")
+
+
+def test_a_json_config_is_read_without_yaml_and_a_yaml_one_the_same(tmp_path: Path) -> None:
+    """What the operator writes (JSON) is read by `json` alone: PyYAML is not even imported (its
+    import was a tenth of the agent's start). The same document as YAML, and a YAML flow mapping
+    that looks like JSON but is not, give the same config."""
+    doc = yaml.safe_load(FULL)
+    (tmp_path / "agent.json").write_text(json.dumps(doc, indent=2))
+    (tmp_path / "agent.yaml").write_text(FULL)
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(
+        "{resourceName: example.com/serial,\n plugin: {discovery: {paths: {globs: [/dev/ttyUSB*]}}}}\n"
+    )
+    probe = (
+        "import sys; from patchbay_agent.config import load; "
+        f"c = load({str(tmp_path / 'agent.json')!r}); "
+        "print(c.resource_name, 'yaml' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["example.com/serial", "False"]
+    assert load(tmp_path / "agent.json") == load(tmp_path / "agent.yaml")
+    assert load(flow).discovery == PathsDiscovery(globs=("/dev/ttyUSB*",))
 
 
 def test_unreadable_and_invalid_yaml_files(tmp_path: Path) -> None:

@@ -211,7 +211,7 @@ def test_how_many_typical_profiles_with_two_revisions_fit() -> None:
     """A profile like examples/ (a glob or two), with two revision bodies each: the number that
     fit in the shared ConfigMap is in the thousands, so the refusal is for outsized profiles."""
     one = render.node_entry(example("p", "/dev/ttyUSB*"), None, current=example("p", "/dev/ttyACM*"))
-    per_profile = len(yaml.safe_dump({"profiles": [one]}).encode())
+    per_profile = len(json.dumps({"profiles": [one]}, indent=2, sort_keys=True))
     assert 400 < per_profile < 2000, per_profile
     fit = render.CONFIGMAP_LIMIT // per_profile
     profiles = [(example(f"p{i:04d}", "/dev/ttyUSB*"), None) for i in range(fit // 2)]
@@ -241,4 +241,17 @@ def test_the_size_counted_is_the_configmaps_exactly() -> None:
     profiles = [(example(f"p{i}", f"/dev/tty{i}*"), None) for i in range(7)]
     (cm, _) = render.shared_agent_objects(profiles, SETTINGS)
     sizes = render.entry_sizes(profiles)
-    assert len(render.NODE_CONFIG_KEY) + len("profiles:\n") + sum(sizes.values()) == render.data_size(cm)
+    frame = len('{\n  "profiles": [\n') + len("\n  ]\n}\n") - len(",\n")
+    assert len(render.NODE_CONFIG_KEY) + frame + sum(sizes.values()) == render.data_size(cm)
+
+
+def test_the_node_config_is_json_that_a_yaml_reader_reads_the_same() -> None:
+    """The operator writes the agents' config as JSON (they read it without PyYAML); agents of
+    earlier versions read it with a YAML parser during an upgrade: both get the same document,
+    and it is exactly what json.dumps(indent=2) writes (the sizes above count that text)."""
+    profiles = [(example(f"p{i}", f"/dev/tty{i}*"), None) for i in range(3)]
+    text = render.node_config(profiles)
+    doc = json.loads(text)
+    assert [e["profile"] for e in doc["profiles"]] == ["p0", "p1", "p2"]
+    assert yaml.safe_load(text) == doc
+    assert text == json.dumps(doc, indent=2, sort_keys=True) + "\n"
