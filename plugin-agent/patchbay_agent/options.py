@@ -180,7 +180,9 @@ GROUPS = {
 
 _REPORT = ("profile",)
 OPTIONS: tuple[Option, ...] = (
-    Option("--config", "agent config, JSON or YAML (resourceName + plugin)", metavar="FILE", alternative=True),
+    Option(
+        "--config", "agent config, JSON or YAML (resourceName + plugin)", metavar="FILE", alternative=True
+    ),
     Option(
         "--node-config",
         "the node agent's config: every profile sharing the default agent (profile, mode, "
