@@ -34,9 +34,7 @@ permissions or CDI kind; any change of a DRA profile.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,7 +45,7 @@ from patchbay_agent.core.inventory import Inventory, Snapshot
 from patchbay_agent.core.monitor import Monitor
 from patchbay_agent.discovery import HostRoot, make_backend
 from patchbay_agent.httpserver import HttpEndpoint
-from patchbay_agent.memory import settle_memory
+from patchbay_agent.memory import settle_when_ready
 from patchbay_agent.metrics import Metrics
 from patchbay_agent.options import AgentOptions, ReportOptions
 from patchbay_agent.report.failures import AllocationFailures
@@ -66,11 +64,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-#: How long the start-up garbage's collection waits for the front-end's readiness at most
-#: (`ResourceAgent._settle_when_ready`), and how often it looks.
-SETTLE_WAIT = 5.0
-SETTLE_POLL = 0.01
 
 Tasks = list[asyncio.Task[None]]
 
@@ -318,24 +311,6 @@ class ResourceAgent:
         devices; a rollout removes the previous agent only after this one is Ready)."""
         return self.front.ready()
 
-    async def _settle_when_ready(self, stop: asyncio.Event) -> None:
-        """Once the front-end is ready (the kubelet holds our stream, or the DRA driver is
-        registered), or `SETTLE_WAIT` seconds passed: collect the start-up garbage and move
-        everything allocated so far (modules, config, grpc: it lives as long as the process) out
-        of the garbage collector's generations, so full collections stop walking it. They
-        otherwise land in the middle of Allocate calls and stretch its tail latency
-        (docs/facts.md#plugin-sockets). Collect first: frozen garbage would never be freed.
-
-        After readiness, not before the first registration: the collection takes 5-10 ms of the
-        event loop, which the kubelet's first sight of our devices waited for
-        (docs/benchmarks.md, "In its image")."""
-        deadline = time.monotonic() + SETTLE_WAIT
-        # Polled: readiness is a state of the front-end's streams, with no event of its own.
-        while not (self.front.ready() or stop.is_set()) and time.monotonic() < deadline:
-            await wait_any((stop,), SETTLE_POLL)
-        settle_memory()
-        gc.freeze()
-
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set, then shut down gracefully (socket removed, streams ended).
 
@@ -372,7 +347,7 @@ class ResourceAgent:
             ]
             report_tasks += more
             tasks += more
-        settler = asyncio.create_task(self._settle_when_ready(stop), name="settle-memory")
+        settler = asyncio.create_task(settle_when_ready(self.front.ready, stop), name="settle-memory")
         self.started.set()
         stopper = asyncio.ensure_future(stop.wait())
         crashed: BaseException | None = None

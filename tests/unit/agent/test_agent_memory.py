@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from types import SimpleNamespace
 
-from patchbay_agent.memory import settle_memory
-from patchbay_agent.resourceagent import SETTLE_POLL, ResourceAgent
+from patchbay_agent.memory import SETTLE_POLL, settle_memory, settle_when_ready
 
 
 class Node:
@@ -32,26 +30,16 @@ def test_cyclic_garbage_is_collected_before_the_freeze() -> None:
     assert freed >= 2
 
 
-class Front:
-    """A front-end that is ready when the test says (only `ready` is read)."""
-
-    def __init__(self) -> None:
-        self.is_ready = False
-
-    def ready(self) -> bool:
-        return self.is_ready
-
-
 async def test_the_freeze_waits_for_the_front_end_to_be_ready() -> None:
     """The collection and the freeze run once the kubelet holds our stream, not before the first
     registration (they took 5-10 ms of the event loop the registration waited for)."""
-    agent = SimpleNamespace(front=Front())
+    ready = False
     gc.unfreeze()
     try:
-        settling = asyncio.create_task(ResourceAgent._settle_when_ready(agent, asyncio.Event()))  # type: ignore[arg-type]
+        settling = asyncio.create_task(settle_when_ready(lambda: ready, asyncio.Event()))
         await asyncio.sleep(SETTLE_POLL * 5)
         assert not settling.done() and gc.get_freeze_count() == 0
-        agent.front.is_ready = True
+        ready = True
         await asyncio.wait_for(settling, 1.0)
         assert gc.get_freeze_count() > 0
     finally:
@@ -63,7 +51,7 @@ async def test_the_freeze_does_not_wait_past_a_stop() -> None:
     stop.set()
     gc.unfreeze()
     try:
-        await asyncio.wait_for(ResourceAgent._settle_when_ready(SimpleNamespace(front=Front()), stop), 1.0)  # type: ignore[arg-type]
+        await asyncio.wait_for(settle_when_ready(lambda: False, stop), 1.0)
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
