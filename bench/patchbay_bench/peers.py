@@ -10,6 +10,9 @@ This is the one module of the bench that imports ``support`` (tests/support: the
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+import subprocess
 from pathlib import Path
 
 from support import gopeer
@@ -51,3 +54,30 @@ def drapeer(build: bool = True) -> Path | None:
     """bench/drapeer built (or reused from the cache); with ``build=False`` only if the cache has
     it (None otherwise: a cold build takes minutes)."""
     return gopeer.build("drapeer") if build else gopeer.cached("drapeer")
+
+
+def binary_provenance(path: str | Path) -> str:
+    """What the peer binary at `path` is, for a run's record: its sha256 and, for a Go binary, the
+    Go release, main module and version-control revision it was built from (``go version -m``
+    reads them from the binary). A figure against a peer given by path (squat=PATH) then names
+    exactly the program it was measured against, however that binary was built."""
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    go = shutil.which("go")
+    if go is None:
+        return f"{path}: sha256 {digest} (no go command to read its build info)"
+    out = subprocess.run([go, "version", "-m", str(path)], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        return f"{path}: sha256 {digest} (not a Go binary, or no build info)"
+    lines = out.stdout.splitlines()
+    release = lines[0].split(": ", 1)[-1].strip() if lines else "?"
+    # The main module (path, mod) and where its source came from (build vcs.*); not every dependency.
+    info = [
+        " ".join(words)
+        for words in (line.split() for line in lines[1:])
+        if words
+        and (
+            words[0] in ("path", "mod")
+            or (words[0] == "build" and words[1:2] and words[1].startswith("vcs."))
+        )
+    ]
+    return f"{path}: sha256 {digest}; {release}; " + "; ".join(info)

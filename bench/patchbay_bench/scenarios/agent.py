@@ -34,7 +34,14 @@ from typing import Any
 
 from patchbay_agent.kubelet.sockets import socket_name
 from patchbay_bench.harness import Run, interleave
-from patchbay_bench.peers import AgentProcess, FakeHardware, KubeletPeer, Process, build_peer
+from patchbay_bench.peers import (
+    AgentProcess,
+    FakeHardware,
+    KubeletPeer,
+    Process,
+    binary_provenance,
+    build_peer,
+)
 from patchbay_bench.setup import bytecode_ahead, status_mib
 
 INSTANCE = "bench"
@@ -217,8 +224,10 @@ def run(r: Run) -> None:
                 world.stop_registered_floor, world.start_registered_floor
             ),
         }
+        r.note(f"Go stub (the conformance peer): {binary_provenance(peer)}")
         if world.squat_bin:
             starters["squat"] = lambda _i: restart(world.stop_squat, world.start_squat)
+            r.note(f"squat: {binary_provenance(world.squat_bin)}")
         else:
             r.notes.append("squat not measured (its binary not given: squat=PATH)")
         starts = interleave(rounds, starters)

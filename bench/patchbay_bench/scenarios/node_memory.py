@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from patchbay_bench.harness import Run, Value, interleave, wait
+from patchbay_bench.peers import binary_provenance
 from patchbay_bench.setup import AGENT, IMAGE_ENV, Child, Cluster, HostNode, kwok_cluster, rss_pss_mib
 
 #: Five kinds of device; the first three are issue 19's set: two DevicePlugin, one DRA.
@@ -142,6 +143,8 @@ def run(r: Run) -> None:
         # A warm-up run writes the optimized bytecode (.opt-2.pyc) the image ships compiled.
         case(r, cluster, "node-agent", PROFILES[:1], -1)
         sides = {k: v for k, v in SIDES.items() if v != "squat" or r.text("squat")}
+        if r.text("squat"):
+            r.note(f"squat: {binary_provenance(r.text('squat'))}")
         for n in counts(r.params):
             chosen = PROFILES[:n]
 
