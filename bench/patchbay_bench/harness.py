@@ -182,14 +182,25 @@ def ratios_of(sides: Sequence[Side]) -> list[Ratio]:
 
 
 def interleave(
-    rounds: int, sides: Mapping[str, Callable[[int], T]], progress: Callable[[str], None] | None = None
+    rounds: int,
+    sides: Mapping[str, Callable[[int], T]],
+    progress: Callable[[str], None] | None = None,
+    alternate: bool = False,
 ) -> dict[str, list[T]]:
     """Run every side once per round, in the order given, for ``rounds`` rounds (A B A B ...);
     each side's callable gets the round's index. Returns each side's results in round order.
-    ``progress`` (a scenario's ``log``), for sides that take minutes: told as each side ends."""
+    ``progress`` (a scenario's ``log``), for sides that take minutes: told as each side ends.
+
+    ``alternate``: every other round runs the sides in the reverse order (A B, B A, A B, ...), so
+    no side always runs right after the same other one, whose after-effects (a cache it warmed,
+    CPU it left busy, a socket still closing) would otherwise land on it in every round. Only for
+    sides that do not depend on the one before them."""
     out: dict[str, list[T]] = {name: [] for name in sides}
     for r in range(rounds):
-        for name, side in sides.items():
+        order = list(sides.items())
+        if alternate and r % 2 == 1:
+            order.reverse()
+        for name, side in order:
             t0 = time.monotonic()
             out[name].append(side(r))
             if progress is not None:

@@ -230,7 +230,7 @@ def run(r: Run) -> None:
             r.note(f"squat: {binary_provenance(world.squat_bin)}")
         else:
             r.notes.append("squat not measured (its binary not given: squat=PATH)")
-        starts = interleave(rounds, starters)
+        starts = interleave(rounds, starters, alternate=True)
         world.stop_registered_floor()
         r.figure(
             "agent: exec -> the kubelet sees its devices",

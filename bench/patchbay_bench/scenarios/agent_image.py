@@ -220,7 +220,7 @@ def run(r: Run) -> None:
         def starter(side: str) -> Callable[[int], float]:
             return lambda _i: sides.start(side)
 
-        starts = interleave(r.rounds(), {k: starter(v) for k, v in names.items()})
+        starts = interleave(r.rounds(), {k: starter(v) for k, v in names.items()}, alternate=True)
         r.figure(
             "agent_image: exec -> the kubelet sees its devices",
             "ms",

@@ -7,9 +7,10 @@ devices (mknod 1:3, named dra0..dra3: the Go peer uses file names as device name
 k8s.io/dynamic-resource-allocation/kubeletplugin at the newest release of the matrix) does the
 same prepare work as a process on the node: its helper GETs the claim and checks its UID, it
 writes one CDI spec per claim. It runs twice: reaching the API server through the same relay as
-the agent pod, and over loopback. Sides, interleaved round by round: ``claims`` fresh claims per
-side, created and allocated here as the scheduler would (results and the node selector), each
-prepared with one call on the side's DRA socket as the kubelet calls it, then unprepared.
+the agent pod, and over loopback. Sides, interleaved round by round, the order reversed every
+other round (no side always runs after the same one): ``claims`` fresh claims per side, created
+and allocated here as the scheduler would (results and the node selector), each prepared with one
+call on the side's DRA socket as the kubelet calls it, then unprepared.
 
 Also: where the agent's prepare time goes (its own histograms on its /metrics), the GET of a
 claim from this process as yardsticks (the official client over loopback and the relay, the
@@ -277,7 +278,7 @@ def run(r: Run) -> None:
                     r.note(
                         "Go peer left out: bench/drapeer not built (peer=cached; a cold build takes minutes)"
                     )
-                got = interleave(rounds, sides)
+                got = interleave(rounds, sides, alternate=True)
             after = d.agent_metrics()
             note = f"{r.integer('claims')} claims per side per round, one per call"
             for q, what in ((0.5, "p50"), (0.99, "p99")):

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,21 @@ def test_sides_run_interleaved_a_b_a_b() -> None:
     )
     assert calls == ["a0", "b0", "a1", "b1", "a2", "b2"]
     assert got == {"a": [0, 1, 2], "b": [0, -1, -2]}
+
+
+def test_alternated_sides_swap_order_every_other_round_and_keep_their_results_apart() -> None:
+    calls: list[str] = []
+
+    def side(name: str) -> Callable[[int], str]:
+        def run(i: int) -> str:
+            calls.append(f"{name}{i}")
+            return f"{name}{i}"
+
+        return run
+
+    got = interleave(3, {name: side(name) for name in "abc"}, alternate=True)
+    assert calls == ["a0", "b0", "c0", "c1", "b1", "a1", "a2", "b2", "c2"]
+    assert got == {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"], "c": ["c0", "c1", "c2"]}
 
 
 def test_a_figure_has_median_min_max_per_side_and_the_ratio_pair_by_pair(tmp_path: Path) -> None:
