@@ -11,6 +11,9 @@ the agent pod, and over loopback. Sides, interleaved round by round, the order r
 other round (no side always runs after the same one): ``claims`` fresh claims per side, created
 and allocated here as the scheduler would (results and the node selector), each prepared with one
 call on the side's DRA socket as the kubelet calls it, then unprepared.
+Both sides get the same CPU weight: the agent pod requests ``agent_cpu`` CPUs (1: cgroup cpu
+shares 1024, what the Go peer has as a process outside any pod; the chart's default request, 10m,
+is 10 shares, which loses to everything else when the CPUs are busy). Neither has a CPU limit.
 
 Also: where the agent's prepare time goes (its own histograms on its /metrics), the GET of a
 claim from this process as yardsticks (the official client over loopback and the relay, the
@@ -244,8 +247,15 @@ def run(r: Run) -> None:
                         "recoveryHoldSeconds": r.integer("recovery_hold"),
                     },
                 },
-                # agent settings of its own: one agent pod to measure
-                "agent": {"updateStrategy": {"maxSurge": 1, "maxUnavailable": 0}},
+                # agent settings of its own: one agent pod to measure, given the CPU weight the Go
+                # peer has as a process outside any pod (agent_cpu=1: cgroup cpu shares 1024)
+                "agent": {
+                    "updateStrategy": {"maxSurge": 1, "maxUnavailable": 0},
+                    "resources": {
+                        "requests": {"cpu": r.text("agent_cpu"), "memory": "64Mi"},
+                        "limits": {"memory": "128Mi"},
+                    },
+                },
             }
             cluster.api.create(PROFILES, profile(PROFILE, spec))
             wait(
