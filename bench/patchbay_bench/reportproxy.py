@@ -113,8 +113,8 @@ class Proxy:
             )
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         await resp.prepare(request)
-        head = {"apiVersion": "patchbay.dev/v1beta1", "kind": "DeviceReportList", "metadata": meta}
-        await resp.write(json.dumps(head)[:-1].encode() + b',"items":[')
+        # As the API server writes a custom resource's list: keys sorted, the metadata last.
+        await resp.write(b'{"apiVersion":"patchbay.dev/v1beta1","items":[')
         for i, (node, pod) in enumerate(page):
             values = {
                 b"NODE": node.encode(),
@@ -124,7 +124,8 @@ class Proxy:
             if i:
                 await resp.write(b",")
             await resp.write(b"".join(values.get(part, part) for part in self.parts))
-        await resp.write(b"]}")
+        tail = {"kind": "DeviceReportList", "metadata": meta}
+        await resp.write(b"]," + json.dumps(tail, separators=(",", ":"))[1:].encode())
         await resp.write_eof()
         return resp
 
