@@ -224,6 +224,10 @@ def _tmpdir(prefix: str) -> Iterator[str]:
 
 SESSION = Session()
 
+AGENT_IMAGE = "example.invalid/agent:bench"
+"""The agent image of the bench's host-process operators: kwok runs their agent pods, so it is never
+pulled."""
+
 
 @contextlib.contextmanager
 def operator(
@@ -231,9 +235,16 @@ def operator(
 ) -> Iterator[Operator]:
     """The operator program as a host process against ``kubeconfig``'s cluster, with its
     /metrics on 127.0.0.1 (``Operator.stats``); stopped when the block ends. `start_timeout`:
-    how long its /healthz may take to answer (after its first LISTs: ``Operator.live_after``)."""
+    how long its /healthz may take to answer (after its first LISTs: ``Operator.live_after``).
+
+    Its agents' image is ``AGENT_IMAGE`` unless ``args`` name one: every operator of a run then
+    renders the same agent DaemonSet, so a fresh operator does not roll the agent pods that the
+    one before it made (at 5,000 kwok nodes such a rollout busied the control plane through
+    every later round of a scenario)."""
     log_dir = run.work / f"operator-{len(list(run.work.glob('operator-*')))}"
     log_dir.mkdir()
+    if "--agent-image" not in args:
+        args = ("--agent-image", AGENT_IMAGE, *args)
     op = Operator(kubeconfig, log_dir, args=args, namespace=namespace)
     op.start(timeout=start_timeout)
     try:
@@ -256,7 +267,7 @@ def agents_everywhere(run: Run, cluster: Cluster, namespace: str, name: str, lab
     cluster.api.create(PROFILES, profile(name, spec))
     nodes = len(cluster.nodes)
     pods = ns_path(namespace, "pods")
-    with operator(run, cluster.kubeconfig, namespace, "--agent-image", "example.invalid/agent:bench"):
+    with operator(run, cluster.kubeconfig, namespace):
         wait(
             "the agent pods on every node",
             lambda: len(cluster.api.items(pods, labelSelector=f"patchbay.dev/profile={name}")) >= nodes,
