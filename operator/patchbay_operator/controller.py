@@ -25,15 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from patchbay_operator import agentwatch, informer, maintenance, nodelabels, nodes, repairs, revisions
 from patchbay_operator.agents import Agents
 from patchbay_operator.agentwatch import AgentWatch
 from patchbay_operator.config import Settings
 from patchbay_operator.deviceclasses import DeviceClasses
-from patchbay_operator.informer import Informer, Snapshot, Source
+from patchbay_operator.informer import Informer, Source
 from patchbay_operator.kube import KubeAPI, KubeError, Pool, Ref
 from patchbay_operator.nodelabels import InventoryLabels
 from patchbay_operator.nodes import NodeSync
@@ -74,17 +73,6 @@ def fan_out(
             feed(snapshot)
 
     return observe, resync
-
-
-@dataclass(frozen=True)
-class Watched(Generic[T]):
-    """A source the controller lists at start and then watches, and where its events and
-    resyncs go; one that is not ``required`` may fail its first LIST (its informer retries)."""
-
-    source: Source[T]
-    on_events: Callable[[list[informer.Event[T]]], None]
-    on_resync: Callable[[informer.Snapshot[T]], None]
-    required: bool = True
 
 
 class Controller:
@@ -144,35 +132,32 @@ class Controller:
         conflicts are decided on full knowledge (then `Agents.unused_shared`, handlers.py)."""
         await self.refresh_profiles()
         log.info("Loaded %d DevicePluginProfiles", len(self.registry))
+        if self.settings.inventory_node_labels:  # listed first: no node is planned without it
+            await self._watch(nodelabels.SOURCE, *self.labels.inventory_feed, required=False)
         n, w, r = self.nodes, self.watch, self.repairs
+        await self._watch(nodes.SOURCE, *fan_out((n.observe, n.resync), self.labels.node_feed))
         ds_source, pod_source, warning_source, report_source = agentwatch.sources(self.settings.namespace)
+        # the agent DaemonSets' one informer feeds their rollouts (agentwatch.py) and repairs
+        feeds = (w.daemonsets.observe, w.daemonsets.resync), (r.observe_daemonsets, r.resync_daemonsets)
+        await self._watch(ds_source, *fan_out(*feeds))
+        await self._watch(pod_source, w.pods.observe, w.pods.resync)
+        await self._watch(warning_source, w.warnings.observe, w.warnings.resync)
+        await self._watch(report_source, w.reports.observe, w.reports.resync, required=False)
         configmaps, deviceclasses = repairs.sources(self.settings.namespace)
-        owned, revs, rules = self.repairs.stores, self.revisions.store, self.statuses.rules
-        watches: list[Watched[Any]] = []
-        if self.settings.inventory_node_labels:  # no node is planned without it
-            watches.append(Watched(nodelabels.SOURCE, *self.labels.inventory_feed, required=False))
-        watches += [
-            Watched(nodes.SOURCE, *fan_out((n.observe, n.resync), self.labels.node_feed)),
-            # the agent DaemonSets' one informer feeds their rollouts (agentwatch.py) and repairs
-            Watched(
-                ds_source,
-                *fan_out(
-                    (w.daemonsets.observe, w.daemonsets.resync), (r.observe_daemonsets, r.resync_daemonsets)
-                ),
-            ),
-            Watched(pod_source, w.pods.observe, w.pods.resync),
-            Watched(warning_source, w.warnings.observe, w.warnings.resync),
-            Watched(report_source, w.reports.observe, w.reports.resync, required=False),
-            Watched(configmaps, owned["ConfigMap"].observe, owned["ConfigMap"].resync),
-            # Where resource.k8s.io/v1 is not served yet, no DeviceClass to repair either.
-            Watched(deviceclasses, owned["DeviceClass"].observe, owned["DeviceClass"].resync, required=False),
-            Watched(revisions.source(self.settings.namespace), revs.observe, revs.resync, required=False),
-        ]
-        rules_served = await self._serves_device_taint_rules()
-        if rules_served:
-            watches.append(Watched(RULES, rules.observe, rules.resync, required=False))
-        await self._watch(*watches)
-        if not rules_served:
+        owned = self.repairs.stores
+        await self._watch(configmaps, owned["ConfigMap"].observe, owned["ConfigMap"].resync)
+        # Where resource.k8s.io/v1 is not served yet, no DeviceClass to repair either.
+        await self._watch(
+            deviceclasses, owned["DeviceClass"].observe, owned["DeviceClass"].resync, required=False
+        )
+        revs = self.revisions.store
+        await self._watch(
+            revisions.source(self.settings.namespace), revs.observe, revs.resync, required=False
+        )
+        rules = self.statuses.rules
+        if await self._serves_device_taint_rules():
+            await self._watch(RULES, rules.observe, rules.resync, required=False)
+        else:
             self.loops.spawn(self._watch_rules_once_served())
         log.info(
             "Listed %d nodes, %d agent pods, %d DeviceReports, %d DeviceTaintRules",
@@ -189,38 +174,33 @@ class Controller:
         if self.gate is not None:
             self.loops.spawn(self.gate.run())
 
-    async def _watch(self, *watches: Watched[Any]) -> None:
-        """LIST every source now (so the caches are complete before any handler runs), then watch
-        each from its snapshot.
+    async def _watch(
+        self,
+        source: Source[T],
+        on_events: Callable[..., None],
+        on_resync: Callable[..., None],
+        *,
+        required: bool = True,
+    ) -> None:
+        """LIST ``source`` now (so the cache is complete before any handler runs), then watch it.
 
-        The LISTs run at once, each in a thread of the pool: the API server serves one while the
-        operator decodes another (at 5,000 nodes the nodes', the agent pods' and the DeviceReports'
-        LISTs are most of the start). Their snapshots are handed over in the order given, after
-        the last LIST, and each watch starts from its own snapshot's resourceVersion, so nothing
-        is missed between a LIST and its watch. A source that is not ``required`` (the agents'
-        DeviceReports: their CRD may come later than the operator) does not stop the start when
-        its LIST fails; its informer lists it as soon as it can.
+        A source that is not ``required`` (the agents' DeviceReports: their CRD may come later
+        than the operator) does not stop the start when its LIST fails; its informer lists it as
+        soon as it can.
         """
-        snapshots = await asyncio.gather(*(self._list(w) for w in watches))
-        loop = asyncio.get_running_loop()
-        for w, snapshot in zip(watches, snapshots, strict=True):
-            rv = ""
-            if snapshot is not None:
-                w.on_resync(snapshot)
-                rv = snapshot.resource_version
-            watcher = Informer(self.kube, w.source, loop, w.on_events, w.on_resync)
-            watcher.start(rv)
-            self._informers.append(watcher)
-
-    async def _list(self, watched: Watched[T]) -> Snapshot[T] | None:
-        """``watched``'s LIST, or None when it failed and the source is not required."""
+        rv = ""
         try:
-            return await self.pool.call(informer.list_all, self.kube, watched.source)
+            snapshot = await self.pool.call(informer.list_all, self.kube, source)
         except (KubeError, OSError) as e:
-            if watched.required:
+            if required:
                 raise
-            log.warning("Listing %s failed, will retry: %s", watched.source.kind, e)
-            return None
+            log.warning("Listing %s failed, will retry: %s", source.kind, e)
+        else:
+            on_resync(snapshot)
+            rv = snapshot.resource_version
+        watcher = Informer(self.kube, source, asyncio.get_running_loop(), on_events, on_resync)
+        watcher.start(rv)
+        self._informers.append(watcher)
 
     async def stop(self) -> None:
         for part in (self.statuses, self.repairs, self.revisions, self.classes, self.watch):
@@ -286,7 +266,7 @@ class Controller:
             if await self._serves_device_taint_rules(quiet=True):
                 log.info("DeviceTaintRules are served now: device maintenance shown from now on")
                 rules = self.statuses.rules
-                await self._watch(Watched(RULES, rules.observe, rules.resync, required=False))
+                await self._watch(RULES, rules.observe, rules.resync, required=False)
                 self.statuses.mark_dra()
                 return
 

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -120,53 +120,6 @@ def json_page(raw: bytes) -> tuple[list[Any], str, str]:
     page = json.loads(raw)
     meta = page.get("metadata") or {}
     return page.get("items") or [], str(meta.get("resourceVersion") or ""), str(meta.get("continue") or "")
-
-
-_METADATA_KEY = b'"metadata":'
-
-
-def continue_token(raw: bytes) -> str:
-    """A LIST page's continue token, read from its list metadata without decoding its items;
-    "" when the page has none (the last page) or it cannot be told so (then the caller decodes).
-
-    The API server writes a custom resource's list with its keys sorted (``items`` before
-    ``metadata``) and a built-in kind's list with ``metadata`` before ``items``. A literal
-    ``"metadata":`` in JSON is always a key (a quote inside a string is escaped); the last one is
-    the list's own exactly when what follows it, up to the body's closing brace, is one JSON
-    object: any deeper key would leave an item's and the array's closing brackets in that text.
-    The first one is the list's when only the body's own brace comes before it."""
-    body = raw.rstrip()
-    if not body.endswith(b"}"):
-        return ""
-    start = len(_METADATA_KEY)
-    at = body.rfind(_METADATA_KEY)
-    if at > 0:
-        try:
-            meta = json.loads(body[at + start : -1])
-        except ValueError:
-            meta = None
-        if isinstance(meta, dict):
-            return str(meta.get("continue") or "")
-    at = body.find(_METADATA_KEY, 0, 512)
-    if at > 0 and body.count(b"{", 0, at) == 1 and b"[" not in body[:at]:
-        head = body[at + start : at + start + 8192].decode(errors="replace").lstrip()
-        try:
-            meta, _ = json.JSONDecoder().raw_decode(head)
-        except ValueError:
-            return ""
-        if isinstance(meta, dict):
-            return str(meta.get("continue") or "")
-    return ""
-
-
-@dataclass(frozen=True)
-class _Ahead:
-    """A LIST page requested before the page before it was decoded: the continue token and the
-    limit it was asked with, and its body once it arrives."""
-
-    token: str
-    limit: int
-    body: Future[bytes]
 
 
 @dataclass(frozen=True)
@@ -372,9 +325,6 @@ class Kube:
         self._timeout = timeout
         #: requests sent, by verb (WATCH: each watch opened); /metrics reads it
         self.requests: dict[str, int] = {}
-        #: LIST pages requested before the page before them was decoded (``list_pages``), and
-        #: those of them thrown away (the decode gave another continue token: never expected)
-        self.pages_ahead = self.pages_ahead_wasted = 0
         self._count_lock = threading.Lock()
 
     def _count(self, verb: str) -> None:
@@ -478,58 +428,27 @@ class Kube:
         The first page asks for ``first`` objects (default ``chunk``); every later one for as
         many as ``page_bytes`` holds at the mean size seen so far, at most ``chunk`` (the
         server's continue token does not depend on the limit). ``decode`` reads each page's body:
-        plain JSON by default, or straight into what the caller keeps (``devicereports.decode_page``).
-
-        The next page is requested as soon as this one's body has arrived, before it is decoded
-        (``continue_token`` reads the token from the body's list metadata): the API server
-        serves page N+1 while page N is decoded, instead of each waiting for the other. A token
-        that cannot be read so (or one the decode disagrees with) costs the overlap, never a
-        page: the request then waits for the decode, as before."""
+        plain JSON by default, or straight into what the caller keeps (``devicereports.decode_page``)."""
         cont, snapshot = "", ""
         limit = max(1, min(chunk, first or chunk))
         seen_bytes = seen_items = 0
-        ahead: _Ahead | None = None
-        reader = ThreadPoolExecutor(1, thread_name_prefix="list-ahead")
-
-        def fetch(token: str, n: int) -> bytes:
-            query = {"limit": str(n), **selectors.query()}
-            if token:
-                query["continue"] = token
+        while True:
+            query = {"limit": str(limit), **selectors.query()}
+            if cont:
+                query["continue"] = cont
             status, raw, full = self._send("GET", path, query=query)
             if not 200 <= status < 300:
                 raise KubeError(status, "GET", full, raw.decode(errors="replace"))
-            return raw
-
-        try:
-            while True:
-                if ahead is not None and ahead.token == cont:
-                    raw, limit = ahead.body.result(), ahead.limit
-                else:
-                    if ahead is not None:  # read ahead with a token the page did not give
-                        self.pages_ahead_wasted += 1
-                    raw = fetch(cont, limit)
-                ahead = None
-                seen_bytes += len(raw)
-                # The next page is asked for while this one is decoded (the server's time and
-                # ours overlap), when the body says its continue token without a decode.
-                token = continue_token(raw)
-                if token:
-                    # This page assumed full (it has a continue token): the limit it gives is
-                    # the one the decode would.
-                    n = max(1, min(chunk, page_bytes * (seen_items + limit) // seen_bytes))
-                    ahead = _Ahead(token, n, reader.submit(fetch, token, n))
-                    self.pages_ahead += 1
-                items, rv, cont = decode(raw)
-                del raw  # the body goes before the caller decodes the page's items
-                snapshot = snapshot or rv
-                seen_items += len(items)
-                yield Page(items, snapshot, limit)
-                if not cont:
-                    return
-                if seen_items:
-                    limit = max(1, min(chunk, page_bytes * seen_items // seen_bytes))
-        finally:
-            reader.shutdown(wait=False, cancel_futures=True)
+            seen_bytes += len(raw)
+            items, rv, cont = decode(raw)
+            del raw  # the body goes before the caller decodes the page's items
+            snapshot = snapshot or rv
+            seen_items += len(items)
+            yield Page(items, snapshot, limit)
+            if not cont:
+                return
+            if seen_items:
+                limit = max(1, min(chunk, page_bytes * seen_items // seen_bytes))
 
     def watch(
         self,

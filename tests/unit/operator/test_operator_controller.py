@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -302,35 +301,5 @@ async def test_device_taint_rules_served_later_are_watched_from_then_on(
         await until(lambda: len(c._informers) == watched + 1)
         await asyncio.sleep(0.1)
         assert len(c._informers) == watched + 1  # watched once, the asking ends
-    finally:
-        await c.stop()
-
-
-async def test_the_start_lists_every_source_at_once(kube: FakeKube, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first LISTs overlap (the API server serves one while another is decoded): the nodes'
-    LIST waits until the agent pods' is under way too, which a start listing one source after
-    another would never reach (the wait then ends at its timeout and the test fails). Every
-    source is handed its snapshot and watched, in the order the start names them."""
-    nodes_in_flight, pods_in_flight = threading.Event(), threading.Event()
-    listed: list[str] = []
-    plain = kube.list_pages
-
-    def list_pages(path: str, *args: Any, **kwargs: Any) -> Any:
-        if path == "/api/v1/nodes":
-            nodes_in_flight.set()
-            assert pods_in_flight.wait(10), "the pods' LIST did not start while the nodes' ran"
-        elif path.endswith("/pods"):
-            pods_in_flight.set()
-            assert nodes_in_flight.wait(10), "the nodes' LIST did not start while the pods' ran"
-        listed.append(path)
-        return plain(path, *args, **kwargs)
-
-    monkeypatch.setattr(kube, "list_pages", list_pages)
-    c = Controller(Settings(concurrency=16, status_debounce=0.02), kube)  # type: ignore[arg-type]
-    await c.start()
-    try:
-        assert set(c.nodes.states) == {"n0", "n1", "n2"}
-        assert len(listed) == len(c._informers) >= 8
-        assert all(i._thread is not None for i in c._informers)
     finally:
         await c.stop()
