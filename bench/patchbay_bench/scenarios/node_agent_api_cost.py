@@ -28,7 +28,7 @@ from patchbay_bench import kube
 from patchbay_bench.apicost import minus, window, writes
 from patchbay_bench.harness import Run, wait
 from patchbay_bench.kube import PROFILES
-from patchbay_bench.setup import AGENT_IMAGE, kwok_cluster, operator, status_mib
+from patchbay_bench.setup import kwok_cluster, operator, status_mib
 from patchbay_bench.simagents import Followers, shared_agent_pods
 
 NAMESPACE = "patchbay-system"
@@ -68,7 +68,7 @@ def run(r: Run) -> None:
         def daemonsets() -> list[dict[str, Any]]:
             return api.items(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets")
 
-        with operator(r, cluster.kubeconfig, NAMESPACE, "--agent-image", AGENT_IMAGE):
+        with operator(r, cluster.kubeconfig, NAMESPACE):
             for i in range(p):
                 api.create(PROFILES, profile(i, own_agent=False))
             shared_agent_pods(api, NAMESPACE, n)

@@ -40,7 +40,7 @@ from patchbay_bench import kube
 from patchbay_bench.apicost import Counts, served, writes
 from patchbay_bench.harness import Run, wait
 from patchbay_bench.kube import PROFILES, Api
-from patchbay_bench.setup import AGENT_IMAGE, kwok_cluster, operator, status_mib
+from patchbay_bench.setup import kwok_cluster, operator, status_mib
 from patchbay_bench.simagents import Followers, SimAgents, client_files, shared_agent_pods
 
 NS, PROFILE, CANARY, DEVICES = "patchbay-system", "bench-roll", 1, 2
@@ -167,7 +167,7 @@ def run(r: Run) -> None:
     with kwok_cluster(r, n, crds=False) as cluster:
         api = cluster.api
         cluster.chart_without_operator(NS)
-        with operator(r, cluster.kubeconfig, NS, "--agent-image", AGENT_IMAGE) as op:
+        with operator(r, cluster.kubeconfig, NS) as op:
             assert op.proc is not None
             spec = {
                 "resourceName": "bench.patchbay.dev/roll",
