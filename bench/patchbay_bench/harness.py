@@ -91,6 +91,9 @@ class Target:
     against: str | None = None
     #: why this target, or what missing it means (shown after the verdict)
     note: str = ""
+    #: the cluster size the goal is set at (a scale scenario's ``nodes``): a run at another size
+    #: is drawn without a verdict (1,000 nodes meeting a goal set at 5,000 says nothing of it)
+    nodes: int | None = None
 
 
 @dataclass(frozen=True)

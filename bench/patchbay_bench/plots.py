@@ -2,8 +2,9 @@
 
 ``python -m patchbay_bench plots`` redraws the figures of runs recorded in docs/benchmarks.md from
 the numbers printed there (``RECORDED``: each entry names the table it comes from), so a plot
-never shows a number the tables do not; given the ``rollouts`` scenario's timelines
-(bench/results/rollouts-<release>.json), it draws them:
+never shows a number the tables do not; the scale curves (``CURVES``) from the committed records
+of each cluster size, the same ones ``make bench-table`` draws its rows from; given the
+``rollouts`` scenario's timelines (bench/results/rollouts-<release>.json), it draws them:
 
     make bench-plots
     PYTHONPATH=bench:tests .venv/bin/python -m patchbay_bench plots bench/results/rollouts-v1.3*.json
@@ -20,7 +21,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
-from patchbay_bench import REPO
+from patchbay_bench import RECORDS, REPO, records
 
 IMG = REPO / "docs" / "img"
 
@@ -159,6 +160,95 @@ def memory_per_node(
     return path
 
 
+CURVES: dict[str, tuple[str, str, dict[str, str]]] = {
+    # scenario -> (the PNG, its title, {recorded figure: the y axis}): a scale scenario's figures
+    # against the cluster size, one point per size, from the newest full record at each size
+    "operator_memory": (
+        "operator-scale.png",
+        "The operator's start and memory against the cluster size",
+        {
+            "operator: start -> /healthz answers (its first LISTs done)": "start -> /healthz, s",
+            "operator: peak RSS (VmHWM) with a report per node": "peak RSS (VmHWM), MiB",
+        },
+    ),
+    "takeover": (
+        "takeover-scale.png",
+        "A warm standby taking over a killed leader",
+        {"operator: leader killed -> the standby's first status write": "leader killed -> first write, s"},
+    ),
+}
+
+
+def record_points(
+    recs: Sequence[Mapping[str, Any]], figure: str
+) -> tuple[list[int], dict[str, list[float]], list[str]]:
+    """The sizes, each side's median at each size and each point's provenance, from records of
+    one scenario at several sizes (``records.newest_full``'s choice per size), smallest first.
+    A side not measured at every size is left out (a line needs every point)."""
+    by_size = sorted(
+        ((n, r) for r in recs if (n := records.nodes_of(r)) is not None), key=lambda pair: pair[0]
+    )
+    sizes: list[int] = []
+    series: dict[str, list[float]] = {}
+    whence: list[str] = []
+    for n, rec in by_size:
+        fig = next((f for f in rec["figures"] if f["name"] == figure and not f.get("missing")), None)
+        if fig is None:
+            continue
+        sizes.append(n)
+        for side in fig["sides"]:
+            series.setdefault(side["name"], []).append(float(side["stats"]["median"]))
+        whence.append(f"{n:,}: {rec['date'][:10]} `{rec['commit'][:7]}`")
+    return sizes, {k: v for k, v in series.items() if len(v) == len(sizes)}, whence
+
+
+def curves(results: Path = RECORDS) -> list[Path]:
+    """``CURVES``' plots, from the committed records; a scenario recorded at fewer than two sizes
+    draws nothing."""
+    newest = records.newest_full(records.load(results))
+    out = []
+    for scenario, (png, title, figures) in CURVES.items():
+        recs = [r for r in newest.values() if r["scenario"] == scenario and not r["params"].get("baseline")]
+        panels = [(label, *record_points(recs, figure)) for figure, label in figures.items()]
+        panels = [p for p in panels if len(p[1]) >= 2]
+        if not panels:
+            continue
+        fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), dpi=110, squeeze=False)
+        for ax, (label, sizes, series, _whence) in zip(axes[0], panels, strict=True):
+            for i, (name, values) in enumerate(series.items()):
+                (line,) = ax.plot(sizes, values, marker="o", label=name)
+                for x, y in zip(sizes, values, strict=True):
+                    ax.annotate(
+                        f"{y:.3g}",
+                        (x, y),
+                        textcoords="offset points",
+                        xytext=(6, 8 - 11 * i),
+                        fontsize=8,
+                        color=line.get_color(),
+                    )
+            ax.set_xscale("log")
+            ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
+            ax.minorticks_off()
+            ax.set_xlim(min(sizes) / 1.5, max(sizes) * 2)
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel("kwok nodes (log scale)")
+            ax.set_ylabel(label)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        whence = "; ".join(panels[0][3])
+        fig.suptitle(title, fontsize=10)
+        fig.text(
+            0.01, 0.01, f"bench {scenario}, medians, 2 cores; records: {whence}", fontsize=7, color="0.4"
+        )
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        path = IMG / png
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+        plt.close(fig)
+        out.append(path)
+    return out
+
+
 RECORDED: dict[str, Any] = {
     # docs/benchmarks.md, "Memory on a node: before (one agent per profile) and after (one node
     # agent), and squat": RSS summed over the processes, MiB
@@ -226,6 +316,7 @@ def main(args: Sequence[str]) -> None:
             note="bench kubectl_scale nodes=5000, 5 runs each, load average 14-47 on 2 cores",
         ),
     ]
+    out += curves()
     mem = RECORDED["node_memory"]
     out.append(
         memory_per_node(

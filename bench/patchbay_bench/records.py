@@ -42,15 +42,25 @@ def load(results: Path) -> list[dict[str, Any]]:
     return out
 
 
+def nodes_of(record: Mapping[str, Any]) -> int | None:
+    """The cluster size a scale scenario's run was made at (its ``nodes`` parameter), else None."""
+    nodes = (record.get("params") or {}).get("nodes")
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
+
+
 def newest_full(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The newest full (not quick) run of each scenario that recorded figures; of a scenario that
-    measures a release, of each release (``rollouts@v1.34.4``); a run against another checkout's
-    program (``baseline=``) apart from the scenario's own runs (it never hides their rows)."""
+    measures a release, of each release (``rollouts@v1.34.4``); of a scale scenario, of each
+    cluster size (``operator_memory at 20000 nodes``: the points of its curve, none hiding
+    another); a run against another checkout's program (``baseline=``) apart from the scenario's
+    own runs (it never hides their rows)."""
     out: dict[str, dict[str, Any]] = {}
     for rec in records:
         if rec.get("quick") or not rec.get("figures"):
             continue
         name = rec["scenario"] + (f"@{rec['release']}" if rec.get("release") else "")
+        if (nodes := nodes_of(rec)) is not None:
+            name += f" at {nodes:05d} nodes"  # zero-padded: the sizes sort as numbers
         if baseline := (rec.get("params") or {}).get("baseline"):
             name += f" against {baseline}"
         if name not in out or rec["date"] > out[name]["date"]:
@@ -104,15 +114,15 @@ def rows(record: dict[str, Any], everything: bool = False, targets: Sequence[Tar
     quiet = "quiet" if m.get("quiet") else "NOT quiet"
     when = f"{record['date'][:10]}, {m['cores']} cores, load {fmt(m['load_start'][0])} ({quiet})"
     dirty = "+changes" if record.get("dirty") else ""
-    nodes = (record.get("params") or {}).get("nodes")
+    nodes = nodes_of(record)
     out = []
     for fig in record["figures"]:
         if not (fig.get("headline") or everything):
             continue
         name = fig["name"]
-        judged = [verdict(fig, t) for t in targets if t.figure == name]
+        judged = [verdict(fig, t) for t in targets if t.figure == name and t.nodes in (None, nodes)]
         # The size a scale figure was measured at, where its name does not say it already.
-        if isinstance(nodes, int) and not isinstance(nodes, bool) and str(nodes) not in name.replace(",", ""):
+        if nodes is not None and str(nodes) not in name.replace(",", ""):
             name = f"{name}, {nodes:,} nodes"
         if judged:
             name = f"{name} ({'; '.join(judged)})"

@@ -154,6 +154,31 @@ def test_a_scale_figure_says_the_size_it_was_measured_at(tmp_path: Path) -> None
     assert names == ["apply, 5,000 nodes", "the reports of 5000 nodes"]
 
 
+def test_each_size_of_a_scale_scenario_keeps_its_row_and_a_goal_is_judged_at_its_own_size(
+    tmp_path: Path,
+) -> None:
+    """A curve's points (1,000, 5,000 and 20,000 nodes) are runs of one scenario: the newest run at
+    one size must not hide another size's, and a goal set at 5,000 nodes judges only that run."""
+
+    def measures(r: Run) -> None:
+        r.figure("start", "s", {"operator": [r.integer("nodes") / 200]}, headline=True)
+
+    target = Target("start", 30.0, note="at 5,000 nodes", nodes=5000)
+    sc = Scenario("om", "x", measures, params={"nodes": Param(5000, 10)}, targets=(target,))
+    for nodes in (20000, 1000, 5000, 20000):  # the second 20,000 run is the newest of its size
+        rec = execute(sc, {"nodes": nodes}, quick=False)
+        rec.date = f"{nodes:06d}" + rec.date  # a distinct, ordered date per size
+        records.write(rec, tmp_path)
+    rows = records.table(tmp_path, targets_of={"om": (target,)}).splitlines()[2:]
+    names = [row.split(" | ")[0].removeprefix("| ") for row in rows]
+    assert names == [
+        "start, 1,000 nodes",
+        "start, 5,000 nodes (target: at most 30.0 s; met, 25.0 s: at 5,000 nodes)",
+        "start, 20,000 nodes",
+    ]
+    assert len(list(tmp_path.glob("om/*.json"))) == 4
+
+
 def test_the_table_says_met_or_missed_from_the_targets_in_code(tmp_path: Path) -> None:
     """A target declared beside the scenario is judged on the record's median ratio (or the first
     side's median, for an absolute bound): nobody writes "met" by hand."""
@@ -362,3 +387,31 @@ def test_a_sitting_waits_for_the_load_to_fall_and_gives_up_at_its_limit(
     waited = harness.wait_for_quiet(20.0, load=lambda: 4.0, sleep=sleep, clock=lambda: now[0])
     assert waited == 20.0
     assert "load still 4.00 after 20 s: starting anyway" in capsys.readouterr().out
+
+
+def test_a_scale_curve_is_drawn_from_the_newest_record_at_each_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The curve's points are the records' medians, size by size; one size alone draws nothing."""
+    from patchbay_bench import plots
+
+    figure = "operator: start -> /healthz answers (its first LISTs done)"
+
+    def measures(r: Run) -> None:
+        n = r.integer("nodes")
+        r.figure(figure, "s", {"bounds": [n / 100, n / 50], "small": [n / 1000]}, headline=True)
+
+    sc = Scenario("operator_memory", "x", measures, params={"nodes": Param(5000, 10)})
+    results = tmp_path / "records"
+    monkeypatch.setattr(plots, "IMG", tmp_path / "img")
+    records.write(execute(sc, {"nodes": 1000}, quick=False), results)
+    assert plots.curves(results) == []
+    records.write(execute(sc, {"nodes": 20000}, quick=False), results)
+    sizes, series, whence = plots.record_points(
+        [r for r in records.newest_full(records.load(results)).values()], figure
+    )
+    assert sizes == [1000, 20000]
+    assert series == {"bounds": [15.0, 300.0], "small": [1.0, 20.0]}
+    assert [w.split(":")[0] for w in whence] == ["1,000", "20,000"]
+    assert [p.name for p in plots.curves(results)] == ["operator-scale.png"]
+    assert (tmp_path / "img" / "operator-scale.png").stat().st_size > 1000
