@@ -26,22 +26,14 @@ from patchbay_bench import RECORDS, REPO, records
 IMG = REPO / "docs" / "img"
 
 
-def scaling(
-    path: Path,
-    title: str,
-    nodes: Sequence[int],
-    series: Mapping[str, Sequence[float]],
-    ylabel: str = "seconds",
-    note: str = "",
-) -> Path:
+def scale_axes(ax: Any, nodes: Sequence[int], series: Mapping[str, Sequence[float]], ylabel: str) -> None:
     """One line per series against the node count (log x), each point labelled with its value."""
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     for i, (label, values) in enumerate(series.items()):
         (line,) = ax.plot(nodes, values, marker="o", label=label)
         for x, y in zip(nodes, values, strict=True):
             # values of several series sit close together: each series' labels on their own line
             ax.annotate(
-                f"{y:.2f}",
+                f"{y:.3g}",
                 (x, y),
                 textcoords="offset points",
                 xytext=(6, 8 - 10 * i),
@@ -55,8 +47,21 @@ def scaling(
     ax.set_xlabel("nodes")
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
-    ax.set_title(title)
     ax.grid(True, alpha=0.3)
+
+
+def scaling(
+    path: Path,
+    title: str,
+    nodes: Sequence[int],
+    series: Mapping[str, Sequence[float]],
+    ylabel: str = "seconds",
+    note: str = "",
+) -> Path:
+    """One plot of ``scale_axes``."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    scale_axes(ax, nodes, series, ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
     if note:
         fig.text(0.01, 0.01, note, fontsize=7, color="0.4")
@@ -215,25 +220,8 @@ def curves(results: Path = RECORDS) -> list[Path]:
             continue
         fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), dpi=110, squeeze=False)
         for ax, (label, sizes, series, _whence) in zip(axes[0], panels, strict=True):
-            for i, (name, values) in enumerate(series.items()):
-                (line,) = ax.plot(sizes, values, marker="o", label=name)
-                for x, y in zip(sizes, values, strict=True):
-                    ax.annotate(
-                        f"{y:.3g}",
-                        (x, y),
-                        textcoords="offset points",
-                        xytext=(6, 8 - 11 * i),
-                        fontsize=8,
-                        color=line.get_color(),
-                    )
-            ax.set_xscale("log")
-            ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
-            ax.minorticks_off()
-            ax.set_xlim(min(sizes) / 1.5, max(sizes) * 2)
-            ax.set_ylim(bottom=0)
+            scale_axes(ax, sizes, series, label)
             ax.set_xlabel("kwok nodes (log scale)")
-            ax.set_ylabel(label)
-            ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
         whence = "; ".join(panels[0][3])
         fig.suptitle(title, fontsize=10)
