@@ -203,7 +203,7 @@ def record_points(
         sizes.append(n)
         for side in fig["sides"]:
             series.setdefault(side["name"], []).append(float(side["stats"]["median"]))
-        whence.append(f"{n:,}: {rec['date'][:10]} `{rec['commit'][:7]}`")
+        whence.append(f"{n:,} nodes: {rec['date'][:10]} at {rec['commit'][:7]}")
     return sizes, {k: v for k, v in series.items() if len(v) == len(sizes)}, whence
 
 

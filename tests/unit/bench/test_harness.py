@@ -412,6 +412,6 @@ def test_a_scale_curve_is_drawn_from_the_newest_record_at_each_size(
     )
     assert sizes == [1000, 20000]
     assert series == {"bounds": [15.0, 300.0], "small": [1.0, 20.0]}
-    assert [w.split(":")[0] for w in whence] == ["1,000", "20,000"]
+    assert [w.split(":")[0] for w in whence] == ["1,000 nodes", "20,000 nodes"]
     assert [p.name for p in plots.curves(results)] == ["operator-scale.png"]
     assert (tmp_path / "img" / "operator-scale.png").stat().st_size > 1000
