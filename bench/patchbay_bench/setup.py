@@ -158,7 +158,7 @@ def kwok_cluster(
     """A control plane with kwok and ``nodes`` Ready kwok nodes (no real node), the CRDs applied;
     stopped by PID when the block ends."""
     dev = DevCluster(run.work / "cluster", bin_dir())
-    dev.up(timeout=180)
+    dev.up(timeout=180, fleet=nodes)
     cluster = Cluster(dev, Api(dev.kubeconfig))
     try:
         if nodes:

@@ -151,26 +151,28 @@ class DevCluster:
         st = self.state()
         return bool(st.procs) and all(p.runs() for p in st.procs)
 
-    def up(self, nodes: int = 0, real_node: bool = False, timeout: float = 90.0) -> None:
+    def up(self, nodes: int = 0, real_node: bool = False, timeout: float = 90.0, fleet: int = 0) -> None:
         """Start the control plane and kwok (a no-op if they already run), then ensure ``nodes``
-        kwok nodes and, with ``real_node``, the real kubelet node."""
+        kwok nodes and, with ``real_node``, the real kubelet node. ``fleet``: the kwok nodes the
+        control plane is sized for when more are added later (at least ``nodes``); past 5,000
+        kwok's periodic writes are spread out (``controlplane.kwok_stretch``)."""
         if self.is_up():
             log.info("Cluster in %s is already running (%s)", self.dir, self.server)
         else:
             if self.running():
                 log.warning("Cluster in %s is partly running; stopping it first", self.dir)
                 self.down(purge=False)
-            self._start(timeout)
+            self._start(timeout, max(nodes, fleet))
         if real_node and "kubelet" not in {p.name for p in self.running()}:
             self.start_real_node(timeout=max(timeout, 120.0))
         if nodes:
             self.add_kwok_nodes(nodes)
             self.wait_nodes_ready(nodes, label_selector=f"{KWOK_NODE_LABEL}=kwok", timeout=timeout)
 
-    def _start(self, timeout: float) -> None:
+    def _start(self, timeout: float, fleet: int) -> None:
         t0 = time.monotonic()
         try:
-            self.control_plane.start(timeout, api_ips=API_SERVER_IPS)
+            self.control_plane.start(timeout, api_ips=API_SERVER_IPS, fleet=fleet)
         except BaseException:
             log.error("Start failed; stopping what was started")
             self.down(purge=False)
@@ -206,7 +208,7 @@ class DevCluster:
         if purge:
             shutil.rmtree(self.dir, ignore_errors=True)
         elif self.state_file.exists():
-            State(ports=st.ports).save(self.state_file)
+            State(ports=st.ports, fleet=st.fleet).save(self.state_file)
         return stopped
 
     def restart_component(self, name: str, timeout: float = 90.0, grace: float = 5.0) -> Proc:

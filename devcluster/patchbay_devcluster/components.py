@@ -41,10 +41,11 @@ class Component(Process):
     """A control-plane component on the cluster's ports, ready when its health endpoint answers
     200 (``controlplane.HEALTH``)."""
 
-    def __init__(self, home: StateDir, bin_dir: Path, ports: dict[str, int]) -> None:
+    def __init__(self, home: StateDir, bin_dir: Path, ports: dict[str, int], fleet: int = 0) -> None:
         super().__init__(home)
         self.bin_dir = bin_dir
         self.ports = ports
+        self.fleet = fleet
 
     def argv(self) -> list[str]:
         # The "kubernetes" Service's address is the pod bridge's own (podnetwork.SERVICE_SUBNET).
@@ -55,6 +56,7 @@ class Component(Process):
             self.home.pki,
             self.ports,
             service_range=str(SERVICE_SUBNET),
+            fleet=self.fleet,
         )
 
     def ready(self) -> bool:
@@ -73,9 +75,14 @@ class KubeApiServer(Component):
     name = "kube-apiserver"
 
     def __init__(
-        self, home: StateDir, bin_dir: Path, ports: dict[str, int], api: Callable[[], client.ApiClient]
+        self,
+        home: StateDir,
+        bin_dir: Path,
+        ports: dict[str, int],
+        fleet: int,
+        api: Callable[[], client.ApiClient],
     ) -> None:
-        super().__init__(home, bin_dir, ports)
+        super().__init__(home, bin_dir, ports, fleet)
         self.api = api
 
     def ready(self) -> bool:
@@ -95,6 +102,13 @@ class Kwok(Component):
 
     name = "kwok"
 
+    def argv(self) -> list[str]:
+        # Past 5,000 nodes kwok reads a copy of its stages with a longer node status period.
+        stages = controlplane.kwok_stages_path(self.home.path, self.fleet)
+        if stages != controlplane.KWOK_STAGES:
+            stages.write_text(controlplane.kwok_stages(self.fleet))
+        return super().argv()
+
 
 TYPES: dict[str, type[Component]] = {
     t.name: t for t in (Etcd, KubeApiServer, KubeControllerManager, KubeScheduler, Kwok)
@@ -113,27 +127,29 @@ class ControlPlane:
         self.bin_dir = bin_dir  # resolved only when a component starts: teardown needs no binaries
         self.api = api
 
-    def component(self, name: str, ports: dict[str, int]) -> Component:
+    def component(self, name: str, st: State) -> Component:
+        """Component ``name`` on ``st``'s ports, sized for its fleet."""
         if name == KubeApiServer.name:
-            return KubeApiServer(self.home, self.bin_dir(), ports, self.api)
-        return TYPES[name](self.home, self.bin_dir(), ports)
+            return KubeApiServer(self.home, self.bin_dir(), st.ports, st.fleet, self.api)
+        return TYPES[name](self.home, self.bin_dir(), st.ports, st.fleet)
 
-    def start(self, timeout: float, api_ips: Sequence[str] = ()) -> State:
+    def start(self, timeout: float, api_ips: Sequence[str] = (), fleet: int = 0) -> State:
         """A fresh state (``PORTS`` picked, credentials for an API server that also answers at
         ``api_ips``), then every component in order, each recorded as it starts and awaited
-        before the next. On a failure, those already running are left to ``DevCluster.down``."""
+        before the next. On a failure, those already running are left to ``DevCluster.down``.
+        ``fleet``: the kwok nodes it is sized for (``controlplane.kwok_stretch``)."""
         home = self.home
         for d in (home.path, home.pki, home.logs):
             d.mkdir(parents=True, exist_ok=True)
         home.path.chmod(0o700)
-        st = State(ports={n: free_port() for n in PORTS})
+        st = State(ports={n: free_port() for n in PORTS}, fleet=fleet)
         st.save(home.state_file)
         controlplane.write_credentials(
             home.path, home.pki, home.kubeconfig, st.ports["apiserver"], api_ips=api_ips
         )
         log.info("Starting control plane in %s", home.path)
         for name in COMPONENTS:
-            proc = self.component(name, st.ports).launch(st, timeout)
+            proc = self.component(name, st).launch(st, timeout)
             log.info("  %s ready (pid %d)", name, proc.pid)
         return st
 
@@ -168,6 +184,6 @@ class ControlPlane:
 
     def _respawn(self, st: State, index: int, timeout: float) -> Proc:
         """``st.procs[index]`` (stopped or exited) started again in its place, on the same ports."""
-        proc = self.component(st.procs[index].name, st.ports).launch(st, timeout, at=index)
+        proc = self.component(st.procs[index].name, st).launch(st, timeout, at=index)
         log.info("Restarted %s (pid %d)", proc.name, proc.pid)
         return proc

@@ -10,6 +10,7 @@ server's certificate also names the addresses the cluster asks for (the relay's,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,11 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_TAINT_KEY = "kwok.x-k8s.io/node"
 KWOK_NODE_LABEL = "type"
 KWOK_STAGES = Path(__file__).with_name("kwok-stages.yaml")
+KWOK_FLEET_STEP = 5000
+"""Up to this many kwok nodes, the settings every figure up to 5,000 nodes was measured with;
+above it kwok's periodic writes are spread out in proportion (:func:`kwok_stretch`)."""
+_HEARTBEAT_DELAY = "durationMilliseconds: 300000\n    jitterDurationMilliseconds: 310000"
+"""The node status refresh's delay in ``KWOK_STAGES`` (5 to 5m10s), stretched by :func:`kwok_stages`."""
 
 HEALTH: dict[str, tuple[str, str, bool]] = {
     "etcd": ("etcd", "/health", False),
@@ -31,6 +37,41 @@ HEALTH: dict[str, tuple[str, str, bool]] = {
 }
 """component: (its port's name, health path, TLS) for plain HTTP(S) probes. The API server is
 not here: its ``/readyz`` takes a client certificate, so the cluster asks it with its client."""
+
+
+def kwok_stretch(fleet: int) -> int:
+    """How many times longer kwok's Lease and node-status periods, and the node lifecycle
+    controller's grace, are for a cluster sized for ``fleet`` kwok nodes: 1 up to 5,000 nodes,
+    then in proportion, so that kwok's writes stay near their rate at 5,000 nodes.
+
+    Why: kwok renews every node's Lease each quarter of its duration. With the 240 s lease that
+    held 5,000 nodes (83 renewals a second), 20,000 nodes make 333 a second, and on this 2-core
+    machine the renewals fell behind the controller's grace: 11,354 of 20,000 nodes NotReady 36
+    minutes into a run (docs/benchmarks.md, "where 20,000 stops"). A node's liveness is the
+    cluster's load here, not what a benchmark measures.
+    """
+    return max(1, math.ceil(fleet / KWOK_FLEET_STEP))
+
+
+def kwok_stages(fleet: int) -> str:
+    """kwok's stages (``KWOK_STAGES``) for a cluster sized for ``fleet`` nodes: the node status
+    refresh's delay multiplied by :func:`kwok_stretch`, the rest as written."""
+    text = KWOK_STAGES.read_text()
+    stretch = kwok_stretch(fleet)
+    if stretch == 1:
+        return text
+    if text.count(_HEARTBEAT_DELAY) != 1:
+        raise ValueError(f"{KWOK_STAGES.name}: the node heartbeat's delay is not {_HEARTBEAT_DELAY!r}")
+    stretched = (
+        f"durationMilliseconds: {300000 * stretch}\n    jitterDurationMilliseconds: {310000 * stretch}"
+    )
+    return text.replace(_HEARTBEAT_DELAY, stretched)
+
+
+def kwok_stages_path(state_dir: Path, fleet: int) -> Path:
+    """Where kwok reads its stages: the packaged file, or its stretched copy in the state
+    directory (written by the kwok component before it starts)."""
+    return KWOK_STAGES if kwok_stretch(fleet) == 1 else state_dir / KWOK_STAGES.name
 
 
 def write_credentials(
@@ -74,9 +115,12 @@ def argv(
     ports: dict[str, int],
     *,
     service_range: str = "10.0.0.0/24",
+    fleet: int = 0,
 ) -> list[str]:
     """The command line of component ``name`` (one of ``COMPONENTS``). ``service_range``: the
-    API server's Service range (the cluster passes one whose first address its pods can reach)."""
+    API server's Service range (the cluster passes one whose first address its pods can reach).
+    ``fleet``: the kwok nodes the cluster is sized for (:func:`kwok_stretch`)."""
+    stretch = kwok_stretch(fleet)
     b = str(bin_dir / name)
     p = pki_dir
     if name == "etcd":
@@ -165,7 +209,8 @@ def argv(
                 # lease renewals lag past the default 50 s, the node lifecycle controller marks
                 # nodes NotReady and their pods Ready=False, and kwok never sets them back.
                 # Our machine's load is not a node failure; nothing here tests that detection.
-                "--node-monitor-grace-period=5m",
+                # Five of kwok's renewal periods, however long kwok_stretch makes them.
+                f"--node-monitor-grace-period={300 * stretch}s",
             ]
         return out
     if name == "kwok":
@@ -183,8 +228,12 @@ def argv(
             # a rollout_scale run, kube-apiserver 86% and kwok 38% of a core, load 7); 60 s is
             # 83. The node lifecycle controller's grace above (5 min) still outlasts a renewal.
             # What the benchmarks count is the operator's and the agents' traffic, not this.
-            "--node-lease-duration-seconds=240",
-            f"--config={KWOK_STAGES}",
+            # Past 5,000 nodes, longer in proportion (kwok_stretch).
+            f"--node-lease-duration-seconds={240 * stretch}",
+            f"--config={kwok_stages_path(state_dir, fleet)}",
+            # Past 5,000 nodes its log line per object written (218,000 lines in 28 minutes at
+            # 20,000 nodes) is a share of a core this machine does not have: warnings only.
+            *(["--v=WARN"] if stretch > 1 else []),
         ]
     raise ValueError(name)
 

@@ -61,17 +61,20 @@ class State:
 
     ports: dict[str, int] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
+    fleet: int = 0
+    """The kwok nodes the control plane was sized for at start; a restart keeps its settings."""
 
     @classmethod
     def load(cls, path: Path) -> State:
         if not path.exists():
             return cls()
         raw = json.loads(path.read_text())
-        return cls(ports=raw.get("ports", {}), procs=[Proc.from_dict(p) for p in raw.get("procs", [])])
+        procs = [Proc.from_dict(p) for p in raw.get("procs", [])]
+        return cls(ports=raw.get("ports", {}), procs=procs, fleet=int(raw.get("fleet", 0)))
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
-        doc = {"ports": self.ports, "procs": [p.to_dict() for p in self.procs]}
+        doc = {"ports": self.ports, "procs": [p.to_dict() for p in self.procs], "fleet": self.fleet}
         tmp.write_text(json.dumps(doc, indent=2))
         tmp.replace(path)
 

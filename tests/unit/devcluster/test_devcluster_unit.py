@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from patchbay_devcluster import cli, hostdirs, pki, relay
+from patchbay_devcluster import cli, controlplane, hostdirs, pki, relay
 from patchbay_devcluster.cluster import (
     API_SERVER_IPS,
     BINARIES,
@@ -25,6 +25,7 @@ from patchbay_devcluster.cluster import (
     State,
     find_bin_dir,
 )
+from patchbay_devcluster.components import Kwok
 from patchbay_devcluster.controlplane import kwok_node, write_credentials
 from patchbay_devcluster.imagebuild import copy_sources, source_files
 from patchbay_devcluster.node import (
@@ -38,6 +39,7 @@ from patchbay_devcluster.node import (
 )
 from patchbay_devcluster.podnetwork import cni_conflist
 from patchbay_devcluster.poll import poll_until
+from patchbay_devcluster.process import StateDir
 from patchbay_devcluster.procs import PICK_FLOOR, Proc, ephemeral_range, free_port, pid_runs, spawn
 
 
@@ -124,6 +126,51 @@ def test_kwok_node_is_managed_tainted_and_labelled() -> None:
     assert node["metadata"]["labels"]["zone"] == "a"
     assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "n1"
     assert node["spec"]["taints"] == [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}]
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return next((a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")), None)
+
+
+PORTS = {n: 1 for n in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")}
+
+
+@pytest.mark.parametrize(
+    ("fleet", "lease", "grace", "heartbeat_ms"),
+    [
+        (0, "240", "300s", 300000),
+        (5000, "240", "300s", 300000),
+        (5001, "480", "600s", 600000),
+        (20000, "960", "1200s", 1200000),
+    ],
+)
+def test_kwok_periods_stretch_past_5000_nodes_and_the_grace_keeps_five_renewals(
+    tmp_path: Path, fleet: int, lease: str, grace: str, heartbeat_ms: int
+) -> None:
+    """Up to 5,000 nodes the settings every figure there was measured with; past it kwok's Lease
+    and node-status periods and the controller's grace grow in proportion, and kwok logs only
+    warnings, so its writes stay at their 5,000-node rate (83 renewals a second)."""
+    kcm = controlplane.argv("kube-controller-manager", tmp_path, tmp_path, tmp_path, PORTS, fleet=fleet)
+    assert _flag(kcm, "node-monitor-grace-period") == grace
+    kwok = Kwok(StateDir(tmp_path), tmp_path, PORTS, fleet).argv()
+    assert _flag(kwok, "node-lease-duration-seconds") == lease
+    assert int(grace[:-1]) == 5 * int(lease) // 4  # five renewal periods (a quarter of the lease)
+    assert ("--v=WARN" in kwok) == (fleet > 5000)
+    stages = Path(_flag(kwok, "config") or "")
+    assert stages.is_file()
+    assert (stages == controlplane.KWOK_STAGES) == (fleet <= 5000)
+    text = stages.read_text()
+    assert f"durationMilliseconds: {heartbeat_ms}\n" in text
+    # Only the delay changed: the same stages, in the same order.
+    assert text.count("kind: Stage") == controlplane.KWOK_STAGES.read_text().count("kind: Stage")
+
+
+def test_a_restart_keeps_the_fleet_the_control_plane_was_sized_for(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    State(ports={"apiserver": 1}, fleet=20000).save(path)
+    assert State.load(path).fleet == 20000
+    path.write_text(json.dumps({"ports": {"apiserver": 1}, "procs": []}))  # an earlier version's
+    assert State.load(path).fleet == 0
 
 
 def test_pid_runs_checks_the_binary() -> None:
