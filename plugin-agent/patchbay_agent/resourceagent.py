@@ -356,6 +356,12 @@ class ResourceAgent:
             for t in tasks:
                 if t in done and not t.cancelled() and t.exception() is not None:
                     crashed = t.exception()
+            if crashed is None and not stop.is_set():
+                # Each loop runs until `stop`; one that returned before it would otherwise stop
+                # the agent with no word of why, and a standalone agent would exit 0.
+                ended = ", ".join(t.get_name() for t in tasks if t in done)
+                crashed = RuntimeError(f"the agent's {ended} loop ended by itself before a stop was asked")
+                log.error("%s: stopping", crashed)
         finally:
             stop.set()
             stopper.cancel()

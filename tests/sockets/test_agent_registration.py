@@ -12,8 +12,9 @@ import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from support.agentparts import registrar_of, servicer_of
-from support.agentrun import running_agent, until
+from support.agentrun import agent_options, make_config, running_agent, until
 from support.fakehw import FakeHardware
 from support.pykubelet import PyKubelet
 
@@ -269,5 +270,34 @@ def test_every_registration_across_kubelet_restarts_in_a_row_starts_with_the_who
         finally:
             assert agent.stop() == 0
             await kubelet.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_loop_that_ends_by_itself_stops_the_agent_with_an_error_that_names_it(
+    plugin_dir: Path, hw: FakeHardware
+) -> None:
+    """No loop of a running agent ends before its stop; one that does (a bug) must not leave the
+    agent stopped in silence, or a standalone agent exiting 0: run() raises, naming the loop, and
+    the agent still shuts down (its socket removed)."""
+    hw.add_dev("/dev/ttyUSB0")
+
+    async def scenario() -> None:
+        async with PyKubelet(plugin_dir) as kubelet:
+            agent = ResourceAgent(make_config(SERIAL), agent_options(plugin_dir, hw.root, poll_interval=3600))
+            ended = asyncio.Event()
+
+            async def monitor_that_returns(stop: asyncio.Event) -> None:
+                await ended.wait()
+
+            agent.monitor.run = monitor_that_returns  # type: ignore[method-assign]
+            runner = asyncio.create_task(agent.run(asyncio.Event()))
+            await kubelet.wait_for(lambda: RESOURCE in kubelet.devices)
+            socket = registrar_of(agent).socket_path
+            assert socket.exists() and not runner.done()
+            ended.set()
+            with pytest.raises(RuntimeError, match=r"the agent's monitor loop ended by itself"):
+                await asyncio.wait_for(runner, timeout=15)
+            assert not socket.exists()
 
     asyncio.run(scenario())

@@ -71,6 +71,20 @@ def make_config(plugin: dict[str, Any], resource: str = "example.com/serial") ->
     return parse({"resourceName": resource, "plugin": plugin})
 
 
+def agent_options(plugin_dir: Path, host_root: Path, **over: Any) -> AgentOptions:
+    """An agent's options for these tests: node-1, no HTTP endpoint, a 1 s shutdown grace, CDI
+    specs under `host_root` (never the machine's own); `over` replaces any of them."""
+    base: dict[str, Any] = {
+        "node_name": "node-1",
+        "plugin_dir": plugin_dir,
+        "host_root": host_root,
+        "http_address": None,
+        "shutdown_grace": 1.0,
+        "cdi_spec_dir": host_root / "var" / "run" / "cdi",
+    }
+    return AgentOptions(**{**base, **over})
+
+
 def dra_agent(
     short_dir: Path, host_root: Path, client: Any, driver: str, *, poll_interval: float = 10.0
 ) -> ResourceAgent:
@@ -113,13 +127,11 @@ async def running_agent(
     API server; the read itself is tested against a real one in tests/integration)."""
     agent = ResourceAgent(
         make_config(plugin, resource),
-        AgentOptions(
-            node_name="node-1",
-            plugin_dir=plugin_dir,
-            host_root=host_root,
+        agent_options(
+            plugin_dir,
+            host_root,
             http_address=("127.0.0.1", 0),
             poll_interval=poll_interval,
-            shutdown_grace=1.0,
             backoff_initial=backoff[0],
             backoff_max=backoff[1],
             instance=instance,
