@@ -3,9 +3,16 @@
 // doing the same prepare work as Patchbay's agent: the helper reads each claim from the API server
 // (and checks its UID), then the plugin writes one CDI spec per claim (one CDI device per
 // allocated device of its driver and pool, whose edit is the device node) and answers the CDI
-// device IDs; unprepare deletes the claim's spec.
+// device IDs; unprepare deletes the claim's spec. As the agent does, it also has the helper write
+// each request's device metadata file (KEP-5304: metadata.resource.k8s.io v1beta1 then v1alpha1,
+// the device's id, path and health as attributes) and the CDI spec that mounts it, in the same CDI
+// directory (--metadata=false leaves that out).
 //
-//	drapeer --kubeconfig FILE --driver NAME --node NODE --dir DIR --cdi-dir DIR --dev-dir DIR
+//	drapeer --kubeconfig FILE --driver NAME --node NODE --dir DIR --cdi-dir DIR --dev-dir DIR [--metadata=false]
+//	drapeer call --socket PATH < claims
+//
+// The second form is the benchmark's client, shaped like the kubelet's (call.go): it times the
+// calls on either side's socket.
 //
 // The registration socket goes to DIR/registry, a directory the kubelet does not watch, so the
 // peer never registers with the node's kubelet: the benchmark calls its DRA socket directly, as
@@ -23,11 +30,18 @@ import (
 	"path/filepath"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	metadatav1alpha1 "k8s.io/dynamic-resource-allocation/api/metadata/v1alpha1"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 )
+
+// attributeDomain is the agent's: its ResourceSlices and metadata files name each device's
+// attributes under it.
+const attributeDomain = "patchbay.dev"
 
 type peer struct {
 	driver, pool, cdiDir, devDir string
@@ -61,11 +75,18 @@ func (p *peer) prepare(claim *resourceapi.ResourceClaim) kubeletplugin.PrepareRe
 		path := filepath.Join(p.devDir, r.Device)
 		name := fmt.Sprintf("%s-%s", claim.UID, r.Device)
 		devices = append(devices, device{Name: name, ContainerEdits: edits{DeviceNodes: []node{{Path: path, HostPath: path}}}})
+		id, healthy := r.Device, true
 		result.Devices = append(result.Devices, kubeletplugin.Device{
 			Requests:     []string{r.Request},
 			PoolName:     r.Pool,
 			DeviceName:   r.Device,
 			CDIDeviceIDs: []string{fmt.Sprintf("%s/device=%s", p.driver, name)},
+			// Written by the helper only when EnableDeviceMetadata is on (--metadata).
+			Metadata: &kubeletplugin.DeviceMetadata{Attributes: map[string]resourceapi.DeviceAttribute{
+				attributeDomain + "/id":      {StringValue: &id},
+				attributeDomain + "/path":    {StringValue: &path},
+				attributeDomain + "/healthy": {BoolValue: &healthy},
+			}},
 		})
 	}
 	doc, err := json.Marshal(map[string]any{"cdiVersion": "0.5.0", "kind": p.driver + "/device", "devices": devices})
@@ -119,12 +140,17 @@ func (p *peer) HandleError(_ context.Context, err error, msg string) {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "call" {
+		callMain(os.Args[2:])
+		return
+	}
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster")
 	driver := flag.String("driver", "", "DRA driver name")
 	node := flag.String("node", "", "node name (the pool)")
 	dir := flag.String("dir", "", "directory for the peer's sockets")
 	cdiDir := flag.String("cdi-dir", "", "where the CDI specs go")
 	devDir := flag.String("dev-dir", "", "directory of the device nodes (device name = file name)")
+	metadata := flag.Bool("metadata", true, "have the helper write each request's device metadata file and its CDI spec, as the agent does")
 	flag.Parse()
 	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
@@ -151,6 +177,9 @@ func main() {
 		kubeletplugin.RegistrarDirectoryPath(filepath.Join(*dir, "registry")),
 		kubeletplugin.PluginDataDirectoryPath(filepath.Join(*dir, "plugin")),
 		kubeletplugin.HealthService(false),
+		// The same versions, newest first, as the agent writes.
+		kubeletplugin.EnableDeviceMetadata(*metadata, []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion, metadatav1alpha1.SchemeGroupVersion}),
+		kubeletplugin.CDIDirectory(*cdiDir),
 	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

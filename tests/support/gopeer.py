@@ -57,7 +57,13 @@ def _gitopshealth(release: str) -> list[str]:
 
 
 def _drapeer(release: str) -> list[str]:
-    modules = ("k8s.io/dynamic-resource-allocation", "k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go")
+    modules = (
+        "k8s.io/dynamic-resource-allocation",
+        "k8s.io/api",
+        "k8s.io/apimachinery",
+        "k8s.io/client-go",
+        "k8s.io/kubelet",
+    )
     return [f"{m}@{_staging(release)}" for m in modules]
 
 

@@ -6,11 +6,15 @@ devices (mknod 1:3, named dra0..dra3: the Go peer uses file names as device name
 (bench/drapeer, built by hack/go-peer.sh from the upstream helper library
 k8s.io/dynamic-resource-allocation/kubeletplugin at the newest release of the matrix) does the
 same prepare work as a process on the node: its helper GETs the claim and checks its UID, it
-writes one CDI spec per claim. It runs twice: reaching the API server through the same relay as
-the agent pod, and over loopback. Sides, interleaved round by round, the order reversed every
-other round (no side always runs after the same one): ``claims`` fresh claims per side, created
-and allocated here as the scheduler would (results and the node selector), each prepared with one
-call on the side's DRA socket as the kubelet calls it, then unprepared.
+writes one CDI spec per claim, and its helper writes each request's device metadata file and the
+CDI spec that mounts it (KEP-5304, the same two versions as the agent). It runs twice: reaching
+the API server through the same relay as the agent pod, and over loopback. Sides, interleaved
+round by round, the order reversed every other round (no side always runs after the same one):
+``claims`` fresh claims per side, created and allocated here as the scheduler would (results and
+the node selector), each prepared with one call on the side's DRA socket as the kubelet calls it,
+then unprepared. The calls are timed by the same binary's Go client (``drapeer call``: grpc-go,
+one connection, a deadline per call, as the kubelet's DRA client), so no side's figure carries a
+Python client's cost; without the Go peer (peer=cached, not built) Python's grpc.aio times them.
 Both sides get the same CPU weight: the agent pod requests ``agent_cpu`` CPUs (1: cgroup cpu
 shares 1024, what the Go peer has as a process outside any pod; the chart's default request, 10m,
 is 10 shares, which loses to everything else when the CPUs are busy). Neither has a CPU limit.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import statistics
 import subprocess
 import time
@@ -90,41 +95,61 @@ class Dra:
         self.api.merge(f"{CLAIMS}/{name}/status", {"status": {"allocation": allocation}})
         return str(obj["metadata"]["uid"])
 
-    def prepare(self, driver: str, socket: Path, devices: list[str]) -> tuple[list[float], list[float]]:
+    def prepare(
+        self, driver: str, socket: Path, devices: list[str], client: Path | None
+    ) -> tuple[list[float], list[float]]:
         """``claims`` fresh claims of ``driver`` prepared on ``socket``, one call each as the
-        kubelet makes one per pod, then unprepared; seconds per call."""
+        kubelet makes one per pod, then unprepared; seconds per call. The calls are timed by
+        ``client`` (the Go peer's ``call``: grpc-go as the kubelet's DRA client uses it), or,
+        without the Go peer, by Python's grpc.aio, whose own cost then lands on every side."""
         n = self.r.integer("claims")
         self.made += 1
         made = [(f"bench-{self.made}-{i}", devices[i % len(devices)]) for i in range(n)]
         uids = {name: self.allocated_claim(name, driver, dev) for name, dev in made}
+        try:
+            if client is not None:
+                return self.go_calls(client, socket, [(name, uids[name]) for name, _ in made])
+            return asyncio.run(self.aio_calls(socket, [(name, uids[name]) for name, _ in made]))
+        finally:
+            for name, _ in made:
+                self.api.delete(f"{CLAIMS}/{name}")
 
-        async def calls() -> tuple[list[float], list[float]]:
-            prep: list[float] = []
-            unprep: list[float] = []
-            async with grpc.aio.insecure_channel(f"unix://{socket}") as ch:
-                stub = dra_v1_pb2_grpc.DRAPluginStub(ch)  # type: ignore[no-untyped-call]
-                for method, out in (("NodePrepareResources", prep), ("NodeUnprepareResources", unprep)):
-                    for name, _ in made:
-                        claim = dra_v1_pb2.Claim(namespace=NAMESPACE, uid=uids[name], name=name)
-                        t0 = time.perf_counter()
-                        if method == "NodePrepareResources":
-                            resp = await stub.NodePrepareResources(
-                                dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim])
-                            )
-                            out.append(time.perf_counter() - t0)
-                            answer = resp.claims[uids[name]]
-                            if answer.error or len(answer.devices) != 1:
-                                raise RuntimeError(f"prepare of {name} on {socket} failed: {answer}")
-                        else:
-                            await stub.NodeUnprepareResources(
-                                dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim])
-                            )
-                            out.append(time.perf_counter() - t0)
-            return prep, unprep
+    @staticmethod
+    def go_calls(
+        client: Path, socket: Path, claims: list[tuple[str, str]]
+    ) -> tuple[list[float], list[float]]:
+        lines = "".join(f"{NAMESPACE} {name} {uid}\n" for name, uid in claims)
+        done = subprocess.run(
+            [str(client), "call", "--socket", str(socket)],
+            input=lines,
+            capture_output=True,
+            text=True,
+            timeout=120 + 2 * len(claims),
+        )
+        if done.returncode:
+            raise RuntimeError(f"the Go client failed on {socket}: {done.stderr.strip()}")
+        got = json.loads(done.stdout)
+        return [float(x) for x in got["prepare"]], [float(x) for x in got["unprepare"]]
 
-        prep, unprep = asyncio.run(calls())
-        for name, _ in made:
-            self.api.delete(f"{CLAIMS}/{name}")
+    @staticmethod
+    async def aio_calls(socket: Path, claims: list[tuple[str, str]]) -> tuple[list[float], list[float]]:
+        prep: list[float] = []
+        unprep: list[float] = []
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as ch:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(ch)  # type: ignore[no-untyped-call]
+            for name, uid in claims:
+                claim = dra_v1_pb2.Claim(namespace=NAMESPACE, uid=uid, name=name)
+                t0 = time.perf_counter()
+                resp = await stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim]))
+                prep.append(time.perf_counter() - t0)
+                answer = resp.claims[uid]
+                if answer.error or len(answer.devices) != 1:
+                    raise RuntimeError(f"prepare of {name} on {socket} failed: {answer}")
+            for name, uid in claims:
+                claim = dra_v1_pb2.Claim(namespace=NAMESPACE, uid=uid, name=name)
+                t0 = time.perf_counter()
+                await stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim]))
+                unprep.append(time.perf_counter() - t0)
         return prep, unprep
 
     def service_socket(self) -> Path:
@@ -276,21 +301,26 @@ def run(r: Run) -> None:
             with contextlib.ExitStack() as peers:
                 sides: dict[str, Callable[[int], tuple[list[float], list[float]]]] = {
                     "Patchbay agent pod (via the relay)": lambda _i: d.prepare(
-                        DRIVER, d.service_socket(), names
+                        DRIVER, d.service_socket(), names, binary
                     )
                 }
                 if binary is not None:
                     via_relay = peers.enter_context(d.go_peer(binary, relay))
                     via_loopback = peers.enter_context(d.go_peer(binary, cluster.kubeconfig))
-                    sides["Go peer via the relay"] = lambda _i: d.prepare(PEER_DRIVER, via_relay, files)
-                    sides["Go peer over loopback"] = lambda _i: d.prepare(PEER_DRIVER, via_loopback, files)
+                    sides["Go peer via the relay"] = lambda _i: d.prepare(
+                        PEER_DRIVER, via_relay, files, binary
+                    )
+                    sides["Go peer over loopback"] = lambda _i: d.prepare(
+                        PEER_DRIVER, via_loopback, files, binary
+                    )
                 else:
                     r.note(
                         "Go peer left out: bench/drapeer not built (peer=cached; a cold build takes minutes)"
                     )
                 got = interleave(rounds, sides, alternate=True)
             after = d.agent_metrics()
-            note = f"{r.integer('claims')} claims per side per round, one per call"
+            client = "the Go client (grpc-go, as the kubelet)" if binary else "Python grpc.aio"
+            note = f"{r.integer('claims')} claims per side per round, one per call, timed by {client}"
             for q, what in ((0.5, "p50"), (0.99, "p99")):
                 r.figure(
                     f"DRA NodePrepareResources {what}",
