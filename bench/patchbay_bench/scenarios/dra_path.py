@@ -170,9 +170,10 @@ class Dra:
         return path
 
     @contextlib.contextmanager
-    def go_peer(self, binary: Path, kubeconfig: Path) -> Iterator[Path]:
-        """The Go peer as a process on the node (never registered with the kubelet); its socket."""
-        work = self.r.work / f"peer-{kubeconfig.stem}"
+    def go_peer(self, binary: Path, kubeconfig: Path, *, metadata: bool = True) -> Iterator[Path]:
+        """The Go peer as a process on the node (never registered with the kubelet); its socket.
+        ``metadata=False``: its helper writes no device metadata files (what they cost it)."""
+        work = self.r.work / f"peer-{kubeconfig.stem}{'' if metadata else '-nometa'}"
         argv = [
             str(binary),
             "--kubeconfig",
@@ -187,6 +188,7 @@ class Dra:
             str(self.r.work / "peer-cdi"),
             "--dev-dir",
             str(FAKE_DEV),
+            f"--metadata={str(metadata).lower()}",
         ]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
@@ -312,6 +314,11 @@ def run(r: Run) -> None:
                     )
                     sides["Go peer over loopback"] = lambda _i: d.prepare(
                         PEER_DRIVER, via_loopback, files, binary
+                    )
+                    # what the metadata files cost the Go side (the agent always writes them)
+                    bare = peers.enter_context(d.go_peer(binary, relay, metadata=False))
+                    sides["Go peer via the relay, no metadata files"] = lambda _i: d.prepare(
+                        PEER_DRIVER, bare, files, binary
                     )
                 else:
                     r.note(
