@@ -110,8 +110,8 @@ def run(names: str, args: Sequence[str]) -> int:
                 continue
             if several:
                 print(f"[bench] {sc.name} ({i + 1} of {len(scenarios)})", flush=True)
-                if i:
-                    wait_for_quiet(QUIET_WAIT_S)
+                # The first too: it follows `make setup` (a pip install, image builds) at once.
+                wait_for_quiet(QUIET_WAIT_S)
             try:
                 rec = execute(sc, params[sc.name], quick=False, settle=SETTLE_S, sitting=sitting)
             except Interrupted as stop:

@@ -42,7 +42,7 @@ QUIET_LOAD = 1.0
 quiet; timings taken otherwise say so in their record."""
 
 QUIET_WAIT_S = 240.0
-"""In a sitting (several scenarios in one command), how long each scenario after the first waits
+"""In a sitting (several scenarios in one command), how long each scenario waits
 for the 1-minute load average to fall below ``QUIET_LOAD`` less 0.1 before it starts anyway (its record
 then says NOT quiet): the previous scenario's clusters and pod bursts leave load behind."""
 
@@ -474,8 +474,9 @@ def wait_for_quiet(
 ) -> float:
     """Wait until the 1-minute load average is below ``QUIET_LOAD`` less a margin of 0.1, at most
     ``limit`` seconds, saying so every 30 s; the seconds waited. A sitting calls it before each
-    scenario but the first (a scenario run on its own starts at once: its record says whether it
-    was quiet). The margin: the record reads the load again a few seconds later, rounded to two
+    scenario, the first too: it followed `make setup`'s pip install and image builds at once and
+    ran NOT quiet (2026-12-01). A scenario run on its own starts at once: its record says whether
+    it was quiet. The margin: the record reads the load again a few seconds later, rounded to two
     digits, and a wait that ended at 0.996 gave a record of 1.0, NOT quiet (2026-11-28)."""
     below = QUIET_LOAD - 0.1
     start = say = clock()
