@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 AGENTS = Selectors(label=f"{LABEL_NAME}={render.AGENT_NAME}")
 
 
+def reports_collection(namespace: str) -> str:
+    return collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", namespace)
+
+
 def sources(
     namespace: str,
 ) -> tuple[Source[AgentDaemonSet], Source[AgentPod], Source[Warning], Source[Report]]:
@@ -64,7 +68,7 @@ def sources(
         ),
         Source(
             "device reports",
-            collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", namespace),
+            reports_collection(namespace),
             Report.from_object,
             # 20 at the CRD's bounds are 15 MB of JSON; later pages follow kube.PAGE_BYTES.
             first_page=20,
@@ -123,7 +127,40 @@ class AgentWatch(Part):
         if not writes(self.gate):
             return
         for report in [r for r in self.reports.items.values() if r.agent == pod]:
-            await self._delete_report(report, f"its writer, agent pod {pod}, is gone")
+            await self._delete_if_written_by(report, pod)
+
+    async def _delete_if_written_by(self, report: Report, pod: str) -> None:
+        """Delete ``report`` if the API server's copy still names ``pod`` as its writer. The
+        informer's copy may be seconds old: in a rollout of the shared agent the new pod takes the
+        node's reports over (writes them naming itself) as the old one goes, and the pod's DELETED
+        can come before the reports' MODIFIED; deleting on the informer's word deleted live reports
+        (rewritten half a second later: a repair, and the node unreported meanwhile; CI, v1.34.4).
+        So the report is read, and deleted only in the version read (a resourceVersion
+        precondition: 409 if written in between, which reads it again)."""
+        if report.name in self._pruning:
+            return
+        ref = Ref(reports_collection(self.settings.namespace), report.name)
+        self._pruning.add(report.name)
+        try:
+            for _ in range(3):
+                if (obj := await self.call(self.kube.get, ref)) is None:
+                    return  # deleted meanwhile; the watch says so
+                if (writer := Report.from_object(obj).agent) != pod:
+                    log.info("DeviceReport %s left: %s wrote it after %s was gone", report.name, writer, pod)
+                    return
+                try:
+                    await self.call(self.kube.delete, ref, "", str(obj["metadata"]["resourceVersion"]))
+                except KubeError as e:
+                    if e.status == 409:
+                        continue  # written since the read: read it again
+                    raise
+                self._forget(report, f"its writer, agent pod {pod}, is gone")
+                return
+            log.warning("DeviceReport %s: written again under each of 3 deletes; left", report.name)
+        except (KubeError, OSError) as e:
+            log.warning("Deleting DeviceReport %s failed: %s", report.name, e)
+        finally:
+            self._pruning.discard(report.name)
 
     def _report_changed(self, old: Report | None, new: Report | None) -> None:
         if new is None and old is not None:
@@ -252,17 +289,19 @@ class AgentWatch(Part):
     async def _delete_report(self, report: Report, why: str) -> None:
         if report.name in self._pruning:
             return
-        path = collection(f"{API_GROUP}/{API_VERSION}", "DeviceReport", self.settings.namespace)
         self._pruning.add(report.name)
         try:
-            await self.call(self.kube.delete, Ref(path, report.name))
+            await self.call(self.kube.delete, Ref(reports_collection(self.settings.namespace), report.name))
         except (KubeError, OSError) as e:
             log.warning("Deleting DeviceReport %s failed: %s", report.name, e)
             return
         finally:
             self._pruning.discard(report.name)
-        # Gone now, not when the watch says so: the next status must neither count it nor
-        # delete it again.
+        self._forget(report, why)
+
+    def _forget(self, report: Report, why: str) -> None:
+        """A report this replica deleted is gone now, not when the watch says so: the next status
+        must neither count it nor delete it again."""
         change = self.reports.fold_quietly("DELETED", report)
         if change is not None:
             self._report_changed(*change)

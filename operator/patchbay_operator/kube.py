@@ -278,7 +278,7 @@ class KubeAPI(Protocol):
     def patch_profile_status(self, name: str, status: dict[str, Any]) -> None: ...
     def apply(self, obj: dict[str, Any], force: bool = True) -> dict[str, Any]: ...
     def get(self, ref: Ref) -> dict[str, Any] | None: ...
-    def delete(self, ref: Ref, uid: str = "") -> bool: ...
+    def delete(self, ref: Ref, uid: str = "", resource_version: str = "") -> bool: ...
     def annotate(self, ref: Ref, annotations: dict[str, str]) -> bool: ...
     def get_cluster_peering(self, name: str) -> dict[str, Any] | None: ...
 
@@ -526,15 +526,17 @@ class Kube:
         obj: dict[str, Any] | None = self.request("GET", ref.path, ok=(404,))
         return obj
 
-    def delete(self, ref: Ref, uid: str = "") -> bool:
+    def delete(self, ref: Ref, uid: str = "", resource_version: str = "") -> bool:
         """Delete in the background (dependents go too); False when it was already gone.
 
         With ``uid``, only that very object (a precondition: 409 if the name now belongs to
         another object), for deletes decided on a read, such as a DeviceClass found owned by us.
+        With ``resource_version``, only that version of it (409 if it was written since): for a
+        delete decided on what the object said, such as a report naming a writer that is gone.
         """
         body: dict[str, Any] = {"propagationPolicy": "Background"}
-        if uid:
-            body["preconditions"] = {"uid": uid}
+        if preconditions := {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}:
+            body["preconditions"] = preconditions
         res = self.request("DELETE", ref.path, body, ok=(404,))
         return res is not None
 

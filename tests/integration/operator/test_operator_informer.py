@@ -50,15 +50,6 @@ class Seen:
 
 
 @pytest.fixture
-def kube(devcluster: DevCluster) -> Iterator[Kube]:
-    k = Kube(load_configuration(str(devcluster.kubeconfig), 4))
-    try:
-        yield k
-    finally:
-        k.close()
-
-
-@pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
     """An event loop running in a thread named 'loop', as the operator's would."""
     lp = asyncio.new_event_loop()

@@ -171,7 +171,8 @@ class FakeKube:
         ref = ref_of(obj)
         old = self.objects.get(ref.path)
         uid = old["metadata"]["uid"] if old else f"uid-{self._next_rv()}"
-        stored = {**obj, "metadata": {**obj["metadata"], "generation": 1, "uid": uid}, "status": {}}
+        meta = {**obj["metadata"], "generation": 1, "uid": uid, "resourceVersion": self._next_rv()}
+        stored = {**obj, "metadata": meta, "status": {}}
         self.objects[ref.path] = stored
         return copy.deepcopy(stored)
 
@@ -180,12 +181,18 @@ class FakeKube:
         obj = self.objects.get(ref.path)
         return copy.deepcopy(obj) if obj is not None else None
 
-    def delete(self, ref: Ref, uid: str = "") -> bool:
+    def delete(self, ref: Ref, uid: str = "", resource_version: str = "") -> bool:
         self._call("delete")
         self.deleted.append(ref)
         obj = self.objects.get(ref.path)
         if obj is not None and uid and obj["metadata"]["uid"] != uid:
             raise KubeError(409, "DELETE", ref.path, "Precondition failed: UID in precondition")
+        if (
+            obj is not None
+            and resource_version
+            and obj["metadata"].get("resourceVersion") != resource_version
+        ):
+            raise KubeError(409, "DELETE", ref.path, "Precondition failed: ResourceVersion in precondition")
         return self.objects.pop(ref.path, None) is not None
 
     def annotate(self, ref: Ref, annotations: dict[str, str]) -> bool:

@@ -66,9 +66,9 @@ class Slow(FakeKube):
             if not self.release.wait(10):
                 raise TimeoutError("the test never released the call")
 
-    def delete(self, ref: Ref, uid: str = "") -> bool:
+    def delete(self, ref: Ref, uid: str = "", resource_version: str = "") -> bool:
         self._hold("delete")
-        return super().delete(ref, uid)
+        return super().delete(ref, uid, resource_version)
 
     def apply(self, obj: dict[str, Any], force: bool = True) -> dict[str, Any]:
         if obj["kind"] == "ConfigMap":
