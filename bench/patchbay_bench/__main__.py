@@ -6,7 +6,7 @@
                                  full size; each run writes its record under
                                  docs/benchmarks/records/ (commit the ones the page uses).
                                  A SITTING (per-node, scale, builds) runs the scenarios of one
-                                 headline table one after the other, each after the first once
+                                 headline table one after the other, each once
                                  the load is below 0.9 (at most 4 min); NAME.key=value sets a
                                  parameter of one scenario of several
     quick [NAME ...]             every scenario (or those named) at its quick size; checks that

@@ -527,16 +527,21 @@ def status_mib(pid: int, key: str) -> float:
     raise RuntimeError(f"no {key} for pid {pid}")
 
 
-def rss_pss_mib(pid: int) -> tuple[float, float]:
-    """(RSS, PSS) in MiB from ``smaps_rollup`` (shared libraries included)."""
-    rss = pss = 0.0
+def smaps_rollup_mib(pid: int) -> dict[str, float]:
+    """Every size of ``/proc/<pid>/smaps_rollup`` in MiB, by its name (Rss, Pss, Anonymous...)."""
+    out = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         key, _, rest = line.partition(":")
-        if key == "Rss":
-            rss = int(rest.split()[0]) / 1024
-        elif key == "Pss":
-            pss = int(rest.split()[0]) / 1024
-    return rss, pss
+        words = rest.split()
+        if len(words) == 2 and words[1] == "kB":
+            out[key] = int(words[0]) / 1024
+    return out
+
+
+def rss_pss_mib(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) in MiB from ``smaps_rollup`` (shared libraries included)."""
+    sizes = smaps_rollup_mib(pid)
+    return sizes.get("Rss", 0.0), sizes.get("Pss", 0.0)
 
 
 def pod_processes(cluster: Cluster, uid: str) -> list[int]:

@@ -54,7 +54,7 @@ from patchbay_bench import REPO
 from patchbay_bench.fakeapi import FakeApi
 from patchbay_bench.harness import Run, Value, interleave, wait
 from patchbay_bench.peers import FakeHardware, KubeletPeer, PodResourcesPeer, ThreadedPeers, build_peer
-from patchbay_bench.setup import AGENT, IMAGE_ENV, Child, host_agent_args, rss_pss_mib
+from patchbay_bench.setup import AGENT, IMAGE_ENV, Child, host_agent_args, rss_pss_mib, smaps_rollup_mib
 
 
 @dataclass(frozen=True)
@@ -360,9 +360,10 @@ class World:
         argv: Sequence[str],
         settle: float,
         extra_env: Mapping[str, str] | None = None,
-    ) -> tuple[float, float]:
+    ) -> tuple[float, float, float]:
         """Start the node agent (``argv`` + its flags) serving the first ``n`` profiles; (RSS,
-        PSS) once every profile is registered and reported and ``settle`` seconds have passed."""
+        PSS, anonymous RSS) once every profile is registered and reported and ``settle`` seconds
+        have passed."""
         self.cases += 1
         chosen = PROFILES[:n]
         self.api.clear()
@@ -383,7 +384,8 @@ class World:
                 time.sleep(settle)
                 if not agent.alive():
                     raise RuntimeError(f"the agent exited; log {log}")
-                mem = rss_pss_mib(agent.pid)
+                sizes = smaps_rollup_mib(agent.pid)
+                mem = (sizes["Rss"], sizes["Pss"], sizes["Anonymous"])
                 for p in chosen:  # none dropped while it settled
                     self.kubelet.wait(p["resourceName"], capacity=p["n"], allocatable=p["n"], timeout_ms=2000)
             except Exception:
@@ -424,7 +426,7 @@ def run(r: Run) -> None:
         world.case(max(ns), [AGENT], 0.0)  # the dev venv's warm-up
         record_imports(r, python, rounds)
 
-        def side(n: int, argv: Sequence[str]) -> Callable[[int], tuple[float, float]]:
+        def side(n: int, argv: Sequence[str]) -> Callable[[int], tuple[float, float, float]]:
             return lambda _round: world.case(n, argv, settle)
 
         sides = {f"{n} profiles": side(n, image) for n in ns}
@@ -433,6 +435,7 @@ def run(r: Run) -> None:
         got = interleave(rounds, sides)
         rss = {k: [x[0] for x in v] for k, v in got.items()}
         pss = {k: [x[1] for x in v] for k, v in got.items()}
+        anon = {k: [x[2] for x in v] for k, v in got.items()}
         for n in ns:
             note = "DevicePlugin profiles: " + (", ".join(p["profile"] for p in PROFILES[:n]) or "none")
             r.figure(
@@ -482,6 +485,18 @@ def run(r: Run) -> None:
             )
         top = f"{max(ns)} profiles"
         r.figure(
+            f"agent_memory: node agent serving {max(ns)} profiles: anonymous and file-backed RSS",
+            "MiB",
+            {"anonymous": anon[top], "file-backed (RSS less anonymous)": paired(rss[top], anon[top])},
+            ratio=False,
+            headline=True,
+            note=(
+                "the file-backed part is mostly shared libraries (grpcio's cygrpc: 17 MB); how many of"
+                " their pages a process finds mapped depends on how the files came into the page cache"
+                " (freshly written or read on demand: about 6 MiB apart for grpcio, docs/benchmarks.md)"
+            ),
+        )
+        r.figure(
             f"agent_memory: node agent serving {max(ns)} profiles, image's environment vs dev venv: RSS",
             "MiB",
             {
@@ -508,5 +523,6 @@ def figures(params: Mapping[str, Value]) -> list[str]:
     names.append("agent_memory: node agent serving nothing, a DevicePlugin unit's modules imported")
     if 1 in ns:
         names.append("agent_memory: serving the first profile, beyond its modules' import")
+    names.append(f"agent_memory: node agent serving {max(ns)} profiles: anonymous and file-backed RSS")
     names.append(f"agent_memory: node agent serving {max(ns)} profiles, image's environment vs dev venv: RSS")
     return names
