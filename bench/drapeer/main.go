@@ -17,7 +17,7 @@
 // The registration socket goes to DIR/registry, a directory the kubelet does not watch, so the
 // peer never registers with the node's kubelet: the benchmark calls its DRA socket directly, as
 // it calls the agent's. It prints the DRA socket's path on stdout once serving and runs until
-// stdin closes.
+// stdin closes; a line "timings" on stdin has it print where its prepare time went (timings.go).
 package main
 
 import (
@@ -26,8 +26,10 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -110,6 +112,7 @@ func (p *peer) prepare(claim *resourceapi.ResourceClaim) kubeletplugin.PrepareRe
 }
 
 func (p *peer) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	defer spent.add(&spent.Driver, time.Now())
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
 		out[c.UID] = p.prepare(c)
@@ -161,6 +164,7 @@ func main() {
 	// prepare after the tenth wait about 200 ms for its GET: the benchmark compares the work, not
 	// that default, so the limit is lifted (the agent has none).
 	cfg.QPS, cfg.Burst = 1000, 1000
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return timedGets{rt} })
 	client := kubernetes.NewForConfigOrDie(cfg)
 	for _, d := range []string{filepath.Join(*dir, "registry"), filepath.Join(*dir, "plugin"), *cdiDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -180,6 +184,7 @@ func main() {
 		// The same versions, newest first, as the agent writes.
 		kubeletplugin.EnableDeviceMetadata(*metadata, []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion, metadatav1alpha1.SchemeGroupVersion}),
 		kubeletplugin.CDIDirectory(*cdiDir),
+		kubeletplugin.GRPCInterceptor(timePrepare),
 	)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -194,5 +199,8 @@ func main() {
 	fmt.Println(matches[0])
 	s := bufio.NewScanner(os.Stdin)
 	for s.Scan() {
+		if s.Text() == "timings" {
+			spent.print(os.Stdout)
+		}
 	}
 }

@@ -19,7 +19,8 @@ Both sides get the same CPU weight: the agent pod requests ``agent_cpu`` CPUs (1
 shares 1024, what the Go peer has as a process outside any pod; the chart's default request, 10m,
 is 10 shares, which loses to everything else when the CPUs are busy). Neither has a CPU limit.
 
-Also: where the agent's prepare time goes (its own histograms on its /metrics), the GET of a
+Also: where the agent's prepare time goes (its own histograms on its /metrics) and the Go peer's
+(its own sums, read on its stdin: bench/drapeer/timings.go), the GET of a
 claim from this process as yardsticks (the official client over loopback and the relay, the
 agent's own client directly, through a worker thread and on the event loop), and a device file
 removed -> the taint on its ResourceSlice device (baseline: the same agent's DeviceReport saying
@@ -36,6 +37,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -170,8 +172,8 @@ class Dra:
         return path
 
     @contextlib.contextmanager
-    def go_peer(self, binary: Path, kubeconfig: Path, *, metadata: bool = True) -> Iterator[Path]:
-        """The Go peer as a process on the node (never registered with the kubelet); its socket.
+    def go_peer(self, binary: Path, kubeconfig: Path, *, metadata: bool = True) -> Iterator[GoPeer]:
+        """The Go peer as a process on the node (never registered with the kubelet).
         ``metadata=False``: its helper writes no device metadata files (what they cost it)."""
         work = self.r.work / f"peer-{kubeconfig.stem}{'' if metadata else '-nometa'}"
         argv = [
@@ -196,7 +198,7 @@ class Dra:
             socket = Path(proc.stdout.readline().strip())
             if not socket.name:
                 raise RuntimeError("the Go peer did not start")
-            yield socket
+            yield GoPeer(socket, proc)
         finally:
             assert proc.stdin is not None
             proc.stdin.close()  # it runs until stdin closes
@@ -248,6 +250,23 @@ class Dra:
             restore(device, rdev)
         until({"untaint": lambda: not tainted(), "report_back": lambda: not report_unhealthy()})
         return out
+
+
+@dataclass(frozen=True)
+class GoPeer:
+    """A running Go peer: its DRA socket, and where its prepare time went so far."""
+
+    socket: Path
+    proc: subprocess.Popen[str]
+
+    def timings(self) -> dict[str, dict[str, float]]:
+        """Its sums since its start (bench/drapeer/timings.go): per phase, seconds and count."""
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write("timings\n")
+        self.proc.stdin.flush()
+        doc: dict[str, dict[str, float]] = json.loads(self.proc.stdout.readline())
+        return doc
 
 
 def ms(xs: list[float], q: float) -> float:
@@ -306,25 +325,30 @@ def run(r: Run) -> None:
                         DRIVER, d.service_socket(), names, binary
                     )
                 }
+                via_relay: GoPeer | None = None
                 if binary is not None:
                     via_relay = peers.enter_context(d.go_peer(binary, relay))
                     via_loopback = peers.enter_context(d.go_peer(binary, cluster.kubeconfig))
                     sides["Go peer via the relay"] = lambda _i: d.prepare(
-                        PEER_DRIVER, via_relay, files, binary
+                        PEER_DRIVER, via_relay.socket, files, binary
                     )
                     sides["Go peer over loopback"] = lambda _i: d.prepare(
-                        PEER_DRIVER, via_loopback, files, binary
+                        PEER_DRIVER, via_loopback.socket, files, binary
                     )
                     # what the metadata files cost the Go side (the agent always writes them)
                     bare = peers.enter_context(d.go_peer(binary, relay, metadata=False))
                     sides["Go peer via the relay, no metadata files"] = lambda _i: d.prepare(
-                        PEER_DRIVER, bare, files, binary
+                        PEER_DRIVER, bare.socket, files, binary
                     )
+                    peer_before = via_relay.timings()
                 else:
                     r.note(
                         "Go peer left out: bench/drapeer not built (peer=cached; a cold build takes minutes)"
                     )
                 got = interleave(rounds, sides, alternate=True)
+                if via_relay is not None:
+                    peer_calls = [t for x in got["Go peer via the relay"] for t in x[0]]
+                    go_breakdown(r, peer_before, via_relay.timings(), peer_calls)
             after = d.agent_metrics()
             client = "the Go client (grpc-go, as the kubelet)" if binary else "Python grpc.aio"
             note = f"{r.integer('claims')} claims per side per round, one per call, timed by {client}"
@@ -396,6 +420,37 @@ def breakdown(r: Run, before: Metrics, after: Metrics, calls: list[float]) -> No
         },
         ratio=False,
         headline=True,  # where Python's gRPC or the API read is the floor (issue 31)
+    )
+
+
+def go_breakdown(
+    r: Run, before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], calls: list[float]
+) -> None:
+    """Where the Go peer's prepare time goes (via the relay, with its metadata files), the same
+    parts as the agent's: its own sums' means over the rounds (bench/drapeer/timings.go)."""
+
+    def mean(phase: str) -> float:
+        seconds = after[phase]["seconds"] - before[phase]["seconds"]
+        count = after[phase]["count"] - before[phase]["count"]
+        return seconds / count * 1000 if count else float("nan")
+
+    read, cdi, handler = mean("claim_get"), mean("driver"), mean("handler")
+    call = statistics.mean(calls) * 1000
+    r.figure(
+        "DRA prepare: where the Go peer's time goes (means per call)",
+        "ms",
+        {
+            "the call as the kubelet's side times it": [call],
+            "the claim's GET as prepare waits for it": [read],
+            "the CDI spec write (the plugin's part)": [cdi],
+            "the rest of the handler (the helper: metadata files, their CDI spec, its lock)": [
+                handler - read - cdi
+            ],
+            "gRPC and the socket, both ends (the call minus the handler)": [call - handler],
+        },
+        ratio=False,
+        headline=True,
+        note="the Go peer via the relay, with its metadata files: the side the targets are set against",
     )
 
 
