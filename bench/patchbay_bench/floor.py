@@ -1,9 +1,15 @@
-"""The floor under the agent's Allocate latency and start time: a bare `grpc.aio` server whose
-Allocate returns a constant response, with none of the agent's code. The ``agent`` scenario starts
+"""The floor under the agent's Allocate latency, its start time and its DRA prepare: a bare
+`grpc.aio` server that answers at once, with none of the agent's code. The ``agent`` scenario starts
 it as a third side, so the figures separate what Python's gRPC costs from what the agent adds.
 
     python -m patchbay_bench.floor SOCKET_PATH
     python -m patchbay_bench.floor SOCKET_PATH --register KUBELET_SOCKET RESOURCE DEVICES
+    python -m patchbay_bench.floor SOCKET_PATH --dra POOL DEVICE
+
+With ``--dra`` it serves the DRA kubelet plugin service instead (the ``dra_path`` scenario's
+floor): NodePrepareResources answers every claim with DEVICE of POOL and one CDI device ID, with
+no GET of the claim and no file written; NodeUnprepareResources answers every claim empty. What
+a call to it costs is Python's gRPC server plus the socket: the least any Python DRA driver pays.
 
 With ``--register`` it is also the least a Python device plugin does to be seen: it registers
 with the kubelet and streams DEVICES healthy devices from ListAndWatch, so "exec -> the kubelet sees
@@ -18,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from patchbay_agent.api import api_pb2, api_pb2_grpc
+from patchbay_agent.api import api_pb2, api_pb2_grpc, dra_v1_pb2, dra_v1_pb2_grpc
 
 RESPONSE = api_pb2.AllocateResponse(
     container_responses=[
@@ -49,10 +55,37 @@ class Floor(api_pb2_grpc.DevicePluginServicer):
         return RESPONSE
 
 
-async def main(socket: str, register: list[str]) -> None:
+class DraFloor(dra_v1_pb2_grpc.DRAPluginServicer):
+    """A DRA plugin that does none of the work: each claim gets the same one device."""
+
+    def __init__(self, pool: str, device: str) -> None:
+        cdi = [f"floor/dra={device}"]
+        self.device = dra_v1_pb2.Device(
+            request_names=["serial"], pool_name=pool, device_name=device, cdi_device_ids=cdi
+        )
+
+    async def NodePrepareResources(
+        self, request: dra_v1_pb2.NodePrepareResourcesRequest, context: Any
+    ) -> dra_v1_pb2.NodePrepareResourcesResponse:
+        answer = dra_v1_pb2.NodePrepareResourceResponse(devices=[self.device])
+        return dra_v1_pb2.NodePrepareResourcesResponse(claims={c.uid: answer for c in request.claims})
+
+    async def NodeUnprepareResources(
+        self, request: dra_v1_pb2.NodeUnprepareResourcesRequest, context: Any
+    ) -> dra_v1_pb2.NodeUnprepareResourcesResponse:
+        return dra_v1_pb2.NodeUnprepareResourcesResponse(
+            claims={c.uid: dra_v1_pb2.NodeUnprepareResourceResponse() for c in request.claims}
+        )
+
+
+async def main(socket: str, register: list[str], dra: list[str]) -> None:
     server = grpc.aio.server()
-    floor = Floor(int(register[2]) if register else 0)
-    api_pb2_grpc.add_DevicePluginServicer_to_server(floor, server)  # type: ignore[no-untyped-call]
+    if dra:
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraFloor(dra[0], dra[1]), server)  # type: ignore[no-untyped-call]
+        register = []
+    else:
+        floor = Floor(int(register[2]) if register else 0)
+        api_pb2_grpc.add_DevicePluginServicer_to_server(floor, server)  # type: ignore[no-untyped-call]
     server.add_insecure_port(f"unix://{socket}")
     await server.start()
     if register:
@@ -72,4 +105,5 @@ async def main(socket: str, register: list[str]) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     extra = args[args.index("--register") + 1 :] if "--register" in args else []
-    asyncio.run(main(args[0], extra))
+    dra = args[args.index("--dra") + 1 : args.index("--dra") + 3] if "--dra" in args else []
+    asyncio.run(main(args[0], extra, dra))

@@ -19,8 +19,13 @@ Both sides get the same CPU weight: the agent pod requests ``agent_cpu`` CPUs (1
 shares 1024, what the Go peer has as a process outside any pod; the chart's default request, 10m,
 is 10 shares, which loses to everything else when the CPUs are busy). Neither has a CPU limit.
 
+A fifth side is Python's floor: a bare grpc.aio DRA server (``patchbay_bench.floor --dra``, a
+process on the node like the Go peer) that answers each claim at once, with no GET and no file:
+what a call costs any Python DRA driver.
+
 Also: where the agent's prepare time goes (its own histograms on its /metrics) and the Go peer's
-(its own sums, read on its stdin: bench/drapeer/timings.go), the GET of a
+(its own sums, read on its stdin: bench/drapeer/timings.go), their gRPC-and-socket parts beside
+Python's floor, the GET of a
 claim from this process as yardsticks (the official client over loopback and the relay, the
 agent's own client directly, through a worker thread and on the event loop), and a device file
 removed -> the taint on its ResourceSlice device (baseline: the same agent's DeviceReport saying
@@ -34,6 +39,7 @@ import contextlib
 import json
 import statistics
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -49,7 +55,7 @@ from patchbay_agent.core.health import FLAP_WINDOW
 from patchbay_agent.kubeclient import KubeClient
 from patchbay_bench.harness import Run, interleave, pct, wait
 from patchbay_bench.kube import PROFILES, Api, Metrics, profile, reports
-from patchbay_bench.peers import drapeer
+from patchbay_bench.peers import Process, drapeer
 from patchbay_bench.setup import (
     AGENTS_NS,
     NODE,
@@ -64,6 +70,7 @@ from patchbay_bench.setup import (
 
 FAKE_DEV, DEVICES, NAMESPACE, LABEL = Path("/dev/patchbay-bench-dra"), 4, "default", "patchbay.dev/bench-dra"
 PROFILE = "bench-dra"
+FLOOR = "Python floor: a bare grpc.aio server (no GET, no files)"
 DRIVER, PEER_DRIVER = f"{PROFILE}.patchbay.dev", "peer.patchbay.dev"
 CLAIMS, SLICES = (
     f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims",
@@ -208,6 +215,20 @@ class Dra:
                 proc.kill()
                 proc.wait(5)
 
+    @contextlib.contextmanager
+    def python_floor(self) -> Iterator[Path]:
+        """Python's floor as a process on the node: a bare grpc.aio DRA server answering every
+        claim at once (patchbay_bench.floor --dra); its socket."""
+        socket = self.r.work / "floor-dra.sock"
+        argv = [sys.executable, "-m", "patchbay_bench.floor", str(socket), "--dra", NODE, "dra0"]
+        proc = Process(argv, self.r.work / "floor-dra.log")
+        try:
+            if "ready" not in proc.next_line(30):
+                raise RuntimeError(f"Python's DRA floor did not start: {proc.log_tail()}")
+            yield socket
+        finally:
+            proc.stop()
+
     def agent_metrics(self) -> Metrics:
         (pod,) = agent_pods(self.c, f"patchbay.dev/profile={PROFILE}")
         with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9464/metrics", timeout=5) as resp:
@@ -325,6 +346,8 @@ def run(r: Run) -> None:
                         DRIVER, d.service_socket(), names, binary
                     )
                 }
+                floor = peers.enter_context(d.python_floor())
+                sides[FLOOR] = lambda _i: d.prepare(PEER_DRIVER, floor, files, binary)
                 via_relay: GoPeer | None = None
                 if binary is not None:
                     via_relay = peers.enter_context(d.go_peer(binary, relay))
@@ -346,9 +369,10 @@ def run(r: Run) -> None:
                         "Go peer left out: bench/drapeer not built (peer=cached; a cold build takes minutes)"
                     )
                 got = interleave(rounds, sides, alternate=True)
+                go_grpc = None
                 if via_relay is not None:
                     peer_calls = [t for x in got["Go peer via the relay"] for t in x[0]]
-                    go_breakdown(r, peer_before, via_relay.timings(), peer_calls)
+                    go_grpc = go_breakdown(r, peer_before, via_relay.timings(), peer_calls)
             after = d.agent_metrics()
             client = "the Go client (grpc-go, as the kubelet)" if binary else "Python grpc.aio"
             note = f"{r.integer('claims')} claims per side per round, one per call, timed by {client}"
@@ -366,7 +390,10 @@ def run(r: Run) -> None:
                 {k: [ms(x[1], 0.5) for x in v] for k, v in got.items()},
                 note=note,
             )
-            breakdown(r, before, after, [t for x in got["Patchbay agent pod (via the relay)"] for t in x[0]])
+            agent_grpc = breakdown(
+                r, before, after, [t for x in got["Patchbay agent pod (via the relay)"] for t in x[0]]
+            )
+            grpc_parts(r, agent_grpc, [t for x in got[FLOOR] for t in x[0]], go_grpc)
             yardsticks(r, d, names, relay)
             runs = []
             for i in range(rounds):
@@ -397,8 +424,9 @@ def run(r: Run) -> None:
         cluster.label_node(NODE, {LABEL: None})
 
 
-def breakdown(r: Run, before: Metrics, after: Metrics, calls: list[float]) -> None:
-    """Where the agent's prepare time goes: its own histograms' means over the rounds."""
+def breakdown(r: Run, before: Metrics, after: Metrics, calls: list[float]) -> float:
+    """Where the agent's prepare time goes: its own histograms' means over the rounds. Returns
+    its gRPC-and-socket part (ms)."""
 
     def mean(phase: str) -> float:
         family = f"patchbay_agent_dra_{phase}_seconds"
@@ -421,13 +449,15 @@ def breakdown(r: Run, before: Metrics, after: Metrics, calls: list[float]) -> No
         ratio=False,
         headline=True,  # where Python's gRPC or the API read is the floor (issue 31)
     )
+    return call - handler
 
 
 def go_breakdown(
     r: Run, before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], calls: list[float]
-) -> None:
+) -> float:
     """Where the Go peer's prepare time goes (via the relay, with its metadata files), the same
-    parts as the agent's: its own sums' means over the rounds (bench/drapeer/timings.go)."""
+    parts as the agent's: its own sums' means over the rounds (bench/drapeer/timings.go). Returns
+    its gRPC-and-socket part (ms)."""
 
     def mean(phase: str) -> float:
         seconds = after[phase]["seconds"] - before[phase]["seconds"]
@@ -451,6 +481,25 @@ def go_breakdown(
         ratio=False,
         headline=True,
         note="the Go peer via the relay, with its metadata files: the side the targets are set against",
+    )
+    return call - handler
+
+
+def grpc_parts(r: Run, agent: float, floor_calls: list[float], go: float | None) -> None:
+    """gRPC and the socket per prepare call: the agent's (its call minus its handler), Python's
+    floor (a bare grpc.aio server's whole call) and the Go peer's: how much of the agent's
+    difference from the Go peer is Python's floor rather than the agent's own work."""
+    parts = {
+        "the agent (its call minus its handler)": [agent],
+        "Python's floor (a bare grpc.aio server's whole call)": [statistics.mean(floor_calls) * 1000],
+    }
+    if go is not None:
+        parts["the Go peer (its call minus its handler)"] = [go]
+    r.figure(
+        "DRA prepare: gRPC and the socket, the agent against Python's floor and Go (means per call)",
+        "ms",
+        parts,
+        headline=True,
     )
 
 
