@@ -308,8 +308,11 @@ def run(r: Run) -> None:
                 "nodeSelector": {"matchLabels": {LABEL: "yes"}},
                 "plugin": {
                     "discovery": {"paths": {"globs": [f"{FAKE_DEV}/dra*"]}},
+                    # the users' default period unless told (health_period): a periodic round is a
+                    # thread hop and a scan on the agent's loop, which the Go peer has no part of;
+                    # a vanished device file is seen at once either way (inotify)
                     "health": {
-                        "periodSeconds": 1,
+                        "periodSeconds": r.integer("health_period"),
                         "failureThreshold": 1,
                         "recoveryHoldSeconds": r.integer("recovery_hold"),
                     },
