@@ -158,3 +158,41 @@ def test_the_specs_copy_follows_the_answer_and_never_outlives_an_unprepare(tmp_p
         assert not spec.exists() and not copy.exists()
 
     asyncio.run(scenario())
+
+
+class ClaimsElsewhere:
+    """Claims named c<i> with UID <i, 8 digits>-uid, each allocated only a device of another
+    driver (prepared, a CDI spec written)."""
+
+    def resource_claim(self, namespace: str, name: str, *, timeout: float | None = None) -> dict[str, Any]:
+        result = {"request": "r", "driver": "other.dev", "pool": "p", "device": "d"}
+        uid = f"{int(name[1:]):08d}-uid"
+        return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def test_the_specs_copies_wait_until_the_calls_are_quiet_then_come_together(tmp_path: Path) -> None:
+    """A burst of prepares: no copy is written while calls are in flight (written after each
+    answer, a copy ran on the event loop while the kubelet's next call waited for it), every one
+    once they are quiet, and the holders are told once for the burst."""
+    cdi, state = tmp_path / "cdi", tmp_path / "state"
+    changes: list[int] = []
+    preparer = _preparer(
+        tmp_path, ClaimsElsewhere(), copies=SpecCopies(cdi, state), on_change=lambda: changes.append(1)
+    )
+    preparer.cdi_spec_dir = cdi
+    uids = [f"{i:08d}-uid" for i in range(5)]
+
+    async def scenario() -> None:
+        # Another call in flight for the whole burst (as the kubelet's next one would be).
+        async with preparer.calls.call():
+            for i, uid in enumerate(uids):
+                assert (await preparer.prepare([ClaimRef("ns", uid, f"c{i}")]))[uid].error == ""
+                assert preparer.spec_path(uid).exists()
+            await asyncio.sleep(0.2)  # four times the quiet window: the calls are not quiet
+            assert not list(state.glob("cdi/*.json")) and changes == []
+        await preparer.late.settle()
+        copies = sorted(p.name for p in state.glob("cdi/*.json"))
+        assert copies == sorted(preparer.spec_path(uid).name for uid in uids)
+        assert changes == [1]
+
+    asyncio.run(scenario())
