@@ -40,7 +40,8 @@ class Recorder:
         self.versions: list[tuple[str, dict[str, Any]]] = []  # (phase, object)
         self.phase = "created"
         self._watch = watch.Watch()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._seen: set[str] = set()  # the resourceVersions recorded
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -66,11 +67,21 @@ class Recorder:
                     if event["type"] in ("ADDED", "MODIFIED"):
                         with self._lock:
                             self.versions.append((self.phase, copy.deepcopy(obj)))
+                            self._seen.add(since)
+                            self._lock.notify_all()
             except ProtocolError:
                 continue  # the connection ended: watch again from `since`
 
-    def enter(self, phase: str) -> None:
+    def enter(self, phase: str, now: dict[str, Any] | None = None, timeout: float = 60) -> None:
+        """Versions from here on belong to `phase`; `now`: the object as the test last read it,
+        whose version (and so every one before it) is recorded in the phase that ends first. The
+        watch delivers a version later than a GET returns it: without this wait, the version that
+        ended a phase could be filed under the next one."""
         with self._lock:
+            if now is not None:
+                rv = now["metadata"]["resourceVersion"]
+                seen = self._lock.wait_for(lambda: rv in self._seen, timeout)
+                assert seen, f"the watch never delivered resourceVersion {rv}"
             self.phase = phase
 
     def stop(self) -> list[tuple[str, dict[str, Any]]]:
@@ -117,7 +128,7 @@ def test_argo_cd_and_flux_agree_on_every_state_of_a_profile_on_the_real_node(
         wait_for("kstatus Failed", lambda: kstatus(cluster.profile(name) or {}) == "Failed", 120)
 
         # 2. The fix: the agents roll (Reconciling), then every device is served (Ready).
-        recorder.enter("fixed")
+        recorder.enter("fixed", now=cluster.profile(name))
         cluster.patch_spec(
             name,
             {
@@ -136,7 +147,7 @@ def test_argo_cd_and_flux_agree_on_every_state_of_a_profile_on_the_real_node(
         wait_for("every device served after the fix", served, 180)
 
         # 3. A device vanishes: Degraded, naming it.
-        recorder.enter("degraded")
+        recorder.enter("degraded", now=cluster.profile(name))
         victim = fake_dev / "ttyGitops0"
         victim.unlink()
 
@@ -146,7 +157,7 @@ def test_argo_cd_and_flux_agree_on_every_state_of_a_profile_on_the_real_node(
         wait_for("Degraded naming the vanished device", lambda: victim.name in degraded_message(), 60)
 
         # 4. Back: Ready, nothing degraded.
-        recorder.enter("recovered")
+        recorder.enter("recovered", now=cluster.profile(name))
         add_fake_device(fake_dev, victim.name)
         wait_for(
             "Degraded False again",
@@ -155,7 +166,7 @@ def test_argo_cd_and_flux_agree_on_every_state_of_a_profile_on_the_real_node(
         )
 
         # 5. Deleted: the finalizer holds it while the operator cleans up.
-        recorder.enter("deleting")
+        recorder.enter("deleting", now=cluster.profile(name))
         cluster.delete_profile(name)
         wait_for("the profile gone", lambda: cluster.profile(name) is None, 120)
     finally:
