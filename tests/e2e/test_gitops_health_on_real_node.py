@@ -41,7 +41,6 @@ class Recorder:
         self.phase = "created"
         self._watch = watch.Watch()
         self._lock = threading.Condition()
-        self._seen: set[str] = set()  # the resourceVersions recorded
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -67,7 +66,6 @@ class Recorder:
                     if event["type"] in ("ADDED", "MODIFIED"):
                         with self._lock:
                             self.versions.append((self.phase, copy.deepcopy(obj)))
-                            self._seen.add(since)
                             self._lock.notify_all()
             except ProtocolError:
                 continue  # the connection ended: watch again from `since`
@@ -80,7 +78,9 @@ class Recorder:
         with self._lock:
             if now is not None:
                 rv = now["metadata"]["resourceVersion"]
-                seen = self._lock.wait_for(lambda: rv in self._seen, timeout)
+                seen = self._lock.wait_for(
+                    lambda: any(o["metadata"]["resourceVersion"] == rv for _, o in self.versions), timeout
+                )
                 assert seen, f"the watch never delivered resourceVersion {rv}"
             self.phase = phase
 

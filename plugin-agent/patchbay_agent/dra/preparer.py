@@ -89,7 +89,7 @@ class LateWrites:
     """What a prepare writes after its answer (the module doc): the copies of the claims' specs,
     then `on_change`, in one task of the event loop that waits until the prepare and unprepare
     calls have been quiet (`CallActivity.quiet`: 50 ms, at most 5 s), then writes every copy
-    asked for since, under one node lock. Written right after each answer instead, a copy ran on
+    asked for since, COPIES_AT_ONCE per node lock. Written right after each answer instead, a copy ran on
     the loop while the kubelet's next call of a burst waited for it (the dra_path benchmark: the
     agent's gRPC part of a call was 3.8x Python's floor's, docs/benchmarks.md). The copy is made
     from the spec as it is then, so an unprepare that ran between the answer and the copy (spec
