@@ -25,6 +25,8 @@ package's, the pinned requirement list, the base recipe), which is in its tag,
 a change anywhere in a program gives a new tag (and so a rollout). ``make release`` names the
 same image ``<release>`` alone as well (hack/release.py), the tag the chart's defaults use.
 Archives live in ``$PATCHBAY_CACHE/images`` (default ``~/.cache/patchbay/images``), outside the repository.
+A build keeps the archives of its program and architecture used last and removes the rest
+(``imagecache.prune``).
 
 **Architectures.** Each image is built for one architecture, ``amd64`` (this machine's, what the
 demo and the tests run) unless asked for another (``arch=``; ``ARCHITECTURES``). ``arm64`` is
@@ -59,6 +61,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from patchbay_devcluster import imagecache
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +151,6 @@ class BuiltImage:
         return self.archive.stat().st_size
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("PATCHBAY_CACHE") or Path.home() / ".cache" / "patchbay") / "images"
-
-
 def find_repo(start: Path | None = None) -> Path:
     """The repository root: the nearest directory above ``start`` holding every program folder."""
     here = (start or Path.cwd()).resolve()
@@ -231,9 +231,9 @@ def base_image(arch: str = NATIVE) -> str:
     if _podman_has(ref):
         return ref
     t0 = time.monotonic()
-    work = cache_dir() / "work"
+    work = imagecache.cache_dir() / "work"
     work.mkdir(parents=True, exist_ok=True)
-    kept = cache_dir() / f"base-rootfs-{ref.rsplit(':', 1)[1]}.tar"
+    kept = imagecache.cache_dir() / f"base-rootfs-{ref.rsplit(':', 1)[1]}.tar"
     tarball = kept if arch != NATIVE else work / "base-rootfs.tar"
     if not kept.is_file() or arch == NATIVE:
         log.info(
@@ -468,19 +468,23 @@ def build_program(
         pins = pinned_closure(program.distribution, requirements=declared["project"]["dependencies"])
     digest = input_hash(repo, program, pins, base)
     ref = f"{program.repository}:{version_of(repo, program)}-{_arch_part(arch)}{digest[:12]}"
-    archive = cache_dir() / f"patchbay-{program.name}-{_arch_part(arch)}{digest[:12]}.oci.tar"
+    archive = imagecache.cache_dir() / f"patchbay-{program.name}-{_arch_part(arch)}{digest[:12]}.oci.tar"
     if archive.is_file() and not force:
+        imagecache.used(archive)
         return BuiltImage(program.name, ref, archive, built=False, seconds=time.monotonic() - t0, arch=arch)
-    context = cache_dir() / "work" / f"{program.name}-{_arch_part(arch)}{digest[:12]}"
+    context = imagecache.cache_dir() / "work" / f"{program.name}-{_arch_part(arch)}{digest[:12]}"
     context.parent.mkdir(parents=True, exist_ok=True)
     # Two builds of one image at once (two checkouts' test sessions, CI's background build beside
     # a test's) share its work folder: the second waits for the first and takes its archive.
     with open(context.with_name(f"{context.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if archive.is_file() and not force:
+            imagecache.used(archive)
             seconds = time.monotonic() - t0
             return BuiltImage(program.name, ref, archive, built=False, seconds=seconds, arch=arch)
-        return _build(repo, program, base, pins, context=context, ref=ref, archive=archive, arch=arch, t0=t0)
+        built = _build(repo, program, base, pins, context=context, ref=ref, archive=archive, arch=arch, t0=t0)
+    imagecache.prune(program.name, _arch_part(arch))
+    return built
 
 
 def _build(
@@ -528,6 +532,9 @@ def _build(
             "build",
             "--network=none",
             "--pull=never",
+            # No intermediate images: every build's context is new (its wheels), so podman's layer
+            # cache never hit, and each build left its build stage behind (220-400 MB each).
+            "--layers=false",
             f"--platform=linux/{arch}",
             "--build-arg",
             f"BASE_IMAGE={base}",
