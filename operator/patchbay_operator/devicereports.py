@@ -280,8 +280,17 @@ class _Event(msgspec.Struct):
     object: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
+class _ReportEvent(msgspec.Struct):
+    """A WATCH line read in one pass, its object as a report (no default: a line without one is
+    read the general way, which refuses it)."""
+
+    object: _RawReport
+    type: Any = None
+
+
 _PAGE = msgspec.json.Decoder(_ReportList)
 _EVENT = msgspec.json.Decoder(_Event)
+_REPORT_EVENT = msgspec.json.Decoder(_ReportEvent)
 _REPORT = msgspec.json.Decoder(_RawReport)
 _WATCHED = ("ADDED", "MODIFIED", "DELETED")  # the types whose object is a report
 
@@ -301,7 +310,21 @@ def decode_page(raw: bytes) -> tuple[list[Report], str, str]:
 def decode_event(line: bytes) -> tuple[str, str, Any]:
     """One line of a DeviceReport WATCH -> its type, its object's resourceVersion, and for ADDED,
     MODIFIED and DELETED the report as kept (like ``decode_page``'s); for any other type (BOOKMARK,
-    ERROR's Status) the object as a dict. A line that cannot be read raises ``ValueError``."""
+    ERROR's Status) the object as a dict. A line that cannot be read raises ``ValueError``.
+
+    A report's event is read in one pass, its object straight into the structs; until 2026-12-02
+    the line was read first with its object kept as raw bytes, then that object again (a second
+    scan of up to 0.73 MB). Any other event, or an object no report's shape fits, is read the
+    general way below: the event first, then its object by its type."""
+    try:
+        one = _REPORT_EVENT.decode(line)
+    except msgspec.ValidationError:
+        pass  # not a report's shape (a Status, a bookmark's odd object, a broken report): below
+    except msgspec.DecodeError as e:
+        raise ValueError(f"a DeviceReport WATCH event that cannot be read: {e}") from e
+    else:
+        if (kind := _text(one.type)) in _WATCHED:
+            return kind, _text(one.object.metadata.get("resourceVersion")), Report.from_wire(one.object)
     try:
         event = _EVENT.decode(line)
         kind = _text(event.type)
