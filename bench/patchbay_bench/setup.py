@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,13 +159,20 @@ def kwok_cluster(
     """A control plane with kwok and ``nodes`` Ready kwok nodes (no real node), the CRDs applied;
     stopped by PID when the block ends."""
     dev = DevCluster(run.work / "cluster", bin_dir())
+    t0 = time.monotonic()
     dev.up(timeout=180, fleet=nodes)
     cluster = Cluster(dev, Api(dev.kubeconfig))
     try:
         if nodes:
+            # Progress: at 20,000 nodes these two steps take about 15 minutes and printed nothing.
+            run.log(f"control plane up in {time.monotonic() - t0:.0f} s; adding {nodes} kwok nodes")
             cluster.nodes = dev.add_kwok_nodes(nodes, prefix=prefix, labels=dict(labels or {}), workers=16)
+            run.log(
+                f"{nodes} kwok nodes created ({time.monotonic() - t0:.0f} s); waiting for them to be Ready"
+            )
             selector = ",".join(f"{k}={v}" for k, v in (labels or {"type": "kwok"}).items())
             dev.wait_nodes_ready(nodes, label_selector=selector, timeout=max(300, nodes / 4))
+            run.log(f"{nodes} kwok nodes Ready ({time.monotonic() - t0:.0f} s)")
         if crds:
             cluster.crds()
         yield cluster
@@ -278,9 +286,11 @@ def agents_everywhere(run: Run, cluster: Cluster, namespace: str, name: str, lab
         found = cluster.api.items(sets, labelSelector=f"patchbay.dev/profile={name}")
         return sum(int((ds.get("status") or {}).get("numberReady") or 0) for ds in found)
 
+    t0 = time.monotonic()
+    run.log(f"profile {name} created; waiting for its agent pods to be ready on {nodes} nodes")
     with operator(run, cluster.kubeconfig, namespace):
         wait("the agent pods ready on every node", lambda: ready() >= nodes, max(300, nodes * 0.3), 2.0)
-    run.log(f"agent pods ready on {nodes} nodes")
+    run.log(f"agent pods ready on {nodes} nodes ({time.monotonic() - t0:.0f} s)")
 
 
 @dataclass(frozen=True)
