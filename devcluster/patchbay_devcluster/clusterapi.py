@@ -74,6 +74,10 @@ class Nodes:
         return kubeapi.ready_nodes(self.api(), label_selector, timeout=60)
 
     def wait_ready(self, count: int, label_selector: str = "", timeout: float = 120.0) -> None:
+        """Until ``count`` Nodes (matching ``label_selector``) are Ready. Each look LISTs them
+        all, so the looks are spaced by the fleet's size (0.5 s up to 500 nodes, 20 s at 20,000):
+        at 20,000 kwok nodes, with a look every 0.5 s, the waiting process used 30% of a core and
+        the API server 88% while kwok made the last 4,500 nodes Ready, 750 a minute (2026-12-02)."""
         last = -1
 
         def enough() -> bool:
@@ -88,7 +92,7 @@ class Nodes:
             f"{count} nodes Ready",
             enough,
             timeout=timeout,
-            interval=0.5,
+            interval=max(0.5, count / 1000),
             error=ClusterError,
             detail=lambda: f"only {max(last, 0)}/{count} Ready",
         )
