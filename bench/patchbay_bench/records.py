@@ -48,12 +48,26 @@ def nodes_of(record: Mapping[str, Any]) -> int | None:
     return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) else None
 
 
+VARIANTS = {"size": "reports"}
+"""Parameters that change what a run measures, not how closely (the takeover's ``size``: small
+reports or reports at the CRD's bounds): runs that differ in one are different rows, and the
+newest of one never hides the other's (``newest_full``); a row names its variant (``rows``). The
+value: what a row calls the parameter."""
+
+
+def variant_of(record: Mapping[str, Any]) -> str:
+    """``"bounds reports"``: the record's ``VARIANTS`` parameters as a row names them ("" if none)."""
+    params = record.get("params") or {}
+    return ", ".join(f"{params[k]} {label}" for k, label in VARIANTS.items() if k in params)
+
+
 def newest_full(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The newest full (not quick) run of each scenario that recorded figures; of a scenario that
     measures a release, of each release (``rollouts@v1.34.4``); of a scale scenario, of each
     cluster size (``operator_memory at 20000 nodes``: the points of its curve, none hiding
     another); a run against another checkout's program (``baseline=``) apart from the scenario's
-    own runs (it never hides their rows)."""
+    own runs (it never hides their rows); of a run with a ``VARIANTS`` parameter, of each value
+    (``takeover at 05000 nodes, bounds reports``)."""
     out: dict[str, dict[str, Any]] = {}
     for rec in records:
         if rec.get("quick") or not rec.get("figures"):
@@ -61,6 +75,8 @@ def newest_full(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         name = rec["scenario"] + (f"@{rec['release']}" if rec.get("release") else "")
         if (nodes := nodes_of(rec)) is not None:
             name += f" at {nodes:05d} nodes"  # zero-padded: the sizes sort as numbers
+        if variant := variant_of(rec):
+            name += f", {variant}"
         if baseline := (rec.get("params") or {}).get("baseline"):
             name += f" against {baseline}"
         if name not in out or rec["date"] > out[name]["date"]:
@@ -124,6 +140,8 @@ def rows(record: dict[str, Any], everything: bool = False, targets: Sequence[Tar
         # The size a scale figure was measured at, where its name does not say it already.
         if nodes is not None and str(nodes) not in name.replace(",", ""):
             name = f"{name}, {nodes:,} nodes"
+        if variant := variant_of(record):
+            name = f"{name}, {variant}"
         if judged:
             name = f"{name} ({'; '.join(judged)})"
         if fig.get("missing"):

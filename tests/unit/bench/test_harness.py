@@ -418,3 +418,49 @@ def test_a_scale_curve_is_drawn_from_the_newest_record_at_each_size(
     assert [w.split(":")[0] for w in whence] == ["1,000 nodes", "20,000 nodes"]
     assert [p.name for p in plots.curves(results)] == ["operator-scale.png"]
     assert (tmp_path / "img" / "operator-scale.png").stat().st_size > 1000
+
+
+def test_runs_of_another_variant_are_rows_of_their_own_and_the_curve_takes_one_variant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The takeover with reports at the bounds (5,000 nodes only) and with small reports (5,000 and
+    20,000): the newest bounds run does not hide the small one at the same size, each row says
+    which it is, and the curve is drawn from the small runs alone (one point per size)."""
+    from patchbay_bench import plots
+
+    figure = "operator: leader killed -> the standby's first status write"
+
+    def measures(r: Run) -> None:
+        slower = 2.0 if r.text("size") == "bounds" else 1.0
+        r.figure(figure, "s", {"ours": [slower * r.integer("nodes") / 1000]}, headline=True)
+
+    params = {"nodes": Param(5000, 10), "size": Param("small", "small")}
+    sc = Scenario("takeover", "x", measures, params=params)
+    results = tmp_path / "records"
+    monkeypatch.setattr(plots, "IMG", tmp_path / "img")
+    for nodes, size in ((5000, "small"), (5000, "bounds"), (20000, "small")):
+        records.write(execute(sc, {"nodes": nodes, "size": size}, quick=False), results)
+    newest = records.newest_full(records.load(results))
+    assert sorted(newest) == [
+        "takeover at 05000 nodes, bounds reports",
+        "takeover at 05000 nodes, small reports",
+        "takeover at 20000 nodes, small reports",
+    ]
+    labels = [records.rows(rec)[0].split(" | ")[0] for _, rec in sorted(newest.items())]
+    assert labels == [
+        f"| {figure}, 5,000 nodes, bounds reports",
+        f"| {figure}, 5,000 nodes, small reports",
+        f"| {figure}, 20,000 nodes, small reports",
+    ]
+    monkeypatch.setattr(plots, "CURVES", {"takeover": plots.CURVES["takeover"]})
+    drawn = []
+    real = plots.record_points
+
+    def points(recs: list[dict[str, object]], name: str) -> object:
+        got = real(recs, name)
+        drawn.append(got[:2])
+        return got
+
+    monkeypatch.setattr(plots, "record_points", points)
+    assert [p.name for p in plots.curves(results)] == ["takeover-scale.png"]
+    assert drawn == [([5000, 20000], {"ours": [5.0, 20.0]})]
