@@ -454,6 +454,10 @@ def test_a_standby_that_knew_the_profile_settled_finishes_the_rollout_its_leader
         settle(cluster, agents, name, low)
         assert all(h == [first, second] for h in agents.history.values()), agents.history
         assert (status(cluster, name).get("rollout") or {}).get("phase") == "Complete"
+        # Deleted while the working replica runs, which takes its finalizer off: with no operator
+        # left, the cluster's cleanup waited 60 s for it before taking the finalizer off itself.
+        cluster.delete_profile(name)
+        wait_for("the profile gone", lambda: cluster.profile(name) is None, timeout=30)
     finally:
         high.stop()
         low.stop()
