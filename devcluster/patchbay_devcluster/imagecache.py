@@ -47,20 +47,22 @@ def prune(name: str, arch_part: str, keep: int = KEEP_PER_IMAGE) -> list[Path]:
     pattern = re.compile(rf"patchbay-{re.escape(name)}-{re.escape(arch_part)}([0-9a-f]{{12}})\.oci\.tar")
     archives = cache_dir().glob(f"patchbay-{name}-*.oci.tar")
     found = {p: m[1] for p in archives if (m := pattern.fullmatch(p.name))}
-    removed = []
-    for path in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)[keep:]:
-        tagged = f"{arch_part}{found[path]}"
+    removed = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)[keep:]
+    if not removed:
+        return []
+    tags = [f"-{arch_part}{found[path]}" for path in removed]
+    for path, tag in zip(removed, tags, strict=True):
         path.unlink(missing_ok=True)
-        work = cache_dir() / "work" / f"{name}-{tagged}"
+        work = cache_dir() / "work" / f"{name}{tag}"
         shutil.rmtree(work, ignore_errors=True)
         work.with_name(f"{work.name}.lock").unlink(missing_ok=True)
-        listed = ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"]
-        refs = subprocess.run(listed, capture_output=True, text=True, check=False).stdout.split()
-        # The tag is <release>-<hash>; the tests' own tags of it add a suffix (-upgrade, -registry).
-        mine = [r for r in refs if r.rpartition(":")[0].endswith(f"/patchbay-{name}") and f"-{tagged}" in r]
-        if mine:
-            subprocess.run(["podman", "rmi", "--force", *mine], capture_output=True, check=False)
-        removed.append(path)
-    if removed:
-        log.info("  pruned %d older %s archives (kept the %d used last)", len(removed), name, keep)
+    listed = ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"]
+    refs = subprocess.run(listed, capture_output=True, text=True, check=False).stdout.split()
+    # The tag is <release>-<hash>; the tests' own tags of it add a suffix (-upgrade, -registry).
+    mine = [
+        r for r in refs if r.rpartition(":")[0].endswith(f"/patchbay-{name}") and any(t in r for t in tags)
+    ]
+    if mine:
+        subprocess.run(["podman", "rmi", "--force", *mine], capture_output=True, check=False)
+    log.info("  pruned %d older %s archives (kept the %d used last)", len(removed), name, keep)
     return removed
