@@ -376,6 +376,56 @@ async def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newe
         await kubelet.stop()
 
 
+async def test_an_older_agent_never_registers_again_when_a_middle_one_leaves_and_a_newer_serves(
+    plugin_dir: Path, hw: FakeHardware, one_client_release: str
+) -> None:
+    """A alone, then B and C a moment apart (two profiles changing a shared agent's template
+    0.2 s apart, seen on a v1.34.4 node on 2026-12-02): B and C each handed over, so the kubelet
+    holds no client and sends Allocate to C, which registered last. When the DaemonSet controller
+    removes B, A (never handed over, B registered after it) must NOT register again: C, newer,
+    still serves and holds the endpoint. It did: the kubelet then held A's client, A's exit
+    closed it and marked every device unhealthy, and the holder pod was refused ("Allocate failed
+    due to no healthy devices present"). The test waits a second after B's stream ended, many
+    times what A took to register again (`LEAVE_SETTLE`), before it removes A."""
+    hw.add_serials(2)
+
+    def start() -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
+        return running_agent(
+            SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=one_client_release
+        )
+
+    kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
+    await kubelet.start()
+    stacks = [contextlib.AsyncExitStack() for _ in range(3)]
+    try:
+        agents: list[ResourceAgent] = []
+        for stack in stacks:
+            agents.append(await stack.enter_async_context(start()))
+            await until(lambda: agents[-1].ready)
+        a, b, c = (registrar_of(x) for x in agents)
+        assert (b.handover.count, c.handover.count) == (1, 1)
+        assert kubelet.endpoint(RESOURCE) == c.endpoint
+        attempts, ended = len(kubelet.attempts), kubelet.streams_ended
+        await stacks[1].aclose()  # the DaemonSet controller removes B
+        await kubelet.wait_for(lambda: kubelet.streams_ended > ended)
+        await asyncio.sleep(1.0)
+        assert kubelet.attempts[attempts:] == [], "an agent registered again while C held the endpoint"
+        ended = kubelet.streams_ended
+        await stacks[0].aclose()  # ... then A
+        await kubelet.wait_for(lambda: kubelet.streams_ended > ended)
+        assert kubelet.dropped == []
+        assert kubelet.healthy(RESOURCE) == 2
+        assert kubelet.endpoint(RESOURCE) == c.endpoint
+        got = await kubelet.allocate(RESOURCE, ["ttyUSB0"])
+        (container,) = got.container_responses
+        assert [d.host_path for d in container.devices] == ["/dev/ttyUSB0"]
+        assert a.registration_count == 1
+    finally:
+        for stack in reversed(stacks):
+            await stack.aclose()
+        await kubelet.stop()
+
+
 async def test_when_the_agent_that_registered_last_leaves_first_the_other_registers_again(
     plugin_dir: Path, hw: FakeHardware, one_client_release: str
 ) -> None:
@@ -436,7 +486,7 @@ async def test_the_newest_agent_takes_its_devices_back_after_a_leaving_agent_clo
         b = await agents.start_new()
         await until(lambda: b.ready)
 
-        async def kubelet_count() -> int:
+        async def kubelet_count(*, rpc_timeout: float) -> int:
             return kubelet.healthy(RESOURCE)
 
         registrar_of(b).check.view = KubeletView(kubelet_count, b.front.advertised_healthy)

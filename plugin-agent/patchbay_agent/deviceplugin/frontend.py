@@ -113,12 +113,14 @@ class DevicePluginFrontEnd:
         )
         return one_client
 
-    async def _kubelet_allocatable(self) -> int:
+    async def _kubelet_allocatable(self, *, rpc_timeout: float) -> int:
         """How many of our devices the kubelet counts allocatable now (PodResources)."""
         from patchbay_agent.kubelet.podresources import get_allocatable_resources
 
         assert self._options.report is not None
-        got = await get_allocatable_resources(self._options.report.pod_resources_socket, rpc_timeout=0.05)
+        got = await get_allocatable_resources(
+            self._options.report.pod_resources_socket, rpc_timeout=rpc_timeout
+        )
         return got.count(self._config.resource_name)
 
     def advertised_healthy(self) -> tuple[int, int]:

@@ -22,9 +22,11 @@ every Allocate: pods are refused with "Allocate failed ... no such file or direc
 someone registers again. The survivor registers again when the leaver may have registered after
 its own newest registration (`may_hold_the_endpoint`): that registration was not handed over (an
 agent hands over only to OLDER agents, so one that did not was alone or the older one), or the
-leaver's socket appeared after it began. Otherwise (the usual rollout: we handed over to the
-leaver) nothing is sent, so the leaver's exit can never close a client of ours
-(docs/facts.md#kubelet-endpoints). `HandOver` is this part of the registrar
+leaver's socket appeared after it began; and only the NEWEST agent still serving does (an older
+survivor that registered would leave the kubelet holding its client, with no older agent to hand
+over to, and its own exit would then close it under the newer agent). Otherwise (the usual
+rollout: we handed over to the leaver) nothing is sent, so the leaver's exit can never close a
+client of ours (docs/facts.md#kubelet-endpoints). `HandOver` is this part of the registrar
 (`registration.Registrar`), given the registrar's Register call when it is built.
 """
 
@@ -35,6 +37,7 @@ import os
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Literal
 
 import grpc
 
@@ -117,13 +120,20 @@ class HandOver:
         """Another agent's socket of our resource appeared (`name`)."""
         self._arrived.add(name)
 
-    def may_hold_the_endpoint(self, name: str) -> bool:
+    def may_hold_the_endpoint(self, endpoint: str, name: str) -> bool:
         """Another agent's socket of our resource (`name`) went: whether, on a kubelet that keeps
         one client per resource, that agent may have registered after our newest registration,
-        so that the kubelet's Allocate now dials its removed socket (module doc)."""
+        so that the kubelet's Allocate now dials its removed socket (module doc), and we are the
+        one to register again: no agent NEWER than us serves. A newer one registered after us
+        (and, with us serving, handed over), so the endpoint is its own or its decision; were we
+        to register, the kubelet would hold OUR client (no older agent for us to hand over to)
+        and our exit would take the newer agent's devices with it (seen on a v1.34.4 node: A
+        alone, B and C 0.2 s apart, B removed, A registered again, A's exit left 0 healthy)."""
         arrived = name in self._arrived
         self._arrived.discard(name)
-        return self.one_client and (not self.done or arrived)
+        if not self.one_client or (self.done and not arrived):
+            return False
+        return not self.serving_others(endpoint, than="newer")
 
     @property
     def one_client(self) -> bool:
@@ -132,33 +142,34 @@ class HandOver:
     def due(self, endpoint: str) -> bool:
         """A hand-over is due: one client per resource, not yet handed over, and an older agent of
         the resource serving."""
-        return self.one_client and not self.done and bool(self.serving_others(endpoint, older_only=True))
+        return self.one_client and not self.done and bool(self.serving_others(endpoint, than="older"))
 
-    def serving_others(self, endpoint: str, *, older_only: bool) -> list[str]:
-        """Other agents' sockets of our resource that something serves now. `older_only`: only
+    def serving_others(self, endpoint: str, *, than: Literal["older", "newer"] | None = None) -> list[str]:
+        """Other agents' sockets of our resource that something serves now. `than="older"`: only
         sockets created no later than ours (a rollout, we the new half: only the newcomer hands
-        over). Age is the sockets' modification time: each agent creates its socket when it
-        serves."""
+        over); `"newer"`: only sockets created after ours. Age is the sockets' modification time:
+        each agent creates its socket when it serves, and registers at once."""
         try:
             names = os.listdir(self._plugin_dir)
-            ours = os.stat(self._plugin_dir / endpoint).st_mtime_ns if older_only else 0
+            ours = os.stat(self._plugin_dir / endpoint).st_mtime_ns if than else 0
         except OSError:
             return []
 
-        def old_enough(name: str) -> bool:
-            if not older_only:
+        def of_age(name: str) -> bool:
+            if than is None:
                 return True
             try:
-                return os.stat(self._plugin_dir / name).st_mtime_ns <= ours
+                theirs = os.stat(self._plugin_dir / name).st_mtime_ns
             except OSError:
                 return False
+            return theirs <= ours if than == "older" else theirs > ours
 
         return [
             n
             for n in names
             if n != endpoint
             and is_same_resource(n, self._resource_name)
-            and old_enough(n)
+            and of_age(n)
             and probe(self._plugin_dir / n) == 0
         ]
 
@@ -207,7 +218,7 @@ class HandOver:
         our socket again: the kubelet then holds a client that our exit closes, and marks the
         resource unhealthy (capacity nobody serves must not stay). With another agent serving,
         never: our exit would close ITS client (kubelets before 1.37)."""
-        others = self.serving_others(endpoint, older_only=False)
+        others = self.serving_others(endpoint)
         if self.done and registered and not others:
             try:
                 await self._register(deadline=min(LAST_REGISTRATION_TIMEOUT, max(grace / 2, 0.1)))

@@ -93,7 +93,12 @@ from patchbay_agent.api import api_pb2, api_pb2_grpc
 from patchbay_agent.backoff import Backoff
 from patchbay_agent.constants import API_VERSION, KUBELET_SOCKET
 from patchbay_agent.deviceplugin.handover import HandOver
-from patchbay_agent.deviceplugin.registrationcheck import VIEW_AFTER_LEAVE, RegistrationCheck, Verdict
+from patchbay_agent.deviceplugin.registrationcheck import (
+    VIEW_AFTER_LEAVE,
+    AllocatableRead,
+    RegistrationCheck,
+    Verdict,
+)
 from patchbay_agent.deviceplugin.server import DevicePluginServicer, device_plugin_server
 from patchbay_agent.deviceplugin.streams import StreamWatch
 from patchbay_agent.fswatch import DirWatcher
@@ -229,7 +234,7 @@ class Registrar:
         register_timeout: float = 10.0,
         backoff: Backoff | None = None,
         rename: Callable[[], str] | None = None,
-        kubelet_allocatable: Callable[[], Awaitable[int]] | None = None,
+        kubelet_allocatable: AllocatableRead | None = None,
         advertised_healthy: Callable[[], tuple[int, int]] | None = None,
         kubelet_keeps_one_client: Callable[[], Awaitable[bool | None]] | None = None,
     ) -> None:
@@ -316,7 +321,7 @@ class Registrar:
             # after us, left the kubelet's Allocate dialing its removed socket (register again).
             now = time.monotonic()
             self.check.view.look_at(*(now + t for t in VIEW_AFTER_LEAVE))
-            if self.handover.may_hold_the_endpoint(name):
+            if self.handover.may_hold_the_endpoint(self.endpoint, name):
                 self.check.endpoint_may_be_gone(now)
             self._kick.set()
 

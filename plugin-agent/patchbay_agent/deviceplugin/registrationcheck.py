@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -34,6 +35,13 @@ log = logging.getLogger(__name__)
 #: matters when another endpoint keeps the devices allocatable (v1.37 promotes one).
 DROP_SETTLE_TIMEOUT = 0.1
 DROP_SETTLE_EVERY = 0.002
+#: The deadline of one PodResources read while waiting for the kubelet to let go (within
+#: DROP_SETTLE_TIMEOUT), and of one read of the kubelet's view. A look at the view is rare and
+#: nothing waits on it, so it may take its time: with the drop path's 50 ms, a busy node (a v1.34.4
+#: CI run, builds beside it) read nothing, counted that as "not short", and left the kubelet at 0
+#: healthy devices while our stream stayed open.
+DROP_SETTLE_READ_TIMEOUT = 0.05
+VIEW_READ_TIMEOUT = 2.0
 
 #: After another agent's socket of our resource goes, when to look at the kubelet's view of our
 #: devices: once its streams have surely ended and the kubelet acted on that (tens of ms on a
@@ -51,6 +59,13 @@ VIEW_CONFIRM = 0.1
 GONE = frozenset({errno.ECONNREFUSED, errno.ENOENT})
 
 
+class AllocatableRead(Protocol):
+    """Reads how many of our devices the kubelet counts allocatable now (PodResources), giving
+    up after `rpc_timeout` seconds (grpc's DEADLINE_EXCEEDED)."""
+
+    def __call__(self, *, rpc_timeout: float) -> Awaitable[int]: ...
+
+
 class KubeletView:
     """Whether the kubelet counts as allocatable every device we advertise healthy, read from its
     PodResources (GetAllocatableResources). On kubelets before 1.37 another process's client can
@@ -60,7 +75,7 @@ class KubeletView:
 
     def __init__(
         self,
-        kubelet_allocatable: Callable[[], Awaitable[int]] | None,
+        kubelet_allocatable: AllocatableRead | None,
         advertised_healthy: Callable[[], tuple[int, int]] | None,
     ) -> None:
         """`advertised_healthy` gives (snapshot version, devices we advertise Healthy)."""
@@ -96,12 +111,12 @@ class KubeletView:
         assert self._ours is not None
         try:
             version, ours = self._ours()
-            theirs = await self._read()
+            theirs = await self._read(rpc_timeout=VIEW_READ_TIMEOUT)
             if theirs >= ours:
                 return None
             await asyncio.sleep(VIEW_CONFIRM)
             again, ours = self._ours()
-            theirs = await self._read()
+            theirs = await self._read(rpc_timeout=VIEW_READ_TIMEOUT)
         except (grpc.aio.AioRpcError, OSError) as e:
             log.debug("PodResources unreadable while checking the kubelet's view: %s", e)
             return None
@@ -130,7 +145,7 @@ class RegistrationCheck:
         kubelet_socket: Path,
         resource_name: str,
         *,
-        kubelet_allocatable: Callable[[], Awaitable[int]] | None = None,
+        kubelet_allocatable: AllocatableRead | None = None,
         advertised_healthy: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         """`kubelet_allocatable` reads how many of our devices the kubelet counts allocatable now
@@ -224,7 +239,8 @@ class RegistrationCheck:
         deadline = time.monotonic() + DROP_SETTLE_TIMEOUT
         try:
             # A poll, not an event: the kubelet announces nothing; PodResources is all there is.
-            while await self._kubelet_allocatable() > 0 and time.monotonic() < deadline:  # noqa: ASYNC110
+            read = self._kubelet_allocatable
+            while await read(rpc_timeout=DROP_SETTLE_READ_TIMEOUT) > 0 and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(DROP_SETTLE_EVERY)
         except (grpc.aio.AioRpcError, OSError) as e:
             log.debug("PodResources unreadable while waiting for the kubelet to let go: %s", e)
