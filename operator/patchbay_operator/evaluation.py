@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from patchbay_api.constants import AgentPodReason
 from patchbay_api.revisions import revision_name, spec_revision
 from patchbay_operator import capacity, render, rollouts
 from patchbay_operator.agentpods import AgentPod, Trouble, Warning, refusal
@@ -266,6 +267,8 @@ def evaluate(inputs: Inputs) -> Evaluation:
         troubles = [t for t in troubles if t.node in selected or not t.node]
         troubles += excluded_by_node_agent(matching, inputs.shared_node_selector)
         ds = shared_view(profile.name, ds, [p for p in inputs.shared_pods if p.node in selected])
+    else:
+        troubles = agreeing(troubles, ds)
     overlaps = nodegroups.overlap_problems(profile, matching)
     if profile.mode is Mode.DRA:
         # KEP-5004: the same resource name through node capacity on the same node is reported.
@@ -426,6 +429,34 @@ def _no_dra(new: dict[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
     if previous.get("dra") is not None:
         new["dra"] = None
     return new
+
+
+#: A pod's troubles that say only "not Ready yet", which the DaemonSet's own count also says.
+NOT_READY_YET = frozenset({AgentPodReason.AGENT_STARTING, AgentPodReason.AGENT_NOT_READY})
+
+
+def agreeing(troubles: list[Trouble], ds: AgentDaemonSet | None) -> list[Trouble]:
+    """A profile's own agent DaemonSet: its status counts the nodes (`nodesReady`), the pod
+    watch explains the pods, and the two arrive apart (a pod's Ready reaches the DaemonSet
+    controller, which writes its status, and the operator's pod watch, each in its own time).
+    Once the DaemonSet's status counts every pod of its generation available, a pod's trouble
+    that only says "not Ready yet" (and has not stalled) is a watch behind it: dropped, so that a
+    status never reads "3/3" and "AgentStarting" at once (seen by an integration test). The
+    reverse lag (a pod gone unready, the DaemonSet's status not written yet) shows the count and
+    the trouble a moment later, together. The shared agent's counts come from the pods
+    themselves (`shared_view`): nothing to agree there."""
+    if ds is None:
+        return troubles
+    st = ds.status
+    desired = int(st.get("desiredNumberScheduled") or 0)
+    settled = (
+        int(st.get("observedGeneration") or 0) >= ds.generation
+        and int(st.get("numberAvailable") or 0) >= desired
+        and int(st.get("updatedNumberScheduled") or 0) >= desired
+    )
+    if not settled:
+        return troubles
+    return [t for t in troubles if t.stalled or t.reason not in NOT_READY_YET]
 
 
 def shared_view(profile: str, ds: AgentDaemonSet | None, pods: Sequence[AgentPod]) -> AgentDaemonSet | None:

@@ -163,3 +163,35 @@ def test_a_report_no_longer_believed_is_still_pruned_when_its_node_left_the_prof
     assert result.keep_reports == {"a"}
     kept = evaluate(Inputs(profile, {}, "T1", [node("a", {"dev": "yes"})], report_nodes=frozenset({"a"})))
     assert kept.keep_reports is None
+
+
+def test_a_pod_not_ready_yet_is_no_problem_once_the_daemonsets_status_counts_it_available() -> None:
+    """The DaemonSet's status (nodesReady) and the pod watch (the problems) arrive apart: a
+    status must not read 3/3 and name a node AgentStarting at once. A stalled trouble stays,
+    and so does one while the DaemonSet's status still counts a pod unavailable."""
+    from patchbay_operator.status.daemonset import AgentDaemonSet
+
+    profile = prof("DevicePlugin")
+    nodes = [node("a", cap="2"), node("b", cap="2")]
+    starting = Trouble("a", "AgentStarting", "the agent pod is Running, not Ready yet", stalled=False)
+    pulling = Trouble("b", "ImagePullBackOff", "backing off", stalled=False)
+    OF_PODS = {"AgentStarting", "AgentNotReady", "ImagePullBackOff"}
+
+    def reasons(available: int, observed: int = 1, *troubles: Trouble) -> set[tuple[str, str]]:
+        status = {
+            "desiredNumberScheduled": 2,
+            "numberAvailable": available,
+            "updatedNumberScheduled": 2,
+            "observedGeneration": observed,
+        }
+        ds = AgentDaemonSet("p", 1, status, "p-agent", "uid")
+        result = evaluate(Inputs(profile, {}, "T1", nodes, daemonset=ds, troubles=list(troubles)))
+        assert result.status is not None
+        assert result.status["problemCount"] == len(result.problems)
+        return {(p.node, p.reason) for p in result.problems if p.reason in OF_PODS}
+
+    assert reasons(2, 1, starting, pulling) == {("b", "ImagePullBackOff")}
+    assert reasons(1, 1, starting) == {("a", "AgentStarting")}
+    assert reasons(2, 0, starting) == {("a", "AgentStarting")}  # the controller has not seen generation 1
+    stalled = Trouble("a", "AgentNotReady", "the agent runs but has not registered", stalled=True)
+    assert reasons(2, 1, stalled) == {("a", "AgentNotReady")}
