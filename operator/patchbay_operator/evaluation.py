@@ -445,16 +445,7 @@ def agreeing(troubles: list[Trouble], ds: AgentDaemonSet | None) -> list[Trouble
     reverse lag (a pod gone unready, the DaemonSet's status not written yet) shows the count and
     the trouble a moment later, together. The shared agent's counts come from the pods
     themselves (`shared_view`): nothing to agree there."""
-    if ds is None:
-        return troubles
-    st = ds.status
-    desired = int(st.get("desiredNumberScheduled") or 0)
-    settled = (
-        int(st.get("observedGeneration") or 0) >= ds.generation
-        and int(st.get("numberAvailable") or 0) >= desired
-        and int(st.get("updatedNumberScheduled") or 0) >= desired
-    )
-    if not settled:
+    if ds is None or not ds.rolled_out:
         return troubles
     return [t for t in troubles if t.stalled or t.reason not in NOT_READY_YET]
 

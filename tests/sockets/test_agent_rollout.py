@@ -72,6 +72,14 @@ def one_client_release() -> str:
     return ONE_CLIENT_RELEASE
 
 
+def one_client_agent(
+    plugin_dir: Path, hw: FakeHardware, release: str
+) -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
+    """A SERIAL agent that reads its Node's release as ``release`` (one keeping one client per
+    resource) and looks at the kubelet only when told (no backstop poll during the test)."""
+    return running_agent(SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=release)
+
+
 @contextlib.asynccontextmanager
 async def rollout(kubelet: PyKubelet, hw: FakeHardware, **agent: Any) -> AsyncIterator[Rollout]:
     """A rollout on ``kubelet`` (started here) of agents with the options ``agent`` on the host
@@ -346,9 +354,7 @@ async def test_two_rollouts_in_a_row_on_a_one_client_kubelet_never_drop_the_newe
     hw.add_serials(2)
 
     def start() -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
-        return running_agent(
-            SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=one_client_release
-        )
+        return one_client_agent(plugin_dir, hw, one_client_release)
 
     kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
     await kubelet.start()
@@ -390,9 +396,7 @@ async def test_an_older_agent_never_registers_again_when_a_middle_one_leaves_and
     hw.add_serials(2)
 
     def start() -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
-        return running_agent(
-            SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=one_client_release
-        )
+        return one_client_agent(plugin_dir, hw, one_client_release)
 
     kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
     await kubelet.start()
@@ -440,9 +444,7 @@ async def test_when_the_agent_that_registered_last_leaves_first_the_other_regist
     hw.add_serials(2)
 
     def start() -> contextlib.AbstractAsyncContextManager[ResourceAgent]:
-        return running_agent(
-            SERIAL, plugin_dir, hw.root, poll_interval=3600, kubelet_version=one_client_release
-        )
+        return one_client_agent(plugin_dir, hw, one_client_release)
 
     kubelet = PyKubelet(plugin_dir, one_client_per_resource=True)
     async with kubelet, contextlib.AsyncExitStack() as first, contextlib.AsyncExitStack() as second:

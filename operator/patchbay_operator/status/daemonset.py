@@ -61,6 +61,18 @@ class AgentDaemonSet:
     def owned(self) -> Owned:
         return Owned("DaemonSet", self.name, self.profile, self.fields, self.appliers)
 
+    @property
+    def rolled_out(self) -> bool:
+        """The DaemonSet controller has seen this generation and counts every pod it wants
+        updated and available (its own status; no pod is read)."""
+        st = self.status
+        desired = int(st.get("desiredNumberScheduled") or 0)
+        return (
+            int(st.get("observedGeneration") or 0) >= self.generation
+            and int(st.get("updatedNumberScheduled") or 0) >= desired
+            and int(st.get("numberAvailable") or 0) >= desired
+        )
+
 
 def _lost(problems: Sequence[Problem]) -> str:
     where = plural(len(problems), "node")
@@ -133,9 +145,7 @@ def agents_status(
     desired = int(st.get("desiredNumberScheduled") or 0)
     available = int(st.get("numberAvailable") or 0)
     updated = int(st.get("updatedNumberScheduled") or 0)
-    observed = int(st.get("observedGeneration") or 0)
-    generation = daemonset.generation if daemonset is not None else 0
-    rolling = daemonset is None or observed < generation or updated < desired or available < desired
+    rolling = daemonset is None or not daemonset.rolled_out
     stuck = [p for p in problems if p.stalled]
 
     ready_c: Verdict
