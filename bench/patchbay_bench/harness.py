@@ -7,7 +7,8 @@ Rules every scenario follows through this module:
 - a figure keeps every round's value of every side; it reports the median with min-max of each
   side and of the ratio of the first side to each other side, pair by pair (round i with round i);
 - a run writes one JSON record (``records.write``): the figures, the parameters, date, commit,
-  the machine's core count and load average at start and end, and whether the machine was quiet;
+  the machine's core count and load average at start and end, whether the machine was quiet, its
+  CPU model and its speed (``yardstick``: the same fixed work timed on every machine);
 - nothing here fails on a value: a figure is a figure.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import statistics
 import subprocess
@@ -294,6 +296,11 @@ class Machine:
     others: list[str] = field(default_factory=list)
     quiet: bool = False
     python: str = ""
+    #: the CPU's model name (``/proc/cpuinfo``); "" where it does not say
+    cpu: str = ""
+    #: milliseconds of ``yardstick()`` at the run's start (median of ``YARDSTICK_ROUNDS``); 0.0 in
+    #: records written before 2026-12-02
+    yardstick_ms: float = 0.0
 
     @classmethod
     def now(cls, settle: float = 0.0) -> Machine:
@@ -312,7 +319,44 @@ class Machine:
             others=others,
             quiet=load[0] < QUIET_LOAD and not others,
             python=sys.version.split()[0],
+            cpu=cpu_model(),
+            yardstick_ms=round(statistics.median(yardstick() for _ in range(YARDSTICK_ROUNDS)), 2),
         )
+
+
+YARDSTICK_ROUNDS = 5
+
+
+def yardstick(items: int = 2000) -> float:
+    """Milliseconds this process takes for a fixed piece of work that is mostly the interpreter's:
+    ``items`` small dicts built, written as JSON, read back and sorted. The same work on every
+    machine, so records from two machines can be compared: a run whose figures moved by as much as
+    its yardstick did measured the machine, not the code.
+
+    Why: the sessions run on machines that are not alike. On 2026-12-02 a new machine of the same
+    kind (2 cores, "AMD EPYC") took 4.4x as long for the same report decode as the machine of
+    2026-12-01, and every CPU-bound figure of that day's scale sitting moved with it;
+    only a figure inside that scenario showed it (docs/benchmarks.md, "Machines differ")."""
+    t0 = time.perf_counter()
+    rows = [{"name": f"node-{i:05d}", "devices": i % 9, "healthy": i % 7 != 0} for i in range(items)]
+    back = json.loads(json.dumps(rows))
+    back.sort(key=lambda r: (-r["devices"], r["name"]))
+    if sum(r["devices"] for r in back) != sum(i % 9 for i in range(items)):
+        raise AssertionError("yardstick: the work came back wrong")
+    return (time.perf_counter() - t0) * 1000
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first ``model name`` of ``cpuinfo`` ("" where there is none: another kernel, or an
+    architecture that names its CPU otherwise)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return ""
 
 
 # --- a run -----------------------------------------------------------------------------------

@@ -129,6 +129,8 @@ def rows(record: dict[str, Any], everything: bool = False, targets: Sequence[Tar
     m = record["machine"]
     quiet = "quiet" if m.get("quiet") else "NOT quiet"
     when = f"{record['date'][:10]}, {m['cores']} cores, load {fmt(m['load_start'][0])} ({quiet})"
+    if m.get("yardstick_ms"):  # the machine's speed (harness.yardstick); records before 2026-12-02 lack it
+        when += f", yardstick {fmt(m['yardstick_ms'])} ms"
     dirty = "+changes" if record.get("dirty") else ""
     nodes = nodes_of(record)
     out = []

@@ -123,6 +123,36 @@ def test_the_headline_rows_come_from_the_newest_full_record(tmp_path: Path) -> N
     assert len(saved["machine"]["load_start"]) == 3
 
 
+def test_a_record_says_how_fast_its_machine_was_and_the_row_shows_it(tmp_path: Path) -> None:
+    """Records from two machines compare only through the same work timed on both: the yardstick
+    (its milliseconds, and the CPU's model where the kernel names it) is in every record and row."""
+    sc = Scenario("lat", "x", lambda r: r.figure("latency", "ms", {"agent": [2.0]}, headline=True))
+    records.write(execute(sc, {}, quick=False), tmp_path)
+    machine = json.loads(next(tmp_path.glob("lat/*.json")).read_text())["machine"]
+    assert machine["yardstick_ms"] > 0
+    assert machine["cpu"] == harness.cpu_model()
+    row = records.table(tmp_path).splitlines()[2]
+    assert f"yardstick {records.fmt(machine['yardstick_ms'])} ms" in row
+    # A record written before the yardstick (no such field) still makes its row, without it.
+    old = json.loads(next(tmp_path.glob("lat/*.json")).read_text())
+    del old["machine"]["yardstick_ms"], old["machine"]["cpu"]
+    assert "yardstick" not in records.rows(old)[0]
+
+
+def test_the_yardstick_reads_the_cpu_model_and_times_work_that_scales_with_its_size(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n\n"
+        "processor\t: 1\nmodel name\t: x\n"
+    )
+    assert harness.cpu_model(cpuinfo) == "AMD EPYC"
+    assert harness.cpu_model(tmp_path / "absent") == ""
+    # Ten times the items is more work: the yardstick times work, not a constant.
+    small = min(harness.yardstick(200) for _ in range(3))
+    large = min(harness.yardstick(20000) for _ in range(3))
+    assert large > small
+
+
 def test_a_run_against_another_checkout_never_hides_the_scenarios_headline_rows(tmp_path: Path) -> None:
     def measures(r: Run) -> None:
         against = bool(r.text("baseline"))
