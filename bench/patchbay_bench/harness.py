@@ -336,13 +336,11 @@ def yardstick(items: int = 2000) -> float:
     Why: the sessions run on machines that are not alike. On 2026-12-02 a new machine of the same
     kind (2 cores, "AMD EPYC") took 4.4x as long for the same report decode as the machine of
     2026-12-01, and every CPU-bound figure of that day's scale sitting moved with it;
-    only a figure inside that scenario showed it (docs/benchmarks.md, "Machines differ")."""
+    only a figure inside that scenario showed it (docs/benchmarks.md, "The scale sitting of
+    2026-12-02, stopped: machines differ")."""
     t0 = time.perf_counter()
     rows = [{"name": f"node-{i:05d}", "devices": i % 9, "healthy": i % 7 != 0} for i in range(items)]
-    back = json.loads(json.dumps(rows))
-    back.sort(key=lambda r: (-r["devices"], r["name"]))
-    if sum(r["devices"] for r in back) != sum(i % 9 for i in range(items)):
-        raise AssertionError("yardstick: the work came back wrong")
+    sorted(json.loads(json.dumps(rows)), key=lambda r: (-r["devices"], r["name"]))
     return (time.perf_counter() - t0) * 1000
 
 
