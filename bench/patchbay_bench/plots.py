@@ -195,9 +195,10 @@ CURVE_VARIANTS: dict[str, dict[str, str]] = {
 def record_points(
     recs: Sequence[Mapping[str, Any]], figure: str
 ) -> tuple[list[int], dict[str, list[float]], list[str]]:
-    """The sizes, each side's median at each size and each point's provenance, from records of
-    one scenario at several sizes (``records.newest_full``'s choice per size), smallest first.
-    A side not measured at every size is left out (a line needs every point)."""
+    """The sizes, each side's median at each size and each point's provenance (date, commit and,
+    where the record has it, the machine's yardstick), from records of one scenario at several
+    sizes (``records.newest_full``'s choice per size), smallest first. A side not measured at
+    every size is left out (a line needs every point)."""
     by_size = sorted(
         ((n, r) for r in recs if (n := records.nodes_of(r)) is not None), key=lambda pair: pair[0]
     )
@@ -211,7 +212,11 @@ def record_points(
         sizes.append(n)
         for side in fig["sides"]:
             series.setdefault(side["name"], []).append(float(side["stats"]["median"]))
-        whence.append(f"{n:,} nodes: {rec['date'][:10]} at {rec['commit'][:7]}")
+        # The yardstick (records since 2026-12-02) tells the machines of the points apart: a curve
+        # whose points came from machines of different speed says so under the plot.
+        stick = (rec.get("machine") or {}).get("yardstick_ms")
+        machine = f", yardstick {stick:.3g} ms" if stick else ""
+        whence.append(f"{n:,} nodes: {rec['date'][:10]} at {rec['commit'][:7]}{machine}")
     return sizes, {k: v for k, v in series.items() if len(v) == len(sizes)}, whence
 
 

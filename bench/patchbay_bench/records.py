@@ -5,6 +5,8 @@ A record is ``<records>/<scenario>/<date>-<commit>.json`` (``harness.Record``). 
 tables of docs/benchmarks.md are this module's output for the newest full run of each scenario,
 one table per sitting (``harness.SITTINGS``), each under a line that says whether its rows came
 from one sitting at one commit: ``make bench-table`` prints them (``python -m patchbay_bench table``).
+A row its table's newest sitting did not measure (a curve's other cluster sizes, another variant,
+each run alone) is printed in a table beside it, so the sitting's own table stays one sitting.
 """
 
 from __future__ import annotations
@@ -61,27 +63,44 @@ def variant_of(record: Mapping[str, Any]) -> str:
     return ", ".join(f"{params[k]} {label}" for k, label in VARIANTS.items() if k in params)
 
 
+def key_of(rec: Mapping[str, Any]) -> str:
+    """What a row of the tables stands for: the scenario; of a scenario that measures a release,
+    of each release (``rollouts@v1.34.4``); of a scale scenario, of each cluster size
+    (``operator_memory at 20000 nodes``: the points of its curve); a run against another
+    checkout's program (``baseline=``) apart from the scenario's own runs; of a run with a
+    ``VARIANTS`` parameter, of each value (``takeover at 05000 nodes, bounds reports``)."""
+    name = str(rec["scenario"]) + (f"@{rec['release']}" if rec.get("release") else "")
+    if (nodes := nodes_of(rec)) is not None:
+        name += f" at {nodes:05d} nodes"  # zero-padded: the sizes sort as numbers
+    if variant := variant_of(rec):
+        name += f", {variant}"
+    if baseline := (rec.get("params") or {}).get("baseline"):
+        name += f" against {baseline}"
+    return name
+
+
 def newest_full(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The newest full (not quick) run of each scenario that recorded figures; of a scenario that
-    measures a release, of each release (``rollouts@v1.34.4``); of a scale scenario, of each
-    cluster size (``operator_memory at 20000 nodes``: the points of its curve, none hiding
-    another); a run against another checkout's program (``baseline=``) apart from the scenario's
-    own runs (it never hides their rows); of a run with a ``VARIANTS`` parameter, of each value
-    (``takeover at 05000 nodes, bounds reports``)."""
+    """The newest full (not quick) run that recorded figures of each row (``key_of``): none of
+    a curve's points, a release's or a variant's runs hides another's."""
     out: dict[str, dict[str, Any]] = {}
     for rec in records:
         if rec.get("quick") or not rec.get("figures"):
             continue
-        name = rec["scenario"] + (f"@{rec['release']}" if rec.get("release") else "")
-        if (nodes := nodes_of(rec)) is not None:
-            name += f" at {nodes:05d} nodes"  # zero-padded: the sizes sort as numbers
-        if variant := variant_of(rec):
-            name += f", {variant}"
-        if baseline := (rec.get("params") or {}).get("baseline"):
-            name += f" against {baseline}"
+        name = key_of(rec)
         if name not in out or rec["date"] > out[name]["date"]:
             out[name] = rec
     return out
+
+
+def newest_sittings(records: Iterable[dict[str, Any]]) -> dict[str, tuple[str, set[str]]]:
+    """Of each table (``SITTINGS``): its newest sitting run (the records' ``sitting``, "scale
+    2026-12-03T08:03:41Z") and the rows (``key_of``) that sitting measured."""
+    newest: dict[str, str] = {}
+    full = [r for r in records if not r.get("quick") and r.get("figures") and r.get("sitting")]
+    for rec in full:
+        table_name = rec["sitting"].partition(" ")[0]
+        newest[table_name] = max(newest.get(table_name, ""), rec["sitting"])
+    return {name: (run, {key_of(r) for r in full if r["sitting"] == run}) for name, run in newest.items()}
 
 
 def _stats(raw: dict[str, Any] | None) -> Stats | None:
@@ -167,6 +186,10 @@ def rows(record: dict[str, Any], everything: bool = False, targets: Sequence[Tar
 RELEASES = "per-release"
 """The table of a per-release scenario's runs made alone, one per release of the matrix."""
 
+BESIDE = " (beside)"
+"""The suffix of a sitting's second table: the rows of its scenarios that its newest sitting did
+not measure (a curve's other sizes, another variant), each from its own run."""
+
 
 def provenance(recs: list[dict[str, Any]]) -> str:
     """Where a table's rows come from: one sitting at one commit, or say which runs."""
@@ -198,26 +221,37 @@ def table(
     one table per sitting, each under its heading and provenance line; ``targets_of`` (scenario
     -> its targets) judges the figures that have one."""
     targets_of = targets_of or {}
-    newest = sorted(newest_full(load(results)).items())
+    everything_loaded = load(results)
+    newest = sorted(newest_full(everything_loaded).items())
     if sitting_of is None:
         lines = [HEADER]
         for _, rec in newest:
             lines += rows(rec, everything, targets_of.get(rec["scenario"], ()))
         return "\n".join(lines)
+    sittings = newest_sittings(everything_loaded)
     groups: dict[str, list[dict[str, Any]]] = {}
-    for _, rec in newest:
+    for key, rec in newest:
         # A release's run made alone (``make bench SCENARIO=rollouts K8S_VERSION=...``) is not part
         # of its table's sitting, which runs one release: such rows stand in a table of their own.
         alone_on_a_release = rec.get("release") and not rec.get("sitting")
         group = RELEASES if alone_on_a_release else sitting_of.get(rec["scenario"], "other")
+        # A row the table's newest sitting never measured (another cluster size, another variant)
+        # stands beside the table, not in it: the table stays one sitting. A row the sitting did
+        # measure, rerun since, stays in it and makes it say NOT one sitting.
+        run, measured = sittings.get(group, ("", set()))
+        if run and rec.get("sitting") != run and key not in measured:
+            group += BESIDE
         groups.setdefault(group, []).append(rec)
     out: list[str] = []
-    for name in [*SITTINGS, RELEASES, *sorted(set(groups) - {*SITTINGS, RELEASES})]:
+    order = [name for sitting in SITTINGS for name in (sitting, sitting + BESIDE)]
+    for name in [*order, RELEASES, *sorted(set(groups) - {*order, RELEASES})]:
         recs = groups.get(name)
         if not recs:
             continue
         lines = [line for rec in recs for line in rows(rec, everything, targets_of.get(rec["scenario"], ()))]
         if not lines:
             continue
-        out += [f"### The {name} table", "", provenance(recs), "", HEADER, *lines, ""]
+        base = name.removesuffix(BESIDE)
+        heading = f"### Beside the {base} table" if name != base else f"### The {name} table"
+        out += [heading, "", provenance(recs), "", HEADER, *lines, ""]
     return "\n".join(out).rstrip()

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -399,6 +400,42 @@ def test_a_sitting_runs_one_tables_scenarios_and_each_record_names_it(
     assert "NOT one sitting" in text and "none (run alone)" in text
 
 
+def test_a_sitting_table_holds_only_its_sitting_and_other_sizes_stand_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scale sitting measures 5,000 nodes; the curve's other points (1,000 and 20,000 nodes)
+    are runs made alone. They stand in a table beside the sitting's, which stays "One sitting";
+    a row the sitting measured, rerun alone since, stays in it and makes it say NOT one sitting."""
+
+    def measures(r: Run) -> None:
+        r.figure("start", "s", {"operator": [r.integer("nodes") / 200]}, headline=True)
+
+    om = Scenario("om", "x", measures, params={"nodes": Param(5000, 10)}, sitting="scale")
+
+    def counts(r: Run) -> None:
+        r.figure("writes", "writes", {"operator": [1.0]}, headline=True)
+
+    other = Scenario("other", "x", counts, sitting="scale")  # a sitting is several scenarios
+    monkeypatch.setattr(bench_main, "SETTLE_S", 0.0)
+    monkeypatch.setattr(bench_main, "QUIET_WAIT_S", 0.0)
+    monkeypatch.setattr(bench_main, "SCENARIOS", {"om": om, "other": other})
+    monkeypatch.setattr(bench_main, "RECORDS", tmp_path)
+    for nodes in (1000, 20000):  # alone, before the sitting
+        assert bench_main.run("om", [f"nodes={nodes}"]) == 0
+    assert bench_main.run("scale", []) == 0
+    groups = {"om": "scale", "other": "scale"}
+    text = records.table(tmp_path, sitting_of=groups)
+    sitting_table, beside = text.split("### Beside the scale table")
+    assert "One sitting: `make bench SCENARIO=scale` started" in sitting_table
+    assert "start, 5,000 nodes" in sitting_table and "20,000" not in sitting_table
+    assert "Each run alone (no sitting): 2 runs" in beside
+    assert "start, 1,000 nodes" in beside and "start, 20,000 nodes" in beside
+    time.sleep(1.0)  # the records' dates are to the second: the rerun must be the newer
+    assert bench_main.run("om", []) == 0  # 5,000 nodes alone, after the sitting
+    text = records.table(tmp_path, sitting_of=groups)
+    assert "NOT one sitting" in text.split("### Beside the scale table")[0]
+
+
 def test_a_sitting_waits_for_the_load_to_fall_and_gives_up_at_its_limit(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -444,6 +481,7 @@ def test_a_scale_curve_is_drawn_from_the_newest_record_at_each_size(
     assert sizes == [1000, 20000]
     assert series == {"bounds": [15.0, 300.0], "small": [1.0, 20.0]}
     assert [w.split(":")[0] for w in whence] == ["1,000 nodes", "20,000 nodes"]
+    assert all(" ms" in w.split("yardstick ")[1] for w in whence)  # each point names its machine's speed
     assert [p.name for p in plots.curves(results)] == ["operator-scale.png"]
     assert (tmp_path / "img" / "operator-scale.png").stat().st_size > 1000
 
