@@ -79,12 +79,17 @@ def key_of(rec: Mapping[str, Any]) -> str:
     return name
 
 
+def is_full(rec: Mapping[str, Any]) -> bool:
+    """A full (not quick) run that recorded figures: the only runs the tables are drawn from."""
+    return not rec.get("quick") and bool(rec.get("figures"))
+
+
 def newest_full(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The newest full (not quick) run that recorded figures of each row (``key_of``): none of
     a curve's points, a release's or a variant's runs hides another's."""
     out: dict[str, dict[str, Any]] = {}
     for rec in records:
-        if rec.get("quick") or not rec.get("figures"):
+        if not is_full(rec):
             continue
         name = key_of(rec)
         if name not in out or rec["date"] > out[name]["date"]:
@@ -96,7 +101,7 @@ def newest_sittings(records: Iterable[dict[str, Any]]) -> dict[str, tuple[str, s
     """Of each table (``SITTINGS``): its newest sitting run (the records' ``sitting``, "scale
     2026-12-03T08:03:41Z") and the rows (``key_of``) that sitting measured."""
     newest: dict[str, str] = {}
-    full = [r for r in records if not r.get("quick") and r.get("figures") and r.get("sitting")]
+    full = [r for r in records if is_full(r) and r.get("sitting")]
     for rec in full:
         table_name = rec["sitting"].partition(" ")[0]
         newest[table_name] = max(newest.get(table_name, ""), rec["sitting"])
@@ -221,14 +226,14 @@ def table(
     one table per sitting, each under its heading and provenance line; ``targets_of`` (scenario
     -> its targets) judges the figures that have one."""
     targets_of = targets_of or {}
-    everything_loaded = load(results)
-    newest = sorted(newest_full(everything_loaded).items())
+    loaded = load(results)
+    newest = sorted(newest_full(loaded).items())
     if sitting_of is None:
         lines = [HEADER]
         for _, rec in newest:
             lines += rows(rec, everything, targets_of.get(rec["scenario"], ()))
         return "\n".join(lines)
-    sittings = newest_sittings(everything_loaded)
+    sittings = newest_sittings(loaded)
     groups: dict[str, list[dict[str, Any]]] = {}
     for key, rec in newest:
         # A release's run made alone (``make bench SCENARIO=rollouts K8S_VERSION=...``) is not part
