@@ -112,11 +112,17 @@ class Gate:
         #: set while this replica works: `active`, and what a kopf handler waits on (`until_working`)
         self._working = asyncio.Event()
         self._decided = False
+        #: one decision at a time: two at once (the loop's and a caller's) could both take over
+        self._deciding = asyncio.Lock()
         #: seconds until the next look: ``every``, or sooner when a peer's record expires sooner
         self.pause = every
 
     async def step(self) -> None:
-        """One decision."""
+        """One decision; a second caller waits for the first's to end, then makes its own."""
+        async with self._deciding:
+            await self._step()
+
+    async def _step(self) -> None:
         self.pause = self.every
         try:
             obj = await self._read()

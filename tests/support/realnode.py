@@ -260,6 +260,19 @@ def staged_serial(
         cluster.set_labels(node, {label: None})
 
 
+def ended(pid: int | str) -> bool:
+    """Whether process ``pid`` has ended or is ending: gone from /proc, or a zombie (state Z, or X
+    while it is reaped). A zombie's /proc/<pid>/status still reads, but its mountinfo and root do not
+    (EINVAL, ENOENT): a process of a pod that ends while a test reads it (an exec probe's, a child
+    the agent waited for) is skipped, not taken for an agent that lacks something."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    # "pid (comm) S ...": the comm may hold spaces and parentheses, the state follows the last ')'
+    return stat.rpartition(")")[2].split()[:1] in (["Z"], ["X"], [])
+
+
 def pod_processes(e2e_cluster: DevCluster, pod: client.V1Pod) -> dict[int, dict[str, str]]:
     """PID -> the fields of /proc/<pid>/status of every process of ``pod`` but its pause; from the
     pod's cgroup (``pod<uid>`` under the node's cgroup root: in the memory hierarchy on cgroup v1,

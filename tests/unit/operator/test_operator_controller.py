@@ -159,11 +159,20 @@ async def test_a_410_watch_relists_and_learns_what_was_deleted(kube: FakeKube) -
 @contextlib.asynccontextmanager
 async def standby(kube: FakeKube, body: dict[str, Any], concurrency: int = 2) -> AsyncIterator[Controller]:
     """A started replica standing by (a live peer of higher priority) with ``body`` listed as the
-    profile; a status debounce longer than any test: a status written is the take-over's own."""
+    profile; a status debounce longer than any test: a status written is the take-over's own.
+    Its gate's loop is left out: every look is the test's own ``gate.step()``, so a take-over
+    the test sets up (a failed LIST) is not taken by a look of the loop instead (the loop looks
+    every 2 s, and a slow machine's test can be slower than that)."""
     kube.peering = {"status": {"other": {"priority": 5, "lifetime": 60}}}
     kube.profiles[body["metadata"]["name"]] = body
     me = Peering("patchbay", "me", priority=1)
     ctl = Controller(Settings(concurrency=concurrency, status_debounce=30.0), kube, me)  # type: ignore[arg-type]
+    assert ctl.gate is not None
+
+    async def no_look() -> None:
+        await asyncio.Event().wait()
+
+    ctl.gate.run = no_look  # type: ignore[method-assign]
     await ctl.start()
     try:
         assert ctl.gate is not None

@@ -145,3 +145,30 @@ async def test_a_take_over_that_fails_stands_by_and_is_tried_again() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await runs
     assert (gate.active, attempts, seen) == (True, ["work", "work"], ["wait", "work"])
+
+
+async def test_two_looks_at_once_take_over_once() -> None:
+    """The gate's loop and another caller look at the same moment, with the leader gone: the
+    second waits for the first's decision, so the take-over (a LIST of the profiles, the agents'
+    config written) runs once, not twice side by side."""
+    started = asyncio.Event()
+    release = asyncio.Event()
+    attempts: list[str] = []
+
+    async def read() -> dict[str, Any]:
+        return {"status": {}}
+
+    async def work() -> None:
+        attempts.append("work")
+        started.set()
+        await release.wait()
+
+    gate = Gate(Peering("p", "me", 5), read, lambda: None, work)
+    first = asyncio.create_task(gate.step())
+    await started.wait()
+    second = asyncio.create_task(gate.step())
+    await asyncio.sleep(0.05)
+    assert attempts == ["work"] and not gate.active  # the second waits on the first
+    release.set()
+    await asyncio.gather(first, second)
+    assert gate.active and attempts == ["work"]
