@@ -1,8 +1,8 @@
 """SIMULATED node agents for N kwok nodes, from one asyncio process (kwok runs no process).
 
 ``Followers``: per node, the exact requests the node agent's follower makes (a GET, then a WATCH
-from its resourceVersion, of the node agent's ConfigMap and of its Node, each by
-``metadata.name``), held open; each ConfigMap watch's MODIFIED events are timed, and where a
+from its resourceVersion, of the node agent's ConfigMap, or of a profile's own agent's, and of
+its Node, each by ``metadata.name``), held open; each ConfigMap watch's MODIFIED events are timed, and where a
 handler is given, every object a node's follower gets (the GET's and each event's) is handed to
 it with the node's name.
 
@@ -84,11 +84,14 @@ class Followers:
         namespace: str,
         on_config: Handler | None = None,
         on_node: Handler | None = None,
+        config_map: str = SHARED,
     ) -> None:
         m = re.match(r"https://([^:/]+):(\d+)", server)
         assert m, server
         self.host, self.port = m.group(1), int(m.group(2))
         self.namespace, self.on_config, self.on_node = namespace, on_config, on_node
+        #: the ConfigMap each node's agent follows: the shared node agent's, or a profile's own agent's
+        self.config_map = config_map
         ca, crt, key = client_files(kubeconfig, tmp)
         self.ctx = ssl.create_default_context(cafile=ca)
         self.ctx.load_cert_chain(crt, key)
@@ -187,7 +190,11 @@ class Followers:
             self._tasks.append(
                 asyncio.create_task(
                     self._follow(
-                        n, f"{cm}/{SHARED}", f"{cm}?fieldSelector=metadata.name%3D{SHARED}", True, gate
+                        n,
+                        f"{cm}/{self.config_map}",
+                        f"{cm}?fieldSelector=metadata.name%3D{self.config_map}",
+                        True,
+                        gate,
                     )
                 )
             )
