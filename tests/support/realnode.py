@@ -274,9 +274,9 @@ def ended(pid: int | str) -> bool:
 
 
 def pod_processes(e2e_cluster: DevCluster, pod: client.V1Pod) -> dict[int, dict[str, str]]:
-    """PID -> the fields of /proc/<pid>/status of every process of ``pod`` but its pause; from the
-    pod's cgroup (``pod<uid>`` under the node's cgroup root: in the memory hierarchy on cgroup v1,
-    in the unified one on v2)."""
+    """PID -> the fields of /proc/<pid>/status of every live process of ``pod`` but its pause (a
+    zombie left out); from the pod's cgroup (``pod<uid>`` under the node's cgroup root: in the
+    memory hierarchy on cgroup v1, in the unified one on v2)."""
     root = e2e_cluster.real_node().cgroup_dir()
     dirs = [d for d in root.rglob(f"pod{pod.metadata.uid}") if d.is_dir()]
     assert len(dirs) == 1, f"the cgroup of pod {pod.metadata.name}: {dirs}"
@@ -288,6 +288,8 @@ def pod_processes(e2e_cluster: DevCluster, pod: client.V1Pod) -> dict[int, dict[
             except FileNotFoundError:
                 continue  # ended meanwhile
             fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+            if fields.get("State", "").startswith(("Z", "X")):
+                continue  # ending: a zombie has no memory, mounts or root left to read (`ended`)
             if fields.get("Name", "").strip() != "pause":
                 out[pid] = {k: v.strip() for k, v in fields.items()}
     return out

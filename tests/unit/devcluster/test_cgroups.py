@@ -13,15 +13,17 @@ import errno
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from kubernetes import client
-from support.realnode import pod_processes
+from support.realnode import ended, pod_processes
 
-from patchbay_devcluster import cgroups
+from patchbay_devcluster import DevCluster, cgroups
 from patchbay_devcluster import node as node_module
 from patchbay_devcluster.cgroups import (
     CgroupError,
@@ -342,19 +344,50 @@ def test_down_removes_the_nodes_cgroups_in_either_layout(
     assert all(h.is_dir() for h in host.hierarchies)
 
 
+def pod_in_cgroup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, pids: list[int]
+) -> tuple[DevCluster, client.V1Pod]:
+    """A cluster whose real node's cgroup tree (a fake one, in ``layout``) holds a pod whose one
+    container's ``cgroup.procs`` lists ``pids``; and that pod."""
+    host, _ = layouts(tmp_path)[layout]
+    pod_dir = host.memory_dir(ROOT) / "kubepods" / "besteffort" / "poduid-1"
+    (pod_dir / "c1").mkdir(parents=True)
+    (pod_dir / "c1" / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in pids))
+    monkeypatch.setattr(node_module, "host_cgroups", lambda: host)
+    node = RealNode(tmp_path / "state", tmp_path / "pki", None)
+    node.cgroup_root = ROOT
+    cluster = cast(DevCluster, SimpleNamespace(real_node=lambda: node))
+    return cluster, client.V1Pod(metadata=client.V1ObjectMeta(name="p", uid="uid-1"))
+
+
 @pytest.mark.parametrize("layout", ["v1", "v2"])
 def test_a_pods_processes_are_read_from_its_cgroup_in_either_layout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cat_process: subprocess.Popen[bytes], layout: str
 ) -> None:
-    host, _ = layouts(tmp_path)[layout]
-    pod_dir = host.memory_dir(ROOT) / "kubepods" / "besteffort" / "poduid-1"
-    (pod_dir / "c1").mkdir(parents=True)
-    (pod_dir / "c1" / "cgroup.procs").write_text(f"{cat_process.pid}\n")
-    monkeypatch.setattr(node_module, "host_cgroups", lambda: host)
-    node = RealNode(tmp_path / "state", tmp_path / "pki", None)
-    node.cgroup_root = ROOT
-    cluster = SimpleNamespace(real_node=lambda: node)
-    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="p", uid="uid-1"))
-    procs = pod_processes(cluster, pod)  # type: ignore[arg-type]
+    procs = pod_processes(*pod_in_cgroup(tmp_path, monkeypatch, layout, [cat_process.pid]))
     assert list(procs) == [cat_process.pid]
     assert procs[cat_process.pid]["Name"] == "cat"
+
+
+def test_a_zombie_of_the_pod_is_left_out_and_reads_as_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cat_process: subprocess.Popen[bytes]
+) -> None:
+    """A process of the pod that has exited but is not yet reaped (an exec probe's child, say):
+    its mountinfo reads EINVAL and its status has no memory, so the tests reading a pod's
+    processes skip it (`pod_processes`) or take a failed read of it for its end (`ended`), as
+    for one already gone."""
+    zombie = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 30
+        while not ended(zombie.pid) and time.monotonic() < deadline:  # exited, not reaped: no wait()
+            time.sleep(0.01)
+        assert ended(zombie.pid)
+        with pytest.raises(OSError, match=r"Invalid argument|No such file") as e:
+            Path(f"/proc/{zombie.pid}/mountinfo").read_text()
+        assert e.value.errno in (errno.EINVAL, errno.ENOENT)
+        assert not ended(cat_process.pid) and not ended("self")
+        pod = pod_in_cgroup(tmp_path, monkeypatch, "v2", [cat_process.pid, zombie.pid])
+        assert list(pod_processes(*pod)) == [cat_process.pid]
+    finally:
+        zombie.wait()
+    assert ended(zombie.pid)  # reaped: gone from /proc
