@@ -112,10 +112,13 @@ def up(cluster: DevCluster) -> None:
         f"Local cluster (Kubernetes {release}; K8S_VERSION picks another release of the matrix): "
         f"control plane, the real node 'localhost' with a pod network, {KWOK_NODES} kwok nodes"
     )
+    node_was_up = cluster.state_file.exists() and "kubelet" in {p.name for p in cluster.running()}
     cluster.up(nodes=KWOK_NODES, real_node=True, timeout=180)
     tools = Tools(cluster)
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    if not node_was_up:
+        forget_demo_pods(core)
 
     step("helm install: the chart's defaults; the operator is its Deployment pod on the real node")
     registry: oci.Registry | None = None
@@ -259,6 +262,7 @@ def up(cluster: DevCluster) -> None:
         # A claim for sensor1 by attribute (the template above).
         "uses-sensor-claim": (None, 0, "echo SENSORS=$SENSORS; ls /dev/patchbay-demo; sleep 3600"),
     }
+    assert set(pods) <= set(DEMO_PODS), "DEMO_PODS names every pod the demo makes"
     if not unchanged_served:
         del pods["uses-sensor"]
     for pod, (resource, count, script) in pods.items():
@@ -301,6 +305,36 @@ def up(cluster: DevCluster) -> None:
     )
     summary(tools, core, pod_names)
     print(f"\nmake demo took {time.monotonic() - t0:.0f}s")
+
+
+#: the pods the demo runs on the real node, in ``default`` (its last step)
+DEMO_PODS = ("uses-dongle", "uses-serial", "uses-sensor", "uses-sensor-claim")
+
+
+def forget_demo_pods(core: client.CoreV1Api) -> None:
+    """The real node was just started under a cluster that already holds the demo's pods (the
+    demo's processes ended without `make demo-down`: a reboot, a killed session). The kubelet's
+    state those pods were admitted with may be gone: the machine's kubelet directory is shared with
+    the tests' real node, which `make test` may have run since. A pod whose devices the kubelet no
+    longer knows at admission runs WITHOUT them (the device manager skips a resource no plugin has
+    registered yet), so the demo deletes its pods now, before the agents start, and its last step
+    creates them again."""
+    gone = []
+    for name in DEMO_PODS:
+        try:
+            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+            gone.append(name)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+    if gone:
+        print(f"    the real node started again: the demo's pods from before go, made afresh last: {gone}")
+
+        def absent() -> bool:
+            names = {p.metadata.name for p in core.list_namespaced_pod("default").items}
+            return not names & set(gone)
+
+        wait_for("the demo's old pods gone", absent, 120)
 
 
 NODE_AGENT = "patchbay-node-agent"
