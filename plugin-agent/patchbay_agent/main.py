@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from patchbay_agent.config import ConfigError, load
 from patchbay_agent.options import (
@@ -28,7 +28,7 @@ from patchbay_agent.options import (
     Values,
     build_parser,
 )
-from patchbay_agent.successor import LIST_TIMEOUT, Identity, wait_for_successor
+from patchbay_agent.successor import LIST_TIMEOUT, Identity, deleted_already, wait_for_successor
 
 log = logging.getLogger("patchbay_agent")
 
@@ -64,22 +64,61 @@ def _setup_logging(fmt: str, level: str) -> None:
 #: a coroutine that says, for the log, how it ended.
 BeforeStop = Callable[[], Awaitable[str]]
 
+#: Signals that came before the event loop took them over (`_remember_signals`).
+_early_signals: list[int] = []
 
-def _stop_on_signals(
-    stop: asyncio.Event, grace: float, before_stop: BeforeStop | None = None, wait: float = 0.0
-) -> None:
+
+class Leaving(NamedTuple):
+    """How the agent leaves on its first SIGTERM/SIGINT; the default: at once (`successor.py`)."""
+
+    #: run first, while everything keeps serving (the successor hand-off)
+    before_stop: BeforeStop | None = None
+    #: how long `before_stop` may take
+    wait: float = 0.0
+    #: asked once when the loop has taken the signals: whether the agent's own pod is being
+    #: deleted already, so that its SIGTERM may have come before the agent could take it
+    #: (`successor.deleted_already`; `_remember_signals` says why one can be lost)
+    deleted: Callable[[], Awaitable[bool]] | None = None
+
+
+def _remember_signals() -> None:
+    """Remember SIGTERM/SIGINT from the first line of `main` until the event loop takes them.
+
+    The agent is PID 1 of its container, and the kernel delivers to the init of a PID namespace
+    no signal it has no handler for, not even the kubelet's SIGTERM: it is dropped. A pod deleted
+    while its agent started (its DaemonSet deleted, a rollout) used to keep an agent that served on
+    until the kubelet killed it at the end of the pod's 30 s grace, leaving its sockets behind and
+    the kubelet dialing a socket nobody served (docs/facts.md#signals-at-start). Python starts
+    before any handler of ours can be set; `Leaving.deleted` covers that moment too."""
+
+    def remember(signum: int, _frame: object) -> None:
+        _early_signals.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, remember)
+
+
+#: Leave at once on the first signal: no successor check, nothing asked at start.
+AT_ONCE = Leaving()
+
+
+def _stop_on_signals(stop: asyncio.Event, grace: float, leaving: Leaving = AT_ONCE) -> None:
     """SIGTERM/SIGINT set `stop`, and arm a last-resort exit `grace` + HARD_EXIT_MARGIN later.
 
-    With `before_stop` (at most `wait` seconds), the first signal runs it first while everything
-    keeps serving (the successor hand-off, `successor.py`), and the last-resort exit comes that
-    much later; a second signal sets `stop` at once."""
+    With `leaving.before_stop` (at most `leaving.wait` seconds), the first signal runs it first
+    while everything keeps serving (the successor hand-off, `successor.py`), and the last-resort
+    exit comes that much later; a second signal sets `stop` at once. A signal remembered before
+    the loop took them (`_remember_signals`), or the agent's pod found being deleted
+    (`leaving.deleted`), counts as the first signal."""
     loop = asyncio.get_running_loop()
-    leaving: set[asyncio.Task[None]] = set()
+    before_stop, wait = leaving.before_stop, leaving.wait
+    tasks: set[asyncio.Task[None]] = set()
+    leaving_task: list[asyncio.Task[None]] = []
 
     def on_signal() -> None:
         if stop.is_set():
             return
-        if leaving:
+        if leaving_task:
             log.info("Signalled again: stopping now")
             stop.set()
             return
@@ -91,10 +130,33 @@ def _stop_on_signals(
             stop.set()
             return
         task = loop.create_task(_then_stop(before_stop, stop, wait + LIST_TIMEOUT))
-        leaving.add(task)
+        leaving_task.append(task)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    if _early_signals:
+        log.info("Signalled while starting (%s): leaving", signal.Signals(_early_signals[0]).name)
+        _early_signals.clear()
+        on_signal()
+    elif leaving.deleted is not None:
+        task = loop.create_task(_leave_if_deleted(leaving.deleted, on_signal))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+
+async def _leave_if_deleted(deleted: Callable[[], Awaitable[bool]], on_signal: Callable[[], None]) -> None:
+    """Leave as on SIGTERM when the agent's pod is being deleted already (`Leaving.deleted`)."""
+    try:
+        if not await deleted():
+            return
+    except Exception as e:  # not known: the signal, if one comes, still works
+        log.info("Could not read whether this agent's pod is being deleted: %s", e)
+        return
+    log.warning(
+        "This agent's pod is being deleted, and no signal came: one sent while the agent started "
+        "was lost (PID 1 of its container takes only signals it has a handler for): leaving as on SIGTERM"
+    )
+    on_signal()
 
 
 async def _then_stop(before_stop: BeforeStop, stop: asyncio.Event, bound: float) -> None:
@@ -116,12 +178,12 @@ def _hard_exit(after: float) -> None:
     os._exit(0)
 
 
-def _successor_check(values: Values, client: Any) -> tuple[BeforeStop | None, float]:
-    """`--daemonset-selector`: the successor hand-off to run before stopping (`successor.py`), and
-    how long it may take; (None, 0) without the selector, or where it cannot work (said once)."""
+def _successor_check(values: Values, client: Any) -> Leaving:
+    """`--daemonset-selector`: the successor hand-off to run before stopping (`successor.py`), how
+    long it may take, and the check at start for a signal lost while starting; `AT_ONCE` without the selector, or where it cannot work (said once)."""
     selector, wait = values["daemonset_selector"], values["successor_wait"]
     if selector is None or wait == 0:
-        return None, 0.0
+        return AT_ONCE
     namespace, pod_name = values["report_namespace"], values["pod_name"]
     missing = [
         what
@@ -136,18 +198,21 @@ def _successor_check(values: Values, client: Any) -> tuple[BeforeStop | None, fl
         log.warning(
             "--daemonset-selector needs %s: on SIGTERM the agent stops at once", " and ".join(missing)
         )
-        return None, 0.0
+        return AT_ONCE
     me = Identity(namespace=namespace, pod_name=pod_name, node_name=values["node_name"], selector=selector)
 
     def before_stop() -> Awaitable[str]:
         return wait_for_successor(client, me, wait)
 
-    return before_stop, wait
+    def deleted() -> Awaitable[bool]:
+        return deleted_already(client, me)
+
+    return Leaving(before_stop, wait, deleted)
 
 
-async def _run(agent: Any, before_stop: BeforeStop | None, wait: float) -> None:
+async def _run(agent: Any, leaving: Leaving) -> None:
     stop = asyncio.Event()
-    _stop_on_signals(stop, agent.options.shutdown_grace, before_stop, wait)
+    _stop_on_signals(stop, agent.options.shutdown_grace, leaving)
     await agent.run(stop)
 
 
@@ -217,11 +282,11 @@ def _node_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         args.node_config,
     )
 
-    before_stop, wait = _successor_check(values, client)
+    leaving = _successor_check(values, client)
 
     async def run() -> None:
         stop = asyncio.Event()
-        _stop_on_signals(stop, args.shutdown_grace, before_stop, wait)
+        _stop_on_signals(stop, args.shutdown_grace, leaving)
         await NodeAgent(entries, options, client, follow=args.watch_config).run(stop)
 
     asyncio.run(run())
@@ -230,6 +295,7 @@ def _node_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
+    _remember_signals()
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.log_format, args.log_level)
@@ -271,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     from patchbay_agent.resourceagent import ResourceAgent
 
     try:
-        asyncio.run(_run(ResourceAgent(config, options, client), *_successor_check(values, client)))
+        asyncio.run(_run(ResourceAgent(config, options, client), _successor_check(values, client)))
     except (DiscoveryError, SnapshotRefusedError, ValueError) as e:
         print(f"patchbay-agent: {e}", file=sys.stderr)
         return EXIT_NODE

@@ -18,6 +18,12 @@ nothing will serve does not stay.
 
 One LIST per exit, field-selected to one node (the API server's watch cache indexes pods by
 node); then, only while a successor starts, one every POLL_INTERVAL.
+
+And one LIST at start (`deleted_already`): the agent is PID 1 of its container, where a SIGTERM
+that comes before the agent has a handler for it is dropped, not delivered later; so once its
+handlers are set, the agent asks whether its own pod is being deleted already, and if so leaves
+as on SIGTERM (docs/facts.md#signals-at-start). A deletion after that LIST reaches the handler:
+the kubelet signals only after the API server has the deletion.
 """
 
 from __future__ import annotations
@@ -103,3 +109,17 @@ async def wait_for_successor(client: PodLister, me: Identity, bound: float) -> s
             log.info("Serving on until successor %s is Ready (at most %.1fs)", ", ".join(names), bound)
         waited_for.update(names)
         await asyncio.sleep(min(POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+
+
+async def deleted_already(client: PodLister, me: Identity) -> bool:
+    """Whether our own pod is being deleted (its deletionTimestamp set) now: asked once at start,
+    after the signal handlers are set (see the module doc). False when our pod is not among the
+    DaemonSet's pods on this node; ApiError (or OSError) when the LIST fails."""
+    pods = await asyncio.to_thread(
+        client.daemon_pods, me.namespace, me.selector, me.node_name, timeout=LIST_TIMEOUT
+    )
+    return any(
+        (p.get("metadata") or {}).get("name") == me.pod_name
+        and bool((p.get("metadata") or {}).get("deletionTimestamp"))
+        for p in pods
+    )

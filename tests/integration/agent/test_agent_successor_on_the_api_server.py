@@ -8,7 +8,9 @@ agent's own client): no successor -> at once; a successor that turns Ready -> ri
 one that never does -> at the bound; a pod being deleted, a pod of another DaemonSet and a pod of
 this one on another node are no successors; a successor deleted during the wait ends it. And on
 the real `patchbay-agent` process, served by the Python kubelet peer: after SIGTERM it still
-serves (its socket answers) while the successor is not Ready, and exits right after it is.
+serves (its socket answers) while the successor is not Ready, and exits right after it is; and
+one whose pod is being deleted when it starts (the SIGTERM a container's PID 1 drops before it has
+a handler) leaves by itself, no signal sent (`deleted_already`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from kubernetes import client
@@ -33,7 +36,7 @@ from support.pykubelet import PyKubelet
 
 from patchbay_agent.kubeclient import KubeClient
 from patchbay_agent.kubelet.sockets import probe
-from patchbay_agent.successor import Identity, wait_for_successor
+from patchbay_agent.successor import Identity, deleted_already, wait_for_successor
 from patchbay_devcluster import DevCluster
 
 SELECTOR = {"app.kubernetes.io/name": "patchbay-agent", "patchbay.dev/profile": "serial"}
@@ -153,20 +156,24 @@ def test_a_successor_never_ready_is_waited_for_until_the_bound(devcluster: DevCl
     assert took >= 1.5
 
 
-def test_the_agent_process_serves_on_after_sigterm_until_its_successor_is_ready(
-    devcluster: DevCluster, pods: Pods, workdir: Path
-) -> None:
-    """The real process: SIGTERM with a successor not Ready -> still serving 2 s later (its socket
-    answers, its log says whom it waits for); the successor Ready -> it exits, its socket
-    removed, and its log says it left because the successor turned Ready."""
+class AgentRun(NamedTuple):
+    agent: HostAgent
+    plugin_dir: Path
+    log: Path
+    kubelet: PyKubelet
+
+
+@contextlib.contextmanager
+def _agent_process(devcluster: DevCluster, pods: Pods, workdir: Path) -> Iterator[AgentRun]:
+    """The real `patchbay-agent` as pod ME of the DaemonSet (`--daemonset-selector`, 30 s
+    `--successor-wait`) serving one fake serial device to the Python kubelet peer; stopped at the
+    block's end."""
     hw = FakeHardware(workdir / "host")
     hw.add_dev("/dev/ttyUSB0")
     plugin_dir = workdir / "dp"
     config = write_agent_config(
         workdir / "agent.yaml", {"discovery": {"paths": {"globs": ["/dev/ttyUSB*"]}}}, RESOURCE
     )
-    pods.create(ME)
-    pods.create("agent-new")
     log = workdir / "agent.log"
     with ThreadedPeers() as peers:
         kubelet = PyKubelet(plugin_dir)
@@ -185,28 +192,79 @@ def test_the_agent_process_serves_on_after_sigterm_until_its_successor_is_ready(
             successor_wait="30",
         )
         agent = HostAgent(argv, log)
-        proc = agent.proc
         try:
-            sockets = lambda: [p for p in plugin_dir.glob("*.sock") if p.name != "kubelet.sock"]  # noqa: E731
-            (sock,) = wait_for("the agent's socket", lambda: sockets() or None, timeout=30)
-            wait_for(
-                "the agent registered", lambda: "Registered" in log.read_text(errors="replace") or None, 30
-            )
-            proc.send_signal(signal.SIGTERM)
-            wait_for(
-                "the agent waits for its successor",
-                lambda: "Serving on until successor agent-new is Ready" in log.read_text() or None,
-                timeout=10,
-            )
-            time.sleep(2.0)
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert probe(sock) == 0
-            assert kubelet.healthy(RESOURCE) == 1  # the kubelet still counts the device
-            pods.ready("agent-new")
-            proc.wait(15)  # well within its 30 s --successor-wait: the log below says why it left
+            yield AgentRun(agent, plugin_dir, log, kubelet)
         finally:
             agent.stop()
+
+
+def _agent_socket(plugin_dir: Path) -> Path:
+    (sock,) = wait_for(
+        "the agent's socket",
+        lambda: [p for p in plugin_dir.glob("*.sock") if p.name != "kubelet.sock"] or None,
+        timeout=30,
+    )
+    return sock
+
+
+def test_the_agent_process_serves_on_after_sigterm_until_its_successor_is_ready(
+    devcluster: DevCluster, pods: Pods, workdir: Path
+) -> None:
+    """The real process: SIGTERM with a successor not Ready -> still serving 2 s later (its socket
+    answers, its log says whom it waits for); the successor Ready -> it exits, its socket
+    removed, and its log says it left because the successor turned Ready."""
+    pods.create(ME)
+    pods.create("agent-new")
+    with _agent_process(devcluster, pods, workdir) as (agent, plugin_dir, log, kubelet):
+        proc = agent.proc
+        sock = _agent_socket(plugin_dir)
+        wait_for("the agent registered", lambda: "Registered" in log.read_text(errors="replace") or None, 30)
+        proc.send_signal(signal.SIGTERM)
+        wait_for(
+            "the agent waits for its successor",
+            lambda: "Serving on until successor agent-new is Ready" in log.read_text() or None,
+            timeout=10,
+        )
+        time.sleep(2.0)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert probe(sock) == 0
+        assert kubelet.healthy(RESOURCE) == 1  # the kubelet still counts the device
+        pods.ready("agent-new")
+        proc.wait(15)  # well within its 30 s --successor-wait: the log below says why it left
     text = log.read_text()
     assert proc.returncode == 0, text[-3000:]
     assert "Leaving: successor agent-new Ready after " in text, text[-3000:]
     assert not sock.exists()
+
+
+def test_the_start_check_tells_a_pod_being_deleted(devcluster: DevCluster, pods: Pods) -> None:
+    """`deleted_already` on the real API server: our pod held by a finalizer and deleted -> True;
+    alive -> False; not among the DaemonSet's pods on this node -> False."""
+    me = _identity(pods)
+    client_ = KubeClient(devcluster.kubeconfig)
+    assert asyncio.run(deleted_already(client_, me)) is False  # not there
+    pods.create(ME, finalizers=["patchbay.dev/test-hold"])
+    assert asyncio.run(deleted_already(client_, me)) is False
+    pods.delete(ME)
+    assert asyncio.run(deleted_already(client_, me)) is True
+
+
+def test_an_agent_whose_pod_is_being_deleted_when_it_starts_leaves_without_a_signal(
+    devcluster: DevCluster, pods: Pods, workdir: Path
+) -> None:
+    """In its container the agent is PID 1, which gets no SIGTERM sent before it has a handler
+    (docs/facts.md#signals-at-start): an agent whose pod was deleted while it started served on
+    until the kubelet killed it 30 s later, its socket left behind. Here the pod is being deleted
+    (a finalizer holds it) before the real process starts, a successor is Ready, and no signal is
+    ever sent: the agent leaves by itself, says why, exits 0 and removes its socket."""
+    pods.create(ME, finalizers=["patchbay.dev/test-hold"])
+    pods.delete(ME)
+    pods.create("agent-new")
+    pods.ready("agent-new")
+    with _agent_process(devcluster, pods, workdir) as (agent, plugin_dir, log, _kubelet):
+        agent.proc.wait(30)  # no signal: it leaves on its own (well before any bound of this test)
+    text = log.read_text()
+    assert agent.proc.returncode == 0, text[-3000:]
+    assert "This agent's pod is being deleted, and no signal came" in text, text[-3000:]
+    assert "Leaving: successor agent-new is Ready: stopping now" in text, text[-3000:]
+    assert not [p for p in plugin_dir.glob("*.sock") if p.name != "kubelet.sock"]

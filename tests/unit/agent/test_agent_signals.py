@@ -58,7 +58,7 @@ def test_the_check_runs_first_and_stop_follows_it(timers: list[float]) -> None:
             await release.wait()
             return "successor x Ready after 0.10s: stopping now"
 
-        main._stop_on_signals(stop, 5.0, check, 10.0)
+        main._stop_on_signals(stop, 5.0, main.Leaving(check, 10.0))
         await _signal_until(stop, started)
         await asyncio.sleep(0.2)
         assert not stop.is_set()  # still serving while the check waits
@@ -78,7 +78,7 @@ def test_a_second_signal_stops_at_once(timers: list[float]) -> None:
             await asyncio.sleep(60)
             return "never"
 
-        main._stop_on_signals(stop, 5.0, check, 10.0)
+        main._stop_on_signals(stop, 5.0, main.Leaving(check, 10.0))
         await _signal_until(stop, started)
         await _signal_until(stop, stop)
 
@@ -98,7 +98,74 @@ def test_a_check_that_fails_or_overruns_still_stops(timers: list[float], outcome
             return "never"
 
         # bound = wait + LIST_TIMEOUT: a wait of -LIST_TIMEOUT + 0.2 gives the check 0.2 s
-        main._stop_on_signals(stop, 5.0, check, 0.2 - main.LIST_TIMEOUT)
+        main._stop_on_signals(stop, 5.0, main.Leaving(check, 0.2 - main.LIST_TIMEOUT))
         await _signal_until(stop, stop)
 
     asyncio.run(scenario())
+
+
+@pytest.fixture
+def handlers() -> Any:
+    """SIGTERM/SIGINT's handlers and the remembered signals as they were before the test."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        main._early_signals.clear()
+
+
+def test_a_signal_before_the_loop_takes_them_is_remembered_and_counts_as_the_first(
+    timers: list[float], handlers: None
+) -> None:
+    """PID 1 of a container drops a signal it has no handler for: `main` sets one first, and the
+    loop acts on what it remembered as soon as it takes the signals over (the check runs first)."""
+    main._remember_signals()
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before os.kill returns to this frame
+    assert main._early_signals == [signal.SIGTERM]
+    ran: list[str] = []
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+
+        async def check() -> str:
+            ran.append("check")
+            return "no successor on this node: stopping now"
+
+        main._stop_on_signals(stop, 5.0, main.Leaving(check, 10.0))
+        await asyncio.wait_for(stop.wait(), 5)
+
+    asyncio.run(scenario())
+    assert ran == ["check"]
+    assert main._early_signals == []
+    assert timers == [5.0 + main.HARD_EXIT_MARGIN + 10.0 + main.LIST_TIMEOUT]
+
+
+@pytest.mark.parametrize("found", ["deleted", "not deleted", "not known"])
+def test_the_pod_found_being_deleted_at_start_counts_as_the_first_signal(
+    timers: list[float], found: str
+) -> None:
+    """`Leaving.deleted` True: the successor check runs and `stop` follows, with no signal sent;
+    False, or the question failing: the agent serves on (a signal still stops it)."""
+
+    async def scenario() -> bool:
+        stop = asyncio.Event()
+
+        async def check() -> str:
+            return "successor x is Ready: stopping now"
+
+        async def deleted() -> bool:
+            if found == "not known":
+                raise OSError("connection refused")
+            return found == "deleted"
+
+        main._stop_on_signals(stop, 5.0, main.Leaving(check, 10.0, deleted))
+        try:
+            await asyncio.wait_for(stop.wait(), 1.0)
+        except TimeoutError:
+            return False
+        return True
+
+    assert asyncio.run(scenario()) is (found == "deleted")
+    assert len(timers) == (1 if found == "deleted" else 0)
