@@ -180,7 +180,8 @@ def _hard_exit(after: float) -> None:
 
 def _successor_check(values: Values, client: Any) -> Leaving:
     """`--daemonset-selector`: the successor hand-off to run before stopping (`successor.py`), how
-    long it may take, and the check at start for a signal lost while starting; `AT_ONCE` without the selector, or where it cannot work (said once)."""
+    long it may take, and the check at start for a signal lost while starting; `AT_ONCE` without
+    the selector, or where it cannot work (said once)."""
     selector, wait = values["daemonset_selector"], values["successor_wait"]
     if selector is None or wait == 0:
         return AT_ONCE
